@@ -1,0 +1,24 @@
+"""The model zoo: presets by name, each a function that builds a forward graph."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from opgraph.errors import OpgraphError
+from opgraph.ir import Graph
+
+from . import llama
+
+PRESETS: dict[str, Callable[[], Graph]] = {
+    "llama3-8b": lambda: llama.build(llama.LLAMA3_8B),
+}
+
+
+def preset(name: str) -> Graph:
+    """The forward graph of a named preset: `preset("llama3-8b")`."""
+    try:
+        make = PRESETS[name]
+    except KeyError:
+        raise OpgraphError(f"unknown model {name!r}; choose one of: "
+                           f"{', '.join(sorted(PRESETS))} (or see `opgraph models`)") from None
+    return make()

@@ -1,0 +1,1 @@
+"""One module per subcommand, each with `register(subparsers)`; parsers set `func=run`."""

@@ -1,0 +1,31 @@
+"""`opgraph profile`: the roofline breakdown of one training step."""
+
+from __future__ import annotations
+
+import json
+
+from ..report import format_profile
+from .common import add_model_args, setup
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "profile", help="the roofline profile of one training step (the default command)",
+        description="Each category's share of the step's time beside its share of the FLOPs, "
+                    "the step time and the best MFU the step allows.")
+    add_model_args(p)
+    p.add_argument("--ops", action="store_true", help="also list every op")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from passes import evaluate
+
+    s = setup(args)
+    profile = evaluate(s.step, s.hardware, s.values)
+    if args.json:
+        print(json.dumps(profile.to_json(ops=args.ops), indent=2))
+    else:
+        print(format_profile(profile, ops=args.ops))
+    return 0

@@ -1,0 +1,268 @@
+"""The IR: tensors, ops and the graph that holds them.
+
+A graph is a networkx DiGraph whose nodes are tensors and ops, joined by dataflow edges
+(tensor -> op for each input, op -> tensor for each output). Payloads are frozen attrs records;
+passes copy the graph and replace records with `attrs.evolve`, never edit one in place.
+
+A stack of identical layers is held once: its ops and tensors carry a multiplicity, `count`
+(the symbolic layer count `L`), so the graph does not grow with depth. A stack that is not
+uniform is several blocks, each with its own count.
+
+An op's FLOPs are a property of the op (set by the kind's cost rule when it is built); its HBM
+bytes are derived from the tensors it reads and writes, unless a pass gives it an explicit
+`traffic` (the plate's backward convention sets a backward op's cost from its forward op's).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+
+import attrs
+import networkx as nx
+import sympy
+
+
+@attrs.frozen
+class DType:
+    name: str
+    itemsize: int  # bytes per element
+
+
+BF16 = DType("bf16", 2)
+FP16 = DType("fp16", 2)
+FP32 = DType("fp32", 4)
+FP8 = DType("fp8", 1)
+INT32 = DType("int32", 4)
+INT64 = DType("int64", 8)
+DTYPES = {dt.name: dt for dt in (BF16, FP16, FP32, FP8, INT32, INT64)}
+
+
+class Role(enum.Enum):
+    INPUT = "input"  # data fed to the step: token ids, targets
+    ACTIVATION = "activation"
+    WEIGHT = "weight"
+    GRADIENT = "gradient"
+    OPTIMIZER_STATE = "optimizer_state"
+
+
+class Phase(enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+def _expr(value) -> sympy.Expr:
+    return sympy.sympify(value) if not isinstance(value, sympy.Basic) else value
+
+
+def _shape(dims: Iterable) -> tuple[sympy.Expr, ...]:
+    return tuple(_expr(d) for d in dims)
+
+
+def _params(value) -> tuple[tuple[str, object], ...]:
+    items = value.items() if isinstance(value, dict) else value
+    return tuple(sorted((str(k), v) for k, v in items))
+
+
+@attrs.frozen
+class Tensor:
+    """A value that lives in HBM: `Tensor("x", (B, S, D), BF16, Role.ACTIVATION)`."""
+
+    name: str
+    shape: tuple[sympy.Expr, ...] = attrs.field(converter=_shape)
+    dtype: DType = BF16
+    role: Role = Role.ACTIVATION
+    count: sympy.Expr = attrs.field(default=1, converter=_expr)  # instances, e.g. one per layer
+    grad_of: str | None = None  # for a gradient: the tensor it is the gradient of
+
+    @property
+    def numel(self) -> sympy.Expr:
+        return sympy.Mul(*self.shape)
+
+    @property
+    def nbytes(self) -> sympy.Expr:
+        """Bytes of one instance."""
+        return self.numel * self.dtype.itemsize
+
+
+@attrs.frozen
+class Op:
+    """One kernel: `Op("q_proj", "matmul", "matmul", ("h", "w_q"), ("q",), flops=2*B*S*D*D)`.
+
+    `flops` and `traffic` are per instance; `count` says how many instances the step runs.
+    """
+
+    name: str
+    kind: str
+    category: str
+    inputs: tuple[str, ...] = attrs.field(converter=tuple)
+    outputs: tuple[str, ...] = attrs.field(converter=tuple)
+    flops: sympy.Expr = attrs.field(default=0, converter=_expr)
+    count: sympy.Expr = attrs.field(default=1, converter=_expr)
+    phase: Phase = Phase.FORWARD
+    params: tuple[tuple[str, object], ...] = attrs.field(default=(), converter=_params)
+    traffic: sympy.Expr | None = attrs.field(default=None)  # explicit HBM bytes; None: derived
+    forward: str | None = None  # for a backward op: the forward op it differentiates
+
+    def param(self, key: str, default=None):
+        return dict(self.params).get(key, default)
+
+
+def _tnode(name: str) -> tuple[str, str]:
+    return ("tensor", name)
+
+
+def _onode(name: str) -> tuple[str, str]:
+    return ("op", name)
+
+
+class Graph:
+    """Ops and tensors joined by dataflow. `dims` holds the configuration's default values.
+
+    Build one with `opgraph.GraphBuilder`; passes return new graphs and leave their input alone.
+    """
+
+    def __init__(self, name: str, dims: dict[sympy.Symbol, int] | None = None):
+        self.name = name
+        self.dims: dict[sympy.Symbol, int] = dict(dims or {})
+        self.meta: dict[str, object] = {}  # e.g. the preset's default seq_len
+        self.nx = nx.DiGraph()
+        self._seq = 0
+        self._order: list[Op] | None = None
+
+    # --- construction -------------------------------------------------------------------------
+    def add_tensor(self, tensor: Tensor) -> Tensor:
+        node = _tnode(tensor.name)
+        if node in self.nx:
+            raise ValueError(f"tensor {tensor.name!r} is already in graph {self.name!r}")
+        self._seq += 1
+        self.nx.add_node(node, payload=tensor, seq=self._seq)
+        return tensor
+
+    def add_op(self, op: Op) -> Op:
+        node = _onode(op.name)
+        if node in self.nx:
+            raise ValueError(f"op {op.name!r} is already in graph {self.name!r}")
+        for name in (*op.inputs, *op.outputs):
+            if _tnode(name) not in self.nx:
+                raise ValueError(f"op {op.name!r} uses unknown tensor {name!r}")
+        self._seq += 1
+        self.nx.add_node(node, payload=op, seq=self._seq)
+        for name in op.inputs:
+            self.nx.add_edge(_tnode(name), node)
+        for name in op.outputs:
+            self.nx.add_edge(node, _tnode(name))
+        self._order = None
+        return op
+
+    def remove_op(self, name: str) -> None:
+        self.nx.remove_node(_onode(name))
+        self._order = None
+
+    def remove_tensor(self, name: str) -> None:
+        self.nx.remove_node(_tnode(name))
+
+    def replace_tensor(self, tensor: Tensor) -> None:
+        """Swap a tensor's record for a new one of the same name (edges stay)."""
+        self.nx.nodes[_tnode(tensor.name)]["payload"] = tensor
+
+    def copy(self, name: str | None = None) -> Graph:
+        new = Graph(name or self.name, self.dims)
+        new.meta = dict(self.meta)
+        new.nx = self.nx.copy()
+        new._seq = self._seq
+        return new
+
+    # --- queries ------------------------------------------------------------------------------
+    def tensor(self, name: str) -> Tensor:
+        try:
+            return self.nx.nodes[_tnode(name)]["payload"]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in graph {self.name!r}") from None
+
+    def op(self, name: str) -> Op:
+        try:
+            return self.nx.nodes[_onode(name)]["payload"]
+        except KeyError:
+            raise KeyError(f"no op {name!r} in graph {self.name!r}") from None
+
+    def has_op(self, name: str) -> bool:
+        return _onode(name) in self.nx
+
+    def has_tensor(self, name: str) -> bool:
+        return _tnode(name) in self.nx
+
+    def tensors(self) -> list[Tensor]:
+        """All tensors, in the order they were added."""
+        nodes = [(d["seq"], d["payload"]) for n, d in self.nx.nodes(data=True) if n[0] == "tensor"]
+        return [t for _, t in sorted(nodes, key=lambda pair: pair[0])]
+
+    def ops(self) -> list[Op]:
+        """All ops in a deterministic topological order (ties broken by insertion order)."""
+        if self._order is None:
+            seq = nx.get_node_attributes(self.nx, "seq")
+            order = nx.lexicographical_topological_sort(self.nx, key=seq.__getitem__)
+            self._order = [self.nx.nodes[n]["payload"] for n in order if n[0] == "op"]
+        return list(self._order)
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.ops())
+
+    def producer(self, tensor: str) -> Op | None:
+        preds = list(self.nx.predecessors(_tnode(tensor)))
+        return self.nx.nodes[preds[0]]["payload"] if preds else None
+
+    def consumers(self, tensor: str) -> list[Op]:
+        seq = self.nx.nodes
+        succ = sorted(self.nx.successors(_tnode(tensor)), key=lambda n: seq[n]["seq"])
+        return [seq[n]["payload"] for n in succ]
+
+    def op_bytes(self, op: Op) -> sympy.Expr:
+        """HBM bytes of one instance of `op`: its explicit traffic, else every tensor it reads
+        and writes, once each."""
+        if op.traffic is not None:
+            return op.traffic
+        names = dict.fromkeys((*op.inputs, *op.outputs))  # a tensor read twice crosses once
+        return sympy.Add(*(self.tensor(n).nbytes for n in names))
+
+    def weights(self) -> list[Tensor]:
+        return [t for t in self.tensors() if t.role is Role.WEIGHT]
+
+    def parameters(self) -> sympy.Expr:
+        """Total parameter count: every weight's elements times its multiplicity."""
+        return sympy.Add(*(t.numel * t.count for t in self.weights()))
+
+    def __str__(self) -> str:
+        return format_graph(self)
+
+
+def format_op(graph: Graph, op: Op) -> str:
+    """`name = kind(in, ...) : dtype[shape]  xcount  flops=...  bytes=...`, one line."""
+    outs = ", ".join(f"{t.dtype.name}[{', '.join(map(str, t.shape))}]"
+                     for t in map(graph.tensor, op.outputs))
+    count = "" if op.count == 1 else f"  x{op.count}"
+    return (f"{op.name} = {op.kind}({', '.join(op.inputs)}) : {outs}{count}"
+            f"  flops={op.flops}  bytes={graph.op_bytes(op)}")
+
+
+def format_graph(graph: Graph) -> str:
+    """The textual form: inputs and weights, then one line per op in execution order."""
+    lines = [f"graph {graph.name}"]
+    for t in graph.tensors():
+        if graph.producer(t.name) is None:
+            count = "" if t.count == 1 else f"  x{t.count}"
+            shape = ", ".join(map(str, t.shape))
+            lines.append(f"  {t.role.value} {t.name} : {t.dtype.name}[{shape}]{count}")
+    lines += [f"  {format_op(graph, op)}" for op in graph.ops()]
+    return "\n".join(lines)
+
+
+def prod(values: Iterable) -> sympy.Expr:
+    return sympy.Mul(*values) if values else sympy.Integer(1)
+
+
+__all__ = [
+    "BF16", "DTYPES", "FP16", "FP32", "FP8", "INT32", "INT64", "DType", "Graph", "Op", "Phase",
+    "Role", "Tensor", "format_graph", "format_op", "prod",
+]

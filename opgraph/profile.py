@@ -1,0 +1,107 @@
+"""The result of `evaluate`: per-op rows, per-category totals and the step's figures."""
+
+from __future__ import annotations
+
+import attrs
+
+from .hardware import Hardware
+
+# Category ids, in the order reports list them.
+CATEGORIES = ("matmul", "attention", "norm", "elementwise", "output_head", "embedding",
+              "optimizer")
+CATEGORY_DESCRIPTIONS = {
+    "matmul": "the layers' projections",
+    "attention": "the attention core",
+    "norm": "normalisations",
+    "elementwise": "RoPE, activations, residual adds",
+    "output_head": "the output head's matmul and the loss",
+    "embedding": "the embedding lookup",
+    "optimizer": "the optimizer update",
+}
+
+
+@attrs.frozen
+class OpCost:
+    """One op's share of the step; `flops`, `bytes` and `time_s` include its repetitions."""
+
+    name: str
+    kind: str
+    category: str
+    phase: str
+    count: int
+    flops: float
+    bytes: float
+    time_s: float
+    bound: str  # "compute" or "memory"
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOPs per HBM byte."""
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+@attrs.frozen
+class CategoryCost:
+    name: str
+    time_s: float
+    time_share: float
+    flops: float
+    flop_share: float
+    bytes: float
+    bound: str  # where most of the category's time goes
+
+
+@attrs.frozen
+class Profile:
+    model: str
+    hardware: Hardware
+    values: dict  # dimension name -> value used
+    parameters: int
+    mfu_parameters: int  # the parameters the MFU convention counts (all but input embeddings)
+    tokens: int
+    ops: tuple[OpCost, ...]
+    categories: tuple[CategoryCost, ...]
+    step_time_s: float
+    flops: float
+    bytes: float
+    mfu_ceiling: float  # 6 x mfu_parameters x tokens / (step time x peak)
+    hfu_ceiling: float  # every counted FLOP / (step time x peak)
+    fused_attention: bool = False
+    extra: dict = attrs.field(factory=dict)  # e.g. active parameters of a mixture of experts
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.values["S"])
+
+    def category(self, name: str) -> CategoryCost:
+        for c in self.categories:
+            if c.name == name:
+                return c
+        raise KeyError(f"no category {name!r}; have {[c.name for c in self.categories]}")
+
+    def to_json(self, ops: bool = False) -> dict:
+        """The `--json` object: step figures, categories, and with `ops=True` every op."""
+        out = {
+            "model": self.model,
+            "hardware": {"id": self.hardware.id, "name": self.hardware.name,
+                         "peak_flops": self.hardware.peak_flops,
+                         "bandwidth_bytes_per_s": self.hardware.bandwidth},
+            "parameters": self.parameters,
+            **self.extra,
+            "mfu_parameters": self.mfu_parameters,
+            "tokens": self.tokens,
+            "seq_len": self.seq_len,
+            "batch": self.tokens // self.seq_len,
+            "fused_attention": self.fused_attention,
+            "dimensions": dict(self.values),
+            "step_time_s": self.step_time_s,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "mfu_ceiling": self.mfu_ceiling,
+            "hfu_ceiling": self.hfu_ceiling,
+            "categories": [attrs.asdict(c) for c in self.categories],
+        }
+        if ops:
+            out["ops"] = [attrs.asdict(o) | {"intensity": o.intensity if o.bytes else None}
+                          for o in self.ops]
+        return out

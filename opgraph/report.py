@@ -1,0 +1,47 @@
+"""Text tables of a Profile, for the terminal."""
+
+from __future__ import annotations
+
+from .profile import Profile
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.3f}%" if 0 < x < 0.001 else f"{x * 100:.1f}%"
+
+
+def format_profile(p: Profile, ops: bool = False) -> str:
+    """The `opgraph profile` table: categories, then the step's figures (and every op)."""
+    batch = p.tokens // p.seq_len
+    lines = [
+        f"{p.model} on {p.hardware.describe()}",
+        f"{p.tokens:,} tokens per step ({batch} x {p.seq_len:,}), "
+        f"{'fused' if p.fused_attention else 'unfused'} attention, "
+        f"{p.parameters:,} parameters",
+        "",
+        f"{'category':<12} {'time (ms)':>10} {'time':>7} {'FLOPs':>8} {'bytes':>10}  bound",
+    ]
+    for c in p.categories:
+        lines.append(f"{c.name:<12} {c.time_s * 1e3:>10.2f} {_pct(c.time_share):>7} "
+                     f"{_pct(c.flop_share):>8} {_bytes(c.bytes):>10}  {c.bound}")
+    lines += [
+        "",
+        f"step time    {p.step_time_s * 1e3:.1f} ms (roofline, no overlap)",
+        f"MFU ceiling  {p.mfu_ceiling * 100:.1f}%  (6 x {p.mfu_parameters:,} params x tokens "
+        "/ step time x peak)",
+        f"HFU ceiling  {p.hfu_ceiling * 100:.1f}%  (every counted FLOP / step time x peak)",
+    ]
+    if ops:
+        lines += ["", f"{'op':<36} {'phase':<9} {'kind':<24} {'x':>4} {'time (ms)':>10} "
+                      f"{'GFLOP':>10} {'bytes':>10}  bound"]
+        for o in p.ops:
+            lines.append(f"{o.name:<36} {o.phase:<9} {o.kind:<24} {o.count:>4} "
+                         f"{o.time_s * 1e3:>10.3f} {o.flops / 1e9:>10.1f} {_bytes(o.bytes):>10}"
+                         f"  {o.bound}")
+    return "\n".join(lines)

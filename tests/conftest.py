@@ -1,0 +1,13 @@
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture
+def shared() -> Path:
+    """`../shared` beside the repo; tests that need it skip where it is absent."""
+    if not SHARED.is_dir():
+        pytest.skip("../shared is not beside the repo")
+    return SHARED
