@@ -463,6 +463,9 @@ def breakdown(kernels: Sequence[Kernel], rules: Iterable = KERNEL_RULES) -> Brea
     if not kernels:
         return Breakdown(0.0, 0.0, 0.0, 0.0, 0, [])
     compiled = _compile_rules(_hashable_rules(rules))
+    # Measure from the first start: trace timestamps are ~1e15 us, where a float's step is
+    # ~0.1 us, so "ts + dur" would round away part of a short kernel; offsets are exact.
+    origin = min(kernel.ts_us for kernel in kernels)
     category_of: dict[str, str] = {}
     time_us: dict[str, float] = {}
     counts: dict[str, int] = {}
@@ -474,10 +477,11 @@ def breakdown(kernels: Sequence[Kernel], rules: Iterable = KERNEL_RULES) -> Brea
             category = category_of[name] = _first_match(name, compiled)
         time_us[category] = time_us.get(category, 0.0) + kernel.dur_us
         counts[category] = counts.get(category, 0) + 1
-        intervals.append((kernel.ts_us, kernel.ts_us + kernel.dur_us))
+        start = kernel.ts_us - origin
+        intervals.append((start, start + kernel.dur_us))
 
     kernel_us = math.fsum(time_us.values())
-    span_us = max(end for _, end in intervals) - min(start for start, _ in intervals)
+    span_us = max(end for _, end in intervals)
     busy_us = _union_length(intervals)
     categories = [
         CategoryTime(
