@@ -39,8 +39,9 @@ __all__ = [
     "read_trace",
 ]
 
-# Event categories (compared lower-cased) that are work done on the GPU.
-DEVICE_EVENT_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+# Event categories (compared lower-cased) that are work done on the GPU; "memcpy" and "memset"
+# are what older Kineto versions called gpu_memcpy and gpu_memset.
+DEVICE_EVENT_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
 
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -65,16 +66,21 @@ FALLBACK_CATEGORY = "other"
 #   whose kernels are embedding and sparse-feature ops.
 # - norm before elementwise: PyTorch runs batch norm through TensorIterator
 #   ("vectorized_elementwise_kernel<...batch_norm_elementwise...>") and Inductor fuses layer norm
-#   into Triton kernels ("triton_per_fused_native_layer_norm_0"); both are norm.
+#   into Triton kernels ("triton_per_fused_native_layer_norm_0"); both are norm. Inductor's
+#   decomposed RMSNorm is a reduction whose fused op list has a mean followed by an rsqrt
+#   ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0").
 # - embedding before optimizer: FBGEMM fuses the optimizer into the embedding backward
 #   ("split_embedding_backward_codegen_rowwise_adagrad_..."), which is embedding work.
 # - the "other" rule for Triton reductions (triton_per_ = persistent reduction, triton_red_ =
 #   looped reduction) stops them from reaching elementwise just because the fused op list names
 #   an activation ("triton_red_fused_gelu_gelu_backward_sum_0" is a bias-gradient reduction).
 #   Reductions (reduce_kernel, softmax, pooling, cub scans and sorts) stay in "other": they are
-#   neither pointwise nor matrix multiplies.
-# - elementwise last: TensorIterator kernels (vectorized_/unrolled_elementwise_kernel), Inductor
-#   pointwise kernels (triton_poi_) and activation / dropout kernels outside those.
+#   neither pointwise nor matrix multiplies. Softmax in particular is not attention: unfused, it
+#   may be attention's or the loss's, and the name does not say which.
+# - elementwise last: TensorIterator kernels (vectorized_/unrolled_elementwise_kernel, which also
+#   run copies, casts and fills), Inductor pointwise kernels (triton_poi_), activation / dropout
+#   kernels outside those, and torch.cat's CatArrayBatchedCopy, which like a copy reads and
+#   writes each element once.
 KERNEL_RULES: tuple[tuple[str, str], ...] = (
     ("communication", (
         r"nccl|rccl|(?<![a-z])all_?reduce|(?<![a-z])all_?gather|reduce_?scatter|sendrecv"
@@ -89,14 +95,16 @@ KERNEL_RULES: tuple[tuple[str, str], ...] = (
     )),
     ("norm", (
         r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|\bbn_[fb]w"
-        r"|gammabeta|rowwisemoments"
+        r"|gammabeta|rowwisemoments|triton_(?:red|per)_fused\w*mean\w*rsqrt"
     )),
     ("embedding", (
         r"embedding|pooled_embs|index_?select|fbgemm_gpu::|linearize_index|bounds_check_indices"
     )),
     ("optimizer", r"multi_tensor_apply|(?<!h)adam|sgd|adagrad|rmsprop"),
-    (FALLBACK_CATEGORY, r"^triton_(?:per|red)_"),
-    ("elementwise", r"elementwise|triton_poi_|relu|gelu|silu|swiglu|act_and_mul|dropout"),
+    (FALLBACK_CATEGORY, r"^triton_(?:per|red)_|reduce_kernel|softmax"),
+    ("elementwise", (
+        r"elementwise|triton_poi_|relu|gelu|silu|swiglu|act_and_mul|dropout|catarraybatchedcopy"
+    )),
 )
 
 RULE_FILE_KEYS = frozenset({"category", "pattern"})
