@@ -401,3 +401,21 @@ def test_kernel_is_frozen():
     kernel = Kernel("k", 0.0, 1.0, None, None)
     with pytest.raises(AttributeError):
         kernel.name = "other"  # type: ignore[misc]
+
+
+def test_reading_leaves_the_garbage_collector_as_it_was(tmp_path):
+    import gc
+
+    good = write(tmp_path / "t.json", hand_trace())
+    bad = write(tmp_path / "cpu.json", {"traceEvents": []})
+    assert gc.isenabled()
+    read_trace(good)
+    with pytest.raises(OpgraphError):
+        read_trace(bad)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        read_trace(good)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
