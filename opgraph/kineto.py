@@ -180,6 +180,11 @@ class Breakdown:
 # --------------------------------------------------------------------------- reading traces
 
 
+def _error(message: str) -> OpgraphError:
+    """An OpgraphError whose message is one line even if a file name holds a newline or tab."""
+    return OpgraphError("".join(c if c.isprintable() else ascii(c)[1:-1] for c in message))
+
+
 def _one_line(text: object) -> str:
     """Collapse any whitespace runs (newlines included) so a message stays on one line."""
     return " ".join(str(text).split())
@@ -190,16 +195,16 @@ def _read_bytes(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise OpgraphError(f"{path} does not exist: check the path of the {what}") from None
+        raise _error(f"{path} does not exist: check the path of the {what}") from None
     except IsADirectoryError:
-        raise OpgraphError(f"{path} is a directory: pass the path of the {what} file") from None
+        raise _error(f"{path} is a directory: pass the path of the {what} file") from None
     except PermissionError:
         message = f"{path} cannot be read (permission denied): check its permissions"
-        raise OpgraphError(message) from None
+        raise _error(message) from None
     except OSError as err:
         reason = _one_line(err.strerror or err)
         message = f"{path} cannot be read ({reason}): check the path of the {what}"
-        raise OpgraphError(message) from None
+        raise _error(message) from None
 
 
 def _decompress(path: Path, data: bytes) -> bytes:
@@ -210,7 +215,7 @@ def _decompress(path: Path, data: bytes) -> bytes:
         return gzip.decompress(data)
     except (EOFError, OSError, zlib.error) as err:
         reason = _one_line(err) or type(err).__name__
-        raise OpgraphError(
+        raise _error(
             f"{path} is a truncated or corrupt gzip file ({reason}): copy or export the trace again"
         ) from None
 
@@ -237,14 +242,14 @@ def _parse_json(path: Path, data: bytes, hint: str) -> object:
         with _gc_paused():
             return json.loads(data)
     except json.JSONDecodeError as err:
-        raise OpgraphError(
+        raise _error(
             f"{path} is not JSON (line {err.lineno}, column {err.colno}: "
             f"{_one_line(err.msg)}): {hint}"
         ) from None
     except UnicodeDecodeError:
-        raise OpgraphError(f"{path} is not JSON (it is not UTF-8 text): {hint}") from None
+        raise _error(f"{path} is not JSON (it is not UTF-8 text): {hint}") from None
     except RecursionError:
-        raise OpgraphError(f"{path} is JSON nested too deeply to be a trace: {hint}") from None
+        raise _error(f"{path} is JSON nested too deeply to be a trace: {hint}") from None
 
 
 def _trace_events(path: Path, document: object) -> list:
@@ -253,30 +258,32 @@ def _trace_events(path: Path, document: object) -> list:
         return document
     if not isinstance(document, dict):
         kind = type(document).__name__
-        raise OpgraphError(
+        raise _error(
             f"{path} is JSON but not a trace (the top level is a {kind}, not an object with "
             f'"traceEvents"): {EXPORT_HINT}'
         )
     if "traceEvents" not in document:
-        raise OpgraphError(
+        raise _error(
             f'{path} is JSON but not a trace (it has no "traceEvents" list): {EXPORT_HINT}'
         )
     events = document["traceEvents"]
     if not isinstance(events, list):
         kind = type(events).__name__
-        raise OpgraphError(
+        raise _error(
             f'{path} is not a valid trace ("traceEvents" is a {kind}, not a list): {EXPORT_HINT}'
         )
     return events
 
 
-def _is_number(value: object) -> bool:
-    """True for a finite int or float (JSON booleans are not numbers here)."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, float) and math.isfinite(value)
+def _as_us(value: object) -> float | None:
+    """A ``ts`` or ``dur`` as a finite float, or None when it is not a usable number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None  # JSON true/false are not numbers; nor are strings or nulls
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _as_id(value: object) -> int | None:
@@ -287,28 +294,32 @@ def _as_id(value: object) -> int | None:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
     return None
 
 
 def _device_kernels(events: list) -> list[Kernel]:
     """Kernel records for the complete ("X") device events; everything else is skipped."""
-    accepted: dict[object, bool] = {}  # event "cat" value -> is it a device category
+    accepted: dict[str, bool] = {}  # event "cat" value -> is it a device category
     kernels = []
     for event in events:
         if not isinstance(event, dict) or event.get("ph") != "X":
             continue
         cat = event.get("cat")
+        if not isinstance(cat, str):
+            continue
         is_device = accepted.get(cat)
         if is_device is None:
-            is_device = isinstance(cat, str) and cat.lower() in DEVICE_EVENT_CATEGORIES
-            accepted[cat] = is_device
+            is_device = accepted[cat] = cat.lower() in DEVICE_EVENT_CATEGORIES
         if not is_device:
             continue
-        ts = event.get("ts")
-        dur = event.get("dur")
-        if not (_is_number(ts) and _is_number(dur)) or dur < 0:
+        ts = _as_us(event.get("ts"))
+        dur = _as_us(event.get("dur"))
+        if ts is None or dur is None or dur < 0:
             continue
         name = event.get("name")
         args = event.get("args")
@@ -318,7 +329,7 @@ def _device_kernels(events: list) -> list[Kernel]:
         else:
             stream = device = None
         name = name if isinstance(name, str) else ""
-        kernels.append(Kernel(name, float(ts), float(dur), stream, device))
+        kernels.append(Kernel(name, ts, dur, stream, device))
     return kernels
 
 
@@ -341,7 +352,7 @@ def read_trace(path: str | Path) -> list[Kernel]:
     with _gc_paused():
         kernels = _device_kernels(events)
     if not kernels:
-        raise OpgraphError(
+        raise _error(
             f'{path} has no GPU kernels ({len(events):,} events, none of category "kernel" with a '
             "ts and dur): profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]"
         )
@@ -352,7 +363,7 @@ def read_trace(path: str | Path) -> list[Kernel]:
 
 
 def _rule_error(where: str, problem: str) -> OpgraphError:
-    return OpgraphError(
+    return _error(
         f"{where} {problem}: each rule is a category name and a Python regular expression"
     )
 
@@ -433,25 +444,25 @@ def load_rules(path: str | Path, base: Iterable = KERNEL_RULES) -> tuple[tuple[s
     document = _parse_json(path, _read_bytes(path, "rules file"), hint)
     if not isinstance(document, list):
         kind = type(document).__name__
-        raise OpgraphError(f"{path} is not a rules file (the top level is a {kind}): {hint}")
+        raise _error(f"{path} is not a rules file (the top level is a {kind}): {hint}")
     rules = []
     for index, item in enumerate(document, start=1):
         where = f"{path}: rule {index}"
         if not isinstance(item, dict) or set(item) != RULE_FILE_KEYS:
             shown = sorted(item) if isinstance(item, dict) else type(item).__name__
-            raise OpgraphError(
+            raise _error(
                 f'{where} must be an object with exactly "category" and "pattern" '
                 f"(got {shown}): {hint}"
             )
         category, pattern = item["category"], item["pattern"]
         if not isinstance(category, str) or not category.strip():
-            raise OpgraphError(f"{where} has category {category!r}, not a non-empty string: {hint}")
+            raise _error(f"{where} has category {category!r}, not a non-empty string: {hint}")
         if not isinstance(pattern, str):
-            raise OpgraphError(f"{where} has pattern {pattern!r}, not a string: {hint}")
+            raise _error(f"{where} has pattern {pattern!r}, not a string: {hint}")
         try:
             re.compile(pattern, re.IGNORECASE)
         except re.error as err:
-            raise OpgraphError(
+            raise _error(
                 f"{where} has a bad pattern {pattern!r} ({_one_line(err)}): "
                 "fix the regular expression"
             ) from None

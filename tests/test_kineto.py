@@ -419,3 +419,23 @@ def test_reading_leaves_the_garbage_collector_as_it_was(tmp_path):
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_odd_events_are_skipped_not_fatal(tmp_path):
+    events = hand_trace()["traceEvents"] + [
+        {"ph": "X", "cat": ["kernel"], "name": "a list category", "ts": 1, "dur": 1},
+        {"ph": "X", "cat": "kernel", "name": "huge ts", "ts": 10**400, "dur": 1},
+        {"ph": "X", "cat": "kernel", "name": "bool dur", "ts": T0, "dur": True},
+        {"ph": "X", "cat": "kernel", "name": "negative dur", "ts": T0, "dur": -3},
+    ]
+    odd_ids = _complete("odd ids", "kernel", 0, 1, stream="--1", device=2.0)
+    kernels = read_trace(write(tmp_path / "odd.json", events + [odd_ids]))
+    assert [k.name for k in kernels] == [row[0] for row in HAND_KERNELS] + ["odd ids"]
+    assert (kernels[-1].stream, kernels[-1].device) == (None, 2)
+
+
+def test_a_newline_in_the_file_name_stays_escaped(tmp_path):
+    path = write(tmp_path / "two\nlines.json", {"schemaVersion": 1})
+    with pytest.raises(OpgraphError) as e:
+        read_trace(path)
+    assert "\n" not in str(e.value) and "two\\nlines.json" in str(e.value)
