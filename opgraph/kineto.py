@@ -392,13 +392,12 @@ def _compile_rules(rules: tuple) -> tuple[tuple[str, re.Pattern], ...]:
 
 def _hashable_rules(rules: Iterable) -> tuple:
     """The rules as a tuple of pairs, so that tables given as lists can be cached too."""
-    if isinstance(rules, tuple):
-        try:
-            hash(rules)
-            return rules
-        except TypeError:
-            pass
-    return tuple(tuple(rule) if isinstance(rule, list) else rule for rule in rules)
+    table = tuple(tuple(rule) if isinstance(rule, list) else rule for rule in rules)
+    try:
+        hash(table)
+    except TypeError:
+        raise _error("kernel rules must be (category, pattern) pairs of strings") from None
+    return table
 
 
 def _first_match(name: str, compiled: Sequence[tuple[str, re.Pattern]]) -> str:

@@ -439,3 +439,11 @@ def test_a_newline_in_the_file_name_stays_escaped(tmp_path):
     with pytest.raises(OpgraphError) as e:
         read_trace(path)
     assert "\n" not in str(e.value) and "two\\nlines.json" in str(e.value)
+
+
+def test_rules_given_as_lists_work_and_bad_shapes_are_one_line_errors():
+    assert classify("my_fused_rope", rules=[["rope", "rope"]]) == "rope"
+    for rules in ([{"category": "x"}], [("x",)], [("x", 3)]):
+        with pytest.raises(OpgraphError) as e:
+            classify("k", rules=rules)
+        assert "\n" not in str(e.value)
