@@ -1,6 +1,7 @@
 """The predicted timeline (`opgraph profile --trace`): a valid Chrome trace whose kernels run the
 compiled step's ops in execution order, one event per layer instance, summing to the step time."""
 
+import itertools
 import json
 
 import pytest
@@ -36,7 +37,7 @@ def test_is_a_chrome_trace(trace):
         assert e["ph"] in ("X", "M")
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
     meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
-    assert [e["args"]["name"] for e in meta if e["name"] == "process_name"][0].startswith(
+    assert next(e["args"]["name"] for e in meta if e["name"] == "process_name").startswith(
         "opgraph roofline: llama3-8b")
     labelled = {e["tid"] for e in meta if e["name"] == "thread_name"}
     used = {e["tid"] for e in trace["traceEvents"] if e["ph"] == "X"}
@@ -47,7 +48,7 @@ def test_kernels_sum_to_the_step_time(profile, trace):
     kernels = kernel_events(trace)
     assert sum(e["dur"] for e in kernels) * 1e-6 == pytest.approx(profile.step_time_s, rel=1e-9)
     # back to back: each kernel starts where the one before ended
-    for a, b in zip(kernels, kernels[1:], strict=False):
+    for a, b in itertools.pairwise(kernels):
         assert b["ts"] == pytest.approx(a["ts"] + a["dur"], rel=1e-12, abs=1e-9)
 
 
@@ -102,7 +103,7 @@ def test_layers_interleave(trace):
         layers = [e["args"]["layer"] for e in kernels
                   if e["args"]["phase"] == phase and e["args"]["layer"] is not None]
         assert layers[0] == (0 if step == 1 else LAYERS - 1)
-        assert all((b - a) * step in (0, 1) for a, b in zip(layers, layers[1:], strict=False))
+        assert all((b - a) * step in (0, 1) for a, b in itertools.pairwise(layers))
 
 
 def test_phase_ranges_enclose_their_kernels(profile, trace):
