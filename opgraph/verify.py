@@ -23,7 +23,7 @@ def verify(graph: Graph) -> Graph:
     problems: list[str] = []
     if not nx.is_directed_acyclic_graph(graph.nx):
         cycle = nx.find_cycle(graph.nx)
-        problems.append(f"cycle through {[n[1] for n, _ in cycle]}")
+        raise VerifyError(f"graph {graph.name}: cycle through {[n[1] for n, _ in cycle]}")
     for t in graph.tensors():
         producers = list(graph.nx.predecessors(("tensor", t.name)))
         if len(producers) > 1:

@@ -1,0 +1,131 @@
+"""`opgraph profile` as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from opgraph.cli import main
+
+CATEGORY_IDS = {"matmul", "attention", "norm", "elementwise", "output_head", "embedding",
+                "optimizer"}
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_defaults_match_the_plate(capsys):
+    code, out, _ = run(capsys, "profile", "--json")
+    assert code == 0
+    j = json.loads(out)
+    assert j["parameters"] == 8_030_261_248 and isinstance(j["parameters"], int)
+    assert (j["tokens"], j["seq_len"], j["fused_attention"]) == (8192, 8192, True)
+    assert j["step_time_s"] == pytest.approx(0.556, rel=0.01)
+    assert j["mfu_ceiling"] == pytest.approx(0.67, abs=0.01)
+    cats = {c["name"]: c for c in j["categories"]}
+    assert set(cats) == CATEGORY_IDS
+    for c in cats.values():
+        assert set(c) >= {"name", "time_s", "time_share", "flops", "flop_share", "bytes"}
+    assert cats["matmul"]["time_share"] == pytest.approx(0.62, abs=0.01)
+    assert cats["optimizer"]["time_share"] == pytest.approx(0.15, abs=0.005)
+    assert 0.00020 <= cats["optimizer"]["flop_share"] <= 0.00024
+    assert "ops" not in j
+
+
+def test_flags_reach_the_pipeline(capsys):
+    _, out, _ = run(capsys, "profile", "--json", "--no-fused-attention")
+    j = json.loads(out)
+    assert j["fused_attention"] is False
+    attention = next(c for c in j["categories"] if c["name"] == "attention")
+    assert attention["time_share"] == pytest.approx(0.34, abs=0.01)
+    assert j["mfu_ceiling"] == pytest.approx(0.50, abs=0.01)
+    _, out, _ = run(capsys, "profile", "--json", "--tokens", "65536")
+    j = json.loads(out)
+    assert (j["tokens"], j["batch"]) == (65536, 8)
+    optimizer = next(c for c in j["categories"] if c["name"] == "optimizer")
+    assert optimizer["time_share"] == pytest.approx(0.02, abs=0.005)
+
+
+def test_ops_listing(capsys):
+    _, out, _ = run(capsys, "profile", "--json", "--ops")
+    j = json.loads(out)
+    ops = j["ops"]
+    for row in ops:
+        assert set(row) >= {"name", "kind", "category", "phase", "count", "flops", "bytes",
+                            "time_s", "bound"}
+    assert {r["phase"] for r in ops} == {"forward", "backward", "optimizer"}
+    head = [r for r in ops if r["category"] == "output_head" and r["kind"] == "matmul"]
+    assert head and all(r["count"] == 1 for r in head)
+    q = next(r for r in ops if r["name"] == "layers.q_proj")
+    assert q["count"] == 32  # once per layer, totals for the step
+    assert q["flops"] == 2 * 8192 * 4096 * 4096 * 32
+    assert sum(r["time_s"] for r in ops) == pytest.approx(j["step_time_s"], rel=1e-12)
+
+
+def test_hardware_overrides(capsys):
+    _, out, _ = run(capsys, "profile", "--json", "--peak-tflops", "500", "--bandwidth-tbs", "2")
+    j = json.loads(out)
+    assert j["hardware"]["peak_flops"] == 500e12
+    assert j["hardware"]["bandwidth_bytes_per_s"] == 2e12
+
+
+def test_text_table(capsys):
+    code, out, _ = run(capsys, "profile")
+    assert code == 0
+    for cat in CATEGORY_IDS:
+        assert f"\n{cat} " in out
+    assert "step time" in out and "MFU ceiling" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--model", "llama9"], "unknown model"),
+    (["--hardware", "tpu-v9"], "unknown hardware"),
+    (["--tokens", "10000"], "not a multiple"),
+    (["--tokens", "abc"], "not a whole number"),
+    (["--tokens", "0"], "not positive"),
+    (["--tokens", "-8192"], "--tokens"),
+    (["--seq-len", "1.5"], "not a whole number"),
+    (["--peak-tflops", "-3"], "not a positive number"),
+    (["--bandwidth-tbs", "nan"], "not a positive number"),
+    (["--peak-tflops", "fast"], "not a number"),
+    (["--hardware", "missing.toml"], "does not exist"),
+    (["--frobnicate"], "unrecognized"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
+    code, out, err = run(capsys, "profile", *argv)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("opgraph: error: ")
+    assert needle in err
+
+
+def test_malformed_hardware_file(capsys, tmp_path):
+    path = tmp_path / "gpu.toml"
+    path.write_text("[gpu]\nbf16_tflops = 'fast'\nbandwidth_tbs = 2\n")
+    code, _, err = run(capsys, "profile", "--hardware", str(path))
+    assert code == 2 and "bf16_tflops" in err and err.count("\n") == 1
+    path.write_text("[gpu\n")
+    code, _, err = run(capsys, "profile", "--hardware", str(path))
+    assert code == 2 and "not valid TOML" in err and err.count("\n") == 1
+
+
+def test_a_users_own_hardware_file(capsys, tmp_path):
+    path = tmp_path / "gpu.toml"
+    path.write_text('[my-gpu]\nname = "Mine"\nbf16_tflops = 500\nbandwidth_tbs = 2.5\n')
+    code, out, _ = run(capsys, "profile", "--json", "--hardware", str(path))
+    assert code == 0
+    assert json.loads(out)["hardware"]["peak_flops"] == 500e12
+
+
+def test_the_installed_command_and_python_m(tmp_path):
+    for cmd in (["opgraph", "profile", "--json"], [sys.executable, "-m", "opgraph", "--json"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, check=True)
+        assert json.loads(done.stdout)["parameters"] == 8_030_261_248
+    bad = subprocess.run([sys.executable, "-m", "opgraph", "profile", "--tokens", "x"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.count("\n") == 1
