@@ -148,8 +148,11 @@ def plot_sweep(rows: Mapping[str, Sequence], dim: str, path: str | os.PathLike,
     ax.yaxis.set_major_formatter(_axis_pct)
     ax.set_xlabel(SWEEP_DIMS.get(dim, dim) + " (log scale)")
     ax.set_ylabel("share of step time; MFU ceiling")
-    ax.set_title(title or f"category shares of the step and the MFU ceiling against {dim}",
+    ax.set_title(title or f"category shares of the step and the MFU ceiling\nagainst {dim}",
                  fontsize=10)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    order = [*range(len(cats) - 1, -1, -1), len(cats)]  # the stack top-down, then the MFU line
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="center left",
+              bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize=8)
     fig.tight_layout()
     _save(plt, fig, path, fmt)
