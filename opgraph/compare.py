@@ -174,7 +174,7 @@ def _pct(x: float | None) -> str:
 
 
 def _ratio(x: float | None) -> str:
-    return "" if x is None else f"{x:.2f}x"
+    return "" if x is None else f"{x:.3g}x"
 
 
 def format_comparison(c: Comparison) -> str:
