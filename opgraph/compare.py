@@ -97,6 +97,15 @@ class Comparison:
         return self._mfu(self.busy_time_s)
 
     @property
+    def warnings(self) -> list[str]:
+        """What says the trace and the roofline describe different runs."""
+        out = []
+        if self.profile.mfu_ceiling and self.mfu_span > self.profile.mfu_ceiling:
+            out.append("the measured MFU is above the ceiling: check that --model, --tokens, "
+                       "--seq-len, --steps and --hardware are those of the traced run")
+        return out
+
+    @property
     def not_modelled_s(self) -> float:
         return sum(r.measured_s for r in self.rows if not r.modelled and r.measured_s)
 
@@ -124,6 +133,7 @@ class Comparison:
             "mfu_over_ceiling": self.mfu_span / p.mfu_ceiling if p.mfu_ceiling else None,
             "categories": [attrs.asdict(r) | {"modelled": r.modelled, "ratio": r.ratio}
                            for r in self.rows],
+            "warnings": self.warnings,
         }
 
 
@@ -164,7 +174,10 @@ def compare(breakdown, profile: Profile, steps: int = 1, trace: str = "",
 
 
 def _ms(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds * 1e3:.2f}"
+    if seconds is None:
+        return ""
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms == 0 or ms >= 0.1 else f"{ms:.3g}"
 
 
 def _pct(x: float | None) -> str:
@@ -216,5 +229,6 @@ def format_comparison(c: Comparison) -> str:
         f"{c.mfu_span / p.mfu_ceiling:.2f}" if p.mfu_ceiling else "MFU ceiling   0",
         (f"  MFU = 6 x {p.mfu_parameters:,} params x {p.tokens:,} tokens / (time x "
         f"{p.hardware.peak_flops / 1e12:g} TFLOP/s)"),
+        *(f"warning: {w}" for w in c.warnings),
     ]
     return "\n".join(lines)

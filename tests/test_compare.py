@@ -195,3 +195,40 @@ def test_cli_bad_trace(kineto, tmp_path, capsys):
     assert main(["compare", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("opgraph: error:")
+
+
+def test_mfu_above_the_ceiling_warns(profile, measured):
+    c = compare(measured, profile)  # 380 µs for a whole Llama 3 8B step: not the same run
+    assert c.mfu_span > profile.mfu_ceiling and len(c.warnings) == 1
+    assert "warning: the measured MFU is above the ceiling" in format_comparison(c)
+    slow = SimpleNamespace(**{**vars(measured), "span_s": 2 * profile.step_time_s,
+                              "busy_time_s": profile.step_time_s})
+    assert compare(slow, profile).warnings == []
+
+
+def test_cli_extra_rules(kineto, profile, tmp_path, capsys):
+    """A rule file's categories come first; one with no roofline counterpart is not modelled."""
+    path = tmp_path / "step.json"
+    path.write_text(json.dumps(kineto_trace()))
+    rules = tmp_path / "rules.json"
+    rules.write_text(json.dumps([{"category": "custom_gemm", "pattern": "^ampere_bf16"}]))
+    assert main(["compare", str(path), "--rules", str(rules), "--json"]) == 0
+    rows = by_name(json.loads(capsys.readouterr().out)["categories"])
+    assert rows["gemm"]["measured_s"] == pytest.approx(100 * US, rel=1e-9)
+    assert rows["custom_gemm"]["measured_s"] == pytest.approx(100 * US, rel=1e-9)
+    assert rows["custom_gemm"]["modelled"] is False
+
+
+def test_cli_on_the_shared_traces(kineto, shared, capsys):
+    """Real traces (none of them a Llama step): the command runs, and the rows account for
+    every kernel and for the whole roofline step."""
+    traces = sorted((shared / "traces").glob("*.json*"))
+    assert traces
+    for path in traces:
+        assert main(["compare", str(path), "--json"]) == 0, path
+        out = json.loads(capsys.readouterr().out)
+        rows = out["categories"]
+        assert sum(r["measured_s"] or 0 for r in rows) == pytest.approx(out["kernel_time_s"])
+        assert sum(r["kernels"] or 0 for r in rows) == out["kernels"]
+        assert sum(r["roofline_s"] or 0 for r in rows) == pytest.approx(
+            out["roofline_step_time_s"])

@@ -21,6 +21,8 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=positive_int, default=1,
                    help="training steps the trace holds; its times are divided by this "
                         "(default 1)")
+    p.add_argument("--rules", metavar="FILE",
+                   help="extra kernel rules, as for `opgraph trace-breakdown --rules`")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -29,9 +31,10 @@ def run(args) -> int:
     from passes import evaluate
 
     from ..compare import compare, format_comparison
-    from ..kineto import breakdown, read_trace
+    from ..kineto import KERNEL_RULES, breakdown, load_rules, read_trace
 
-    measured = breakdown(read_trace(args.trace))
+    rules = load_rules(args.rules) if args.rules else KERNEL_RULES
+    measured = breakdown(read_trace(args.trace), rules)
     s = setup(args)
     result = compare(measured, evaluate(s.step, s.hardware, s.values), steps=args.steps,
                      trace=args.trace)
