@@ -7,7 +7,7 @@ import sys
 
 from .errors import OpgraphError
 
-COMMANDS = ("profile", "trace_breakdown")
+COMMANDS = ("profile", "trace_breakdown", "formula", "solve", "sweep")
 
 
 class _Parser(argparse.ArgumentParser):
