@@ -3,7 +3,7 @@ sympy expressions of the model's dimensions.
 
     step = compile_step(preset("llama3-8b"))
     formula(step, "flops", category="matmul")   # 6*B*D*L*S*(3*F + 2*H*d_h + 2*H_kv*d_h)
-    formula(step, "time", op="layers.q_proj")   # L*Max(...)/peak ... with symbolic hardware
+    formula(step, "time", op="layers.q_proj")   # L*Max(2*(...)/bandwidth, 2*B*D*H*S*d_h/peak)
 
 Invariant: a formula is exactly what `evaluate` adds up, each op's per-instance cost times its
 multiplicity `count`, which stays symbolic (`L` for a layer stack), so nothing is unrolled and

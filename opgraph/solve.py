@@ -101,7 +101,8 @@ class ShareAnswer:
     """The least tokens per step (whole sequences) at which a part of the step is at most
     `max_share` of its time; `crossing` is where the share equals it (in `dim` units)."""
 
-    of: str
+    of: str  # the category's id or the op's name
+    kind: str  # "category" or "op"
     max_share: float
     dim: str
     tokens: int | None
@@ -133,23 +134,23 @@ def max_share(graph: Graph, hardware: Hardware, category: str | None = None, sha
     limit_share = sympy.Rational(repr(share))
     g = part - limit_share * step
     lo = sympy.Integer(1)
-    what = op or category
+    what, kind = (op, "op") if op else (category, "category")
     for _ in range(100):  # each pass skips one stretch too short to hold a whole value
         root = smallest(g, x, lo)
         if root is None:
             break
-        n = math.ceil(_number(root) - 1e-12)
-        n = max(n, 1)
+        n = max(int(sympy.ceiling(root)), 1)
         if _number(g.subs(x, n)) <= 0:
-            return _share_answer(graph, hardware, mine, what, share, dim, x, n, fixed, root)
+            return _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root)
         lo = sympy.Integer(n)
     tail = _branches(part / step, x, 10 ** 12)
     limit = _number(sympy.limit(tail, x, sympy.oo))
-    return ShareAnswer(what, share, dim, None, int(fixed.get(S, 0)), int(fixed.get(B, 0)),
-                       None, None, None, limit)
+    return ShareAnswer(what, kind, share, dim, None,
+                       int(fixed.get(S, 0)), int(fixed.get(B, 0)), None, None, None, limit)
 
 
-def _share_answer(graph, hardware, mine, what, share, dim, x, n, fixed, root) -> ShareAnswer:
+def _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root
+                  ) -> ShareAnswer:
     names = {o.name for o in mine}
 
     def measured(value: int) -> float:
@@ -162,7 +163,7 @@ def _share_answer(graph, hardware, mine, what, share, dim, x, n, fixed, root) ->
     seq = n if x == S else int(fixed[S])
     batch = n if x == B else int(fixed[B])
     crossing = _number(root) * seq if x == B else _number(root)  # in tokens, or in seq_len
-    return ShareAnswer(what, share, dim, batch * seq, seq, batch, at, fewer, crossing)
+    return ShareAnswer(what, kind, share, dim, batch * seq, seq, batch, at, fewer, crossing)
 
 
 @attrs.frozen
@@ -213,7 +214,7 @@ def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
         return RidgeAnswer(op, dim, None, None, "memory" if found is None else "compute", None,
                            None, str(ratio), tends, ridge_intensity, others)
     value = _number(found)
-    whole = math.ceil(value - 1e-12)
+    whole = int(sympy.ceiling(found))
     if _number(g.subs(x, whole)) > 0 or (whole > 1 and _number(g.subs(x, whole - 1)) <= 0):
         raise AssertionError(f"the ridge of {op} at {value} does not check out")
     closed = _closed_form(flops, nbytes, x, fixed, hw, value)

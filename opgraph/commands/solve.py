@@ -73,7 +73,7 @@ def _pct(x: float, digits: int = 3) -> str:
 
 
 def _share_line(a, values: dict) -> str:
-    what = a.of + ("" if a.of.startswith(("layers.", "adamw.")) else " category")
+    what = f"op {a.of}" if a.kind == "op" else f"{a.of} category"
     cap = _pct(a.max_share, 4)
     if a.tokens is None:
         held, grows = ((f"at seq_len {values['S']:,}", "tokens per step grow")

@@ -96,8 +96,9 @@ def _table(sweep, grid, rows: int, out: str | None) -> str:
             + "".join(f" {a:>8}" for a in extra)
             + f" {'step (ms)':>11} {'MFU':>6}"
             + "".join(f" {c:>{max(len(c), 7)}}" for c in sweep.categories))
-    lines = [f"{sweep.model}: {len(grid):,} points; MFU ceiling and each category's share of "
-             "the step's time", head]
+    title = (f"{sweep.model}: {len(grid):,} points; MFU ceiling and each category's share of "
+             "the step's time")
+    lines = [title, head]
     ranges = sample(len(grid), rows)
     for k, (lo, hi) in enumerate(ranges):
         if k:
