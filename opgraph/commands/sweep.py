@@ -6,23 +6,23 @@ import argparse
 
 from .common import add_model_args, load_forward, load_hardware
 
-RANGE = "START:STOP:+STEP | START:STOP:xFACTOR | N[,N...]"
-
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "sweep", help="the step's figures over ranges of tokens, seq_len, batch, hardware",
         description="Compiles the step's cost formulas once (sympy.lambdify to numpy) and "
                     "evaluates them at every combination of the ranges given. Each row equals "
-                    "`opgraph profile` of that point. Ranges include STOP when they land on it. "
+                    "`opgraph profile` of that point. A RANGE is START:STOP:+STEP (linear), "
+                    "START:STOP:xFACTOR (geometric), N or N,N,...; both forms include STOP when "
+                    "they land on it. "
                     "Give at most two of --tokens, --seq-len and --batch (tokens = batch x "
                     "seq_len); with --tokens alone the sequence length is the model's and every "
                     "value must be a whole number of sequences.")
     add_model_args(p, tokens=False)
     g = p.add_argument_group("ranges")
-    g.add_argument("--tokens", dest="tokens_range", metavar=RANGE, help="tokens per step")
-    g.add_argument("--seq-len", dest="seq_len_range", metavar=RANGE, help="sequence length")
-    g.add_argument("--batch", dest="batch_range", metavar=RANGE, help="sequences per step")
+    g.add_argument("--tokens", dest="tokens_range", metavar="RANGE", help="tokens per step")
+    g.add_argument("--seq-len", dest="seq_len_range", metavar="RANGE", help="sequence length")
+    g.add_argument("--batch", dest="batch_range", metavar="RANGE", help="sequences per step")
     g.add_argument("--dim", action="append", default=[], metavar="NAME=RANGE",
                    help="any other dimension of the model, e.g. L=16:128:+16 (repeatable); "
                         "the others keep the preset's values")
