@@ -336,6 +336,9 @@ def write(sweep: Sweep, grid: Grid, path: str | Path) -> int:
                     f.write(_json_chunk(rows, ids, lo == 0).encode())
             if kind == ".json":
                 f.write(b"\n]}\n")
+        mask = os.umask(0)  # mkstemp makes the file private; give it the usual permissions
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
