@@ -11,6 +11,7 @@ from . import llama
 
 PRESETS: dict[str, Callable[[], Graph]] = {
     "llama3-8b": lambda: llama.build(llama.LLAMA3_8B),
+    "llama3.1-405b": lambda: llama.build(llama.LLAMA3_1_405B),
 }
 
 

@@ -40,6 +40,9 @@ class LlamaConfig:
 # arXiv:2407.21783 (The Llama 3 Herd of Models), Table 3.
 LLAMA3_8B = LlamaConfig("llama3-8b", d_model=4096, layers=32, heads=32, kv_heads=8,
                         d_ff=14336, vocab=128256)
+# Same paper, Table 3; the vocabulary (128256) as in the 8B. 405,853,388,800 parameters.
+LLAMA3_1_405B = LlamaConfig("llama3.1-405b", d_model=16384, layers=126, heads=128, kv_heads=8,
+                            d_ff=53248, vocab=128256)
 
 
 def build(config: LlamaConfig) -> Graph:

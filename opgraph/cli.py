@@ -7,7 +7,7 @@ import sys
 
 from .errors import OpgraphError
 
-COMMANDS = ("profile", "trace_breakdown", "compare")
+COMMANDS = ("profile", "formula", "solve", "sweep", "trace_breakdown", "compare")
 
 
 class _Parser(argparse.ArgumentParser):
