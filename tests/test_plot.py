@@ -134,3 +134,19 @@ def test_profile_without_plot_never_imports_matplotlib(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "t.json")],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+def test_sweep_plot_from_the_cli(tmp_path, capsys):
+    from opgraph.cli import main
+
+    out = tmp_path / "sweep.png"
+    assert main(["sweep", "--tokens", "8192:65536:x2", "--plot", str(out)]) == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width >= 400 and height >= 300
+    capsys.readouterr()
+    grid = tmp_path / "grid.png"
+    assert main(["sweep", "--tokens", "8192:16384:x2", "--seq-len", "4096,8192",
+                 "--plot", str(grid)]) == 2
+    assert "one swept dimension" in capsys.readouterr().err and not grid.exists()

@@ -28,6 +28,9 @@ def register(subparsers) -> None:
                         "the others keep the preset's values")
     p.epilog = "--hardware takes a comma list of parts here, e.g. h100-sxm,h100-pcie."
     p.add_argument("--out", metavar="FILE", help="write every row to FILE.csv or FILE.json")
+    p.add_argument("--plot", metavar="FILE",
+                   help="draw the category shares (stacked) and the MFU ceiling against the "
+                        "swept dimension to a .png or .svg (sweep one dimension, one part)")
     p.add_argument("--rows", type=int, default=20, metavar="N",
                    help="rows the printed table shows at most (default 20: first and last ten)")
     p.set_defaults(func=run)
@@ -82,10 +85,25 @@ def run(args) -> int:
                         backward_traffic=args.backward_traffic)
     extra = [a for a in ranges if a not in ("tokens", "seq_len", "batch")]
     sweep = compile_sweep(step, free=("B", "S", *extra))
+    if args.plot:
+        _plot(sweep, grid, args.plot)
     if args.out:
         write(sweep, grid, args.out)
     print(_table(sweep, grid, args.rows, args.out))
     return 0
+
+
+def _plot(sweep, grid, path: str) -> None:
+    from ..errors import OpgraphError
+    from ..plot import plot_sweep
+    from ..sweep import run_grid
+
+    swept = [name for name, values in grid.axes if len(values) > 1]
+    if len(swept) != 1 or swept[0] == "hardware":
+        raise OpgraphError(f"--plot draws one swept dimension; this sweep varies "
+                           f"{', '.join(swept) or 'nothing'}")
+    plot_sweep(run_grid(sweep, grid), swept[0], path,
+               title=f"{sweep.model}: category shares of the step's time and the MFU ceiling")
 
 
 def _table(sweep, grid, rows: int, out: str | None) -> str:
