@@ -447,3 +447,31 @@ def test_rules_given_as_lists_work_and_bad_shapes_are_one_line_errors():
         with pytest.raises(OpgraphError) as e:
             classify("k", rules=rules)
         assert "\n" not in str(e.value)
+
+
+def test_main_cli_json_is_the_breakdown(tmp_path, capsys):
+    """Through `opgraph.cli.main`, as a user runs it: the JSON is the hand trace's arithmetic."""
+    from opgraph.cli import main
+
+    path = write(tmp_path / "step.json.gz", hand_trace(), compress=True)
+    assert main(["trace-breakdown", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    busy = (12 - 0) + (25 - 20) + (29 - 26) + (31 - 30)
+    assert out["kernels"] == len(HAND_KERNELS)
+    assert out["busy_time_s"] == pytest.approx(busy / 1e6, rel=1e-12)
+    assert out["idle_time_s"] == pytest.approx((31 - busy) / 1e6, rel=1e-12)
+    assert out["span_s"] == pytest.approx(31 / 1e6, rel=1e-12)
+    assert {c["name"]: c["kernels"] for c in out["categories"]} == {
+        "gemm": 2, "elementwise": 1, "communication": 1, "memory": 2, "norm": 1}
+    assert sum(c["time_s"] for c in out["categories"]) == pytest.approx(out["kernel_time_s"])
+
+
+@pytest.mark.parametrize("content", [b'{"traceEvents": [', b"\x1f\x8b\x08\x00", b'{"a": 1}'])
+def test_main_cli_bad_trace_is_exit_2_and_one_line(tmp_path, capsys, content):
+    from opgraph.cli import main
+
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    assert main(["trace-breakdown", str(path), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("opgraph: error: ") and err.count("\n") == 1
