@@ -498,6 +498,7 @@ def breakdown(kernels: Sequence[Kernel], rules: Iterable = KERNEL_RULES) -> Brea
     >>> b.busy_time_s, b.idle_time_s, [c.name for c in b.categories]
     (1.5e-05, 5e-06, ['gemm', 'communication'])
     """
+    kernels = list(kernels)  # a generator is fine too
     if not kernels:
         return Breakdown(0.0, 0.0, 0.0, 0.0, 0, [])
     compiled = _compile_rules(_hashable_rules(rules))

@@ -475,3 +475,12 @@ def test_main_cli_bad_trace_is_exit_2_and_one_line(tmp_path, capsys, content):
     assert main(["trace-breakdown", str(path), "--json"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("opgraph: error: ") and err.count("\n") == 1
+
+
+def test_breakdown_takes_any_iterable():
+    from opgraph.kineto import Kernel, breakdown
+
+    made = (Kernel(f"ampere_sgemm_{i}", 10.0 * i, 5.0, 7, 0) for i in range(3))
+    b = breakdown(made)
+    assert b.kernels == 3 and b.kernel_time_s == pytest.approx(15e-6)
+    assert b.busy_time_s == pytest.approx(15e-6) and b.span_s == pytest.approx(25e-6)
