@@ -7,7 +7,7 @@ import sys
 
 from .errors import OpgraphError
 
-COMMANDS = ("profile", "trace_breakdown")
+COMMANDS = ("profile", "trace_breakdown", "models", "hardware")
 
 
 class _Parser(argparse.ArgumentParser):
