@@ -145,12 +145,16 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
 
 
 def from_config(path: str | Path) -> Graph:
-    """The forward graph a `config.json` describes: `from_config("gpt2/config.json")`."""
+    """The forward graph a `config.json` (or a folder holding one) describes:
+    `from_config("gpt2/config.json")`."""
     path = Path(path)
+    if path.is_dir():  # a checkout's folder
+        path = path / "config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise OpgraphError(f"config file {path} does not exist") from None
+        raise OpgraphError(f"config file {path} does not exist; give the path of a "
+                           "Hugging Face config.json") from None
     except (OSError, UnicodeDecodeError) as e:
         raise OpgraphError(f"cannot read config file {path}: {e}") from None
     except json.JSONDecodeError as e:

@@ -97,6 +97,11 @@ def test_mistral_7b_profiles_end_to_end(tmp_path, capsys):
     assert j["seq_len"] == 8192  # the 32768 context, capped at the plate's 8192
 
 
+def test_a_checkout_folder_reads_its_config_json(tmp_path):
+    path = write(tmp_path, GPT2, "gpt2-checkout")
+    assert from_config(path.parent).name == "gpt2-checkout"
+
+
 def test_context_shorter_than_the_cap_is_the_default_seq_len(tmp_path):
     fields = LLAMA3_8B | {"max_position_embeddings": 2048}
     assert from_config(write(tmp_path, fields)).meta["seq_len"] == 2048
