@@ -53,6 +53,9 @@ LLAMA3_8B = LlamaConfig("llama3-8b", d_model=4096, layers=32, heads=32, kv_heads
                         d_ff=14336, vocab=128256)
 LLAMA3_70B = LlamaConfig("llama3-70b", d_model=8192, layers=80, heads=64, kv_heads=8,
                          d_ff=28672, vocab=128256)
+# Same paper, Table 3; the vocabulary (128256) as in the 8B. 405,853,388,800 parameters.
+LLAMA3_1_405B = LlamaConfig("llama3.1-405b", d_model=16384, layers=126, heads=128, kv_heads=8,
+                            d_ff=53248, vocab=128256)
 # arXiv:2401.04088 (Mixtral of Experts), Table 1; HF mistralai/Mixtral-8x7B-v0.1 config.json.
 # Context 32768; profiled at 8192 tokens by default, like the plate.
 MIXTRAL_8X7B = LlamaConfig("mixtral-8x7b", d_model=4096, layers=32, heads=32, kv_heads=8,

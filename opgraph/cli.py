@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from .errors import OpgraphError
 
-COMMANDS = ("profile", "trace_breakdown", "models", "hardware")
+COMMANDS = ("profile", "formula", "solve", "sweep", "trace_breakdown", "compare", "models",
+            "hardware")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -19,14 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="opgraph", description="Roofline profiles of a training step, "
                      "compiled from a symbolic op graph.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    import importlib
-
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"opgraph.commands.{name}")
-        except ModuleNotFoundError:
-            continue
-        module.register(sub)
+        importlib.import_module(f"opgraph.commands.{name}").register(sub)
     return parser
 
 

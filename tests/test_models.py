@@ -191,3 +191,16 @@ def test_profile_json_reports_total_and_active_parameters(capsys):
 def test_gpt2_sequence_longer_than_its_position_table_is_refused(capsys):
     code, out, err = run(capsys, "profile", "--model", "gpt2", "--seq-len", "2048")
     assert code == 2 and out == "" and err.count("\n") == 1 and "1,024 positions" in err
+
+
+def test_a_mixtral_sweep_row_equals_its_profile(mixtral_step):
+    import numpy as np
+
+    from opgraph.sweep import compile_sweep, make_grid, run_grid
+
+    grid = make_grid({"batch": np.array([1, 4])}, [H100], 8192)
+    rows = run_grid(compile_sweep(mixtral_step), grid)
+    for i, batch in enumerate((1, 4)):
+        p = evaluate(mixtral_step, H100, {"B": batch})
+        assert float(rows["mfu_ceiling"][i]) == pytest.approx(p.mfu_ceiling, rel=1e-9)
+        assert float(rows["step_time_s"][i]) == pytest.approx(p.step_time_s, rel=1e-9)

@@ -17,6 +17,10 @@ def register(subparsers) -> None:
     add_model_args(p)
     p.add_argument("--ops", action="store_true", help="also list every op")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE",
+                   help="also draw the figure (time share beside FLOP share) to a .png or .svg")
+    p.add_argument("--trace", metavar="FILE",
+                   help="also write the predicted timeline as a Chrome trace (open it in Perfetto)")
     p.set_defaults(func=run)
 
 
@@ -25,6 +29,14 @@ def run(args) -> int:
 
     s = setup(args)
     profile = evaluate(s.step, s.hardware, s.values)
+    if args.plot:
+        from ..plot import plot_profile
+
+        plot_profile(profile, args.plot)
+    if args.trace:
+        from ..chrome_trace import write_chrome_trace
+
+        write_chrome_trace(profile, args.trace)
     if args.json:
         print(json.dumps(profile.to_json(ops=args.ops), indent=2))
     else:

@@ -1,0 +1,177 @@
+"""Cost formulas: the FLOPs, bytes and roofline time of an op, a category or the whole step, as
+sympy expressions of the model's dimensions.
+
+    step = compile_step(preset("llama3-8b"))
+    formula(step, "flops", category="matmul")   # 6*B*D*L*S*(3*F + 2*H*d_h + 2*H_kv*d_h)
+    formula(step, "time", op="layers.q_proj")   # L*Max(2*(...)/bandwidth, 2*B*D*H*S*d_h/peak)
+
+Invariant: a formula is exactly what `evaluate` adds up, each op's per-instance cost times its
+multiplicity `count`, which stays symbolic (`L` for a layer stack), so nothing is unrolled and
+substituting a configuration's values gives `evaluate`'s figure. Time is per op
+`count * Max(flops / peak, bytes / bandwidth)` (`sympy.Max`), summed over ops. The hardware enters
+as two symbols, `peak` (dense FLOP/s) and `bandwidth` (HBM bytes/s), or, given a `Hardware`, as
+its exact numbers.
+
+Tidying only regroups, it never approximates: terms are collected on the layer counts and each
+coefficient is factored; a roofline's common factor is pulled out of its Max
+(`2*B*D*S*Max(6/bandwidth, 1/peak)`), which shows the two intensities side by side.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable
+
+import sympy
+
+from .errors import OpgraphError
+from .hardware import Hardware
+from .ir import Graph, Op
+from .profile import CATEGORIES
+
+PEAK = sympy.Symbol("peak", positive=True)  # dense FLOP/s
+BANDWIDTH = sympy.Symbol("bandwidth", positive=True)  # HBM bytes/s
+HARDWARE_SYMBOLS = {"peak": "peak dense FLOP/s", "bandwidth": "HBM bandwidth, bytes/s"}
+
+
+def roofline(flops, nbytes, peak=PEAK, bandwidth=BANDWIDTH) -> sympy.Expr:
+    """`Max(flops / peak, bytes / bandwidth)` with the factor both terms share pulled out:
+    `roofline(2*B*S*D, 12*B*S*D)` is `2*B*D*S*Max(6/bandwidth, 1/peak)`."""
+    compute = sympy.factor(sympy.sympify(flops) / peak)
+    memory = sympy.factor(sympy.sympify(nbytes) / bandwidth)
+    if compute == 0 or memory == 0:
+        return sympy.Max(compute, memory)
+    common = sympy.gcd(sympy.fraction(compute)[0], sympy.fraction(memory)[0])
+    common = common.as_content_primitive()[1]  # symbols only: the numbers stay per intensity
+    if common.is_positive is not True:
+        return sympy.Max(compute, memory)
+    return common * sympy.Max(sympy.factor(compute / common), sympy.factor(memory / common))
+
+
+def op_flops(graph: Graph, op: Op) -> sympy.Expr:
+    return op.count * op.flops
+
+
+def op_bytes(graph: Graph, op: Op) -> sympy.Expr:
+    return op.count * graph.op_bytes(op)
+
+
+def op_time(graph: Graph, op: Op, peak=PEAK, bandwidth=BANDWIDTH) -> sympy.Expr:
+    """The count is positive, so `count * Max(a, b) == Max(count*a, count*b)`."""
+    return op.count * roofline(op.flops, graph.op_bytes(op), peak, bandwidth)
+
+
+# The quantities a formula can be of: (graph, op) -> that op's share of the step.
+QUANTITIES: dict[str, Callable] = {"flops": op_flops, "bytes": op_bytes, "time": op_time}
+
+
+def select(graph: Graph, *, op: str | None = None, category: str | None = None) -> list[Op]:
+    """The ops a formula covers: one op by name, a category's, or (neither) the whole step."""
+    ops = graph.ops()
+    if op is not None:
+        if not graph.has_op(op):
+            close = difflib.get_close_matches(op, [o.name for o in ops], n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else \
+                "see `opgraph profile --ops` for the names"
+            raise OpgraphError(f"no op {op!r} in {graph.name}'s step; {hint}")
+        return [graph.op(op)]
+    if category is not None:
+        mine = [o for o in ops if o.category == category]
+        if not mine:
+            found = {o.category for o in ops}
+            have = ", ".join([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
+            raise OpgraphError(f"no category {category!r} in {graph.name}; choose one of: {have}")
+        return mine
+    return ops
+
+
+def hardware_values(hardware: Hardware) -> dict[sympy.Symbol, sympy.Rational]:
+    """The part's peak and bandwidth as exact numbers: 989e12 is `989000000000000`."""
+    return {PEAK: sympy.Rational(repr(hardware.peak_flops)),
+            BANDWIDTH: sympy.Rational(repr(hardware.bandwidth))}
+
+
+def depth_symbols(graph: Graph) -> list[sympy.Symbol]:
+    """The symbols ops' multiplicities are made of (`L`), in name order."""
+    found = set().union(*(sympy.sympify(op.count).free_symbols for op in graph.ops()))
+    return sorted(found, key=lambda s: s.name)
+
+
+def formula(graph: Graph, quantity: str, *, op: str | None = None, category: str | None = None,
+            hardware: Hardware | None = None) -> sympy.Expr:
+    """The tidied sum of `quantity` ("flops", "bytes" or "time") over the selected ops. For time,
+    `hardware` puts in that part's numbers; without it `peak` and `bandwidth` stay symbols."""
+    if quantity not in QUANTITIES:
+        raise OpgraphError(f"unknown quantity {quantity!r}; choose one of {', '.join(QUANTITIES)}")
+    ops = select(graph, op=op, category=category)
+    if quantity == "time" and hardware is not None:
+        hw = hardware_values(hardware)
+        rule = functools.partial(op_time, peak=hw[PEAK], bandwidth=hw[BANDWIDTH])
+    else:
+        rule = QUANTITIES[quantity]
+    return tidy(sympy.Add(*(rule(graph, o) for o in ops)), depth_symbols(graph))
+
+
+def tidy(expr: sympy.Expr, depth=()) -> sympy.Expr:
+    """`expr` regrouped to read well: terms that share a roofline (`Max`) are summed under it, and
+    each coefficient is collected on the `depth` symbols (the layer counts) and factored.
+
+        >>> tidy(L*B*S*D + L*B*S*F + D*V, [L])
+        B*L*S*(D + F) + D*V
+    """
+    groups: dict[sympy.Expr, list[sympy.Expr]] = {}
+    for term in sympy.Add.make_args(sympy.sympify(expr)):
+        key = sympy.Mul(*(f for f in sympy.Mul.make_args(term) if isinstance(f, sympy.Max)))
+        groups.setdefault(key, []).append(term / key)
+    return sympy.Add(*(key * _tidy_polynomial(sympy.Add(*terms), list(depth))
+                       for key, terms in groups.items()))
+
+
+def _tidy_polynomial(expr: sympy.Expr, depth: list) -> sympy.Expr:
+    expanded = sympy.expand(expr)
+    if not depth:
+        return sympy.factor(expanded)
+    groups = sympy.collect(expanded, depth, evaluate=False)
+    return sympy.Add(*(k * sympy.factor(v) for k, v in groups.items()))
+
+
+def latex(expr: sympy.Expr) -> str:
+    """LaTeX of a formula, the hardware symbols set upright: `\\mathrm{peak}`."""
+    return sympy.latex(expr, symbol_names={PEAK: r"\mathrm{peak}",
+                                           BANDWIDTH: r"\mathrm{bandwidth}"})
+
+
+def symbol_values(expr: sympy.Expr, dims: dict[sympy.Symbol, int],
+                  hardware: Hardware | None = None) -> dict[str, int | float]:
+    """Each free symbol of `expr` with its value: dimensions from `dims`, `peak` and `bandwidth`
+    from `hardware`. A symbol with no value is an error naming it."""
+    known = {sym: _plain(v) for sym, v in dims.items()}
+    if hardware is not None:
+        known |= {PEAK: hardware.peak_flops, BANDWIDTH: hardware.bandwidth}
+    out = {}
+    for sym in sorted(expr.free_symbols, key=lambda s: s.name):
+        if sym not in known:
+            raise OpgraphError(f"the formula depends on {sym}, which has no value; give it one")
+        out[sym.name] = known[sym]
+    return out
+
+
+def value(expr: sympy.Expr, dims: dict[sympy.Symbol, int], hardware: Hardware | None = None):
+    """The formula's number at `dims` (and `hardware`): an int where it is whole, else a float."""
+    known = {**dims, **(hardware_values(hardware) if hardware is not None else {})}
+    number = expr.xreplace({k: sympy.sympify(v) for k, v in known.items()})
+    if not number.is_number:
+        missing = ", ".join(sorted(map(str, number.free_symbols)))
+        raise OpgraphError(f"the formula depends on {missing}, which has no value; give it one")
+    return _plain(number)
+
+
+def _plain(number) -> int | float:
+    number = sympy.sympify(number)
+    return int(number) if number.is_integer else float(number)
+
+
+__all__ = ["BANDWIDTH", "HARDWARE_SYMBOLS", "PEAK", "QUANTITIES", "depth_symbols", "formula",
+           "hardware_values", "latex", "op_bytes", "op_flops", "op_time", "roofline", "select",
+           "symbol_values", "tidy", "value"]

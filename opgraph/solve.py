@@ -1,0 +1,241 @@
+"""Solve: the smallest value of one dimension at which a condition on the step's costs holds.
+
+    max_share(step, h100, "optimizer", 0.02)     # tokens per step, whole sequences
+    ridge(step, h100, "layers.q_proj")           # tokens at which the op turns compute-bound
+
+Both conditions are `g(x) <= 0` for a `g` made of the cost formulas (`opgraph.formula`) with
+every other dimension and the hardware put in as exact numbers. Each op's time is
+`count * Max(compute, memory)`, both branches polynomials in `x` (linear in the batch at a fixed
+sequence length, quadratic in the sequence length for attention), so `g` is piecewise
+polynomial: between the breakpoints where some op's two branches cross, every Max is one
+branch. `smallest` walks those pieces in increasing `x` and solves each exactly with sympy
+(`Poly.real_roots`); no bisection, no tolerance. Answers are then checked numerically:
+`max_share` with `evaluate` at the answer and one sequence fewer, `ridge` with the op's own
+formulas just above and below the crossing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import attrs
+import sympy
+
+from passes.evaluate import evaluate, resolve
+
+from . import formula as fm
+from .errors import OpgraphError
+from .hardware import Hardware
+from .ir import Graph
+from .symbols import B, S
+
+T = sympy.Symbol("T", positive=True)  # tokens per step, B*S, as a continuous quantity
+DIMS = ("tokens", "seq_len")
+
+
+def _number(value) -> float:
+    return float(sympy.N(value, 30))
+
+
+def _real_roots(expr, x, lo, hi) -> list:
+    """The real roots of the polynomial numerator of `expr` in the open interval (lo, hi)."""
+    numerator = sympy.fraction(sympy.together(expr))[0]
+    poly = sympy.Poly(sympy.expand(numerator), x)
+    if poly.degree() <= 0:
+        return []
+    roots = sorted(set(poly.real_roots()), key=_number)
+    return [r for r in roots
+            if _number(lo) < _number(r) and (hi is None or _number(r) < _number(hi))]
+
+
+def _branches(g, x, at) -> sympy.Expr:
+    """`g` with each Max replaced by its largest argument at the point `at`."""
+    choice = {}
+    for m in g.atoms(sympy.Max):
+        choice[m] = max(m.args, key=lambda a: _number(a.subs(x, at)))
+    return g.xreplace(choice)
+
+
+def smallest(g, x: sympy.Symbol, lo, closed: bool = True) -> sympy.Expr | None:
+    """The least `x >= lo` (`> lo` unless `closed`) with `g(x) <= 0`, exactly: the start of the
+    first such stretch, or None where there is none. `smallest(5 - Max(x, 3), x, 0)` is 5.
+
+    `g` is a sum of polynomials in `x` and of Max of such polynomials."""
+    g = sympy.sympify(g)
+    lo = sympy.sympify(lo)
+    breaks = set()
+    for m in g.atoms(sympy.Max):
+        args = m.args
+        for i, a in enumerate(args):
+            for b in args[i + 1:]:
+                breaks.update(_real_roots(a - b, x, lo, None))
+    edges = [lo, *sorted(breaks, key=_number), None]
+    for left, right in itertools.pairwise(edges):
+        probe = left + 1 + left if right is None else (left + right) / 2
+        piece = _branches(g, x, probe)
+        if sympy.expand(piece) == 0:
+            return left
+        if closed and left == lo and _number(piece.subs(x, left)) <= 0:
+            return left
+        cuts = [left, *_real_roots(piece, x, left, right), right]
+        for a, b in itertools.pairwise(cuts):
+            mid = a + 1 + a if b is None else (a + b) / 2
+            if _number(piece.subs(x, mid)) <= 0:
+                return a
+    return None
+
+
+def _fixed(graph: Graph, values: dict, free: sympy.Symbol) -> dict:
+    """Every dimension's value but `free`'s."""
+    return {sym: v for sym, v in resolve(graph, values).items() if sym != free}
+
+
+def _time(graph: Graph, ops, hardware: Hardware) -> sympy.Expr:
+    hw = fm.hardware_values(hardware)
+    return sympy.Add(*(fm.op_time(graph, op, hw[fm.PEAK], hw[fm.BANDWIDTH]) for op in ops))
+
+
+@attrs.frozen
+class ShareAnswer:
+    """The least tokens per step (whole sequences) at which a part of the step is at most
+    `max_share` of its time; `crossing` is where the share equals it (in `dim` units)."""
+
+    of: str  # the category's id or the op's name
+    kind: str  # "category" or "op"
+    max_share: float
+    dim: str
+    tokens: int | None
+    seq_len: int
+    batch: int
+    share: float | None
+    share_one_fewer: float | None  # one sequence fewer (or, for seq_len, one token shorter)
+    crossing: float | None
+    limit: float | None = None  # the share as the dimension grows without bound
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self)
+
+
+def max_share(graph: Graph, hardware: Hardware, category: str | None = None, share: float = 0.02,
+              *, op: str | None = None, dim: str = "tokens", values: dict | None = None
+              ) -> ShareAnswer:
+    """The least batch (dim "tokens", at the given seq_len) or seq_len (at the given batch) at
+    which the selected ops take at most `share` of the step's time."""
+    if not 0 < share < 1:
+        raise OpgraphError(f"--max-share {share}: give a fraction between 0 and 1, e.g. 0.02")
+    if dim not in DIMS:
+        raise OpgraphError(f"unknown dimension {dim!r} to solve for; choose one of {DIMS}")
+    x = B if dim == "tokens" else S
+    mine = fm.select(graph, op=op, category=category)
+    fixed = _fixed(graph, values, x)
+    part = _time(graph, mine, hardware).xreplace(fixed)
+    step = _time(graph, graph.ops(), hardware).xreplace(fixed)
+    limit_share = sympy.Rational(repr(share))
+    g = part - limit_share * step
+    lo = sympy.Integer(1)
+    what, kind = (op, "op") if op else (category, "category")
+    for _ in range(100):  # each pass skips one stretch too short to hold a whole value
+        root = smallest(g, x, lo)
+        if root is None:
+            break
+        n = max(int(sympy.ceiling(root)), 1)
+        if _number(g.subs(x, n)) <= 0:
+            return _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root)
+        lo = sympy.Integer(n)
+    tail = _branches(part / step, x, 10 ** 12)
+    limit = _number(sympy.limit(tail, x, sympy.oo))
+    return ShareAnswer(what, kind, share, dim, None,
+                       int(fixed.get(S, 0)), int(fixed.get(B, 0)), None, None, None, limit)
+
+
+def _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root
+                  ) -> ShareAnswer:
+    names = {o.name for o in mine}
+
+    def measured(value: int) -> float:
+        p = evaluate(graph, hardware, {x.name: value, **{s.name: int(v) for s, v in fixed.items()}})
+        return sum(r.time_s for r in p.ops if r.name in names) / p.step_time_s
+
+    at, fewer = measured(n), (measured(n - 1) if n > 1 else None)
+    if at > share or (fewer is not None and fewer <= share):
+        raise AssertionError(f"solve and evaluate disagree at {x} = {n}: {at} and {fewer}")
+    seq = n if x == S else int(fixed[S])
+    batch = n if x == B else int(fixed[B])
+    crossing = _number(root) * seq if x == B else _number(root)  # in tokens, or in seq_len
+    return ShareAnswer(what, kind, share, dim, batch * seq, seq, batch, at, fewer, crossing)
+
+
+@attrs.frozen
+class RidgeAnswer:
+    """Where an op turns from memory- to compute-bound, in tokens per step or sequence length;
+    `value` None with `bound` "memory" or "compute" when it is that at every size."""
+
+    op: str
+    dim: str
+    value: float | None
+    smallest_whole: int | None
+    bound: str | None  # set when the op never turns: "memory" or "compute" throughout
+    expression: str | None  # the crossing as a formula of the dimensions and the hardware
+    latex: str | None
+    intensity: str  # the op's FLOPs per byte, as a formula
+    intensity_limit: float | None  # ... at the other dimensions' values, as `dim` grows
+    ridge_intensity: float  # the part's peak / bandwidth
+    depends_on: tuple[str, ...] = ()  # the intensity's other dimensions, e.g. ("S",) for attention
+
+    def to_json(self) -> dict:
+        """The record, with the crossing also under the dimension's name (`"tokens": 344.9`)."""
+        out = attrs.asdict(self)
+        return {**out, self.dim: self.value}
+
+
+def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
+          values: dict | None = None) -> RidgeAnswer:
+    """The tokens per step (at the given seq_len; dim "tokens") or the seq_len (at the given
+    batch) above which `op` is compute-bound: `ridge(step, h100, "layers.q_proj")`."""
+    if dim not in DIMS:
+        raise OpgraphError(f"unknown dimension {dim!r} to solve for; choose one of {DIMS}")
+    (node,) = fm.select(graph, op=op)
+    flops, nbytes = node.flops, graph.op_bytes(node)
+    x, swap = (T, {B: T / S}) if dim == "tokens" else (S, {})
+    flops, nbytes = sympy.expand(flops.xreplace(swap)), sympy.expand(nbytes.xreplace(swap))
+    fixed = _fixed(graph, values, B if dim == "tokens" else S)
+    hw = fm.hardware_values(hardware)
+    g = (nbytes / hw[fm.BANDWIDTH] - flops / hw[fm.PEAK]).xreplace(fixed)
+    ridge_intensity = hardware.peak_flops / hardware.bandwidth
+    if nbytes == 0:
+        raise OpgraphError(f"op {op} moves no bytes: it has no ridge point")
+    ratio = sympy.factor(flops / nbytes)
+    others = tuple(sorted(s.name for s in ratio.free_symbols if s in (B, S)))
+    tends = sympy.limit(ratio.xreplace(fixed), x, sympy.oo)
+    tends = _number(tends) if tends.is_finite else None
+    found = smallest(g, x, 0, closed=False)
+    if found is None or found == 0:
+        return RidgeAnswer(op, dim, None, None, "memory" if found is None else "compute", None,
+                           None, str(ratio), tends, ridge_intensity, others)
+    value = _number(found)
+    whole = int(sympy.ceiling(found))
+    if _number(g.subs(x, whole)) > 0 or (whole > 1 and _number(g.subs(x, whole - 1)) <= 0):
+        raise AssertionError(f"the ridge of {op} at {value} does not check out")
+    closed = _closed_form(flops, nbytes, x, fixed, hw, value)
+    return RidgeAnswer(op, dim, value, whole, None, str(closed) if closed is not None else None,
+                       fm.latex(closed) if closed is not None else None, str(ratio), tends,
+                       ridge_intensity, others)
+
+
+def _closed_form(flops, nbytes, x, fixed, hw, value):
+    """The crossing `flops / peak = bytes / bandwidth` solved for `x` with every dimension and the
+    hardware kept as symbols: the solution that is `value` at the preset."""
+    try:
+        solutions = sympy.solve(sympy.Eq(flops / fm.PEAK, nbytes / fm.BANDWIDTH), x)
+    except NotImplementedError:
+        return None
+    subs = {**fixed, **hw}
+    for sol in solutions:
+        at = sol.xreplace(subs)
+        if at.is_number and at.is_real and math.isclose(_number(at), value, rel_tol=1e-9):
+            return sympy.factor(sol)
+    return None
+
+
+__all__ = ["DIMS", "RidgeAnswer", "ShareAnswer", "T", "max_share", "ridge", "smallest"]

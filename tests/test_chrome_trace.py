@@ -1,0 +1,167 @@
+"""The predicted timeline (`opgraph profile --trace`): a valid Chrome trace whose kernels run the
+compiled step's ops in execution order, one event per layer instance, summing to the step time."""
+
+import itertools
+import json
+
+import pytest
+
+from models import preset
+from opgraph import GraphBuilder, compile_step, evaluate, hardware
+from opgraph.chrome_trace import STREAM_TID, blocks, chrome_trace, write_chrome_trace
+from opgraph.cli import main
+from opgraph.symbols import B, D, S, V
+
+H100 = hardware.get("h100-sxm")
+LAYERS = 32  # Llama 3 8B (arXiv:2407.21783, Table 3)
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return evaluate(compile_step(preset("llama3-8b")), H100)
+
+
+@pytest.fixture(scope="module")
+def trace(profile):
+    return json.loads(json.dumps(chrome_trace(profile)))  # through JSON and back
+
+
+def kernel_events(trace):
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] == STREAM_TID]
+
+
+def test_is_a_chrome_trace(trace):
+    assert isinstance(trace["traceEvents"], list)
+    assert trace["displayTimeUnit"] in ("ms", "ns")
+    for e in trace["traceEvents"]:
+        assert e["ph"] in ("X", "M")
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
+    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
+    assert next(e["args"]["name"] for e in meta if e["name"] == "process_name").startswith(
+        "opgraph roofline: llama3-8b")
+    labelled = {e["tid"] for e in meta if e["name"] == "thread_name"}
+    used = {e["tid"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert labelled == used and len(used) == 2  # the kernels' stream and the phases
+
+
+def test_kernels_sum_to_the_step_time(profile, trace):
+    kernels = kernel_events(trace)
+    assert sum(e["dur"] for e in kernels) * 1e-6 == pytest.approx(profile.step_time_s, rel=1e-9)
+    # back to back: each kernel starts where the one before ended
+    for a, b in itertools.pairwise(kernels):
+        assert b["ts"] == pytest.approx(a["ts"] + a["dur"], rel=1e-12, abs=1e-9)
+
+
+def test_one_event_per_kernel_instance(profile, trace):
+    kernels = kernel_events(trace)
+    assert len(kernels) == sum(o.count for o in profile.ops)
+    by_op = {}
+    for e in kernels:
+        by_op[e["args"]["op"]] = by_op.get(e["args"]["op"], 0) + 1
+    assert by_op == {o.name: o.count for o in profile.ops}
+    # each layer of the stack runs every op of the layer once
+    q = [e["args"]["layer"] for e in kernels if e["args"]["op"] == "layers.q_proj"]
+    assert sorted(q) == list(range(LAYERS))
+
+
+def test_args_are_per_instance(profile, trace):
+    q_proj = next(o for o in profile.ops if o.name == "layers.q_proj")
+    e = next(e for e in kernel_events(trace) if e["name"] == "layers.3.q_proj")
+    assert e["args"]["flops"] == pytest.approx(q_proj.flops / LAYERS, rel=1e-12)
+    assert e["args"]["bytes"] == pytest.approx(q_proj.bytes / LAYERS, rel=1e-12)
+    assert e["dur"] * 1e-6 == pytest.approx(q_proj.time_s / LAYERS, rel=1e-12)
+    assert e["args"] | {"flops": 0, "bytes": 0} == {
+        "flops": 0, "bytes": 0, "bound": "compute", "category": "matmul", "kind": "matmul",
+        "phase": "forward", "op": "layers.q_proj", "layer": 3}
+    assert e["cat"] == "matmul"
+
+
+def test_execution_order(trace):
+    names = [e["name"] for e in kernel_events(trace)]
+    phases = [e["args"]["phase"] for e in kernel_events(trace)]
+    assert names[0] == "embed"
+    assert names[-1].startswith("adamw.")
+    assert phases == sorted(phases, key=["forward", "backward", "optimizer"].index)
+    assert names[phases.index("backward")] == "loss.grad"
+    # forward: embed, layer 0 from its first op to layer 31's last, then the head and the loss
+    assert names[1] == "layers.0.attn_norm"
+    final = names.index("final_norm")
+    assert names[final - 1] == f"layers.{LAYERS - 1}.mlp_residual"
+    assert names[final:final + 3] == ["final_norm", "lm_head", "loss"]
+    # backward: the loss, head and final norm, then the layers from the last down, then embed
+    back = names.index("final_norm.grad")
+    assert names[back + 1] == f"layers.{LAYERS - 1}.mlp_residual.grad"
+    embed = names.index("embed.grad")
+    assert names[embed - 1] == "layers.0.attn_norm.grad"
+    assert phases[embed + 1] == "optimizer"
+
+
+def test_layers_interleave(trace):
+    """Within a stack, every op of layer i runs before any op of the next layer."""
+    kernels = kernel_events(trace)
+    for phase, step in (("forward", 1), ("backward", -1), ("optimizer", 1)):
+        layers = [e["args"]["layer"] for e in kernels
+                  if e["args"]["phase"] == phase and e["args"]["layer"] is not None]
+        assert layers[0] == (0 if step == 1 else LAYERS - 1)
+        assert all((b - a) * step in (0, 1) for a, b in itertools.pairwise(layers))
+
+
+def test_phase_ranges_enclose_their_kernels(profile, trace):
+    ranges = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["tid"] != STREAM_TID]
+    assert [r["name"] for r in ranges] == ["forward", "backward", "optimizer"]
+    assert ranges[0]["ts"] == 0
+    assert sum(r["dur"] for r in ranges) * 1e-6 == pytest.approx(profile.step_time_s, rel=1e-9)
+    span = {r["name"]: (r["ts"], r["ts"] + r["dur"]) for r in ranges}
+    for e in kernel_events(trace):
+        start, end = span[e["args"]["phase"]]
+        assert start - 1e-6 <= e["ts"] and e["ts"] + e["dur"] <= end + 1e-6
+
+
+def test_blocks_split_stacks_by_scope_and_phase():
+    """Two stacks of different depth, one after the other: each is its own block."""
+    g = GraphBuilder("two-stacks", dims={B: 1, S: 4, D: 8, V: 16})
+    x = g.embedding(g.input("tokens", (B, S)), g.weight("embed.weight", (V, D)))
+    with g.repeat(2, "enc"):
+        x = g.matmul(g.rmsnorm(x, g.weight("norm.weight", (D,))), g.weight("w", (D, D)))
+    with g.repeat(3, "dec"):
+        x = g.add(x, g.matmul(x, g.weight("w", (D, D))))
+    logits = g.matmul(x, g.weight("head.weight", (D, V)), name="head", category="output_head")
+    g.cross_entropy(logits, g.input("targets", (B, S)))
+    p = evaluate(compile_step(g.build()), H100)
+    shape = [(b.ops[0].phase, b.scope, b.count, len(b.ops)) for b in blocks(p.ops)]
+    assert shape[:4] == [("forward", "embed", 1, 1), ("forward", "enc", 2, 2),
+                         ("forward", "dec", 3, 2), ("forward", "head", 1, 1)]
+    assert ("backward", "dec", 3, 3) in shape and ("backward", "enc", 2, 3) in shape
+    assert shape.index(("backward", "dec", 3, 3)) < shape.index(("backward", "enc", 2, 3))
+    names = [e["name"] for e in kernel_events(chrome_trace(p))]
+    assert names[:6] == ["embed", "enc.0.rmsnorm", "enc.0.matmul", "enc.1.rmsnorm",
+                         "enc.1.matmul", "dec.0.matmul"]
+    assert len(names) == sum(o.count for o in p.ops)
+
+
+def test_cli_writes_the_trace(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    assert main(["profile", "--trace", str(out)]) == 0
+    trace = json.loads(out.read_text())
+    assert kernel_events(trace)[0]["name"] == "embed"
+    assert [p.name for p in tmp_path.iterdir()] == ["step.json"]  # no temp file left
+
+
+def test_cli_bad_trace_path(tmp_path, capsys):
+    out = tmp_path / "missing" / "step.json"
+    assert main(["profile", "--trace", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not exist" in err
+    assert not out.parent.exists()
+
+
+def test_write_failure_leaves_no_file(tmp_path, profile, monkeypatch):
+    import opgraph.chrome_trace as ct
+
+    def broken(f):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ct.json, "dump", lambda trace, f: broken(f))
+    with pytest.raises(RuntimeError):
+        write_chrome_trace(profile, tmp_path / "step.json")
+    assert list(tmp_path.iterdir()) == []

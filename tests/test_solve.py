@@ -1,0 +1,135 @@
+"""Solve: answers checked with `evaluate` and against ridge points derived by hand."""
+
+import json
+
+import pytest
+import sympy
+
+from models import preset
+from opgraph import compile_step, evaluate, hardware
+from opgraph.cli import main
+from opgraph.solve import max_share, ridge, smallest
+
+H100 = hardware.get("h100-sxm")
+PCIE = hardware.get("h100-pcie")
+x = sympy.Symbol("x", positive=True)
+
+
+@pytest.fixture(scope="module")
+def step():
+    return compile_step(preset("llama3-8b"))
+
+
+def share(step, part, category, **values):
+    return evaluate(step, part, values).category(category).time_share
+
+
+def test_smallest():
+    assert smallest(5 - sympy.Max(x, 3), x, 0) == 5
+    assert smallest(5 - sympy.Max(x, 3), x, 6) == 6
+    assert smallest(sympy.Max(x, 3) + 1, x, 0) is None
+    # Up to 3 the Max is x and g = 4 - x > 0; beyond, g = 7 - 2x: zero at 7/2.
+    assert smallest(4 - sympy.Max(x, 2 * x - 3), x, 0) == sympy.Rational(7, 2)
+    assert smallest(2 - x**2, x, 0) == sympy.sqrt(2)
+    assert smallest(x - x, x, 0, closed=False) == 0
+    assert smallest(x, x, 0) == 0 and smallest(x, x, 0, closed=False) is None
+
+
+@pytest.mark.parametrize("part", [H100, PCIE])
+def test_optimizer_share_in_whole_sequences(step, part):
+    a = max_share(step, part, "optimizer", 0.02)
+    assert a.seq_len == 8192 and a.tokens == a.batch * 8192
+    assert share(step, part, "optimizer", B=a.batch) <= 0.02
+    assert share(step, part, "optimizer", B=a.batch - 1) > 0.02
+    assert a.share == pytest.approx(share(step, part, "optimizer", B=a.batch), rel=1e-12)
+    assert a.tokens - 8192 < a.crossing <= a.tokens
+
+
+def test_optimizer_share_on_seq_len(step):
+    a = max_share(step, H100, "optimizer", 0.02, dim="seq_len", values={"B": 2})
+    assert a.batch == 2 and a.tokens == 2 * a.seq_len
+    assert share(step, H100, "optimizer", B=2, S=a.seq_len) <= 0.02
+    assert share(step, H100, "optimizer", B=2, S=a.seq_len - 1) > 0.02
+
+
+def test_a_share_that_is_never_reached(step):
+    a = max_share(step, H100, "matmul", 0.02)
+    assert a.tokens is None
+    assert a.limit == pytest.approx(share(step, H100, "matmul", B=10**7), rel=1e-4)
+    assert a.limit > 0.02
+
+
+def test_ridge_of_a_projection(step):
+    """q_proj: 2*T*D*N FLOPs against 2*(T*D + D*N + T*N) bytes, N = H*d_h, so it is
+    compute-bound from T = peak*D*N / (bandwidth*D*N - peak*(D + N))."""
+    d, n = 4096, 32 * 128
+    for part in (H100, PCIE):
+        peak, bw = part.peak_flops, part.bandwidth
+        expected = peak * d * n / (bw * d * n - peak * (d + n))
+        a = ridge(step, part, "layers.q_proj")
+        assert a.value == pytest.approx(expected, rel=1e-9)
+        assert a.smallest_whole == int(expected) + 1
+    a = ridge(step, H100, "layers.q_proj", dim="seq_len", values={"B": 4})
+    assert a.value == pytest.approx(
+        H100.peak_flops * d * n / (H100.bandwidth * d * n - H100.peak_flops * (d + n)) / 4,
+        rel=1e-9)
+
+
+def test_ridge_of_attention_on_seq_len(step):
+    """Fused attention: 2*B*H*S^2*d_h FLOPs against 4*B*S*d_h*(H + H_kv) bytes."""
+    a = ridge(step, H100, "layers.attn.flash", dim="seq_len")
+    expected = 2 * H100.peak_flops * (32 + 8) / (32 * H100.bandwidth)
+    assert a.value == pytest.approx(expected, rel=1e-9)
+    p = evaluate(step, H100, {"S": a.smallest_whole})
+    assert next(o for o in p.ops if o.name == "layers.attn.flash").bound == "compute"
+    p = evaluate(step, H100, {"S": a.smallest_whole - 1})
+    assert next(o for o in p.ops if o.name == "layers.attn.flash").bound == "memory"
+    # At a fixed 8192 its intensity does not change with tokens: compute-bound throughout.
+    assert ridge(step, H100, "layers.attn.flash").bound == "compute"
+
+
+def test_elementwise_never_turns(step):
+    a = ridge(step, H100, "layers.swiglu")
+    assert a.value is None and a.bound == "memory"
+    assert a.intensity_limit == pytest.approx(5 / 6)  # 5 FLOPs per 3 BF16 tensors' 6 bytes
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_optimizer_share(capsys, step):
+    code, out, _ = run(capsys, "solve", "--category", "optimizer", "--max-share", "0.02",
+                       "--json")
+    assert code == 0
+    j = json.loads(out)
+    n, seq = j["tokens"], j["seq_len"]
+    assert seq == 8192 and n % seq == 0 and j["batch"] == n // seq
+    assert share(step, H100, "optimizer", B=n // seq) <= 0.02
+    assert share(step, H100, "optimizer", B=n // seq - 1) > 0.02
+    assert j["share"] <= 0.02 < j["share_one_fewer"]
+
+
+def test_cli_ridge(capsys):
+    code, out, _ = run(capsys, "solve", "--op", "layers.q_proj", "--ridge", "--json")
+    j = json.loads(out)
+    assert code == 0 and j["tokens"] == j["value"] and j["smallest_whole"] == int(j["value"]) + 1
+    code, out, _ = run(capsys, "solve", "--op", "layers.swiglu", "--ridge")
+    assert code == 0 and out.count("\n") == 1 and "never turns" in out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--op", "layers.q_proj"], "one of the arguments --max-share --ridge is required"),
+    (["--category", "norm", "--ridge"], "give --op NAME"),
+    (["--category", "optimizer", "--max-share", "2"], "between 0 and 1"),
+    (["--category", "optimizer", "--max-share", "0.02", "--tokens", "8192"], "--tokens is what"),
+    (["--category", "optimizer", "--max-share", "0.02", "--dim", "seq_len", "--seq-len", "8"],
+     "--seq-len is solved for"),
+    (["--category", "nope", "--max-share", "0.02"], "no category 'nope'"),
+])
+def test_cli_bad_input(capsys, argv, says):
+    code, out, err = run(capsys, "solve", *argv)
+    assert code == 2 and out == ""
+    assert says in err and err.count("\n") == 1
