@@ -18,6 +18,7 @@ H100 = hardware.get("h100-sxm")
 EXACT = {
     "llama3-8b": 8_030_261_248,  # Meta Llama 3 8B: the HF checkpoint's tensors (model card)
     "llama3-70b": 70_553_706_496,  # Meta Llama 3 70B: the HF checkpoint's tensors
+    "llama3.1-405b": 405_853_388_800,  # Meta Llama 3.1 405B: the HF checkpoint's tensors
     "gpt2": 124_439_808,  # OpenAI GPT-2 small ("124M"): the HF openai-community/gpt2 tensors
 }
 ROUNDED = {
