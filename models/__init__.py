@@ -7,11 +7,16 @@ from collections.abc import Callable
 from opgraph.errors import OpgraphError
 from opgraph.ir import Graph
 
-from . import llama
+from . import gpt2, llama
 
 PRESETS: dict[str, Callable[[], Graph]] = {
     "llama3-8b": lambda: llama.build(llama.LLAMA3_8B),
+    "llama3-70b": lambda: llama.build(llama.LLAMA3_70B),
     "llama3.1-405b": lambda: llama.build(llama.LLAMA3_1_405B),
+    "mixtral-8x7b": lambda: llama.build(llama.MIXTRAL_8X7B),
+    "qwen2-7b": lambda: llama.build(llama.QWEN2_7B),
+    "gpt2": lambda: gpt2.build(gpt2.GPT2),
+    "gpt3-175b": lambda: gpt2.build(gpt2.GPT3_175B),
 }
 
 

@@ -5,6 +5,10 @@ projections; RoPE on Q and K; the attention core (scores, then P.V); O projectio
 RMSNorm; gate and up projections; SwiGLU; down projection; residual add. Around the stack: the
 embedding lookup, the final RMSNorm, the output head and the cross-entropy loss.
 
+Its relatives are configurations of the same graph: Llama 3 70B; Qwen2 (biases on Q, K and V);
+Mistral (through `models.hf`); Mixtral, whose MLP is a mixture of experts (`_moe_mlp`: a router,
+the top K of E SwiGLU experts per token, their gate-weighted sum).
+
 The graph's shapes are symbols (`opgraph.symbols`); the configuration supplies their values.
 """
 
@@ -14,7 +18,7 @@ import attrs
 
 from opgraph.builder import GraphBuilder
 from opgraph.ir import Graph
-from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
+from opgraph.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
 
 
 @attrs.frozen
@@ -30,19 +34,36 @@ class LlamaConfig:
     seq_len: int = 8192  # default sequence length of a profile
     tie_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2 puts biases on the Q, K and V projections
+    o_bias: bool = False  # a bias on the O projection too (HF Llama's attention_bias)
+    mlp_bias: bool = False  # biases on the gate, up and down projections (HF's mlp_bias)
+    experts: int = 0  # a mixture of this many SwiGLU experts per MLP (Mixtral); 0: dense
+    experts_per_token: int = 0  # the top-k each token is routed to
 
     def dims(self) -> dict:
-        return {D: self.d_model, L: self.layers, H: self.heads, H_kv: self.kv_heads,
+        dims = {D: self.d_model, L: self.layers, H: self.heads, H_kv: self.kv_heads,
                 d_h: self.head_dim or self.d_model // self.heads, F: self.d_ff, V: self.vocab,
                 S: self.seq_len, B: 1}
+        if self.experts:
+            dims |= {E: self.experts, K: self.experts_per_token}
+        return dims
 
 
 # arXiv:2407.21783 (The Llama 3 Herd of Models), Table 3.
 LLAMA3_8B = LlamaConfig("llama3-8b", d_model=4096, layers=32, heads=32, kv_heads=8,
                         d_ff=14336, vocab=128256)
+LLAMA3_70B = LlamaConfig("llama3-70b", d_model=8192, layers=80, heads=64, kv_heads=8,
+                         d_ff=28672, vocab=128256)
 # Same paper, Table 3; the vocabulary (128256) as in the 8B. 405,853,388,800 parameters.
 LLAMA3_1_405B = LlamaConfig("llama3.1-405b", d_model=16384, layers=126, heads=128, kv_heads=8,
                             d_ff=53248, vocab=128256)
+# arXiv:2401.04088 (Mixtral of Experts), Table 1; HF mistralai/Mixtral-8x7B-v0.1 config.json.
+# Context 32768; profiled at 8192 tokens by default, like the plate.
+MIXTRAL_8X7B = LlamaConfig("mixtral-8x7b", d_model=4096, layers=32, heads=32, kv_heads=8,
+                           d_ff=14336, vocab=32000, experts=8, experts_per_token=2)
+# arXiv:2407.10671 (Qwen2 Technical Report), Table 1; HF Qwen/Qwen2-7B config.json, whose
+# embedding has 152064 rows (the tokenizer's 151646, padded). Context 131072; profiled at 8192.
+QWEN2_7B = LlamaConfig("qwen2-7b", d_model=3584, layers=28, heads=28, kv_heads=4, d_ff=18944,
+                       vocab=152064, qkv_bias=True)
 
 
 def build(config: LlamaConfig) -> Graph:
@@ -78,11 +99,40 @@ def _block(g: GraphBuilder, x, config: LlamaConfig):
     k = g.rope(proj("k_proj", H_kv * d_h), name="k_rope")
     v = proj("v_proj", H_kv * d_h)
     o = g.attention(q, k, v, heads=H, kv_heads=H_kv, causal=True, name="attn")
-    o = g.matmul(o, g.weight("o_proj.weight", (H * d_h, D)), name="o_proj")
+    o_bias = g.weight("o_proj.bias", (D,)) if config.o_bias else None
+    o = g.matmul(o, g.weight("o_proj.weight", (H * d_h, D)), o_bias, name="o_proj")
     x = g.add(x, o, name="attn_residual")
     h = g.rmsnorm(x, g.weight("mlp_norm.weight", (D,)), name="mlp_norm")
-    gate = g.matmul(h, g.weight("gate_proj.weight", (D, F)), name="gate_proj")
-    up = g.matmul(h, g.weight("up_proj.weight", (D, F)), name="up_proj")
-    a = g.swiglu(gate, up, name="swiglu")
-    down = g.matmul(a, g.weight("down_proj.weight", (F, D)), name="down_proj")
+    down = _moe_mlp(g, h) if config.experts else _swiglu_mlp(g, h, config.mlp_bias)
     return g.add(x, down, name="mlp_residual")
+
+
+def _swiglu_mlp(g: GraphBuilder, h, bias: bool = False):
+    """`down(silu(gate(h)) * up(h))`."""
+    def proj(name, shape):
+        b = g.weight(f"{name}.bias", shape[-1:]) if bias else None
+        return b, g.weight(f"{name}.weight", shape)
+
+    bias_g, w_gate = proj("gate_proj", (D, F))
+    gate = g.matmul(h, w_gate, bias_g, name="gate_proj")
+    bias_u, w_up = proj("up_proj", (D, F))
+    up = g.matmul(h, w_up, bias_u, name="up_proj")
+    a = g.swiglu(gate, up, name="swiglu")
+    bias_d, w_down = proj("down_proj", (F, D))
+    return g.matmul(a, w_down, bias_d, name="down_proj")
+
+
+def _moe_mlp(g: GraphBuilder, h):
+    """Mixtral's sparse MLP: a router scores the E experts, each token goes through its top K
+    SwiGLU experts, and their outputs are summed weighted by the router's gates. Expert weights
+    are held as `[E, in, out]` tensors; only the routed experts' FLOPs are counted."""
+    logits = g.matmul(h, g.weight("router.weight", (D, E)), name="router")
+    gates, experts = g.topk(logits, K, name="router_topk")
+    gate = g.expert_matmul(h, g.weight("experts.gate_proj.weight", (E, D, F)), experts,
+                           name="experts.gate_proj")
+    up = g.expert_matmul(h, g.weight("experts.up_proj.weight", (E, D, F)), experts,
+                         name="experts.up_proj")
+    a = g.swiglu(gate, up, name="experts.swiglu")
+    down = g.expert_matmul(a, g.weight("experts.down_proj.weight", (E, F, D)), experts,
+                           name="experts.down_proj")
+    return g.moe_combine(down, gates, name="experts.combine")

@@ -74,14 +74,16 @@ class GraphBuilder:
 
     # --- the generic op -----------------------------------------------------------------------
     def op(self, kind: str, inputs: Sequence[TensorLike], *, category: str, name: str | None = None,
-           dtype: DType | None = None, **params) -> Tensor:
-        """One op of a kind in `opgraph.rules`; returns its (first) output."""
+           dtype: DType | tuple[DType, ...] | None = None, **params) -> Tensor:
+        """One op of a kind in `opgraph.rules`; returns its (first) output. Its outputs are
+        named `name`, `name:1`, ...; `dtype` is theirs (a tuple: one per output)."""
         ins = [self._get(t) for t in inputs]
         params = {k: _expr(v) if isinstance(v, int | sympy.Basic) and not isinstance(v, bool)
                   else v for k, v in params.items()}
         shapes = rules.infer_shapes(kind, ins, params)
         op_name = self._name(name or kind)
-        outs = [Tensor(op_name if i == 0 else f"{op_name}:{i}", shape, dtype or self.dtype,
+        dtypes = dtype if isinstance(dtype, tuple) else (dtype,) * len(shapes)  # one per output
+        outs = [Tensor(op_name if i == 0 else f"{op_name}:{i}", shape, dtypes[i] or self.dtype,
                        Role.ACTIVATION, self.count)
                 for i, shape in enumerate(shapes)]
         for t in outs:
@@ -146,6 +148,23 @@ class GraphBuilder:
                       name: str = "loss") -> Tensor:
         return self.op("cross_entropy", [logits, targets], category="output_head", name=name,
                        dtype=FP32)
+
+    # --- mixture of experts ---------------------------------------------------------------
+    def topk(self, logits: TensorLike, k, name: str = "topk") -> tuple[Tensor, Tensor]:
+        """The router's softmax and top-`k`: `[..., E] -> gates [..., k], expert ids [..., k]`."""
+        gates = self.op("topk", [logits], category="routing", name=name,
+                        dtype=(self.dtype, INT32), k=k)
+        return gates, self.graph.tensor(f"{gates.name}:1")
+
+    def expert_matmul(self, x: TensorLike, w: TensorLike, experts: TensorLike, *,
+                      name: str = "expert_matmul") -> Tensor:
+        """Each token through its routed experts, `w[E, in, out]`: `x[..., in] -> [..., k, out]`
+        (or `[..., k, in] -> [..., k, out]`); FLOPs count k experts per token, not E."""
+        return self.op("expert_matmul", [x, w, experts], category="matmul", name=name)
+
+    def moe_combine(self, y: TensorLike, gates: TensorLike, name: str = "combine") -> Tensor:
+        """The gate-weighted sum of each token's expert outputs: `[..., k, D] -> [..., D]`."""
+        return self.op("moe_combine", [y, gates], category="routing", name=name)
 
     def build(self) -> Graph:
         """The finished graph, verified."""

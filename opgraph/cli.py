@@ -8,7 +8,8 @@ import sys
 
 from .errors import OpgraphError
 
-COMMANDS = ("profile", "formula", "solve", "sweep", "trace_breakdown", "compare")
+COMMANDS = ("profile", "formula", "solve", "sweep", "trace_breakdown", "compare", "models",
+            "hardware")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -23,7 +23,7 @@ def format_profile(p: Profile, ops: bool = False) -> str:
         f"{p.model} on {p.hardware.describe()}",
         f"{p.tokens:,} tokens per step ({batch} x {p.seq_len:,}), "
         f"{'fused' if p.fused_attention else 'unfused'} attention, "
-        f"{p.parameters:,} parameters",
+        f"{p.parameters:,} parameters{_active(p)}",
         "",
         f"{'category':<12} {'time (ms)':>10} {'time':>7} {'FLOPs':>8} {'bytes':>10}  bound",
     ]
@@ -37,6 +37,8 @@ def format_profile(p: Profile, ops: bool = False) -> str:
         "/ step time x peak)",
         f"HFU ceiling  {p.hfu_ceiling * 100:.1f}%  (every counted FLOP / step time x peak)",
     ]
+    if "memory" in p.extra:
+        lines.append(format_memory(p.extra["memory"]))
     if ops:
         lines += ["", f"{'op':<36} {'phase':<9} {'kind':<24} {'x':>4} {'time (ms)':>10} "
                       f"{'GFLOP':>10} {'bytes':>10}  bound"]
@@ -45,3 +47,29 @@ def format_profile(p: Profile, ops: bool = False) -> str:
                          f"{o.time_s * 1e3:>10.3f} {o.flops / 1e9:>10.1f} {_bytes(o.bytes):>10}"
                          f"  {o.bound}")
     return "\n".join(lines)
+
+
+def _active(p: Profile) -> str:
+    """` (12,879,925,248 active per token)` for a mixture of experts, else nothing."""
+    active = p.extra.get("active_parameters")
+    return f" ({active:,} active per token)" if active is not None else ""
+
+
+def format_memory(m: dict) -> str:
+    """`memory       183.29 GB of 80.00 GB (weights ..., grads ..., optimizer ..., activations
+    ...)`: the step's HBM footprint (`opgraph.memory`) against the part's capacity."""
+    of = f" of {_bytes(m['capacity'])}" if m["capacity"] else " (capacity unknown)"
+    over = ": OVER CAPACITY" if m["fits"] is False else ""
+    return (f"memory       {_bytes(m['total'])}{of}{over} (weights {_bytes(m['weights'])}, "
+            f"grads {_bytes(m['gradients'])}, optimizer {_bytes(m['optimizer'])}, "
+            f"activations {_bytes(m['activations'])})")
+
+
+def memory_warning(p: Profile) -> str | None:
+    """One line for stderr when the step's footprint exceeds the part's memory, else None."""
+    m = p.extra.get("memory")
+    if not m or m["fits"] is not False:
+        return None
+    return (f"opgraph: warning: the step needs {_bytes(m['total'])} of HBM, more than the "
+            f"{_bytes(m['capacity'])} of one {p.hardware.name}; shard the weights, gradients and "
+            "optimizer states (ZeRO/FSDP), checkpoint activations, or pick a larger part")

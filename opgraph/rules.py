@@ -111,6 +111,40 @@ def _flash_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     return [q.shape]
 
 
+def _topk_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Router logits `[..., E]` -> the top-`k` gates `[..., K]` and their expert ids `[..., K]`."""
+    (logits,) = ins
+    lead = logits.shape[:-1]
+    return [(*lead, params["k"]), (*lead, params["k"])]
+
+
+def _expert_matmul_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Each token through the K experts it is routed to, with expert weights `w[E, K_in, N]`
+    and the routing `experts[..., K]`: `x[..., K_in]` -> `[..., K, N]` (the token is sent to
+    each of its K experts), or `h[..., K, K_in]` -> `[..., K, N]` (each of the token's K
+    slots through its own expert)."""
+    a, w, experts = ins
+    _require(len(w.shape) == 3, f"expert weights {w.name} {_fmt(w.shape)} must be [E, in, out]")
+    route = experts.shape
+    lead = a.shape[:-1] if len(a.shape) == len(route) + 1 else (*a.shape[:-1], route[-1])
+    _require(len(lead) == len(route) and all(same(x, y) for x, y in zip(lead, route)),
+             f"{a.name} {_fmt(a.shape)} does not fit the routing {experts.name} {_fmt(route)}")
+    _require(same(a.shape[-1], w.shape[1]),
+             f"expert matmul of {a.name} {_fmt(a.shape)} and {w.name} {_fmt(w.shape)}: "
+             f"inner dims {a.shape[-1]} and {w.shape[1]} differ")
+    return [(*route, w.shape[2])]
+
+
+def _combine_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Expert outputs `[..., K, D]` weighted by the gates `[..., K]` and summed -> `[..., D]`."""
+    y, gates = ins
+    _require(len(y.shape) == len(gates.shape) + 1
+             and all(same(a, b) for a, b in zip(y.shape[:-1], gates.shape)),
+             f"expert outputs {y.name} {_fmt(y.shape)} do not match gates "
+             f"{gates.name} {_fmt(gates.shape)}")
+    return [(*y.shape[:-2], y.shape[-1])]
+
+
 def _loss_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     logits, targets = ins
     _require(all(same(a, b) for a, b in zip(logits.shape[:-1], targets.shape)),
@@ -165,6 +199,22 @@ def _loss_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Ex
     return 4 * ins[0].numel
 
 
+def _topk_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """Softmax over each router logit (max, subtract, exp, sum, divide: 5), then the chosen
+    gates renormalised (sum, divide: 2 each); picking the top k is comparisons, not FLOPs."""
+    return 5 * ins[0].numel + 2 * outs[0].numel
+
+
+def _expert_matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """Only the routed experts compute: 2 x (tokens x K x out) x contraction."""
+    return 2 * outs[0].numel * ins[0].shape[-1]
+
+
+def _combine_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """Each expert output element times its gate, then added into the token's sum: 2 each."""
+    return 2 * ins[0].numel
+
+
 SHAPE_RULES: dict[str, Callable] = {
     "embedding": _embedding_shape,
     "matmul": _matmul_shape,
@@ -177,6 +227,9 @@ SHAPE_RULES: dict[str, Callable] = {
     "gelu": _same_shape,
     "add": _same_shape,
     "cross_entropy": _loss_shape,
+    "topk": _topk_shape,
+    "expert_matmul": _expert_matmul_shape,
+    "moe_combine": _combine_shape,
 }
 
 FLOP_RULES: dict[str, Callable] = {
@@ -191,6 +244,9 @@ FLOP_RULES: dict[str, Callable] = {
     "gelu": per_element(8),  # tanh approximation
     "add": per_element(1),
     "cross_entropy": _loss_flops,
+    "topk": _topk_flops,
+    "expert_matmul": _expert_matmul_flops,
+    "moe_combine": _combine_flops,
 }
 
 FORWARD_KINDS = tuple(SHAPE_RULES)

@@ -30,7 +30,7 @@ import attrs
 import numpy as np
 import sympy
 
-from passes.evaluate import mfu_weights, resolve
+from passes.evaluate import mfu_parameters, resolve
 
 from . import numfmt
 from .errors import OpgraphError
@@ -162,7 +162,7 @@ def compile_sweep(step: Graph, free=("B", "S")) -> Sweep:
         terms[key] = terms.get(key, 0) + 1
     found = {key[0] for key in terms}
     categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
-    n_mfu = sympy.Add(*(w.numel * w.count for w in mfu_weights(step))).xreplace(fixed)
+    n_mfu = sympy.sympify(mfu_parameters(step)).xreplace(fixed)  # a MoE's active share
     exprs = [key[1] for key in terms] + [key[2] for key in terms]
     exprs += [n_mfu, (B * S).xreplace(fixed)]
     leftover = set().union(*(sympy.sympify(e).free_symbols for e in exprs)) - set(symbols)

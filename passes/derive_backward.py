@@ -92,6 +92,16 @@ def _matmul_vjp(ctx: _Context, op: Op) -> list[Op]:
     return [k for k in kernels if k is not None]
 
 
+def _expert_matmul_vjp(ctx: _Context, op: Op) -> list[Op]:
+    """dX = dY W^T and dW = X^T dY through the same routing: two expert matmuls. The routing
+    (which experts) is not differentiable; the gates' gradient comes from `moe_combine`."""
+    a, w, experts = op.inputs
+    dy = ctx.grad(op.outputs[0])
+    kernels = [ctx.emit(op, "dA", "expert_matmul", [dy, w, experts], [a]),
+               ctx.emit(op, "dB", "expert_matmul", [a, dy, experts], [w])]
+    return [k for k in kernels if k is not None]
+
+
 def flash_attention_backward(ctx: _Context, op: Op) -> list[Op]:
     """FlashAttention's backward: one kernel reading Q, K, V, O and dO, writing dQ, dK, dV."""
     q, k, v = op.inputs
@@ -113,6 +123,9 @@ VJP_RULES: dict[str, Callable] = {
     "gelu": one_kernel("inputs"),
     "add": one_kernel("none"),
     "cross_entropy": one_kernel("inputs"),  # softmax(logits) - onehot(targets)
+    "topk": one_kernel("inputs+outputs"),  # softmax backward from the gates, into the logits
+    "expert_matmul": _expert_matmul_vjp,
+    "moe_combine": one_kernel("inputs"),  # dY times each gate; dGate = <expert output, dY>
 }
 
 

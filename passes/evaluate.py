@@ -3,7 +3,11 @@
 Per op, time is the roofline `max(flops / peak, bytes / bandwidth)` (XLA's HloCostAnalysis);
 ops do not overlap, so the step time is their sum. The MFU ceiling follows the plate's convention:
 `6 x N x tokens / (step time x peak)`, N the parameters other than the input embedding (a weight
-read only by embedding lookups); tokens per step are `B x S`.
+read only by embedding lookups); tokens per step are `B x S`. For a mixture of experts N counts
+the parameters a token uses (`opgraph.parameters`: an expert's weights times K/E).
+
+Beside the roofline, `extra` carries the step's HBM footprint (`opgraph.memory`) against the
+part's capacity, and for a mixture of experts its `active_parameters`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import sympy
 from opgraph.errors import OpgraphError
 from opgraph.hardware import Hardware
 from opgraph.ir import Graph, Phase
+from opgraph.memory import figures, footprint
+from opgraph.parameters import active_parameters, is_routed
 from opgraph.profile import CATEGORIES, CategoryCost, OpCost, Profile
 from opgraph.symbols import B, S
 
@@ -35,6 +41,11 @@ def mfu_weights(graph: Graph) -> list:
     return [w for w in graph.weights()
             if any(op.kind != "embedding" and op.phase is Phase.FORWARD
                    for op in graph.consumers(w.name))]
+
+
+def mfu_parameters(graph: Graph) -> sympy.Expr:
+    """N of the MFU convention: the `mfu_weights`, each times the share a token uses."""
+    return active_parameters(graph, mfu_weights(graph))
 
 
 def _number(expr, subs: dict, what: str):
@@ -65,8 +76,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None) -> Pr
     categories = _categories(rows, step, total_flops)
     tokens = int(_number(B * S, subs, "tokens per step"))
     parameters = int(_number(graph.parameters(), subs, "the parameter count"))
-    mfu_n = int(_number(sympy.Add(*(w.numel * w.count for w in mfu_weights(graph))), subs,
-                        "the parameter count"))
+    mfu_n = int(_number(mfu_parameters(graph), subs, "the parameter count"))
     return Profile(
         model=graph.name, hardware=hardware,
         values={str(k): int(v) for k, v in sorted(subs.items(), key=lambda kv: kv[0].name)},
@@ -76,7 +86,20 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None) -> Pr
         mfu_ceiling=6 * mfu_n * tokens / (step * peak) if step else 0.0,
         hfu_ceiling=total_flops / (step * peak) if step else 0.0,
         fused_attention=any(op.kind == "flash_attention" for op in graph.ops()),
+        extra=_extra(graph, subs, hardware),
     )
+
+
+def _extra(graph: Graph, subs: dict, hardware: Hardware) -> dict:
+    """`active_parameters` (a mixture of experts only) and the `memory` footprint, in bytes."""
+    extra = {}
+    if is_routed(graph):
+        extra["active_parameters"] = int(_number(active_parameters(graph), subs,
+                                                 "the active parameter count"))
+    parts = {name: int(_number(expr, subs, f"the {name}' memory"))
+             for name, expr in footprint(graph).parts().items()}
+    extra["memory"] = figures(parts, hardware.memory_bytes)
+    return extra
 
 
 def _categories(rows: list[OpCost], step: float, total_flops: float) -> tuple:

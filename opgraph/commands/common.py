@@ -16,8 +16,11 @@ from .args import positive_float, positive_int
 
 def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None:
     g = parser.add_argument_group("model and hardware")
-    g.add_argument("--model", default="llama3-8b",
+    g.add_argument("--model",
                    help="a preset (see `opgraph models`; default llama3-8b)")
+    g.add_argument("--config", metavar="CONFIG_JSON",
+                   help="a Hugging Face config.json on disk (Llama, Mistral, Mixtral, Qwen2, "
+                        "GPT-2), instead of --model")
     g.add_argument("--hardware", default="h100-sxm",
                    help="a catalog part (see `opgraph hardware`) or a .toml file "
                         "(default h100-sxm)")
@@ -46,9 +49,16 @@ class Setup:
 
 
 def load_forward(args) -> Graph:
+    config = getattr(args, "config", None)
+    if config is not None:
+        if args.model is not None:
+            raise OpgraphError("give --model or --config, not both")
+        from models.hf import from_config
+
+        return from_config(config)
     from models import preset
 
-    return preset(args.model)
+    return preset(args.model or "llama3-8b")
 
 
 def load_hardware(args) -> Hardware:
@@ -68,6 +78,10 @@ def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dic
     seq = seq_len or int(forward.meta.get("seq_len", 0)) or None
     if seq is None:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
+    longest = forward.meta.get("max_seq_len")  # e.g. the rows of a learned position table
+    if longest and seq > longest:
+        raise OpgraphError(f"--seq-len {seq:,} is longer than {forward.name}'s "
+                           f"{longest:,} positions; give at most {longest:,}")
     tokens = tokens or seq
     if tokens % seq:
         raise OpgraphError(f"--tokens {tokens:,} is not a multiple of --seq-len {seq:,}; "

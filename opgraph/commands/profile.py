@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 
-from ..report import format_profile
+from ..report import format_profile, memory_warning
 from .common import add_model_args, setup
 
 
@@ -40,4 +41,7 @@ def run(args) -> int:
         print(json.dumps(profile.to_json(ops=args.ops), indent=2))
     else:
         print(format_profile(profile, ops=args.ops))
+    warning = memory_warning(profile)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0

@@ -1,0 +1,172 @@
+"""A forward graph from a Hugging Face `config.json` on disk (never from the network).
+
+    graph = from_config("Meta-Llama-3-8B/config.json")
+
+`model_type` picks the family: `llama`, `mistral`, `mixtral` and `qwen2` build the Llama graph
+(`models.llama`), `gpt2` the GPT-2 graph (`models.gpt2`). The fields read are the ones that
+shape the cost; the rest (RoPE base, norm epsilon, dropout, dtype, token ids) do not change a
+roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
+model's number:
+
+- `head_dim`: absent or null means `hidden_size / num_attention_heads`.
+- `num_key_value_heads`: Llama's absent means `num_attention_heads` (multi-head attention);
+  Mistral, Mixtral and Qwen2 default to a particular model's count (8, 8, 32), so there it is
+  required.
+- `tie_word_embeddings`: absent means false for Llama, Mistral, Mixtral and Qwen2, true for
+  GPT-2 (transformers' `PretrainedConfig` default).
+- biases: Qwen2 has them on Q, K and V by architecture; Llama's `attention_bias` puts them on
+  Q, K, V and O, `mlp_bias` on the MLP's three projections; GPT-2 has them everywhere.
+- GPT-2: `n_positions` (or the older `n_ctx`) is the position table; `n_inner` null means
+  `4 x n_embd`.
+- Mixtral: `num_local_experts` and `num_experts_per_tok` are required.
+
+The profile's default sequence length is the model's context, `max_position_embeddings` (GPT-2:
+`n_positions`), capped at 8192, the plate's: a 128 K context profiled by default would be all
+attention; `--seq-len` asks for longer. Without `max_position_embeddings` it is 8192. Sliding-
+window attention (Mistral's `sliding_window`) is profiled as full causal attention.
+
+Bad input (no file, not JSON, an unknown `model_type`, a missing field, a field of the wrong
+type) raises OpgraphError: one line naming the field and the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from opgraph.errors import OpgraphError
+from opgraph.ir import Graph
+
+from . import gpt2, llama
+
+DEFAULT_SEQ_LEN = 8192  # the plate's; and the cap on a config's own context
+_REQUIRED = object()
+
+
+class _Fields:
+    """Typed reads of one config's fields, each failure one line naming field and file."""
+
+    def __init__(self, data: dict, path: Path):
+        self.data, self.path = data, path
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None  # null counts as absent, as in transformers
+
+    def _get(self, key: str, default):
+        if self.has(key):
+            return self.data[key]
+        if default is _REQUIRED:
+            raise OpgraphError(f"{self.path}: missing field {key!r}; a "
+                               f"{self.data.get('model_type')} config.json needs it")
+        return default
+
+    def int(self, key: str, default=_REQUIRED) -> int | None:
+        value = self._get(key, default)
+        if not self.has(key):
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise OpgraphError(f"{self.path}: field {key!r} is {json.dumps(value)}, "
+                               "not a positive whole number")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            raise OpgraphError(f"{self.path}: field {key!r} is {json.dumps(value)}, "
+                               "not true or false")
+        return value
+
+    def name(self) -> str:
+        """A checkout's folder is named after the model: `Meta-Llama-3-8B/config.json`."""
+        folder = self.path.resolve().parent.name
+        return folder if self.path.name == "config.json" and folder else self.path.stem
+
+    def divisible(self, key: str, value: int, by_key: str, by: int) -> None:
+        if value % by:
+            raise OpgraphError(f"{self.path}: {key} = {value} is not a multiple of "
+                               f"{by_key} = {by}")
+
+
+def _seq_len(context: int | None) -> int:
+    return min(context, DEFAULT_SEQ_LEN) if context else DEFAULT_SEQ_LEN
+
+
+def _llama_family(model_type: str) -> Callable[[_Fields], Graph]:
+    """A reader for Llama and its relatives, which share `LlamaConfig`."""
+    def _read(f: _Fields) -> Graph:
+        heads = f.int("num_attention_heads")
+        d_model = f.int("hidden_size")
+        head_dim = f.int("head_dim", None)
+        if head_dim is None:
+            f.divisible("hidden_size", d_model, "num_attention_heads", heads)
+        kv_heads = f.int("num_key_value_heads", heads if model_type == "llama" else _REQUIRED)
+        f.divisible("num_attention_heads", heads, "num_key_value_heads", kv_heads)
+        attention_bias = model_type == "llama" and f.bool("attention_bias", False)
+        experts = {}
+        if model_type == "mixtral":
+            experts = {"experts": f.int("num_local_experts"),
+                       "experts_per_token": f.int("num_experts_per_tok")}
+            if experts["experts_per_token"] > experts["experts"]:
+                raise OpgraphError(f"{f.path}: num_experts_per_tok = "
+                                   f"{experts['experts_per_token']} is more than "
+                                   f"num_local_experts = {experts['experts']}")
+        config = llama.LlamaConfig(
+            f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,
+            kv_heads=kv_heads, d_ff=f.int("intermediate_size"), vocab=f.int("vocab_size"),
+            head_dim=head_dim, seq_len=_seq_len(f.int("max_position_embeddings", None)),
+            tie_embeddings=f.bool("tie_word_embeddings", False),
+            qkv_bias=model_type == "qwen2" or attention_bias, o_bias=attention_bias,
+            mlp_bias=model_type == "llama" and f.bool("mlp_bias", False), **experts)
+        return llama.build(config)
+    _read.__name__ = f"_read_{model_type}"
+    return _read
+
+
+def _read_gpt2(f: _Fields) -> Graph:
+    d_model, heads = f.int("n_embd"), f.int("n_head")
+    f.divisible("n_embd", d_model, "n_head", heads)
+    positions = f.int("n_ctx") if not f.has("n_positions") and f.has("n_ctx") else (
+        f.int("n_positions"))
+    config = gpt2.GPT2Config(
+        f.name(), d_model=d_model, layers=f.int("n_layer"), heads=heads,
+        vocab=f.int("vocab_size"), positions=positions, d_ff=f.int("n_inner", None),
+        seq_len=_seq_len(positions), tie_embeddings=f.bool("tie_word_embeddings", True))
+    return gpt2.build(config)
+
+
+FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
+    "llama": _llama_family("llama"),
+    "mistral": _llama_family("mistral"),
+    "mixtral": _llama_family("mixtral"),
+    "qwen2": _llama_family("qwen2"),
+    "gpt2": _read_gpt2,
+}
+
+
+def from_config(path: str | Path) -> Graph:
+    """The forward graph a `config.json` (or a folder holding one) describes:
+    `from_config("gpt2/config.json")`."""
+    path = Path(path)
+    if path.is_dir():  # a checkout's folder
+        path = path / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise OpgraphError(f"config file {path} does not exist; give the path of a "
+                           "Hugging Face config.json") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise OpgraphError(f"cannot read config file {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise OpgraphError(f"config file {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise OpgraphError(f"config file {path} holds a JSON {type(data).__name__}, not an "
+                           "object of fields like a Hugging Face config.json")
+    model_type = data.get("model_type")
+    if model_type is None:
+        raise OpgraphError(f"{path}: missing field 'model_type'; give one of "
+                           f"{', '.join(FAMILIES)}")
+    if model_type not in FAMILIES:
+        raise OpgraphError(f"{path}: model_type {json.dumps(model_type)} is not supported; "
+                           f"opgraph reads {', '.join(FAMILIES)}")
+    return FAMILIES[model_type](_Fields(data, path))

@@ -1,0 +1,52 @@
+"""`opgraph hardware`: the hardware catalog (or a user's TOML file), every figure dense."""
+
+from __future__ import annotations
+
+import json
+
+from .. import hardware as hw
+from ..hardware import Hardware
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "hardware", help="list the hardware catalog: dense peaks, bandwidth, memory, source",
+        description="Each part's dense BF16 (and FP8) peak, memory bandwidth and capacity, "
+                    "with the datasheet it comes from. Sparse (2:4) figures are not used.")
+    p.add_argument("file", nargs="?", metavar="FILE.toml",
+                   help="list the parts in your own TOML file instead (the catalog's format)")
+    p.add_argument("--json", action="store_true", help="print one JSON list")
+    p.set_defaults(func=run)
+
+
+def part_json(part: Hardware) -> dict:
+    """One part as `--json` lists it: FLOP/s, bytes/s and bytes, as plain numbers."""
+    return {"id": part.id, "name": part.name, "bf16_flops_dense": part.peak_flops,
+            "fp8_flops_dense": part.fp8_flops, "bandwidth_bytes_per_s": part.bandwidth,
+            "memory_bytes": part.memory_bytes, "source": part.source}
+
+
+def _num(value: float | None, scale: float, fmt: str) -> str:
+    return "-" if value is None else format(value / scale, fmt)
+
+
+def format_catalog(parts: list[Hardware]) -> str:
+    """The `opgraph hardware` table, one row per part, then each part's source."""
+    lines = [(f"{'id':<14} {'name':<30} {'BF16 TFLOP/s':>12} {'FP8 TFLOP/s':>11} "
+              f"{'memory TB/s':>11} {'GB':>5}"),
+             f"{'':<14} {'':<30} {'dense':>12} {'dense':>11}"]
+    for p in parts:
+        lines.append(f"{p.id:<14} {p.name:<30} {_num(p.peak_flops, 1e12, 'g'):>12} "
+                     f"{_num(p.fp8_flops, 1e12, 'g'):>11} {_num(p.bandwidth, 1e12, 'g'):>11} "
+                     f"{_num(p.memory_bytes, 1e9, 'g'):>5}")
+    lines += ["", "sources:"] + [f"  {p.id}: {p.source or '(none given)'}" for p in parts]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    parts = list((hw.load(args.file) if args.file else hw.catalog()).values())
+    if args.json:
+        print(json.dumps([part_json(p) for p in parts], indent=2))
+    else:
+        print(format_catalog(parts))
+    return 0

@@ -1,0 +1,90 @@
+"""The hardware catalog against its datasheets, `opgraph hardware`, and users' own files."""
+
+import json
+
+import pytest
+
+from opgraph import hardware
+from opgraph.cli import main
+
+# Datasheet figures. NVIDIA and AMD print tensor-core peaks with 2:4 structured sparsity
+# (NVIDIA marks them with an asterisk); the dense peak the catalog stores is half of that, or the
+# dense figure where the datasheet prints one beside it (L40S).
+# id: (BF16 TFLOP/s dense, FP8 TFLOP/s dense or None, bandwidth TB/s, memory GB)
+DATASHEETS = {
+    "h100-sxm": (1979 / 2, 3958 / 2, 3.35, 80),  # NVIDIA H100 datasheet, H100 SXM
+    "h100-pcie": (1513 / 2, 3026 / 2, 2.0, 80),  # NVIDIA H100 datasheet, H100 PCIe
+    "h200": (1979 / 2, 3958 / 2, 4.8, 141),  # NVIDIA H200 datasheet, H200 SXM
+    "a100-sxm-80gb": (624 / 2, None, 2.039, 80),  # NVIDIA A100 datasheet, A100 80GB SXM
+    "b200": (4500 / 2, 9000 / 2, 7.7, 180),  # NVIDIA HGX B200 datasheet, per GPU
+    "mi300x": (2614.9 / 2, 5229.8 / 2, 5.3, 192),  # AMD Instinct MI300X datasheet
+    "l40s": (362.05, 733, 0.864, 48),  # NVIDIA L40S datasheet: 362.05 | 733*, 733 | 1,466*
+    "l4": (242 / 2, 485 / 2, 0.3, 24),  # NVIDIA L4 datasheet (GDDR6)
+}
+
+
+@pytest.mark.parametrize("part_id", sorted(DATASHEETS))
+def test_catalog_stores_dense_datasheet_figures(part_id):
+    bf16, fp8, bandwidth, memory = DATASHEETS[part_id]
+    part = hardware.get(part_id)
+    assert part.peak_flops == pytest.approx(bf16 * 1e12, rel=1e-3)
+    if fp8 is None:
+        assert part.fp8_flops is None
+    else:
+        assert part.fp8_flops == pytest.approx(fp8 * 1e12, rel=1e-3)
+    assert part.bandwidth == pytest.approx(bandwidth * 1e12)
+    assert part.memory_bytes == pytest.approx(memory * 1e9)
+    assert "datasheet" in part.source
+
+
+def test_catalog_has_every_part():
+    assert set(hardware.catalog()) == set(DATASHEETS)
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_hardware_command(capsys):
+    code, out, _ = run(capsys, "hardware", "--json")
+    assert code == 0
+    rows = {r["id"]: r for r in json.loads(out)}
+    assert set(rows) == set(DATASHEETS)
+    assert rows["mi300x"]["bf16_flops_dense"] == pytest.approx(1307.45e12, rel=1e-3)
+    assert rows["a100-sxm-80gb"]["fp8_flops_dense"] is None
+    code, out, _ = run(capsys, "hardware")
+    assert code == 0 and "dense" in out
+    for part_id in DATASHEETS:
+        assert f"\n{part_id} " in out
+
+
+def test_a_users_file_is_listed(capsys, tmp_path):
+    path = tmp_path / "parts.toml"
+    path.write_text('[a]\nbf16_tflops = 100\nbandwidth_tbs = 1\n'
+                    '[b]\nname = "B"\nbf16_tflops = 200\nbandwidth_tbs = 2\nmemory_gb = 16\n')
+    code, out, _ = run(capsys, "hardware", str(path), "--json")
+    assert code == 0
+    rows = json.loads(out)
+    assert [r["id"] for r in rows] == ["a", "b"]
+    assert rows[1]["memory_bytes"] == 16e9 and rows[0]["memory_bytes"] is None
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[gpu\n", "not valid TOML"),
+    ("[gpu]\nbf16_tflops = 100\n", "missing bandwidth_tbs"),
+    ("[gpu]\nbf16_tflops = -5\nbandwidth_tbs = 2\n", "bf16_tflops = -5"),
+    ("[gpu]\nbf16_tflops = 'fast'\nbandwidth_tbs = 2\n", "bf16_tflops = 'fast'"),
+    ("[gpu]\nbf16_tflops = 100\nbandwidth_tbs = 2\nmemory_gb = true\n", "memory_gb"),
+    ("", "defines no part"),
+    ("x = 1\n[gpu]\nbf16_tflops = 100\nbandwidth_tbs = 2\n", "[x] must be a table"),
+])
+def test_a_malformed_file_is_one_line(capsys, tmp_path, text, needle):
+    path = tmp_path / "gpu.toml"
+    path.write_text(text)
+    for argv in (["hardware", str(path)], ["profile", "--hardware", str(path)]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == ""
+        assert err.count("\n") == 1 and err.startswith("opgraph: error: ")
+        assert needle in err and str(path) in err

@@ -1,0 +1,178 @@
+"""Hugging Face config.json files, written here from published fields, through the pipeline."""
+
+import json
+
+import pytest
+
+from models import preset
+from models.hf import from_config
+from opgraph import compile_step, evaluate, hardware
+from opgraph.cli import main
+from opgraph.symbols import H, H_kv
+
+H100 = hardware.get("h100-sxm")
+
+# Published config.json fields (the Hub's copies), trimmed of what does not shape a cost only
+# where noted; the ignored fields are kept to show they are ignored.
+LLAMA3_8B = {  # meta-llama/Meta-Llama-3-8B
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu", "hidden_size": 4096,
+    "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 8192,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.0.dev0", "use_cache": True, "vocab_size": 128256,
+}
+MISTRAL_7B = {  # mistralai/Mistral-7B-v0.1
+    "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32000,
+}
+MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+    "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+    "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False,
+    "rms_norm_eps": 1e-05, "rope_theta": 1e6, "router_aux_loss_coef": 0.02,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "vocab_size": 32000,
+}
+QWEN2_7B = {  # Qwen/Qwen2-7B
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584,
+    "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 131072,
+    "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
+    "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False,
+    "vocab_size": 152064,
+}
+GPT2 = {  # openai-community/gpt2 (no tie_word_embeddings field: transformers' default, true)
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
+    "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
+    "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+    "resid_pdrop": 0.1, "vocab_size": 50257,
+}
+
+
+def write(tmp_path, fields, folder="model", text=None):
+    path = tmp_path / folder / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fields) if text is None else text)
+    return path
+
+
+def profile_json(graph, **values):
+    j = evaluate(compile_step(graph), H100, values).to_json(ops=True)
+    j.pop("model")
+    return j
+
+
+@pytest.mark.parametrize("fields, name", [
+    (LLAMA3_8B, "llama3-8b"), (MIXTRAL_8X7B, "mixtral-8x7b"), (QWEN2_7B, "qwen2-7b"),
+    (GPT2, "gpt2"),
+])
+def test_a_config_gives_exactly_its_presets_profile(tmp_path, fields, name):
+    graph = from_config(write(tmp_path, fields, "Some-Model"))
+    assert graph.name == "Some-Model"  # named after the checkout's folder
+    reference = preset(name)
+    assert graph.meta == reference.meta
+    assert profile_json(graph) == profile_json(reference)
+    assert profile_json(graph, B=2) == profile_json(reference, B=2)
+
+
+def test_mistral_7b_profiles_end_to_end(tmp_path, capsys):
+    path = write(tmp_path, MISTRAL_7B, "Mistral-7B-v0.1")
+    code = main(["profile", "--config", str(path), "--json"])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    j = json.loads(out)
+    assert j["model"] == "Mistral-7B-v0.1"
+    assert j["parameters"] == pytest.approx(7.24e9, rel=0.005)  # HF Mistral-7B-v0.1: 7.24B
+    assert j["seq_len"] == 8192  # the 32768 context, capped at the plate's 8192
+
+
+def test_a_checkout_folder_reads_its_config_json(tmp_path):
+    path = write(tmp_path, GPT2, "gpt2-checkout")
+    assert from_config(path.parent).name == "gpt2-checkout"
+
+
+def test_context_shorter_than_the_cap_is_the_default_seq_len(tmp_path):
+    fields = LLAMA3_8B | {"max_position_embeddings": 2048}
+    assert from_config(write(tmp_path, fields)).meta["seq_len"] == 2048
+
+
+def test_defaults_follow_transformers(tmp_path):
+    # Llama without num_key_value_heads is multi-head attention; tie defaults to false
+    fields = {k: v for k, v in LLAMA3_8B.items()
+              if k not in ("num_key_value_heads", "tie_word_embeddings")}
+    graph = from_config(write(tmp_path, fields, "a"))
+    assert graph.dims[H_kv] == graph.dims[H] == 32
+    assert graph.has_tensor("lm_head.weight")
+    # GPT-2 ties unless told otherwise; n_inner null means 4 x n_embd
+    untied = from_config(write(tmp_path, GPT2 | {"tie_word_embeddings": False, "n_inner": None},
+                               "b"))
+    assert untied.has_tensor("lm_head.weight") and not from_config(
+        write(tmp_path, GPT2, "c")).has_tensor("lm_head.weight")
+    # a head_dim field wins over hidden_size / heads
+    wide = from_config(write(tmp_path, MISTRAL_7B | {"head_dim": 256}, "d"))
+    assert wide.tensor("layers.q_proj.weight").shape[1].xreplace(wide.dims) == 32 * 256
+    # Llama's attention_bias and mlp_bias add biases to all four and all three projections
+    biased = from_config(write(tmp_path, LLAMA3_8B | {"attention_bias": True, "mlp_bias": True},
+                               "e"))
+    biases = {w.name for w in biased.weights() if w.name.endswith(".bias")}
+    assert biases == {f"layers.{p}.bias" for p in
+                      ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                       "down_proj")}
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def without(fields, key):
+    return {k: v for k, v in fields.items() if k != key}
+
+
+@pytest.mark.parametrize("fields, text, needles", [
+    (LLAMA3_8B | {"model_type": "bert"}, None, ["model_type", '"bert"', "gpt2"]),
+    (without(LLAMA3_8B, "model_type"), None, ["missing field 'model_type'"]),
+    (without(LLAMA3_8B, "hidden_size"), None, ["missing field 'hidden_size'"]),
+    (without(MIXTRAL_8X7B, "num_local_experts"), None, ["missing field 'num_local_experts'"]),
+    (without(MISTRAL_7B, "num_key_value_heads"), None, ["missing field 'num_key_value_heads'"]),
+    (without(GPT2, "n_embd"), None, ["missing field 'n_embd'"]),
+    (LLAMA3_8B | {"num_hidden_layers": "32"}, None, ["'num_hidden_layers'", "whole number"]),
+    (LLAMA3_8B | {"hidden_size": True}, None, ["'hidden_size'", "whole number"]),
+    (LLAMA3_8B | {"vocab_size": 128256.0}, None, ["'vocab_size'", "whole number"]),
+    (LLAMA3_8B | {"intermediate_size": -1}, None, ["'intermediate_size'"]),
+    (LLAMA3_8B | {"tie_word_embeddings": "no"}, None, ["'tie_word_embeddings'", "true or false"]),
+    (LLAMA3_8B | {"hidden_size": 4100}, None, ["hidden_size = 4100", "num_attention_heads"]),
+    (LLAMA3_8B | {"num_key_value_heads": 5}, None, ["num_key_value_heads = 5"]),
+    (MIXTRAL_8X7B | {"num_experts_per_tok": 9}, None, ["num_experts_per_tok"]),
+    (None, '{"model_type": "llama",', ["not valid JSON"]),
+    (None, "[1, 2]", ["JSON list"]),
+])
+def test_bad_config_is_one_line_naming_the_field_and_file(tmp_path, capsys, fields, text,
+                                                          needles):
+    path = write(tmp_path, fields, text=text)
+    code, out, err = run(capsys, "profile", "--config", str(path))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("opgraph: error: ")
+    assert str(path) in err
+    for needle in needles:
+        assert needle in err
+
+
+def test_missing_config_file_and_both_model_and_config(tmp_path, capsys):
+    code, _, err = run(capsys, "profile", "--config", str(tmp_path / "nope.json"))
+    assert code == 2 and "does not exist" in err and err.count("\n") == 1
+    path = write(tmp_path, LLAMA3_8B)
+    code, out, err = run(capsys, "profile", "--config", str(path), "--model", "gpt2")
+    assert code == 2 and out == "" and "not both" in err and err.count("\n") == 1

@@ -1,0 +1,108 @@
+"""The step's HBM footprint, as formulas of the graph, and the warning when it does not fit."""
+
+import json
+
+import pytest
+import sympy
+
+from models import preset
+from opgraph import GraphBuilder, compile_step, evaluate, hardware
+from opgraph.cli import main
+from opgraph.memory import footprint
+from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
+from passes import attach_adamw, derive_backward
+from passes.attach_adamw import AdamW
+
+H100 = hardware.get("h100-sxm")
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return preset("llama3-8b")
+
+
+@pytest.fixture(scope="module")
+def llama_step(llama):
+    return compile_step(llama)
+
+
+def test_weights_gradients_and_optimizer_per_parameter(llama_step):
+    fp = footprint(llama_step)
+    n = llama_step.parameters()
+    assert sympy.expand(fp.weights - 2 * n) == 0  # BF16
+    assert sympy.expand(fp.gradients - 4 * n) == 0  # FP32 accumulation buffer, one per weight
+    assert sympy.expand(fp.optimizer - 12 * n) == 0  # FP32 master, first and second moments
+
+
+def test_saved_activations_with_their_multiplicity(llama_step):
+    per_layer = 2 * B * S * (4 * D + 2 * H * d_h + 2 * H_kv * d_h + 3 * F)
+    # x, the norm outputs, Q and K after RoPE, V, the attention output, the residual, gate, up
+    # and their SwiGLU; around the stack the embedding, the final norm, the logits and the ids
+    around = 2 * 2 * B * S * D + 2 * B * S * V + 2 * 4 * B * S
+    assert sympy.expand(footprint(llama_step).activations - L * per_layer - around) == 0
+
+
+def test_unfused_attention_also_saves_the_score_matrix(llama):
+    fused = footprint(compile_step(llama)).activations
+    unfused = footprint(compile_step(llama, fused_attention=False)).activations
+    assert sympy.expand(unfused - fused - L * 2 * B * H * S**2) == 0
+
+
+def test_a_small_graph_saves_exactly_what_its_backward_reads():
+    g = GraphBuilder("small", {B: 2, S: 16, D: 32, F: 64, V: 100})
+    tokens, targets = g.input("tokens", (B, S)), g.input("targets", (B, S))
+    x = g.embedding(tokens, g.weight("embed", (V, D)))
+    a = g.gelu(g.matmul(x, g.weight("up", (D, F)), name="up"))
+    logits = g.matmul(a, g.weight("down", (F, V)), name="down")
+    g.cross_entropy(logits, targets)
+    fp = footprint(compile_step(g.build()))
+    # matmul inputs x and a, GELU's input, the logits; the token ids and the targets (INT32)
+    expected = 2 * B * S * D + 2 * B * S * F + 2 * B * S * F + 2 * B * S * V + 2 * 4 * B * S
+    assert sympy.expand(fp.activations - expected) == 0
+    assert footprint(g.graph).total == 2 * (V * D + D * F + F * V)  # a forward graph: weights
+
+
+def test_optimizer_states_follow_the_adamw_precisions(llama):
+    plain = attach_adamw(derive_backward(llama), AdamW(master=None, copy=None, zero_grad=False))
+    assert sympy.expand(footprint(plain).optimizer - 8 * llama.parameters()) == 0
+
+
+def test_the_plates_step_does_not_fit_an_80gb_h100(llama_step):
+    memory = evaluate(llama_step, H100).extra["memory"]
+    n = 8_030_261_248
+    assert memory["weights"] + memory["gradients"] + memory["optimizer"] == n * (2 + 4 + 12)
+    assert memory["total"] == sum(memory[k] for k in ("weights", "gradients", "optimizer",
+                                                      "activations"))
+    assert memory["capacity"] == 80e9 and memory["fits"] is False
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_profile_warns_but_does_not_refuse(capsys):
+    code, out, err = run(capsys, "profile")
+    assert code == 0
+    assert "\nmemory " in out and "of 80.00 GB" in out and "OVER CAPACITY" in out
+    assert err.count("\n") == 1 and err.startswith("opgraph: warning: ") and "80.00 GB" in err
+    code, out, err = run(capsys, "profile", "--json")
+    assert code == 0 and "opgraph: warning: " in err
+    memory = json.loads(out)["memory"]
+    assert set(memory) == {"weights", "gradients", "optimizer", "activations", "total",
+                           "capacity", "fits"}
+    assert memory["fits"] is False and memory["total"] > 144.5e9
+
+
+def test_no_warning_when_it_fits(capsys):
+    code, out, err = run(capsys, "profile", "--model", "gpt2", "--json")
+    assert code == 0 and err == ""
+    assert json.loads(out)["memory"]["fits"] is True
+
+
+def test_a_part_without_a_capacity(capsys, tmp_path):
+    path = tmp_path / "gpu.toml"
+    path.write_text("[gpu]\nbf16_tflops = 100\nbandwidth_tbs = 1\n")
+    code, out, err = run(capsys, "profile", "--hardware", str(path))
+    assert code == 0 and err == "" and "capacity unknown" in out

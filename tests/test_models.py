@@ -1,0 +1,207 @@
+"""The model zoo against published figures, and the mixture of experts' costs as formulas."""
+
+import json
+
+import pytest
+import sympy
+
+from models import PRESETS, gpt2, preset
+from opgraph import Phase, compile_step, evaluate, hardware, verify
+from opgraph.cli import main
+from opgraph.parameters import active_parameters
+from opgraph.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
+from passes.evaluate import mfu_parameters
+
+H100 = hardware.get("h100-sxm")
+
+# Published parameter counts. Exact where the checkpoint's count is published, else rounded.
+EXACT = {
+    "llama3-8b": 8_030_261_248,  # Meta Llama 3 8B: the HF checkpoint's tensors (model card)
+    "llama3-70b": 70_553_706_496,  # Meta Llama 3 70B: the HF checkpoint's tensors
+    "llama3.1-405b": 405_853_388_800,  # Meta Llama 3.1 405B: the HF checkpoint's tensors
+    "gpt2": 124_439_808,  # OpenAI GPT-2 small ("124M"): the HF openai-community/gpt2 tensors
+}
+ROUNDED = {
+    "gpt3-175b": 175.0e9,  # arXiv:2005.14165 Table 2.1: "GPT-3 175B", n_params 175.0B
+    "mixtral-8x7b": 46.7e9,  # Mistral AI, "Mixtral of experts" (2023): 46.7B total parameters
+    "qwen2-7b": 7.62e9,  # Qwen2-7B, 7.62B (HF Qwen/Qwen2-7B model page; arXiv:2407.10671)
+}
+MIXTRAL_ACTIVE = 12.9e9  # Mistral AI, "Mixtral of experts": "only uses 12.9B parameters per token"
+
+
+def count(graph, expr=None):
+    return int((graph.parameters() if expr is None else expr).xreplace(graph.dims))
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return {name: preset(name) for name in PRESETS}
+
+
+@pytest.fixture(scope="module")
+def mixtral_step(graphs):
+    return compile_step(graphs["mixtral-8x7b"], check=True)
+
+
+@pytest.mark.parametrize("name", sorted(EXACT))
+def test_exact_parameter_counts(graphs, name):
+    assert count(graphs[name]) == EXACT[name]
+
+
+@pytest.mark.parametrize("name", sorted(ROUNDED))
+def test_rounded_parameter_counts(graphs, name):
+    assert count(graphs[name]) == pytest.approx(ROUNDED[name], rel=0.005)
+
+
+def test_mixtral_active_parameters(graphs):
+    graph = graphs["mixtral-8x7b"]
+    active = active_parameters(graph)
+    assert count(graph, active) == pytest.approx(MIXTRAL_ACTIVE, rel=0.005)
+    # K of E experts' weights per token, the rest dense: a formula, not a typed-in number
+    experts = 3 * E * D * F * L
+    assert sympy.expand(graph.parameters() - active - (1 - K / E) * experts) == 0
+
+
+def test_gpt2_parameters_as_a_formula(graphs):
+    graph = graphs["gpt2"]
+    # per layer: two LayerNorms (weight, bias); Q, K, V with biases; O with its bias; the MLP's
+    # two projections with biases. Around: token and position tables, the final LayerNorm; the
+    # head is tied to the token table, so it adds nothing.
+    per_layer = (2 * 2 * D + 3 * (D * H * d_h + H * d_h) + (H * d_h * D + D)
+                 + (D * F + F) + (F * D + D))
+    expected = V * D + gpt2.P * D + L * per_layer + 2 * D
+    assert sympy.expand(graph.parameters() - expected) == 0
+
+
+def test_tied_head_counts_for_mfu_and_the_position_table_does_not(graphs):
+    graph = graphs["gpt2"]
+    head = graph.op("lm_head")
+    assert head.inputs[1] == "wte.weight" and head.param("transpose_b") is True
+    mfu = mfu_parameters(graph)
+    # every parameter but the position table (read only by its lookup) counts
+    assert sympy.expand(graph.parameters() - mfu - gpt2.P * D) == 0
+
+
+def test_qwen2_has_biases_on_q_k_v_only(graphs):
+    biases = {w.name for w in graphs["qwen2-7b"].weights() if w.name.endswith(".bias")}
+    assert biases == {"layers.q_proj.bias", "layers.k_proj.bias", "layers.v_proj.bias"}
+
+
+def test_llama3_70b_shapes(graphs):
+    dims = graphs["llama3-70b"].dims
+    assert (dims[D], dims[L], dims[H], dims[H_kv], dims[F]) == (8192, 80, 64, 8, 28672)
+
+
+def test_every_preset_compiles_and_profiles(graphs):
+    for name, graph in graphs.items():
+        step = compile_step(graph, check=True)
+        p = evaluate(step, H100)
+        assert p.step_time_s > 0 and 0 < p.mfu_ceiling < 1, name
+        assert p.fused_attention, name
+
+
+def test_expert_matmuls_count_only_the_routed_experts(mixtral_step):
+    gate = mixtral_step.op("layers.experts.gate_proj")
+    assert gate.count == L
+    assert sympy.expand(gate.flops - 2 * B * S * K * D * F) == 0
+    down = mixtral_step.op("layers.experts.down_proj")
+    assert sympy.expand(down.flops - 2 * B * S * K * F * D) == 0
+    # its backward is two expert matmuls, each the forward's FLOPs (dX and dW)
+    backward = [op for op in mixtral_step.ops() if op.forward == gate.name]
+    assert sorted(op.kind for op in backward) == ["expert_matmul", "expert_matmul"]
+    assert sympy.expand(sum(op.flops for op in backward) - 2 * gate.flops) == 0
+    # bytes: all E experts' weights are read (at these token counts every expert is used)
+    w = mixtral_step.tensor("layers.experts.gate_proj.weight")
+    assert w.shape == (E, D, F)
+    weight_bytes = 2 * E * D * F
+    x, out = 2 * B * S * D, 2 * B * S * K * F
+    assert sympy.expand(mixtral_step.op_bytes(gate) - weight_bytes - x - out - 4 * B * S * K) == 0
+
+
+def test_the_forward_matmuls_are_two_flops_per_active_parameter_per_token(mixtral_step):
+    fwd = [op for op in mixtral_step.ops() if op.phase is Phase.FORWARD
+           and op.kind in ("matmul", "expert_matmul") and op.category in ("matmul", "output_head")]
+    flops = sympy.Add(*(op.flops * op.count for op in fwd))
+    norms = sympy.Add(*(w.numel * w.count for w in mixtral_step.weights() if "norm" in w.name))
+    assert sympy.expand(flops - 2 * B * S * (mfu_parameters(mixtral_step) - norms)) == 0
+
+
+def test_the_optimizer_updates_every_parameter(mixtral_step):
+    updates = [op for op in mixtral_step.ops() if op.phase is Phase.OPTIMIZER]
+    moved = sympy.Add(*(mixtral_step.op_bytes(op) * op.count for op in updates))
+    assert sympy.expand(moved - 34 * mixtral_step.parameters()) == 0  # all 46.7 B, not 12.9 B
+
+
+def test_mixtral_mfu_counts_active_parameters(mixtral_step):
+    p = evaluate(mixtral_step, H100)
+    assert p.extra["active_parameters"] == count(mixtral_step, active_parameters(mixtral_step))
+    embedding = 32000 * 4096  # the input embedding, read only by its lookup
+    assert p.mfu_parameters == p.extra["active_parameters"] - embedding
+    assert 0 < p.mfu_ceiling < 1
+
+
+def test_a_dense_model_has_no_active_parameters_field(graphs):
+    p = evaluate(compile_step(graphs["qwen2-7b"]), H100)
+    assert "active_parameters" not in p.extra and "active_parameters" not in p.to_json()
+
+
+def test_verifier_rejects_a_routing_that_does_not_fit():
+    from opgraph import GraphBuilder
+    from opgraph.rules import ShapeError
+
+    g = GraphBuilder("bad", {B: 1, S: 4, D: 8, F: 16, E: 4, K: 2})
+    x = g.activation("x", (B, S, D))
+    _, experts = g.topk(g.matmul(x, g.weight("router", (D, E))), K)
+    with pytest.raises(ShapeError, match="inner dims"):
+        g.expert_matmul(x, g.weight("w", (E, F, D)), experts)
+    verify(g.build())
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_models_command_lists_every_preset(capsys):
+    code, out, _ = run(capsys, "models", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert set(rows) == set(PRESETS)
+    for name, n in EXACT.items():
+        assert rows[name]["parameters"] == n
+    assert rows["mixtral-8x7b"]["active_parameters"] == pytest.approx(MIXTRAL_ACTIVE, rel=0.005)
+    assert "active_parameters" not in rows["gpt2"]
+    code, out, _ = run(capsys, "models")
+    assert code == 0 and "124,439,808" in out and "2 of 8" in out
+
+
+def test_profile_json_reports_total_and_active_parameters(capsys):
+    code, out, _ = run(capsys, "profile", "--model", "mixtral-8x7b", "--json", "--ops")
+    assert code == 0
+    j = json.loads(out)
+    assert j["parameters"] == pytest.approx(ROUNDED["mixtral-8x7b"], rel=0.005)
+    assert j["active_parameters"] == pytest.approx(MIXTRAL_ACTIVE, rel=0.005)
+    ops = {r["name"]: r for r in j["ops"]}
+    tokens, d, f, k, layers = 8192, 4096, 14336, 2, 32
+    assert ops["layers.experts.gate_proj"]["flops"] == 2 * tokens * k * d * f * layers
+    optimizer = sum(r["bytes"] for r in j["ops"] if r["phase"] == "optimizer")
+    assert optimizer == 34 * j["parameters"]
+
+
+def test_gpt2_sequence_longer_than_its_position_table_is_refused(capsys):
+    code, out, err = run(capsys, "profile", "--model", "gpt2", "--seq-len", "2048")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "1,024 positions" in err
+
+
+def test_a_mixtral_sweep_row_equals_its_profile(mixtral_step):
+    import numpy as np
+
+    from opgraph.sweep import compile_sweep, make_grid, run_grid
+
+    grid = make_grid({"batch": np.array([1, 4])}, [H100], 8192)
+    rows = run_grid(compile_sweep(mixtral_step), grid)
+    for i, batch in enumerate((1, 4)):
+        p = evaluate(mixtral_step, H100, {"B": batch})
+        assert float(rows["mfu_ceiling"][i]) == pytest.approx(p.mfu_ceiling, rel=1e-9)
+        assert float(rows["step_time_s"][i]) == pytest.approx(p.step_time_s, rel=1e-9)

@@ -1,0 +1,41 @@
+"""Every op kind has a row in every per-kind table, so a missing rule fails here, not in a run."""
+
+import pytest
+
+from models import PRESETS, preset
+from opgraph import Phase, compile_step, rules
+from opgraph.parameters import ACTIVE_FRACTION
+from passes.derive_backward import BACKWARD_COST, VJP_RULES
+
+TABLES = {"SHAPE_RULES": rules.SHAPE_RULES, "FLOP_RULES": rules.FLOP_RULES,
+          "VJP_RULES": VJP_RULES, "BACKWARD_COST": BACKWARD_COST}
+
+
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_every_forward_kind_has_a_row(table):
+    assert set(TABLES[table]) == set(rules.FORWARD_KINDS)
+
+
+def test_the_mixture_of_experts_kinds_are_in_every_table():
+    for kind in ("topk", "expert_matmul", "moe_combine"):
+        assert all(kind in t for t in TABLES.values()), kind
+
+
+def test_rows_are_named_functions():
+    for name, table in TABLES.items():
+        for kind, rule in table.items():
+            assert rule.__name__ != "<lambda>", f"{name}[{kind!r}] is a lambda"
+
+
+def test_routed_kinds_are_forward_kinds():
+    assert set(ACTIVE_FRACTION) <= set(rules.FORWARD_KINDS)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_kind_a_preset_uses_has_its_rules(name):
+    forward = preset(name)
+    kinds = {op.kind for op in forward.ops()}
+    for table in TABLES.values():
+        assert kinds <= set(table), (name, kinds - set(table))
+    step = compile_step(forward, fused_attention=False)
+    assert {op.phase for op in step.ops()} == {Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER}
