@@ -88,8 +88,10 @@ def test_profile_warns_but_does_not_refuse(capsys):
     assert "\nmemory " in out and "of 80.00 GB" in out and "OVER CAPACITY" in out
     assert err.count("\n") == 1 and err.startswith("opgraph: warning: ") and "80.00 GB" in err
     code, out, err = run(capsys, "profile", "--json")
-    assert code == 0 and "opgraph: warning: " in err
-    memory = json.loads(out)["memory"]
+    assert code == 0 and err == ""  # with --json the warning is in the object: stderr stays clean
+    j = json.loads(out)
+    assert len(j["warnings"]) == 1 and "80.00 GB" in j["warnings"][0]
+    memory = j["memory"]
     assert set(memory) == {"weights", "gradients", "optimizer", "activations", "total",
                            "capacity", "fits"}
     assert memory["fits"] is False and memory["total"] > 144.5e9
@@ -98,7 +100,7 @@ def test_profile_warns_but_does_not_refuse(capsys):
 def test_no_warning_when_it_fits(capsys):
     code, out, err = run(capsys, "profile", "--model", "gpt2", "--json")
     assert code == 0 and err == ""
-    assert json.loads(out)["memory"]["fits"] is True
+    assert json.loads(out)["memory"]["fits"] is True and json.loads(out)["warnings"] == []
 
 
 def test_a_part_without_a_capacity(capsys, tmp_path):

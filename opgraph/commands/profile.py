@@ -37,11 +37,13 @@ def run(args) -> int:
         from ..chrome_trace import write_chrome_trace
 
         write_chrome_trace(profile, args.trace)
-    if args.json:
-        print(json.dumps(profile.to_json(ops=args.ops), indent=2))
-    else:
-        print(format_profile(profile, ops=args.ops))
     warning = memory_warning(profile)
+    if args.json:  # the JSON says it (memory.fits, warnings): stdout and stderr stay parseable
+        out = profile.to_json(ops=args.ops)
+        out["warnings"] = [warning.removeprefix("opgraph: warning: ")] if warning else []
+        print(json.dumps(out, indent=2))
+        return 0
+    print(format_profile(profile, ops=args.ops))
     if warning:
         print(warning, file=sys.stderr)
     return 0
