@@ -7,14 +7,14 @@
     print(profile.step_time_s, profile.mfu_ceiling)
 """
 
+from passes import evaluate
+
 from . import hardware, symbols
 from .builder import GraphBuilder
 from .errors import OpgraphError
 from .ir import BF16, FP32, Graph, Op, Phase, Role, Tensor
 from .pipeline import compile_step, step_passes
 from .verify import VerifyError, verify
-
-from passes import evaluate  # noqa: E402  (passes import opgraph's modules first)
 
 __all__ = ["BF16", "FP32", "Graph", "GraphBuilder", "Op", "OpgraphError", "Phase", "Role",
            "Tensor", "VerifyError", "compile_step", "evaluate", "hardware", "step_passes",

@@ -263,6 +263,20 @@ def prod(values: Iterable) -> sympy.Expr:
 
 
 __all__ = [
-    "BF16", "DTYPES", "FP16", "FP32", "FP8", "INT32", "INT64", "DType", "Graph", "Op", "Phase",
-    "Role", "Tensor", "format_graph", "format_op", "prod",
+    "BF16",
+    "DTYPES",
+    "FP8",
+    "FP16",
+    "FP32",
+    "INT32",
+    "INT64",
+    "DType",
+    "Graph",
+    "Op",
+    "Phase",
+    "Role",
+    "Tensor",
+    "format_graph",
+    "format_op",
+    "prod",
 ]

@@ -15,9 +15,11 @@ from passes import AdamW, attach_adamw, derive_backward, fuse_attention
 from .ir import Graph
 from .verify import verify
 
+DEFAULT_ADAMW = AdamW()
+
 
 def step_passes(*, fused_attention: bool = True, backward_traffic: str = "plate",
-                adamw: AdamW = AdamW()) -> list:
+                adamw: AdamW = DEFAULT_ADAMW) -> list:
     """The passes `compile_step` runs, in order."""
     passes = [fuse_attention] if fused_attention else []
     passes.append(functools.partial(derive_backward, traffic=backward_traffic))

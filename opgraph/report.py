@@ -21,9 +21,9 @@ def format_profile(p: Profile, ops: bool = False) -> str:
     batch = p.tokens // p.seq_len
     lines = [
         f"{p.model} on {p.hardware.describe()}",
-        f"{p.tokens:,} tokens per step ({batch} x {p.seq_len:,}), "
-        f"{'fused' if p.fused_attention else 'unfused'} attention, "
-        f"{p.parameters:,} parameters{_active(p)}",
+        (f"{p.tokens:,} tokens per step ({batch} x {p.seq_len:,}), "
+         f"{'fused' if p.fused_attention else 'unfused'} attention, "
+         f"{p.parameters:,} parameters{_active(p)}"),
         "",
         f"{'category':<12} {'time (ms)':>10} {'time':>7} {'FLOPs':>8} {'bytes':>10}  bound",
     ]
@@ -33,15 +33,15 @@ def format_profile(p: Profile, ops: bool = False) -> str:
     lines += [
         "",
         f"step time    {p.step_time_s * 1e3:.1f} ms (roofline, no overlap)",
-        f"MFU ceiling  {p.mfu_ceiling * 100:.1f}%  (6 x {p.mfu_parameters:,} params x tokens "
-        "/ step time x peak)",
+        (f"MFU ceiling  {p.mfu_ceiling * 100:.1f}%  (6 x {p.mfu_parameters:,} params x tokens "
+         "/ step time x peak)"),
         f"HFU ceiling  {p.hfu_ceiling * 100:.1f}%  (every counted FLOP / step time x peak)",
     ]
     if "memory" in p.extra:
         lines.append(format_memory(p.extra["memory"]))
     if ops:
-        lines += ["", f"{'op':<36} {'phase':<9} {'kind':<24} {'x':>4} {'time (ms)':>10} "
-                      f"{'GFLOP':>10} {'bytes':>10}  bound"]
+        lines += ["", (f"{'op':<36} {'phase':<9} {'kind':<24} {'x':>4} {'time (ms)':>10} "
+                       f"{'GFLOP':>10} {'bytes':>10}  bound")]
         for o in p.ops:
             lines.append(f"{o.name:<36} {o.phase:<9} {o.kind:<24} {o.count:>4} "
                          f"{o.time_s * 1e3:>10.3f} {o.flops / 1e9:>10.1f} {_bytes(o.bytes):>10}"

@@ -18,6 +18,8 @@ sqrt, add, divide, and one fused multiply-subtract, 4.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from opgraph.ir import BF16, FP32, DType, Graph, Op, Phase, Role, Tensor
@@ -36,6 +38,12 @@ class AdamW:
     flops_per_param: int = 12
 
 
+def _state(graph: Graph, w: Tensor, base: str, suffix: str, dtype: DType,
+           role: Role = Role.OPTIMIZER_STATE) -> str:
+    """A new tensor shaped like weight `w`, e.g. its first moment `adamw.<w>.m`."""
+    return graph.add_tensor(Tensor(f"{base}.{suffix}", w.shape, dtype, role, w.count)).name
+
+
 def attach_adamw(graph: Graph, adamw: AdamW = AdamW()) -> Graph:
     """The graph with an AdamW update per weight: `attach_adamw(derive_backward(forward))`."""
     out = graph.copy()
@@ -44,11 +52,7 @@ def attach_adamw(graph: Graph, adamw: AdamW = AdamW()) -> Graph:
         if grad is None:
             raise ValueError(f"weight {w.name} has no gradient: run derive_backward first")
         base = f"adamw.{w.name}"
-
-        def state(suffix: str, dtype: DType, role=Role.OPTIMIZER_STATE) -> str:
-            t = Tensor(f"{base}.{suffix}", w.shape, dtype, role, w.count)
-            return out.add_tensor(t).name
-
+        state = functools.partial(_state, out, w, base)
         reads, writes = [grad.name], []
         if adamw.master is not None:
             reads.append(state("master", adamw.master))
