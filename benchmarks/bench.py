@@ -47,7 +47,7 @@ def processes(commands: dict[str, list[str]], cwd: str) -> dict[str, list[float]
         for name, argv in commands.items():
             start = time.perf_counter()
             subprocess.run([sys.executable, *argv], cwd=cwd, env=env, check=True,
-                           stdout=subprocess.DEVNULL)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if run:  # the first round warms the file cache
                 times[name].append(time.perf_counter() - start)
     return times
