@@ -6,20 +6,12 @@ import sys
 
 import pytest
 
-from opgraph.cli import main
-
 CATEGORY_IDS = {"matmul", "attention", "norm", "elementwise", "output_head", "embedding",
                 "optimizer"}
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_json_defaults_match_the_plate(capsys):
-    code, out, _ = run(capsys, "profile", "--json")
+def test_json_defaults_match_the_plate(cli):
+    code, out, _ = cli("profile", "--json")
     assert code == 0
     j = json.loads(out)
     assert j["parameters"] == 8_030_261_248 and isinstance(j["parameters"], int)
@@ -36,22 +28,22 @@ def test_json_defaults_match_the_plate(capsys):
     assert "ops" not in j
 
 
-def test_flags_reach_the_pipeline(capsys):
-    _, out, _ = run(capsys, "profile", "--json", "--no-fused-attention")
+def test_flags_reach_the_pipeline(cli):
+    _, out, _ = cli("profile", "--json", "--no-fused-attention")
     j = json.loads(out)
     assert j["fused_attention"] is False
     attention = next(c for c in j["categories"] if c["name"] == "attention")
     assert attention["time_share"] == pytest.approx(0.34, abs=0.01)
     assert j["mfu_ceiling"] == pytest.approx(0.50, abs=0.01)
-    _, out, _ = run(capsys, "profile", "--json", "--tokens", "65536")
+    _, out, _ = cli("profile", "--json", "--tokens", "65536")
     j = json.loads(out)
     assert (j["tokens"], j["batch"]) == (65536, 8)
     optimizer = next(c for c in j["categories"] if c["name"] == "optimizer")
     assert optimizer["time_share"] == pytest.approx(0.02, abs=0.005)
 
 
-def test_ops_listing(capsys):
-    _, out, _ = run(capsys, "profile", "--json", "--ops")
+def test_ops_listing(cli):
+    _, out, _ = cli("profile", "--json", "--ops")
     j = json.loads(out)
     ops = j["ops"]
     for row in ops:
@@ -66,15 +58,15 @@ def test_ops_listing(capsys):
     assert sum(r["time_s"] for r in ops) == pytest.approx(j["step_time_s"], rel=1e-12)
 
 
-def test_hardware_overrides(capsys):
-    _, out, _ = run(capsys, "profile", "--json", "--peak-tflops", "500", "--bandwidth-tbs", "2")
+def test_hardware_overrides(cli):
+    _, out, _ = cli("profile", "--json", "--peak-tflops", "500", "--bandwidth-tbs", "2")
     j = json.loads(out)
     assert j["hardware"]["peak_flops"] == 500e12
     assert j["hardware"]["bandwidth_bytes_per_s"] == 2e12
 
 
-def test_text_table(capsys):
-    code, out, _ = run(capsys, "profile")
+def test_text_table(cli):
+    code, out, _ = cli("profile")
     assert code == 0
     for cat in CATEGORY_IDS:
         assert f"\n{cat} " in out
@@ -95,28 +87,28 @@ def test_text_table(capsys):
     (["--hardware", "missing.toml"], "does not exist"),
     (["--frobnicate"], "unrecognized"),
 ])
-def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
-    code, out, err = run(capsys, "profile", *argv)
+def test_bad_input_is_one_line_and_exit_2(cli, argv, needle):
+    code, out, err = cli("profile", *argv)
     assert code == 2
     assert out == ""
     assert err.count("\n") == 1 and err.startswith("opgraph: error: ")
     assert needle in err
 
 
-def test_malformed_hardware_file(capsys, tmp_path):
+def test_malformed_hardware_file(cli, tmp_path):
     path = tmp_path / "gpu.toml"
     path.write_text("[gpu]\nbf16_tflops = 'fast'\nbandwidth_tbs = 2\n")
-    code, _, err = run(capsys, "profile", "--hardware", str(path))
+    code, _, err = cli("profile", "--hardware", str(path))
     assert code == 2 and "bf16_tflops" in err and err.count("\n") == 1
     path.write_text("[gpu\n")
-    code, _, err = run(capsys, "profile", "--hardware", str(path))
+    code, _, err = cli("profile", "--hardware", str(path))
     assert code == 2 and "not valid TOML" in err and err.count("\n") == 1
 
 
-def test_a_users_own_hardware_file(capsys, tmp_path):
+def test_a_users_own_hardware_file(cli, tmp_path):
     path = tmp_path / "gpu.toml"
     path.write_text('[my-gpu]\nname = "Mine"\nbf16_tflops = 500\nbandwidth_tbs = 2.5\n')
-    code, out, _ = run(capsys, "profile", "--json", "--hardware", str(path))
+    code, out, _ = cli("profile", "--json", "--hardware", str(path))
     assert code == 0
     assert json.loads(out)["hardware"]["peak_flops"] == 500e12
 

@@ -7,7 +7,6 @@ import sympy
 
 from models import preset
 from opgraph import compile_step, evaluate, hardware
-from opgraph.cli import main
 from opgraph.formula import BANDWIDTH, PEAK, formula, select, symbol_values, tidy, value
 from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
 from passes.evaluate import resolve
@@ -118,14 +117,8 @@ def test_depth_is_not_unrolled():
     assert L in formula(step, "flops").free_symbols
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_cli_json(capsys, step):
-    code, out, _ = run(capsys, "formula", "--category", "matmul", "--quantity", "flops", "--json")
+def test_cli_json(cli, step):
+    code, out, _ = cli("formula", "--category", "matmul", "--quantity", "flops", "--json")
     assert code == 0
     j = json.loads(out)
     expr = formula(step, "flops", category="matmul")
@@ -136,8 +129,8 @@ def test_cli_json(capsys, step):
     assert "\\left(" in j["latex"]
 
 
-def test_cli_time_symbols_cover_the_hardware(capsys, step):
-    code, out, _ = run(capsys, "formula", "--category", "optimizer", "--quantity", "time",
+def test_cli_time_symbols_cover_the_hardware(cli, step):
+    code, out, _ = cli("formula", "--category", "optimizer", "--quantity", "time",
                        "--json", "--tokens", "16384")
     j = json.loads(out)
     expr = formula(step, "time", category="optimizer")
@@ -145,7 +138,7 @@ def test_cli_time_symbols_cover_the_hardware(capsys, step):
     assert j["symbols"]["peak"] == 989e12 and j["symbols"]["bandwidth"] == 3.35e12
     p = evaluate(step, H100, {"B": 2})
     assert j["value"] == pytest.approx(p.category("optimizer").time_s, rel=1e-12)
-    code, out, _ = run(capsys, "formula", "--op", "layers.q_proj", "--quantity", "time",
+    code, out, _ = cli("formula", "--op", "layers.q_proj", "--quantity", "time",
                        "--latex")
     assert code == 0 and "\\max" in out and "\\mathrm{peak}" in out and out.count("\n") == 1
 
@@ -156,7 +149,7 @@ def test_cli_time_symbols_cover_the_hardware(capsys, step):
     (["--quantity", "joules"], "invalid choice"),
     (["--op", "embed", "--category", "matmul"], "not allowed with"),
 ])
-def test_cli_bad_input(capsys, argv, says):
-    code, out, err = run(capsys, "formula", *argv)
+def test_cli_bad_input(cli, argv, says):
+    code, out, err = cli("formula", *argv)
     assert code == 2 and out == ""
     assert says in err and err.count("\n") == 1

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from opgraph import hardware
-from opgraph.cli import main
 
 # Datasheet figures. NVIDIA and AMD print tensor-core peaks with 2:4 structured sparsity
 # (NVIDIA marks them with an asterisk); the dense peak the catalog stores is half of that, or the
@@ -41,30 +40,24 @@ def test_catalog_has_every_part():
     assert set(hardware.catalog()) == set(DATASHEETS)
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_hardware_command(capsys):
-    code, out, _ = run(capsys, "hardware", "--json")
+def test_hardware_command(cli):
+    code, out, _ = cli("hardware", "--json")
     assert code == 0
     rows = {r["id"]: r for r in json.loads(out)}
     assert set(rows) == set(DATASHEETS)
     assert rows["mi300x"]["bf16_flops_dense"] == pytest.approx(1307.45e12, rel=1e-3)
     assert rows["a100-sxm-80gb"]["fp8_flops_dense"] is None
-    code, out, _ = run(capsys, "hardware")
+    code, out, _ = cli("hardware")
     assert code == 0 and "dense" in out
     for part_id in DATASHEETS:
         assert f"\n{part_id} " in out
 
 
-def test_a_users_file_is_listed(capsys, tmp_path):
+def test_a_users_file_is_listed(cli, tmp_path):
     path = tmp_path / "parts.toml"
     path.write_text('[a]\nbf16_tflops = 100\nbandwidth_tbs = 1\n'
                     '[b]\nname = "B"\nbf16_tflops = 200\nbandwidth_tbs = 2\nmemory_gb = 16\n')
-    code, out, _ = run(capsys, "hardware", str(path), "--json")
+    code, out, _ = cli("hardware", str(path), "--json")
     assert code == 0
     rows = json.loads(out)
     assert [r["id"] for r in rows] == ["a", "b"]
@@ -80,11 +73,11 @@ def test_a_users_file_is_listed(capsys, tmp_path):
     ("", "defines no part"),
     ("x = 1\n[gpu]\nbf16_tflops = 100\nbandwidth_tbs = 2\n", "[x] must be a table"),
 ])
-def test_a_malformed_file_is_one_line(capsys, tmp_path, text, needle):
+def test_a_malformed_file_is_one_line(cli, tmp_path, text, needle):
     path = tmp_path / "gpu.toml"
     path.write_text(text)
     for argv in (["hardware", str(path)], ["profile", "--hardware", str(path)]):
-        code, out, err = run(capsys, *argv)
+        code, out, err = cli(*argv)
         assert code == 2 and out == ""
         assert err.count("\n") == 1 and err.startswith("opgraph: error: ")
         assert needle in err and str(path) in err

@@ -131,12 +131,6 @@ def test_defaults_follow_transformers(tmp_path):
                        "down_proj")}
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def without(fields, key):
     return {k: v for k, v in fields.items() if k != key}
 
@@ -159,10 +153,9 @@ def without(fields, key):
     (None, '{"model_type": "llama",', ["not valid JSON"]),
     (None, "[1, 2]", ["JSON list"]),
 ])
-def test_bad_config_is_one_line_naming_the_field_and_file(tmp_path, capsys, fields, text,
-                                                          needles):
+def test_bad_config_is_one_line_naming_the_field_and_file(tmp_path, cli, fields, text, needles):
     path = write(tmp_path, fields, text=text)
-    code, out, err = run(capsys, "profile", "--config", str(path))
+    code, out, err = cli("profile", "--config", str(path))
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("opgraph: error: ")
     assert str(path) in err
@@ -170,9 +163,9 @@ def test_bad_config_is_one_line_naming_the_field_and_file(tmp_path, capsys, fiel
         assert needle in err
 
 
-def test_missing_config_file_and_both_model_and_config(tmp_path, capsys):
-    code, _, err = run(capsys, "profile", "--config", str(tmp_path / "nope.json"))
+def test_missing_config_file_and_both_model_and_config(tmp_path, cli):
+    code, _, err = cli("profile", "--config", str(tmp_path / "nope.json"))
     assert code == 2 and "does not exist" in err and err.count("\n") == 1
     path = write(tmp_path, LLAMA3_8B)
-    code, out, err = run(capsys, "profile", "--config", str(path), "--model", "gpt2")
+    code, out, err = cli("profile", "--config", str(path), "--model", "gpt2")
     assert code == 2 and out == "" and "not both" in err and err.count("\n") == 1

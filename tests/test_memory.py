@@ -7,7 +7,6 @@ import sympy
 
 from models import preset
 from opgraph import GraphBuilder, compile_step, evaluate, hardware
-from opgraph.cli import main
 from opgraph.memory import footprint
 from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
 from passes import attach_adamw, derive_backward
@@ -76,18 +75,12 @@ def test_the_plates_step_does_not_fit_an_80gb_h100(llama_step):
     assert memory["capacity"] == 80e9 and memory["fits"] is False
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_profile_warns_but_does_not_refuse(capsys):
-    code, out, err = run(capsys, "profile")
+def test_profile_warns_but_does_not_refuse(cli):
+    code, out, err = cli("profile")
     assert code == 0
     assert "\nmemory " in out and "of 80.00 GB" in out and "OVER CAPACITY" in out
     assert err.count("\n") == 1 and err.startswith("opgraph: warning: ") and "80.00 GB" in err
-    code, out, err = run(capsys, "profile", "--json")
+    code, out, err = cli("profile", "--json")
     assert code == 0 and err == ""  # with --json the warning is in the object: stderr stays clean
     j = json.loads(out)
     assert len(j["warnings"]) == 1 and "80.00 GB" in j["warnings"][0]
@@ -97,14 +90,14 @@ def test_profile_warns_but_does_not_refuse(capsys):
     assert memory["fits"] is False and memory["total"] > 144.5e9
 
 
-def test_no_warning_when_it_fits(capsys):
-    code, out, err = run(capsys, "profile", "--model", "gpt2", "--json")
+def test_no_warning_when_it_fits(cli):
+    code, out, err = cli("profile", "--model", "gpt2", "--json")
     assert code == 0 and err == ""
     assert json.loads(out)["memory"]["fits"] is True and json.loads(out)["warnings"] == []
 
 
-def test_a_part_without_a_capacity(capsys, tmp_path):
+def test_a_part_without_a_capacity(cli, tmp_path):
     path = tmp_path / "gpu.toml"
     path.write_text("[gpu]\nbf16_tflops = 100\nbandwidth_tbs = 1\n")
-    code, out, err = run(capsys, "profile", "--hardware", str(path))
+    code, out, err = cli("profile", "--hardware", str(path))
     assert code == 0 and err == "" and "capacity unknown" in out

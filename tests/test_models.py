@@ -7,7 +7,6 @@ import sympy
 
 from models import PRESETS, gpt2, preset
 from opgraph import Phase, compile_step, evaluate, hardware, verify
-from opgraph.cli import main
 from opgraph.parameters import active_parameters
 from opgraph.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
 from passes.evaluate import mfu_parameters
@@ -157,14 +156,8 @@ def test_verifier_rejects_a_routing_that_does_not_fit():
     verify(g.build())
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_models_command_lists_every_preset(capsys):
-    code, out, _ = run(capsys, "models", "--json")
+def test_models_command_lists_every_preset(cli):
+    code, out, _ = cli("models", "--json")
     assert code == 0
     rows = {r["name"]: r for r in json.loads(out)}
     assert set(rows) == set(PRESETS)
@@ -172,12 +165,12 @@ def test_models_command_lists_every_preset(capsys):
         assert rows[name]["parameters"] == n
     assert rows["mixtral-8x7b"]["active_parameters"] == pytest.approx(MIXTRAL_ACTIVE, rel=0.005)
     assert "active_parameters" not in rows["gpt2"]
-    code, out, _ = run(capsys, "models")
+    code, out, _ = cli("models")
     assert code == 0 and "124,439,808" in out and "2 of 8" in out
 
 
-def test_profile_json_reports_total_and_active_parameters(capsys):
-    code, out, _ = run(capsys, "profile", "--model", "mixtral-8x7b", "--json", "--ops")
+def test_profile_json_reports_total_and_active_parameters(cli):
+    code, out, _ = cli("profile", "--model", "mixtral-8x7b", "--json", "--ops")
     assert code == 0
     j = json.loads(out)
     assert j["parameters"] == pytest.approx(ROUNDED["mixtral-8x7b"], rel=0.005)
@@ -189,8 +182,8 @@ def test_profile_json_reports_total_and_active_parameters(capsys):
     assert optimizer == 34 * j["parameters"]
 
 
-def test_gpt2_sequence_longer_than_its_position_table_is_refused(capsys):
-    code, out, err = run(capsys, "profile", "--model", "gpt2", "--seq-len", "2048")
+def test_gpt2_sequence_longer_than_its_position_table_is_refused(cli):
+    code, out, err = cli("profile", "--model", "gpt2", "--seq-len", "2048")
     assert code == 2 and out == "" and err.count("\n") == 1 and "1,024 positions" in err
 
 

@@ -7,7 +7,6 @@ import sympy
 
 from models import preset
 from opgraph import compile_step, evaluate, hardware
-from opgraph.cli import main
 from opgraph.solve import max_share, ridge, smallest
 
 H100 = hardware.get("h100-sxm")
@@ -94,14 +93,8 @@ def test_elementwise_never_turns(step):
     assert a.intensity_limit == pytest.approx(5 / 6)  # 5 FLOPs per 3 BF16 tensors' 6 bytes
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_cli_optimizer_share(capsys, step):
-    code, out, _ = run(capsys, "solve", "--category", "optimizer", "--max-share", "0.02",
+def test_cli_optimizer_share(cli, step):
+    code, out, _ = cli("solve", "--category", "optimizer", "--max-share", "0.02",
                        "--json")
     assert code == 0
     j = json.loads(out)
@@ -112,11 +105,11 @@ def test_cli_optimizer_share(capsys, step):
     assert j["share"] <= 0.02 < j["share_one_fewer"]
 
 
-def test_cli_ridge(capsys):
-    code, out, _ = run(capsys, "solve", "--op", "layers.q_proj", "--ridge", "--json")
+def test_cli_ridge(cli):
+    code, out, _ = cli("solve", "--op", "layers.q_proj", "--ridge", "--json")
     j = json.loads(out)
     assert code == 0 and j["tokens"] == j["value"] and j["smallest_whole"] == int(j["value"]) + 1
-    code, out, _ = run(capsys, "solve", "--op", "layers.swiglu", "--ridge")
+    code, out, _ = cli("solve", "--op", "layers.swiglu", "--ridge")
     assert code == 0 and out.count("\n") == 1 and "never turns" in out
 
 
@@ -129,7 +122,7 @@ def test_cli_ridge(capsys):
      "--seq-len is solved for"),
     (["--category", "nope", "--max-share", "0.02"], "no category 'nope'"),
 ])
-def test_cli_bad_input(capsys, argv, says):
-    code, out, err = run(capsys, "solve", *argv)
+def test_cli_bad_input(cli, argv, says):
+    code, out, err = cli("solve", *argv)
     assert code == 2 and out == ""
     assert says in err and err.count("\n") == 1

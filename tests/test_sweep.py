@@ -8,7 +8,6 @@ import pytest
 
 from models import preset
 from opgraph import compile_step, evaluate, hardware
-from opgraph.cli import main
 from opgraph.errors import OpgraphError
 from opgraph.numfmt import csv_block, float_bytes, int_bytes, text_bytes
 from opgraph.sweep import compile_sweep, make_grid, parse_range, run_grid
@@ -95,15 +94,9 @@ def test_whole_sequences_only():
         make_grid({"tokens": parse_range("8192:49152000000:+8192")}, PARTS, 8192)
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_cli_csv_rows_equal_evaluate(capsys, tmp_path, step):
+def test_cli_csv_rows_equal_evaluate(cli, tmp_path, step):
     out = tmp_path / "s.csv"
-    code, text, _ = run(capsys, "sweep", "--tokens", "8192:32768:x2", "--seq-len", "4096,8192",
+    code, text, _ = cli("sweep", "--tokens", "8192:32768:x2", "--seq-len", "4096,8192",
                         "--hardware", "h100-sxm,h100-pcie", "--out", str(out))
     assert code == 0 and "12 points" in text and f"wrote 12 rows to {out}" in text
     with out.open() as f:
@@ -118,9 +111,9 @@ def test_cli_csv_rows_equal_evaluate(capsys, tmp_path, step):
     assert [p.name for p in tmp_path.iterdir()] == ["s.csv"]  # no temporary file left
 
 
-def test_cli_json_and_long_tables(capsys, tmp_path):
+def test_cli_json_and_long_tables(cli, tmp_path):
     out = tmp_path / "s.json"
-    code, text, _ = run(capsys, "sweep", "--batch", "1:100:+1", "--out", str(out))
+    code, text, _ = cli("sweep", "--batch", "1:100:+1", "--out", str(out))
     assert code == 0
     j = json.loads(out.read_text())
     assert j["points"] == 100 and len(j["rows"]) == 100
@@ -142,18 +135,18 @@ def test_cli_json_and_long_tables(capsys, tmp_path):
     (["--tokens", "1000:8192:+1000"], "not a whole multiple"),
     (["--hardware", "h100-sxm,tpu9"], "unknown hardware 'tpu9'"),
 ])
-def test_cli_bad_input(capsys, tmp_path, argv, says):
+def test_cli_bad_input(cli, tmp_path, argv, says):
     out = tmp_path / "s.csv"
-    code, text, err = run(capsys, "sweep", *argv, "--out", str(out))
+    code, text, err = cli("sweep", *argv, "--out", str(out))
     assert code == 2 and text == ""
     assert says in err and err.count("\n") == 1
     assert not list(tmp_path.iterdir())
 
 
-def test_cli_bad_output(capsys, tmp_path):
-    code, _, err = run(capsys, "sweep", "--out", str(tmp_path / "s.parquet"))
+def test_cli_bad_output(cli, tmp_path):
+    code, _, err = cli("sweep", "--out", str(tmp_path / "s.parquet"))
     assert code == 2 and "write a .csv or a .json file" in err
-    code, _, err = run(capsys, "sweep", "--out", str(tmp_path / "none" / "s.csv"))
+    code, _, err = cli("sweep", "--out", str(tmp_path / "none" / "s.csv"))
     assert code == 2 and "does not exist" in err
 
 
