@@ -63,12 +63,7 @@ def build(config: GPT2Config) -> Graph:
     with g.repeat(L, "layers"):
         x = _block(g, x)
     x = _layernorm(g, x, "ln_f")
-    if config.tie_embeddings:
-        logits = g.matmul(x, wte, name="lm_head", category="output_head", transpose_b=True)
-    else:
-        logits = g.matmul(x, g.weight("lm_head.weight", (D, V)), name="lm_head",
-                          category="output_head")
-    g.cross_entropy(logits, targets, name="loss")
+    g.output_head(x, wte, targets, tied=config.tie_embeddings)
     graph = g.build()
     graph.meta["seq_len"] = int(config.dims()[S])
     graph.meta["max_seq_len"] = config.positions

@@ -76,12 +76,7 @@ def build(config: LlamaConfig) -> Graph:
     with g.repeat(L, "layers"):
         x = _block(g, x, config)
     x = g.rmsnorm(x, g.weight("final_norm.weight", (D,)), name="final_norm")
-    if config.tie_embeddings:
-        logits = g.matmul(x, embed, name="lm_head", category="output_head", transpose_b=True)
-    else:
-        logits = g.matmul(x, g.weight("lm_head.weight", (D, V)), name="lm_head",
-                          category="output_head")
-    g.cross_entropy(logits, targets, name="loss")
+    g.output_head(x, embed, targets, tied=config.tie_embeddings)
     graph = g.build()
     graph.meta["seq_len"] = config.seq_len
     return graph

@@ -149,6 +149,18 @@ class GraphBuilder:
         return self.op("cross_entropy", [logits, targets], category="output_head", name=name,
                        dtype=FP32)
 
+    def output_head(self, x: TensorLike, table: TensorLike, targets: TensorLike, *,
+                    tied: bool = False, bias: bool = False) -> Tensor:
+        """Logits over the vocabulary, then the loss: a new `lm_head.weight [D, V]`, or with
+        `tied=True` the embedding `table [V, D]` read transposed (one parameter, two readers)."""
+        table = self._get(table)
+        vocab, width = table.shape
+        weight = table if tied else self.weight("lm_head.weight", (width, vocab))
+        head_bias = self.weight("lm_head.bias", (vocab,)) if bias else None
+        logits = self.matmul(x, weight, head_bias, name="lm_head", category="output_head",
+                             **({"transpose_b": True} if tied else {}))
+        return self.cross_entropy(logits, targets, name="loss")
+
     # --- mixture of experts ---------------------------------------------------------------
     def topk(self, logits: TensorLike, k, name: str = "topk") -> tuple[Tensor, Tensor]:
         """The router's softmax and top-`k`: `[..., E] -> gates [..., k], expert ids [..., k]`."""
