@@ -140,7 +140,10 @@ def test_format_breakdown_lists_categories_and_totals(tmp_path):
     text = format_breakdown(breakdown(read_trace(write(tmp_path / "t.json", hand_trace()))))
     lines = text.splitlines()
     assert lines[0].split() == ["category", "time", "(ms)", "share", "kernels"]
-    assert lines[1].split() == ["gemm", "0.011", "39.3%", "2"]
+    gemm_us, kernel_us = (10 - 0) + (31 - 30), sum(end - start for _, _, start, end, _, _ in
+                                                   HAND_KERNELS)
+    assert lines[1].split() == ["gemm", f"{gemm_us / 1000:.3f}", f"{gemm_us / kernel_us:.1%}",
+                                "2"]
     idle, span = 31 - ((12 - 0) + (25 - 20) + (29 - 26) + (31 - 30)), 31
     assert f"{idle / span:.1%} of span" in text
     assert len({len(line) for line in lines[1:6]}) == 1  # the table rows line up
