@@ -69,8 +69,8 @@ def verdict(ratio: float, target: float) -> str:
 def main() -> int:
     import numpy
     import sympy
+    from opgraph.models import preset
 
-    from models import preset
     from opgraph import compile_step, evaluate, hardware
     from opgraph.sweep import compile_sweep
 
@@ -94,7 +94,7 @@ def main() -> int:
 
     # (b) in fresh interpreters, so neither model finds the other's work in sympy's caches;
     # each times only its own build + compile_step + evaluate.
-    code = ("import time; from models import preset; from opgraph import compile_step, evaluate, "
+    code = ("import time; from opgraph.models import preset; from opgraph import compile_step, evaluate, "
             "hardware; part = hardware.get('h100-sxm'); t = time.perf_counter(); "
             "step = compile_step(preset({!r})); evaluate(step, part); "
             "print(time.perf_counter() - t, len(step.ops()))")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
 
-from opgraph.kineto import breakdown, read_trace
+from opgraph.traces.kineto import breakdown, read_trace
 
 KERNELS = 100_000
 REPEATS = 3

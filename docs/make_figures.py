@@ -13,9 +13,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the checkout's opgraph, not an installed one
 
-from models import preset
+from opgraph.models import preset
+
 from opgraph import compile_step, evaluate, hardware
-from opgraph.plot import plot_profile, plot_sweep
+from opgraph.outputs.plot import plot_profile, plot_sweep
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 

@@ -1,7 +1,7 @@
 """Hardware as data: peak dense BF16 FLOP/s and HBM bandwidth, with a source for each part.
 
 The catalog is `hardware.toml` beside this file; a user's own part is a TOML file of the same
-form (one table, or several), or `custom(peak_tflops, bandwidth_tbs)`.
+form (one table, or several).
 """
 
 from __future__ import annotations
@@ -103,12 +103,3 @@ def get(name: str) -> Hardware:
     except KeyError:
         raise OpgraphError(f"unknown hardware {name!r}; choose one of: {', '.join(parts)}, "
                            "or give a .toml file") from None
-
-
-def custom(peak_tflops: float, bandwidth_tbs: float, base: Hardware | None = None) -> Hardware:
-    """A part with the given dense peak and bandwidth (others taken from `base`, if any)."""
-    name = f"custom ({peak_tflops:g} TFLOP/s, {bandwidth_tbs:g} TB/s)"
-    if base is None:
-        return Hardware("custom", name, peak_tflops * 1e12, bandwidth_tbs * 1e12)
-    return attrs.evolve(base, id=f"{base.id}-custom", name=f"{base.name}, {name}",
-                        peak_flops=peak_tflops * 1e12, bandwidth=bandwidth_tbs * 1e12)

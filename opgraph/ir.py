@@ -163,10 +163,6 @@ class Graph:
     def remove_tensor(self, name: str) -> None:
         self.nx.remove_node(_tnode(name))
 
-    def replace_tensor(self, tensor: Tensor) -> None:
-        """Swap a tensor's record for a new one of the same name (edges stay)."""
-        self.nx.nodes[_tnode(tensor.name)]["payload"] = tensor
-
     def copy(self, name: str | None = None) -> Graph:
         new = Graph(name or self.name, self.dims)
         new.meta = dict(self.meta)
@@ -258,10 +254,6 @@ def format_graph(graph: Graph) -> str:
     return "\n".join(lines)
 
 
-def prod(values: Iterable) -> sympy.Expr:
-    return sympy.Mul(*values) if values else sympy.Integer(1)
-
-
 __all__ = [
     "BF16",
     "DTYPES",
@@ -278,5 +270,4 @@ __all__ = [
     "Tensor",
     "format_graph",
     "format_op",
-    "prod",
 ]

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 
-from passes import AdamW, attach_adamw, derive_backward, fuse_attention
-
 from .ir import Graph
+from .passes.attach_adamw import AdamW, attach_adamw
+from .passes.derive_backward import derive_backward
+from .passes.fuse_attention import fuse_attention
 from .verify import verify
 
 DEFAULT_ADAMW = AdamW()

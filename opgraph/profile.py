@@ -9,16 +9,6 @@ from .hardware import Hardware
 # Category ids, in the order reports list them.
 CATEGORIES = ("matmul", "attention", "norm", "elementwise", "routing", "output_head", "embedding",
               "optimizer")
-CATEGORY_DESCRIPTIONS = {
-    "matmul": "the layers' projections",
-    "attention": "the attention core",
-    "norm": "normalisations",
-    "elementwise": "RoPE, activations, residual adds",
-    "routing": "a mixture of experts' top-k and gate-weighted combine",
-    "output_head": "the output head's matmul and the loss",
-    "embedding": "the embedding lookup",
-    "optimizer": "the optimizer update",
-}
 
 
 @attrs.frozen

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import sympy
 
-from .ir import Tensor, prod
+from .ir import Tensor
 
 Shape = tuple[sympy.Expr, ...]
 
@@ -261,4 +261,4 @@ def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
 
 
 __all__ = ["FLOP_RULES", "FORWARD_KINDS", "SHAPE_RULES", "ShapeError", "count_flops",
-           "infer_shapes", "per_element", "prod", "same"]
+           "infer_shapes", "per_element", "same"]

@@ -22,7 +22,7 @@ import math
 import attrs
 import sympy
 
-from passes.evaluate import evaluate, resolve
+from opgraph.passes.evaluate import evaluate, resolve
 
 from . import formula as fm
 from .errors import OpgraphError

@@ -23,21 +23,6 @@ K = sympy.Symbol("K", **_DIM)  # experts each token is routed to (top-k)
 DIMENSIONS = (B, S, D, L, H, H_kv, d_h, F, V, E, K)
 BY_NAME = {sym.name: sym for sym in DIMENSIONS}
 
-# Long names, for help texts and JSON.
-DESCRIPTIONS = {
-    "B": "sequences per step (batch)",
-    "S": "sequence length",
-    "D": "model width (d_model)",
-    "L": "layers",
-    "H": "query heads",
-    "H_kv": "key/value heads",
-    "d_h": "head dimension",
-    "F": "MLP hidden width (d_ff)",
-    "V": "vocabulary size",
-    "E": "experts",
-    "K": "experts per token (top-k)",
-}
-
 
 def dim(name: str) -> sympy.Symbol:
     """A dimension symbol by name, declared like the standard ones: `dim("W")`."""

@@ -1,9 +1,5 @@
-"""Passes: pure functions from graph to graph, and `evaluate` from graph to profile."""
-
-from .attach_adamw import AdamW, attach_adamw
-from .derive_backward import derive_backward, gradient_of
-from .evaluate import evaluate
-from .fuse_attention import fuse_attention, rewrite_attention
-
-__all__ = ["AdamW", "attach_adamw", "derive_backward", "evaluate", "fuse_attention", "gradient_of",
-           "rewrite_attention"]
+"""The passes, one module each, named by its verb: `opgraph.passes.derive_backward`,
+`fuse_attention`, `attach_adamw`, `evaluate`. Each module holds its pass and its rule tables;
+the pass functions themselves are exported by `opgraph` (`from opgraph import derive_backward`),
+so that `opgraph.passes.derive_backward` stays the module, tables and all.
+"""

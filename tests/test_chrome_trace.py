@@ -5,11 +5,11 @@ import itertools
 import json
 
 import pytest
+from opgraph.models import preset
 
-from models import preset
 from opgraph import GraphBuilder, compile_step, evaluate, hardware
-from opgraph.chrome_trace import STREAM_TID, blocks, chrome_trace, write_chrome_trace
 from opgraph.cli import main
+from opgraph.outputs.chrome_trace import STREAM_TID, blocks, chrome_trace, write_chrome_trace
 from opgraph.symbols import B, D, S, V
 
 H100 = hardware.get("h100-sxm")
@@ -156,7 +156,7 @@ def test_cli_bad_trace_path(tmp_path, capsys):
 
 
 def test_write_failure_leaves_no_file(tmp_path, profile, monkeypatch):
-    import opgraph.chrome_trace as ct
+    import opgraph.outputs.chrome_trace as ct
 
     def broken(f):
         raise RuntimeError("boom")

@@ -7,12 +7,12 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from opgraph.models import preset
 
-from models import preset
 from opgraph import compile_step, evaluate, hardware
 from opgraph.cli import main
-from opgraph.compare import ROOFLINE_OF, compare, format_comparison
 from opgraph.errors import OpgraphError
+from opgraph.traces.compare import ROOFLINE_OF, compare, format_comparison
 
 H100 = hardware.get("h100-sxm")
 US = 1e-6
@@ -159,7 +159,7 @@ def test_table_lists_every_row(profile, measured):
 
 @pytest.fixture
 def kineto():
-    return pytest.importorskip("opgraph.kineto")
+    return pytest.importorskip("opgraph.traces.kineto")
 
 
 def test_hand_built_trace_classifies(kineto):

@@ -4,12 +4,12 @@ import json
 
 import pytest
 import sympy
+from opgraph.models import preset
+from opgraph.passes.evaluate import resolve
 
-from models import preset
 from opgraph import compile_step, evaluate, hardware
 from opgraph.formula import BANDWIDTH, PEAK, formula, select, symbol_values, tidy, value
 from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
-from passes.evaluate import resolve
 
 H100 = hardware.get("h100-sxm")
 

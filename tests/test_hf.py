@@ -3,9 +3,9 @@
 import json
 
 import pytest
+from opgraph.models import preset
+from opgraph.models.hf import from_config
 
-from models import preset
-from models.hf import from_config
 from opgraph import compile_step, evaluate, hardware
 from opgraph.cli import main
 from opgraph.symbols import H, H_kv

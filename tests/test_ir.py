@@ -3,13 +3,12 @@
 import attrs
 import pytest
 import sympy
+from opgraph.models import preset
+from opgraph.passes.derive_backward import BACKWARD_COST, VJP_RULES
 
-from models import preset
-from opgraph import GraphBuilder, Op, Tensor, VerifyError, rules, verify
+from opgraph import GraphBuilder, Op, Tensor, VerifyError, derive_backward, rules, verify
 from opgraph.ir import Graph
 from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
-from passes import derive_backward
-from passes.derive_backward import BACKWARD_COST, VJP_RULES
 
 
 def test_every_forward_kind_has_a_row_in_every_table():

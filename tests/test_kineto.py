@@ -11,7 +11,7 @@ import pytest
 
 from opgraph.commands import trace_breakdown
 from opgraph.errors import OpgraphError
-from opgraph.kineto import (
+from opgraph.traces.kineto import (
     KERNEL_RULES,
     Kernel,
     breakdown,
@@ -481,7 +481,7 @@ def test_main_cli_bad_trace_is_exit_2_and_one_line(tmp_path, capsys, content):
 
 
 def test_breakdown_takes_any_iterable():
-    from opgraph.kineto import Kernel, breakdown
+    from opgraph.traces.kineto import Kernel, breakdown
 
     made = (Kernel(f"ampere_sgemm_{i}", 10.0 * i, 5.0, 7, 0) for i in range(3))
     b = breakdown(made)

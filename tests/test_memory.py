@@ -4,13 +4,12 @@ import json
 
 import pytest
 import sympy
+from opgraph.models import preset
+from opgraph.passes.attach_adamw import AdamW
 
-from models import preset
-from opgraph import GraphBuilder, compile_step, evaluate, hardware
+from opgraph import GraphBuilder, attach_adamw, compile_step, derive_backward, evaluate, hardware
 from opgraph.memory import footprint
 from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
-from passes import attach_adamw, derive_backward
-from passes.attach_adamw import AdamW
 
 H100 = hardware.get("h100-sxm")
 

@@ -4,12 +4,12 @@ import json
 
 import pytest
 import sympy
+from opgraph.models import PRESETS, gpt2, preset
+from opgraph.passes.evaluate import mfu_parameters
 
-from models import PRESETS, gpt2, preset
 from opgraph import Phase, compile_step, evaluate, hardware, verify
 from opgraph.parameters import active_parameters
 from opgraph.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
-from passes.evaluate import mfu_parameters
 
 H100 = hardware.get("h100-sxm")
 

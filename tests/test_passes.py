@@ -2,12 +2,23 @@
 
 import pytest
 import sympy
+from opgraph.models import preset
+from opgraph.passes.attach_adamw import AdamW
+from opgraph.passes.derive_backward import gradient_of
+from opgraph.passes.fuse_attention import rewrite_attention
 
-from models import preset
-from opgraph import GraphBuilder, Phase, compile_step, evaluate, hardware, verify
+from opgraph import (
+    GraphBuilder,
+    Phase,
+    attach_adamw,
+    compile_step,
+    derive_backward,
+    evaluate,
+    fuse_attention,
+    hardware,
+    verify,
+)
 from opgraph.symbols import B, D, H, H_kv, L, S, d_h
-from passes import attach_adamw, derive_backward, fuse_attention, gradient_of, rewrite_attention
-from passes.attach_adamw import AdamW
 
 H100 = hardware.get("h100-sxm")
 

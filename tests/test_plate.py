@@ -1,8 +1,8 @@
 """The plate's figures (PLATE.md), through the whole pipeline: model graph, passes, evaluate."""
 
 import pytest
+from opgraph.models import preset
 
-from models import preset
 from opgraph import compile_step, evaluate, hardware
 
 H100 = hardware.get("h100-sxm")

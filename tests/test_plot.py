@@ -7,12 +7,12 @@ import sys
 import zlib
 
 import pytest
+from opgraph.models import preset
 
-from models import preset
 from opgraph import compile_step, evaluate, hardware
 from opgraph.cli import main
 from opgraph.errors import OpgraphError
-from opgraph.plot import plot_profile, plot_sweep, profile_title
+from opgraph.outputs.plot import plot_profile, plot_sweep, profile_title
 
 pytest.importorskip("matplotlib")
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 import sympy
+from opgraph.models import preset
 
-from models import preset
 from opgraph import compile_step, evaluate, hardware
 from opgraph.solve import max_share, ridge, smallest
 

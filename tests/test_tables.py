@@ -1,11 +1,11 @@
 """Every op kind has a row in every per-kind table, so a missing rule fails here, not in a run."""
 
 import pytest
+from opgraph.models import PRESETS, preset
+from opgraph.passes.derive_backward import BACKWARD_COST, VJP_RULES
 
-from models import PRESETS, preset
 from opgraph import Phase, compile_step, rules
 from opgraph.parameters import ACTIVE_FRACTION
-from passes.derive_backward import BACKWARD_COST, VJP_RULES
 
 TABLES = {"SHAPE_RULES": rules.SHAPE_RULES, "FLOP_RULES": rules.FLOP_RULES,
           "VJP_RULES": VJP_RULES, "BACKWARD_COST": BACKWARD_COST}

@@ -53,10 +53,10 @@ def load_forward(args) -> Graph:
     if config is not None:
         if args.model is not None:
             raise OpgraphError("give --model or --config, not both")
-        from models.hf import from_config
+        from opgraph.models.hf import from_config
 
         return from_config(config)
-    from models import preset
+    from opgraph.models import preset
 
     return preset(args.model or "llama3-8b")
 

@@ -28,10 +28,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from passes import evaluate
+    from opgraph.passes.evaluate import evaluate
 
-    from ..compare import compare, format_comparison
-    from ..kineto import KERNEL_RULES, breakdown, load_rules, read_trace
+    from ..traces.compare import compare, format_comparison
+    from ..traces.kineto import KERNEL_RULES, breakdown, load_rules, read_trace
 
     rules = load_rules(args.rules) if args.rules else KERNEL_RULES
     measured = breakdown(read_trace(args.trace), rules)

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from passes.evaluate import resolve
+    from opgraph.passes.evaluate import resolve
 
     from .. import formula as fm
 

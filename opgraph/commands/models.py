@@ -16,7 +16,7 @@ def register(subparsers) -> None:
 
 def describe(name: str) -> dict:
     """One preset's row: `describe("gpt2")["parameters"] == 124_439_808`."""
-    from models import preset
+    from opgraph.models import preset
     from opgraph.parameters import active_parameters, is_routed
     from opgraph.symbols import BY_NAME
 
@@ -45,7 +45,7 @@ def format_models(rows: list[dict]) -> str:
 
 
 def run(args) -> int:
-    from models import PRESETS
+    from opgraph.models import PRESETS
 
     rows = [describe(name) for name in PRESETS]
     if args.json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..report import format_profile, memory_warning
+from ..outputs.report import format_profile, memory_warning
 from .common import add_model_args, setup
 
 
@@ -25,16 +25,16 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from passes import evaluate
+    from opgraph.passes.evaluate import evaluate
 
     s = setup(args)
     profile = evaluate(s.step, s.hardware, s.values)
     if args.plot:
-        from ..plot import plot_profile
+        from ..outputs.plot import plot_profile
 
         plot_profile(profile, args.plot)
     if args.trace:
-        from ..chrome_trace import write_chrome_trace
+        from ..outputs.chrome_trace import write_chrome_trace
 
         write_chrome_trace(profile, args.trace)
     warning = memory_warning(profile)

@@ -95,7 +95,7 @@ def run(args) -> int:
 
 def _plot(sweep, grid, path: str) -> None:
     from ..errors import OpgraphError
-    from ..plot import plot_sweep
+    from ..outputs.plot import plot_sweep
     from ..sweep import run_grid
 
     swept = [name for name, values in grid.axes if len(values) > 1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..kineto import KERNEL_RULES, breakdown, format_breakdown, load_rules, read_trace
+from ..traces.kineto import KERNEL_RULES, breakdown, format_breakdown, load_rules, read_trace
 
 
 def register(subparsers) -> None:

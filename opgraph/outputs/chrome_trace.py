@@ -27,8 +27,8 @@ from collections.abc import Iterator
 
 import attrs
 
+from ..profile import OpCost, Profile
 from .atomic import write_atomic
-from .profile import OpCost, Profile
 
 PID = 1  # the one "GPU" process
 STREAM_TID = 7  # the kernels' track (CUDA's default stream is 7 in PyTorch's traces)

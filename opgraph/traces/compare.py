@@ -4,7 +4,7 @@
     c = compare(b, evaluate(step, hardware.get("h100-sxm"), {"B": 8}))
     print(format_comparison(c))
 
-A kernel category of the trace (`opgraph.kineto`) maps to the roofline categories its kernels
+A kernel category of the trace (`opgraph.traces.kineto`) maps to the roofline categories its kernels
 implement (ROOFLINE_OF, a table a user can extend): GEMM kernels are the projections (`matmul`)
 and the output head (`output_head`, which also holds the loss: the plate's category, so its
 cross-entropy kernel, measured as element-wise or other, is predicted under GEMM). Kernel
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import attrs
 
-from .errors import OpgraphError
-from .profile import Profile
+from ..errors import OpgraphError
+from ..profile import Profile
 
-# Kernel category (opgraph.kineto's KERNEL_RULES) -> the roofline categories it implements.
+# Kernel category (opgraph.traces.kineto's KERNEL_RULES) -> the roofline categories it implements.
 ROOFLINE_OF: dict[str, tuple[str, ...]] = {
     "gemm": ("matmul", "output_head"),
     "attention": ("attention",),
@@ -143,7 +143,7 @@ def _count(kernels) -> int:
 
 def compare(breakdown, profile: Profile, steps: int = 1, trace: str = "",
             roofline_of: dict[str, tuple[str, ...]] = ROOFLINE_OF) -> Comparison:
-    """The measured `breakdown` (from `opgraph.kineto.breakdown`, over `steps` training steps)
+    """The measured `breakdown` (from `opgraph.traces.kineto.breakdown`, over `steps` training steps)
     beside the roofline `profile` of one step."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .profile import Profile
+from ..profile import Profile
 
 
 def _bytes(n: float) -> str:

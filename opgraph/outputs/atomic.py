@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import OpgraphError
+from ..errors import OpgraphError
 
 
 def write_atomic(path: str | os.PathLike, write: Callable, mode: str = "w") -> None:

@@ -16,9 +16,9 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..errors import OpgraphError
+from ..profile import CATEGORIES, Profile
 from .atomic import write_atomic
-from .errors import OpgraphError
-from .profile import CATEGORIES, Profile
 
 FORMATS = ("png", "svg")
 SWEEP_DIMS = {"tokens": "tokens per step", "seq_len": "sequence length",

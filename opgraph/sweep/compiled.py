@@ -1,0 +1,115 @@
+"""A step's costs compiled once, with `sympy.lambdify`, into one numpy function of the swept
+dimensions (`compile_sweep`), and run over arrays of points (`Sweep.run`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+import sympy
+
+from opgraph.passes.evaluate import mfu_parameters, resolve
+
+from ..errors import OpgraphError
+from ..ir import Graph
+from ..profile import CATEGORIES
+from ..symbols import B, S
+
+CHUNK = 8192  # points per call: a chunk's arrays stay in cache
+
+
+@attrs.frozen
+class Sweep:
+    """A step's costs as one numpy function of the free dimensions (`compile_sweep`)."""
+
+    model: str
+    free: tuple[str, ...]  # the function's arguments, dimension names
+    categories: tuple[str, ...]
+    function: Callable  # (*free) -> [flops of each term, bytes of each term, N_mfu, tokens]
+    multiplicity: np.ndarray  # per term: how many ops it stands for
+    membership: np.ndarray  # (categories, terms): term i's category is j
+
+    @property
+    def terms(self) -> int:
+        return len(self.multiplicity)
+
+    def columns(self) -> list[str]:
+        return ["step_time_s", "flops", "bytes", "mfu_ceiling", "hfu_ceiling",
+                *(f"{c}_time_share" for c in self.categories)]
+
+    def run(self, dims: dict[str, np.ndarray], peak, bandwidth) -> dict[str, np.ndarray]:
+        """Each column of `columns()` at every point: `dims` maps each free name to an array;
+        `peak` and `bandwidth` are arrays of the same length or numbers."""
+        n = len(next(iter(dims.values()))) if dims else 1
+        peak = np.broadcast_to(np.asarray(peak, dtype=float), (n,))
+        bandwidth = np.broadcast_to(np.asarray(bandwidth, dtype=float), (n,))
+        out = {name: np.empty(n) for name in self.columns()}
+        for lo in range(0, n, CHUNK):
+            hi = min(n, lo + CHUNK)
+            args = [np.asarray(dims[name][lo:hi], dtype=float) for name in self.free]
+            for name, col in self._chunk(args, hi - lo, peak[lo:hi], bandwidth[lo:hi]).items():
+                out[name][lo:hi] = col
+        return out
+
+    def _chunk(self, args, m, peak, bandwidth) -> dict[str, np.ndarray]:
+        k = self.terms
+        values = np.empty((2 * k + 2, m))
+        for i, v in enumerate(self.function(*args)):
+            values[i] = v  # constants broadcast
+        flops, nbytes = values[:k], values[k:2 * k]
+        n_mfu, tokens = values[2 * k], values[2 * k + 1]
+        time = np.maximum(flops / peak, nbytes / bandwidth)
+        step = self.multiplicity @ time
+        shares = (self.membership * self.multiplicity) @ time / step
+        total_flops = self.multiplicity @ flops
+        cols = {"step_time_s": step, "flops": total_flops, "bytes": self.multiplicity @ nbytes,
+                "mfu_ceiling": 6 * n_mfu * tokens / (step * peak),
+                "hfu_ceiling": total_flops / (step * peak)}
+        cols |= {f"{c}_time_share": shares[j] for j, c in enumerate(self.categories)}
+        return cols
+
+
+def compile_sweep(step: Graph, free=("B", "S")) -> Sweep:
+    """The step's costs compiled over the dimensions named in `free`; every other dimension takes
+    the graph's value: `compile_sweep(step, free=("B", "S", "L"))`."""
+    dims = resolve(step)
+    by_name = {sym.name: sym for sym in dims}
+    unknown = [name for name in free if name not in by_name]
+    if unknown:
+        raise OpgraphError(f"unknown dimension {unknown[0]!r} for {step.name}; "
+                           f"it has {', '.join(sorted(by_name))}")
+    symbols = [by_name[name] for name in free]
+    fixed = {sym: v for sym, v in dims.items() if sym not in symbols}
+    terms: dict[tuple, int] = {}
+    for op in step.ops():
+        key = (op.category, (op.count * op.flops).xreplace(fixed),
+               (op.count * step.op_bytes(op)).xreplace(fixed))
+        terms[key] = terms.get(key, 0) + 1
+    found = {key[0] for key in terms}
+    categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
+    n_mfu = sympy.sympify(mfu_parameters(step)).xreplace(fixed)  # a MoE's active share
+    exprs = [key[1] for key in terms] + [key[2] for key in terms]
+    exprs += [n_mfu, (B * S).xreplace(fixed)]
+    leftover = set().union(*(sympy.sympify(e).free_symbols for e in exprs)) - set(symbols)
+    if leftover:
+        raise OpgraphError(f"{step.name}'s costs depend on {', '.join(sorted(map(str, leftover)))}"
+                           ", which has no value; give it one")
+    # Plain arithmetic needs no numpy namespace (that costs ~0.1 s to set up): `*`, `+` and
+    # `**` of numpy arrays are numpy's own.
+    modules = [{}] if all(map(_arithmetic, exprs)) else "numpy"
+    function = sympy.lambdify(symbols, exprs, modules, cse=True)
+    membership = np.array([[1.0 if key[0] == c else 0.0 for key in terms] for c in categories])
+    return Sweep(step.name, tuple(free), categories, function,
+                 np.array(list(terms.values()), dtype=float), membership)
+
+
+def _arithmetic(expr) -> bool:
+    """Only numbers, symbols, sums, products and whole powers."""
+    for node in sympy.preorder_traversal(sympy.sympify(expr)):
+        if isinstance(node, sympy.Pow):
+            if not node.exp.is_Integer:
+                return False
+        elif not isinstance(node, sympy.Add | sympy.Mul | sympy.Symbol | sympy.Rational):
+            return False
+    return True
