@@ -55,6 +55,7 @@ class OpSide:
     cost: OpCost
     graph: Graph | None = None
     dims: dict = attrs.field(factory=dict)  # symbol -> value, this side's
+    _formulas: dict = attrs.field(factory=dict, init=False, repr=False)  # computed once each
 
     @property
     def op(self) -> Op | None:
@@ -64,7 +65,12 @@ class OpSide:
         """`quantity`'s formula for this op (time keeps `peak` and `bandwidth` as symbols)."""
         if self.graph is None:
             return None
-        return fm.tidy(OP_FORMULAS[quantity](self.graph, self.op), fm.depth_symbols(self.graph))
+        if quantity not in self._formulas:
+            expr = OP_FORMULAS[quantity](self.graph, self.op)
+            if quantity != "time":  # op_time is tidy already: count * roofline
+                expr = fm.tidy(expr, fm.depth_symbols(self.graph))
+            self._formulas[quantity] = expr
+        return self._formulas[quantity]
 
     @property
     def memory(self) -> int | None:
