@@ -84,7 +84,7 @@ class OpSide:
 
 @attrs.frozen(eq=False)
 class OpDiff:
-    """One op removed (`b` is None), added (`a` is None) or changed, and why."""
+    """One op removed (`b` is None), added (`a` is None), changed (and why) or unchanged."""
 
     name: str
     a: OpSide | None
@@ -94,7 +94,9 @@ class OpDiff:
 
     @property
     def status(self) -> str:
-        return "removed" if self.b is None else "added" if self.a is None else "changed"
+        if self.a is None or self.b is None:
+            return "removed" if self.b is None else "added"
+        return "changed" if self.why else "unchanged"
 
     @property
     def kind(self) -> str:
@@ -131,7 +133,11 @@ class StepDiff:
     b: Profile
     ops: tuple[OpDiff, ...]
     graphs: tuple[Graph | None, Graph | None] = (None, None)
-    unchanged: int = 0  # ops on both sides that did not change
+    same: tuple[OpDiff, ...] = ()  # ops on both sides that did not change (times may have)
+
+    @property
+    def unchanged(self) -> int:
+        return len(self.same)
 
     @property
     def removed(self) -> list[OpDiff]:
@@ -227,18 +233,16 @@ def _diff(pa: Profile, pb: Profile, ga: Graph | None, gb: Graph | None) -> StepD
 
     a, b = sides(pa, ga), sides(pb, gb)
     comparable = ga is not None and gb is not None and ga.dims == gb.dims
-    ops, unchanged = [], 0
+    ops, same = [], []
     for name in [*a, *(n for n in b if n not in a)]:
         if name in a and name in b:
             why = _why(a[name], b[name])
-            if not why:
-                unchanged += 1
-                continue
-            ops.append(OpDiff(name, a[name], b[name], why, comparable))
+            (ops if why else same).append(OpDiff(name, a[name], b[name], why, comparable))
         else:
             ops.append(OpDiff(name, a.get(name), b.get(name), (), comparable))
     ops.sort(key=lambda o: -o.time_saved)  # stable: ties keep A's order, then B's
-    return StepDiff(pa, pb, tuple(ops), (ga, gb), unchanged)
+    same.sort(key=lambda o: -o.time_saved)
+    return StepDiff(pa, pb, tuple(ops), (ga, gb), tuple(same))
 
 
 def _dims(graph: Graph, values: dict) -> dict:
@@ -265,7 +269,7 @@ def diff_profiles(a: Profile, b: Profile) -> StepDiff:
 
 
 # --- text -------------------------------------------------------------------------------------
-_MARK = {"removed": "-", "added": "+", "changed": "~"}
+_MARK = {"removed": "-", "added": "+", "changed": "~", "unchanged": ""}
 
 
 def _bytes(n) -> str:
@@ -297,22 +301,26 @@ def describe(p: Profile) -> str:
             f"({p.tokens // p.seq_len} x {p.seq_len:,}), {attention} attention")
 
 
-def format_diff(d: StepDiff, *, b_options: str = "", formulas: bool = False) -> str:
+def format_diff(d: StepDiff, *, b_options: str = "", formulas: bool = False,
+                every_op: bool = False) -> str:
     """The `opgraph diff` text: both sides, the ops that differ (most time saved first, `-`
     removed, `+` added, `~` changed, figures as A > B), then the step's totals. With
-    `formulas=True` each op's change in FLOPs, bytes and memory follows as a formula."""
+    `formulas=True` each op's change in FLOPs, bytes and memory follows as a formula; with
+    `every_op=True` the unchanged ops are listed too (blank mark: their time can still change,
+    on other hardware)."""
     b_head = describe(d.b) + (f"  (A with {b_options})" if b_options else "")
     lines = [f"A: {describe(d.a)}", f"B: {b_head}", ""]
     counts = ", ".join(f"{len([o for o in d.ops if o.status == s])} {s}" for s in STATUSES)
     lines.append(f"ops: {counts}, {d.unchanged} unchanged")
-    if d.ops:
+    listed = sorted([*d.ops, *d.same], key=lambda o: -o.time_saved) if every_op else d.ops
+    if listed:
         header = ["", "op", "phase", "kind", "saved (ms)", "time A > B (ms)", "GFLOP A > B",
                   "bytes A > B", "memory A > B", ""]
         rows = [[_MARK[o.status], o.name, o.phase, o.kind, f"{o.time_saved * 1e3:.3f}",
                  _pair(o, "time", lambda t: f"{t * 1e3:.3f}"),
                  _pair(o, "flops", lambda f: f"{f / 1e9:.1f}"), _pair(o, "bytes", _bytes),
                  _pair(o, "memory", _bytes), f"({', '.join(o.why)})" if o.why else ""]
-                for o in d.ops]
+                for o in listed]
         lines += [""] + _table([header, *rows], right=range(4, 9))
         if formulas:
             lines += ["", "formulas (B - A)" if d.comparable else "formulas (A > B)"]

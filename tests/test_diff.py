@@ -158,6 +158,9 @@ def test_cli_tokens_hardware_and_models(cli):
     assert (j["removed"], j["added"], j["changed"]) == ([], [], [])
     b200 = evaluate(compile_step(preset("llama3-8b")), hardware.get("b200"))
     assert j["totals"]["step_time_s"]["b"] == pytest.approx(b200.step_time_s, rel=1e-12)
+    code, out, _ = cli("diff", "--b-hardware", "b200", "--all")  # the unchanged ops, listed
+    rows = [line for line in out.splitlines() if line.startswith(" layers.")]
+    assert code == 0 and len(rows) == len([o for o in b200.ops if o.name.startswith("layers.")])
 
     code, out, _ = cli("diff", "--model", "llama3-8b", "--b-model", "llama3-70b")
     assert code == 0 and out.splitlines()[1].startswith("B: llama3-70b")
@@ -178,7 +181,7 @@ def test_every_model_option_has_a_side_b_twin():
 @pytest.mark.parametrize("argv, says", [
     ([], "side B is the same as side A"),
     (["--b-tokens", "abc"], "not a whole number"),
-    (["--b-model", "llama9"], "unknown model 'llama9'"),
+    (["--b-model", "llama9"], "side B (--model llama9): unknown model 'llama9'"),
     (["--b-backward-traffic", "some"], "invalid choice"),
     (["--b-tokens", "10000"], "not a multiple"),
 ])

@@ -106,6 +106,8 @@ def register(subparsers) -> None:
                            help=f"side B {'with' if on else 'without'} {t.option}")
     p.add_argument("--formulas", action="store_true",
                    help="also give each op's change in FLOPs, bytes and memory as a formula")
+    p.add_argument("--all", action="store_true",
+                   help="list the unchanged ops too (their time changes with the hardware)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: a, b, removed, added, changed, totals")
     p.set_defaults(func=run)
@@ -140,7 +142,11 @@ def run(args) -> int:
     if not changes:
         raise OpgraphError("side B is the same as side A; give at least one --b- option, "
                            "e.g. --b-no-fused-attention (see `opgraph diff --help`)")
-    a, b = setup(args), setup(b_args)
+    a = setup(args)
+    try:
+        b = setup(b_args)
+    except OpgraphError as e:
+        raise OpgraphError(f"side B ({' '.join(changes)}): {e}") from None
     d = diff_steps(a.step, b.step, a.hardware, a.values, b_hardware=b.hardware,
                    b_values=b.values)
     if args.json:
@@ -148,5 +154,6 @@ def run(args) -> int:
         out["b"]["options"] = changes
         print(json.dumps(out, indent=2))
     else:
-        print(format_diff(d, b_options=" ".join(changes), formulas=args.formulas))
+        print(format_diff(d, b_options=" ".join(changes), formulas=args.formulas,
+                          every_op=args.all))
     return 0
