@@ -59,7 +59,7 @@ def test_the_function_name_defaults_to_build(cli, model):
     assert code == 0 and json.loads(out)["model"] == "tiny-mlp"
 
 
-def test_formula_solve_sweep_and_diff_take_it(cli, model, tmp_path):
+def test_formula_solve_sweep_trace_and_diff_take_it(cli, model, tmp_path):
     spec = f"{model}:build"
     code, out, _ = cli("formula", "--model", spec, "--op", "layers.up_proj", "--json")
     assert code == 0
@@ -71,6 +71,9 @@ def test_formula_solve_sweep_and_diff_take_it(cli, model, tmp_path):
     rows = tmp_path / "rows.json"
     code, _, _ = cli("sweep", "--model", spec, "--batch", "1,2", "--out", str(rows))
     assert code == 0 and [r["batch"] for r in json.loads(rows.read_text())["rows"]] == [1, 2]
+    trace = tmp_path / "trace.json"
+    code, _, _ = cli("profile", "--model", spec, "--trace", str(trace))
+    assert code == 0 and "layers.up_proj" in trace.read_text()
     code, out, _ = cli("diff", "--model", spec, "--b-tokens", "256", "--json")
     assert code == 0
     j = json.loads(out)
