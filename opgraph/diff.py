@@ -11,14 +11,16 @@ that did to the step's time, MFU ceiling and memory. It is how a user sees what 
 Ops are matched by name. One on side A only is *removed*, on side B only *added*; one on both
 is *changed* when its kind, inputs, outputs, multiplicity, FLOPs or bytes differ (as formulas,
 or as numbers at each side's dimensions, so two sizes of one model differ too). A change of
-hardware alone changes times, not ops: the totals show it.
+hardware alone changes times, not ops: the totals show it, and `format_diff(every_op=True)`
+each op's time.
 
 Numbers come from `evaluate` (each side at its own hardware and dimensions); formulas from the
 graphs through `opgraph.formula`, computed when asked for. An op's `memory` is the bytes of its
 outputs that stay resident for the backward pass (the activations `opgraph.memory` counts), so
 the ops of a diff account for the change in the footprint's activations. A difference of two
-formulas is given only when both sides are one model (the same dimensions), where `B - A` means
-something; across models each side's formulas stand alone.
+formulas is given only when both sides are one model at the same values of its dimensions,
+where `B - A` means something; across models, or at different dimensions (tokens per step), each side's formulas
+stand alone.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class OpDiff:
     a: OpSide | None
     b: OpSide | None
     why: tuple[str, ...]  # what differs: kind, inputs, outputs, count, flops, bytes
-    comparable: bool  # both sides share dimensions, so a formula's difference means something
+    comparable: bool  # both sides at the same dimensions: a difference of formulas means something
 
     @property
     def status(self) -> str:
@@ -116,7 +118,7 @@ class OpDiff:
         return -self.delta("time")
 
     def delta_formula(self, quantity: str) -> sympy.Expr | None:
-        """B's formula minus A's, or None across models or without graphs."""
+        """B's formula minus A's, or None across models, dimensions or without graphs."""
         if not self.comparable:
             return None
         sides = [s.formula(quantity) if s is not None else sympy.Integer(0)
@@ -153,8 +155,7 @@ class StepDiff:
 
     @property
     def comparable(self) -> bool:
-        a, b = self.graphs
-        return a is not None and b is not None and a.dims == b.dims
+        return _comparable(self.a, self.b, *self.graphs)
 
     def totals(self) -> dict[str, dict]:
         """Each step figure as `{a, b, delta}`: step time, MFU ceiling, memory, FLOPs, bytes."""
@@ -178,8 +179,8 @@ class StepDiff:
         return fm.formula(graph, quantity)
 
     def totals_formula(self, quantity: str) -> sympy.Expr | None:
-        """B's total minus A's as a formula (one model on both sides), e.g. the bytes a pass
-        removed; None across models."""
+        """B's total minus A's as a formula (one model at the same dimensions on both sides),
+        e.g. the bytes a pass removed; None otherwise."""
         if not self.comparable:
             return None
         a, b = (self.side_formula(s, quantity) for s in "ab")
@@ -232,7 +233,7 @@ def _diff(pa: Profile, pb: Profile, ga: Graph | None, gb: Graph | None) -> StepD
         return {r.name: OpSide(r, g, dims) for r in p.ops}
 
     a, b = sides(pa, ga), sides(pb, gb)
-    comparable = ga is not None and gb is not None and ga.dims == gb.dims
+    comparable = _comparable(pa, pb, ga, gb)
     ops, same = [], []
     for name in [*a, *(n for n in b if n not in a)]:
         if name in a and name in b:
@@ -243,6 +244,11 @@ def _diff(pa: Profile, pb: Profile, ga: Graph | None, gb: Graph | None) -> StepD
     ops.sort(key=lambda o: -o.time_saved)  # stable: ties keep A's order, then B's
     same.sort(key=lambda o: -o.time_saved)
     return StepDiff(pa, pb, tuple(ops), (ga, gb), tuple(same))
+
+
+def _comparable(pa: Profile, pb: Profile, ga: Graph | None, gb: Graph | None) -> bool:
+    """Both graphs known, of one model's dimensions, evaluated at the same values."""
+    return ga is not None and gb is not None and ga.dims == gb.dims and pa.values == pb.values
 
 
 def _dims(graph: Graph, values: dict) -> dict:

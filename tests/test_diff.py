@@ -138,7 +138,8 @@ def test_tokens_and_models(steps, llama):
     assert why["layers.q_proj"] == ("flops", "bytes")
     assert not any(o.phase == "optimizer" for o in d.changed)  # AdamW ignores tokens
     assert d.totals()["memory_bytes"]["delta"] > 0  # more activations kept
-    assert d.totals_formula("bytes") == 0  # one graph: the formulas are the same
+    assert d.totals_formula("bytes") is None  # different dimensions: B - A is not a formula
+    assert d.side_formula("a", "bytes") == d.side_formula("b", "bytes")  # but each side's is
 
     big = compile_step(preset("llama3-70b"))
     d = diff_steps(fused, big, H100)
