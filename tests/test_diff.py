@@ -190,3 +190,17 @@ def test_cli_bad_input(cli, argv, says):
     code, out, err = cli("diff", *argv)
     assert code == 2 and out == ""
     assert err.startswith("opgraph: error: ") and err.count("\n") == 1 and says in err
+
+
+def test_side_b_is_side_a_with_the_b_options():
+    from opgraph.cli import build_parser
+    from opgraph.commands.diff import side_b
+
+    args = build_parser().parse_args(["diff", "--config", "x.json", "--tokens", "16384",
+                                      "--b-model", "gpt2", "--b-fused-attention",
+                                      "--b-no-fused-attention"])
+    b, changes = side_b(args)
+    assert (b.model, b.config, b.tokens) == ("gpt2", None, 16384)  # --model replaces --config
+    assert b.no_fused_attention is True  # of a switch's two twins, the last one given wins
+    assert changes == ["--model gpt2", "--no-fused-attention"]
+    assert (args.model, args.config) == (None, "x.json")  # side A is left alone

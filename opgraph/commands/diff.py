@@ -36,8 +36,8 @@ class Twin:
     kwargs: dict = attrs.field(factory=dict, eq=False)
 
     @property
-    def b_dest(self) -> str:
-        return f"b_{self.flag[4:].replace('-', '_')}"
+    def b_dest(self) -> str:  # a switch's two twins share it: the last one given wins
+        return f"b_{self.dest}"
 
 
 class _Recorder:
@@ -73,8 +73,9 @@ def twins() -> list[Twin]:
             out.append(Twin(f"--b-{base}" if negative else f"--b-no-{base}", dest, long, not on))
         else:
             keep = {k: v for k, v in kwargs.items() if k in ("type", "choices", "metavar",
-                                                              "action", "nargs")}
-            keep.setdefault("metavar", dest.upper())
+                                                              "action", "nargs", "const")}
+            if action in (None, "store", "append"):
+                keep.setdefault("metavar", dest.upper())
             out.append(Twin(f"--b-{long[2:]}", dest, long, None, keep))
     return out
 
