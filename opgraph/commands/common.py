@@ -60,7 +60,9 @@ def load_forward(args) -> Graph:
 
         return from_config(config)
     model = args.model or "llama3-8b"
-    path, _, function = model.rpartition(":") if ":" in model else (model, "", "")
+    path, _, function = model.rpartition(":")
+    if model.endswith(".py") or not path:  # no function named (a path may hold a colon)
+        path, function = model, ""
     if path.endswith(".py"):
         return _user_model(path, function or "build")
     if function:
