@@ -8,7 +8,7 @@ import sys
 
 from .errors import OpgraphError
 
-COMMANDS = ("profile", "formula", "solve", "sweep", "trace_breakdown", "compare", "models",
+COMMANDS = ("profile", "formula", "solve", "sweep", "diff", "trace_breakdown", "compare", "models",
             "hardware")
 
 

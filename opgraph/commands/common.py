@@ -49,6 +49,9 @@ class Setup:
 
 
 def load_forward(args) -> Graph:
+    """The forward graph `--model` or `--config` names: a preset, a config.json, or a user's
+    model, `--model path/to/file.py:build` (a function of no arguments returning a Graph; the
+    name defaults to `build`). The file is imported with importlib, never eval'ed."""
     config = getattr(args, "config", None)
     if config is not None:
         if args.model is not None:
@@ -56,9 +59,72 @@ def load_forward(args) -> Graph:
         from opgraph.models.hf import from_config
 
         return from_config(config)
+    model = args.model or "llama3-8b"
+    path, _, function = model.rpartition(":")
+    if model.endswith(".py") or not path:  # no function named (a path may hold a colon)
+        path, function = model, ""
+    if path.endswith(".py"):
+        return _user_model(path, function or "build")
+    if function:
+        raise OpgraphError(f"--model {model}: a user's model is a .py file and a function in "
+                           "it, e.g. --model models/mine.py:build")
     from opgraph.models import preset
 
-    return preset(args.model or "llama3-8b")
+    return preset(model)
+
+
+def _user_model(path: str, function: str) -> Graph:
+    """Import `path` as a module and call its `function`; every failure is one line."""
+    import importlib.util
+    import sys
+    from hashlib import sha1
+    from pathlib import Path
+
+    from ..verify import VerifyError, verify
+
+    where = f"--model {path}:{function}"
+    file = Path(path)
+    if not file.is_file():
+        raise OpgraphError(f"{where}: no such file {path!r}; give the path of a .py file that "
+                           "defines the function, e.g. --model models/mine.py:build")
+    name = f"opgraph_user_model_{sha1(str(file.resolve()).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and attrs in the file look their module up
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's code: any error is theirs, in one line
+        del sys.modules[name]
+        raise OpgraphError(f"{where}: importing {path} failed: {_one_line(e)}") from None
+    build = getattr(module, function, None)
+    if not callable(build):
+        found = sorted(k for k, v in vars(module).items()
+                       if callable(v) and getattr(v, "__module__", None) == name)
+        have = f"; it defines {', '.join(found)}" if found else ""
+        raise OpgraphError(f"{where}: {path} has no function {function!r}{have}")
+    try:
+        graph = build()
+    except Exception as e:  # noqa: BLE001 - the same
+        raise OpgraphError(f"{where}: {function}() raised {_one_line(e)}") from None
+    if not isinstance(graph, Graph):
+        raise OpgraphError(f"{where}: {function}() returned {type(graph).__name__}, not a "
+                           "forward Graph; end it with `return g.build()` on an "
+                           "opgraph.GraphBuilder")
+    try:
+        verify(graph)
+    except VerifyError as e:
+        raise OpgraphError(f"{where}: the graph is malformed: {_one_line(e)}") from None
+    from ..symbols import S
+
+    if "seq_len" not in graph.meta and S in graph.dims:  # its S is its default length
+        graph = graph.copy()
+        graph.meta["seq_len"] = int(graph.dims[S])
+    return graph
+
+
+def _one_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def load_hardware(args) -> Hardware:
