@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from .args import positive_float, positive_int
+from ..limits import MAX_DIM
+from .args import positive_float, whole
 from .common import add_model_args, setup
 
 
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
                      help="where the op turns from memory- to compute-bound (with --op)")
     p.add_argument("--dim", choices=("tokens", "seq_len"), default="tokens",
                    help="what to solve for (default tokens per step, at the model's seq_len)")
-    p.add_argument("--batch", type=positive_int,
+    p.add_argument("--batch", type=whole(MAX_DIM),
                    help="sequences per step held fixed with --dim seq_len (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
