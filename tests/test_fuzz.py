@@ -2,6 +2,7 @@
 hardware part, 11, 12, 13): each is exit status 2, one line on stderr, no traceback, and every
 file in the folder exactly as it was (no file written, replaced or removed)."""
 
+import errno
 import hashlib
 import json
 import os
@@ -79,8 +80,8 @@ CASES = {
                               "does not exist"),
     "new plot then a bad trace": (["profile", "--plot", "new.png", "--trace", "no/t.json"],
                                   "does not exist"),
-    "sweep plot then a bad out": (["sweep", "--plot", "p.png", "--out", "no/s.csv"],
-                                  "does not exist"),
+    "sweep plot then a bad out": (["sweep", "--tokens", "8192,16384", "--plot", "p.png", "--out",
+                                   "no/s.csv"], "does not exist"),
     # 3. outputs never replace inputs, devices, each other
     "trace over its config": (["profile", "--config", "config.json", "--trace", "config.json"],
                               "is an input"),
@@ -194,6 +195,22 @@ def test_a_read_only_folder(cli, folder):
         assert "cannot write" in refused(cli, folder, "sweep", "--out", "ro/s.csv")
     finally:
         (folder / "ro").chmod(0o755)
+
+
+def test_a_read_only_file_system(cli, folder, monkeypatch):
+    """What root cannot be shown with chmod: the OS refusing the temp file is one line."""
+    from opgraph.outputs import atomic
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", refuse)
+    err = refused(cli, folder, "sweep", "--tokens", "8192,16384", "--out", "s.csv")
+    assert err == "opgraph: error: cannot write s.csv: Read-only file system\n"
+
+
+def test_a_folder_name_is_not_a_file_name(cli, folder):
+    assert "names a folder" in refused(cli, folder, "profile", "--trace", "new/")
 
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")

@@ -46,6 +46,8 @@ def check_output(path: str | os.PathLike, what: str = "output") -> Path:
     if any(not c.isprintable() for c in text):
         raise OpgraphError(f"{what} {_shown(text)}: the file name holds a newline or another "
                            "control character; give a plain name")
+    if text.endswith(("/", os.sep)):
+        raise OpgraphError(f"{what} {_shown(text)} names a folder; give a file name")
     target = Path(os.path.realpath(text))
     if target.exists() or os.path.lexists(text):
         try:
