@@ -215,11 +215,11 @@ def test_a_folder_name_is_not_a_file_name(cli, folder):
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux prlimit")
 def test_a_full_disk(tmp_path):
-    """A file size limit of 64 KiB: the sweep's 100,000 rows do not fit."""
+    """A file size limit of 64 KiB: the sweep's 10,000 rows do not fit."""
     (tmp_path / "s.csv").write_text("an old sweep\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(["prlimit", "--fsize=65536", "--", sys.executable, "-m", "opgraph",
-                           "sweep", "--tokens", "8192:819200000:+8192", "--out", "s.csv"],
+                           "sweep", "--tokens", "8192:81920000:+8192", "--out", "s.csv"],
                           capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
                           check=False)
     assert done.returncode == 2 and done.stdout == ""
