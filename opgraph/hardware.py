@@ -6,7 +6,10 @@ form (one table, or several).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import stat
 import tomllib
 from pathlib import Path
 
@@ -101,6 +104,9 @@ def read_small(path: str | Path, what: str, limit: int = CONFIG_MAX_BYTES) -> st
     """The text of a small file (a config, a hardware TOML) of at most `limit` bytes, read
     without reading more: `/dev/zero` or a huge file is one line, not a hang."""
     path = Path(path)
+    with contextlib.suppress(OSError):
+        if stat.S_ISFIFO(os.stat(path).st_mode):  # opening it would wait for a writer
+            raise OpgraphError(f"{what} {path} is a FIFO; give a file")
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)

@@ -126,6 +126,7 @@ CASES = {
     # 9. endless inputs
     "config /dev/zero": (["profile", "--config", "/dev/zero"], "larger than"),
     "hardware /dev/zero": (["profile", "--hardware", "/dev/zero"], "larger than"),
+    "config a FIFO": (["profile", "--config", "fifo.json"], "is a FIFO"),
     # 11. sweep refuses what profile refuses
     "gpt2 beyond its positions": (["sweep", "--model", "gpt2", "--seq-len", "2048"],
                                   "1,024 positions"),
