@@ -178,3 +178,12 @@ def test_cli_says_which_way_it_holds(cli, step):
     code, out, _ = cli("solve", "--category", "attention", "--max-share", "0.2", "--dim",
                        "seq_len")
     assert code == 0 and f"up to seq_len {j['seq_len']:,}" in out and "rises" in out
+
+
+def test_a_share_rising_with_tokens(step):
+    """Matmuls' share rises with the batch as the optimizer's fixed cost is spread thinner."""
+    a = max_share(step, H100, "matmul", 0.7)
+    assert a.holds == "up_to" and a.seq_len == 8192 and a.tokens == a.batch * 8192
+    assert share(step, H100, "matmul", B=1) <= share(step, H100, "matmul", B=a.batch) <= 0.7
+    assert share(step, H100, "matmul", B=a.batch + 1) > 0.7
+    assert a.tokens < a.crossing < a.tokens + 8192
