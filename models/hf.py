@@ -36,12 +36,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from opgraph.errors import OpgraphError
+from opgraph.hardware import read_small
 from opgraph.ir import Graph
+from opgraph.limits import MAX_DIM, check_whole
 
 from . import gpt2, llama
 
 DEFAULT_SEQ_LEN = 8192  # the plate's; and the cap on a config's own context
 _REQUIRED = object()
+
+
+def _shown(value) -> str:
+    """A field's value in a message: JSON, cut short."""
+    text = json.dumps(value) if not isinstance(value, int) or value < 10**20 else "a huge number"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class _Fields:
@@ -66,14 +74,14 @@ class _Fields:
         if not self.has(key):
             return value
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise OpgraphError(f"{self.path}: field {key!r} is {json.dumps(value)}, "
+            raise OpgraphError(f"{self.path}: field {key!r} is {_shown(value)}, "
                                "not a positive whole number")
-        return value
+        return check_whole(value, f"{self.path}: field {key!r} =", MAX_DIM)
 
     def bool(self, key: str, default: bool) -> bool:
         value = self._get(key, default)
         if not isinstance(value, bool):
-            raise OpgraphError(f"{self.path}: field {key!r} is {json.dumps(value)}, "
+            raise OpgraphError(f"{self.path}: field {key!r} is {_shown(value)}, "
                                "not true or false")
         return value
 
@@ -147,18 +155,24 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
 def from_config(path: str | Path) -> Graph:
     """The forward graph a `config.json` (or a folder holding one) describes:
     `from_config("gpt2/config.json")`."""
+    if not str(path).strip():
+        raise OpgraphError("the config file name is empty; give the path of a Hugging Face "
+                           "config.json")
     path = Path(path)
     if path.is_dir():  # a checkout's folder
         path = path / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         raise OpgraphError(f"config file {path} does not exist; give the path of a "
-                           "Hugging Face config.json") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise OpgraphError(f"cannot read config file {path}: {e}") from None
+                           "Hugging Face config.json")
+    text = read_small(path, "config file")  # at most CONFIG_MAX_BYTES: not /dev/zero
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise OpgraphError(f"config file {path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise OpgraphError(f"config file {path} nests too deeply to be a config.json") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise OpgraphError(f"config file {path}: {str(e).split(':')[0]}") from None
     if not isinstance(data, dict):
         raise OpgraphError(f"config file {path} holds a JSON {type(data).__name__}, not an "
                            "object of fields like a Hugging Face config.json")
@@ -166,7 +180,7 @@ def from_config(path: str | Path) -> Graph:
     if model_type is None:
         raise OpgraphError(f"{path}: missing field 'model_type'; give one of "
                            f"{', '.join(FAMILIES)}")
-    if model_type not in FAMILIES:
-        raise OpgraphError(f"{path}: model_type {json.dumps(model_type)} is not supported; "
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        raise OpgraphError(f"{path}: model_type {_shown(model_type)} is not supported; "
                            f"opgraph reads {', '.join(FAMILIES)}")
     return FAMILIES[model_type](_Fields(data, path))

@@ -17,24 +17,55 @@ class _Parser(argparse.ArgumentParser):
         raise OpgraphError(f"{message} (see `{self.prog} --help`)")
 
 
+def _version() -> str:
+    from . import __version__
+
+    return f"opgraph {__version__}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="opgraph", description="Roofline profiles of a training step, "
                      "compiled from a symbolic op graph.")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(f"opgraph.commands.{name}").register(sub)
     return parser
 
 
+def _no_empty_strings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """An option or argument given as '' (or blanks) is a mistake, never "use the default"."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices[args.command]._actions:
+        value = getattr(args, action.dest, None)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and not item.strip():
+                flag = action.option_strings[-1] if action.option_strings else action.metavar
+                raise OpgraphError(f"{flag or action.dest}: the value is empty; give one "
+                                   f"(see `opgraph {args.command} --help`)")
+
+
+def _one_line(message: str) -> str:
+    """A message with a newline or a control character in it (from a file name) escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if argv == ["--version"]:
+        print(_version())
+        return 0
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["profile", *argv]  # `opgraph` alone, or `opgraph --json`, profiles
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise OpgraphError("give a command, e.g. `opgraph profile` (see `opgraph --help`)")
+        _no_empty_strings(parser, args)
         return args.func(args)
     except OpgraphError as e:
-        print(f"opgraph: error: {e}", file=sys.stderr)
+        print(f"opgraph: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

@@ -6,16 +6,50 @@ form (one table, or several).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import stat
 import tomllib
 from pathlib import Path
 
 import attrs
 
 from .errors import OpgraphError
+from .limits import CONFIG_MAX_BYTES
 
 CATALOG = Path(__file__).with_name("hardware.toml")
 _REQUIRED = ("bf16_tflops", "bandwidth_tbs")
+
+# The figures a part may have, in the units its TOML file and the flags use (TFLOP/s, TB/s, GB):
+# from a millionth of today's parts to a million times them. Inside these ranges every time,
+# share and ceiling of a profile is a finite float (see `opgraph.limits`); outside, a figure
+# overflows to inf after scaling (1e300 TFLOP/s) or makes times infinite (a denormal 1e-320).
+RANGES = {"bf16_tflops": (1e-6, 1e6), "fp8_tflops": (1e-6, 1e6), "bandwidth_tbs": (1e-6, 1e6),
+          "memory_gb": (1e-6, 1e9)}
+SCALE = {"bf16_tflops": 1e12, "fp8_tflops": 1e12, "bandwidth_tbs": 1e12, "memory_gb": 1e9}
+FLAGS = {"bf16_tflops": "--peak-tflops", "bandwidth_tbs": "--bandwidth-tbs"}
+
+
+def check_figure(key: str, value: float, where: str) -> float:
+    """`value` (in `key`'s unit) if it is within `RANGES[key]`, else one line saying the range."""
+    lo, hi = RANGES[key]
+    if not (math.isfinite(value) and lo <= value <= hi):
+        flag = f" (or {FLAGS[key]})" if key in FLAGS else ""
+        raise OpgraphError(f"{where}: {key}{flag} = {value!r} is out of range; give a number "
+                           f"from {lo:g} to {hi:g}")
+    return value
+
+
+def _in_range(key: str, unit_scale: float):
+    """An attrs validator: the field, in its own unit (FLOP/s, bytes/s, bytes), within range."""
+    def check(part, attribute, value) -> None:
+        if value is None and attribute.default is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise OpgraphError(f"hardware {part.id}: {attribute.name} = {value!r} is not a number")
+        check_figure(key, value / unit_scale, f"hardware {part.id}")
+    return check
 
 
 @attrs.frozen
@@ -24,10 +58,11 @@ class Hardware:
 
     id: str
     name: str
-    peak_flops: float  # dense BF16 FLOP/s
-    bandwidth: float  # HBM bytes/s
-    memory_bytes: float | None = None
-    fp8_flops: float | None = None  # dense FP8 FLOP/s, where the part has it
+    peak_flops: float = attrs.field(validator=_in_range("bf16_tflops", 1e12))  # dense BF16 FLOP/s
+    bandwidth: float = attrs.field(validator=_in_range("bandwidth_tbs", 1e12))  # HBM bytes/s
+    memory_bytes: float | None = attrs.field(default=None, validator=_in_range("memory_gb", 1e9))
+    fp8_flops: float | None = attrs.field(default=None,  # dense FP8 FLOP/s, where the part has it
+                                          validator=_in_range("fp8_tflops", 1e12))
     source: str = ""
 
     def describe(self) -> str:
@@ -44,7 +79,7 @@ def _number(table: dict, key: str, where: str, required: bool = True) -> float |
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
             math.isfinite(value) and value > 0):
         raise OpgraphError(f"{where}: {key} = {value!r} is not a positive number")
-    return float(value)
+    return check_figure(key, float(value), where)
 
 
 def _parse(part_id: str, table: dict, where: str) -> Hardware:
@@ -65,17 +100,46 @@ def _parse(part_id: str, table: dict, where: str) -> Hardware:
     )
 
 
+def read_small(path: str | Path, what: str, limit: int = CONFIG_MAX_BYTES) -> str:
+    """The text of a small file (a config, a hardware TOML) of at most `limit` bytes, read
+    without reading more: `/dev/zero` or a huge file is one line, not a hang."""
+    path = Path(path)
+    with contextlib.suppress(OSError):
+        if stat.S_ISFIFO(os.stat(path).st_mode):  # opening it would wait for a writer
+            raise OpgraphError(f"{what} {path} is a FIFO; give a file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise OpgraphError(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise OpgraphError(f"{what} {path} is a directory; give a file") from None
+    except OSError as e:
+        raise OpgraphError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise OpgraphError(f"{what} {path} is larger than {limit // 1024:,} KiB; a {what} is a "
+                           "few KiB: is it the right file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OpgraphError(f"{what} {path} is not UTF-8 text") from None
+
+
 def load(path: str | Path) -> dict[str, Hardware]:
     """Every part in a TOML file: `load("my_gpu.toml")["my-gpu"]`."""
     path = Path(path)
+    if not str(path).strip():
+        raise OpgraphError("the hardware file name is empty; give a .toml file or a catalog id")
+    text = read_small(path, "hardware file")
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise OpgraphError(f"hardware file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise OpgraphError(f"cannot read hardware file {path}: {e}") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise OpgraphError(f"hardware file {path} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise OpgraphError(f"hardware file {path} nests too deeply; it is not a "
+                           "hardware file") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise OpgraphError(f"hardware file {path}: {str(e).split(':')[0]}") from None
     if not data:
         raise OpgraphError(f"hardware file {path} defines no part; add a table like "
                            "[my-gpu] with bf16_tflops and bandwidth_tbs")

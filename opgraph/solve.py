@@ -1,4 +1,4 @@
-"""Solve: the smallest value of one dimension at which a condition on the step's costs holds.
+"""Solve: the values of one dimension at which a condition on the step's costs holds.
 
     max_share(step, h100, "optimizer", 0.02)     # tokens per step, whole sequences
     ridge(step, h100, "layers.q_proj")           # tokens at which the op turns compute-bound
@@ -10,7 +10,8 @@ sequence length, quadratic in the sequence length for attention), so `g` is piec
 polynomial: between the breakpoints where some op's two branches cross, every Max is one
 branch. `smallest` walks those pieces in increasing `x` and solves each exactly with sympy
 (`Poly.real_roots`); no bisection, no tolerance. Answers are then checked numerically:
-`max_share` with `evaluate` at the answer and one sequence fewer, `ridge` with the op's own
+`max_share` with `evaluate` at the answer and one step outside each end of the stretch on which
+the condition holds (a share can fall or rise with the dimension: `ShareAnswer.holds`), `ridge` with the op's own
 formulas just above and below the crossing.
 """
 
@@ -98,8 +99,17 @@ def _time(graph: Graph, ops, hardware: Hardware) -> sympy.Expr:
 
 @attrs.frozen
 class ShareAnswer:
-    """The least tokens per step (whole sequences) at which a part of the step is at most
-    `max_share` of its time; `crossing` is where the share equals it (in `dim` units)."""
+    """Where a part of the step is at most `max_share` of its time, in whole sequences per step
+    (dim "tokens", at a fixed seq_len) or whole tokens of sequence length (dim "seq_len").
+
+    A share can fall as the dimension grows (the optimizer's, against tokens) or rise
+    (attention's, against seq_len), so the condition holds on a stretch of values. `holds` says
+    which: "from" (from the answer up, without end), "up_to" (from the smallest value up to the
+    answer) or "between" (from the answer up to `last`); None when it never holds. `tokens`,
+    `seq_len` and `batch` are the answer's point: the stretch's first value, or for "up_to" its
+    last. `crossing` is where the share equals `max_share` at that end, in `dim` units (tokens
+    per step, or seq_len); `again_from` where it holds again after a closed stretch.
+    """
 
     of: str  # the category's id or the op's name
     kind: str  # "category" or "op"
@@ -112,16 +122,50 @@ class ShareAnswer:
     share_one_fewer: float | None  # one sequence fewer (or, for seq_len, one token shorter)
     crossing: float | None
     limit: float | None = None  # the share as the dimension grows without bound
+    holds: str | None = None  # "from", "up_to", "between" or None (never)
+    share_one_more: float | None = None  # just past the stretch's last value, where it closes
+    last: int | None = None  # "between": the stretch's last value, in dim units
+    again_from: int | None = None  # the first value of the next stretch, in dim units
 
     def to_json(self) -> dict:
         return attrs.asdict(self)
 
 
+def _first_whole(g, x, lo: int) -> tuple[int, sympy.Expr] | None:
+    """The least whole `n >= lo` with `g(n) <= 0`, and the real crossing before it."""
+    lo = sympy.Integer(lo)
+    for _ in range(100):  # each pass skips one stretch too short to hold a whole value
+        root = smallest(g, x, lo)
+        if root is None:
+            return None
+        n = max(int(sympy.ceiling(root)), int(lo))
+        if _number(g.subs(x, n)) <= 0:
+            return n, root
+        lo = sympy.Integer(n)
+    return None
+
+
+def _last_whole(g, x, start: int) -> tuple[int, sympy.Expr] | None:
+    """The greatest whole `m >= start` with `g <= 0` at every whole number from `start` to `m`
+    (`g(start) <= 0`), and the real crossing after it; None when there is no such end."""
+    lo = sympy.Integer(start)
+    for _ in range(100):  # each pass skips one excursion too short to hold a whole value
+        root = smallest(-g, x, lo, closed=False)  # the first x > lo at which g >= 0
+        if root is None:
+            return None
+        m = int(sympy.floor(root)) + 1
+        if _number(g.subs(x, m)) > 0:
+            return m - 1, root
+        lo = sympy.Integer(m)
+    return None
+
+
 def max_share(graph: Graph, hardware: Hardware, category: str | None = None, share: float = 0.02,
               *, op: str | None = None, dim: str = "tokens", values: dict | None = None
               ) -> ShareAnswer:
-    """The least batch (dim "tokens", at the given seq_len) or seq_len (at the given batch) at
-    which the selected ops take at most `share` of the step's time."""
+    """Where the selected ops take at most `share` of the step's time: the batch (dim "tokens",
+    at the given seq_len) or the seq_len (at the given batch) from which it holds, or up to
+    which it holds where the share rises (`ShareAnswer.holds`)."""
     if not 0 < share < 1:
         raise OpgraphError(f"--max-share {share}: give a fraction between 0 and 1, e.g. 0.02")
     if dim not in DIMS:
@@ -131,39 +175,40 @@ def max_share(graph: Graph, hardware: Hardware, category: str | None = None, sha
     fixed = _fixed(graph, values, x)
     part = _time(graph, mine, hardware).xreplace(fixed)
     step = _time(graph, graph.ops(), hardware).xreplace(fixed)
-    limit_share = sympy.Rational(repr(share))
-    g = part - limit_share * step
-    lo = sympy.Integer(1)
+    g = part - sympy.Rational(repr(share)) * step
     what, kind = (op, "op") if op else (category, "category")
-    for _ in range(100):  # each pass skips one stretch too short to hold a whole value
-        root = smallest(g, x, lo)
-        if root is None:
-            break
-        n = max(int(sympy.ceiling(root)), 1)
-        if _number(g.subs(x, n)) <= 0:
-            return _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root)
-        lo = sympy.Integer(n)
-    tail = _branches(part / step, x, 10 ** 12)
-    limit = _number(sympy.limit(tail, x, sympy.oo))
-    return ShareAnswer(what, kind, share, dim, None,
-                       int(fixed.get(S, 0)), int(fixed.get(B, 0)), None, None, None, limit)
-
-
-def _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root
-                  ) -> ShareAnswer:
+    seq, batch = int(fixed.get(S, 0)), int(fixed.get(B, 0))
+    first = _first_whole(g, x, 1)
+    if first is None:
+        tail = _branches(part / step, x, 10 ** 12)
+        limit = _number(sympy.limit(tail, x, sympy.oo))
+        return ShareAnswer(what, kind, share, dim, None, seq, batch, None, None, None, limit)
+    start, low = first
+    closes = _last_whole(g, x, start)
+    again = _first_whole(g, x, closes[0] + 1) if closes is not None else None
+    holds = "from" if closes is None else "up_to" if start == 1 else "between"
     names = {o.name for o in mine}
 
     def measured(value: int) -> float:
         p = evaluate(graph, hardware, {x.name: value, **{s.name: int(v) for s, v in fixed.items()}})
         return sum(r.time_s for r in p.ops if r.name in names) / p.step_time_s
 
-    at, fewer = measured(n), (measured(n - 1) if n > 1 else None)
-    if at > share or (fewer is not None and fewer <= share):
-        raise AssertionError(f"solve and evaluate disagree at {x} = {n}: {at} and {fewer}")
-    seq = n if x == S else int(fixed[S])
-    batch = n if x == B else int(fixed[B])
-    crossing = _number(root) * seq if x == B else _number(root)  # in tokens, or in seq_len
-    return ShareAnswer(what, kind, share, dim, batch * seq, seq, batch, at, fewer, crossing)
+    def units(value) -> float:  # x as tokens per step (x is the batch) or as seq_len
+        return value * seq if x == B else value
+
+    n = closes[0] if holds == "up_to" else start
+    at = measured(n)
+    fewer = measured(start - 1) if holds != "up_to" and start > 1 else None
+    more = measured(closes[0] + 1) if closes is not None else None
+    if at > share or (fewer is not None and fewer <= share) or (more is not None
+                                                                and more <= share):
+        raise AssertionError(f"solve and evaluate disagree at {x} = {n}: {fewer}, {at}, {more}")
+    crossing = _number(closes[1] if holds == "up_to" else low)
+    return ShareAnswer(what, kind, share, dim, int(units(n)) * (batch if x == S else 1),
+                       n if x == S else seq, n if x == B else batch, at, fewer,
+                       units(crossing), None, holds, more,
+                       int(units(closes[0])) if holds == "between" else None,
+                       int(units(again[0])) if again is not None else None)
 
 
 @attrs.frozen

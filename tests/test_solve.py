@@ -98,6 +98,7 @@ def test_cli_optimizer_share(cli, step):
                        "--json")
     assert code == 0
     j = json.loads(out)
+    assert j["holds"] == "from"
     n, seq = j["tokens"], j["seq_len"]
     assert seq == 8192 and n % seq == 0 and j["batch"] == n // seq
     assert share(step, H100, "optimizer", B=n // seq) <= 0.02
@@ -126,3 +127,63 @@ def test_cli_bad_input(cli, argv, says):
     code, out, err = cli("solve", *argv)
     assert code == 2 and out == ""
     assert says in err and err.count("\n") == 1
+
+
+def test_a_rising_share_holds_up_to_its_answer(step):
+    """Attention's share rises with seq_len (the issue's figures: 9.6% at 8,192, 18.8% at
+    16,384), so "at most 20%" holds from seq_len 1 up to an answer between those and 32,768."""
+    assert share(step, H100, "attention", B=1, S=8192) == pytest.approx(0.096, abs=0.0005)
+    assert share(step, H100, "attention", B=1, S=16384) == pytest.approx(0.188, abs=0.0005)
+    a = max_share(step, H100, "attention", 0.2, dim="seq_len", values={"B": 1})
+    assert a.holds == "up_to" and a.last is None and a.again_from is None
+    assert 16384 < a.seq_len < 32768 and a.tokens == a.seq_len and a.batch == 1
+    assert share(step, H100, "attention", B=1, S=a.seq_len) <= 0.2
+    assert share(step, H100, "attention", B=1, S=a.seq_len + 1) > 0.2
+    for s in (1, 2, 64, 1000, 8192, a.seq_len - 1):  # it holds all the way up
+        assert share(step, H100, "attention", B=1, S=s) <= 0.2
+    assert a.seq_len <= a.crossing < a.seq_len + 1
+    assert a.share_one_fewer is None
+    assert a.share_one_more == pytest.approx(
+        share(step, H100, "attention", B=1, S=a.seq_len + 1), rel=1e-12)
+
+
+def test_a_falling_share_holds_from_its_answer(step):
+    a = max_share(step, H100, "optimizer", 0.02, dim="seq_len", values={"B": 1})
+    assert a.holds == "from" and a.share_one_more is None
+    assert share(step, H100, "optimizer", B=1, S=a.seq_len) <= 0.02
+    assert share(step, H100, "optimizer", B=1, S=a.seq_len - 1) > 0.02
+    for s in (a.seq_len * 2, a.seq_len * 10, 2**24):  # and keeps holding
+        assert share(step, H100, "optimizer", B=1, S=s) <= 0.02
+
+
+def test_a_share_that_rises_then_falls(step):
+    """Matmuls' share rises with seq_len while the optimizer's fixed cost fades, then falls as
+    attention's quadratic cost takes over: at most 50% holds up to one value and again from
+    a later one."""
+    a = max_share(step, H100, "matmul", 0.5, dim="seq_len", values={"B": 1})
+    assert a.holds == "up_to" and a.again_from is not None and a.again_from > a.seq_len + 1
+    assert share(step, H100, "matmul", B=1, S=a.seq_len) <= 0.5
+    assert share(step, H100, "matmul", B=1, S=a.seq_len + 1) > 0.5
+    assert share(step, H100, "matmul", B=1, S=8192) > 0.5  # between the two stretches
+    assert share(step, H100, "matmul", B=1, S=a.again_from) <= 0.5
+    assert share(step, H100, "matmul", B=1, S=a.again_from - 1) > 0.5
+
+
+def test_cli_says_which_way_it_holds(cli, step):
+    code, out, _ = cli("solve", "--category", "attention", "--max-share", "0.2", "--dim",
+                       "seq_len", "--json")
+    j = json.loads(out)
+    assert code == 0 and j["holds"] == "up_to"
+    assert share(step, H100, "attention", B=1, S=j["seq_len"] + 1) > 0.2
+    code, out, _ = cli("solve", "--category", "attention", "--max-share", "0.2", "--dim",
+                       "seq_len")
+    assert code == 0 and f"up to seq_len {j['seq_len']:,}" in out and "rises" in out
+
+
+def test_a_share_rising_with_tokens(step):
+    """Matmuls' share rises with the batch as the optimizer's fixed cost is spread thinner."""
+    a = max_share(step, H100, "matmul", 0.7)
+    assert a.holds == "up_to" and a.seq_len == 8192 and a.tokens == a.batch * 8192
+    assert share(step, H100, "matmul", B=1) <= share(step, H100, "matmul", B=a.batch) <= 0.7
+    assert share(step, H100, "matmul", B=a.batch + 1) > 0.7
+    assert a.tokens < a.crossing < a.tokens + 8192

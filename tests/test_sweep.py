@@ -91,7 +91,8 @@ def test_whole_sequences_only():
         make_grid({"tokens": np.array([8192]), "seq_len": np.array([8192]),
                    "batch": np.array([1])}, PARTS[:1], 8192)
     with pytest.raises(OpgraphError, match="more than 10,000,000"):
-        make_grid({"tokens": parse_range("8192:49152000000:+8192")}, PARTS, 8192)
+        make_grid({"tokens": parse_range("8192:49152000000:+8192", "--tokens", 2**40)},
+                  PARTS, 8192)
 
 
 def test_cli_csv_rows_equal_evaluate(cli, tmp_path, step):

@@ -10,8 +10,9 @@ from .. import hardware as hw
 from ..errors import OpgraphError
 from ..hardware import Hardware
 from ..ir import Graph
+from ..limits import MAX_DIM, MAX_TOKENS
 from ..pipeline import compile_step
-from .args import positive_float, positive_int
+from .args import positive_float, whole
 
 
 def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None:
@@ -29,9 +30,9 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
     g.add_argument("--bandwidth-tbs", type=positive_float, metavar="TBS",
                    help="override the part's HBM bandwidth, TB/s")
     if tokens:
-        g.add_argument("--tokens", type=positive_int,
+        g.add_argument("--tokens", type=whole(MAX_TOKENS),
                        help="tokens per step, a multiple of --seq-len (default: one sequence)")
-        g.add_argument("--seq-len", type=positive_int,
+        g.add_argument("--seq-len", type=whole(MAX_DIM),
                        help="sequence length (default: the model's, 8192 for Llama 3)")
     g.add_argument("--no-fused-attention", action="store_true",
                    help="keep the attention core unfused: the score matrix goes through HBM")

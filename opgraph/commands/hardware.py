@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from .. import hardware as hw
 from ..hardware import Hardware
+from .args import json_text
 
 
 def register(subparsers) -> None:
@@ -46,7 +45,7 @@ def format_catalog(parts: list[Hardware]) -> str:
 def run(args) -> int:
     parts = list((hw.load(args.file) if args.file else hw.catalog()).values())
     if args.json:
-        print(json.dumps([part_json(p) for p in parts], indent=2))
+        print(json_text([part_json(p) for p in parts]))
     else:
         print(format_catalog(parts))
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from .args import json_text
 
 
 def register(subparsers) -> None:
@@ -49,7 +49,7 @@ def run(args) -> int:
 
     rows = [describe(name) for name in PRESETS]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json_text(rows))
     else:
         print(format_models(rows))
     return 0

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
+from ..outputs.atomic import outputs
 from ..outputs.report import format_profile, memory_warning
+from .args import check_command_outputs, json_text
 from .common import add_model_args, setup
 
 
@@ -27,21 +28,24 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from opgraph.passes.evaluate import evaluate
 
+    check_command_outputs(args, {"--plot": args.plot, "--trace": args.trace},
+                          {"--plot": (".png", ".svg")})
     s = setup(args)
     profile = evaluate(s.step, s.hardware, s.values)
-    if args.plot:
-        from ..outputs.plot import plot_profile
+    with outputs():  # both files or neither
+        if args.plot:
+            from ..outputs.plot import plot_profile
 
-        plot_profile(profile, args.plot)
-    if args.trace:
-        from ..outputs.chrome_trace import write_chrome_trace
+            plot_profile(profile, args.plot)
+        if args.trace:
+            from ..outputs.chrome_trace import write_chrome_trace
 
-        write_chrome_trace(profile, args.trace)
+            write_chrome_trace(profile, args.trace)
     warning = memory_warning(profile)
     if args.json:  # the JSON says it (memory.fits, warnings): stdout and stderr stay parseable
         out = profile.to_json(ops=args.ops)
         out["warnings"] = [warning.removeprefix("opgraph: warning: ")] if warning else []
-        print(json.dumps(out, indent=2))
+        print(json_text(out))
         return 0
     print(format_profile(profile, ops=args.ops))
     if warning:

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import json
-
-from .args import positive_float, positive_int
+from ..limits import MAX_DIM
+from .args import json_text, positive_float, whole
 from .common import add_model_args, setup
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "solve", help="the smallest tokens per step (or seq_len) at which a condition holds",
+        "solve", help="the tokens per step (or seq_len) from which, or up to which, a condition "
+                      "holds",
         description="Solves the step's cost formulas exactly (each op's time is the max of two "
                     "polynomials, so the condition is piecewise polynomial), then checks the "
                     "answer numerically. --max-share X: the fewest whole sequences per step "
                     "(--dim tokens, at --seq-len) or the shortest sequence (--dim seq_len, at "
-                    "--batch) at which the category or op takes at most X of the step's time. "
+                    "--batch) at which the category or op takes at most X of the step's time; where the "
+                    "share rises instead (attention's, with seq_len), the largest value up to "
+                    "which it holds (--json: holds is \"from\" or \"up_to\"). "
                     "--ridge: the tokens per step (or seq_len) above which the op is "
                     "compute-bound.")
     add_model_args(p)
@@ -29,7 +31,7 @@ def register(subparsers) -> None:
                      help="where the op turns from memory- to compute-bound (with --op)")
     p.add_argument("--dim", choices=("tokens", "seq_len"), default="tokens",
                    help="what to solve for (default tokens per step, at the model's seq_len)")
-    p.add_argument("--batch", type=positive_int,
+    p.add_argument("--batch", type=whole(MAX_DIM),
                    help="sequences per step held fixed with --dim seq_len (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -55,14 +57,13 @@ def run(args) -> int:
     head = f"{s.step.name} on {s.hardware.id}"
     if args.ridge:
         answer = ridge(s.step, s.hardware, args.op, dim=args.dim, values=values)
-        print(json.dumps({"model": s.step.name, "hardware": s.hardware.id, **answer.to_json()},
-                         indent=2) if args.json else f"{head}: {_ridge_line(answer, values)}")
+        print(json_text({"model": s.step.name, "hardware": s.hardware.id, **answer.to_json()})
+              if args.json else f"{head}: {_ridge_line(answer, values)}")
         return 0
     answer = max_share(s.step, s.hardware, args.category, args.max_share, op=args.op,
                        dim=args.dim, values=values)
     if args.json:
-        print(json.dumps({"model": s.step.name, "hardware": s.hardware.id, **answer.to_json()},
-                         indent=2))
+        print(json_text({"model": s.step.name, "hardware": s.hardware.id, **answer.to_json()}))
     else:
         print(f"{head}: {_share_line(answer, values)}")
     return 0
@@ -81,15 +82,30 @@ def _share_line(a, values: dict) -> str:
         tends = _pct(a.limit) if a.limit is not None else "more"
         return (f"{what} never drops to {cap} of the step's time {held}: its share tends to "
                 f"{tends} as {grows}")
-    if a.dim == "tokens":
-        fewer = (f"; with one sequence fewer it is {_pct(a.share_one_fewer)}"
-                 if a.share_one_fewer is not None else "")
-        return (f"{what} is at most {cap} of the step's time from {a.tokens:,} tokens per step "
-                f"({a.batch:,} x {a.seq_len:,}): {_pct(a.share)}{fewer}")
-    fewer = (f"; one token shorter it is {_pct(a.share_one_fewer, 6)}"
-             if a.share_one_fewer is not None else "")
-    return (f"{what} is at most {cap} of the step's time from seq_len {a.seq_len:,} "
-            f"(batch {a.batch:,}): {_pct(a.share, 6)}{fewer}")
+    tokens = a.dim == "tokens"
+    digits = 3 if tokens else 6
+    point = (f"{a.tokens:,} tokens per step ({a.batch:,} x {a.seq_len:,})" if tokens
+             else f"seq_len {a.seq_len:,} (batch {a.batch:,})")
+    fewer = (f"; with one sequence fewer it is {_pct(a.share_one_fewer, digits)}" if tokens
+             else f"; one token shorter it is {_pct(a.share_one_fewer, digits)}"
+             ) if a.share_one_fewer is not None else ""
+    more = (f"; with one sequence more it is {_pct(a.share_one_more, digits)}" if tokens
+            else f"; one token longer it is {_pct(a.share_one_more, digits)}"
+            ) if a.share_one_more is not None else ""
+    again = (f"; it holds again from {a.again_from:,}" + (" tokens per step" if tokens else "")
+             if a.again_from is not None else "")
+    unit = " tokens per step" if tokens else ""
+    if a.holds == "up_to":
+        grows = "tokens per step" if tokens else "seq_len"
+        return (f"{what} is at most {cap} of the step's time up to {point}: "
+                f"{_pct(a.share, digits)}{more}; its share rises with {grows}, through {cap} "
+                f"at {a.crossing:,.1f}{unit}{again}")
+    if a.holds == "between":
+        return (f"{what} is at most {cap} of the step's time from {point} up to "
+                f"{'seq_len ' if not tokens else ''}{a.last:,}{unit}: "
+                f"{_pct(a.share, digits)}{fewer}{more}{again}")
+    return (f"{what} is at most {cap} of the step's time from {point}: "
+            f"{_pct(a.share, digits)}{fewer}")
 
 
 def _ridge_line(a, values: dict) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_args, load_forward, load_hardware
+from ..outputs.atomic import outputs
+from .args import check_command_outputs, positive_int
+from .common import add_model_args, load_forward, load_hardware, token_values
 
 
 def register(subparsers) -> None:
@@ -31,9 +33,15 @@ def register(subparsers) -> None:
     p.add_argument("--plot", metavar="FILE",
                    help="draw the category shares (stacked) and the MFU ceiling against the "
                         "swept dimension to a .png or .svg (sweep one dimension, one part)")
-    p.add_argument("--rows", type=int, default=20, metavar="N",
+    p.add_argument("--rows", type=positive_int, default=20, metavar="N",
                    help="rows the printed table shows at most (default 20: first and last ten)")
     p.set_defaults(func=run)
+
+
+def _bound(axis: str) -> int:
+    from ..limits import MAX_DIM, MAX_TOKENS
+
+    return MAX_TOKENS if axis == "tokens" else MAX_DIM
 
 
 def _ranges(args, dims: list[str]) -> dict:
@@ -44,7 +52,7 @@ def _ranges(args, dims: list[str]) -> dict:
     for axis in ("tokens", "seq_len", "batch"):
         text = getattr(args, f"{axis}_range")
         if text is not None:
-            ranges[axis] = parse_range(text, f"--{axis.replace('_', '-')}")
+            ranges[axis] = parse_range(text, f"--{axis.replace('_', '-')}", _bound(axis))
     aliases = {"B": "batch", "S": "seq_len", "tokens": "tokens", "seq_len": "seq_len",
                "batch": "batch"}
     for item in args.dim:
@@ -57,7 +65,7 @@ def _ranges(args, dims: list[str]) -> dict:
                                f"seq_len, batch or one of {', '.join(sorted(dims))}")
         if axis in ranges:
             raise OpgraphError(f"--dim {item}: {axis} is given twice")
-        ranges[axis] = parse_range(text, f"--dim {name}")
+        ranges[axis] = parse_range(text, f"--dim {name}", _bound(axis))
     return ranges
 
 
@@ -66,10 +74,8 @@ def run(args) -> int:
     from ..pipeline import compile_step
     from ..sweep import compile_sweep, make_grid, write
 
-    if args.rows <= 0:
-        raise OpgraphError(f"--rows {args.rows}: give a positive number")
-    if args.out and not args.out.lower().endswith((".csv", ".json")):
-        raise OpgraphError(f"--out {args.out}: write a .csv or a .json file")
+    check_command_outputs(args, {"--plot": args.plot, "--out": args.out},
+                          {"--plot": (".png", ".svg"), "--out": (".csv", ".json")})
     forward = load_forward(args)
     parts = [load_hardware(argparse.Namespace(**{**vars(args), "hardware": part.strip()}))
              for part in args.hardware.split(",") if part.strip()]
@@ -81,16 +87,27 @@ def run(args) -> int:
     if not seq_len and "seq_len" not in ranges and not {"tokens", "batch"} <= set(ranges):
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
     grid = make_grid(ranges, parts, seq_len)
+    token_values(forward, None, _longest(ranges, seq_len))  # within the model's positions
     step = compile_step(forward, fused_attention=not args.no_fused_attention,
                         backward_traffic=args.backward_traffic)
     extra = [a for a in ranges if a not in ("tokens", "seq_len", "batch")]
     sweep = compile_sweep(step, free=("B", "S", *extra))
-    if args.plot:
-        _plot(sweep, grid, args.plot)
-    if args.out:
-        write(sweep, grid, args.out)
+    with outputs():  # both files or neither
+        if args.plot:
+            _plot(sweep, grid, args.plot)
+        if args.out:
+            write(sweep, grid, args.out)
     print(_table(sweep, grid, args.rows, args.out))
     return 0
+
+
+def _longest(ranges: dict, seq_len: int) -> int:
+    """The longest sequence the sweep asks for."""
+    if "seq_len" in ranges:
+        return int(ranges["seq_len"].max())
+    if "tokens" in ranges and "batch" in ranges:
+        return max(int(ranges["tokens"].max()) // int(ranges["batch"].min()), 1)
+    return seq_len
 
 
 def _plot(sweep, grid, path: str) -> None:

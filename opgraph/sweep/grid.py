@@ -9,6 +9,7 @@ import attrs
 import numpy as np
 
 from ..errors import OpgraphError
+from ..limits import MAX_TOKENS
 from .compiled import CHUNK, Sweep
 from .ranges import MAX_POINTS
 
@@ -67,6 +68,13 @@ def make_grid(ranges: dict[str, np.ndarray], hardware: list, seq_len: int) -> Gr
     axes += [(a, ranges[a]) for a in SHAPE_AXES if a in ranges]
     axes += [(a, v) for a, v in ranges.items() if a not in SHAPE_AXES]
     grid = Grid(tuple(axes), tuple(hardware), seq_len)
+    if "tokens" not in ranges:  # batch x seq_len must stay within the bound (and int64)
+        most = (int(ranges["batch"].max()) if "batch" in ranges else 1) * (
+            int(ranges["seq_len"].max()) if "seq_len" in ranges else seq_len)
+        if most > MAX_TOKENS:
+            raise OpgraphError(f"the sweep reaches {most:,} tokens per step (batch x seq_len), "
+                               f"more than opgraph's bound of {MAX_TOKENS:,} (2**40); give "
+                               "smaller values")
     if len(grid) > MAX_POINTS:
         sizes = " x ".join(f"{len(v):,} {name}" for name, v in axes if len(v) > 1)
         raise OpgraphError(f"the sweep has {len(grid):,} points ({sizes}), more than "

@@ -1,0 +1,38 @@
+"""Upper bounds on the sizes a user may ask for, checked wherever a number comes in.
+
+Every figure of a profile is computed in float64 (and a sweep's axes in int64), so a dimension
+or a count must stay far from where those overflow or wrap: with every dimension at most
+MAX_DIM (2**30, about a billion), tokens per step at most MAX_TOKENS (2**40, about 1.1 trillion)
+and the hardware within `opgraph.hardware`'s ranges, the largest FLOP count, byte count and time
+stay below 1e60, and batch x seq_len below 2**63. The bounds are far above any real model
+(Llama 3 405B: D = 16,384, L = 126, vocabulary 128,256).
+
+    check_whole(8192, "--seq-len", MAX_DIM)      # 8192, or one OpgraphError line
+"""
+
+from __future__ import annotations
+
+from .errors import OpgraphError
+
+MAX_DIM = 2**30  # any model dimension: d_model, layers, heads, vocabulary, seq_len, batch
+MAX_TOKENS = 2**40  # tokens per step (batch x seq_len)
+MAX_COUNT = 2**40  # other counts: --steps, --rows
+MAX_DIGITS = 20  # a whole number written with more digits than this is beyond every bound
+CONFIG_MAX_BYTES = 1 << 20  # a config.json, a hardware TOML: a few KiB in practice
+
+
+def check_whole(value: int, what: str, maximum: int) -> int:
+    """`value` if it is a whole number from 1 to `maximum`, else one line saying the bound."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OpgraphError(f"{what} {value!r} is not a whole number")
+    if value <= 0:
+        raise OpgraphError(f"{what} {value} is not positive")
+    if value > maximum:
+        shown = (f"{value:,}" if value < 10**MAX_DIGITS
+                 else f"(a number of about {int(value.bit_length() * 0.30103) + 1:,} digits)")
+        raise OpgraphError(f"{what} {shown} is more than opgraph's bound of {maximum:,} "
+                           f"(2**{maximum.bit_length() - 1}); give a smaller value")
+    return value
+
+
+__all__ = ["CONFIG_MAX_BYTES", "MAX_COUNT", "MAX_DIGITS", "MAX_DIM", "MAX_TOKENS", "check_whole"]
