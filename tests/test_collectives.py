@@ -1,10 +1,13 @@
 """Collective costs as formulas: bytes per GPU, latency steps, time on a tier, backward pairs."""
 
+import re
+from pathlib import Path
+
 import pytest
 import sympy
 
 from opgraph import collectives as col
-from opgraph.cluster import Tier, get
+from opgraph.cluster import Tier, catalog, get
 from opgraph.errors import OpgraphError
 
 n, M, alpha, W = col.n, col.M, col.alpha, col.W
@@ -125,3 +128,27 @@ def test_bus_bandwidth_numbers():
 def test_unknown_kind():
     with pytest.raises(OpgraphError, match="unknown collective 'allreduce'; choose one of"):
         col.time("allreduce")
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "collectives.md"
+
+
+def test_the_docs_code_runs_and_its_toml_loads(tmp_path):
+    text = DOC.read_text()
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", text, re.DOTALL)):
+        exec(compile(code, f"{DOC.name} block {i + 1}", "exec"), {})  # noqa: S102 our own doc
+    (toml,) = re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
+    path = tmp_path / "my_cluster.toml"
+    path.write_text(toml)
+    assert get(str(path)).tiers[1].bandwidth == 100e9  # 800 Gb/s
+
+
+def test_the_docs_catalog_table_lists_every_cluster():
+    rows = {line.split("|")[1].strip(): line for line in DOC.read_text().splitlines()
+            if line.startswith("| ") and "GB/s" in line}
+    assert set(rows) == set(catalog())
+    for cid, c in catalog().items():
+        node, network = c.tiers
+        assert f"| {c.gpus_per_node} |" in rows[cid]
+        assert f"{node.bandwidth / 1e9:g} GB/s" in rows[cid]
+        assert f"{network.bandwidth / 1e9:g} GB/s" in rows[cid]
