@@ -22,6 +22,7 @@ import tomllib
 from pathlib import Path
 
 import attrs
+import sympy
 
 from .errors import OpgraphError
 
@@ -78,17 +79,27 @@ class Cluster:
         """The slowest tier a group spans, with the bandwidth the group can use of it.
 
         `get("dgx-h100").tier_for(2, 8)` is the network: two GPUs eight ranks apart sit in two
-        nodes. On a mesh tier a group of k GPUs has k-1 of the node's gpus_per_node-1 links.
+        nodes. On a mesh node a group of k GPUs has k-1 of the node's gpus_per_node-1 links.
         """
         if self.spans_nodes(group_size, stride):
             return self.tiers[1]
         tier = self.tiers[0]
-        if tier.topology == "mesh" and self.gpus_per_node > 1:
-            links = max(group_size - 1, 1)
-            share = links / (self.gpus_per_node - 1)
-            return attrs.evolve(tier, bandwidth=tier.bandwidth * share,
-                                name=f"{tier.name}: {links} of {self.gpus_per_node - 1} links")
+        if tier.topology == "mesh" and group_size > 1:
+            return attrs.evolve(tier, bandwidth=float(tier.bandwidth * self.node_share(group_size)),
+                                name=f"{tier.name}: {group_size - 1} of "
+                                     f"{self.gpus_per_node - 1} links")
         return tier
+
+    def node_share(self, group_size):
+        """The fraction of tier 0's bandwidth a group of that many GPUs in one node can use.
+
+        1 through a switch; (k-1)/(gpus_per_node-1) on a mesh, where each GPU has one link to
+        each other GPU of the node and a group of k reaches only k-1 of them. `group_size` may
+        be a sympy expression: `get("mi300x").node_share(t) == (t - 1)/7`.
+        """
+        if self.tiers[0].topology != "mesh":
+            return 1
+        return (group_size - 1) / sympy.Integer(self.gpus_per_node - 1)
 
     def describe(self) -> str:
         node, net = self.tiers

@@ -156,6 +156,27 @@ def seconds_on(kind: str, size_bytes: float, group_size: int, tier: Tier) -> flo
     return float(time(kind, size_bytes, group_size, tier.latency_s, tier.bandwidth))
 
 
+def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr:
+    """Time on a cluster as a formula, the tier chosen by `Cluster.tier_for`'s rule.
+
+    With a symbolic group size or stride (a parallel degree a sweep varies) the answer is a
+    Piecewise: the node's alpha and bandwidth while n*stride fits a node evenly, the network's
+    otherwise: `on_cluster("all-gather", M, t, get("dgx-h100"))` is NVLink's
+    (t-1)*0.6e-6 + (t-1)/t*M/450e9 where (t <= 8) & Eq(Mod(8, t), 0), the network's beyond.
+    """
+    if isinstance(group, int) and isinstance(stride, int):
+        tier = cluster.tier_for(group, stride)
+        return time(kind, size, group, tier.latency_s, tier.bandwidth)
+    node, network = cluster.tiers
+    span = _sym(group) * _sym(stride)
+    gpus = sympy.Integer(cluster.gpus_per_node)
+    inside = sympy.And(span <= gpus, sympy.Eq(sympy.Mod(gpus, span), 0))
+    node_bandwidth = node.bandwidth * cluster.node_share(_sym(group))
+    return sympy.Piecewise(
+        (time(kind, size, group, node.latency_s, node_bandwidth), inside),
+        (time(kind, size, group, network.latency_s, network.bandwidth), True))
+
+
 def seconds(kind: str, size_bytes: float, group_size: int, cluster: Cluster,
             stride: int = 1) -> float:
     """Seconds of one collective on a cluster, limited by the slowest tier the group spans.
@@ -163,10 +184,8 @@ def seconds(kind: str, size_bytes: float, group_size: int, cluster: Cluster,
     `seconds("all-reduce", 2**30, 8, get("dgx-h100"))` is about 4.2 ms: 14 steps of 0.6 us and
     1.75 GiB over 450 GB/s. `stride` is how many ranks apart the members are (`Cluster.tier_for`).
     """
-    tier = cluster.tier_for(group_size, stride)
-    if group_size == 1:
-        return 0.0  # a group of one moves nothing (send-recv needs a pair)
-    return seconds_on(kind, size_bytes, group_size, tier)
+    value = on_cluster(kind, size_bytes, group_size, cluster, stride)
+    return 0.0 if group_size == 1 else float(value)  # a group of one moves nothing
 
 
 def bus_bandwidth(kind: str, algorithm_bandwidth, group=n):

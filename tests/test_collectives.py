@@ -152,3 +152,37 @@ def test_the_docs_catalog_table_lists_every_cluster():
         assert f"| {c.gpus_per_node} |" in rows[cid]
         assert f"{node.bandwidth / 1e9:g} GB/s" in rows[cid]
         assert f"{network.bandwidth / 1e9:g} GB/s" in rows[cid]
+
+
+def test_on_cluster_with_a_symbolic_degree_picks_the_tier_per_value():
+    t = sympy.Symbol("t", positive=True, integer=True)  # a TP degree a sweep varies
+    c = get("dgx-h100")
+    formula = col.on_cluster("all-gather", M, t, c)
+    assert isinstance(formula, sympy.Piecewise)
+    nvlink = col.time("all-gather", M, t, 0.6e-6, 450e9)
+    ib = col.time("all-gather", M, t, 2.7e-6, 50e9)
+    for value, expected in ((2, nvlink), (8, nvlink), (3, ib), (16, ib)):
+        assert sympy.simplify(formula.subs(t, value) - expected.subs(t, value)) == 0
+    # a stride symbol too: DP of degree t outside TP 4 stays in the node only for t <= 2
+    d = sympy.Symbol("d", positive=True, integer=True)
+    dp = col.on_cluster("all-reduce", 2**30, t, c, stride=d)
+    for tv, dv in ((2, 4), (4, 2), (2, 8)):
+        assert float(dp.subs({t: tv, d: dv})) == pytest.approx(
+            col.seconds("all-reduce", 2**30, tv, c, stride=dv))
+    # lambdify (as sweeps do) gives the same numbers
+    f = sympy.lambdify([t], col.on_cluster("all-reduce", 2**30, t, c))
+    for tv in (2, 3, 4, 8, 16):
+        assert f(tv) == pytest.approx(col.seconds("all-reduce", 2**30, tv, c))
+
+
+def test_mesh_bandwidth_in_formulas_and_numbers():
+    t = sympy.Symbol("t", positive=True, integer=True)
+    c = get("mi300x")
+    assert sympy.simplify(c.node_share(t) - (t - 1) / 7) == 0
+    link = 64e9  # one Infinity Fabric link, one direction
+    for k in (2, 4, 8):
+        expected = 2 * (k - 1) * 0.6e-6 + 2 * (k - 1) / k * 1e9 / ((k - 1) * link)
+        assert col.seconds("all-reduce", 1e9, k, c) == pytest.approx(expected)
+        assert float(col.on_cluster("all-reduce", 1e9, t, c).subs(t, k)) == pytest.approx(
+            expected)
+        assert isinstance(c.tier_for(k, 1).bandwidth, float)
