@@ -160,9 +160,10 @@ def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr
     """Time on a cluster as a formula, the tier chosen by `Cluster.tier_for`'s rule.
 
     With a symbolic group size or stride (a parallel degree a sweep varies) the answer is a
-    Piecewise: the node's alpha and bandwidth while n*stride fits a node evenly, the network's
-    otherwise: `on_cluster("all-gather", M, t, get("dgx-h100"))` is NVLink's
-    (t-1)*0.6e-6 + (t-1)/t*M/450e9 where (t <= 8) & Eq(Mod(8, t), 0), the network's beyond.
+    Piecewise: 0 for a group of one, the node's alpha and bandwidth while n*stride fits a node
+    evenly, the network's otherwise. `on_cluster("all-gather", M, t, get("dgx-h100"))` is
+    NVLink's (t-1)*0.6e-6 + (t-1)/t*M/450e9 where (t <= 8) & Eq(Mod(8, t), 0), then the
+    network's.
     """
     if isinstance(group, int) and isinstance(stride, int):
         tier = cluster.tier_for(group, stride)
@@ -173,6 +174,7 @@ def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr
     inside = sympy.And(span <= gpus, sympy.Eq(sympy.Mod(gpus, span), 0))
     node_bandwidth = node.bandwidth * cluster.node_share(_sym(group))
     return sympy.Piecewise(
+        (0, sympy.Eq(_sym(group), 1)),  # a degree of 1 moves nothing, on any tier
         (time(kind, size, group, node.latency_s, node_bandwidth), inside),
         (time(kind, size, group, network.latency_s, network.bandwidth), True))
 

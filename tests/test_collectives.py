@@ -180,6 +180,7 @@ def test_mesh_bandwidth_in_formulas_and_numbers():
     c = get("mi300x")
     assert sympy.simplify(c.node_share(t) - (t - 1) / 7) == 0
     link = 64e9  # one Infinity Fabric link, one direction
+    assert col.on_cluster("all-reduce", 1e9, t, c).subs(t, 1) == 0  # degree 1: no traffic
     for k in (2, 4, 8):
         expected = 2 * (k - 1) * 0.6e-6 + 2 * (k - 1) / k * 1e9 / ((k - 1) * link)
         assert col.seconds("all-reduce", 1e9, k, c) == pytest.approx(expected)
