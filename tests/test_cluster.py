@@ -67,6 +67,9 @@ def test_a_users_hardware_without_a_cluster(tmp_path):
     assert part.cluster is None
     with pytest.raises(OpgraphError, match="names no cluster"):
         cluster.for_hardware(part)
+    path.write_text('bf16_tflops = 100\nbandwidth_tbs = 1\ncluster = "dgx-h1000"\n')
+    with pytest.raises(OpgraphError, match="unknown cluster 'dgx-h1000'"):
+        cluster.for_hardware(hardware.get(str(path)))
     path.write_text("bf16_tflops = 100\nbandwidth_tbs = 1\ncluster = 8\n")
     with pytest.raises(OpgraphError, match="must name a cluster"):
         hardware.get(str(path))
