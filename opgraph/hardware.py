@@ -64,6 +64,7 @@ class Hardware:
     fp8_flops: float | None = attrs.field(default=None,  # dense FP8 FLOP/s, where the part has it
                                           validator=_in_range("fp8_tflops", 1e12))
     source: str = ""
+    cluster: str | None = None  # id of the default cluster in cluster.toml (or a .toml path)
 
     def describe(self) -> str:
         return (f"{self.name} ({self.peak_flops / 1e12:g} TFLOP/s BF16 dense, "
@@ -82,6 +83,14 @@ def _number(table: dict, key: str, where: str, required: bool = True) -> float |
     return check_figure(key, float(value), where)
 
 
+def _cluster_id(table: dict, where: str) -> str | None:
+    value = table.get("cluster")
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise OpgraphError(f"{where}: cluster = {value!r} must name a cluster, "
+                           'such as cluster = "dgx-h100"')
+    return value
+
+
 def _parse(part_id: str, table: dict, where: str) -> Hardware:
     if not isinstance(table, dict):
         raise OpgraphError(f"{where}: [{part_id}] must be a table of fields such as "
@@ -97,6 +106,7 @@ def _parse(part_id: str, table: dict, where: str) -> Hardware:
         memory_bytes=memory * 1e9 if memory else None,
         fp8_flops=fp8 * 1e12 if fp8 else None,
         source=str(table.get("source", "")),
+        cluster=_cluster_id(table, where),
     )
 
 

@@ -1,0 +1,245 @@
+"""Clusters as data: how many GPUs share a node and how fast the two tiers between them are.
+
+The catalog is `cluster.toml` beside this file; a user's own cluster is a TOML file of the same
+form. A cluster has two tiers, each with a bandwidth per GPU per direction and a per-step latency:
+
+- tier 0, `node`: the intra-node fabric (NVLink through NVSwitch, Infinity Fabric, PCIe);
+- tier 1, `network`: the scale-out network (one NIC per GPU on the catalog's machines).
+
+Which tier a group of GPUs talks over follows from where its members sit in rank order. As
+Megatron-LM orders ranks, tensor parallelism is innermost (its groups are consecutive ranks), then
+context parallelism, then pipeline and data parallelism: a group of `n` GPUs whose members are
+`stride` ranks apart (stride = the product of the degrees inside it) covers `n * stride`
+consecutive ranks. It stays inside a node iff `n * stride <= gpus_per_node` and the node holds a
+whole number of such spans (otherwise some groups straddle two nodes, and a collective is as slow
+as its slowest group); any other group crosses the network, the slowest tier it spans.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+
+import attrs
+import sympy
+
+from .errors import OpgraphError
+
+CATALOG = Path(__file__).with_name("cluster.toml")
+MAX_FILE_BYTES = 1 << 20  # a cluster file is a few tables; anything bigger is not one
+MAX_GPUS_PER_NODE = 1024  # an NVL576 rack is the largest NVLink domain sold
+MAX_GBYTES_PER_S = 1e5  # 100 TB/s per GPU per direction: 50x NVLink 5
+MAX_LATENCY_US = 1e4  # 10 ms per step would be a broken network, not a slow one
+
+_CLUSTER_KEYS = {"name", "gpus_per_node", "source", "node", "network"}
+_TIER_KEYS = {"name", "gbytes_per_s", "gbits_per_s", "latency_us", "topology", "source"}
+TIER_NAMES = ("node", "network")  # tier 0, tier 1
+TOPOLOGIES = ("switch", "mesh")
+
+
+@attrs.frozen
+class Tier:
+    """One level of the fabric: `Tier("NVLink 4", bandwidth=450e9, latency_s=0.6e-6)`.
+
+    `bandwidth` is bytes/s per GPU per direction; `latency_s` is the alpha of one ring step.
+    `topology` is "switch" (every GPU reaches any other at the full bandwidth) or "mesh" (each
+    GPU has one direct link to every other in the node, so a group of k GPUs uses k-1 of them).
+    """
+
+    name: str
+    bandwidth: float
+    latency_s: float
+    source: str = ""
+    topology: str = "switch"
+
+
+@attrs.frozen
+class Cluster:
+    """GPUs per node and the tiers that link them, tier 0 first.
+
+    `get("dgx-h100").tier_for(8, 1).bandwidth == 450e9`
+    """
+
+    id: str
+    name: str
+    gpus_per_node: int
+    tiers: tuple[Tier, ...] = attrs.field(converter=tuple)
+    source: str = ""
+
+    def spans_nodes(self, group_size: int, stride: int = 1) -> bool:
+        """Whether a group of `group_size` GPUs, `stride` ranks apart, leaves a node."""
+        _check_group(group_size, stride)
+        if group_size == 1:
+            return False
+        span = group_size * stride
+        return span > self.gpus_per_node or self.gpus_per_node % span != 0
+
+    def tier_for(self, group_size: int, stride: int = 1) -> Tier:
+        """The slowest tier a group spans, with the bandwidth the group can use of it.
+
+        `get("dgx-h100").tier_for(2, 8)` is the network: two GPUs eight ranks apart sit in two
+        nodes. On a mesh node a group of k GPUs has k-1 of the node's gpus_per_node-1 links.
+        """
+        if self.spans_nodes(group_size, stride):
+            return self.tiers[1]
+        tier = self.tiers[0]
+        if tier.topology == "mesh" and group_size > 1:
+            return attrs.evolve(tier, bandwidth=float(tier.bandwidth * self.node_share(group_size)),
+                                name=f"{tier.name}: {group_size - 1} of "
+                                     f"{self.gpus_per_node - 1} links")
+        return tier
+
+    def node_share(self, group_size):
+        """The fraction of tier 0's bandwidth a group of that many GPUs in one node can use.
+
+        1 through a switch; (k-1)/(gpus_per_node-1) on a mesh, where each GPU has one link to
+        each other GPU of the node and a group of k reaches only k-1 of them. `group_size` may
+        be a sympy expression: `get("mi300x").node_share(t) == (t - 1)/7`.
+        """
+        if self.tiers[0].topology != "mesh":
+            return 1
+        return (group_size - 1) / sympy.Integer(self.gpus_per_node - 1)
+
+    def describe(self) -> str:
+        node, net = self.tiers
+        return (f"{self.name}: {self.gpus_per_node} GPUs per node, "
+                f"{node.bandwidth / 1e9:g} GB/s per GPU per direction in a node, "
+                f"{net.bandwidth / 1e9:g} GB/s across nodes")
+
+
+def _check_group(group_size: int, stride: int) -> None:
+    for label, value in (("group size", group_size), ("stride", stride)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise OpgraphError(f"{label} {value!r} must be a whole number of GPUs, 1 or more")
+
+
+def _unknown(table: dict, allowed: set[str], where: str) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise OpgraphError(f"{where}: unknown key {extra[0]!r}; the keys are "
+                           f"{', '.join(sorted(allowed))}")
+
+
+def _positive(table: dict, key: str, where: str, top: float) -> float:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and 0 < value <= top):
+        raise OpgraphError(f"{where}: {key} = {value!r} must be a number above 0 and at most "
+                           f"{top:g}")
+    return float(value)
+
+
+def _text(table: dict, key: str, where: str, default: str) -> str:
+    value = table.get(key, default)
+    if not isinstance(value, str):
+        raise OpgraphError(f"{where}: {key} = {value!r} must be a quoted string")
+    return value
+
+
+def _parse_tier(table: object, where: str, role: str) -> Tier:
+    if not isinstance(table, dict):
+        raise OpgraphError(f"{where} must be a table with gbytes_per_s (or gbits_per_s) and "
+                           "latency_us")
+    _unknown(table, _TIER_KEYS, where)
+    given = [k for k in ("gbytes_per_s", "gbits_per_s") if k in table]
+    if len(given) != 1:
+        raise OpgraphError(f"{where}: give the bandwidth per GPU per direction once, as "
+                           "gbytes_per_s (GB/s) or gbits_per_s (Gb/s)"
+                           + (", not both" if given else ""))
+    if given[0] == "gbytes_per_s":
+        bandwidth = _positive(table, "gbytes_per_s", where, MAX_GBYTES_PER_S) * 1e9
+    else:
+        bandwidth = _positive(table, "gbits_per_s", where, MAX_GBYTES_PER_S * 8) * 1e9 / 8
+    if "latency_us" not in table:
+        raise OpgraphError(f"{where}: missing latency_us, the time of one ring step in "
+                           "microseconds")
+    topology = _text(table, "topology", where, "switch")
+    if topology not in TOPOLOGIES:
+        raise OpgraphError(f"{where}: topology = {topology!r}; choose one of: "
+                           f"{', '.join(TOPOLOGIES)}")
+    return Tier(name=_text(table, "name", where, role),
+                bandwidth=bandwidth,
+                latency_s=_positive(table, "latency_us", where, MAX_LATENCY_US) * 1e-6,
+                source=_text(table, "source", where, ""), topology=topology)
+
+
+def _parse(cluster_id: str, table: object, where: str) -> Cluster:
+    if not isinstance(table, dict):
+        raise OpgraphError(f"{where}: [{cluster_id}] must be a table with gpus_per_node, "
+                           f"[{cluster_id}.node] and [{cluster_id}.network]")
+    where = f"{where} [{cluster_id}]"
+    _unknown(table, _CLUSTER_KEYS, where)
+    for key in ("gpus_per_node", *TIER_NAMES):
+        if key not in table:
+            raise OpgraphError(f"{where}: missing {key}; a cluster needs gpus_per_node and the "
+                               "tables node and network")
+    gpus = table["gpus_per_node"]
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS_PER_NODE:
+        raise OpgraphError(f"{where}: gpus_per_node = {gpus!r} must be a whole number from 1 "
+                           f"to {MAX_GPUS_PER_NODE}")
+    tiers = tuple(_parse_tier(table[name], f"{where[:-1]}.{name}]", name) for name in TIER_NAMES)
+    if tiers[0].topology == "mesh" and gpus < 2:
+        raise OpgraphError(f"{where}: a mesh node needs 2 or more GPUs")
+    if tiers[1].topology != "switch":
+        raise OpgraphError(f"{where[:-1]}.network]: topology must be switch; a mesh describes "
+                           "the links inside one node")
+    return Cluster(id=cluster_id, name=_text(table, "name", where, cluster_id), gpus_per_node=gpus,
+                   tiers=tiers, source=_text(table, "source", where, ""))
+
+
+def load(path: str | Path) -> dict[str, Cluster]:
+    """Every cluster in a TOML file: `load("my_cluster.toml")["my-cluster"]`.
+
+    A file with a single cluster may leave out the enclosing table: then its keys are
+    gpus_per_node, [node] and [network], and its id is the file's stem.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise OpgraphError(f"cluster file {path} is {size:,} bytes; a cluster file is at most "
+                               f"{MAX_FILE_BYTES:,}")
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise OpgraphError(f"cluster file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise OpgraphError(f"cannot read cluster file {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise OpgraphError(f"cluster file {path} is not valid TOML: {e}") from None
+    if not data:
+        raise OpgraphError(f"cluster file {path} defines no cluster; add a table like "
+                           "[my-cluster] with gpus_per_node, [my-cluster.node] and "
+                           "[my-cluster.network]")
+    if "gpus_per_node" in data:  # one cluster, written without an enclosing table
+        data = {path.stem: data}
+    return {cid: _parse(cid, table, str(path)) for cid, table in data.items()}
+
+
+def catalog() -> dict[str, Cluster]:
+    """The clusters that ship with opgraph, by id."""
+    return load(CATALOG)
+
+
+def get(name_or_path: str) -> Cluster:
+    """A catalog cluster by id (`get("dgx-h100")`), or the single cluster in a TOML file."""
+    if name_or_path.endswith(".toml") or "/" in name_or_path:
+        clusters = load(name_or_path)
+        if len(clusters) != 1:
+            raise OpgraphError(f"cluster file {name_or_path} defines {len(clusters)} clusters; "
+                               "keep one table in it")
+        return next(iter(clusters.values()))
+    clusters = catalog()
+    try:
+        return clusters[name_or_path]
+    except KeyError:
+        raise OpgraphError(f"unknown cluster {name_or_path!r}; choose one of: "
+                           f"{', '.join(clusters)}, or give a .toml file") from None
+
+
+def for_hardware(part) -> Cluster:
+    """The default cluster a hardware part names: `for_hardware(hardware.get("h200"))`."""
+    if not part.cluster:
+        raise OpgraphError(f"hardware {part.id!r} names no cluster; add cluster = \"dgx-h100\" "
+                           "(or another catalog id) to its table, or give the cluster")
+    return get(part.cluster)

@@ -1,0 +1,181 @@
+"""The cluster catalog against its datasheets, the tier rule, and users' own cluster files."""
+
+import pytest
+
+from opgraph import cluster, hardware
+from opgraph.errors import OpgraphError
+
+GB = 1e9  # GB/s = 1e9 bytes/s
+GBIT = 1e9 / 8  # Gb/s = 1e9 bits/s, as NICs are sold: 400 Gb/s = 50e9 bytes/s
+
+# Datasheet figures, per GPU. NVIDIA prints NVLink as the sum of both directions; the catalog stores
+# one direction. id: (GPUs per node, NVLink bidirectional GB/s per GPU, NIC Gb/s per GPU)
+DATASHEETS = {
+    "dgx-a100": (8, 600, 200),  # DGX A100: NVLink 3 600 GB/s, 8 x ConnectX-6 HDR 200 Gb/s
+    "dgx-h100": (8, 900, 400),  # DGX H100: NVLink 4 900 GB/s, 8 x ConnectX-7 NDR 400 Gb/s
+    "dgx-h200": (8, 900, 400),  # DGX H200: the DGX H100 fabric
+    "dgx-b200": (8, 14400 / 8, 400),  # DGX B200: NVLink 5 14.4 TB/s over 8 GPUs, 8 x 400 Gb/s
+    "mi300x": (8, 7 * 128, 400),  # MI300X: 7 Infinity Fabric links x 128 GB/s bidirectional
+}
+
+
+@pytest.mark.parametrize("cluster_id", sorted(DATASHEETS))
+def test_catalog_stores_datasheet_figures_per_direction(cluster_id):
+    gpus, nvlink_bidirectional, nic_gbits = DATASHEETS[cluster_id]
+    c = cluster.get(cluster_id)
+    node, network = c.tiers
+    assert c.gpus_per_node == gpus
+    assert node.bandwidth == pytest.approx(nvlink_bidirectional / 2 * GB)
+    assert network.bandwidth == pytest.approx(nic_gbits * GBIT)
+    assert "datasheet" in node.source and "datasheet" in c.source
+
+
+def test_nic_conversion_in_bytes():
+    assert cluster.get("dgx-h100").tiers[1].bandwidth == 50e9  # 400 Gb/s / 8 bits
+    assert cluster.get("dgx-a100").tiers[1].bandwidth == 25e9  # 200 Gb/s / 8 bits
+
+
+def test_pcie_tiers_follow_the_pcie_spec():
+    # 16 lanes x GT/s x 128/130 encoding / 8 bits per byte, one direction
+    assert cluster.get("pcie-gen5").tiers[0].bandwidth == pytest.approx(
+        16 * 32e9 * 128 / 130 / 8, rel=2e-3)
+    assert cluster.get("pcie-gen4").tiers[0].bandwidth == pytest.approx(
+        16 * 16e9 * 128 / 130 / 8, rel=2e-3)
+
+
+def test_latencies_are_microseconds_and_network_is_slower():
+    for c in cluster.catalog().values():
+        node, network = c.tiers
+        assert 0 < node.latency_s <= network.latency_s < 1e-4
+        assert network.bandwidth < node.bandwidth or c.id == "pcie-gen4"
+        assert node.source and network.source
+
+
+def test_every_hardware_part_names_a_cluster_that_exists():
+    clusters = cluster.catalog()
+    for part in hardware.catalog().values():
+        assert part.cluster in clusters, part.id
+        assert cluster.for_hardware(part).id == part.cluster
+    assert cluster.for_hardware(hardware.get("h100-sxm")).id == "dgx-h100"
+    assert cluster.for_hardware(hardware.get("a100-sxm-80gb")).id == "dgx-a100"
+
+
+def test_a_users_hardware_without_a_cluster(tmp_path):
+    path = tmp_path / "gpu.toml"
+    path.write_text("bf16_tflops = 100\nbandwidth_tbs = 1\n")
+    part = hardware.get(str(path))
+    assert part.cluster is None
+    with pytest.raises(OpgraphError, match="names no cluster"):
+        cluster.for_hardware(part)
+    path.write_text('bf16_tflops = 100\nbandwidth_tbs = 1\ncluster = "dgx-h1000"\n')
+    with pytest.raises(OpgraphError, match="unknown cluster 'dgx-h1000'"):
+        cluster.for_hardware(hardware.get(str(path)))
+    path.write_text("bf16_tflops = 100\nbandwidth_tbs = 1\ncluster = 8\n")
+    with pytest.raises(OpgraphError, match="must name a cluster"):
+        hardware.get(str(path))
+
+
+# Tier rule: a group of n GPUs s ranks apart covers n*s consecutive ranks (Megatron order: TP
+# innermost, then CP, then PP/DP), inside a node of 8 iff n*s <= 8 and 8 is a multiple of n*s.
+@pytest.mark.parametrize("n, stride, inside", [
+    (1, 1, True), (2, 1, True), (8, 1, True),  # TP up to the node
+    (16, 1, False),  # TP 16 spans two nodes
+    (2, 4, True),  # CP 2 outside TP 4: ranks r and r+4 share a node
+    (4, 2, True), (2, 8, False),  # DP 2 outside TP 8: ranks r and r+8
+    (4, 4, False),  # CP 4 outside TP 4 spans 16 ranks
+    (3, 1, False),  # groups of 3 straddle nodes of 8 (ranks 6, 7, 8)
+    (1, 64, True),  # a group of one never leaves its GPU
+])
+def test_tier_for_group_size_and_stride(n, stride, inside):
+    c = cluster.get("dgx-h100")
+    assert c.spans_nodes(n, stride) is not inside
+    assert c.tier_for(n, stride) == c.tiers[0 if inside else 1]
+
+
+def test_mesh_group_uses_only_its_links():
+    c = cluster.get("mi300x")
+    per_link = 64e9  # 128 GB/s bidirectional per Infinity Fabric link
+    for k in (2, 4, 8):  # groups that divide the node (3 would straddle two nodes)
+        assert c.tier_for(k, 1).bandwidth == pytest.approx((k - 1) * per_link)
+    assert c.tier_for(16, 1) == c.tiers[1]
+
+
+@pytest.mark.parametrize("n, stride", [(0, 1), (2, 0), (1.5, 1), (True, 1)])
+def test_bad_group_is_an_error(n, stride):
+    with pytest.raises(OpgraphError, match="whole number"):
+        cluster.get("dgx-h100").tier_for(n, stride)
+
+
+GOOD = """[mine]
+gpus_per_node = 4
+[mine.node]
+gbytes_per_s = 100
+latency_us = 1
+[mine.network]
+gbits_per_s = 100
+latency_us = 5
+"""
+
+
+def test_a_users_cluster_file(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(GOOD)
+    c = cluster.get(str(path))
+    assert (c.id, c.gpus_per_node) == ("mine", 4)
+    assert c.tiers[0].bandwidth == 100e9 and c.tiers[1].bandwidth == 12.5e9
+    assert c.tiers[0].latency_s == pytest.approx(1e-6)
+    assert c.tiers[1].latency_s == pytest.approx(5e-6)
+    assert c.tier_for(4, 1) == c.tiers[0] and c.tier_for(8, 1) == c.tiers[1]
+    # one cluster may be written without its enclosing table; its id is the file's stem
+    bare = tmp_path / "bare.toml"
+    bare.write_text(GOOD.replace("[mine]\n", "").replace("mine.", ""))
+    assert cluster.get(str(bare)).tiers == c.tiers
+
+
+@pytest.mark.parametrize("text, message", [
+    (GOOD.replace("gpus_per_node = 4", "gpus_per_node = 0"), "gpus_per_node = 0"),
+    (GOOD.replace("gpus_per_node = 4", "gpus_per_node = 4.5"), "whole number"),
+    (GOOD.replace("gpus_per_node = 4", "gpus_per_node = 5000"), "from 1 to 1024"),
+    (GOOD.replace("gpus_per_node = 4\n", ""), "missing gpus_per_node"),
+    (GOOD.replace("gbytes_per_s = 100", "gbytes_per_s = -1"), "above 0"),
+    (GOOD.replace("gbytes_per_s = 100", "gbytes_per_s = nan"), "above 0"),
+    (GOOD.replace("gbytes_per_s = 100", "gbytes_per_s = inf"), "above 0"),
+    (GOOD.replace("gbytes_per_s = 100", "gbytes_per_s = true"), "above 0"),
+    (GOOD.replace("gbytes_per_s = 100", "gbytes_per_s = '100'"), "above 0"),
+    (GOOD.replace("gbytes_per_s = 100", "gbytes_per_s = 1e9"), "at most"),
+    (GOOD.replace("gbytes_per_s = 100", "gbytes_per_s = 100\ngbits_per_s = 800"), "not both"),
+    (GOOD.replace("gbytes_per_s = 100\n", ""), "gbytes_per_s"),
+    (GOOD.replace("latency_us = 5", "latency_us = 0"), "latency_us = 0"),
+    (GOOD.replace("latency_us = 5\n", ""), "missing latency_us"),
+    (GOOD.replace("latency_us = 1", "latency_us = 1\nlatncy = 2"), "unknown key 'latncy'"),
+    (GOOD.replace("gpus_per_node = 4", "gpus_per_node = 4\nnodes = 2"), "unknown key 'nodes'"),
+    (GOOD.replace("latency_us = 1", "latency_us = 1\ntopology = 'torus'"), "topology"),
+    (GOOD.replace("latency_us = 5", "latency_us = 5\ntopology = 'mesh'"), "must be switch"),
+    (GOOD.replace("[mine.network]", "[mine.netwrk]"), "unknown key 'netwrk'"),
+    (GOOD + "name = 3\n", "quoted string"),
+    ("[mine]\ngpus_per_node = ", "not valid TOML"),
+    ("", "defines no cluster"),
+    ("mine = 3\n", "must be a table"),
+])
+def test_bad_cluster_files_give_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(OpgraphError, match=message) as err:
+        cluster.get(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_missing_huge_and_unknown(tmp_path):
+    with pytest.raises(OpgraphError, match="does not exist"):
+        cluster.get(str(tmp_path / "none.toml"))
+    huge = tmp_path / "huge.toml"
+    huge.write_text(GOOD + "#" * cluster.MAX_FILE_BYTES)
+    with pytest.raises(OpgraphError, match="at most"):
+        cluster.get(str(huge))
+    with pytest.raises(OpgraphError, match="unknown cluster 'dgx-h1000'; choose one of: dgx-a100"):
+        cluster.get("dgx-h1000")
+    two = tmp_path / "two.toml"
+    two.write_text(GOOD + GOOD.replace("mine", "other"))
+    assert set(cluster.load(two)) == {"mine", "other"}
+    with pytest.raises(OpgraphError, match="defines 2 clusters"):
+        cluster.get(str(two))

@@ -1,0 +1,189 @@
+"""Collective costs as formulas: bytes per GPU, latency steps, time on a tier, backward pairs."""
+
+import re
+from pathlib import Path
+
+import pytest
+import sympy
+
+from opgraph import collectives as col
+from opgraph.cluster import Tier, catalog, get
+from opgraph.errors import OpgraphError
+
+n, M, alpha, W = col.n, col.M, col.alpha, col.W
+
+# Ring all-reduce (reduce-scatter + all-gather), ring reduce-scatter / all-gather, pairwise
+# all-to-all, point to point: Thakur, Rabenseifner & Gropp 2005; NCCL PERFORMANCE.md.
+# kind: (bytes each GPU sends, latency steps, backward kind)
+EXPECTED = {
+    "all-reduce": (2 * (n - 1) / n * M, 2 * (n - 1), "identity"),
+    "reduce-scatter": ((n - 1) / n * M, n - 1, "all-gather"),
+    "all-gather": ((n - 1) / n * M, n - 1, "reduce-scatter"),
+    "all-to-all": ((n - 1) / n * M, n - 1, "all-to-all"),
+    "send-recv": (M, 1, "send-recv"),
+    "identity": (0, 0, "all-reduce"),
+}
+
+
+def test_every_kind_has_a_row_and_an_expectation():
+    assert set(col.COLLECTIVES) == set(EXPECTED)
+    for kind, row in col.COLLECTIVES.items():
+        assert row.kind == kind
+        for fn in (row.volume, row.steps):  # named rules, so tracebacks point at them
+            assert fn.__name__ != "<lambda>"
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
+def test_bytes_and_steps_as_formulas(kind):
+    volume, steps, _ = EXPECTED[kind]
+    assert sympy.simplify(col.bytes_per_gpu(kind) - volume) == 0
+    assert sympy.simplify(col.steps(kind) - steps) == 0
+    assert sympy.simplify(col.time(kind) - (steps * alpha + volume / W)) == 0
+
+
+def test_formulas_keep_any_group_size_and_buffer():
+    t, B, D = sympy.symbols("t B D", positive=True, integer=True)
+    buffer = 2 * B * D  # a BF16 activation of B x D elements
+    ar = col.bytes_per_gpu("all-reduce", buffer, t)
+    assert sympy.simplify(ar - 2 * (t - 1) / t * 2 * B * D) == 0
+    # all-reduce = reduce-scatter + all-gather, in bytes and in steps
+    rs_ag = col.bytes_per_gpu("reduce-scatter", buffer, t) + col.bytes_per_gpu(
+        "all-gather", buffer, t)
+    assert sympy.simplify(ar - rs_ag) == 0
+    assert sympy.simplify(col.steps("all-reduce", t) - 2 * col.steps("all-gather", t)) == 0
+    assert col.bytes_per_gpu("all-gather", buffer, 1) == 0  # a group of one moves nothing
+
+
+def test_time_on_a_hand_picked_tier():
+    tier = Tier("test link", bandwidth=100e9, latency_s=5e-6)
+    size = 1e9
+    assert col.seconds_on("all-reduce", size, 4, tier) == pytest.approx(
+        6 * 5e-6 + 2 * 3 / 4 * size / 100e9)
+    assert col.seconds_on("all-gather", size, 4, tier) == pytest.approx(
+        3 * 5e-6 + 3 / 4 * size / 100e9)
+    assert col.seconds_on("send-recv", size, 2, tier) == pytest.approx(5e-6 + size / 100e9)
+    assert col.seconds_on("identity", size, 4, tier) == 0
+    # the formula with the tier's numbers substituted is the same number
+    formula = col.time("all-to-all").subs({n: 4, M: size, alpha: 5e-6, W: 100e9})
+    assert float(formula) == pytest.approx(col.seconds_on("all-to-all", size, 4, tier))
+
+
+def test_seconds_use_the_tier_the_group_spans():
+    c = get("dgx-h100")
+    nvlink, ib = 450e9, 400e9 / 8  # DGX H100: 900 GB/s NVLink both ways, 400 Gb/s NDR per GPU
+    size = 2.0**30
+    # TP 8: ranks 0..7, inside one node
+    assert col.seconds("all-reduce", size, 8, c) == pytest.approx(
+        14 * 0.6e-6 + 2 * 7 / 8 * size / nvlink)
+    # DP 2 outside TP 8: ranks r and r+8 sit in two nodes
+    assert col.seconds("all-reduce", size, 2, c, stride=8) == pytest.approx(
+        2 * 2.7e-6 + 2 * 1 / 2 * size / ib)
+    assert col.seconds("reduce-scatter", size, 1, c) == 0.0
+
+
+def test_a_published_measurement_is_slower_than_the_model():
+    # The scaling book (GPU chapter): 8 x H100 all-reduce bus bandwidth tops out near 370 GB/s,
+    # for ~10 GB buffers. The roofline must be a ceiling no real run beats.
+    size = 10e9
+    measured = size / (370e9 / (2 * 7 / 8))  # algorithm bandwidth = bus bandwidth / 2(n-1)/n
+    assert col.seconds("all-reduce", size, 8, get("dgx-h100")) < measured
+
+
+def test_backward_pairs_are_involutions():
+    for kind, (_, _, expected) in EXPECTED.items():
+        assert col.backward(kind) == expected
+        assert col.backward(col.backward(kind)) == kind
+    # Megatron's f (identity forward, all-reduce backward) and g (all-reduce forward, identity
+    # backward) move the same bytes over a forward and backward pass
+    fwd_bwd = {k: col.bytes_per_gpu(k) + col.bytes_per_gpu(col.backward(k)) for k in EXPECTED}
+    assert sympy.simplify(fwd_bwd["identity"] - fwd_bwd["all-reduce"]) == 0
+
+
+# nccl-tests' bus bandwidth factors (NCCL PERFORMANCE.md; alltoall.cu and sendrecv.cu)
+BUS_FACTORS = {
+    "all-reduce": 2 * (n - 1) / n,
+    "reduce-scatter": (n - 1) / n,
+    "all-gather": (n - 1) / n,
+    "all-to-all": (n - 1) / n,
+    "send-recv": 1,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BUS_FACTORS))
+def test_bus_bandwidth_factors(kind):
+    algbw = sympy.Symbol("algbw", positive=True)
+    assert sympy.simplify(col.bus_bandwidth(kind, algbw) - BUS_FACTORS[kind] * algbw) == 0
+    # with no latency, the model's algorithm bandwidth M / time has bus bandwidth W: the link
+    busbw = col.bus_bandwidth(kind, M / col.time(kind, latency=0))
+    assert sympy.simplify(busbw - W) == 0
+
+
+def test_bus_bandwidth_numbers():
+    assert col.bus_bandwidth("all-reduce", 100e9, 8) == pytest.approx(175e9)
+    assert col.bus_bandwidth("all-gather", 100e9, 4) == pytest.approx(75e9)
+    with pytest.raises(OpgraphError, match="no bus bandwidth"):
+        col.bus_bandwidth("identity", 100e9, 8)
+
+
+def test_unknown_kind():
+    with pytest.raises(OpgraphError, match="unknown collective 'allreduce'; choose one of"):
+        col.time("allreduce")
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "collectives.md"
+
+
+def test_the_docs_code_runs_and_its_toml_loads(tmp_path):
+    text = DOC.read_text()
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", text, re.DOTALL)):
+        exec(compile(code, f"{DOC.name} block {i + 1}", "exec"), {})  # noqa: S102 our own doc
+    (toml,) = re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
+    path = tmp_path / "my_cluster.toml"
+    path.write_text(toml)
+    assert get(str(path)).tiers[1].bandwidth == 100e9  # 800 Gb/s
+
+
+def test_the_docs_catalog_table_lists_every_cluster():
+    rows = {line.split("|")[1].strip(): line for line in DOC.read_text().splitlines()
+            if line.startswith("| ") and "GB/s" in line}
+    assert set(rows) == set(catalog())
+    for cid, c in catalog().items():
+        node, network = c.tiers
+        assert f"| {c.gpus_per_node} |" in rows[cid]
+        assert f"{node.bandwidth / 1e9:g} GB/s" in rows[cid]
+        assert f"{network.bandwidth / 1e9:g} GB/s" in rows[cid]
+
+
+def test_on_cluster_with_a_symbolic_degree_picks_the_tier_per_value():
+    t = sympy.Symbol("t", positive=True, integer=True)  # a TP degree a sweep varies
+    c = get("dgx-h100")
+    formula = col.on_cluster("all-gather", M, t, c)
+    assert isinstance(formula, sympy.Piecewise)
+    nvlink = col.time("all-gather", M, t, 0.6e-6, 450e9)
+    ib = col.time("all-gather", M, t, 2.7e-6, 50e9)
+    for value, expected in ((2, nvlink), (8, nvlink), (3, ib), (16, ib)):
+        assert sympy.simplify(formula.subs(t, value) - expected.subs(t, value)) == 0
+    # a stride symbol too: DP of degree t outside TP 4 stays in the node only for t <= 2
+    d = sympy.Symbol("d", positive=True, integer=True)
+    dp = col.on_cluster("all-reduce", 2**30, t, c, stride=d)
+    for tv, dv in ((2, 4), (4, 2), (2, 8)):
+        assert float(dp.subs({t: tv, d: dv})) == pytest.approx(
+            col.seconds("all-reduce", 2**30, tv, c, stride=dv))
+    # lambdify (as sweeps do) gives the same numbers
+    f = sympy.lambdify([t], col.on_cluster("all-reduce", 2**30, t, c))
+    for tv in (2, 3, 4, 8, 16):
+        assert f(tv) == pytest.approx(col.seconds("all-reduce", 2**30, tv, c))
+
+
+def test_mesh_bandwidth_in_formulas_and_numbers():
+    t = sympy.Symbol("t", positive=True, integer=True)
+    c = get("mi300x")
+    assert sympy.simplify(c.node_share(t) - (t - 1) / 7) == 0
+    link = 64e9  # one Infinity Fabric link, one direction
+    assert col.on_cluster("all-reduce", 1e9, t, c).subs(t, 1) == 0  # degree 1: no traffic
+    for k in (2, 4, 8):
+        expected = 2 * (k - 1) * 0.6e-6 + 2 * (k - 1) / k * 1e9 / ((k - 1) * link)
+        assert col.seconds("all-reduce", 1e9, k, c) == pytest.approx(expected)
+        assert float(col.on_cluster("all-reduce", 1e9, t, c).subs(t, k)) == pytest.approx(
+            expected)
+        assert isinstance(c.tier_for(k, 1).bandwidth, float)
