@@ -25,6 +25,7 @@ import sympy
 from opgraph.passes.evaluate import evaluate, resolve
 
 from . import formula as fm
+from .costmodel import DEFAULT, CostModel
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph
@@ -91,9 +92,9 @@ def _fixed(graph: Graph, values: dict, free: sympy.Symbol) -> dict:
     return {sym: v for sym, v in resolve(graph, values).items() if sym != free}
 
 
-def _time(graph: Graph, ops, hardware: Hardware) -> sympy.Expr:
+def _time(graph: Graph, ops, hardware: Hardware, cost: CostModel) -> sympy.Expr:
     hw = fm.hardware_values(hardware)
-    return sympy.Add(*(fm.op_time(graph, op, hw[fm.PEAK], hw[fm.BANDWIDTH]) for op in ops))
+    return fm.step_time(graph, ops, hw[fm.PEAK], hw[fm.BANDWIDTH], cost)
 
 
 @attrs.frozen
@@ -118,8 +119,8 @@ class ShareAnswer:
 
 
 def max_share(graph: Graph, hardware: Hardware, category: str | None = None, share: float = 0.02,
-              *, op: str | None = None, dim: str = "tokens", values: dict | None = None
-              ) -> ShareAnswer:
+              *, op: str | None = None, dim: str = "tokens", values: dict | None = None,
+              cost: CostModel = DEFAULT) -> ShareAnswer:
     """The least batch (dim "tokens", at the given seq_len) or seq_len (at the given batch) at
     which the selected ops take at most `share` of the step's time."""
     if not 0 < share < 1:
@@ -129,8 +130,8 @@ def max_share(graph: Graph, hardware: Hardware, category: str | None = None, sha
     x = B if dim == "tokens" else S
     mine = fm.select(graph, op=op, category=category)
     fixed = _fixed(graph, values, x)
-    part = _time(graph, mine, hardware).xreplace(fixed)
-    step = _time(graph, graph.ops(), hardware).xreplace(fixed)
+    part = _time(graph, mine, hardware, cost).xreplace(fixed)
+    step = _time(graph, graph.ops(), hardware, cost).xreplace(fixed)
     limit_share = sympy.Rational(repr(share))
     g = part - limit_share * step
     lo = sympy.Integer(1)
@@ -141,7 +142,8 @@ def max_share(graph: Graph, hardware: Hardware, category: str | None = None, sha
             break
         n = max(int(sympy.ceiling(root)), 1)
         if _number(g.subs(x, n)) <= 0:
-            return _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root)
+            return _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root,
+                                 cost)
         lo = sympy.Integer(n)
     tail = _branches(part / step, x, 10 ** 12)
     limit = _number(sympy.limit(tail, x, sympy.oo))
@@ -149,12 +151,13 @@ def max_share(graph: Graph, hardware: Hardware, category: str | None = None, sha
                        int(fixed.get(S, 0)), int(fixed.get(B, 0)), None, None, None, limit)
 
 
-def _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root
+def _share_answer(graph, hardware, mine, what, kind, share, dim, x, n, fixed, root, cost
                   ) -> ShareAnswer:
     names = {o.name for o in mine}
 
     def measured(value: int) -> float:
-        p = evaluate(graph, hardware, {x.name: value, **{s.name: int(v) for s, v in fixed.items()}})
+        p = evaluate(graph, hardware, {x.name: value, **{s.name: int(v) for s, v in fixed.items()}},
+                     cost=cost)
         return sum(r.time_s for r in p.ops if r.name in names) / p.step_time_s
 
     at, fewer = measured(n), (measured(n - 1) if n > 1 else None)
@@ -190,13 +193,14 @@ class RidgeAnswer:
 
 
 def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
-          values: dict | None = None) -> RidgeAnswer:
+          values: dict | None = None, cost: CostModel = DEFAULT) -> RidgeAnswer:
     """The tokens per step (at the given seq_len; dim "tokens") or the seq_len (at the given
     batch) above which `op` is compute-bound: `ridge(step, h100, "layers.q_proj")`."""
     if dim not in DIMS:
         raise OpgraphError(f"unknown dimension {dim!r} to solve for; choose one of {DIMS}")
     (node,) = fm.select(graph, op=op)
-    flops, nbytes = node.flops, graph.op_bytes(node)
+    node_cost = cost.op_cost(graph, node)
+    flops, nbytes = node_cost.flops, node_cost.bytes
     x, swap = (T, {B: T / S}) if dim == "tokens" else (S, {})
     flops, nbytes = sympy.expand(flops.xreplace(swap)), sympy.expand(nbytes.xreplace(swap))
     fixed = _fixed(graph, values, B if dim == "tokens" else S)

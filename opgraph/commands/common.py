@@ -7,6 +7,7 @@ import argparse
 import attrs
 
 from .. import hardware as hw
+from ..costmodel import BACKWARD_MODES, CostModel
 from ..errors import OpgraphError
 from ..hardware import Hardware
 from ..ir import Graph
@@ -35,9 +36,10 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
                        help="sequence length (default: the model's, 8192 for Llama 3)")
     g.add_argument("--no-fused-attention", action="store_true",
                    help="keep the attention core unfused: the score matrix goes through HBM")
-    g.add_argument("--backward-traffic", choices=("plate", "tensors"), default="plate",
-                   help="backward bytes: 2x the forward's (plate, default) or derived from "
-                        "the tensors each backward kernel touches")
+    g.add_argument("--backward-traffic", choices=BACKWARD_MODES, default="plate",
+                   help="backward costs: 2x the forward's FLOPs and bytes (plate, default); "
+                        "FLOPs so, bytes from the tensors each backward kernel touches "
+                        "(tensors); or each kernel's own FLOPs and tensors (derived)")
 
 
 @attrs.frozen
@@ -46,6 +48,7 @@ class Setup:
     step: Graph
     hardware: Hardware
     values: dict  # dimension name -> value
+    cost: CostModel = CostModel()
 
 
 def load_forward(args) -> Graph:
@@ -75,10 +78,10 @@ def load_hardware(args) -> Hardware:
 
 def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dict:
     """`{"S": seq_len, "B": batch}` from tokens per step and sequence length."""
-    seq = seq_len or int(forward.meta.get("seq_len", 0)) or None
+    seq = seq_len or forward.seq_len
     if seq is None:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
-    longest = forward.meta.get("max_seq_len")  # e.g. the rows of a learned position table
+    longest = forward.max_seq_len  # e.g. the rows of a learned position table
     if longest and seq > longest:
         raise OpgraphError(f"--seq-len {seq:,} is longer than {forward.name}'s "
                            f"{longest:,} positions; give at most {longest:,}")
@@ -89,10 +92,14 @@ def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dic
     return {"S": seq, "B": tokens // seq}
 
 
+def cost_model(args) -> CostModel:
+    """The cost model the options ask for: `--backward-traffic` names its backward convention."""
+    return CostModel(backward=getattr(args, "backward_traffic", "plate"))
+
+
 def setup(args) -> Setup:
     forward = load_forward(args)
     part = load_hardware(args)
     values = token_values(forward, getattr(args, "tokens", None), getattr(args, "seq_len", None))
-    step = compile_step(forward, fused_attention=not args.no_fused_attention,
-                        backward_traffic=args.backward_traffic)
-    return Setup(forward, step, part, values)
+    step = compile_step(forward, fused_attention=not args.no_fused_attention)
+    return Setup(forward, step, part, values, cost_model(args))

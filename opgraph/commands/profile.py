@@ -28,7 +28,7 @@ def run(args) -> int:
     from opgraph.passes.evaluate import evaluate
 
     s = setup(args)
-    profile = evaluate(s.step, s.hardware, s.values)
+    profile = evaluate(s.step, s.hardware, s.values, cost=s.cost)
     if args.plot:
         from ..outputs.plot import plot_profile
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_args, load_forward, load_hardware
+from .common import add_model_args, cost_model, load_forward, load_hardware
 
 
 def register(subparsers) -> None:
@@ -77,14 +77,13 @@ def run(args) -> int:
         raise OpgraphError("--hardware: give at least one part")
     dims = [sym.name for sym in forward.dims if sym.name not in ("B", "S")]
     ranges = _ranges(args, dims)
-    seq_len = int(forward.meta.get("seq_len", 0))
+    seq_len = forward.seq_len or 0
     if not seq_len and "seq_len" not in ranges and not {"tokens", "batch"} <= set(ranges):
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
     grid = make_grid(ranges, parts, seq_len)
-    step = compile_step(forward, fused_attention=not args.no_fused_attention,
-                        backward_traffic=args.backward_traffic)
+    step = compile_step(forward, fused_attention=not args.no_fused_attention)
     extra = [a for a in ranges if a not in ("tokens", "seq_len", "batch")]
-    sweep = compile_sweep(step, free=("B", "S", *extra))
+    sweep = compile_sweep(step, free=("B", "S", *extra), cost=cost_model(args))
     if args.plot:
         _plot(sweep, grid, args.plot)
     if args.out:
