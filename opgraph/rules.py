@@ -339,21 +339,16 @@ def _topk_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Ex
 
 
 def _expert_matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
-    """Only the routed experts compute: 2 x (tokens x K x out) x contraction."""
-    return 2 * outs[0].numel * ins[0].shape[-1]
+    """Only the routed experts compute: 2 x (tokens x K) x in x out, with `[E, in, out]` the
+    expert weights (the weight-gradient form's output). dX and dW do the forward's count; a sum
+    of dX over the K slots is in the epilogue, not counted."""
+    w = outs[0] if params.get("contract") == "leading" else ins[1]
+    return 2 * sympy.Mul(*ins[2].shape) * w.shape[1] * w.shape[2]
 
 
 def _combine_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """Each expert output element times its gate, then added into the token's sum: 2 each."""
     return 2 * ins[0].numel
-
-
-def _expert_matmul_backward_flops(ins, outs, params) -> sympy.Expr:
-    """The forward's count: 2 x (tokens x K x out) x in, for dX and for dW alike (a sum of dX
-    over the K slots is in the epilogue, not counted)."""
-    if params.get("contract") == "leading":
-        return 2 * ins[1].numel * ins[0].shape[-1]
-    return 2 * ins[0].numel * outs[0].shape[-1]
 
 
 def _adamw_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
