@@ -142,8 +142,9 @@ class CostModel:
         return maximum(flops / peak, nbytes / bandwidth)
 
     def bound(self, flops, nbytes, peak, bandwidth) -> str:
-        """"compute" or "memory": which side of the roofline one op's time is on."""
-        return "compute" if flops / peak >= nbytes / bandwidth else "memory"
+        """"compute" or "memory": which of the two terms of `time` is the larger."""
+        compute = self.time(flops, 0, peak, bandwidth)
+        return "compute" if compute >= self.time(0, nbytes, peak, bandwidth) else "memory"
 
     def mfu(self, parameters, tokens, step_time, peak):
         """Model FLOPs utilisation: 6 x N x tokens / (step time x peak)."""

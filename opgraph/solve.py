@@ -205,7 +205,7 @@ def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
     flops, nbytes = sympy.expand(flops.xreplace(swap)), sympy.expand(nbytes.xreplace(swap))
     fixed = _fixed(graph, values, B if dim == "tokens" else S)
     hw = fm.hardware_values(hardware)
-    g = (nbytes / hw[fm.BANDWIDTH] - flops / hw[fm.PEAK]).xreplace(fixed)
+    g = _sides(cost, flops, nbytes, hw[fm.PEAK], hw[fm.BANDWIDTH]).xreplace(fixed)
     ridge_intensity = hardware.peak_flops / hardware.bandwidth
     if nbytes == 0:
         raise OpgraphError(f"op {op} moves no bytes: it has no ridge point")
@@ -221,17 +221,23 @@ def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
     whole = int(sympy.ceiling(found))
     if _number(g.subs(x, whole)) > 0 or (whole > 1 and _number(g.subs(x, whole - 1)) <= 0):
         raise AssertionError(f"the ridge of {op} at {value} does not check out")
-    closed = _closed_form(flops, nbytes, x, fixed, hw, value)
+    closed = _closed_form(flops, nbytes, x, fixed, hw, value, cost)
     return RidgeAnswer(op, dim, value, whole, None, str(closed) if closed is not None else None,
                        fm.latex(closed) if closed is not None else None, str(ratio), tends,
                        ridge_intensity, others)
 
 
-def _closed_form(flops, nbytes, x, fixed, hw, value):
+def _sides(cost: CostModel, flops, nbytes, peak, bandwidth) -> sympy.Expr:
+    """The cost model's memory term less its compute term: positive while memory-bound."""
+    return (cost.time(0, nbytes, peak, bandwidth, sympy.Max)
+            - cost.time(flops, 0, peak, bandwidth, sympy.Max))
+
+
+def _closed_form(flops, nbytes, x, fixed, hw, value, cost):
     """The crossing `flops / peak = bytes / bandwidth` solved for `x` with every dimension and the
     hardware kept as symbols: the solution that is `value` at the preset."""
     try:
-        solutions = sympy.solve(sympy.Eq(flops / fm.PEAK, nbytes / fm.BANDWIDTH), x)
+        solutions = sympy.solve(_sides(cost, flops, nbytes, fm.PEAK, fm.BANDWIDTH), x)
     except NotImplementedError:
         return None
     subs = {**fixed, **hw}

@@ -17,6 +17,7 @@ Values are checked as the command line checks them (`resolve`): each a whole num
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import sympy
@@ -30,21 +31,29 @@ from opgraph.parameters import active_parameters, is_routed
 from opgraph.profile import CATEGORIES, CategoryCost, OpCost, Profile
 from opgraph.symbols import B, S
 
+LARGEST = 2**53  # the largest whole number a float holds exactly, and its neighbours
+
 
 def whole(name: str, value) -> int:
     """`value` as a whole number above 0, or an OpgraphError naming `name`: 8 and 8.0 are 8;
-    1.5, 0, True and "8" are errors."""
+    1.5, 0, inf, True and "8" are errors."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real | sympy.Basic):
         raise OpgraphError(f"{name} = {value!r}: give a whole number, e.g. 8")
-    try:
-        number = sympy.sympify(value) if isinstance(value, sympy.Basic) else sympy.Rational(value)
-    except (TypeError, ValueError, OverflowError):
-        raise OpgraphError(f"{name} = {value!r}: give a whole number, e.g. 8") from None
-    if not number.is_integer:
+    if isinstance(value, sympy.Basic):
+        whole_number = value.is_Integer
+    elif isinstance(value, numbers.Integral):
+        whole_number = True
+    else:
+        whole_number = math.isfinite(value) and float(value).is_integer()
+    if not whole_number:
         raise OpgraphError(f"{name} = {value!r} is not a whole number; give one, e.g. 8")
+    number = int(value)
     if number <= 0:
         raise OpgraphError(f"{name} = {value!r}: give a whole number above 0")
-    return int(number)
+    if number > LARGEST:
+        raise OpgraphError(f"{name} has {len(str(number))} digits: give at most {LARGEST:,} "
+                           "(costs are evaluated in floating point)")
+    return number
 
 
 def resolve(graph: Graph, values: dict | None = None) -> dict[sympy.Symbol, sympy.Integer]:

@@ -7,7 +7,7 @@ import argparse
 import attrs
 
 from .. import hardware as hw
-from ..costmodel import BACKWARD_MODES, CostModel
+from ..costmodel import BACKWARD_MODES, DEFAULT, CostModel
 from ..errors import OpgraphError
 from ..hardware import Hardware
 from ..ir import Graph
@@ -48,7 +48,7 @@ class Setup:
     step: Graph
     hardware: Hardware
     values: dict  # dimension name -> value
-    cost: CostModel = CostModel()
+    cost: CostModel = DEFAULT
 
 
 def load_forward(args) -> Graph:
@@ -77,19 +77,16 @@ def load_hardware(args) -> Hardware:
 
 
 def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dict:
-    """`{"S": seq_len, "B": batch}` from tokens per step and sequence length."""
+    """`{"S": seq_len, "B": batch}` from tokens per step and sequence length, checked as the
+    library checks them (`opgraph.passes.evaluate.resolve`)."""
+    from ..passes.evaluate import resolve
+    from ..symbols import B, S
+
     seq = seq_len or forward.seq_len
     if seq is None:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
-    longest = forward.max_seq_len  # e.g. the rows of a learned position table
-    if longest and seq > longest:
-        raise OpgraphError(f"--seq-len {seq:,} is longer than {forward.name}'s "
-                           f"{longest:,} positions; give at most {longest:,}")
-    tokens = tokens or seq
-    if tokens % seq:
-        raise OpgraphError(f"--tokens {tokens:,} is not a multiple of --seq-len {seq:,}; "
-                           f"try {max(seq, tokens // seq * seq):,}")
-    return {"S": seq, "B": tokens // seq}
+    subs = resolve(forward, {"S": seq, "tokens": tokens or seq})
+    return {"S": int(subs[S]), "B": int(subs[B])}
 
 
 def cost_model(args) -> CostModel:
