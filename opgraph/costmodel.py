@@ -5,7 +5,7 @@
     cost.time(flops, nbytes, peak, bandwidth)           # max(flops / peak, bytes / bandwidth)
 
 Nothing is stored on an op: FLOPs come from its kind's FLOP rule (`opgraph.rules`), bytes from
-the tensors it reads and writes (each once). An op's time is `count x max(flops / peak,
+the tensors it reads and writes, each once (`Graph.op_bytes`). An op's time is `count x max(flops / peak,
 bytes / bandwidth)` (XLA's HloCostAnalysis roofline); ops do not overlap, so a step's time is
 their sum. `time` takes the maximum as an argument, so the same rule serves sympy (`sympy.Max`,
 `opgraph.formula`, `opgraph.solve`), plain floats (`evaluate`) and numpy arrays (`np.maximum`,
@@ -68,12 +68,6 @@ BACKWARD_COST: dict[str, Callable] = {
     kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
 
 
-def tensor_bytes(graph: Graph, op: Op) -> sympy.Expr:
-    """HBM bytes of one instance of `op`: every tensor it reads and writes, once each."""
-    names = dict.fromkeys((*op.inputs, *op.outputs))  # a tensor read twice crosses once
-    return sympy.Add(*(graph.tensor(n).nbytes for n in names))
-
-
 def rule_flops(graph: Graph, op: Op) -> sympy.Expr:
     """FLOPs of one instance of `op` by its kind's FLOP rule."""
     ins = [graph.tensor(n) for n in op.inputs]
@@ -105,16 +99,16 @@ class CostModel:
         for op in ops:
             if op.phase is Phase.BACKWARD and op.forward is not None:
                 kernels[op.forward] = kernels.get(op.forward, 0) + 1
-        own = {op.name: Cost(rule_flops(graph, op), tensor_bytes(graph, op)) for op in ops}
+        own = {op.name: Cost(rule_flops(graph, op), graph.op_bytes(op)) for op in ops}
         return {op.name: self._cost(graph, op, own, kernels) for op in ops}
 
     def op_cost(self, graph: Graph, op: Op) -> Cost:
         """One op's per-instance cost (`op_costs` for many: it indexes the graph once)."""
-        own = {op.name: Cost(rule_flops(graph, op), tensor_bytes(graph, op))}
+        own = {op.name: Cost(rule_flops(graph, op), graph.op_bytes(op))}
         kernels = {}
         if self._conventional(graph, op):
             fwd = graph.op(op.forward)
-            own[fwd.name] = Cost(rule_flops(graph, fwd), tensor_bytes(graph, fwd))
+            own[fwd.name] = Cost(rule_flops(graph, fwd), graph.op_bytes(fwd))
             kernels[fwd.name] = sum(1 for o in graph.ops() if o.forward == fwd.name
                                     and o.phase is Phase.BACKWARD)
         return self._cost(graph, op, own, kernels)
@@ -160,4 +154,4 @@ class CostModel:
 DEFAULT = CostModel()
 
 __all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "Cost", "CostModel", "rule_flops",
-           "scaled", "scaled_flops", "tensor_bytes"]
+           "scaled", "scaled_flops"]

@@ -2,8 +2,8 @@
 
 Invariant established: every weight with a gradient has exactly one `adamw` op (phase
 `optimizer`, category `optimizer`, the weight's multiplicity); its FLOPs are `adamw`'s FLOP rule
-(`flops_per_param` per element) and its traffic the tensors it touches. With the defaults, per parameter (mixed-precision training, gradients
-accumulated in FP32 over micro-batches):
+(`flops_per_param` per element) and its traffic the tensors it touches. With the defaults, per
+parameter (mixed-precision training, gradients accumulated in FP32 over micro-batches):
 
     reads   FP32 gradient 4, FP32 master weight 4, FP32 first and second moments 4 + 4   = 16
     writes  FP32 master weight 4, moments 4 + 4, the BF16 weight copy the next forward

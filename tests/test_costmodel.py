@@ -257,3 +257,26 @@ def test_mla_attention_keeps_its_flops_through_fusion():
         grad = step.op("attn.flash.grad")
         assert sympy.expand(DERIVED.op_cost(step, grad).flops
                             - B * H * S**2 * (3 * d_qk + 2 * d_v)) == 0
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+def test_the_cli_names_the_backward_convention(cli, llama_step):
+    import json
+
+    for mode in ("plate", "tensors", "derived"):
+        code, out, _ = cli("profile", "--json", "--backward-traffic", mode)
+        assert code == 0
+        expected = evaluate(llama_step, H100, cost=CostModel(backward=mode))
+        assert json.loads(out)["step_time_s"] == expected.step_time_s
+    code, out, _ = cli("formula", "--quantity", "flops", "--category", "attention", "--json",
+                       "--backward-traffic", "derived")
+    assert code == 0 and json.loads(out)["value"] == 7 * 32 * 32 * 8192**2 * 128  # 2 + 5
+
+
+def test_hfu_from_the_cli_is_at_most_one(cli):
+    import json
+
+    code, out, _ = cli("profile", "--model", "mixtral-8x7b", "--tokens", "212992",
+                       "--peak-tflops", "1e-6", "--bandwidth-tbs", "1000", "--json")
+    assert code == 0 and json.loads(out)["hfu_ceiling"] <= 1
