@@ -5,9 +5,9 @@
     cost.time(flops, nbytes, peak, bandwidth)           # max(flops / peak, bytes / bandwidth)
 
 Nothing is stored on an op: FLOPs come from its kind's FLOP rule (`opgraph.rules`), bytes from
-the tensors it reads and writes, each once (`Graph.op_bytes`). An op's time is `count x max(flops / peak,
-bytes / bandwidth)` (XLA's HloCostAnalysis roofline); ops do not overlap, so a step's time is
-their sum. `time` takes the maximum as an argument, so the same rule serves sympy (`sympy.Max`,
+the tensors it reads and writes, each once (`Graph.op_bytes`). An op's time is
+`count x max(flops / peak, bytes / bandwidth)` (XLA's HloCostAnalysis roofline); ops do not
+overlap, so a step's time is their sum. `time` takes the maximum as an argument, so the same rule serves sympy (`sympy.Max`,
 `opgraph.formula`, `opgraph.solve`), plain floats (`evaluate`) and numpy arrays (`np.maximum`,
 `opgraph.sweep`).
 
