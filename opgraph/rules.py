@@ -77,7 +77,8 @@ def _matmul_shape(ins: list[Tensor], params: dict) -> list[Shape]:
 
     - `x[..., K] @ w[K, N]` -> `[..., N]` (a weight; `transpose_b` for `w[N, K]`), an optional
       bias `[N]` third;
-    - `a[..., M, K] @ b[..., K, N]` (batched; `transpose_b` for `b[..., N, K]`);
+    - `a[..., M, K] @ b[..., K, N]` (batched; `transpose_a` for `a[..., K, M]`, `transpose_b`
+      for `b[..., N, K]`, `transpose_out` for the result `[..., N, M]`: dB = A^T dY);
     - `contract="leading"`: `a[..., M]^T @ b[..., N]` summed over the leading (token) dims ->
       `[M, N]` (`transpose_out`: `[N, M]`), a weight's gradient dW = X^T dY; with `bias` also
       the bias's gradient `[N]`, dY summed over the tokens;
@@ -103,12 +104,13 @@ def _matmul_shape(ins: list[Tensor], params: dict) -> list[Shape]:
                  f"inner dims {a.shape[-1]} and {k} differ")
         out = (*a.shape[:-1], n)
     else:
+        m, k_a = (a.shape[-1], a.shape[-2]) if params.get("transpose_a") else a.shape[-2:]
         k, n = (b.shape[-1], b.shape[-2]) if params.get("transpose_b") else b.shape[-2:]
         _require(len(a.shape) == len(b.shape)
                  and all(same(x, y) for x, y in zip(a.shape[:-2], b.shape[:-2])),
                  f"batched matmul batch dims differ: {_fmt(a.shape)} and {_fmt(b.shape)}")
-        _require(same(a.shape[-1], k), f"matmul inner dims {a.shape[-1]} and {k} differ")
-        out = (*a.shape[:-1], n)
+        _require(same(k_a, k), f"matmul inner dims {k_a} and {k} differ")
+        out = (*a.shape[:-2], *((n, m) if params.get("transpose_out") else (m, n)))
     for t in bias:
         _require(len(t.shape) == 1 and same(t.shape[0], out[-1]),
                  f"bias {t.name} {_fmt(t.shape)} does not match {out[-1]} outputs")
@@ -303,7 +305,8 @@ def _matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.
         lead = sympy.Mul(*a.shape[:-1])
         return 2 * outs[0].numel * lead + (b.numel if params.get("bias") else 0)
     out = outs[0].numel
-    flops = 2 * out * a.shape[-1] * _density(params)
+    contraction = a.shape[-2] if params.get("transpose_a") else a.shape[-1]
+    flops = 2 * out * contraction * _density(params)
     return flops + (out if bias else 0)
 
 

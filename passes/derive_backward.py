@@ -98,12 +98,15 @@ def _matmul_vjp(ctx: _Context, op: Op) -> list[Op]:
     if op.param("heads") is not None:
         kernels = [ctx.emit(op, "dA", "matmul", [dy, b], [a], grad="a"),
                    ctx.emit(op, "dB", "matmul", [a, dy], [b], grad="b")]
-    else:  # None drops a parameter: dW's operands are not transposed
+    else:  # None drops a parameter
         transposed = bool(op.param("transpose_b"))
+        # dB sums the token dims for a weight b[K, N]; a batched b[..., K, N] keeps them
+        weight = len(ctx.graph.tensor(b).shape) == 2
+        db = ({"contract": "leading", "bias": bool(bias) or None} if weight
+              else {"transpose_a": True})
         kernels = [ctx.emit(op, "dA", "matmul", [dy, b], [a], transpose_b=not transposed or None),
                    ctx.emit(op, "dB", "matmul", [a, dy], [b, *bias], transpose_b=None,
-                            contract="leading", transpose_out=transposed or None,
-                            bias=bool(bias) or None)]
+                            transpose_out=transposed or None, **db)]
     return [k for k in kernels if k is not None]
 
 

@@ -291,3 +291,19 @@ def test_hfu_from_the_cli_is_at_most_one(cli):
     code, out, _ = cli("profile", "--model", "mixtral-8x7b", "--tokens", "212992",
                        "--peak-tflops", "1e-6", "--bandwidth-tbs", "1000", "--json")
     assert code == 0 and json.loads(out)["hfu_ceiling"] <= 1
+
+
+def test_batched_matmul_backward_keeps_the_batch_dims():
+    """dA = dY B^T and dB = A^T dY per batch, for b[..., K, N] and b[..., N, K] alike: the
+    gradients have their operands' shapes and do the forward's multiply-adds."""
+    g = GraphBuilder("bmm", {B: 2, S: 16, D: 8})
+    x, y = g.activation("x", (B, S, D)), g.activation("y", (B, S, D))
+    g.matmul(x, y, name="xy", transpose_b=True)  # [B, S, S]
+    step = compile_step(g.build())
+    fwd = step.op("xy")
+    for suffix, operand in (("dA", x), ("dB", y)):
+        op = step.op(f"xy.{suffix}")
+        assert step.tensor(op.outputs[0]).shape == operand.shape
+        assert sympy.expand(DERIVED.op_cost(step, op).flops - 2 * B * S * S * D) == 0
+        assert sympy.expand(DERIVED.op_cost(step, op).flops
+                            - DEFAULT.op_cost(step, fwd).flops) == 0
