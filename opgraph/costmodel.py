@@ -132,7 +132,11 @@ class CostModel:
     # --- time and utilisation ---------------------------------------------------------------
     def time(self, flops, nbytes, peak, bandwidth, maximum: Callable = _number_max):
         """One instance's time: `maximum(flops / peak, bytes / bandwidth)`, the roofline.
-        `maximum` is `max` for numbers, `sympy.Max` for formulas, `np.maximum` for arrays."""
+        `maximum` is `max` for numbers, `sympy.Max` for formulas, `np.maximum` for arrays.
+
+            >>> DEFAULT.time(2e12, 1e12, peak=1e12, bandwidth=1e12)
+            2.0
+        """
         return maximum(flops / peak, nbytes / bandwidth)
 
     def bound(self, flops, nbytes, peak, bandwidth) -> str:

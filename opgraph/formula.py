@@ -149,6 +149,7 @@ def tidy(expr: sympy.Expr, depth=()) -> sympy.Expr:
     """`expr` regrouped to read well: terms that share a roofline (`Max`) are summed under it, and
     each coefficient is collected on the `depth` symbols (the layer counts) and factored.
 
+        >>> from opgraph.symbols import B, D, F, L, S, V
         >>> tidy(L*B*S*D + L*B*S*F + D*V, [L])
         B*L*S*(D + F) + D*V
     """

@@ -232,18 +232,19 @@ class Graph:
         return format_graph(self)
 
 
-def format_op(graph: Graph, op: Op, cost=None) -> str:
+def format_op(graph: Graph, op: Op, figures=None) -> str:
     """`name = kind(in, ...) : dtype[shape]  xcount  flops=...  bytes=...`, one line; the
-    figures are one instance's under the default cost model (`cost`: a `costmodel.Cost`)."""
-    if cost is None:
+    figures are one instance's under the default cost model (`figures`: its `Cost` for `op`,
+    when the caller has them already)."""
+    if figures is None:
         from .costmodel import DEFAULT
 
-        cost = DEFAULT.op_cost(graph, op)
+        figures = DEFAULT.op_cost(graph, op)
     outs = ", ".join(f"{t.dtype.name}[{', '.join(map(str, t.shape))}]"
                      for t in map(graph.tensor, op.outputs))
     count = "" if op.count == 1 else f"  x{op.count}"
     return (f"{op.name} = {op.kind}({', '.join(op.inputs)}) : {outs}{count}"
-            f"  flops={cost.flops}  bytes={cost.bytes}")
+            f"  flops={figures.flops}  bytes={figures.bytes}")
 
 
 def format_graph(graph: Graph) -> str:

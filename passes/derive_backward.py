@@ -168,7 +168,10 @@ def derive_backward(graph: Graph, *, weight_grad_dtype: DType = FP32) -> Graph:
     """The forward graph with its backward appended; weight gradients are written in
     `weight_grad_dtype` (FP32, the buffer gradients accumulate in).
 
+        >>> from opgraph.models import preset
         >>> step = derive_backward(preset("llama3-8b"))
+        >>> [op.kind for op in step.ops() if op.forward == "layers.q_proj"]
+        ['matmul', 'matmul']
     """
     if any(op.phase is not Phase.FORWARD for op in graph.ops()):
         raise ValueError(f"graph {graph.name} already has a backward")

@@ -36,7 +36,11 @@ LARGEST = 2**53  # the largest whole number a float holds exactly, and its neigh
 
 def whole(name: str, value) -> int:
     """`value` as a whole number above 0, or an OpgraphError naming `name`: 8 and 8.0 are 8;
-    1.5, 0, inf, True and "8" are errors."""
+    1.5, 0, inf, True and "8" are errors.
+
+        >>> whole("B", 8.0)
+        8
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real | sympy.Basic):
         raise OpgraphError(f"{name} = {value!r}: give a whole number, e.g. 8")
     if isinstance(value, sympy.Basic):
