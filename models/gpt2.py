@@ -65,8 +65,8 @@ def build(config: GPT2Config) -> Graph:
     x = _layernorm(g, x, "ln_f")
     g.output_head(x, wte, targets, tied=config.tie_embeddings)
     graph = g.build()
-    graph.meta["seq_len"] = int(config.dims()[S])
-    graph.meta["max_seq_len"] = config.positions
+    graph.seq_len = int(config.dims()[S])
+    graph.max_seq_len = config.positions
     return graph
 
 

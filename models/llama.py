@@ -78,7 +78,7 @@ def build(config: LlamaConfig) -> Graph:
     x = g.rmsnorm(x, g.weight("final_norm.weight", (D,)), name="final_norm")
     g.output_head(x, embed, targets, tied=config.tie_embeddings)
     graph = g.build()
-    graph.meta["seq_len"] = config.seq_len
+    graph.seq_len = config.seq_len
     return graph
 
 

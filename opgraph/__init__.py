@@ -15,6 +15,7 @@ _checkout.install(_Path(__file__).resolve().parent)
 
 from . import hardware, symbols
 from .builder import GraphBuilder
+from .costmodel import CostModel
 from .errors import OpgraphError
 from .ir import BF16, FP32, Graph, Op, Phase, Role, Tensor
 from .passes.attach_adamw import AdamW, attach_adamw
@@ -26,7 +27,7 @@ from .verify import VerifyError, verify
 
 __version__ = "0.2.0"
 
-__all__ = ["BF16", "FP32", "AdamW", "Graph", "GraphBuilder", "Op", "OpgraphError", "Phase", "Role",
+__all__ = ["BF16", "FP32", "AdamW", "CostModel", "Graph", "GraphBuilder", "Op", "OpgraphError", "Phase", "Role",
            "Tensor", "VerifyError", "__version__", "attach_adamw", "compile_step",
            "derive_backward", "evaluate", "fuse_attention", "hardware", "step_passes", "symbols",
            "verify"]

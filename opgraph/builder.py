@@ -7,8 +7,8 @@
     graph = g.build()
 
 Each method makes one op (one kernel of a straightforward implementation): it infers the output
-shapes and counts the FLOPs with the kind's rules (`opgraph.rules`), so a model says only what it
-computes. Ops and tensors made inside `with g.repeat(L, "layers"):` are held once with
+shapes with the kind's shape rule (`opgraph.rules`), so a model says only what it computes; its
+FLOPs and bytes are derived when the step is costed (`opgraph.costmodel`). Ops and tensors made inside `with g.repeat(L, "layers"):` are held once with
 multiplicity `L`.
 """
 
@@ -88,10 +88,8 @@ class GraphBuilder:
                 for i, shape in enumerate(shapes)]
         for t in outs:
             self.graph.add_tensor(t)
-        flops = rules.count_flops(kind, ins, outs, params)
         self.graph.add_op(Op(op_name, kind, category, [t.name for t in ins],
-                             [t.name for t in outs], flops=flops, count=self.count,
-                             params=params))
+                             [t.name for t in outs], count=self.count, params=params))
         return outs[0]
 
     # --- the ops models use -------------------------------------------------------------------

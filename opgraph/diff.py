@@ -29,6 +29,7 @@ import attrs
 import sympy
 
 from . import formula as fm
+from .costmodel import DEFAULT, CostModel
 from .hardware import Hardware
 from .ir import Graph, Op, Phase, Role
 from .memory import footprint
@@ -38,14 +39,15 @@ QUANTITIES = ("flops", "bytes", "time", "memory")
 STATUSES = ("removed", "added", "changed")
 
 
-def op_memory(graph: Graph, op: Op) -> sympy.Expr:
-    """Bytes of `op`'s outputs kept for the backward pass, times their multiplicity."""
+def op_memory(graph: Graph, op: Op, cost: CostModel = DEFAULT) -> sympy.Expr:
+    """Bytes of `op`'s outputs kept for the backward pass, times their multiplicity (the cost
+    model does not enter: memory is tensors)."""
     return sympy.Add(*(t.nbytes * t.count for t in map(graph.tensor, op.outputs)
                        if t.role is Role.ACTIVATION
                        and any(c.phase is Phase.BACKWARD for c in graph.consumers(t.name))))
 
 
-# Each quantity's formula for one op: (graph, op) -> its share of the step.
+# Each quantity's formula for one op: (graph, op, cost=) -> its share of the step.
 OP_FORMULAS = {"flops": fm.op_flops, "bytes": fm.op_bytes, "time": fm.op_time,
                "memory": op_memory}
 
@@ -57,6 +59,7 @@ class OpSide:
     cost: OpCost
     graph: Graph | None = None
     dims: dict = attrs.field(factory=dict)  # symbol -> value, this side's
+    model: CostModel = DEFAULT  # the cost model this side was evaluated with
     _formulas: dict = attrs.field(factory=dict, init=False, repr=False)  # computed once each
 
     @property
@@ -68,7 +71,7 @@ class OpSide:
         if self.graph is None:
             return None
         if quantity not in self._formulas:
-            expr = OP_FORMULAS[quantity](self.graph, self.op)
+            expr = OP_FORMULAS[quantity](self.graph, self.op, cost=self.model)
             if quantity != "time":  # op_time is tidy already: count * roofline
                 expr = fm.tidy(expr, fm.depth_symbols(self.graph))
             self._formulas[quantity] = expr
@@ -136,6 +139,7 @@ class StepDiff:
     ops: tuple[OpDiff, ...]
     graphs: tuple[Graph | None, Graph | None] = (None, None)
     same: tuple[OpDiff, ...] = ()  # ops on both sides that did not change (times may have)
+    models: tuple[CostModel, CostModel] = (DEFAULT, DEFAULT)  # each side's cost model
 
     @property
     def unchanged(self) -> int:
@@ -171,12 +175,12 @@ class StepDiff:
 
     def side_formula(self, side: str, quantity: str) -> sympy.Expr | None:
         """One side's total `quantity` ("flops", "bytes" or "memory") as a formula."""
-        graph = self.graphs["ab".index(side)]
+        graph, model = self.graphs["ab".index(side)], self.models["ab".index(side)]
         if graph is None:
             return None
         if quantity == "memory":
             return fm.tidy(footprint(graph).total, fm.depth_symbols(graph))
-        return fm.formula(graph, quantity)
+        return fm.formula(graph, quantity, cost=model)
 
     def totals_formula(self, quantity: str) -> sympy.Expr | None:
         """B's total minus A's as a formula (one model at the same dimensions on both sides),
@@ -204,7 +208,7 @@ class StepDiff:
 
 
 def _memory(p: Profile):
-    return p.extra.get("memory", {}).get("total")
+    return p.memory.total if p.memory is not None else None
 
 
 def _str(expr) -> str | None:
@@ -221,18 +225,20 @@ def _why(a: OpSide, b: OpSide) -> tuple[str, ...]:
         if oa.count != ob.count and "count" not in why:
             why.append("count")
         for k, rule in (("flops", fm.op_flops), ("bytes", fm.op_bytes)):
-            if k not in why and sympy.expand(rule(a.graph, oa) - rule(b.graph, ob)) != 0:
+            if k not in why and sympy.expand(rule(a.graph, oa, cost=a.model)
+                                             - rule(b.graph, ob, cost=b.model)) != 0:
                 why.append(k)
     order = ("kind", "inputs", "outputs", "count", "flops", "bytes")
     return tuple(k for k in order if k in why)
 
 
-def _diff(pa: Profile, pb: Profile, ga: Graph | None, gb: Graph | None) -> StepDiff:
-    def sides(p: Profile, g: Graph | None) -> dict[str, OpSide]:
+def _diff(pa: Profile, pb: Profile, ga: Graph | None, gb: Graph | None,
+          models: tuple[CostModel, CostModel] = (DEFAULT, DEFAULT)) -> StepDiff:
+    def sides(p: Profile, g: Graph | None, model: CostModel) -> dict[str, OpSide]:
         dims = _dims(g, p.values) if g is not None else {}
-        return {r.name: OpSide(r, g, dims) for r in p.ops}
+        return {r.name: OpSide(r, g, dims, model) for r in p.ops}
 
-    a, b = sides(pa, ga), sides(pb, gb)
+    a, b = sides(pa, ga, models[0]), sides(pb, gb, models[1])
     comparable = _comparable(pa, pb, ga, gb)
     ops, same = [], []
     for name in [*a, *(n for n in b if n not in a)]:
@@ -243,7 +249,7 @@ def _diff(pa: Profile, pb: Profile, ga: Graph | None, gb: Graph | None) -> StepD
             ops.append(OpDiff(name, a.get(name), b.get(name), (), comparable))
     ops.sort(key=lambda o: -o.time_saved)  # stable: ties keep A's order, then B's
     same.sort(key=lambda o: -o.time_saved)
-    return StepDiff(pa, pb, tuple(ops), (ga, gb), tuple(same))
+    return StepDiff(pa, pb, tuple(ops), (ga, gb), tuple(same), models)
 
 
 def _comparable(pa: Profile, pb: Profile, ga: Graph | None, gb: Graph | None) -> bool:
@@ -258,14 +264,18 @@ def _dims(graph: Graph, values: dict) -> dict:
 
 
 def diff_steps(a: Graph, b: Graph, hardware: Hardware, values: dict | None = None, *,
-               b_hardware: Hardware | None = None, b_values: dict | None = None) -> StepDiff:
-    """Compiled steps `a` and `b` side by side, both on `hardware` at `values` (B's own with
-    `b_hardware`, `b_values`): `diff_steps(unfused, fused, hardware.get("h100-sxm"))`."""
+               b_hardware: Hardware | None = None, b_values: dict | None = None,
+               cost: CostModel = DEFAULT, b_cost: CostModel | None = None) -> StepDiff:
+    """Compiled steps `a` and `b` side by side, both on `hardware` at `values` with the cost
+    model `cost` (B's own with `b_hardware`, `b_values`, `b_cost`):
+    `diff_steps(unfused, fused, hardware.get("h100-sxm"))`."""
     from opgraph.passes.evaluate import evaluate
 
     b_hardware = b_hardware or hardware
     b_values = values if b_values is None else b_values
-    return _diff(evaluate(a, hardware, values), evaluate(b, b_hardware, b_values), a, b)
+    b_cost = cost if b_cost is None else b_cost
+    return _diff(evaluate(a, hardware, values, cost=cost),
+                 evaluate(b, b_hardware, b_values, cost=b_cost), a, b, (cost, b_cost))
 
 
 def diff_profiles(a: Profile, b: Profile) -> StepDiff:

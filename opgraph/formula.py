@@ -5,10 +5,11 @@ sympy expressions of the model's dimensions.
     formula(step, "flops", category="matmul")   # 6*B*D*L*S*(3*F + 2*H*d_h + 2*H_kv*d_h)
     formula(step, "time", op="layers.q_proj")   # L*Max(2*(...)/bandwidth, 2*B*D*H*S*d_h/peak)
 
-Invariant: a formula is exactly what `evaluate` adds up, each op's per-instance cost times its
-multiplicity `count`, which stays symbolic (`L` for a layer stack), so nothing is unrolled and
-substituting a configuration's values gives `evaluate`'s figure. Time is per op
-`count * Max(flops / peak, bytes / bandwidth)` (`sympy.Max`), summed over ops. The hardware enters
+Invariant: a formula is exactly what `evaluate` adds up, each op's per-instance cost under the
+same cost model (`opgraph.costmodel`, the `cost` argument) times its multiplicity `count`, which
+stays symbolic (`L` for a layer stack), so nothing is unrolled and substituting a configuration's
+values gives `evaluate`'s figure. Time is per op the cost model's `time` with `sympy.Max`,
+`count * Max(flops / peak, bytes / bandwidth)`, summed over ops. The hardware enters
 as two symbols, `peak` (dense FLOP/s) and `bandwidth` (HBM bytes/s), or, given a `Hardware`, as
 its exact numbers.
 
@@ -25,6 +26,7 @@ from collections.abc import Callable
 
 import sympy
 
+from .costmodel import DEFAULT, Cost, CostModel
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Op
@@ -35,34 +37,62 @@ BANDWIDTH = sympy.Symbol("bandwidth", positive=True)  # HBM bytes/s
 HARDWARE_SYMBOLS = {"peak": "peak dense FLOP/s", "bandwidth": "HBM bandwidth, bytes/s"}
 
 
-def roofline(flops, nbytes, peak=PEAK, bandwidth=BANDWIDTH) -> sympy.Expr:
-    """`Max(flops / peak, bytes / bandwidth)` with the factor both terms share pulled out:
-    `roofline(2*B*S*D, 12*B*S*D)` is `2*B*D*S*Max(6/bandwidth, 1/peak)`."""
-    compute = sympy.factor(sympy.sympify(flops) / peak)
-    memory = sympy.factor(sympy.sympify(nbytes) / bandwidth)
-    if compute == 0 or memory == 0:
-        return sympy.Max(compute, memory)
-    common = sympy.gcd(sympy.fraction(compute)[0], sympy.fraction(memory)[0])
-    common = common.as_content_primitive()[1]  # symbols only: the numbers stay per intensity
-    if common.is_positive is not True:
-        return sympy.Max(compute, memory)
-    return common * sympy.Max(sympy.factor(compute / common), sympy.factor(memory / common))
+def roofline(flops, nbytes, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT
+             ) -> sympy.Expr:
+    """The cost model's time, `Max(flops / peak, bytes / bandwidth)`, with the factor both terms
+    share pulled out: `roofline(2*B*S*D, 12*B*S*D)` is `2*B*D*S*Max(6/bandwidth, 1/peak)`."""
+    flops, nbytes = sympy.sympify(flops), sympy.sympify(nbytes)
+    compute = sympy.factor(flops / peak)
+    memory = sympy.factor(nbytes / bandwidth)
+    common = sympy.Integer(1)
+    if compute != 0 and memory != 0:
+        common = sympy.gcd(sympy.fraction(compute)[0], sympy.fraction(memory)[0])
+        common = common.as_content_primitive()[1]  # symbols only: the numbers stay per intensity
+        if common.is_positive is not True:
+            common = sympy.Integer(1)
+    if common == 1:
+        return cost.time(flops, nbytes, peak, bandwidth, _factored_max(1))
+    return common * cost.time(flops, nbytes, peak, bandwidth, _factored_max(common))
 
 
-def op_flops(graph: Graph, op: Op) -> sympy.Expr:
-    return op.count * op.flops
+def _factored_max(common):
+    def maximum(compute, memory):
+        if common == 1:
+            return sympy.Max(sympy.factor(compute), sympy.factor(memory))
+        return sympy.Max(sympy.factor(compute / common), sympy.factor(memory / common))
+    return maximum
 
 
-def op_bytes(graph: Graph, op: Op) -> sympy.Expr:
-    return op.count * graph.op_bytes(op)
+def _cost(graph: Graph, op: Op, cost: CostModel, costs: dict | None) -> Cost:
+    return costs[op.name] if costs is not None else cost.op_cost(graph, op)
 
 
-def op_time(graph: Graph, op: Op, peak=PEAK, bandwidth=BANDWIDTH) -> sympy.Expr:
-    """The count is positive, so `count * Max(a, b) == Max(count*a, count*b)`."""
-    return op.count * roofline(op.flops, graph.op_bytes(op), peak, bandwidth)
+def op_flops(graph: Graph, op: Op, cost: CostModel = DEFAULT, costs: dict | None = None
+             ) -> sympy.Expr:
+    return op.count * _cost(graph, op, cost, costs).flops
 
 
-# The quantities a formula can be of: (graph, op) -> that op's share of the step.
+def op_bytes(graph: Graph, op: Op, cost: CostModel = DEFAULT, costs: dict | None = None
+             ) -> sympy.Expr:
+    return op.count * _cost(graph, op, cost, costs).bytes
+
+
+def op_time(graph: Graph, op: Op, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
+            costs: dict | None = None) -> sympy.Expr:
+    """The count is positive, so `count * Max(a, b) == Max(count*a, count*b)`. `costs`: the
+    cost model's `op_costs(graph)`, when many ops are asked for."""
+    c = _cost(graph, op, cost, costs)
+    return op.count * roofline(c.flops, c.bytes, peak, bandwidth, cost)
+
+
+def step_time(graph: Graph, ops, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT
+              ) -> sympy.Expr:
+    """The summed time of `ops` (a list of the graph's ops)."""
+    costs = cost.op_costs(graph)
+    return sympy.Add(*(op_time(graph, op, peak, bandwidth, cost, costs) for op in ops))
+
+
+# The quantities a formula can be of: (graph, op, cost, costs) -> that op's share of the step.
 QUANTITIES: dict[str, Callable] = {"flops": op_flops, "bytes": op_bytes, "time": op_time}
 
 
@@ -99,24 +129,27 @@ def depth_symbols(graph: Graph) -> list[sympy.Symbol]:
 
 
 def formula(graph: Graph, quantity: str, *, op: str | None = None, category: str | None = None,
-            hardware: Hardware | None = None) -> sympy.Expr:
-    """The tidied sum of `quantity` ("flops", "bytes" or "time") over the selected ops. For time,
-    `hardware` puts in that part's numbers; without it `peak` and `bandwidth` stay symbols."""
+            hardware: Hardware | None = None, cost: CostModel = DEFAULT) -> sympy.Expr:
+    """The tidied sum of `quantity` ("flops", "bytes" or "time") over the selected ops, under
+    the cost model `cost`. For time, `hardware` puts in that part's numbers; without it `peak`
+    and `bandwidth` stay symbols."""
     if quantity not in QUANTITIES:
         raise OpgraphError(f"unknown quantity {quantity!r}; choose one of {', '.join(QUANTITIES)}")
     ops = select(graph, op=op, category=category)
+    rule = QUANTITIES[quantity]
     if quantity == "time" and hardware is not None:
         hw = hardware_values(hardware)
         rule = functools.partial(op_time, peak=hw[PEAK], bandwidth=hw[BANDWIDTH])
-    else:
-        rule = QUANTITIES[quantity]
-    return tidy(sympy.Add(*(rule(graph, o) for o in ops)), depth_symbols(graph))
+    costs = cost.op_costs(graph)
+    return tidy(sympy.Add(*(rule(graph, o, cost=cost, costs=costs) for o in ops)),
+                depth_symbols(graph))
 
 
 def tidy(expr: sympy.Expr, depth=()) -> sympy.Expr:
     """`expr` regrouped to read well: terms that share a roofline (`Max`) are summed under it, and
     each coefficient is collected on the `depth` symbols (the layer counts) and factored.
 
+        >>> from opgraph.symbols import B, D, F, L, S, V
         >>> tidy(L*B*S*D + L*B*S*F + D*V, [L])
         B*L*S*(D + F) + D*V
     """
@@ -174,4 +207,4 @@ def _plain(number) -> int | float:
 
 __all__ = ["BANDWIDTH", "HARDWARE_SYMBOLS", "PEAK", "QUANTITIES", "depth_symbols", "formula",
            "hardware_values", "latex", "op_bytes", "op_flops", "op_time", "roofline", "select",
-           "symbol_values", "tidy", "value"]
+           "step_time", "symbol_values", "tidy", "value"]

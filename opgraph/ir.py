@@ -8,9 +8,9 @@ A stack of identical layers is held once: its ops and tensors carry a multiplici
 (the symbolic layer count `L`), so the graph does not grow with depth. A stack that is not
 uniform is several blocks, each with its own count.
 
-An op's FLOPs are a property of the op (set by the kind's cost rule when it is built); its HBM
-bytes are derived from the tensors it reads and writes, unless a pass gives it an explicit
-`traffic` (the plate's backward convention sets a backward op's cost from its forward op's).
+No op stores a cost: its FLOPs come from its kind's FLOP rule (`opgraph.rules`), its HBM bytes
+from the tensors it reads and writes, both when the step is evaluated (`opgraph.costmodel`, which
+also applies the plate's convention to backward kernels through their `forward` link).
 """
 
 from __future__ import annotations
@@ -88,9 +88,10 @@ class Tensor:
 
 @attrs.frozen
 class Op:
-    """One kernel: `Op("q_proj", "matmul", "matmul", ("h", "w_q"), ("q",), flops=2*B*S*D*D)`.
+    """One kernel: `Op("q_proj", "matmul", "matmul", ("h", "w_q"), ("q",))`.
 
-    `flops` and `traffic` are per instance; `count` says how many instances the step runs.
+    `count` says how many instances the step runs; `params` are the kind's parameters (what
+    its shape and FLOP rules read).
     """
 
     name: str
@@ -98,11 +99,9 @@ class Op:
     category: str
     inputs: tuple[str, ...] = attrs.field(converter=tuple)
     outputs: tuple[str, ...] = attrs.field(converter=tuple)
-    flops: sympy.Expr = attrs.field(default=0, converter=_expr)
     count: sympy.Expr = attrs.field(default=1, converter=_expr)
     phase: Phase = Phase.FORWARD
     params: tuple[tuple[str, object], ...] = attrs.field(default=(), converter=_params)
-    traffic: sympy.Expr | None = attrs.field(default=None)  # explicit HBM bytes; None: derived
     forward: str | None = None  # for a backward op: the forward op it differentiates
 
     def param(self, key: str, default=None):
@@ -123,10 +122,12 @@ class Graph:
     Build one with `opgraph.GraphBuilder`; passes return new graphs and leave their input alone.
     """
 
-    def __init__(self, name: str, dims: dict[sympy.Symbol, int] | None = None):
+    def __init__(self, name: str, dims: dict[sympy.Symbol, int] | None = None, *,
+                 seq_len: int | None = None, max_seq_len: int | None = None):
         self.name = name
         self.dims: dict[sympy.Symbol, int] = dict(dims or {})
-        self.meta: dict[str, object] = {}  # e.g. the preset's default seq_len
+        self.seq_len = seq_len  # the default sequence length of a profile; None: unknown
+        self.max_seq_len = max_seq_len  # the longest it can take (a learned position table)
         self.nx = nx.DiGraph()
         self._seq = 0
         self._order: list[Op] | None = None
@@ -164,8 +165,8 @@ class Graph:
         self.nx.remove_node(_tnode(name))
 
     def copy(self, name: str | None = None) -> Graph:
-        new = Graph(name or self.name, self.dims)
-        new.meta = dict(self.meta)
+        new = Graph(name or self.name, self.dims, seq_len=self.seq_len,
+                    max_seq_len=self.max_seq_len)
         new.nx = self.nx.copy()
         new._seq = self._seq
         return new
@@ -215,10 +216,8 @@ class Graph:
         return [seq[n]["payload"] for n in succ]
 
     def op_bytes(self, op: Op) -> sympy.Expr:
-        """HBM bytes of one instance of `op`: its explicit traffic, else every tensor it reads
-        and writes, once each."""
-        if op.traffic is not None:
-            return op.traffic
+        """HBM bytes of one instance of `op`: every tensor it reads and writes, once each (the
+        cost model's conventions may charge a backward kernel otherwise)."""
         names = dict.fromkeys((*op.inputs, *op.outputs))  # a tensor read twice crosses once
         return sympy.Add(*(self.tensor(n).nbytes for n in names))
 
@@ -233,13 +232,19 @@ class Graph:
         return format_graph(self)
 
 
-def format_op(graph: Graph, op: Op) -> str:
-    """`name = kind(in, ...) : dtype[shape]  xcount  flops=...  bytes=...`, one line."""
+def format_op(graph: Graph, op: Op, figures=None) -> str:
+    """`name = kind(in, ...) : dtype[shape]  xcount  flops=...  bytes=...`, one line; the
+    figures are one instance's under the default cost model (`figures`: its `Cost` for `op`,
+    when the caller has them already)."""
+    if figures is None:
+        from .costmodel import DEFAULT
+
+        figures = DEFAULT.op_cost(graph, op)
     outs = ", ".join(f"{t.dtype.name}[{', '.join(map(str, t.shape))}]"
                      for t in map(graph.tensor, op.outputs))
     count = "" if op.count == 1 else f"  x{op.count}"
     return (f"{op.name} = {op.kind}({', '.join(op.inputs)}) : {outs}{count}"
-            f"  flops={op.flops}  bytes={graph.op_bytes(op)}")
+            f"  flops={figures.flops}  bytes={figures.bytes}")
 
 
 def format_graph(graph: Graph) -> str:
@@ -250,7 +255,10 @@ def format_graph(graph: Graph) -> str:
             count = "" if t.count == 1 else f"  x{t.count}"
             shape = ", ".join(map(str, t.shape))
             lines.append(f"  {t.role.value} {t.name} : {t.dtype.name}[{shape}]{count}")
-    lines += [f"  {format_op(graph, op)}" for op in graph.ops()]
+    from .costmodel import DEFAULT
+
+    costs = DEFAULT.op_costs(graph)
+    lines += [f"  {format_op(graph, op, costs[op.name])}" for op in graph.ops()]
     return "\n".join(lines)
 
 

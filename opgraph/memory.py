@@ -71,10 +71,32 @@ def footprint(graph: Graph) -> Footprint:
                      _resident(list(states.values())), _resident(list(saved.values())))
 
 
-def figures(parts: dict[str, int], capacity: float | None) -> dict:
-    """The JSON `memory` object from evaluated parts: bytes per part, `total`, the part's
-    `capacity` (None if unknown) and whether the step `fits` (None if unknown)."""
-    total = sum(parts[name] for name in PARTS)
-    return {**{name: parts[name] for name in PARTS}, "total": total,
-            "capacity": int(capacity) if capacity else None,
-            "fits": total <= capacity if capacity else None}
+@attrs.frozen
+class Memory:
+    """A footprint evaluated, in bytes, against the part's `capacity` (None if unknown);
+    `fits` is None where the capacity is unknown."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    capacity: int | None = None
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    @property
+    def fits(self) -> bool | None:
+        return self.total <= self.capacity if self.capacity else None
+
+    def to_json(self) -> dict:
+        """The JSON `memory` object: bytes per part, `total`, `capacity`, `fits`."""
+        return {**{name: getattr(self, name) for name in PARTS}, "total": self.total,
+                "capacity": self.capacity, "fits": self.fits}
+
+
+def figures(parts: dict[str, int], capacity: float | None) -> Memory:
+    """The evaluated parts (bytes per part of PARTS) against the part's `capacity`."""
+    return Memory(**{name: parts[name] for name in PARTS},
+                  capacity=int(capacity) if capacity else None)

@@ -3,7 +3,8 @@
     step = compile_step(preset("llama3-8b"))           # fused attention, backward, AdamW
     step = compile_step(forward, fused_attention=False)
 
-It is a plain list of passes; each is a pure function Graph -> Graph.
+It is a plain list of passes; each is a pure function Graph -> Graph. The result is verified
+(`opgraph.verify`: every op of every phase against its kind's shape rule).
 """
 
 from __future__ import annotations
@@ -19,20 +20,21 @@ from .verify import verify
 DEFAULT_ADAMW = AdamW()
 
 
-def step_passes(*, fused_attention: bool = True, backward_traffic: str = "plate",
-                adamw: AdamW = DEFAULT_ADAMW) -> list:
+def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW) -> list:
     """The passes `compile_step` runs, in order."""
     passes = [fuse_attention] if fused_attention else []
-    passes.append(functools.partial(derive_backward, traffic=backward_traffic))
+    passes.append(derive_backward)
     passes.append(functools.partial(attach_adamw, adamw=adamw))
     return passes
 
 
-def compile_step(forward: Graph, *, check: bool = False, **options) -> Graph:
-    """Run `step_passes(**options)` over `forward`; with `check=True` verify after each."""
+def compile_step(forward: Graph, *, check: bool = True, **options) -> Graph:
+    """Run `step_passes(**options)` over `forward`, verifying the result (`check=False` to
+    skip; it is cheap). How the step's ops cost is the cost model's business, when it is
+    evaluated (`opgraph.costmodel`)."""
     graph = forward
     for run in step_passes(**options):
         graph = run(graph)
-        if check:
-            verify(graph)
+    if check:
+        verify(graph)
     return graph

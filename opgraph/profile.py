@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from .hardware import Hardware
+from .memory import Memory
 
 # Category ids, in the order reports list them.
 CATEGORIES = ("matmul", "attention", "norm", "elementwise", "routing", "output_head", "embedding",
@@ -58,7 +59,8 @@ class Profile:
     mfu_ceiling: float  # 6 x mfu_parameters x tokens / (step time x peak)
     hfu_ceiling: float  # every counted FLOP / (step time x peak)
     fused_attention: bool = False
-    extra: dict = attrs.field(factory=dict)  # e.g. active parameters of a mixture of experts
+    memory: Memory | None = None  # the step's HBM footprint against the part's capacity
+    active_parameters: int | None = None  # parameters a token uses; None for a dense model
 
     @property
     def seq_len(self) -> int:
@@ -78,7 +80,9 @@ class Profile:
                          "peak_flops": self.hardware.peak_flops,
                          "bandwidth_bytes_per_s": self.hardware.bandwidth},
             "parameters": self.parameters,
-            **self.extra,
+            **({} if self.active_parameters is None
+               else {"active_parameters": self.active_parameters}),
+            **({} if self.memory is None else {"memory": self.memory.to_json()}),
             "mfu_parameters": self.mfu_parameters,
             "tokens": self.tokens,
             "seq_len": self.seq_len,

@@ -1,8 +1,21 @@
-"""Per-kind rules for forward ops: output shapes and FLOPs, one table each, keyed by op kind.
+"""Per-kind rules for every op kind: output shapes and FLOPs, one table each, keyed by op kind.
 
-The builder uses both tables to make an op; the verifier re-runs SHAPE_RULES to check a graph.
+Forward kinds, their backward kernels (`matmul` as dX = dY W^T and dW = X^T dY, the
+`*_backward` kinds, `flash_attention_backward`) and the optimizer's `adamw` all have a row in
+both tables. The builder uses them to make an op; the verifier re-runs SHAPE_RULES on every
+op of every phase; the cost model (`opgraph.costmodel`) counts an op's FLOPs with FLOP_RULES.
 FLOP counts per element for the cheap ops are conventions, written beside each rule; the plate's
 figures are dominated by the matrix multiplies, whose counts are exact (2 FLOPs per multiply-add).
+
+A backward kernel that accumulates into gradients written earlier (a tensor read by several
+ops) reads those partial gradients last; its `accumulate` parameter says how many. The rules
+see the kernel without them (`infer_shapes` and `count_flops` strip them): each partial must
+have the shape of one of the kernel's outputs and costs one add per element.
+
+A one-kernel backward (`rmsnorm_backward`, ...) reads, in order, the gradients of its forward
+op's outputs (`dys` of them), the forward inputs it saved (`saved_inputs`), the forward
+outputs it saved (`saved_outputs`); it writes the gradients of the forward inputs at the
+positions `wrt`. Its shape rule re-runs the forward kind's rule on the saved inputs.
 """
 
 from __future__ import annotations
@@ -60,20 +73,30 @@ def _embedding_shape(ins: list[Tensor], params: dict) -> list[Shape]:
 
 
 def _matmul_shape(ins: list[Tensor], params: dict) -> list[Shape]:
-    """Three forms: `x[..., K] @ w[K, N]` (a weight; `transpose_b` for `w[N, K]`),
-    `a[..., M, K] @ b[..., K, N]` (batched), and per-head `p[B, H, M, K] @ v[B, K, G*d]`
-    -> `[B, M, H*d]` with `heads=H, kv_heads=G` (grouped-query attention's P.V)."""
+    """The forms of a matrix multiply, by parameters:
+
+    - `x[..., K] @ w[K, N]` -> `[..., N]` (a weight; `transpose_b` for `w[N, K]`), an optional
+      bias `[N]` third;
+    - `a[..., M, K] @ b[..., K, N]` (batched; `transpose_a` for `a[..., K, M]`, `transpose_b`
+      for `b[..., N, K]`, `transpose_out` for the result `[..., N, M]`: dB = A^T dY);
+    - `contract="leading"`: `a[..., M]^T @ b[..., N]` summed over the leading (token) dims ->
+      `[M, N]` (`transpose_out`: `[N, M]`), a weight's gradient dW = X^T dY; with `bias` also
+      the bias's gradient `[N]`, dY summed over the tokens;
+    - per head, `heads=H, kv_heads=G` (grouped-query attention): P.V, `p[B, H, M, K] @
+      v[B, K, G*d]` -> `[B, M, H*d]`; its backward `grad="a"`, dP = dO V^T, `do[B, M, H*d]`,
+      `v[B, K, G*d]` -> `[B, H, M, K]`; and `grad="b"`, dV = P^T dO, `p[B, H, M, K]`,
+      `do[B, M, H*d]` -> `[B, K, G*d]`."""
     a, b, *bias = ins
-    heads = params.get("heads")
-    if heads is not None:
-        groups = params["kv_heads"]
-        _require(len(a.shape) == 4 and len(b.shape) == 3,
-                 f"per-head matmul takes a[B, H, M, K] and b[B, K, G*d], got "
-                 f"{_fmt(a.shape)} and {_fmt(b.shape)}")
-        _require(same(a.shape[1], heads), f"{a.name} has {a.shape[1]} heads, not {heads}")
-        _require(same(a.shape[-1], b.shape[1]),
-                 f"matmul inner dims {a.shape[-1]} and {b.shape[1]} differ")
-        return [(a.shape[0], a.shape[2], heads * b.shape[2] / groups)]
+    if params.get("heads") is not None:
+        return [_per_head_shape(a, b, params)]
+    if params.get("contract") == "leading":
+        _require(len(a.shape) == len(b.shape)
+                 and all(same(x, y) for x, y in zip(a.shape[:-1], b.shape[:-1])),
+                 f"weight-gradient matmul of {a.name} {_fmt(a.shape)} and {b.name} "
+                 f"{_fmt(b.shape)}: leading dims differ")
+        m, n = a.shape[-1], b.shape[-1]
+        out = [(n, m) if params.get("transpose_out") else (m, n)]
+        return out + ([(n,)] if params.get("bias") else [])
     if len(b.shape) == 2:
         k, n = (b.shape[1], b.shape[0]) if params.get("transpose_b") else b.shape
         _require(same(a.shape[-1], k),
@@ -81,34 +104,71 @@ def _matmul_shape(ins: list[Tensor], params: dict) -> list[Shape]:
                  f"inner dims {a.shape[-1]} and {k} differ")
         out = (*a.shape[:-1], n)
     else:
+        m, k_a = (a.shape[-1], a.shape[-2]) if params.get("transpose_a") else a.shape[-2:]
+        k, n = (b.shape[-1], b.shape[-2]) if params.get("transpose_b") else b.shape[-2:]
         _require(len(a.shape) == len(b.shape)
                  and all(same(x, y) for x, y in zip(a.shape[:-2], b.shape[:-2])),
                  f"batched matmul batch dims differ: {_fmt(a.shape)} and {_fmt(b.shape)}")
-        _require(same(a.shape[-1], b.shape[-2]),
-                 f"matmul inner dims {a.shape[-1]} and {b.shape[-2]} differ")
-        out = (*a.shape[:-1], b.shape[-1])
+        _require(same(k_a, k), f"matmul inner dims {k_a} and {k} differ")
+        out = (*a.shape[:-2], *((n, m) if params.get("transpose_out") else (m, n)))
     for t in bias:
         _require(len(t.shape) == 1 and same(t.shape[0], out[-1]),
                  f"bias {t.name} {_fmt(t.shape)} does not match {out[-1]} outputs")
     return [out]
 
 
+def _per_head_shape(a: Tensor, b: Tensor, params: dict) -> Shape:
+    heads, groups, grad = params["heads"], params["kv_heads"], params.get("grad")
+    if grad == "a":  # dP = dO V^T
+        _require(len(a.shape) == 3 and len(b.shape) == 3,
+                 f"per-head dP takes do[B, M, H*d] and v[B, K, G*d], got "
+                 f"{_fmt(a.shape)} and {_fmt(b.shape)}")
+        _require(same(a.shape[-1] / heads, b.shape[-1] / groups),
+                 f"{a.name} {_fmt(a.shape)} over {heads} heads and {b.name} {_fmt(b.shape)} "
+                 f"over {groups} heads have different head dims")
+        return (a.shape[0], heads, a.shape[1], b.shape[1])
+    if grad == "b":  # dV = P^T dO
+        _require(len(a.shape) == 4 and len(b.shape) == 3,
+                 f"per-head dV takes p[B, H, M, K] and do[B, M, H*d], got "
+                 f"{_fmt(a.shape)} and {_fmt(b.shape)}")
+        _require(same(a.shape[1], heads), f"{a.name} has {a.shape[1]} heads, not {heads}")
+        _require(same(a.shape[2], b.shape[1]),
+                 f"matmul inner dims {a.shape[2]} and {b.shape[1]} differ")
+        return (a.shape[0], a.shape[3], groups * b.shape[2] / heads)
+    _require(len(a.shape) == 4 and len(b.shape) == 3,
+             f"per-head matmul takes a[B, H, M, K] and b[B, K, G*d], got "
+             f"{_fmt(a.shape)} and {_fmt(b.shape)}")
+    _require(same(a.shape[1], heads), f"{a.name} has {a.shape[1]} heads, not {heads}")
+    _require(same(a.shape[-1], b.shape[1]),
+             f"matmul inner dims {a.shape[-1]} and {b.shape[1]} differ")
+    return (a.shape[0], a.shape[2], heads * b.shape[2] / groups)
+
+
+def _head_dim(t: Tensor, heads) -> sympy.Expr:
+    """The per-head width of `t[B, S, heads*d]`."""
+    return t.shape[-1] / heads
+
+
 def _scores_shape(ins: list[Tensor], params: dict) -> list[Shape]:
-    """q[B, S, H*d], k[B, S, G*d] -> scores[B, H, S, S]."""
+    """q[B, S, H*d], k[B, S_k, G*d] -> scores[B, H, S, S_k]."""
     q, k = ins
     heads, groups = params["heads"], params["kv_heads"]
     _require(len(q.shape) == 3 and len(k.shape) == 3, "attention takes q, k as [B, S, heads*d]")
-    _require(same(q.shape[-1] / heads, k.shape[-1] / groups),
+    _require(same(_head_dim(q, heads), _head_dim(k, groups)),
              f"q {_fmt(q.shape)} over {heads} heads and k {_fmt(k.shape)} over {groups} heads "
              "have different head dims")
     return [(q.shape[0], heads, q.shape[1], k.shape[1])]
 
 
 def _flash_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """q[B, S, H*d], k[B, S_k, G*d], v[B, S_k, G*d_v] -> o[B, S, H*d_v]: the values' head
+    dimension may differ from the queries' and keys' (DeepSeek's MLA: 192 and 128)."""
     q, k, v = ins
     _scores_shape([q, k], params)
-    _require(same(k.shape[-1], v.shape[-1]), f"k {_fmt(k.shape)} and v {_fmt(v.shape)} differ")
-    return [q.shape]
+    heads, groups = params["heads"], params["kv_heads"]
+    _require(len(v.shape) == 3 and same(v.shape[1], k.shape[1]) and same(v.shape[0], k.shape[0]),
+             f"k {_fmt(k.shape)} and v {_fmt(v.shape)} differ in batch or length")
+    return [(q.shape[0], q.shape[1], heads * _head_dim(v, groups))]
 
 
 def _topk_shape(ins: list[Tensor], params: dict) -> list[Shape]:
@@ -118,21 +178,37 @@ def _topk_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     return [(*lead, params["k"]), (*lead, params["k"])]
 
 
+def _expert_lead(a: Tensor, route: Shape) -> Shape:
+    """`a`'s leading dims as routed: `[..., in]` is sent to each of its K experts."""
+    return a.shape[:-1] if len(a.shape) == len(route) + 1 else (*a.shape[:-1], route[-1])
+
+
 def _expert_matmul_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     """Each token through the K experts it is routed to, with expert weights `w[E, K_in, N]`
     and the routing `experts[..., K]`: `x[..., K_in]` -> `[..., K, N]` (the token is sent to
     each of its K experts), or `h[..., K, K_in]` -> `[..., K, N]` (each of the token's K
-    slots through its own expert)."""
-    a, w, experts = ins
-    _require(len(w.shape) == 3, f"expert weights {w.name} {_fmt(w.shape)} must be [E, in, out]")
+    slots through its own expert).
+
+    Its backward: `transpose_b`, dX = dY W^T through the same routing, `dy[..., K, N]` ->
+    `[..., K, K_in]` (`reduce_slots`: summed over the K slots, `[..., K_in]`); and
+    `contract="leading"`, dW = X^T dY per expert, `x`, `dy[..., K, N]` -> `[E, K_in, N]`,
+    E given as the parameter `experts`."""
+    a, b, experts = ins
     route = experts.shape
-    lead = a.shape[:-1] if len(a.shape) == len(route) + 1 else (*a.shape[:-1], route[-1])
+    lead = _expert_lead(a, route)
     _require(len(lead) == len(route) and all(same(x, y) for x, y in zip(lead, route)),
              f"{a.name} {_fmt(a.shape)} does not fit the routing {experts.name} {_fmt(route)}")
-    _require(same(a.shape[-1], w.shape[1]),
-             f"expert matmul of {a.name} {_fmt(a.shape)} and {w.name} {_fmt(w.shape)}: "
-             f"inner dims {a.shape[-1]} and {w.shape[1]} differ")
-    return [(*route, w.shape[2])]
+    if params.get("contract") == "leading":
+        _require(len(b.shape) == len(route) + 1
+                 and all(same(x, y) for x, y in zip(b.shape[:-1], route)),
+                 f"{b.name} {_fmt(b.shape)} does not fit the routing {experts.name} {_fmt(route)}")
+        return [(params["experts"], a.shape[-1], b.shape[-1])]
+    _require(len(b.shape) == 3, f"expert weights {b.name} {_fmt(b.shape)} must be [E, in, out]")
+    k, n = (b.shape[2], b.shape[1]) if params.get("transpose_b") else (b.shape[1], b.shape[2])
+    _require(same(a.shape[-1], k),
+             f"expert matmul of {a.name} {_fmt(a.shape)} and {b.name} {_fmt(b.shape)}: "
+             f"inner dims {a.shape[-1]} and {k} differ")
+    return [(*(route[:-1] if params.get("reduce_slots") else route), n)]
 
 
 def _combine_shape(ins: list[Tensor], params: dict) -> list[Shape]:
@@ -150,6 +226,49 @@ def _loss_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     _require(all(same(a, b) for a, b in zip(logits.shape[:-1], targets.shape)),
              f"targets {_fmt(targets.shape)} do not match logits {_fmt(logits.shape)}")
     return [()]
+
+
+def _adamw_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """The gradient, then the weight (or its FP32 master) and the moments, all of one shape ->
+    each of them updated, then the low-precision copy (`copy`) and the zeroed gradient
+    buffer (`zero_grad`)."""
+    grad, *state = ins
+    for t in state:
+        _require(len(t.shape) == len(grad.shape)
+                 and all(same(a, b) for a, b in zip(t.shape, grad.shape)),
+                 f"optimizer state {t.name} {_fmt(t.shape)} does not match the gradient "
+                 f"{grad.name} {_fmt(grad.shape)}")
+    writes = len(state) + bool(params.get("copy")) + bool(params.get("zero_grad"))
+    return [grad.shape] * writes
+
+
+def _saved(ins: list[Tensor], params: dict) -> tuple[list, list, list]:
+    """A one-kernel backward's reads: output gradients, saved forward inputs and outputs."""
+    dys, n_in = params.get("dys", 1), params.get("saved_inputs", 0)
+    n_out = params.get("saved_outputs", 0)
+    _require(len(ins) == dys + n_in + n_out,
+             f"backward kernel reads {len(ins)} tensors, its layout says {dys + n_in + n_out}")
+    return ins[:dys], ins[dys:dys + n_in], ins[dys + n_in:]
+
+
+def backward_shape(forward_kind: str) -> Callable:
+    """The shape rule of `<forward_kind>_backward`: the forward kind's rule re-run on the saved
+    inputs must give the saved outputs' and the output gradients' shapes; the kernel writes the
+    gradients of the inputs at `wrt`. With nothing saved (an element-wise op whose inputs have
+    its output's shape) each gradient has the output gradient's shape."""
+    def _backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+        dys, fwd_ins, fwd_outs = _saved(ins, params)
+        wrt = params.get("wrt", (0,))
+        if not fwd_ins:
+            return [dys[0].shape for _ in wrt]
+        expected = SHAPE_RULES[forward_kind](fwd_ins, params)
+        for t, shape in zip([*dys, *fwd_outs], [*expected[:len(dys)], *expected]):
+            _require(len(t.shape) == len(shape) and all(same(a, b) for a, b in zip(t.shape, shape)),
+                     f"{t.name} {_fmt(t.shape)} is not the forward's output {_fmt(shape)}")
+        _require(all(0 <= i < len(fwd_ins) for i in wrt), f"wrt {wrt} out of range")
+        return [fwd_ins[i].shape for i in wrt]
+    _backward_shape.__name__ = f"_{forward_kind}_backward_shape"
+    return _backward_shape
 
 
 # --- FLOP rules: (inputs, outputs, params) -> FLOPs of one instance -------------------------------
@@ -172,26 +291,43 @@ def _density(params: dict) -> sympy.Expr:
 
 
 def _matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
-    """2 FLOPs per multiply-add: 2 x outputs x contraction; a bias adds one per output."""
+    """2 FLOPs per multiply-add: 2 x outputs x contraction; a bias adds one per output (and its
+    gradient one per summed element)."""
+    a, b, *bias = ins
+    heads = params.get("heads")
+    if heads is not None:  # every form does B x H x M x K x d multiply-adds
+        grad = params.get("grad")
+        d = _head_dim(a, heads) if grad == "a" else (
+            b.shape[-1] / heads if grad == "b" else b.shape[-1] / params["kv_heads"])
+        m_k = a.shape[1] * b.shape[1] if grad == "a" else a.shape[-2] * a.shape[-1]
+        return 2 * a.shape[0] * heads * m_k * d * _density(params)
+    if params.get("contract") == "leading":
+        lead = sympy.Mul(*a.shape[:-1])
+        return 2 * outs[0].numel * lead + (b.numel if params.get("bias") else 0)
     out = outs[0].numel
-    flops = 2 * out * ins[0].shape[-1] * _density(params)
-    return flops + (out if len(ins) > 2 else 0)
+    contraction = a.shape[-2] if params.get("transpose_a") else a.shape[-1]
+    flops = 2 * out * contraction * _density(params)
+    return flops + (out if bias else 0)
 
 
 def _scores_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """QK^T only: 2 x S x S x d per head (halved when causal). Scale, mask and softmax are a few
     FLOPs per score against 2d for the product; like the plate, they are not counted."""
     q = ins[0]
-    head_dim = q.shape[-1] / params["heads"]
-    return 2 * outs[0].numel * head_dim * _density(params)
+    return 2 * outs[0].numel * _head_dim(q, params["heads"]) * _density(params)
+
+
+def _attention_products(q: Tensor, k: Tensor, params: dict) -> sympy.Expr:
+    """Scores computed per step: B x H x S x S_k, halved when causal."""
+    return q.shape[0] * params["heads"] * q.shape[1] * k.shape[1] * _density(params)
 
 
 def _flash_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
-    """QK^T and P.V together, each as in `_scores_flops`."""
-    q, k, _ = ins
-    batch, seq = q.shape[0], q.shape[1]
-    scores = batch * params["heads"] * seq * k.shape[1]
-    return 2 * 2 * scores * (q.shape[-1] / params["heads"]) * _density(params)
+    """QK^T (2 d_qk per score) and P.V (2 d_v per score) together, as in `_scores_flops` and
+    the per-head matmul: the same FLOPs as the unfused pair, whatever the head sizes."""
+    q, k, v = ins
+    d_qk, d_v = _head_dim(q, params["heads"]), _head_dim(v, params["kv_heads"])
+    return 2 * _attention_products(q, k, params) * (d_qk + d_v)
 
 
 def _loss_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
@@ -206,13 +342,76 @@ def _topk_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Ex
 
 
 def _expert_matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
-    """Only the routed experts compute: 2 x (tokens x K x out) x contraction."""
-    return 2 * outs[0].numel * ins[0].shape[-1]
+    """Only the routed experts compute: 2 x (tokens x K) x in x out, with `[E, in, out]` the
+    expert weights (the weight-gradient form's output). dX and dW do the forward's count; a sum
+    of dX over the K slots is in the epilogue, not counted."""
+    w = outs[0] if params.get("contract") == "leading" else ins[1]
+    return 2 * sympy.Mul(*ins[2].shape) * w.shape[1] * w.shape[2]
 
 
 def _combine_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """Each expert output element times its gate, then added into the token's sum: 2 each."""
     return 2 * ins[0].numel
+
+
+def _adamw_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """`flops_per_param` (attach_adamw's AdamW record: 12) per element of the gradient."""
+    return params["flops_per_param"] * ins[0].numel
+
+
+def per_input(n: int, index: int = 0) -> Callable:
+    """A backward rule of `n` FLOPs per element of the forward's input at `index`."""
+    def _per_input(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+        _, fwd_ins, _ = _saved(ins, params)
+        return n * (fwd_ins[index] if fwd_ins else ins[0]).numel
+    _per_input.__name__ = f"_per_input_{n}_{index}"
+    return _per_input
+
+
+def _no_backward_flops(ins, outs, params) -> sympy.Expr:
+    """The gradient passed through (an add's): copies, no arithmetic."""
+    return sympy.Integer(0)
+
+
+def _embedding_backward_flops(ins, outs, params) -> sympy.Expr:
+    """A scatter-add of each row of dY into the table's gradient: one add per element."""
+    return ins[0].numel
+
+
+def _scores_backward_flops(ins, outs, params) -> sympy.Expr:
+    """dQ = dS K and dK = dS^T Q: each the forward's QK^T product (softmax's backward, a few
+    FLOPs per score, is not counted, like its forward)."""
+    _, (q, k), (p,) = _saved(ins, params)
+    return len(params.get("wrt", (0, 1))) * _scores_flops([q, k], [p], params)
+
+
+def _flash_backward_flops(ins, outs, params) -> sympy.Expr:
+    """FlashAttention's backward as it runs: it recomputes QK^T (2 d_qk per score), then
+    dV = P^T dO and dP = dO V^T (2 d_v each), dQ = dS K and dK = dS^T Q (2 d_qk each): 2.5x the
+    forward when the head sizes agree."""
+    _, (q, k, v), _ = _saved(ins, params)
+    d_qk, d_v = _head_dim(q, params["heads"]), _head_dim(v, params["kv_heads"])
+    return 2 * _attention_products(q, k, params) * (3 * d_qk + 2 * d_v)
+
+
+def _loss_backward_flops(ins, outs, params) -> sympy.Expr:
+    """softmax(logits) - onehot(targets), scaled by dLoss / tokens: the softmax recomputed from
+    the saved logits (max, subtract, exp, sum, divide: 5) and the scale, 6 per logit."""
+    _, (logits, _), _ = _saved(ins, params)
+    return 6 * logits.numel
+
+
+def _topk_backward_flops(ins, outs, params) -> sympy.Expr:
+    """The renormalisation's backward per gate (2), then softmax's backward per router logit,
+    dl = p * (dp - sum(p * dp)) (4)."""
+    _, (logits,), (gates, _) = _saved(ins, params)
+    return 4 * logits.numel + 2 * gates.numel
+
+
+def _combine_backward_flops(ins, outs, params) -> sympy.Expr:
+    """dY times each gate (1 per expert output element) and dGate = <expert output, dY> (2)."""
+    _, (y, _), _ = _saved(ins, params)
+    return 3 * y.numel
 
 
 SHAPE_RULES: dict[str, Callable] = {
@@ -232,6 +431,16 @@ SHAPE_RULES: dict[str, Callable] = {
     "moe_combine": _combine_shape,
 }
 
+FORWARD_KINDS = tuple(SHAPE_RULES)
+
+# Backward kernels that are not a forward kind again (a matmul's are matmuls): one per forward
+# kind whose VJP is one kernel, `<kind>_backward`, shaped by `backward_shape(kind)`.
+BACKWARD_KINDS = tuple(f"{kind}_backward" for kind in FORWARD_KINDS
+                       if kind not in ("matmul", "expert_matmul"))
+
+SHAPE_RULES |= {kind: backward_shape(kind.removesuffix("_backward")) for kind in BACKWARD_KINDS}
+SHAPE_RULES["adamw"] = _adamw_shape
+
 FLOP_RULES: dict[str, Callable] = {
     "embedding": _no_flops,  # a gather: bytes only
     "matmul": _matmul_flops,
@@ -247,18 +456,50 @@ FLOP_RULES: dict[str, Callable] = {
     "topk": _topk_flops,
     "expert_matmul": _expert_matmul_flops,
     "moe_combine": _combine_flops,
+    # backward kernels: their own arithmetic (what the cost model's "derived" mode reports)
+    "embedding_backward": _embedding_backward_flops,
+    # x-hat recomputed (2), dY*w (1), the two row means (4), dX (3), dW's sum of dY*x-hat (2)
+    "rmsnorm_backward": per_input(12),
+    "layernorm_backward": per_input(16),  # as RMSNorm's, with the mean and the bias's sum
+    "rope_backward": per_input(3),  # the inverse rotation: dY*cos - rotate(dY)*sin
+    "attention_scores_backward": _scores_backward_flops,
+    "flash_attention_backward": _flash_backward_flops,
+    # sigmoid recomputed (3), silu (1), dUp = dY*silu (1), silu' (4), dGate = dY*up*silu' (2)
+    "swiglu_backward": per_input(11),
+    "gelu_backward": per_input(16),  # tanh recomputed (8), its derivative (7), times dY (1)
+    "add_backward": _no_backward_flops,
+    "cross_entropy_backward": _loss_backward_flops,
+    "topk_backward": _topk_backward_flops,
+    "moe_combine_backward": _combine_backward_flops,
+    "adamw": _adamw_flops,
 }
 
-FORWARD_KINDS = tuple(SHAPE_RULES)
+
+def _partials(ins: list[Tensor], params: dict) -> tuple[list[Tensor], list[Tensor]]:
+    """A kernel's own inputs and the partial gradients it accumulates into (read last)."""
+    n = int(params.get("accumulate", 0))
+    return (ins[:len(ins) - n], ins[len(ins) - n:]) if n else (ins, [])
 
 
 def infer_shapes(kind: str, ins: list[Tensor], params: dict) -> list[Shape]:
-    return SHAPE_RULES[kind](ins, params)
+    """The output shapes of an op of `kind` reading `ins`; ShapeError if they do not fit."""
+    if kind not in SHAPE_RULES:
+        raise ShapeError(f"no shape rule for op kind {kind!r}")
+    own, partials = _partials(ins, params)
+    shapes = SHAPE_RULES[kind](own, params)
+    for t in partials:
+        _require(any(len(t.shape) == len(s) and all(same(a, b) for a, b in zip(t.shape, s))
+                     for s in shapes),
+                 f"partial gradient {t.name} {_fmt(t.shape)} matches no output {shapes}")
+    return shapes
 
 
 def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
-    return FLOP_RULES[kind](ins, outs, params)
+    """FLOPs of one instance of an op of `kind`; accumulating into a partial gradient adds one
+    per element."""
+    own, partials = _partials(ins, params)
+    return FLOP_RULES[kind](own, outs, params) + sympy.Add(*(t.numel for t in partials))
 
 
-__all__ = ["FLOP_RULES", "FORWARD_KINDS", "SHAPE_RULES", "ShapeError", "count_flops",
-           "infer_shapes", "per_element", "same"]
+__all__ = ["BACKWARD_KINDS", "FLOP_RULES", "FORWARD_KINDS", "SHAPE_RULES", "ShapeError",
+           "backward_shape", "count_flops", "infer_shapes", "per_element", "per_input", "same"]

@@ -26,6 +26,7 @@ import sympy
 from opgraph.passes.evaluate import evaluate, resolve
 
 from . import formula as fm
+from .costmodel import DEFAULT, CostModel
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph
@@ -92,9 +93,9 @@ def _fixed(graph: Graph, values: dict, free: sympy.Symbol) -> dict:
     return {sym: v for sym, v in resolve(graph, values).items() if sym != free}
 
 
-def _time(graph: Graph, ops, hardware: Hardware) -> sympy.Expr:
+def _time(graph: Graph, ops, hardware: Hardware, cost: CostModel) -> sympy.Expr:
     hw = fm.hardware_values(hardware)
-    return sympy.Add(*(fm.op_time(graph, op, hw[fm.PEAK], hw[fm.BANDWIDTH]) for op in ops))
+    return fm.step_time(graph, ops, hw[fm.PEAK], hw[fm.BANDWIDTH], cost)
 
 
 @attrs.frozen
@@ -161,8 +162,8 @@ def _last_whole(g, x, start: int) -> tuple[int, sympy.Expr] | None:
 
 
 def max_share(graph: Graph, hardware: Hardware, category: str | None = None, share: float = 0.02,
-              *, op: str | None = None, dim: str = "tokens", values: dict | None = None
-              ) -> ShareAnswer:
+              *, op: str | None = None, dim: str = "tokens", values: dict | None = None,
+              cost: CostModel = DEFAULT) -> ShareAnswer:
     """Where the selected ops take at most `share` of the step's time: the batch (dim "tokens",
     at the given seq_len) or the seq_len (at the given batch) from which it holds, or up to
     which it holds where the share rises (`ShareAnswer.holds`)."""
@@ -173,8 +174,8 @@ def max_share(graph: Graph, hardware: Hardware, category: str | None = None, sha
     x = B if dim == "tokens" else S
     mine = fm.select(graph, op=op, category=category)
     fixed = _fixed(graph, values, x)
-    part = _time(graph, mine, hardware).xreplace(fixed)
-    step = _time(graph, graph.ops(), hardware).xreplace(fixed)
+    part = _time(graph, mine, hardware, cost).xreplace(fixed)
+    step = _time(graph, graph.ops(), hardware, cost).xreplace(fixed)
     g = part - sympy.Rational(repr(share)) * step
     what, kind = (op, "op") if op else (category, "category")
     seq, batch = int(fixed.get(S, 0)), int(fixed.get(B, 0))
@@ -190,7 +191,8 @@ def max_share(graph: Graph, hardware: Hardware, category: str | None = None, sha
     names = {o.name for o in mine}
 
     def measured(value: int) -> float:
-        p = evaluate(graph, hardware, {x.name: value, **{s.name: int(v) for s, v in fixed.items()}})
+        p = evaluate(graph, hardware, {x.name: value, **{s.name: int(v) for s, v in fixed.items()}},
+                     cost=cost)
         return sum(r.time_s for r in p.ops if r.name in names) / p.step_time_s
 
     def units(value) -> float:  # x as tokens per step (x is the batch) or as seq_len
@@ -235,18 +237,19 @@ class RidgeAnswer:
 
 
 def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
-          values: dict | None = None) -> RidgeAnswer:
+          values: dict | None = None, cost: CostModel = DEFAULT) -> RidgeAnswer:
     """The tokens per step (at the given seq_len; dim "tokens") or the seq_len (at the given
     batch) above which `op` is compute-bound: `ridge(step, h100, "layers.q_proj")`."""
     if dim not in DIMS:
         raise OpgraphError(f"unknown dimension {dim!r} to solve for; choose one of {DIMS}")
     (node,) = fm.select(graph, op=op)
-    flops, nbytes = node.flops, graph.op_bytes(node)
+    node_cost = cost.op_cost(graph, node)
+    flops, nbytes = node_cost.flops, node_cost.bytes
     x, swap = (T, {B: T / S}) if dim == "tokens" else (S, {})
     flops, nbytes = sympy.expand(flops.xreplace(swap)), sympy.expand(nbytes.xreplace(swap))
     fixed = _fixed(graph, values, B if dim == "tokens" else S)
     hw = fm.hardware_values(hardware)
-    g = (nbytes / hw[fm.BANDWIDTH] - flops / hw[fm.PEAK]).xreplace(fixed)
+    g = _sides(cost, flops, nbytes, hw[fm.PEAK], hw[fm.BANDWIDTH]).xreplace(fixed)
     ridge_intensity = hardware.peak_flops / hardware.bandwidth
     if nbytes == 0:
         raise OpgraphError(f"op {op} moves no bytes: it has no ridge point")
@@ -262,17 +265,23 @@ def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
     whole = int(sympy.ceiling(found))
     if _number(g.subs(x, whole)) > 0 or (whole > 1 and _number(g.subs(x, whole - 1)) <= 0):
         raise AssertionError(f"the ridge of {op} at {value} does not check out")
-    closed = _closed_form(flops, nbytes, x, fixed, hw, value)
+    closed = _closed_form(flops, nbytes, x, fixed, hw, value, cost)
     return RidgeAnswer(op, dim, value, whole, None, str(closed) if closed is not None else None,
                        fm.latex(closed) if closed is not None else None, str(ratio), tends,
                        ridge_intensity, others)
 
 
-def _closed_form(flops, nbytes, x, fixed, hw, value):
+def _sides(cost: CostModel, flops, nbytes, peak, bandwidth) -> sympy.Expr:
+    """The cost model's memory term less its compute term: positive while memory-bound."""
+    return (cost.time(0, nbytes, peak, bandwidth, sympy.Max)
+            - cost.time(flops, 0, peak, bandwidth, sympy.Max))
+
+
+def _closed_form(flops, nbytes, x, fixed, hw, value, cost):
     """The crossing `flops / peak = bytes / bandwidth` solved for `x` with every dimension and the
     hardware kept as symbols: the solution that is `value` at the preset."""
     try:
-        solutions = sympy.solve(sympy.Eq(flops / fm.PEAK, nbytes / fm.BANDWIDTH), x)
+        solutions = sympy.solve(_sides(cost, flops, nbytes, fm.PEAK, fm.BANDWIDTH), x)
     except NotImplementedError:
         return None
     subs = {**fixed, **hw}

@@ -1,9 +1,11 @@
-"""The graph verifier, run after every pass in the tests (like torch.fx's `graph.lint()`).
+"""The graph verifier, run by `compile_step` and after every pass in the tests (like torch.fx's
+`graph.lint()`).
 
 A graph is well formed when it is acyclic; every tensor is produced at most once; each op's
-edges are exactly its input and output tensors; every forward op's output shapes are what its
-kind's shape rule infers from its inputs (so a matmul's inner dimensions agree); and every
-gradient has its primal's shape.
+edges are exactly its input and output tensors; every op's output shapes, whatever its phase
+(forward, backward, optimizer, fused), are what its kind's shape rule infers from its inputs (so
+a matmul's inner dimensions agree, dX = dY W^T included); a backward op's `forward` link names an
+op of the graph; and every gradient has its primal's shape.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def verify(graph: Graph) -> Graph:
             problems.append(f"op {op.name}: edges out differ from its outputs")
         if not op.outputs:
             problems.append(f"op {op.name} writes nothing")
-        if op.phase is Phase.FORWARD:
-            problems += _check_shapes(graph, op)
+        if op.phase is Phase.BACKWARD and op.forward is not None and not graph.has_op(op.forward):
+            problems.append(f"op {op.name} is the backward of missing op {op.forward}")
+        problems += _check_shapes(graph, op)
     if problems:
         raise VerifyError(f"graph {graph.name}: " + "; ".join(problems))
     return graph
@@ -65,5 +68,6 @@ def _check_shapes(graph: Graph, op) -> list[str]:
     if len(expected) != len(outs) or not all(
             len(a) == len(b) and all(rules.same(x, y) for x, y in zip(a, b))
             for a, b in zip(expected, outs)):
-        return [f"op {op.name}: outputs {outs}, its inputs give {expected}"]
+        show = [list(map(str, s)) for s in outs], [list(map(str, s)) for s in expected]
+        return [f"op {op.name}: outputs {show[0]}, its inputs give {show[1]}"]
     return []

@@ -1,9 +1,9 @@
 """attach_adamw: one AdamW update per parameter tensor, reading that parameter's gradient.
 
 Invariant established: every weight with a gradient has exactly one `adamw` op (phase
-`optimizer`, category `optimizer`, the weight's multiplicity) whose traffic is derived from the
-tensors it touches. With the defaults, per parameter (mixed-precision training, gradients
-accumulated in FP32 over micro-batches):
+`optimizer`, category `optimizer`, the weight's multiplicity); its FLOPs are `adamw`'s FLOP rule
+(`flops_per_param` per element) and its traffic the tensors it touches. With the defaults, per
+parameter (mixed-precision training, gradients accumulated in FP32 over micro-batches):
 
     reads   FP32 gradient 4, FP32 master weight 4, FP32 first and second moments 4 + 4   = 16
     writes  FP32 master weight 4, moments 4 + 4, the BF16 weight copy the next forward
@@ -67,7 +67,9 @@ def attach_adamw(graph: Graph, adamw: AdamW = AdamW()) -> Graph:
             writes.append(state("weight'", adamw.copy))
         if adamw.zero_grad:
             writes.append(state("grad'", grad.dtype, Role.GRADIENT))
-        out.add_op(Op(base, "adamw", "optimizer", reads, writes,
-                      flops=adamw.flops_per_param * w.numel, count=w.count,
-                      phase=Phase.OPTIMIZER))
+        out.add_op(Op(base, "adamw", "optimizer", reads, writes, count=w.count,
+                      phase=Phase.OPTIMIZER,
+                      params={"flops_per_param": adamw.flops_per_param,
+                              "copy": adamw.copy is not None and adamw.master is not None,
+                              "zero_grad": adamw.zero_grad}))
     return out

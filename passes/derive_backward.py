@@ -5,12 +5,12 @@ Invariant established: every forward op whose outputs need a gradient has backwa
 they need, and write gradient tensors (`grad_of=` naming the primal); each weight ends with one
 final gradient tensor (`gradient_of(graph, weight)`), which the optimizer consumes.
 
-Which kernels a backward is made of is one table, VJP_RULES, keyed by op kind. What they cost is
-a second table, BACKWARD_COST: by default the plate's convention, each op's backward costs
-`factor` (2) times its forward, FLOPs and bytes alike, split evenly over its kernels. A matmul's
-backward is its two real matmuls, dX = dY W^T and dW = X^T dY, each exactly the forward's cost.
-With `traffic="tensors"` the backward kernels' bytes are instead derived from the tensors they
-really read and write (FLOPs keep the convention).
+Which kernels a backward is made of is one table, VJP_RULES, keyed by op kind; every kernel is
+well typed, an op of a kind with a shape rule and a FLOP rule (`opgraph.rules`): a matmul's
+backward is two real matmuls, dX = dY W^T (`transpose_b` flipped) and dW = X^T dY
+(`contract="leading"`, the token dims summed, the weight's shape). Nothing here is costed: what
+a backward kernel costs is the cost model's choice (`opgraph.costmodel`), by default the plate's
+convention through each kernel's `forward` link.
 
 A tensor read by several ops gets its gradient contributions accumulated in the kernels' epilogues:
 the second contributor reads the first one's partial gradient and writes the sum, so every tensor
@@ -21,12 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import attrs
-import sympy
-
 from opgraph.ir import FP32, DType, Graph, Op, Phase, Role, Tensor
-
-TRAFFIC_MODES = ("plate", "tensors")
 
 
 class _Context:
@@ -42,21 +37,31 @@ class _Context:
     def grad(self, name: str) -> str | None:
         return self.latest.get(name)
 
-    def emit(self, fwd: Op, suffix: str, kind: str, reads: list[str], grads: list[str]) -> Op:
+    def emit(self, fwd: Op, suffix: str, kind: str, reads: list[str], grads: list[str],
+             **params) -> Op | None:
         """A backward kernel of `fwd` reading `reads` and writing gradients of `grads` (those
-        that need one), uncosted; None if none of `grads` needs a gradient."""
+        that need one), with `fwd`'s parameters updated by `params`; None if none of `grads`
+        needs a gradient. Partial gradients it accumulates into are read last (`accumulate`)."""
         grads = [n for n in dict.fromkeys(grads) if n in self.needs]
         if not grads:
             return None
-        reads = list(reads)
+        reads = list(dict.fromkeys(reads))
+        own = len(reads)
         outs = []
         for primal in grads:
             previous = self.latest.get(primal)
-            if previous is not None:
+            if previous is not None and previous not in reads:
                 reads.append(previous)  # accumulate into the partial gradient
             outs.append(self._new_grad(primal))
-        return Op(f"{fwd.name}.{suffix}", kind, fwd.category, list(dict.fromkeys(reads)), outs,
-                  count=fwd.count, phase=Phase.BACKWARD, params=fwd.params, forward=fwd.name)
+        merged = {k: v for k, v in {**dict(fwd.params), **params}.items() if v is not None}
+        if len(reads) > own:
+            merged["accumulate"] = len(reads) - own
+        return Op(f"{fwd.name}.{suffix}", kind, fwd.category, reads, outs, count=fwd.count,
+                  phase=Phase.BACKWARD, params=merged, forward=fwd.name)
+
+    def wrt(self, fwd: Op, names: list[str]) -> tuple[int, ...]:
+        """Positions in `fwd`'s inputs of those of `names` that need a gradient."""
+        return tuple(fwd.inputs.index(n) for n in dict.fromkeys(names) if n in self.needs)
 
     def _new_grad(self, primal: str) -> str:
         t = self.graph.tensor(primal)
@@ -74,21 +79,34 @@ def one_kernel(saves: str) -> Callable:
     """A backward that is one kernel reading the output gradient and the saved forward tensors
     (`saves`: "none", "inputs" or "inputs+outputs"), writing each input's gradient."""
     def _one_kernel_vjp(ctx: _Context, op: Op) -> list[Op]:
-        saved = {"none": [], "inputs": list(op.inputs),
-                 "inputs+outputs": [*op.inputs, *op.outputs]}[saves]
+        ins = list(op.inputs) if saves != "none" else []
+        outs = list(op.outputs) if saves == "inputs+outputs" else []
         dys = [g for g in map(ctx.grad, op.outputs) if g is not None]
-        kernel = ctx.emit(op, "grad", f"{op.kind}_backward", dys + saved, list(op.inputs))
+        kernel = ctx.emit(op, "grad", f"{op.kind}_backward", dys + ins + outs, list(op.inputs),
+                          dys=len(dys), saved_inputs=len(ins), saved_outputs=len(outs),
+                          wrt=ctx.wrt(op, list(op.inputs)))
         return [kernel] if kernel else []
     _one_kernel_vjp.__name__ = f"_one_kernel_vjp_{saves.replace('+', '_')}"
     return _one_kernel_vjp
 
 
 def _matmul_vjp(ctx: _Context, op: Op) -> list[Op]:
-    """dA = dY B^T and dB = A^T dY (and a bias's gradient with dB): two matmuls."""
+    """dA = dY B^T and dB = A^T dY (and a bias's gradient with dB): two matmuls. Per head
+    (attention's P.V) they are dP = dO V^T and dV = P^T dO, per-head matmuls too."""
     a, b, *bias = op.inputs
     dy = ctx.grad(op.outputs[0])
-    kernels = [ctx.emit(op, "dA", "matmul", [dy, b], [a]),
-               ctx.emit(op, "dB", "matmul", [a, dy], [b, *bias])]
+    if op.param("heads") is not None:
+        kernels = [ctx.emit(op, "dA", "matmul", [dy, b], [a], grad="a"),
+                   ctx.emit(op, "dB", "matmul", [a, dy], [b], grad="b")]
+    else:  # None drops a parameter
+        transposed = bool(op.param("transpose_b"))
+        # dB sums the token dims for a weight b[K, N]; a batched b[..., K, N] keeps them
+        weight = len(ctx.graph.tensor(b).shape) == 2
+        db = ({"contract": "leading", "bias": bool(bias) or None} if weight
+              else {"transpose_a": True})
+        kernels = [ctx.emit(op, "dA", "matmul", [dy, b], [a], transpose_b=not transposed or None),
+                   ctx.emit(op, "dB", "matmul", [a, dy], [b, *bias], transpose_b=None,
+                            transpose_out=transposed or None, **db)]
     return [k for k in kernels if k is not None]
 
 
@@ -97,17 +115,22 @@ def _expert_matmul_vjp(ctx: _Context, op: Op) -> list[Op]:
     (which experts) is not differentiable; the gates' gradient comes from `moe_combine`."""
     a, w, experts = op.inputs
     dy = ctx.grad(op.outputs[0])
-    kernels = [ctx.emit(op, "dA", "expert_matmul", [dy, w, experts], [a]),
-               ctx.emit(op, "dB", "expert_matmul", [a, dy, experts], [w])]
+    # x[..., in] went to each of its K experts: its gradient sums the K slots
+    broadcast = len(ctx.graph.tensor(a).shape) == len(ctx.graph.tensor(experts).shape)
+    kernels = [ctx.emit(op, "dA", "expert_matmul", [dy, w, experts], [a], transpose_b=True,
+                        reduce_slots=broadcast or None),
+               ctx.emit(op, "dB", "expert_matmul", [a, dy, experts], [w], contract="leading",
+                        experts=ctx.graph.tensor(w).shape[0])]
     return [k for k in kernels if k is not None]
 
 
 def flash_attention_backward(ctx: _Context, op: Op) -> list[Op]:
-    """FlashAttention's backward: one kernel reading Q, K, V, O and dO, writing dQ, dK, dV."""
+    """FlashAttention's backward: one kernel reading dO, Q, K, V and O, writing dQ, dK, dV."""
     q, k, v = op.inputs
     do = ctx.grad(op.outputs[0])
     kernel = ctx.emit(op, "grad", "flash_attention_backward", [do, q, k, v, *op.outputs],
-                      [q, k, v])
+                      [q, k, v], dys=1, saved_inputs=3, saved_outputs=1,
+                      wrt=ctx.wrt(op, [q, k, v]))
     return [kernel] if kernel else []
 
 
@@ -129,29 +152,6 @@ VJP_RULES: dict[str, Callable] = {
 }
 
 
-# --- cost rules: (graph, forward op, its backward kernels, traffic mode, factor) -> costed --------
-
-def _scaled_forward_cost(graph: Graph, fwd: Op, kernels: list[Op], traffic: str,
-                         factor) -> list[Op]:
-    """The plate's rule: the backward costs `factor` x the forward, split evenly."""
-    n = len(kernels)
-    flops = factor * fwd.flops / n
-    bytes_ = factor * graph.op_bytes(fwd) / n if traffic == "plate" else None
-    return [attrs.evolve(k, flops=flops, traffic=bytes_) for k in kernels]
-
-
-def _real_traffic_cost(graph: Graph, fwd: Op, kernels: list[Op], traffic: str,
-                       factor) -> list[Op]:
-    """`factor` x the forward's FLOPs; bytes from the tensors the kernels really touch."""
-    n = len(kernels)
-    return [attrs.evolve(k, flops=factor * fwd.flops / n, traffic=None) for k in kernels]
-
-
-BACKWARD_COST: dict[str, Callable] = {
-    kind: _scaled_forward_cost for kind in VJP_RULES
-} | {"flash_attention": _real_traffic_cost}
-
-
 # --- the pass -------------------------------------------------------------------------------------
 
 def _needs_grad(graph: Graph) -> set[str]:
@@ -164,23 +164,20 @@ def _needs_grad(graph: Graph) -> set[str]:
     return needs
 
 
-def derive_backward(graph: Graph, *, traffic: str = "plate", factor=2,
-                    weight_grad_dtype: DType = FP32) -> Graph:
-    """The forward graph with its backward appended.
+def derive_backward(graph: Graph, *, weight_grad_dtype: DType = FP32) -> Graph:
+    """The forward graph with its backward appended; weight gradients are written in
+    `weight_grad_dtype` (FP32, the buffer gradients accumulate in).
 
-    `factor` is the backward-over-forward cost ratio (the plate's 2); weight gradients are
-    written in `weight_grad_dtype` (FP32, the buffer gradients accumulate in).
-
+        >>> from opgraph.models import preset
         >>> step = derive_backward(preset("llama3-8b"))
+        >>> [op.kind for op in step.ops() if op.forward == "layers.q_proj"]
+        ['matmul', 'matmul']
     """
-    if traffic not in TRAFFIC_MODES:
-        raise ValueError(f"traffic must be one of {TRAFFIC_MODES}, not {traffic!r}")
     if any(op.phase is not Phase.FORWARD for op in graph.ops()):
         raise ValueError(f"graph {graph.name} already has a backward")
     out = graph.copy()
     needs = _needs_grad(graph)
     ctx = _Context(out, needs, weight_grad_dtype)
-    factor = sympy.sympify(factor)
     for sink in graph.tensors():  # seed: d(loss)/d(loss) for each scalar sink
         if sink.name in needs and not graph.consumers(sink.name) and graph.producer(sink.name):
             ctx._new_grad(sink.name)
@@ -192,10 +189,8 @@ def derive_backward(graph: Graph, *, traffic: str = "plate", factor=2,
         except KeyError:
             raise NotImplementedError(f"no backward rule for op kind {op.kind!r} "
                                       f"(op {op.name}); add one to VJP_RULES") from None
-        kernels = rule(ctx, op)
-        if kernels:
-            for k in BACKWARD_COST[op.kind](graph, op, kernels, traffic, factor):
-                out.add_op(k)
+        for kernel in rule(ctx, op):
+            out.add_op(kernel)
     return out
 
 

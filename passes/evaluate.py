@@ -1,19 +1,28 @@
 """evaluate: substitute the dimensions and hardware into a graph's costs, giving a Profile.
 
-Per op, time is the roofline `max(flops / peak, bytes / bandwidth)` (XLA's HloCostAnalysis);
-ops do not overlap, so the step time is their sum. The MFU ceiling follows the plate's convention:
-`6 x N x tokens / (step time x peak)`, N the parameters other than the input embedding (a weight
-read only by embedding lookups); tokens per step are `B x S`. For a mixture of experts N counts
-the parameters a token uses (`opgraph.parameters`: an expert's weights times K/E).
+Each op's FLOPs, bytes and time come from the cost model (`opgraph.costmodel`, by default the
+plate's conventions): time per op is `count x max(flops / peak, bytes / bandwidth)`, and ops do
+not overlap, so the step time is their sum. The MFU ceiling follows the plate's convention,
+`6 x N x tokens / (step time x peak)` (the cost model's `mfu`), N the parameters other than the
+input embedding (a weight read only by embedding lookups); tokens per step are `B x S`. For a
+mixture of experts N counts the parameters a token uses (`opgraph.parameters`: an expert's
+weights times K/E), also reported as `active_parameters`.
 
-Beside the roofline, `extra` carries the step's HBM footprint (`opgraph.memory`) against the
-part's capacity, and for a mixture of experts its `active_parameters`.
+Beside the roofline, the profile carries the step's HBM footprint (`opgraph.memory`) against the
+part's capacity.
+
+Values are checked as the command line checks them (`resolve`): each a whole number above 0,
+`tokens` (B x S) a whole number of sequences.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import sympy
 
+from opgraph.costmodel import DEFAULT, CostModel
 from opgraph.errors import OpgraphError
 from opgraph.hardware import Hardware
 from opgraph.ir import Graph, Phase
@@ -22,17 +31,65 @@ from opgraph.parameters import active_parameters, is_routed
 from opgraph.profile import CATEGORIES, CategoryCost, OpCost, Profile
 from opgraph.symbols import B, S
 
+LARGEST = 2**53  # the largest whole number a float holds exactly, and its neighbours
+
+
+def whole(name: str, value) -> int:
+    """`value` as a whole number above 0, or an OpgraphError naming `name`: 8 and 8.0 are 8;
+    1.5, 0, inf, True and "8" are errors.
+
+        >>> whole("B", 8.0)
+        8
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real | sympy.Basic):
+        raise OpgraphError(f"{name} = {value!r}: give a whole number, e.g. 8")
+    if isinstance(value, sympy.Basic):
+        whole_number = value.is_Integer
+    elif isinstance(value, numbers.Integral):
+        whole_number = True
+    else:
+        whole_number = math.isfinite(value) and float(value).is_integer()
+    if not whole_number:
+        raise OpgraphError(f"{name} = {value!r} is not a whole number; give one, e.g. 8")
+    number = int(value)
+    if number <= 0:
+        raise OpgraphError(f"{name} = {value!r}: give a whole number above 0")
+    if number > LARGEST:
+        raise OpgraphError(f"{name} has {len(str(number))} digits: give at most {LARGEST:,} "
+                           "(costs are evaluated in floating point)")
+    return number
+
 
 def resolve(graph: Graph, values: dict | None = None) -> dict[sympy.Symbol, sympy.Integer]:
-    """The graph's default dimensions updated with `values` (keys: symbols or their names)."""
+    """The graph's default dimensions updated with `values` (keys: symbols or their names; also
+    "tokens", tokens per step, which sets the batch B = tokens / S), each checked by `whole`.
+    A sequence longer than the model's positions is an error."""
     merged = {sym: sympy.Integer(v) for sym, v in graph.dims.items()}
     by_name = {sym.name: sym for sym in merged}
+    tokens = None
     for key, value in (values or {}).items():
+        if key == "tokens":
+            tokens = whole("tokens", value)
+            continue
         sym = by_name.get(key, key) if isinstance(key, str) else key
         if isinstance(sym, str):
             raise OpgraphError(f"unknown dimension {key!r} for {graph.name}; "
-                               f"it has {', '.join(sorted(by_name))}")
-        merged[sym] = sympy.Integer(value)
+                               f"it has {', '.join(sorted(by_name))} (or tokens)")
+        merged[sym] = sympy.Integer(whole(sym.name, value))
+    longest = graph.max_seq_len
+    if longest and S in merged and merged[S] > longest:
+        raise OpgraphError(f"seq_len {int(merged[S]):,} is longer than {graph.name}'s "
+                           f"{longest:,} positions; give at most {longest:,}")
+    if tokens is not None:
+        if values and any(k in ("B", B) for k in values):
+            raise OpgraphError("give tokens or the batch B, not both")
+        if S not in merged:
+            raise OpgraphError(f"{graph.name} has no sequence length to split tokens by")
+        seq = int(merged[S])
+        if tokens % seq:
+            raise OpgraphError(f"tokens {tokens:,} is not a multiple of the sequence length "
+                               f"{seq:,}; try {max(seq, tokens // seq * seq):,}")
+        merged[B] = sympy.Integer(tokens // seq)
     return merged
 
 
@@ -56,50 +113,46 @@ def _number(expr, subs: dict, what: str):
     return value
 
 
-def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None) -> Profile:
+def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
+             cost: CostModel = DEFAULT) -> Profile:
     """The roofline profile of `graph` on `hardware`: `evaluate(step, hardware.get("h100-sxm"))`.
 
-    `values` overrides the graph's dimensions, e.g. `{"B": 8}`.
+    `values` overrides the graph's dimensions, e.g. `{"B": 8}` or `{"tokens": 65536}`; `cost`
+    is the cost model (the plate's conventions by default).
     """
     subs = resolve(graph, values)
     peak, bandwidth = hardware.peak_flops, hardware.bandwidth
+    costs = cost.op_costs(graph)
     rows = []
     for op in graph.ops():
         count = int(_number(op.count, subs, f"op {op.name}'s count"))
-        flops = float(_number(op.flops * op.count, subs, f"op {op.name}'s FLOPs"))
-        nbytes = float(_number(graph.op_bytes(op) * op.count, subs, f"op {op.name}'s bytes"))
-        compute, memory = flops / peak, nbytes / bandwidth
+        flops = float(_number(costs[op.name].flops * op.count, subs, f"op {op.name}'s FLOPs"))
+        nbytes = float(_number(costs[op.name].bytes * op.count, subs, f"op {op.name}'s bytes"))
         rows.append(OpCost(op.name, op.kind, op.category, op.phase.value, count, flops, nbytes,
-                           max(compute, memory), "compute" if compute >= memory else "memory"))
+                           cost.time(flops, nbytes, peak, bandwidth),
+                           cost.bound(flops, nbytes, peak, bandwidth)))
     step = sum(r.time_s for r in rows)
     total_flops = sum(r.flops for r in rows)
     categories = _categories(rows, step, total_flops)
     tokens = int(_number(B * S, subs, "tokens per step"))
     parameters = int(_number(graph.parameters(), subs, "the parameter count"))
     mfu_n = int(_number(mfu_parameters(graph), subs, "the parameter count"))
+    active = (int(_number(active_parameters(graph), subs, "the active parameter count"))
+              if is_routed(graph) else None)
+    parts = {name: int(_number(expr, subs, f"the {name}' memory"))
+             for name, expr in footprint(graph).parts().items()}
     return Profile(
         model=graph.name, hardware=hardware,
         values={str(k): int(v) for k, v in sorted(subs.items(), key=lambda kv: kv[0].name)},
         parameters=parameters, mfu_parameters=mfu_n, tokens=tokens,
         ops=tuple(rows), categories=categories, step_time_s=step, flops=total_flops,
         bytes=sum(r.bytes for r in rows),
-        mfu_ceiling=6 * mfu_n * tokens / (step * peak) if step else 0.0,
-        hfu_ceiling=total_flops / (step * peak) if step else 0.0,
+        mfu_ceiling=cost.mfu(mfu_n, tokens, step, peak) if step else 0.0,
+        hfu_ceiling=cost.hfu(total_flops, step, peak) if step else 0.0,
         fused_attention=any(op.kind == "flash_attention" for op in graph.ops()),
-        extra=_extra(graph, subs, hardware),
+        memory=figures(parts, hardware.memory_bytes),
+        active_parameters=active,
     )
-
-
-def _extra(graph: Graph, subs: dict, hardware: Hardware) -> dict:
-    """`active_parameters` (a mixture of experts only) and the `memory` footprint, in bytes."""
-    extra = {}
-    if is_routed(graph):
-        extra["active_parameters"] = int(_number(active_parameters(graph), subs,
-                                                 "the active parameter count"))
-    parts = {name: int(_number(expr, subs, f"the {name}' memory"))
-             for name, expr in footprint(graph).parts().items()}
-    extra["memory"] = figures(parts, hardware.memory_bytes)
-    return extra
 
 
 def _categories(rows: list[OpCost], step: float, total_flops: float) -> tuple:

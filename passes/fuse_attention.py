@@ -3,8 +3,11 @@
 Invariant established: no `attention_scores` op whose score matrix is read only by its P.V
 matmul (and their backward kernels) remains; each such core is a `flash_attention` op reading
 Q, K, V and writing O, and, where the backward was derived already, one
-`flash_attention_backward` kernel reading Q, K, V, O and dO and writing dQ, dK, dV. FLOPs are
-kept; the score matrix's traffic (and its gradient's) is what disappears.
+`flash_attention_backward` kernel reading dO, Q, K, V and O and writing dQ, dK, dV. FLOPs are
+kept for every shape fusion accepts (values may have another head size than queries and keys,
+as in DeepSeek's MLA: `flash_attention`'s FLOP rule counts QK^T and P.V each with its own);
+the score matrix's traffic (and its gradient's) is what disappears. A core the
+`flash_attention` shape rule does not accept is left unfused.
 
 The pattern is a tiny attention block written with the builder, so it matches any graph with
 that structure, whatever model it came from. Fusing before or after `derive_backward` gives the
@@ -14,7 +17,6 @@ same kernels: both paths build the backward through the same rule.
 from __future__ import annotations
 
 import attrs
-import sympy
 
 from opgraph import rules
 from opgraph.builder import GraphBuilder
@@ -59,8 +61,14 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
         return None
     params = dict(scores.params)
     ins = [graph.tensor(n) for n in (q, k, v)]
+    try:
+        (shape,) = rules.infer_shapes("flash_attention", ins, params)
+    except rules.ShapeError:
+        return None
+    out = graph.tensor(o).shape
+    if len(shape) != len(out) or not all(rules.same(a, b) for a, b in zip(shape, out)):
+        return None
     fwd = Op(_fused_name(graph, scores, pv), "flash_attention", scores.category, [q, k, v], [o],
-             flops=rules.count_flops("flash_attention", ins, [graph.tensor(o)], params),
              count=scores.count, params=params)
     backward = [op for op in graph.ops() if op.forward in (scores.name, pv.name)]
     dp = [t.name for t in graph.tensors() if t.grad_of == p]
@@ -73,10 +81,14 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
                     if graph.tensor(n).grad_of == primal and n not in gone]
         grads = [n for primal in (q, k, v) for op in backward for n in op.outputs
                  if graph.tensor(n).grad_of == primal]
+        wrt = tuple(i for i, primal in enumerate((q, k, v))
+                    if any(graph.tensor(n).grad_of == primal for n in grads))
+        layout = {"dys": 1, "saved_inputs": 3, "saved_outputs": 1, "wrt": wrt}
+        if partials:
+            layout["accumulate"] = len(partials)
         add_ops.append(Op(f"{fwd.name}.grad", "flash_attention_backward", fwd.category,
-                          [do, q, k, v, o, *partials], grads,
-                          flops=sympy.Add(*(op.flops for op in backward)), count=fwd.count,
-                          phase=Phase.BACKWARD, params=fwd.params, forward=fwd.name))
+                          [do, q, k, v, o, *partials], grads, count=fwd.count,
+                          phase=Phase.BACKWARD, params={**params, **layout}, forward=fwd.name))
     return Replacement(
         remove_ops=(scores.name, pv.name, *(op.name for op in backward)),
         remove_tensors=(p, *dp),

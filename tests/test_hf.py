@@ -81,7 +81,7 @@ def test_a_config_gives_exactly_its_presets_profile(tmp_path, fields, name):
     graph = from_config(write(tmp_path, fields, "Some-Model"))
     assert graph.name == "Some-Model"  # named after the checkout's folder
     reference = preset(name)
-    assert graph.meta == reference.meta
+    assert (graph.seq_len, graph.max_seq_len) == (reference.seq_len, reference.max_seq_len)
     assert profile_json(graph) == profile_json(reference)
     assert profile_json(graph, B=2) == profile_json(reference, B=2)
 
@@ -104,7 +104,7 @@ def test_a_checkout_folder_reads_its_config_json(tmp_path):
 
 def test_context_shorter_than_the_cap_is_the_default_seq_len(tmp_path):
     fields = LLAMA3_8B | {"max_position_embeddings": 2048}
-    assert from_config(write(tmp_path, fields)).meta["seq_len"] == 2048
+    assert from_config(write(tmp_path, fields)).seq_len == 2048
 
 
 def test_defaults_follow_transformers(tmp_path):

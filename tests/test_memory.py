@@ -66,12 +66,13 @@ def test_optimizer_states_follow_the_adamw_precisions(llama):
 
 
 def test_the_plates_step_does_not_fit_an_80gb_h100(llama_step):
-    memory = evaluate(llama_step, H100).extra["memory"]
+    memory = evaluate(llama_step, H100).memory
     n = 8_030_261_248
-    assert memory["weights"] + memory["gradients"] + memory["optimizer"] == n * (2 + 4 + 12)
-    assert memory["total"] == sum(memory[k] for k in ("weights", "gradients", "optimizer",
-                                                      "activations"))
-    assert memory["capacity"] == 80e9 and memory["fits"] is False
+    assert memory.weights + memory.gradients + memory.optimizer == n * (2 + 4 + 12)
+    assert memory.total == memory.weights + memory.gradients + memory.optimizer + \
+        memory.activations
+    assert memory.capacity == 80e9 and memory.fits is False
+    assert memory.to_json()["total"] == memory.total
 
 
 def test_profile_warns_but_does_not_refuse(cli):

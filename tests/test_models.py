@@ -8,6 +8,7 @@ from opgraph.models import PRESETS, gpt2, preset
 from opgraph.passes.evaluate import mfu_parameters
 
 from opgraph import Phase, compile_step, evaluate, hardware, verify
+from opgraph.costmodel import DEFAULT, CostModel
 from opgraph.parameters import active_parameters
 from opgraph.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
 
@@ -99,16 +100,27 @@ def test_every_preset_compiles_and_profiles(graphs):
         assert p.fused_attention, name
 
 
+def flops(graph, op, cost=DEFAULT):
+    return cost.op_cost(graph, op).flops
+
+
 def test_expert_matmuls_count_only_the_routed_experts(mixtral_step):
     gate = mixtral_step.op("layers.experts.gate_proj")
     assert gate.count == L
-    assert sympy.expand(gate.flops - 2 * B * S * K * D * F) == 0
+    assert sympy.expand(flops(mixtral_step, gate) - 2 * B * S * K * D * F) == 0
     down = mixtral_step.op("layers.experts.down_proj")
-    assert sympy.expand(down.flops - 2 * B * S * K * F * D) == 0
-    # its backward is two expert matmuls, each the forward's FLOPs (dX and dW)
+    assert sympy.expand(flops(mixtral_step, down) - 2 * B * S * K * F * D) == 0
+    # its backward is two expert matmuls, each the forward's FLOPs (dX and dW), by the plate's
+    # convention and by their own FLOP rules alike
     backward = [op for op in mixtral_step.ops() if op.forward == gate.name]
     assert sorted(op.kind for op in backward) == ["expert_matmul", "expert_matmul"]
-    assert sympy.expand(sum(op.flops for op in backward) - 2 * gate.flops) == 0
+    for op in backward:
+        assert sympy.expand(flops(mixtral_step, op) - flops(mixtral_step, gate)) == 0
+        # by their own rules: the same, and one add per element where dX accumulates into the
+        # norm's output gradient (read by the router and the gate and up experts)
+        accumulated = B * S * D if op.param("accumulate") else 0
+        derived = flops(mixtral_step, op, CostModel(backward="derived"))
+        assert sympy.expand(derived - flops(mixtral_step, gate) - accumulated) == 0
     # bytes: all E experts' weights are read (at these token counts every expert is used)
     w = mixtral_step.tensor("layers.experts.gate_proj.weight")
     assert w.shape == (E, D, F)
@@ -120,9 +132,9 @@ def test_expert_matmuls_count_only_the_routed_experts(mixtral_step):
 def test_the_forward_matmuls_are_two_flops_per_active_parameter_per_token(mixtral_step):
     fwd = [op for op in mixtral_step.ops() if op.phase is Phase.FORWARD
            and op.kind in ("matmul", "expert_matmul") and op.category in ("matmul", "output_head")]
-    flops = sympy.Add(*(op.flops * op.count for op in fwd))
+    total = sympy.Add(*(flops(mixtral_step, op) * op.count for op in fwd))
     norms = sympy.Add(*(w.numel * w.count for w in mixtral_step.weights() if "norm" in w.name))
-    assert sympy.expand(flops - 2 * B * S * (mfu_parameters(mixtral_step) - norms)) == 0
+    assert sympy.expand(total - 2 * B * S * (mfu_parameters(mixtral_step) - norms)) == 0
 
 
 def test_the_optimizer_updates_every_parameter(mixtral_step):
@@ -133,15 +145,15 @@ def test_the_optimizer_updates_every_parameter(mixtral_step):
 
 def test_mixtral_mfu_counts_active_parameters(mixtral_step):
     p = evaluate(mixtral_step, H100)
-    assert p.extra["active_parameters"] == count(mixtral_step, active_parameters(mixtral_step))
+    assert p.active_parameters == count(mixtral_step, active_parameters(mixtral_step))
     embedding = 32000 * 4096  # the input embedding, read only by its lookup
-    assert p.mfu_parameters == p.extra["active_parameters"] - embedding
+    assert p.mfu_parameters == p.active_parameters - embedding
     assert 0 < p.mfu_ceiling < 1
 
 
 def test_a_dense_model_has_no_active_parameters_field(graphs):
     p = evaluate(compile_step(graphs["qwen2-7b"]), H100)
-    assert "active_parameters" not in p.extra and "active_parameters" not in p.to_json()
+    assert p.active_parameters is None and "active_parameters" not in p.to_json()
 
 
 def test_verifier_rejects_a_routing_that_does_not_fit():

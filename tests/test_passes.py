@@ -18,6 +18,7 @@ from opgraph import (
     hardware,
     verify,
 )
+from opgraph.costmodel import DEFAULT, CostModel
 from opgraph.symbols import B, D, H, H_kv, L, S, d_h
 
 H100 = hardware.get("h100-sxm")
@@ -28,10 +29,14 @@ def llama():
     return preset("llama3-8b")
 
 
-def total(graph, quantity, phase=None):
+def total(graph, quantity, phase=None, cost=DEFAULT):
     ops = [op for op in graph.ops() if phase is None or op.phase is phase]
-    per_op = {"flops": lambda op: op.flops, "bytes": graph.op_bytes}[quantity]
-    return sympy.expand(sympy.Add(*(per_op(op) * op.count for op in ops)))
+    costs = cost.op_costs(graph)
+    return sympy.expand(sympy.Add(*(getattr(costs[op.name], quantity) * op.count for op in ops)))
+
+
+def flops(graph, op, cost=DEFAULT):
+    return cost.op_cost(graph, op).flops
 
 
 def test_every_pass_leaves_a_valid_graph(llama):
@@ -52,11 +57,18 @@ def test_matmul_backward_is_twice_its_forward(llama):
     fwd = step.op("layers.q_proj")
     bwd = [op for op in step.ops() if op.forward == fwd.name]
     assert sorted(op.kind for op in bwd) == ["matmul", "matmul"]  # dX and dW
-    assert sympy.expand(sum(op.flops for op in bwd) - 2 * fwd.flops) == 0
-    assert sympy.expand(fwd.flops - 2 * B * S * D * H * d_h) == 0
-    # dX = dY W^T and dW = X^T dY each touch tensors as large as the forward's
+    assert sympy.expand(sum(flops(step, op) for op in bwd) - 2 * flops(step, fwd)) == 0
+    assert sympy.expand(flops(step, fwd) - 2 * B * S * D * H * d_h) == 0
+    # dX = dY W^T and dW = X^T dY each touch tensors as large as the forward's (dW is FP32, so
+    # its own tensors are larger: the plate charges the forward's), and each does the
+    # forward's FLOPs by its own rule too, plus one add per element where dX accumulates into
+    # the partial gradient of the norm's output (read by Q, K and V)
+    derived = CostModel(backward="derived")
     for op in bwd:
-        assert sympy.expand(step.op_bytes(op) - step.op_bytes(fwd)) == 0
+        assert sympy.expand(DEFAULT.op_cost(step, op).bytes - step.op_bytes(fwd)) == 0
+        accumulated = B * S * D if op.param("accumulate") else 0
+        assert sympy.expand(flops(step, op, derived) - flops(step, fwd) - accumulated) == 0
+    assert [op.param("accumulate") for op in bwd] == [1, None]  # dX, then dW
 
 
 def test_backward_is_twice_forward_overall(llama):
@@ -135,7 +147,7 @@ def test_a_small_attention_block_is_fused_too():
     flash = fused.op("core.flash")
     assert flash.inputs == ("q", "k", "v")
     # non-causal: QK^T and P.V each 2*S*S*d_h per head and sequence
-    assert sympy.expand(flash.flops - 2 * 2 * B * H * S * S * d_h) == 0
+    assert sympy.expand(flops(fused, flash) - 2 * 2 * B * H * S * S * d_h) == 0
     assert total(fused, "flops") - total(derive_backward(block), "flops") == 0
     assert not any(op.kind == "attention_scores" for op in fused.ops())
 
@@ -154,8 +166,8 @@ def test_adamw_moves_34_bytes_per_parameter(llama):
     assert len(updates) == len(step.weights())
     moved = sympy.Add(*(step.op_bytes(op) * op.count for op in updates))
     assert sympy.expand(moved - 34 * step.parameters()) == 0
-    flops = sympy.Add(*(op.flops * op.count for op in updates))
-    assert sympy.expand(flops - 12 * step.parameters()) == 0
+    counted = sympy.Add(*(flops(step, op) * op.count for op in updates))
+    assert sympy.expand(counted - 12 * step.parameters()) == 0
 
 
 def test_adamw_bytes_follow_its_precisions(llama):
@@ -168,12 +180,13 @@ def test_adamw_bytes_follow_its_precisions(llama):
 
 
 def test_real_backward_traffic_is_an_option(llama):
-    plate = derive_backward(llama)
-    real = derive_backward(llama, traffic="tensors")
-    op = real.op("layers.attn_residual.grad")  # the add's backward only passes dY along
-    assert op.traffic is None
-    assert sympy.expand(real.op_bytes(op) - 3 * 2 * B * S * D) == 0
-    assert sympy.expand(plate.op_bytes(plate.op(op.name)) - 2 * 3 * 2 * B * S * D) == 0
+    step = derive_backward(llama)
+    op = step.op("layers.attn_residual.grad")  # the add's backward only passes dY along
+    real = CostModel(backward="tensors").op_cost(step, op)
+    plate = DEFAULT.op_cost(step, op)
+    assert sympy.expand(real.bytes - 3 * 2 * B * S * D) == 0
+    assert sympy.expand(plate.bytes - 2 * 3 * 2 * B * S * D) == 0
+    assert sympy.expand(real.flops - plate.flops) == 0  # FLOPs keep the convention
 
 
 def test_category_shares_sum_to_one(llama):
@@ -198,4 +211,4 @@ def test_gqa_kv_heads_shape_the_attention(llama):
     k = step.tensor(flash.inputs[1])
     assert k.shape == (B, S, H_kv * d_h)
     # causal: 2 x (2 S^2 d_h / 2) per head and sequence
-    assert sympy.expand(flash.flops - 2 * (2 * S**2 * d_h / 2) * B * H) == 0
+    assert sympy.expand(flops(step, flash) - 2 * (2 * S**2 * d_h / 2) * B * H) == 0

@@ -7,6 +7,7 @@ import argparse
 import attrs
 
 from .. import hardware as hw
+from ..costmodel import BACKWARD_MODES, DEFAULT, CostModel
 from ..errors import OpgraphError
 from ..hardware import Hardware
 from ..ir import Graph
@@ -36,9 +37,10 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
                        help="sequence length (default: the model's, 8192 for Llama 3)")
     g.add_argument("--no-fused-attention", action="store_true",
                    help="keep the attention core unfused: the score matrix goes through HBM")
-    g.add_argument("--backward-traffic", choices=("plate", "tensors"), default="plate",
-                   help="backward bytes: 2x the forward's (plate, default) or derived from "
-                        "the tensors each backward kernel touches")
+    g.add_argument("--backward-traffic", choices=BACKWARD_MODES, default="plate",
+                   help="backward costs: 2x the forward's FLOPs and bytes (plate, default); "
+                        "FLOPs so, bytes from the tensors each backward kernel touches "
+                        "(tensors); or each kernel's own FLOPs and tensors (derived)")
 
 
 @attrs.frozen
@@ -47,6 +49,7 @@ class Setup:
     step: Graph
     hardware: Hardware
     values: dict  # dimension name -> value
+    cost: CostModel = DEFAULT
 
 
 def load_forward(args) -> Graph:
@@ -117,9 +120,9 @@ def _user_model(path: str, function: str) -> Graph:
         raise OpgraphError(f"{where}: the graph is malformed: {_one_line(e)}") from None
     from ..symbols import S
 
-    if "seq_len" not in graph.meta and S in graph.dims:  # its S is its default length
+    if graph.seq_len is None and S in graph.dims:  # its S is its default length
         graph = graph.copy()
-        graph.meta["seq_len"] = int(graph.dims[S])
+        graph.seq_len = int(graph.dims[S])
     return graph
 
 
@@ -141,25 +144,26 @@ def load_hardware(args) -> Hardware:
 
 
 def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dict:
-    """`{"S": seq_len, "B": batch}` from tokens per step and sequence length."""
-    seq = seq_len or int(forward.meta.get("seq_len", 0)) or None
+    """`{"S": seq_len, "B": batch}` from tokens per step and sequence length, checked as the
+    library checks them (`opgraph.passes.evaluate.resolve`)."""
+    from ..passes.evaluate import resolve
+    from ..symbols import B, S
+
+    seq = seq_len or forward.seq_len
     if seq is None:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
-    longest = forward.meta.get("max_seq_len")  # e.g. the rows of a learned position table
-    if longest and seq > longest:
-        raise OpgraphError(f"--seq-len {seq:,} is longer than {forward.name}'s "
-                           f"{longest:,} positions; give at most {longest:,}")
-    tokens = tokens or seq
-    if tokens % seq:
-        raise OpgraphError(f"--tokens {tokens:,} is not a multiple of --seq-len {seq:,}; "
-                           f"try {max(seq, tokens // seq * seq):,}")
-    return {"S": seq, "B": tokens // seq}
+    subs = resolve(forward, {"S": seq, "tokens": tokens or seq})
+    return {"S": int(subs[S]), "B": int(subs[B])}
+
+
+def cost_model(args) -> CostModel:
+    """The cost model the options ask for: `--backward-traffic` names its backward convention."""
+    return CostModel(backward=getattr(args, "backward_traffic", "plate"))
 
 
 def setup(args) -> Setup:
     forward = load_forward(args)
     part = load_hardware(args)
     values = token_values(forward, getattr(args, "tokens", None), getattr(args, "seq_len", None))
-    step = compile_step(forward, fused_attention=not args.no_fused_attention,
-                        backward_traffic=args.backward_traffic)
-    return Setup(forward, step, part, values)
+    step = compile_step(forward, fused_attention=not args.no_fused_attention)
+    return Setup(forward, step, part, values, cost_model(args))

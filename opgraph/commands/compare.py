@@ -36,7 +36,7 @@ def run(args) -> int:
     rules = load_rules(args.rules) if args.rules else KERNEL_RULES
     measured = breakdown(read_trace(args.trace), rules)
     s = setup(args)
-    result = compare(measured, evaluate(s.step, s.hardware, s.values), steps=args.steps,
+    result = compare(measured, evaluate(s.step, s.hardware, s.values, cost=s.cost), steps=args.steps,
                      trace=args.trace)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))

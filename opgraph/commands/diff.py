@@ -149,7 +149,7 @@ def run(args) -> int:
     except OpgraphError as e:
         raise OpgraphError(f"side B ({' '.join(changes)}): {e}") from None
     d = diff_steps(a.step, b.step, a.hardware, a.values, b_hardware=b.hardware,
-                   b_values=b.values)
+                   b_values=b.values, cost=a.cost, b_cost=b.cost)
     if args.json:
         out = d.to_json()
         out["b"]["options"] = changes

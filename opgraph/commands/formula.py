@@ -41,7 +41,7 @@ def run(args) -> int:
     s = setup(args)
     numeric = args.quantity == "time" and args.numeric_hardware
     expr = fm.formula(s.step, args.quantity, op=args.op, category=args.category,
-                      hardware=s.hardware if numeric else None)
+                      hardware=s.hardware if numeric else None, cost=s.cost)
     dims = resolve(s.step, s.values)
     hardware = s.hardware if args.quantity == "time" else None
     value = fm.value(expr, dims, hardware)

@@ -27,7 +27,7 @@ def describe(name: str) -> dict:
         row["active_parameters"] = int(active_parameters(graph).xreplace(dims))
     row["dimensions"] = {sym.name: int(v) for sym, v in dims.items()
                          if sym.name in BY_NAME and sym.name not in ("B", "S")}
-    row["seq_len"] = int(graph.meta.get("seq_len", 0)) or None
+    row["seq_len"] = graph.seq_len
     return row
 
 

@@ -31,7 +31,7 @@ def run(args) -> int:
     check_command_outputs(args, {"--plot": args.plot, "--trace": args.trace},
                           {"--plot": (".png", ".svg")})
     s = setup(args)
-    profile = evaluate(s.step, s.hardware, s.values)
+    profile = evaluate(s.step, s.hardware, s.values, cost=s.cost)
     with outputs():  # both files or neither
         if args.plot:
             from ..outputs.plot import plot_profile

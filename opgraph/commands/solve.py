@@ -56,12 +56,12 @@ def run(args) -> int:
         values["B"] = args.batch or 1
     head = f"{s.step.name} on {s.hardware.id}"
     if args.ridge:
-        answer = ridge(s.step, s.hardware, args.op, dim=args.dim, values=values)
+        answer = ridge(s.step, s.hardware, args.op, dim=args.dim, values=values, cost=s.cost)
         print(json_text({"model": s.step.name, "hardware": s.hardware.id, **answer.to_json()})
               if args.json else f"{head}: {_ridge_line(answer, values)}")
         return 0
     answer = max_share(s.step, s.hardware, args.category, args.max_share, op=args.op,
-                       dim=args.dim, values=values)
+                       dim=args.dim, values=values, cost=s.cost)
     if args.json:
         print(json_text({"model": s.step.name, "hardware": s.hardware.id, **answer.to_json()}))
     else:

@@ -6,7 +6,8 @@ import argparse
 
 from ..outputs.atomic import outputs
 from .args import check_command_outputs, positive_int
-from .common import add_model_args, load_forward, load_hardware, token_values
+from .common import (add_model_args, cost_model, load_forward, load_hardware,
+                     token_values)
 
 
 def register(subparsers) -> None:
@@ -83,15 +84,14 @@ def run(args) -> int:
         raise OpgraphError("--hardware: give at least one part")
     dims = [sym.name for sym in forward.dims if sym.name not in ("B", "S")]
     ranges = _ranges(args, dims)
-    seq_len = int(forward.meta.get("seq_len", 0))
+    seq_len = forward.seq_len or 0
     if not seq_len and "seq_len" not in ranges and not {"tokens", "batch"} <= set(ranges):
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
     grid = make_grid(ranges, parts, seq_len)
     token_values(forward, None, _longest(ranges, seq_len))  # within the model's positions
-    step = compile_step(forward, fused_attention=not args.no_fused_attention,
-                        backward_traffic=args.backward_traffic)
+    step = compile_step(forward, fused_attention=not args.no_fused_attention)
     extra = [a for a in ranges if a not in ("tokens", "seq_len", "batch")]
-    sweep = compile_sweep(step, free=("B", "S", *extra))
+    sweep = compile_sweep(step, free=("B", "S", *extra), cost=cost_model(args))
     with outputs():  # both files or neither
         if args.plot:
             _plot(sweep, grid, args.plot)

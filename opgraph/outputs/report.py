@@ -37,8 +37,8 @@ def format_profile(p: Profile, ops: bool = False) -> str:
          "/ step time x peak)"),
         f"HFU ceiling  {p.hfu_ceiling * 100:.1f}%  (every counted FLOP / step time x peak)",
     ]
-    if "memory" in p.extra:
-        lines.append(format_memory(p.extra["memory"]))
+    if p.memory is not None:
+        lines.append(format_memory(p.memory.to_json()))
     if ops:
         lines += ["", (f"{'op':<36} {'phase':<9} {'kind':<24} {'x':>4} {'time (ms)':>10} "
                        f"{'GFLOP':>10} {'bytes':>10}  bound")]
@@ -51,7 +51,7 @@ def format_profile(p: Profile, ops: bool = False) -> str:
 
 def _active(p: Profile) -> str:
     """` (12,879,925,248 active per token)` for a mixture of experts, else nothing."""
-    active = p.extra.get("active_parameters")
+    active = p.active_parameters
     return f" ({active:,} active per token)" if active is not None else ""
 
 
@@ -67,7 +67,7 @@ def format_memory(m: dict) -> str:
 
 def memory_warning(p: Profile) -> str | None:
     """One line for stderr when the step's footprint exceeds the part's memory, else None."""
-    m = p.extra.get("memory")
+    m = p.memory.to_json() if p.memory is not None else None
     if not m or m["fits"] is not False:
         return None
     return (f"opgraph: warning: the step needs {_bytes(m['total'])} of HBM, more than the "

@@ -1,5 +1,6 @@
 """A step's costs compiled once, with `sympy.lambdify`, into one numpy function of the swept
-dimensions (`compile_sweep`), and run over arrays of points (`Sweep.run`)."""
+dimensions (`compile_sweep`), and run over arrays of points (`Sweep.run`). FLOPs and bytes are
+the cost model's (`opgraph.costmodel`); its `time`, `mfu` and `hfu` run on the arrays."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sympy
 
 from opgraph.passes.evaluate import mfu_parameters, resolve
 
+from ..costmodel import DEFAULT, CostModel
 from ..errors import OpgraphError
 from ..ir import Graph
 from ..profile import CATEGORIES
@@ -29,6 +31,7 @@ class Sweep:
     function: Callable  # (*free) -> [flops of each term, bytes of each term, N_mfu, tokens]
     multiplicity: np.ndarray  # per term: how many ops it stands for
     membership: np.ndarray  # (categories, terms): term i's category is j
+    cost: CostModel = DEFAULT
 
     @property
     def terms(self) -> int:
@@ -59,20 +62,20 @@ class Sweep:
             values[i] = v  # constants broadcast
         flops, nbytes = values[:k], values[k:2 * k]
         n_mfu, tokens = values[2 * k], values[2 * k + 1]
-        time = np.maximum(flops / peak, nbytes / bandwidth)
+        time = self.cost.time(flops, nbytes, peak, bandwidth, np.maximum)
         step = self.multiplicity @ time
         shares = (self.membership * self.multiplicity) @ time / step
         total_flops = self.multiplicity @ flops
         cols = {"step_time_s": step, "flops": total_flops, "bytes": self.multiplicity @ nbytes,
-                "mfu_ceiling": 6 * n_mfu * tokens / (step * peak),
-                "hfu_ceiling": total_flops / (step * peak)}
+                "mfu_ceiling": self.cost.mfu(n_mfu, tokens, step, peak),
+                "hfu_ceiling": self.cost.hfu(total_flops, step, peak, np.minimum)}
         cols |= {f"{c}_time_share": shares[j] for j, c in enumerate(self.categories)}
         return cols
 
 
-def compile_sweep(step: Graph, free=("B", "S")) -> Sweep:
-    """The step's costs compiled over the dimensions named in `free`; every other dimension takes
-    the graph's value: `compile_sweep(step, free=("B", "S", "L"))`."""
+def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) -> Sweep:
+    """The step's costs under `cost` compiled over the dimensions named in `free`; every other
+    dimension takes the graph's value: `compile_sweep(step, free=("B", "S", "L"))`."""
     dims = resolve(step)
     by_name = {sym.name: sym for sym in dims}
     unknown = [name for name in free if name not in by_name]
@@ -82,9 +85,10 @@ def compile_sweep(step: Graph, free=("B", "S")) -> Sweep:
     symbols = [by_name[name] for name in free]
     fixed = {sym: v for sym, v in dims.items() if sym not in symbols}
     terms: dict[tuple, int] = {}
+    costs = cost.op_costs(step)
     for op in step.ops():
-        key = (op.category, (op.count * op.flops).xreplace(fixed),
-               (op.count * step.op_bytes(op)).xreplace(fixed))
+        key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
+               (op.count * costs[op.name].bytes).xreplace(fixed))
         terms[key] = terms.get(key, 0) + 1
     found = {key[0] for key in terms}
     categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
@@ -101,7 +105,7 @@ def compile_sweep(step: Graph, free=("B", "S")) -> Sweep:
     function = sympy.lambdify(symbols, exprs, modules, cse=True)
     membership = np.array([[1.0 if key[0] == c else 0.0 for key in terms] for c in categories])
     return Sweep(step.name, tuple(free), categories, function,
-                 np.array(list(terms.values()), dtype=float), membership)
+                 np.array(list(terms.values()), dtype=float), membership, cost)
 
 
 def _arithmetic(expr) -> bool:

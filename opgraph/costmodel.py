@@ -1,0 +1,161 @@
+"""The cost model: one record that turns an op into its FLOPs, its HBM bytes and its time.
+
+    cost = CostModel()                                  # the plate's conventions
+    cost.op_costs(step)["layers.q_proj"]                # Cost(flops=2*B*D*H*S*d_h, bytes=...)
+    cost.time(flops, nbytes, peak, bandwidth)           # max(flops / peak, bytes / bandwidth)
+
+Nothing is stored on an op: FLOPs come from its kind's FLOP rule (`opgraph.rules`), bytes from
+the tensors it reads and writes, each once (`Graph.op_bytes`). An op's time is
+`count x max(flops / peak, bytes / bandwidth)` (XLA's HloCostAnalysis roofline); ops do not
+overlap, so a step's time is their sum. `time` takes the maximum as an argument, so the same rule serves sympy (`sympy.Max`,
+`opgraph.formula`, `opgraph.solve`), plain floats (`evaluate`) and numpy arrays (`np.maximum`,
+`opgraph.sweep`).
+
+A backward kernel is costed by the convention `backward` names:
+
+- "plate" (the default, PLATE.md): each backward kernel costs `factor` (2) x its forward op's
+  FLOPs and bytes, split evenly over that op's backward kernels (found through the kernel's
+  `forward` link), except where BACKWARD_COST says otherwise: FlashAttention's backward takes
+  the convention's FLOPs but the bytes of its own tensors;
+- "tensors": FLOPs by the convention, bytes from each kernel's own tensors;
+- "derived": each kernel's own FLOP rule and tensors (FlashAttention's backward then costs
+  2.5x its forward: it recomputes QK^T).
+
+The utilisation conventions are here too: MFU = 6 N tokens / (step x peak), N the parameters
+other than the input embedding (a token's share of them for a mixture of experts); HFU = every
+counted FLOP / (step x peak), never above 1.
+
+Later work plugs in here (a peak per dtype, efficiencies, communication): a subclass or an
+`attrs.evolve` of the record reaches `evaluate`, `formula`, `solve` and `sweep` alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import sympy
+
+from . import rules
+from .ir import Graph, Op, Phase
+
+BACKWARD_MODES = ("plate", "tensors", "derived")
+
+
+@attrs.frozen
+class Cost:
+    """One instance of an op: FLOPs and HBM bytes, sympy expressions of the dimensions."""
+
+    flops: sympy.Expr
+    bytes: sympy.Expr
+
+
+# --- the plate's backward convention, per forward kind: (scaled FLOPs, scaled bytes, the
+# kernel's own bytes) -> the kernel's (FLOPs, bytes) ------------------------------------------------
+
+def scaled(flops, nbytes, own_bytes) -> tuple:
+    """The plate's rule: FLOPs and bytes both the forward's, scaled."""
+    return flops, nbytes
+
+
+def scaled_flops(flops, nbytes, own_bytes) -> tuple:
+    """FLOPs scaled from the forward; bytes those of the kernel's own tensors (FlashAttention's
+    backward: its traffic is Q, K, V, O and their gradients, not twice the forward's)."""
+    return flops, own_bytes
+
+
+BACKWARD_COST: dict[str, Callable] = {
+    kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
+
+
+def rule_flops(graph: Graph, op: Op) -> sympy.Expr:
+    """FLOPs of one instance of `op` by its kind's FLOP rule."""
+    ins = [graph.tensor(n) for n in op.inputs]
+    outs = [graph.tensor(n) for n in op.outputs]
+    return rules.count_flops(op.kind, ins, outs, dict(op.params))
+
+
+def _number_max(a, b):
+    return max(a, b)
+
+
+def _number_min(a, b):
+    return min(a, b)
+
+
+@attrs.frozen
+class CostModel:
+    """How an op costs: the backward convention (`backward`, one of BACKWARD_MODES) and the
+    backward-over-forward ratio it uses (`factor`, the plate's 2)."""
+
+    backward: str = attrs.field(default="plate", validator=attrs.validators.in_(BACKWARD_MODES))
+    factor: sympy.Expr = attrs.field(default=2, converter=sympy.sympify)
+
+    # --- FLOPs and bytes ------------------------------------------------------------------------
+    def op_costs(self, graph: Graph) -> dict[str, Cost]:
+        """Every op's per-instance cost, by name, in the graph's op order."""
+        ops = graph.ops()
+        kernels: dict[str, int] = {}
+        for op in ops:
+            if op.phase is Phase.BACKWARD and op.forward is not None:
+                kernels[op.forward] = kernels.get(op.forward, 0) + 1
+        own = {op.name: Cost(rule_flops(graph, op), graph.op_bytes(op)) for op in ops}
+        return {op.name: self._cost(graph, op, own, kernels) for op in ops}
+
+    def op_cost(self, graph: Graph, op: Op) -> Cost:
+        """One op's per-instance cost (`op_costs` for many: it indexes the graph once)."""
+        own = {op.name: Cost(rule_flops(graph, op), graph.op_bytes(op))}
+        kernels = {}
+        if self._conventional(graph, op):
+            fwd = graph.op(op.forward)
+            own[fwd.name] = Cost(rule_flops(graph, fwd), graph.op_bytes(fwd))
+            kernels[fwd.name] = sum(1 for o in graph.ops() if o.forward == fwd.name
+                                    and o.phase is Phase.BACKWARD)
+        return self._cost(graph, op, own, kernels)
+
+    def _conventional(self, graph: Graph, op: Op) -> bool:
+        """Whether `op` is costed from its forward op (a backward kernel, not "derived")."""
+        return (self.backward != "derived" and op.phase is Phase.BACKWARD
+                and op.forward is not None and graph.has_op(op.forward))
+
+    def _cost(self, graph: Graph, op: Op, own: dict, kernels: dict) -> Cost:
+        mine = own[op.name]
+        if not self._conventional(graph, op):
+            return mine
+        fwd = graph.op(op.forward)
+        n = kernels[fwd.name]
+        flops = self.factor * own[fwd.name].flops / n
+        nbytes = self.factor * own[fwd.name].bytes / n
+        flops, nbytes = BACKWARD_COST[fwd.kind](flops, nbytes, mine.bytes)
+        return Cost(flops, nbytes if self.backward == "plate" else mine.bytes)
+
+    # --- time and utilisation ---------------------------------------------------------------
+    def time(self, flops, nbytes, peak, bandwidth, maximum: Callable = _number_max):
+        """One instance's time: `maximum(flops / peak, bytes / bandwidth)`, the roofline.
+        `maximum` is `max` for numbers, `sympy.Max` for formulas, `np.maximum` for arrays.
+
+            >>> DEFAULT.time(2e12, 1e12, peak=1e12, bandwidth=1e12)
+            2.0
+        """
+        return maximum(flops / peak, nbytes / bandwidth)
+
+    def bound(self, flops, nbytes, peak, bandwidth) -> str:
+        """"compute" or "memory": which of the two terms of `time` is the larger."""
+        compute = self.time(flops, 0, peak, bandwidth)
+        return "compute" if compute >= self.time(0, nbytes, peak, bandwidth) else "memory"
+
+    def mfu(self, parameters, tokens, step_time, peak):
+        """Model FLOPs utilisation: 6 x N x tokens / (step time x peak)."""
+        return 6 * parameters * tokens / (step_time * peak)
+
+    def hfu(self, flops, step_time, peak, minimum: Callable = _number_min):
+        """Hardware FLOPs utilisation: counted FLOPs / (step time x peak). The step is at least
+        its FLOPs over the peak, so this is at most 1; `minimum` keeps rounding from saying
+        more (`min` for numbers, `np.minimum` for arrays)."""
+        return minimum(flops / (step_time * peak), 1.0)
+
+
+DEFAULT = CostModel()
+
+__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "Cost", "CostModel", "rule_flops",
+           "scaled", "scaled_flops"]
