@@ -6,8 +6,7 @@ import argparse
 
 from ..outputs.atomic import outputs
 from .args import check_command_outputs, positive_int
-from .common import (add_model_args, cost_model, load_forward, load_hardware,
-                     token_values)
+from .common import add_model_args, cost_model, load_forward, load_hardware, token_values
 
 
 def register(subparsers) -> None:
