@@ -41,7 +41,8 @@ class AdamW:
 def _state(graph: Graph, w: Tensor, base: str, suffix: str, dtype: DType,
            role: Role = Role.OPTIMIZER_STATE) -> str:
     """A new tensor shaped like weight `w`, e.g. its first moment `adamw.<w>.m`."""
-    return graph.add_tensor(Tensor(f"{base}.{suffix}", w.shape, dtype, role, w.count)).name
+    return graph.add_tensor(Tensor(f"{base}.{suffix}", w.shape, dtype, role, w.count,
+                                   region=w.region)).name
 
 
 def attach_adamw(graph: Graph, adamw: AdamW = AdamW()) -> Graph:
@@ -69,5 +70,5 @@ def attach_adamw(graph: Graph, adamw: AdamW = AdamW()) -> Graph:
             writes.append(state("grad'", grad.dtype, Role.GRADIENT))
         out.add_op(Op(base, "adamw", "optimizer", reads, writes,
                       flops=adamw.flops_per_param * w.numel, count=w.count,
-                      phase=Phase.OPTIMIZER))
+                      phase=Phase.OPTIMIZER, region=w.region))
     return out

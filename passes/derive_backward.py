@@ -56,14 +56,16 @@ class _Context:
                 reads.append(previous)  # accumulate into the partial gradient
             outs.append(self._new_grad(primal))
         return Op(f"{fwd.name}.{suffix}", kind, fwd.category, list(dict.fromkeys(reads)), outs,
-                  count=fwd.count, phase=Phase.BACKWARD, params=fwd.params, forward=fwd.name)
+                  count=fwd.count, phase=Phase.BACKWARD, params=fwd.params, forward=fwd.name,
+                  region=fwd.region)
 
     def _new_grad(self, primal: str) -> str:
         t = self.graph.tensor(primal)
         n = self.made[primal] = self.made.get(primal, 0) + 1
         name = f"d.{primal}" if n == 1 else f"d.{primal}#{n}"
         dtype = self.weight_grad_dtype if t.role is Role.WEIGHT else t.dtype
-        self.graph.add_tensor(Tensor(name, t.shape, dtype, Role.GRADIENT, t.count, grad_of=primal))
+        self.graph.add_tensor(Tensor(name, t.shape, dtype, Role.GRADIENT, t.count, grad_of=primal,
+                                     region=t.region))
         self.latest[primal] = name
         return name
 

@@ -61,7 +61,7 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
     ins = [graph.tensor(n) for n in (q, k, v)]
     fwd = Op(_fused_name(graph, scores, pv), "flash_attention", scores.category, [q, k, v], [o],
              flops=rules.count_flops("flash_attention", ins, [graph.tensor(o)], params),
-             count=scores.count, params=params)
+             count=scores.count, params=params, region=scores.region)
     backward = [op for op in graph.ops() if op.forward in (scores.name, pv.name)]
     dp = [t.name for t in graph.tensors() if t.grad_of == p]
     add_ops = [fwd]
@@ -76,7 +76,8 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
         add_ops.append(Op(f"{fwd.name}.grad", "flash_attention_backward", fwd.category,
                           [do, q, k, v, o, *partials], grads,
                           flops=sympy.Add(*(op.flops for op in backward)), count=fwd.count,
-                          phase=Phase.BACKWARD, params=fwd.params, forward=fwd.name))
+                          phase=Phase.BACKWARD, params=fwd.params, forward=fwd.name,
+                          region=fwd.region))
     return Replacement(
         remove_ops=(scores.name, pv.name, *(op.name for op in backward)),
         remove_tensors=(p, *dp),
