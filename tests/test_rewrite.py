@@ -1,6 +1,7 @@
 """The rewrite driver: complete matching at input positions, convexity, predicates, fusion into
 one kernel whose traffic is its boundary, overlap resolution and the guarded fixed-point loop."""
 
+import attrs
 import pytest
 import sympy
 from opgraph.models import preset
@@ -224,3 +225,33 @@ def test_a_pattern_needs_an_op():
     p.add_tensor(Tensor("x", (B, S, D)))
     with pytest.raises(RewriteError, match="no op"):
         find(p, _chain(1))
+
+
+def test_fuse_expresses_the_flash_attention_kernel():
+    """"These two ops become one kernel" gives `fuse_attention`'s forward kernel for Llama."""
+    from opgraph.passes.fuse_attention import attention_pattern, fuse_attention
+
+    forward = preset("llama3-8b")
+    (m,) = find(attention_pattern(), forward)
+    scores = forward.op(m.op("attn.scores"))
+    (op,) = Replacement.fuse(forward, m.graph_ops, kind="flash_attention",
+                             name="layers.attn.flash", params=scores.params).add_ops
+    want = fuse_attention(forward).op("layers.attn.flash")
+    assert sympy.expand(op.flops - want.flops) == 0
+    assert op == attrs.evolve(want, flops=op.flops)
+
+
+def test_fusing_attention_with_another_value_width_keeps_its_flops():
+    """DeepSeek-style MLA: Q.K over 192 dims per head, P.V over 128. The fused kernel's FLOPs
+    are its members', QK^T and P.V each over the causal lower triangle."""
+    from opgraph.passes.fuse_attention import attention_pattern
+
+    H = sympy.Symbol("H", positive=True, integer=True)
+    g = GraphBuilder("mla")
+    q, k = g.activation("q", (B, S, H * 192)), g.activation("k", (B, S, H * 192))
+    g.attention(q, k, g.activation("v", (B, S, H * 128)), heads=H, kv_heads=H, name="attn")
+    graph = g.build()
+    (m,) = find(attention_pattern(), graph)
+    (op,) = Replacement.fuse(graph, m.graph_ops, kind="flash_attention", name="flash").add_ops
+    qk, pv = 2 * B * H * S * S * 192 / 2, 2 * B * H * S * S * 128 / 2
+    assert sympy.expand(op.flops - (qk + pv)) == 0
