@@ -315,6 +315,31 @@ def format_op(graph: Graph, op: Op) -> str:
             f"  flops={op.flops}  bytes={graph.op_bytes(op)}")
 
 
+def region_problems(graph: Graph) -> list[str]:
+    """What is wrong with `graph`'s regions, for a verifier: an op or tensor naming an unknown
+    region or running other than its region's trip count; a carry whose entering tensor is
+    not outside its region or whose handed tensor is not inside it. [] when all is well."""
+    problems = []
+    items = [("op", op) for op in graph.ops()] + [("tensor", t) for t in graph.tensors()]
+    for what, item in items:
+        if item.region is not None and item.region not in graph._regions:
+            problems.append(f"{what} {item.name} is in unknown region {item.region!r}")
+        elif sympy.simplify(item.count - graph.trip_count(item.region)) != 0:
+            problems.append(f"{what} {item.name} runs {item.count} times, its region "
+                            f"{item.region} {graph.trip_count(item.region)}")
+    for region in graph.regions():
+        for entering, handed in region.carries:
+            if not graph.has_tensor(entering) or graph.within(graph.tensor(entering).region,
+                                                              region.name):
+                problems.append(f"region {region.name} carries {entering}, which is not a "
+                                f"tensor made before it")
+            if not graph.has_tensor(handed) or not graph.within(graph.tensor(handed).region,
+                                                                region.name):
+                problems.append(f"region {region.name} hands on {handed}, which is not a "
+                                f"tensor made inside it")
+    return problems
+
+
 def format_region(region: Region) -> str:
     """`region layers x L carries embed -> layers.mlp_residual`, one line."""
     parent = "" if region.parent is None else f" in {region.parent}"
@@ -356,4 +381,5 @@ __all__ = [
     "format_graph",
     "format_op",
     "format_region",
+    "region_problems",
 ]

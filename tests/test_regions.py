@@ -6,7 +6,7 @@ import sympy
 from opgraph.models import preset
 
 from opgraph import GraphBuilder, OpgraphError, compile_step
-from opgraph.ir import Phase, Region, Role, format_graph, format_region
+from opgraph.ir import Phase, Region, Role, format_graph, format_region, region_problems
 from opgraph.symbols import B, D, L, S, V
 
 
@@ -143,6 +143,7 @@ def test_passes_keep_regions(fused):
     forward = preset("llama3-8b")
     step = compile_step(forward, fused_attention=fused)
     assert step.regions() == forward.regions()
+    assert region_problems(forward) == [] and region_problems(step) == []
     for op in step.ops():
         if op.phase is Phase.BACKWARD:
             assert op.region == step.op(op.forward).region, op.name
@@ -158,3 +159,16 @@ def test_passes_keep_regions(fused):
     flash = [op for op in step.ops() if op.kind.startswith("flash_attention")]
     assert len(flash) == (2 if fused else 0)
     assert all(op.region == "layers" for op in flash)
+
+
+def test_region_problems_name_each_inconsistency():
+    import attrs
+
+    graph = preset("gpt2").copy()
+    op = graph.op("layers.gelu")
+    graph.nx.nodes[("op", op.name)]["payload"] = attrs.evolve(op, count=1)
+    graph.update_region(Region("layers", L, None, [("layers.ln_1", "ln_f")]))
+    assert region_problems(graph) == [
+        "op layers.gelu runs 1 times, its region layers L",
+        "region layers carries layers.ln_1, which is not a tensor made before it",
+        "region layers hands on ln_f, which is not a tensor made inside it"]
