@@ -137,11 +137,15 @@ def is_convex(graph: Graph, ops: Iterable[str]) -> bool:
     return True
 
 
+def _predicates(where: Predicate | Sequence[Predicate]) -> tuple[Predicate, ...]:
+    return (where,) if callable(where) else tuple(where)
+
+
 def find(pattern: Graph, graph: Graph, where: Predicate | Sequence[Predicate] = ()
          ) -> list[Match]:
     """Every convex match of `pattern` in `graph` for which every predicate in `where`
     holds, in the graph's op order (overlapping matches included)."""
-    checks = [where] if callable(where) else list(where)
+    checks = _predicates(where)
     return [m for m in matches(pattern, graph)
             if is_convex(graph, m.graph_ops) and all(check(graph, m) for check in checks)]
 
@@ -268,7 +272,7 @@ class Rewrite:
 
     pattern: Graph
     replace: Replace
-    where: tuple[Predicate, ...] = attrs.field(default=(), converter=tuple)
+    where: tuple[Predicate, ...] = attrs.field(default=(), converter=_predicates)
 
 
 def fixpoint(graph: Graph, rewrites: Sequence[Rewrite], *, max_rounds: int = 100

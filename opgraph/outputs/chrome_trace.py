@@ -71,10 +71,19 @@ def _trip_count(region: Region, profile: Profile) -> int:
                                       for s in symbols}))
 
 
+def trip_counts(graph: Graph, profile: Profile) -> dict[str, int]:
+    """Each region's trip count (per run of its parent) with the profile's values."""
+    return {r.name: _trip_count(r, profile) for r in graph.regions()}
+
+
 def blocks(ops: tuple[OpCost, ...] | list[OpCost], graph: Graph, profile: Profile,
            depth: int = 0) -> list[Block]:
     """Group consecutive ops of one phase by their region `depth` levels down the nest (0: the
     outermost), in order: `blocks(profile.ops, step, profile)`."""
+    return _blocks(ops, graph, trip_counts(graph, profile), depth)
+
+
+def _blocks(ops, graph: Graph, trips: dict[str, int], depth: int) -> list[Block]:
     out: list[Block] = []
     for op in ops:
         chain = graph.region_chain(graph.op(op.name).region)
@@ -84,7 +93,7 @@ def blocks(ops: tuple[OpCost, ...] | list[OpCost], graph: Graph, profile: Profil
                 and last.ops[-1].phase == op.phase):
             out[-1] = attrs.evolve(last, ops=(*last.ops, op))
         else:
-            count = _trip_count(chain[depth], profile) if region is not None else 1
+            count = trips[region] if region is not None else 1
             out.append(Block((op,), region, count, reverse=op.phase == "backward"))
     return out
 
@@ -114,23 +123,22 @@ def instance_name(op: str, chain: tuple[Region, ...], index: tuple[int, ...]) ->
 
 def kernels(profile: Profile, graph: Graph) -> Iterator[Kernel]:
     """Every kernel instance of the step, in execution order."""
-    yield from _expand(list(profile.ops), graph, profile, ())
+    yield from _expand(list(profile.ops), graph, trip_counts(graph, profile), ())
 
 
-def _expand(ops: list[OpCost], graph: Graph, profile: Profile,
+def _expand(ops: list[OpCost], graph: Graph, trips: dict[str, int],
             index: tuple[int, ...]) -> Iterator[Kernel]:
-    depth = len(index)
-    for block in blocks(ops, graph, profile, depth):
+    for block in _blocks(ops, graph, trips, len(index)):
         if block.region is not None:
             order = range(block.count - 1, -1, -1) if block.reverse else range(block.count)
             for i in order:
-                yield from _expand(list(block.ops), graph, profile, (*index, i))
+                yield from _expand(list(block.ops), graph, trips, (*index, i))
             continue
         op = block.ops[0]
         chain = graph.region_chain(graph.op(op.name).region)
         runs = 1
         for region in chain:
-            runs *= _trip_count(region, profile)
+            runs *= trips[region.name]
         if op.count != runs:
             raise ValueError(f"op {op.name} runs {op.count} times, but its regions "
                              f"{[r.name for r in chain]} run it {runs} times")
