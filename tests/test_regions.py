@@ -172,3 +172,13 @@ def test_region_problems_name_each_inconsistency():
         "op layers.gelu runs 1 times, its region layers L",
         "region layers carries layers.ln_1, which is not a tensor made before it",
         "region layers hands on ln_f, which is not a tensor made inside it"]
+
+
+def test_the_carry_links_a_layers_last_op_to_the_next_layers_first():
+    """What fusing layer i's last residual add with layer i+1's first norm needs to see: the
+    op making the handed tensor, and the ops of the body reading the entering one."""
+    graph = preset("llama3-8b")
+    ((entering, handed),) = graph.region("layers").carries
+    assert graph.producer(handed).name == "layers.mlp_residual"
+    readers = [op.name for op in graph.consumers(entering) if graph.within(op.region, "layers")]
+    assert readers == ["layers.attn_norm", "layers.attn_residual"]
