@@ -315,6 +315,10 @@ def format_op(graph: Graph, op: Op) -> str:
             f"  flops={op.flops}  bytes={graph.op_bytes(op)}")
 
 
+def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
+    return a == b or sympy.expand(a - b) == 0
+
+
 def region_problems(graph: Graph) -> list[str]:
     """What is wrong with `graph`'s regions, for a verifier: an op or tensor naming an unknown
     region or running other than its region's trip count; a carry whose entering tensor is
@@ -324,7 +328,7 @@ def region_problems(graph: Graph) -> list[str]:
     for what, item in items:
         if item.region is not None and item.region not in graph._regions:
             problems.append(f"{what} {item.name} is in unknown region {item.region!r}")
-        elif sympy.simplify(item.count - graph.trip_count(item.region)) != 0:
+        elif not _equal(item.count, graph.trip_count(item.region)):
             problems.append(f"{what} {item.name} runs {item.count} times, its region "
                             f"{item.region} {graph.trip_count(item.region)}")
     for region in graph.regions():

@@ -154,7 +154,7 @@ def one_region(graph: Graph, match: Match) -> bool:
     """A predicate: the matched ops run in one region, the same number of times."""
     ops = [graph.op(n) for n in match.graph_ops]
     return (len({op.region for op in ops}) == 1
-            and all(sympy.simplify(op.count - ops[0].count) == 0 for op in ops))
+            and all(rules.same(op.count, ops[0].count) for op in ops))
 
 
 # --- replacements -----------------------------------------------------------------------------
@@ -199,7 +199,7 @@ class Replacement:
             if len({getattr(op, what) for op in members}) > 1:
                 raise RewriteError(f"fusing {name}: ops {[op.name for op in members]} are in "
                                    f"different {what}s")
-        if any(sympy.simplify(op.count - first.count) != 0 for op in members):
+        if not all(rules.same(op.count, first.count) for op in members):
             raise RewriteError(f"fusing {name}: ops {[op.name for op in members]} run "
                                f"different numbers of times")
         names = {op.name for op in members}
