@@ -262,3 +262,16 @@ def test_write_failure_leaves_no_file(tmp_path, profile, step, monkeypatch):
     with pytest.raises(RuntimeError):
         write_chrome_trace(profile, step, tmp_path / "step.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_op_with_a_count_outside_any_region_still_runs_count_times():
+    """A graph written with the IR directly (no `repeat`): an op of count 3 is three kernels."""
+    from opgraph.ir import Graph, Op, Tensor
+
+    g = Graph("bare", {B: 1, S: 4, D: 8})
+    g.add_tensor(Tensor("x", (D,)))
+    g.add_tensor(Tensor("y", (D,), count=3))
+    g.add_op(Op("scale", "gelu", "elementwise", ["x"], ["y"], flops=8 * D, count=3))
+    p = evaluate(g, H100)
+    names = [e["name"] for e in kernel_events(chrome_trace(p, g))]
+    assert names == ["scale [0]", "scale [1]", "scale [2]"]

@@ -139,10 +139,14 @@ def _expand(ops: list[OpCost], graph: Graph, trips: dict[str, int],
         runs = 1
         for region in chain:
             runs *= trips[region.name]
-        if op.count != runs:
+        extra, rest = divmod(op.count, runs)  # an op held with a count but in no region
+        if rest or not extra:
             raise ValueError(f"op {op.name} runs {op.count} times, but its regions "
                              f"{[r.name for r in chain]} run it {runs} times")
-        yield Kernel(op, index, instance_name(op.name, chain, index), op.time_s / op.count * 1e6)
+        name = instance_name(op.name, chain, index)
+        for j in range(extra):
+            yield Kernel(op, index, name if extra == 1 else f"{name} [{j}]",
+                         op.time_s / op.count * 1e6)
 
 
 def _metadata(name: str, tid: int, value: str, sort: int | None = None) -> list[dict]:
