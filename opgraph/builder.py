@@ -8,8 +8,10 @@
 
 Each method makes one op (one kernel of a straightforward implementation): it infers the output
 shapes with the kind's shape rule (`opgraph.rules`), so a model says only what it computes; its
-FLOPs and bytes are derived when the step is costed (`opgraph.costmodel`). Ops and tensors made inside `with g.repeat(L, "layers"):` are held once with
-multiplicity `L`.
+FLOPs and bytes are derived when the step is costed (`opgraph.costmodel`). Ops and tensors made
+inside `with g.repeat(L, "layers") as layer:` are held once with multiplicity `L`, tagged with
+the region `repeat` makes; `layer.carry(x_in, x_out)` declares what one iteration hands the
+next, and `build()` infers it for a region that declares nothing.
 """
 
 from __future__ import annotations
@@ -17,38 +19,72 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
+import attrs
 import sympy
 
 from . import rules
-from .ir import BF16, FP32, INT32, DType, Graph, Op, Role, Tensor, _expr
+from .errors import OpgraphError
+from .ir import BF16, FP32, INT32, DType, Graph, Op, Region, Role, Tensor, _expr
 from .verify import verify
 
 TensorLike = Tensor | str
+
+
+class RegionHandle:
+    """What `with g.repeat(L, "layers") as layer:` yields: the region's name, and `carry` to
+    declare its loop-carried tensors."""
+
+    def __init__(self, builder: GraphBuilder, name: str):
+        self._builder = builder
+        self.name = name
+
+    def carry(self, entering: TensorLike, handed: TensorLike) -> None:
+        """Declare that `handed`, made by an iteration, is what the next iteration reads in
+        place of `entering` (the tensor made before the region that iteration 0 reads). Once a
+        region declares a carry, `build()` infers none for it."""
+        names = tuple(t if isinstance(t, str) else t.name for t in (entering, handed))
+        self._builder._carries.setdefault(self.name, []).append(names)
 
 
 class GraphBuilder:
     def __init__(self, name: str, dims: dict | None = None, dtype: DType = BF16):
         self.graph = Graph(name, dims)
         self.dtype = dtype  # activations' and weights' dtype
-        self._scopes: list[tuple[str, sympy.Expr]] = []
+        self._stack: list[Region] = []  # the regions being built, outermost first
+        self._carries: dict[str, list[tuple[str, str]]] = {}  # declared, by region
         self._used: dict[str, int] = {}
 
-    # --- scopes -------------------------------------------------------------------------------
+    # --- regions ------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def repeat(self, count, name: str) -> Iterator[None]:
-        """Everything made inside is one layer of a stack of `count` identical layers."""
-        self._scopes.append((name, _expr(count)))
+    def repeat(self, count, name: str) -> Iterator[RegionHandle]:
+        """Everything made inside is one layer of a stack of `count` identical layers: one
+        region of the graph, named `name` (inside another repeat, `outer.name`; made unique
+        with `_1`, `_2`, ... if a model repeats under the same name twice). Ops inside are
+        named under it, `layers.q_proj`."""
+        parent = self._stack[-1].name if self._stack else None
+        base = name if parent is None else f"{parent}.{name}"
+        unique, n = base, 0
+        while unique in {r.name for r in self.graph.regions()}:
+            n += 1
+            unique = f"{base}_{n}"
+        region = self.graph.add_region(Region(unique, count, parent))
+        self._stack.append(region)
         try:
-            yield
+            yield RegionHandle(self, unique)
         finally:
-            self._scopes.pop()
+            self._stack.pop()
 
     @property
     def count(self) -> sympy.Expr:
-        return sympy.Mul(*(c for _, c in self._scopes))
+        return sympy.Mul(*(r.count for r in self._stack))
+
+    @property
+    def region(self) -> str | None:
+        """The innermost region being built, None outside every repeat."""
+        return self._stack[-1].name if self._stack else None
 
     def _name(self, base: str) -> str:
-        full = ".".join([*(n for n, _ in self._scopes), base])
+        full = base if not self._stack else f"{self._stack[-1].name}.{base}"
         n = self._used.get(full, 0)
         self._used[full] = n + 1
         return full if n == 0 else f"{full}_{n}"
@@ -59,17 +95,20 @@ class GraphBuilder:
     # --- leaves -------------------------------------------------------------------------------
     def input(self, name: str, shape: Sequence, dtype: DType | None = None) -> Tensor:
         """Data fed to the step (token ids, targets); no gradient flows into it."""
-        t = Tensor(self._name(name), shape, dtype or INT32, Role.INPUT, self.count)
+        t = Tensor(self._name(name), shape, dtype or INT32, Role.INPUT, self.count,
+                   region=self.region)
         return self.graph.add_tensor(t)
 
     def activation(self, name: str, shape: Sequence, dtype: DType | None = None) -> Tensor:
         """An activation fed in from outside the graph (for patterns and small tests)."""
-        t = Tensor(self._name(name), shape, dtype or self.dtype, Role.ACTIVATION, self.count)
+        t = Tensor(self._name(name), shape, dtype or self.dtype, Role.ACTIVATION, self.count,
+                   region=self.region)
         return self.graph.add_tensor(t)
 
     def weight(self, name: str, shape: Sequence, dtype: DType | None = None) -> Tensor:
         """A trained parameter; inside a repeat, one per layer."""
-        t = Tensor(self._name(name), shape, dtype or self.dtype, Role.WEIGHT, self.count)
+        t = Tensor(self._name(name), shape, dtype or self.dtype, Role.WEIGHT, self.count,
+                   region=self.region)
         return self.graph.add_tensor(t)
 
     # --- the generic op -----------------------------------------------------------------------
@@ -84,12 +123,13 @@ class GraphBuilder:
         op_name = self._name(name or kind)
         dtypes = dtype if isinstance(dtype, tuple) else (dtype,) * len(shapes)  # one per output
         outs = [Tensor(op_name if i == 0 else f"{op_name}:{i}", shape, dtypes[i] or self.dtype,
-                       Role.ACTIVATION, self.count)
+                       Role.ACTIVATION, self.count, region=self.region)
                 for i, shape in enumerate(shapes)]
         for t in outs:
             self.graph.add_tensor(t)
         self.graph.add_op(Op(op_name, kind, category, [t.name for t in ins],
-                             [t.name for t in outs], count=self.count, params=params))
+                             [t.name for t in outs], count=self.count, params=params,
+                             region=self.region))
         return outs[0]
 
     # --- the ops models use -------------------------------------------------------------------
@@ -177,6 +217,92 @@ class GraphBuilder:
         return self.op("moe_combine", [y, gates], category="routing", name=name)
 
     def build(self) -> Graph:
-        """The finished graph, verified."""
+        """The finished graph, verified, each region with its carries (declared or inferred)."""
+        if self._stack:
+            raise OpgraphError(f"graph {self.graph.name}: build() inside repeat "
+                               f"{self._stack[-1].name!r}; call it after the `with` block")
+        for region in self.graph.regions():
+            declared = self._carries.get(region.name)
+            carries = (_checked_carries(self.graph, region, declared) if declared
+                       else infer_carries(self.graph, region))
+            self.graph.update_region(attrs.evolve(region, carries=carries))
         verify(self.graph)
         return self.graph
+
+
+# --- loop-carried tensors ---------------------------------------------------------------------
+
+def _same_type(a: Tensor, b: Tensor) -> bool:
+    return (a.dtype == b.dtype and len(a.shape) == len(b.shape)
+            and all(rules.same(x, y) for x, y in zip(a.shape, b.shape)))
+
+
+def _type(t: Tensor) -> str:
+    return f"{t.dtype.name}[{', '.join(map(str, t.shape))}]"
+
+
+def region_boundary(graph: Graph, region: Region) -> tuple[list[Tensor], list[Tensor]]:
+    """The activations made outside `region` that its ops read (in the order first read), and
+    the activations made inside it that an op after it reads (in the order made)."""
+    inside = [op for op in graph.ops() if graph.within(op.region, region.name)]
+    mine = {op.name for op in inside}
+    entering = dict.fromkeys(
+        n for op in inside for n in op.inputs
+        if graph.tensor(n).role is Role.ACTIVATION
+        and not graph.within(graph.tensor(n).region, region.name))
+    leaving = dict.fromkeys(
+        n for op in inside for n in op.outputs
+        if graph.tensor(n).role is Role.ACTIVATION
+        and any(c.name not in mine for c in graph.consumers(n)))
+    return [graph.tensor(n) for n in entering], [graph.tensor(n) for n in leaving]
+
+
+def infer_carries(graph: Graph, region: Region) -> tuple[tuple[str, str], ...]:
+    """Pair each activation leaving `region` with the one activation entering it of the same
+    shape and dtype: what one iteration hands the next (JAX's scan carry). A leaving tensor
+    that fits no entering one is not carried (a per-iteration output); an entering one that
+    fits no leaving one is read by every iteration unchanged (a constant of the loop). Raises
+    OpgraphError when a pairing is ambiguous, asking for `carry` to be declared."""
+    entering, leaving = region_boundary(graph, region)
+    pairs = []
+    for out in leaving:
+        fits = [t for t in entering if _same_type(t, out)]
+        rivals = [o for o in leaving if any(_same_type(t, o) for t in fits)]
+        if len(fits) > 1 or len(rivals) > 1:
+            raise OpgraphError(
+                f"graph {graph.name}: cannot tell what region {region.name!r} hands its next "
+                f"iteration: {', '.join(o.name for o in rivals)} leave it and "
+                f"{', '.join(t.name for t in fits)} enter it, all {_type(out)}; declare it "
+                f"with `with g.repeat(...) as r:` ... `r.carry(entering, handed)`")
+        if fits:
+            pairs.append((fits[0].name, out.name))
+    return tuple(pairs)
+
+
+def _checked_carries(graph: Graph, region: Region,
+                     declared: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The declared carries, each checked: the entering tensor made outside the region and
+    read inside it, the handed tensor made inside it, both of one shape and dtype."""
+    def fail(why: str):
+        raise OpgraphError(f"graph {graph.name}: region {region.name!r} cannot carry "
+                           f"{entering} -> {handed}: {why}")
+
+    inside = {op.name for op in graph.ops() if graph.within(op.region, region.name)}
+    for entering, handed in declared:
+        for name in (entering, handed):
+            if not graph.has_tensor(name):
+                fail(f"no tensor {name!r}")
+        a, b = graph.tensor(entering), graph.tensor(handed)
+        if graph.within(a.region, region.name):
+            fail(f"{entering} is made inside the region; carry the tensor made before it")
+        if not any(op.name in inside for op in graph.consumers(entering)):
+            fail(f"no op of the region reads {entering}")
+        if not graph.within(b.region, region.name):
+            fail(f"{handed} is not made inside the region")
+        if not _same_type(a, b):
+            fail(f"{entering} is {_type(a)} but {handed} is {_type(b)}")
+    if len({a for a, _ in declared}) != len(declared) or len({b for _, b in declared}) != len(
+            declared):
+        raise OpgraphError(f"graph {graph.name}: region {region.name!r} declares a tensor in "
+                           f"two carries")
+    return tuple(declared)

@@ -5,8 +5,11 @@ A graph is a networkx DiGraph whose nodes are tensors and ops, joined by dataflo
 passes copy the graph and replace records with `attrs.evolve`, never edit one in place.
 
 A stack of identical layers is held once: its ops and tensors carry a multiplicity, `count`
-(the symbolic layer count `L`), so the graph does not grow with depth. A stack that is not
-uniform is several blocks, each with its own count.
+(the symbolic layer count `L`), so the graph does not grow with depth. The stack itself is a
+`Region` the graph holds (its trip count, its parent for nested repeats, and the tensors one
+iteration hands the next), and each of its ops and tensors names it in `region`, so passes and
+printers read the structure instead of recovering it from names. A stack that is not uniform is
+several regions, each with its own count.
 
 No op stores a cost: its FLOPs come from its kind's FLOP rule (`opgraph.rules`), its HBM bytes
 from the tensors it reads and writes, both when the step is evaluated (`opgraph.costmodel`, which
@@ -75,6 +78,7 @@ class Tensor:
     role: Role = Role.ACTIVATION
     count: sympy.Expr = attrs.field(default=1, converter=_expr)  # instances, e.g. one per layer
     grad_of: str | None = None  # for a gradient: the tensor it is the gradient of
+    region: str | None = None  # the innermost region (repeated block) it belongs to
 
     @property
     def numel(self) -> sympy.Expr:
@@ -103,9 +107,32 @@ class Op:
     phase: Phase = Phase.FORWARD
     params: tuple[tuple[str, object], ...] = attrs.field(default=(), converter=_params)
     forward: str | None = None  # for a backward op: the forward op it differentiates
+    region: str | None = None  # the innermost region (repeated block) it runs in
 
     def param(self, key: str, default=None):
         return dict(self.params).get(key, default)
+
+
+def _carries(value) -> tuple[tuple[str, str], ...]:
+    return tuple((str(a), str(b)) for a, b in value)
+
+
+@attrs.frozen
+class Region:
+    """A repeated block: `Region("layers", L, carries=[("embed", "layers.mlp_residual")])`.
+
+    Its ops and tensors run `count` times per run of its `parent` region (trip counts multiply
+    down a nest). `carries` are its loop-carried tensors, as JAX's scan counts `num_carry` and
+    XLA's while holds a carried tuple: pairs (the tensor entering iteration 0, the tensor an
+    iteration hands to the next). The graph holds one iteration: its ops read the entering
+    tensor, which in iteration i > 0 stands for iteration i-1's handed tensor; the last
+    iteration's handed tensor is what ops after the region read.
+    """
+
+    name: str
+    count: sympy.Expr = attrs.field(converter=_expr)
+    parent: str | None = None
+    carries: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_carries)
 
 
 def _tnode(name: str) -> tuple[str, str]:
@@ -131,6 +158,7 @@ class Graph:
         self.nx = nx.DiGraph()
         self._seq = 0
         self._order: list[Op] | None = None
+        self._regions: dict[str, Region] = {}  # by name, in the order they were made
 
     # --- construction -------------------------------------------------------------------------
     def add_tensor(self, tensor: Tensor) -> Tensor:
@@ -169,6 +197,7 @@ class Graph:
                     max_seq_len=self.max_seq_len)
         new.nx = self.nx.copy()
         new._seq = self._seq
+        new._regions = dict(self._regions)
         return new
 
     # --- queries ------------------------------------------------------------------------------
@@ -231,6 +260,50 @@ class Graph:
     def __str__(self) -> str:
         return format_graph(self)
 
+    # --- regions ------------------------------------------------------------------------------
+    def add_region(self, region: Region) -> Region:
+        if region.name in self._regions:
+            raise ValueError(f"region {region.name!r} is already in graph {self.name!r}")
+        if region.parent is not None and region.parent not in self._regions:
+            raise ValueError(f"region {region.name!r} names unknown parent {region.parent!r}")
+        self._regions[region.name] = region
+        return region
+
+    def update_region(self, region: Region) -> Region:
+        """Replace the region of the same name (e.g. with its carries set)."""
+        self.region(region.name)
+        self._regions[region.name] = region
+        return region
+
+    def region(self, name: str) -> Region:
+        try:
+            return self._regions[name]
+        except KeyError:
+            raise KeyError(f"no region {name!r} in graph {self.name!r}") from None
+
+    def regions(self) -> list[Region]:
+        """All regions, in the order they were made (a parent before its children)."""
+        return list(self._regions.values())
+
+    def region_chain(self, name: str | None) -> tuple[Region, ...]:
+        """The regions around region `name`, outermost first, ending with it; () for None."""
+        chain = []
+        while name is not None:
+            region = self.region(name)
+            chain.append(region)
+            name = region.parent
+        return tuple(reversed(chain))
+
+    def trip_count(self, name: str | None) -> sympy.Expr:
+        """How many times the body of region `name` runs in one step: its count times its
+        parents'. 1 for None (outside every region)."""
+        return sympy.Mul(*(r.count for r in self.region_chain(name)))
+
+    def within(self, region: str | None, name: str) -> bool:
+        """Whether something tagged `region` is inside region `name` (or a region nested in
+        it): `graph.within(op.region, "layers")`."""
+        return any(r.name == name for r in self.region_chain(region))
+
 
 def format_op(graph: Graph, op: Op, figures=None) -> str:
     """`name = kind(in, ...) : dtype[shape]  xcount  flops=...  bytes=...`, one line; the
@@ -247,9 +320,49 @@ def format_op(graph: Graph, op: Op, figures=None) -> str:
             f"  flops={figures.flops}  bytes={figures.bytes}")
 
 
-def format_graph(graph: Graph) -> str:
-    """The textual form: inputs and weights, then one line per op in execution order."""
+def _equal(a: sympy.Expr, b: sympy.Expr) -> bool:
+    return a == b or sympy.expand(a - b) == 0
+
+
+def region_problems(graph: Graph) -> list[str]:
+    """What is wrong with `graph`'s regions, for a verifier: an op or tensor naming an unknown
+    region or running other than its region's trip count; a carry whose entering tensor is
+    not outside its region or whose handed tensor is not inside it. [] when all is well."""
+    problems = []
+    items = [("op", op) for op in graph.ops()] + [("tensor", t) for t in graph.tensors()]
+    for what, item in items:
+        if item.region is not None and item.region not in graph._regions:
+            problems.append(f"{what} {item.name} is in unknown region {item.region!r}")
+        elif not _equal(item.count, graph.trip_count(item.region)):
+            problems.append(f"{what} {item.name} runs {item.count} times, its region "
+                            f"{item.region} {graph.trip_count(item.region)}")
+    for region in graph.regions():
+        for entering, handed in region.carries:
+            if not graph.has_tensor(entering) or graph.within(graph.tensor(entering).region,
+                                                              region.name):
+                problems.append(f"region {region.name} carries {entering}, which is not a "
+                                f"tensor made before it")
+            if not graph.has_tensor(handed) or not graph.within(graph.tensor(handed).region,
+                                                                region.name):
+                problems.append(f"region {region.name} hands on {handed}, which is not a "
+                                f"tensor made inside it")
+    return problems
+
+
+def format_region(region: Region) -> str:
+    """`region layers x L carries embed -> layers.mlp_residual`, one line."""
+    parent = "" if region.parent is None else f" in {region.parent}"
+    carries = ", ".join(f"{a} -> {b}" for a, b in region.carries)
+    return (f"region {region.name} x {region.count}{parent}"
+            f"{f' carries {carries}' if carries else ''}")
+
+
+def format_graph(graph: Graph, *, regions: bool = False) -> str:
+    """The textual form: inputs and weights, then one line per op in execution order; with
+    `regions=True`, first one line per region (`format_region`)."""
     lines = [f"graph {graph.name}"]
+    if regions:
+        lines += [f"  {format_region(r)}" for r in graph.regions()]
     for t in graph.tensors():
         if graph.producer(t.name) is None:
             count = "" if t.count == 1 else f"  x{t.count}"
@@ -274,8 +387,11 @@ __all__ = [
     "Graph",
     "Op",
     "Phase",
+    "Region",
     "Role",
     "Tensor",
     "format_graph",
     "format_op",
+    "format_region",
+    "region_problems",
 ]

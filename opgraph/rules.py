@@ -475,6 +475,39 @@ FLOP_RULES: dict[str, Callable] = {
 }
 
 
+# --- a fused kernel: ops that became one kernel (`opgraph.rewrite.Replacement.fuse`) ---------
+# Its params carry the member ops (`body`, in execution order), the tensors that stay inside it
+# (`inner`) and the names of what it writes (`outputs`), so its shapes and FLOPs are its members',
+# derived by their own rules; its traffic is its boundary tensors, like any op's.
+
+def _fused_tensors(ins: list[Tensor], params: dict) -> dict[str, Tensor]:
+    """Every tensor a fused kernel's members touch, by name; the kernel's outputs re-derived by
+    the members' shape rules (their dtype is not a shape's concern)."""
+    known = {t.name: t for t in (*ins, *params["inner"])}
+    for op in params["body"]:
+        shapes = infer_shapes(op.kind, [known[n] for n in op.inputs], dict(op.params))
+        for name, shape in zip(op.outputs, shapes):
+            known.setdefault(name, Tensor(name, shape))
+    return known
+
+
+def _fused_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    known = _fused_tensors(ins, params)
+    return [known[name].shape for name in params["outputs"]]
+
+
+def _fused_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """Fusion moves no arithmetic: the members' FLOPs, each by its kind's rule."""
+    known = _fused_tensors(ins, params) | {t.name: t for t in outs}
+    return sympy.Add(*(count_flops(op.kind, [known[n] for n in op.inputs],
+                                   [known[n] for n in op.outputs], dict(op.params))
+                       for op in params["body"]))
+
+
+SHAPE_RULES["fused"] = _fused_shape
+FLOP_RULES["fused"] = _fused_flops
+
+
 def _partials(ins: list[Tensor], params: dict) -> tuple[list[Tensor], list[Tensor]]:
     """A kernel's own inputs and the partial gradients it accumulates into (read last)."""
     n = int(params.get("accumulate", 0))

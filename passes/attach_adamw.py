@@ -41,7 +41,8 @@ class AdamW:
 def _state(graph: Graph, w: Tensor, base: str, suffix: str, dtype: DType,
            role: Role = Role.OPTIMIZER_STATE) -> str:
     """A new tensor shaped like weight `w`, e.g. its first moment `adamw.<w>.m`."""
-    return graph.add_tensor(Tensor(f"{base}.{suffix}", w.shape, dtype, role, w.count)).name
+    return graph.add_tensor(Tensor(f"{base}.{suffix}", w.shape, dtype, role, w.count,
+                                   region=w.region)).name
 
 
 def attach_adamw(graph: Graph, adamw: AdamW = AdamW()) -> Graph:
@@ -71,5 +72,6 @@ def attach_adamw(graph: Graph, adamw: AdamW = AdamW()) -> Graph:
                       phase=Phase.OPTIMIZER,
                       params={"flops_per_param": adamw.flops_per_param,
                               "copy": adamw.copy is not None and adamw.master is not None,
-                              "zero_grad": adamw.zero_grad}))
+                              "zero_grad": adamw.zero_grad},
+                      region=w.region))
     return out

@@ -57,7 +57,8 @@ class _Context:
         if len(reads) > own:
             merged["accumulate"] = len(reads) - own
         return Op(f"{fwd.name}.{suffix}", kind, fwd.category, reads, outs, count=fwd.count,
-                  phase=Phase.BACKWARD, params=merged, forward=fwd.name)
+                  phase=Phase.BACKWARD, params=merged, forward=fwd.name,
+                  region=fwd.region)
 
     def wrt(self, fwd: Op, names: list[str]) -> tuple[int, ...]:
         """Positions in `fwd`'s inputs of those of `names` that need a gradient."""
@@ -68,7 +69,8 @@ class _Context:
         n = self.made[primal] = self.made.get(primal, 0) + 1
         name = f"d.{primal}" if n == 1 else f"d.{primal}#{n}"
         dtype = self.weight_grad_dtype if t.role is Role.WEIGHT else t.dtype
-        self.graph.add_tensor(Tensor(name, t.shape, dtype, Role.GRADIENT, t.count, grad_of=primal))
+        self.graph.add_tensor(Tensor(name, t.shape, dtype, Role.GRADIENT, t.count, grad_of=primal,
+                                     region=t.region))
         self.latest[primal] = name
         return name
 

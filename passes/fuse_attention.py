@@ -69,7 +69,7 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
     if len(shape) != len(out) or not all(rules.same(a, b) for a, b in zip(shape, out)):
         return None
     fwd = Op(_fused_name(graph, scores, pv), "flash_attention", scores.category, [q, k, v], [o],
-             count=scores.count, params=params)
+             count=scores.count, params=params, region=scores.region)
     backward = [op for op in graph.ops() if op.forward in (scores.name, pv.name)]
     dp = [t.name for t in graph.tensors() if t.grad_of == p]
     add_ops = [fwd]
@@ -88,7 +88,8 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
             layout["accumulate"] = len(partials)
         add_ops.append(Op(f"{fwd.name}.grad", "flash_attention_backward", fwd.category,
                           [do, q, k, v, o, *partials], grads, count=fwd.count,
-                          phase=Phase.BACKWARD, params={**params, **layout}, forward=fwd.name))
+                          phase=Phase.BACKWARD, params={**params, **layout}, forward=fwd.name,
+                          region=fwd.region))
     return Replacement(
         remove_ops=(scores.name, pv.name, *(op.name for op in backward)),
         remove_tensors=(p, *dp),

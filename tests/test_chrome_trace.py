@@ -9,21 +9,32 @@ from opgraph.models import preset
 
 from opgraph import GraphBuilder, compile_step, evaluate, hardware
 from opgraph.cli import main
-from opgraph.outputs.chrome_trace import STREAM_TID, blocks, chrome_trace, write_chrome_trace
-from opgraph.symbols import B, D, S, V
+from opgraph.outputs.chrome_trace import (
+    STREAM_TID,
+    blocks,
+    chrome_trace,
+    instance_name,
+    write_chrome_trace,
+)
+from opgraph.symbols import B, D, L, S, V
 
 H100 = hardware.get("h100-sxm")
 LAYERS = 32  # Llama 3 8B (arXiv:2407.21783, Table 3)
 
 
 @pytest.fixture(scope="module")
-def profile():
-    return evaluate(compile_step(preset("llama3-8b")), H100)
+def step():
+    return compile_step(preset("llama3-8b"))
 
 
 @pytest.fixture(scope="module")
-def trace(profile):
-    return json.loads(json.dumps(chrome_trace(profile)))  # through JSON and back
+def profile(step):
+    return evaluate(step, H100)
+
+
+@pytest.fixture(scope="module")
+def trace(profile, step):
+    return json.loads(json.dumps(chrome_trace(profile, step)))  # through JSON and back
 
 
 def kernel_events(trace):
@@ -117,26 +128,112 @@ def test_phase_ranges_enclose_their_kernels(profile, trace):
         assert start - 1e-6 <= e["ts"] and e["ts"] + e["dur"] <= end + 1e-6
 
 
-def test_blocks_split_stacks_by_scope_and_phase():
+def _embed(g):
+    return g.embedding(g.input("tokens", (B, S)), g.weight("embed.weight", (V, D)))
+
+
+def _head(g, x):
+    logits = g.matmul(x, g.weight("head.weight", (D, V)), name="head", category="output_head")
+    g.cross_entropy(logits, g.input("targets", (B, S)))
+    return g.build()
+
+
+def _timeline(graph, values=None):
+    step = compile_step(graph)
+    p = evaluate(step, H100, values)
+    return p, step, kernel_events(chrome_trace(p, step))
+
+
+def test_blocks_follow_regions_and_phase():
     """Two stacks of different depth, one after the other: each is its own block."""
     g = GraphBuilder("two-stacks", dims={B: 1, S: 4, D: 8, V: 16})
-    x = g.embedding(g.input("tokens", (B, S)), g.weight("embed.weight", (V, D)))
+    x = _embed(g)
     with g.repeat(2, "enc"):
         x = g.matmul(g.rmsnorm(x, g.weight("norm.weight", (D,))), g.weight("w", (D, D)))
     with g.repeat(3, "dec"):
         x = g.add(x, g.matmul(x, g.weight("w", (D, D))))
-    logits = g.matmul(x, g.weight("head.weight", (D, V)), name="head", category="output_head")
-    g.cross_entropy(logits, g.input("targets", (B, S)))
-    p = evaluate(compile_step(g.build()), H100)
-    shape = [(b.ops[0].phase, b.scope, b.count, len(b.ops)) for b in blocks(p.ops)]
-    assert shape[:4] == [("forward", "embed", 1, 1), ("forward", "enc", 2, 2),
-                         ("forward", "dec", 3, 2), ("forward", "head", 1, 1)]
+    p, step, events = _timeline(_head(g, x))
+    shape = [(b.ops[0].phase, b.region, b.count, len(b.ops)) for b in blocks(p.ops, step, p)]
+    assert shape[:4] == [("forward", None, 1, 1), ("forward", "enc", 2, 2),
+                         ("forward", "dec", 3, 2), ("forward", None, 1, 1)]
     assert ("backward", "dec", 3, 3) in shape and ("backward", "enc", 2, 3) in shape
     assert shape.index(("backward", "dec", 3, 3)) < shape.index(("backward", "enc", 2, 3))
-    names = [e["name"] for e in kernel_events(chrome_trace(p))]
+    names = [e["name"] for e in events]
     assert names[:6] == ["embed", "enc.0.rmsnorm", "enc.0.matmul", "enc.1.rmsnorm",
                          "enc.1.matmul", "dec.0.matmul"]
     assert len(names) == sum(o.count for o in p.ops)
+
+
+@pytest.mark.parametrize("names", [("layers", "layers"), ("enc", "dec")])
+def test_two_stacks_of_the_same_depth_run_one_after_the_other(names):
+    """An encoder then a decoder, both `repeat(L, ...)`: the encoder's L layers all run before
+    the decoder's first (in the backward, the decoder's all before the encoder's last), even
+    under one name, where a name-based timeline interleaved them layer by layer."""
+    g = GraphBuilder("enc-dec", dims={B: 1, S: 4, D: 8, V: 16, L: 3})
+    x = _embed(g)
+    with g.repeat(L, names[0]) as enc:
+        x = g.add(x, g.matmul(g.rmsnorm(x, g.weight("norm.weight", (D,))),
+                              g.weight("w", (D, D)), name="enc"))
+    with g.repeat(L, names[1]) as dec:
+        x = g.add(x, g.matmul(x, g.weight("w", (D, D)), name="dec"))
+    p, step, events = _timeline(_head(g, x))
+    assert enc.name != dec.name
+    assert len(events) == sum(o.count for o in p.ops)
+    for phase, first, second in (("forward", enc, dec), ("backward", dec, enc),
+                                 ("optimizer", enc, dec)):
+        mine = [e for e in events
+                if e["args"]["phase"] == phase and e["args"]["layer"] is not None]
+        regions = [step.op(e["args"]["op"]).region for e in mine]
+        n, m = regions.count(first.name), regions.count(second.name)
+        assert regions == [first.name] * n + [second.name] * m  # no interleaving
+        for stack in (mine[:n], mine[n:]):
+            layers = [e["args"]["layer"] for e in stack]
+            assert layers == sorted(layers, reverse=phase == "backward")
+            assert set(layers) == {0, 1, 2} and len(layers) % 3 == 0
+    forward = [e["name"] for e in events if e["args"]["phase"] == "forward"]
+    assert forward[1:4] == [f"{enc.name}.0.rmsnorm", f"{enc.name}.0.enc", f"{enc.name}.0.add"]
+    assert forward[1 + 3 * 3] == f"{dec.name}.0.dec"
+
+
+def test_nested_regions_expand_inside_each_iteration():
+    """`repeat(2)` around `repeat(3)`: each outer iteration runs its own op, then the inner
+    block three times; counts multiply to 6 instances of the inner op."""
+    g = GraphBuilder("nested", dims={B: 1, S: 4, D: 8, V: 16})
+    x = _embed(g)
+    with g.repeat(2, "outer"):
+        x = g.rmsnorm(x, g.weight("norm.weight", (D,)))
+        with g.repeat(3, "inner"):
+            x = g.matmul(x, g.weight("w", (D, D)))
+    p, step, events = _timeline(_head(g, x))
+    assert step.trip_count("outer.inner") == 6
+    forward = [(e["name"], e["args"]["layer"]) for e in events
+               if e["args"]["phase"] == "forward"]
+    assert forward[1:9] == [
+        ("outer.0.rmsnorm", 0), ("outer.0.inner.0.matmul", [0, 0]),
+        ("outer.0.inner.1.matmul", [0, 1]), ("outer.0.inner.2.matmul", [0, 2]),
+        ("outer.1.rmsnorm", 1), ("outer.1.inner.0.matmul", [1, 0]),
+        ("outer.1.inner.1.matmul", [1, 1]), ("outer.1.inner.2.matmul", [1, 2])]
+    backward = [e["name"] for e in events if e["args"]["phase"] == "backward"]
+    inner = [n for n in backward if n.startswith("outer.")]
+    assert inner[0].startswith("outer.1.inner.2.") and inner[-1] == "outer.0.rmsnorm.grad"
+    assert len(events) == sum(o.count for o in p.ops)
+
+
+def test_instance_names_come_from_the_region():
+    from opgraph.ir import Region
+
+    layers = Region("layers", L)
+    assert instance_name("layers.q_proj.dA", (layers,), (3,)) == "layers.3.q_proj.dA"
+    assert instance_name("adamw.layers.q_proj.weight", (layers,), (3,)) == (
+        "adamw.layers.3.q_proj.weight")
+    assert instance_name("w_q", (layers,), (3,)) == "w_q [3]"  # named outside the convention
+    assert instance_name("embed", (), ()) == "embed"
+
+
+def test_timeline_needs_the_graph_that_was_profiled(profile):
+    other = compile_step(preset("gpt2"))
+    with pytest.raises(KeyError, match="no op"):
+        chrome_trace(profile, other)
 
 
 def test_cli_writes_the_trace(tmp_path, capsys):
@@ -155,7 +252,7 @@ def test_cli_bad_trace_path(tmp_path, capsys):
     assert not out.parent.exists()
 
 
-def test_write_failure_leaves_no_file(tmp_path, profile, monkeypatch):
+def test_write_failure_leaves_no_file(tmp_path, profile, step, monkeypatch):
     import opgraph.outputs.chrome_trace as ct
 
     def broken(f):
@@ -163,5 +260,18 @@ def test_write_failure_leaves_no_file(tmp_path, profile, monkeypatch):
 
     monkeypatch.setattr(ct.json, "dump", lambda trace, f: broken(f))
     with pytest.raises(RuntimeError):
-        write_chrome_trace(profile, tmp_path / "step.json")
+        write_chrome_trace(profile, step, tmp_path / "step.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_op_with_a_count_outside_any_region_still_runs_count_times():
+    """A graph written with the IR directly (no `repeat`): an op of count 3 is three kernels."""
+    from opgraph.ir import Graph, Op, Tensor
+
+    g = Graph("bare", {B: 1, S: 4, D: 8})
+    g.add_tensor(Tensor("x", (D,)))
+    g.add_tensor(Tensor("y", (D,), count=3))
+    g.add_op(Op("scale", "gelu", "elementwise", ["x"], ["y"], count=3))
+    p = evaluate(g, H100)
+    names = [e["name"] for e in kernel_events(chrome_trace(p, g))]
+    assert names == ["scale [0]", "scale [1]", "scale [2]"]

@@ -40,7 +40,7 @@ def run(args) -> int:
         if args.trace:
             from ..outputs.chrome_trace import write_chrome_trace
 
-            write_chrome_trace(profile, args.trace)
+            write_chrome_trace(profile, s.step, args.trace)
     warning = memory_warning(profile)
     if args.json:  # the JSON says it (memory.fits, warnings): stdout and stderr stay parseable
         out = profile.to_json(ops=args.ops)
