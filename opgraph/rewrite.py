@@ -177,8 +177,8 @@ class Replacement:
 
     @classmethod
     def fuse(cls, graph: Graph, ops: Iterable[str], *, name: str, kind: str = "fused",
-             category: str | None = None, params=(), forward: str | None = None
-             ) -> Replacement:
+             category: str | None = None, params=(), forward: str | None = None,
+             dropping: Iterable[str] = ()) -> Replacement:
         """`ops` become one kernel `name`: it reads the group's boundary inputs (in the order
         first read), writes each output of the group that an op outside it reads or that
         nothing reads (a graph output), and runs in the members' region, phase and count. The
@@ -187,7 +187,11 @@ class Replacement:
         With the default kind "fused" the kernel carries its members (`body`, `inner`,
         `outputs` in its params), so its shapes and FLOPs are theirs by their own rules
         (`opgraph.rules`); a library kernel's kind instead (`flash_attention`) costs by that
-        kind's rules, and the caller checks they agree (`fused_flops`)."""
+        kind's rules, and the caller checks they agree (`fused_flops`).
+
+        `dropping` names ops that go with the group without joining it (a pass that rebuilds
+        their replacements itself, such as the group's backward kernels): what only they read
+        is inner too."""
         order = {op.name: i for i, op in enumerate(graph.ops())}
         members = [graph.op(n) for n in sorted(set(ops), key=order.__getitem__)]
         if not members:
@@ -208,8 +212,9 @@ class Replacement:
             raise RewriteError(f"fusing {name}: the graph has an op of that name already")
         made = [n for op in members for n in op.outputs]
         reads = dict.fromkeys(n for op in members for n in op.inputs if n not in made)
+        gone = names | set(dropping)
         writes = [n for n in made if not graph.consumers(n)
-                  or any(c.name not in names for c in graph.consumers(n))]
+                  or any(c.name not in gone for c in graph.consumers(n))]
         if kind == "fused":
             inner = tuple(graph.tensor(n) for n in made if n not in writes)
             params = {**dict(params), "body": tuple(members), "inner": inner,
@@ -217,7 +222,7 @@ class Replacement:
         fused = Op(name, kind, category or first.category, list(reads), writes,
                    count=first.count, phase=first.phase, params=params, forward=forward,
                    region=first.region)
-        return cls(remove_ops=[op.name for op in members],
+        return cls(remove_ops=[op.name for op in members] + sorted(set(dropping) - names),
                    remove_tensors=[n for n in made if n not in writes], add_ops=[fused])
 
 

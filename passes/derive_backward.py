@@ -33,6 +33,7 @@ class _Context:
         self.latest: dict[str, str] = {}  # primal -> its newest (partial) gradient
         self.made: dict[str, int] = {}  # primal -> how many partial gradients so far
         self.weight_grad_dtype = weight_grad_dtype
+        self.fixed: dict[str, str] = {}  # primal -> the existing tensor its gradient must be
 
     def grad(self, name: str) -> str | None:
         return self.latest.get(name)
@@ -65,6 +66,9 @@ class _Context:
         return tuple(fwd.inputs.index(n) for n in dict.fromkeys(names) if n in self.needs)
 
     def _new_grad(self, primal: str) -> str:
+        if primal in self.fixed:  # rebuilding kernels inside a backward: the name stays
+            self.latest[primal] = self.fixed[primal]
+            return self.fixed[primal]
         t = self.graph.tensor(primal)
         n = self.made[primal] = self.made.get(primal, 0) + 1
         name = f"d.{primal}" if n == 1 else f"d.{primal}#{n}"
@@ -194,6 +198,20 @@ def derive_backward(graph: Graph, *, weight_grad_dtype: DType = FP32) -> Graph:
         for kernel in rule(ctx, op):
             out.add_op(kernel)
     return out
+
+
+def backward_kernels(graph: Graph, op: Op, *, output_grads: dict[str, str],
+                     writes: dict[str, str], accumulate: dict[str, str] | None = None
+                     ) -> list[Op]:
+    """The kernels VJP_RULES make for `op` inside a step whose backward exists already (a pass
+    that replaces forward ops replaces their backward kernels this way): `output_grads` maps
+    each of `op`'s outputs to its gradient, `writes` each input that gets a gradient to the
+    existing tensor that gradient must be, and `accumulate` an input to the partial gradient
+    the kernel adds into. No tensor is made; the kernels read and write those named."""
+    ctx = _Context(graph, set(writes), FP32)
+    ctx.latest = {**output_grads, **(accumulate or {})}
+    ctx.fixed = dict(writes)
+    return VJP_RULES[op.kind](ctx, op)
 
 
 def gradient_of(graph: Graph, name: str) -> Tensor | None:

@@ -16,13 +16,18 @@ same kernels: both paths build the backward through the same rule.
 
 from __future__ import annotations
 
+import os
+
 import attrs
+import sympy
 
 from opgraph import rules
 from opgraph.builder import GraphBuilder
-from opgraph.ir import Graph, Op, Phase
-from opgraph.rewrite import Match, Replacement, rewrite
+from opgraph.ir import Graph, Op
+from opgraph.rewrite import Match, Replacement, fused_flops, rewrite
 from opgraph.symbols import B, H, H_kv, S, d_h
+
+from .derive_backward import backward_kernels
 
 
 @attrs.frozen
@@ -45,61 +50,62 @@ def attention_pattern() -> Graph:
 
 
 def _fused_name(graph: Graph, scores: Op, pv: Op) -> str:
-    prefix = []
-    for a, b in zip(scores.name.split("."), pv.name.split(".")):
-        if a != b:
-            break
-        prefix.append(a)
-    name = ".".join([*prefix, "flash"])
+    """The core's own name (`layers.attn` for `layers.attn.scores` and `layers.attn.pv`, as the
+    builder's `attention` names them) with `.flash`; beside P.V's name if that is taken."""
+    name = os.path.commonprefix([scores.name, pv.name]).rstrip(".") + ".flash"
     return name if not graph.has_op(name) else f"{pv.name}.flash"
 
 
-def _replace(graph: Graph, match: Match) -> Replacement | None:
+def _keeps_flops(graph: Graph, match: Match) -> bool:
+    """A predicate: the core's shapes fit one FlashAttention kernel of the same FLOPs (a shape
+    the kernel's rules do not accept, or cost differently, stays unfused)."""
     scores, pv = graph.op(match.op("attn.scores")), graph.op(match.op("attn.pv"))
-    q, k, v, p, o = (match.tensor(n) for n in ("q", "k", "v", "attn.scores", "attn.pv"))
     if scores.count != pv.count or dict(scores.params) != dict(pv.params):
-        return None
+        return False
+    q, k, v, o = (graph.tensor(match.tensor(n)) for n in ("q", "k", "v", "attn.pv"))
     params = dict(scores.params)
-    ins = [graph.tensor(n) for n in (q, k, v)]
     try:
-        (shape,) = rules.infer_shapes("flash_attention", ins, params)
+        (shape,) = rules.infer_shapes("flash_attention", [q, k, v], params)
     except rules.ShapeError:
-        return None
-    out = graph.tensor(o).shape
-    if len(shape) != len(out) or not all(rules.same(a, b) for a, b in zip(shape, out)):
-        return None
-    fwd = Op(_fused_name(graph, scores, pv), "flash_attention", scores.category, [q, k, v], [o],
-             count=scores.count, params=params, region=scores.region)
+        return False
+    if len(shape) != len(o.shape) or not all(rules.same(a, b) for a, b in zip(shape, o.shape)):
+        return False
+    flops = rules.count_flops("flash_attention", [q, k, v], [o], params)
+    return sympy.expand(flops - fused_flops(graph, match.graph_ops)) == 0
+
+
+def _replace(graph: Graph, match: Match) -> Replacement | None:
+    """The core becomes one `flash_attention` kernel (None where something outside the core reads
+    its score matrix); where the backward exists, its kernels
+    become the one FlashAttention's backward rule (VJP_RULES) makes, writing the same gradient
+    tensors the unfused kernels wrote."""
+    scores, pv = graph.op(match.op("attn.scores")), graph.op(match.op("attn.pv"))
+    q, k, v, o = (match.tensor(n) for n in ("q", "k", "v", "attn.pv"))
     backward = [op for op in graph.ops() if op.forward in (scores.name, pv.name)]
-    dp = [t.name for t in graph.tensors() if t.grad_of == p]
-    add_ops = [fwd]
-    if backward:
-        gone = {n for op in backward for n in op.outputs}
-        reads = [n for op in backward for n in op.inputs]
-        do = next(n for n in reads if graph.tensor(n).grad_of == o)
-        partials = [n for primal in (q, k, v) for n in dict.fromkeys(reads)
-                    if graph.tensor(n).grad_of == primal and n not in gone]
-        grads = [n for primal in (q, k, v) for op in backward for n in op.outputs
-                 if graph.tensor(n).grad_of == primal]
-        wrt = tuple(i for i, primal in enumerate((q, k, v))
-                    if any(graph.tensor(n).grad_of == primal for n in grads))
-        layout = {"dys": 1, "saved_inputs": 3, "saved_outputs": 1, "wrt": wrt}
-        if partials:
-            layout["accumulate"] = len(partials)
-        add_ops.append(Op(f"{fwd.name}.grad", "flash_attention_backward", fwd.category,
-                          [do, q, k, v, o, *partials], grads, count=fwd.count,
-                          phase=Phase.BACKWARD, params={**params, **layout}, forward=fwd.name,
-                          region=fwd.region))
-    return Replacement(
-        remove_ops=(scores.name, pv.name, *(op.name for op in backward)),
-        remove_tensors=(p, *dp),
-        add_ops=tuple(add_ops),
-    )
+    plan = Replacement.fuse(graph, [scores.name, pv.name], kind="flash_attention",
+                            name=_fused_name(graph, scores, pv), params=scores.params,
+                            dropping=[op.name for op in backward])
+    if plan.add_ops[0].outputs != (o,):
+        return None  # the score matrix is read outside the core: it cannot stay in SRAM
+    if not backward:
+        return plan
+    (fwd,) = plan.add_ops
+    made = {n for op in backward for n in op.outputs}
+    read = dict.fromkeys(n for op in backward for n in op.inputs)
+    grad_of = {n: graph.tensor(n).grad_of for n in (*read, *made)}
+    final = {grad_of[n]: n for n in made if grad_of[n] in (q, k, v)
+             and not any(n in op.inputs for op in backward)}
+    partial = {grad_of[n]: n for n in read if grad_of[n] in (q, k, v) and n not in made}
+    do = next(n for n in read if grad_of[n] == o)
+    kernels = backward_kernels(graph, fwd, output_grads={o: do}, writes=final,
+                               accumulate=partial)
+    return attrs.evolve(plan, add_ops=(fwd, *kernels), remove_tensors=(
+        *plan.remove_tensors, *(n for n in made if n not in final.values())))
 
 
 def rewrite_attention(graph: Graph) -> tuple[Graph, list[Fused]]:
     """The fused graph and a record of each rewrite: `step, fused = rewrite_attention(step)`."""
-    out, applied = rewrite(graph, attention_pattern(), _replace)
+    out, applied = rewrite(graph, attention_pattern(), _replace, where=_keeps_flops)
     report = [Fused(plan.add_ops[0].name, plan.add_ops[1].name if len(plan.add_ops) > 1 else None,
                     plan.remove_ops) for _, plan in applied]
     return out, report
