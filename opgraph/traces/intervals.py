@@ -11,6 +11,7 @@ Invariants: the categories' times add up to ``kernel_time_s``; ``busy <= min(ker
 
 from __future__ import annotations
 
+import itertools
 import math
 from array import array
 from collections.abc import Iterable
@@ -102,53 +103,62 @@ def breakdown(kernels: Iterable[Kernel], rules: Iterable = KERNEL_RULES) -> Brea
     (1.5e-05, 5e-06, ['matmul', 'communication'])
     """
     compiled = compile_rules(rules)
-    category_of: dict[str, str] = {}
-    time_us: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    starts, ends = array("d"), array("d")
-    origin = None
-    for kernel in kernels:
-        name = kernel.name
-        category = category_of.get(name)
-        if category is None:
-            if len(category_of) >= _CATEGORY_CACHE:
-                category_of.clear()
-            category = category_of[name] = first_match(name, compiled)
-        dur = kernel.dur_us
-        time_us[category] = time_us.get(category, 0.0) + dur
-        counts[category] = counts.get(category, 0) + 1
-        # Measure from the first kernel read: trace timestamps are ~1e15 us, where a float's step
-        # is ~0.1 us, so "ts + dur" would round away part of a short kernel; offsets are exact.
-        if origin is None:
-            origin = kernel.ts_us
-        start = kernel.ts_us - origin
-        starts.append(start)
-        ends.append(start + dur)
-    if origin is None:
+    kernels = iter(kernels)
+    first = next(kernels, None)
+    if first is None:
         return Breakdown(0.0, 0.0, 0.0, 0.0, 0, [])
+    # Measure from the first kernel read: trace timestamps are ~1e15 us, where a float's step is
+    # ~0.1 us, so "ts + dur" would round away part of a short kernel; offsets are exact.
+    origin = first.ts_us
+    # Two floats and a category number per kernel; each distinct name is classified once.
+    starts, durations, classes = array("d"), array("d"), array("H")
+    categories: list[str] = []  # category number -> name
+    number_of: dict[str, int] = {}  # kernel name -> its category's number
+    add_start, add_duration, add_class = starts.append, durations.append, classes.append
+    for name, ts, dur, _, _ in itertools.chain((first,), kernels):
+        number = number_of.get(name)
+        if number is None:
+            number = _number(first_match(name, compiled), categories)
+            if len(number_of) >= _CATEGORY_CACHE:
+                number_of.clear()
+            number_of[name] = number
+        add_start(ts - origin)
+        add_duration(dur)
+        add_class(number)
 
-    start_us, end_us = np.frombuffer(starts), np.frombuffer(ends)
-    kernel_us = math.fsum(time_us.values())
+    start_us, dur_us = np.frombuffer(starts), np.frombuffer(durations)
+    end_us = start_us + dur_us
+    numbers = np.frombuffer(classes, dtype=np.uint16)
+    counts = np.bincount(numbers, minlength=len(categories))
+    time_us = [math.fsum(dur_us[numbers == n]) for n in range(len(categories))]
+    kernel_us = math.fsum(time_us)
     span_us = float(end_us.max() - start_us.min())
     busy_us = union_length(start_us, end_us)
-    categories = [
+    rows = [
         CategoryTime(
             name=category,
-            time_s=us / 1e6,
-            share=us / kernel_us if kernel_us > 0 else 0.0,
-            kernels=counts[category],
+            time_s=time_us[n] / 1e6,
+            share=time_us[n] / kernel_us if kernel_us > 0 else 0.0,
+            kernels=int(counts[n]),
         )
-        for category, us in time_us.items()
+        for n, category in enumerate(categories)
     ]
-    categories.sort(key=_by_time_then_name)
+    rows.sort(key=_by_time_then_name)
     return Breakdown(
         kernel_time_s=kernel_us / 1e6,
         busy_time_s=busy_us / 1e6,
         idle_time_s=(span_us - busy_us) / 1e6,
         span_s=span_us / 1e6,
         kernels=len(starts),
-        categories=categories,
+        categories=rows,
     )
+
+
+def _number(category: str, categories: list[str]) -> int:
+    """The category's index in `categories`, appending it the first time it is seen."""
+    if category not in categories:
+        categories.append(category)
+    return categories.index(category)
 
 
 def _by_time_then_name(category: CategoryTime) -> tuple[float, str]:
