@@ -188,7 +188,11 @@ def pattern_cost(pattern: str) -> int:
     ValueError: it repeats something that itself repeats or branches, like (a+)+ or (a|ab)*, which can take exponential time
     """
     try:
-        exponent = _search_exponent(sre_parse.parse(pattern, re.IGNORECASE))
+        parsed = sre_parse.parse(pattern, re.IGNORECASE)
+        if parsed.state.flags & re.MULTILINE:  # ^ then matches after every newline: not a fence
+            exponent = _sequence_cost(parsed).exponent + 1
+        else:
+            exponent = _search_exponent(parsed)
     except _TooCostly as why:
         raise ValueError(str(why)) from None
     except (re.error, RecursionError) as err:
