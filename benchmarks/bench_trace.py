@@ -150,6 +150,7 @@ start = time.perf_counter()
 seconds = time.perf_counter() - start
 print(seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """
+IMPORT_ONLY = ("from opgraph.traces import breakdown, iter_kernels", "pass")
 JSON_LOAD = ("import gzip, json", "with gzip.open(sys.argv[1]) as f: json.load(f)")
 STREAMING = ("from opgraph.traces import breakdown, iter_kernels",
              "assert breakdown(iter_kernels(sys.argv[1])).kernels == int(sys.argv[2])")
@@ -181,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         size = write_trace(path, args.kernels)
         print(f"trace: {args.kernels:,} kernels, {size / 1e6:,.0f} MB of JSON, "
               f"{path.stat().st_size / 1e6:,.0f} MB gzipped")
+        _, import_mb = measure(ROOT, IMPORT_ONLY, path, args.kernels, 1)
+        print(f"python + import opgraph.traces alone: peak {import_mb:,.0f} MB")
         base_s, base_mb = measure(ROOT, JSON_LOAD, path, args.kernels, args.repeats)
         print(f"json.load alone:  {base_s:6.2f} s, peak {base_mb:6,.0f} MB")
         rows = [("trace-breakdown", ROOT, STREAMING)]

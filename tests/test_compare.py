@@ -158,16 +158,16 @@ def test_table_lists_every_row(profile, measured):
 # --- through the command and the real trace reader ---------------------------------------------
 
 @pytest.fixture
-def kineto():
+def traces():
     return pytest.importorskip("opgraph.traces")
 
 
-def test_hand_built_trace_classifies(kineto):
+def test_hand_built_trace_classifies(traces):
     for name, expected, *_ in KERNELS:
-        assert kineto.classify(name) == expected, name
+        assert traces.classify(name) == expected, name
 
 
-def test_cli_on_a_hand_built_trace(kineto, profile, tmp_path, capsys):
+def test_cli_on_a_hand_built_trace(traces, profile, tmp_path, capsys):
     path = tmp_path / "step.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump(kineto_trace(), f)
@@ -189,7 +189,7 @@ def test_cli_on_a_hand_built_trace(kineto, profile, tmp_path, capsys):
     assert "measured MFU" in capsys.readouterr().out
 
 
-def test_cli_bad_trace(kineto, tmp_path, capsys):
+def test_cli_bad_trace(traces, tmp_path, capsys):
     path = tmp_path / "bad.json"
     path.write_text('{"traceEvents": [')
     assert main(["compare", str(path)]) == 2
@@ -206,7 +206,7 @@ def test_mfu_above_the_ceiling_warns(profile, measured):
     assert compare(slow, profile).warnings == []
 
 
-def test_cli_extra_rules(kineto, profile, tmp_path, capsys):
+def test_cli_extra_rules(traces, profile, tmp_path, capsys):
     """A rule file's categories come first; one with no roofline counterpart is not modelled."""
     path = tmp_path / "step.json"
     path.write_text(json.dumps(kineto_trace()))
@@ -219,7 +219,7 @@ def test_cli_extra_rules(kineto, profile, tmp_path, capsys):
     assert rows["custom_gemm"]["modelled"] is False
 
 
-def test_cli_on_the_shared_traces(kineto, shared, capsys):
+def test_cli_on_the_shared_traces(traces, shared, capsys):
     """Real traces (none of them a Llama step): the command runs, and the rows account for
     every kernel and for the whole roofline step."""
     traces = sorted((shared / "traces").glob("*.json*"))

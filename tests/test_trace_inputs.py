@@ -269,3 +269,11 @@ def test_kernel_rows_stream_lazily(tmp_path):
     assert next(kernels) == Kernel("ampere_sgemm_128x64_nn", T0, 10.0, 7, 0)
     with pytest.raises(OpgraphError, match="not JSON"):
         next(kernels)
+
+
+def test_an_empty_path_is_one_line(cli, tmp_path):
+    assert "trace path is empty" in fails_cleanly(cli, "trace-breakdown", "")
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps([kernel_event()]))
+    assert "rules file path is empty" in fails_cleanly(cli, "trace-breakdown", str(trace),
+                                                       "--rules", " ")

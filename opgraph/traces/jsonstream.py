@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from .source import MAX_TRACE_BYTES, error, one_line, read_chunks
+from .source import MAX_TRACE_BYTES, as_path, error, one_line, read_chunks
 
 EXPORT_HINT = "export it with torch.profiler's export_chrome_trace"
 RAISE_CAP_HINT = "pass --max-trace-gb with a larger figure if the trace really is that large"
@@ -202,7 +202,7 @@ def trace_events(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> Iterator
     (one line) when the file cannot be read, is not JSON, is not a trace, or holds more than
     `max_bytes` once decompressed.
     """
-    path = Path(path)
+    path = as_path(path, "trace")
     window = _Window(path, read_chunks(path, "trace", max_bytes, RAISE_CAP_HINT), EXPORT_HINT)
     first = window.skip_space()
     if first == "[":
@@ -258,7 +258,7 @@ def _expect_end(window: _Window) -> None:
 
 def load_json(path: str | Path, what: str, max_bytes: int, hint: str) -> object:
     """A whole small JSON file (a rules file), read under a cap, with one-line errors."""
-    path = Path(path)
+    path = as_path(path, what)
     too_large = f"a {what} is at most {max_bytes:,} bytes"
     window = _Window(path, read_chunks(path, what, max_bytes, too_large), hint)
     window.skip_space()

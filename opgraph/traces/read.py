@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .jsonstream import trace_events
-from .source import MAX_TRACE_BYTES, error
+from .source import MAX_TRACE_BYTES, as_path, error
 
 # Event categories (compared lower-cased) that are work done on the GPU; "memcpy" and "memset"
 # are what older Kineto versions called gpu_memcpy and gpu_memset.
@@ -94,7 +94,7 @@ def iter_kernels(path: str | Path, max_bytes: int = MAX_TRACE_BYTES) -> Iterator
 
         breakdown(iter_kernels("trace.json.gz"))   # never holds the whole trace
     """
-    path = Path(path)
+    path = as_path(path, "trace")
     accepted: dict[str, bool] = {}  # event "cat" value -> is it a device category
     names: dict[str, str] = {}  # one string per distinct kernel name
     events = kernels = 0

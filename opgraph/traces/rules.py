@@ -29,7 +29,7 @@ import attrs
 
 from ..categories import FALLBACK
 from .jsonstream import load_json
-from .source import error, one_line
+from .source import as_path, error, one_line
 
 __all__ = ["KERNEL_RULES", "MAX_NAME_CHARS", "classify", "load_rules", "pattern_cost"]
 
@@ -286,7 +286,7 @@ def load_rules(path: str | Path, base: Iterable = KERNEL_RULES) -> tuple[tuple[s
         rules = load_rules("rules.json")     # rules[0] == ('rope', 'rotary|rope_')
         breakdown(iter_kernels("trace.json.gz"), rules)
     """
-    path = Path(path)
+    path = as_path(path, "rules file")
     hint = 'write a list like [{"category": "rope", "pattern": "rotary"}]'
     document = load_json(path, "rules file", MAX_RULES_FILE_BYTES, hint)
     if not isinstance(document, list):

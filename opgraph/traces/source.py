@@ -32,6 +32,13 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+def as_path(path: str | Path, what: str) -> Path:
+    """`path` as a Path; an empty one is an error (``Path("")`` would quietly be the folder ".")."""
+    if isinstance(path, str) and not path.strip():
+        raise error(f"the {what} path is empty: give the path of the {what} file")
+    return Path(path)
+
+
 def _os_error(path: Path, what: str, err: OSError) -> OpgraphError:
     if isinstance(err, FileNotFoundError):
         return error(f"{path} does not exist: check the path of the {what}")
@@ -60,7 +67,7 @@ def read_chunks(path: str | Path, what: str, max_bytes: int, too_large: str) -> 
     ...     b"".join(read_chunks(f.name, "trace", 100, "raise the cap"))
     b'[1, 2]'
     """
-    path = Path(path)
+    path = as_path(path, what)
     try:
         file = open(path, "rb")  # noqa: SIM115 - closed below, after the generator is done
     except OSError as err:
