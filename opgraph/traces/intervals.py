@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import attrs
 import numpy as np
 
-from .read import Kernel
+from .read import Kernel, gc_paused
 from .rules import KERNEL_RULES, compile_rules, first_match
 
 # Distinct names remembered with their category (a step has hundreds; a hostile file, any number).
@@ -115,16 +115,17 @@ def breakdown(kernels: Iterable[Kernel], rules: Iterable = KERNEL_RULES) -> Brea
     categories: list[str] = []  # category number -> name
     number_of: dict[str, int] = {}  # kernel name -> its category's number
     add_start, add_duration, add_class = starts.append, durations.append, classes.append
-    for name, ts, dur, _, _ in itertools.chain((first,), kernels):
-        number = number_of.get(name)
-        if number is None:
-            number = _number(first_match(name, compiled), categories)
-            if len(number_of) >= _CATEGORY_CACHE:
-                number_of.clear()
-            number_of[name] = number
-        add_start(ts - origin)
-        add_duration(dur)
-        add_class(number)
+    with gc_paused():
+        for name, ts, dur, _, _ in itertools.chain((first,), kernels):
+            number = number_of.get(name)
+            if number is None:
+                number = _number(first_match(name, compiled), categories)
+                if len(number_of) >= _CATEGORY_CACHE:
+                    number_of.clear()
+                number_of[name] = number
+            add_start(ts - origin)
+            add_duration(dur)
+            add_class(number)
 
     start_us, dur_us = np.frombuffer(starts), np.frombuffer(durations)
     end_us = start_us + dur_us

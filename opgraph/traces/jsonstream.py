@@ -156,7 +156,7 @@ class _Window:
         if self.skip_space() == "]":
             self.pos += 1
             return
-        space, scan = _WHITESPACE.match, self.scan
+        space, scan, first = _WHITESPACE.match, self.scan, True
         while True:
             text, pos = self.text, self.pos
             separator = ""
@@ -168,13 +168,14 @@ class _Window:
             except (StopIteration, ValueError, RecursionError, _NotJson):
                 pass
             if not separator:  # near the window's end, or not JSON: the careful path
+                if self.skip_space() == "]" and not first:
+                    raise self.fail(self.pos, "Illegal trailing comma before end of array")
                 item = self.value()
                 separator = self.skip_space()
                 end = self.pos
+            first = False
             if separator == ",":
-                self.pos = end + 1
-                if self.skip_space() == "]":
-                    raise self.fail(self.pos, "Illegal trailing comma before end of array")
+                self.pos = space(self.text, end + 1).end()
             elif separator == "]":
                 self.pos = end + 1
                 yield item
