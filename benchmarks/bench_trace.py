@@ -1,31 +1,37 @@
-"""How fast `trace-breakdown` reads a large trace, against a bare `json.load` of the same file.
+"""How fast `trace-breakdown` reads a large trace, and in how much memory, against `json.load`.
 
-Writes a synthetic gzipped Kineto trace of 100,000 GPU kernels (a realistic mix of names, two
+Writes a synthetic gzipped Kineto trace of 1,000,000 GPU kernels (a realistic mix of names, two
 streams, launch gaps, one cudaLaunchKernel runtime event per kernel and a cpu_op per four) into
-a temporary folder, then times `read_trace` + `breakdown` (median of 3) and prints one line. The
-baseline is `json.load(gzip.open(path))` as a user would write it, with the garbage collector
-on; `read_trace` pauses it while parsing, so the ratio can come out below 1:
+a temporary folder, then runs, each in a fresh interpreter so that its peak resident memory is
+its own (``ru_maxrss``):
 
-    python benchmarks/bench_trace.py
+- the baseline, ``json.load(gzip.open(path))`` as a user would write it;
+- ``breakdown(iter_kernels(path))``, what ``opgraph trace-breakdown`` does;
+- with ``--legacy CHECKOUT``, the same through an older checkout's ``read_trace`` (to compare
+  before and after a change of the reader).
+
+Each figure is the median of ``--repeats`` runs; the line printed gives seconds and peak MB, and
+both as ratios to ``json.load`` of the same file, measured in this one run::
+
+    python benchmarks/bench_trace.py                   # 1,000,000 kernels, about 2 minutes
+    python benchmarks/bench_trace.py --kernels 100000 --repeats 1
+
+It is not part of the test suite.
 """
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, uninstalled
-
-from opgraph.traces.kineto import breakdown, read_trace
-
-KERNELS = 100_000
-REPEATS = 3
+ROOT = Path(__file__).resolve().parents[1]
 
 GEMM_CUBLAS = (
     "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_"
@@ -78,14 +84,22 @@ def _category(name: str) -> str:
     return "kernel"
 
 
-def synthetic_trace(kernels: int, seed: int = 0) -> dict:
-    """A Kineto-shaped trace: compute kernels on stream 7, NCCL and copies on stream 20."""
+def _category(name: str) -> str:
+    if name.startswith("Memset"):
+        return "gpu_memset"
+    if name.startswith("Memcpy"):
+        return "gpu_memcpy"
+    return "kernel"
+
+
+def synthetic_events(kernels: int, seed: int = 0):
+    """Kineto-shaped events: compute kernels on stream 7, NCCL and copies on stream 20."""
     rng = random.Random(seed)
     names = [name for name, _, _ in KERNEL_MIX]
     weights = [weight for _, _, weight in KERNEL_MIX]
     durations = {name: dur for name, dur, _ in KERNEL_MIX}
     ts = 1_700_000_000_000_000.0
-    events = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "python"}}]
+    yield {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "python"}}
     for i in range(kernels):
         name = rng.choices(names, weights)[0]
         dur = round(durations[name] * rng.uniform(0.5, 1.5), 3)
@@ -95,48 +109,90 @@ def synthetic_trace(kernels: int, seed: int = 0) -> dict:
         # launch gap, now and then a long host stall.
         gap = 200.0 if rng.random() < 0.01 else rng.uniform(0.0, 4.0)
         start = ts - rng.uniform(0.0, 50.0) if side else ts + gap
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 0,
-                       "tid": 1, "ts": start - 5.0, "dur": 3.0, "args": {"correlation": i}})
+        yield {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 0,
+               "tid": 1, "ts": start - 5.0, "dur": 3.0, "args": {"correlation": i}}
         if i % 4 == 0:
-            events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": 1,
-                           "ts": start - 8.0, "dur": 7.0, "args": {"External id": i}})
-        events.append({"ph": "X", "cat": _category(name), "name": name, "pid": 0, "tid": stream,
-                       "ts": round(start, 3), "dur": dur,
-                       "args": {"device": 0, "stream": stream, "correlation": i,
-                                "grid": [132, 1, 1], "block": [256, 1, 1]}})
+            yield {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": 1,
+                   "ts": start - 8.0, "dur": 7.0, "args": {"External id": i}}
+        yield {"ph": "X", "cat": _category(name), "name": name, "pid": 0, "tid": stream,
+               "ts": round(start, 3), "dur": dur,
+               "args": {"device": 0, "stream": stream, "correlation": i,
+                        "grid": [132, 1, 1], "block": [256, 1, 1]}}
         if not side:
             ts = start + dur
-    return {"schemaVersion": 1, "traceEvents": events}
 
 
-def median_of(repeats: int, work) -> float:
-    """The median of `repeats` timed calls of `work()`, in seconds."""
-    times = []
+def write_trace(path: Path, kernels: int) -> int:
+    """Write the synthetic trace gzipped, one event per line as Kineto does; its JSON bytes."""
+    size = 0
+    with gzip.open(path, "wb", compresslevel=6) as f:
+        def put(text: str) -> None:
+            nonlocal size
+            data = text.encode()
+            size += len(data)
+            f.write(data)
+
+        put('{\n  "schemaVersion": 1,\n  "traceEvents": [\n')
+        for i, event in enumerate(synthetic_events(kernels)):
+            put((",\n  " if i else "  ") + json.dumps(event))
+        put('\n  ],\n  "displayTimeUnit": "ms"\n}\n')
+    return size
+
+
+# Each runs in a fresh interpreter: argv[1] is the trace, argv[2] the kernels it must find. It
+# prints its seconds and its peak resident set (ru_maxrss is in KiB on Linux).
+_TIMED = """
+import resource, sys, time
+sys.path.insert(0, {root!r})
+{imports}
+start = time.perf_counter()
+{work}
+seconds = time.perf_counter() - start
+print(seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+IMPORT_ONLY = ("from opgraph.traces import breakdown, iter_kernels", "pass")
+JSON_LOAD = ("import gzip, json", "with gzip.open(sys.argv[1]) as f: json.load(f)")
+STREAMING = ("from opgraph.traces import breakdown, iter_kernels",
+             "assert breakdown(iter_kernels(sys.argv[1])).kernels == int(sys.argv[2])")
+LEGACY = ("from opgraph.traces.kineto import breakdown, read_trace",
+          "assert breakdown(read_trace(sys.argv[1])).kernels == int(sys.argv[2])")
+
+
+def measure(root: Path, code: tuple[str, str], path: Path, kernels: int, repeats: int):
+    """Median seconds and median peak MB of `repeats` fresh runs of `code`."""
+    imports, work = code
+    script = _TIMED.format(root=str(root), imports=imports, work=work)
+    runs = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        out = subprocess.run([sys.executable, "-c", script, str(path), str(kernels)],
+                             capture_output=True, text=True, check=True).stdout
+        runs.append(tuple(float(x) for x in out.split()))
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--legacy", type=Path, metavar="CHECKOUT",
+                        help="also time an older checkout's opgraph.traces.kineto.read_trace")
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "synthetic.json.gz"
-        path.write_bytes(gzip.compress(json.dumps(synthetic_trace(KERNELS)).encode(), 6))
-
-        def read_and_break_down():
-            result = breakdown(read_trace(path))
-            assert result.kernels == KERNELS
-
-        def baseline():
-            with gzip.open(path) as f:
-                json.load(f)
-
-        ours = median_of(REPEATS, read_and_break_down)
-        base = median_of(REPEATS, baseline)
-    print(f"trace-breakdown: {KERNELS:,} kernels in {ours:.2f} s "
-          f"({ours / KERNELS * 1e6:.1f} µs per kernel, median of {REPEATS}); json.load of the "
-          f"same file alone: {base:.2f} s (ratio {ours / base:.1f})")
+        size = write_trace(path, args.kernels)
+        print(f"trace: {args.kernels:,} kernels, {size / 1e6:,.0f} MB of JSON, "
+              f"{path.stat().st_size / 1e6:,.0f} MB gzipped")
+        _, import_mb = measure(ROOT, IMPORT_ONLY, path, args.kernels, 1)
+        print(f"python + import opgraph.traces alone: peak {import_mb:,.0f} MB")
+        base_s, base_mb = measure(ROOT, JSON_LOAD, path, args.kernels, args.repeats)
+        print(f"json.load alone:  {base_s:6.2f} s, peak {base_mb:6,.0f} MB")
+        rows = [("trace-breakdown", ROOT, STREAMING)]
+        if args.legacy:
+            rows.append((f"{args.legacy}", args.legacy.resolve(), LEGACY))
+        for label, root, code in rows:
+            seconds, mb = measure(root, code, path, args.kernels, args.repeats)
+            print(f"{label}: {seconds:.2f} s ({seconds / base_s:.2f} x json.load), peak "
+                  f"{mb:,.0f} MB ({mb / base_mb:.2f} x json.load); median of {args.repeats}")
     return 0
 
 

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import attrs
 
+from .categories import CATEGORIES  # noqa: F401 - the one vocabulary, re-exported here
 from .hardware import Hardware
 from .memory import Memory
-
-# Category ids, in the order reports list them.
-CATEGORIES = ("matmul", "attention", "norm", "elementwise", "routing", "output_head", "embedding",
-              "optimizer")
 
 
 @attrs.frozen

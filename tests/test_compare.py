@@ -25,8 +25,8 @@ KERNELS = [
     (("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, "
      "float>"), "norm", 10, 6, 7),
     (("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_"
-     "segment_k_off_kernel__5x_cublas"), "gemm", 20, 100, 7),
-    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", "gemm", 125, 100, 7),
+     "segment_k_off_kernel__5x_cublas"), "matmul", 20, 100, 7),
+    ("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", "matmul", 125, 100, 7),
     (("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
      "cutlass::bfloat16_t>, false, true, false>(Flash_fwd_params)"), "attention", 230, 50, 7),
     (("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<"
@@ -41,7 +41,7 @@ KERNELS = [
 KERNEL_TIME = 4 + 6 + 100 + 100 + 50 + 20 + 30 + 40  # µs
 SPAN = 380  # first start 0, last end 340 + 40
 BUSY = 4 + 6 + 100 + 100 + 50 + (330 - 290) + 40  # the all-reduce covers 310..330 alone
-MEASURED = {"embedding": 4, "norm": 6, "gemm": 200, "attention": 50, "elementwise": 20,
+MEASURED = {"embedding": 4, "norm": 6, "matmul": 200, "attention": 50, "elementwise": 20,
             "communication": 30, "optimizer": 40}
 
 
@@ -76,8 +76,8 @@ def category(name, time_us, kernels):
 
 @pytest.fixture(scope="module")
 def measured():
-    """What `kineto.breakdown` gives for KERNELS, written out by hand."""
-    counts = {"gemm": 2}
+    """What `opgraph.traces.breakdown` gives for KERNELS, written out by hand."""
+    counts = {"matmul": 2}
     cats = [category(n, t, counts.get(n, 1)) for n, t in MEASURED.items()]
     return SimpleNamespace(kernel_time_s=KERNEL_TIME * US, busy_time_s=BUSY * US,
                            idle_time_s=(SPAN - BUSY) * US, span_s=SPAN * US, kernels=len(KERNELS),
@@ -91,12 +91,12 @@ def roofline_time(profile, *names):
 def test_rows_map_kernel_categories_to_the_roofline(profile, measured):
     c = compare(measured, profile)
     rows = by_name(c.rows)
-    gemm = rows["gemm"]
-    assert gemm.roofline_categories == ("matmul", "output_head")
-    assert gemm.measured_s == pytest.approx(200 * US, rel=1e-12)
-    assert gemm.roofline_s == pytest.approx(roofline_time(profile, "matmul", "output_head"),
+    matmul = rows["matmul"]
+    assert matmul.roofline_categories == ("matmul", "output_head")
+    assert matmul.measured_s == pytest.approx(200 * US, rel=1e-12)
+    assert matmul.roofline_s == pytest.approx(roofline_time(profile, "matmul", "output_head"),
                                             rel=1e-12)
-    assert gemm.ratio == pytest.approx(200 * US / roofline_time(profile, "matmul", "output_head"),
+    assert matmul.ratio == pytest.approx(200 * US / roofline_time(profile, "matmul", "output_head"),
                                        rel=1e-12)
     for kernel, roof in (("attention", "attention"), ("optimizer", "optimizer"),
                          ("norm", "norm"), ("elementwise", "elementwise"),
@@ -126,14 +126,14 @@ def test_measured_mfu(profile, measured):
 def test_steps_divide_the_measured_times(profile, measured):
     one, three = compare(measured, profile), compare(measured, profile, steps=3)
     assert three.span_s == pytest.approx(one.span_s / 3, rel=1e-12)
-    assert by_name(three.rows)["gemm"].ratio == pytest.approx(by_name(one.rows)["gemm"].ratio / 3)
+    assert by_name(three.rows)["matmul"].ratio == pytest.approx(by_name(one.rows)["matmul"].ratio / 3)
     assert three.mfu_span == pytest.approx(3 * one.mfu_span, rel=1e-12)
 
 
 def test_missing_categories_still_listed(profile):
     """A trace with only GEMMs: the other roofline categories are listed, measured at zero."""
     only = SimpleNamespace(kernel_time_s=1e-3, busy_time_s=1e-3, idle_time_s=0.0, span_s=1e-3,
-                           kernels=1, categories=[SimpleNamespace(name="gemm", time_s=1e-3,
+                           kernels=1, categories=[SimpleNamespace(name="matmul", time_s=1e-3,
                                                                   share=1.0, kernels=1)])
     rows = by_name(compare(only, profile).rows)
     assert rows["attention"].measured_s == 0 and rows["attention"].ratio == 0
@@ -152,22 +152,22 @@ def test_table_lists_every_row(profile, measured):
     text = format_comparison(compare(measured, profile, trace="t.json"))
     assert "not modelled" in text and "matmul + output_head" in text
     assert "measured MFU" in text and "MFU ceiling" in text
-    assert set(ROOFLINE_OF) >= {"gemm", "attention", "communication", "memory", "other"}
+    assert set(ROOFLINE_OF) >= {"matmul", "attention", "communication", "memory", "other"}
 
 
 # --- through the command and the real trace reader ---------------------------------------------
 
 @pytest.fixture
-def kineto():
-    return pytest.importorskip("opgraph.traces.kineto")
+def traces():
+    return pytest.importorskip("opgraph.traces")
 
 
-def test_hand_built_trace_classifies(kineto):
+def test_hand_built_trace_classifies(traces):
     for name, expected, *_ in KERNELS:
-        assert kineto.classify(name) == expected, name
+        assert traces.classify(name) == expected, name
 
 
-def test_cli_on_a_hand_built_trace(kineto, profile, tmp_path, capsys):
+def test_cli_on_a_hand_built_trace(traces, profile, tmp_path, capsys):
     path = tmp_path / "step.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump(kineto_trace(), f)
@@ -177,7 +177,7 @@ def test_cli_on_a_hand_built_trace(kineto, profile, tmp_path, capsys):
     assert out["busy_time_s"] == pytest.approx(BUSY * US, rel=1e-9)
     assert out["span_s"] == pytest.approx(SPAN * US, rel=1e-9)
     rows = by_name(out["categories"])
-    assert rows["gemm"]["ratio"] == pytest.approx(
+    assert rows["matmul"]["ratio"] == pytest.approx(
         200 * US / roofline_time(profile, "matmul", "output_head"), rel=1e-9)
     assert rows["attention"]["ratio"] == pytest.approx(
         50 * US / profile.category("attention").time_s, rel=1e-9)
@@ -189,7 +189,7 @@ def test_cli_on_a_hand_built_trace(kineto, profile, tmp_path, capsys):
     assert "measured MFU" in capsys.readouterr().out
 
 
-def test_cli_bad_trace(kineto, tmp_path, capsys):
+def test_cli_bad_trace(traces, tmp_path, capsys):
     path = tmp_path / "bad.json"
     path.write_text('{"traceEvents": [')
     assert main(["compare", str(path)]) == 2
@@ -206,7 +206,7 @@ def test_mfu_above_the_ceiling_warns(profile, measured):
     assert compare(slow, profile).warnings == []
 
 
-def test_cli_extra_rules(kineto, profile, tmp_path, capsys):
+def test_cli_extra_rules(traces, profile, tmp_path, capsys):
     """A rule file's categories come first; one with no roofline counterpart is not modelled."""
     path = tmp_path / "step.json"
     path.write_text(json.dumps(kineto_trace()))
@@ -214,12 +214,12 @@ def test_cli_extra_rules(kineto, profile, tmp_path, capsys):
     rules.write_text(json.dumps([{"category": "custom_gemm", "pattern": "^ampere_bf16"}]))
     assert main(["compare", str(path), "--rules", str(rules), "--json"]) == 0
     rows = by_name(json.loads(capsys.readouterr().out)["categories"])
-    assert rows["gemm"]["measured_s"] == pytest.approx(100 * US, rel=1e-9)
+    assert rows["matmul"]["measured_s"] == pytest.approx(100 * US, rel=1e-9)
     assert rows["custom_gemm"]["measured_s"] == pytest.approx(100 * US, rel=1e-9)
     assert rows["custom_gemm"]["modelled"] is False
 
 
-def test_cli_on_the_shared_traces(kineto, shared, capsys):
+def test_cli_on_the_shared_traces(traces, shared, capsys):
     """Real traces (none of them a Llama step): the command runs, and the rows account for
     every kernel and for the whole roofline step."""
     traces = sorted((shared / "traces").glob("*.json*"))

@@ -2,9 +2,60 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 
-from ..traces.kineto import KERNEL_RULES, breakdown, format_breakdown, load_rules, read_trace
+from ..errors import OpgraphError
+from ..traces import (
+    KERNEL_RULES,
+    MAX_TRACE_BYTES,
+    breakdown,
+    format_breakdown,
+    iter_kernels,
+    load_rules,
+)
+
+
+def max_trace_gb(text: str) -> float:
+    """The --max-trace-gb figure: a positive, finite number of gigabytes (10**9 bytes)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of gigabytes") from None
+    if not math.isfinite(value) or value <= 0 or value > 1e6:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size between 0 and 1e6 GB")
+    return value
+
+
+def add_trace_args(parser: argparse.ArgumentParser) -> None:
+    """The options every command reading a trace takes: --rules and --max-trace-gb."""
+    parser.add_argument(
+        "--rules",
+        metavar="FILE",
+        help='a JSON file of extra rules, [{"category": ..., "pattern": ...}, ...], tried '
+        "before the built-in ones (first match wins)",
+    )
+    parser.add_argument(
+        "--max-trace-gb", type=max_trace_gb, default=MAX_TRACE_BYTES / 1e9, metavar="GB",
+        help="stop with an error past this much JSON, decompressed (default "
+        f"{MAX_TRACE_BYTES / 1e9:g} GB: a step of a million kernels is about 0.7 GB)",
+    )
+
+
+def read_breakdown(args):
+    """The breakdown of ``args.trace`` under ``args.rules`` and ``args.max_trace_gb``."""
+    rules = load_rules(args.rules) if args.rules else KERNEL_RULES
+    return breakdown(iter_kernels(args.trace, int(args.max_trace_gb * 1e9)), rules)
+
+
+def dumps(document: dict) -> str:
+    """JSON text that is JSON: a figure that is not finite is an error, never `Infinity`."""
+    try:
+        return json.dumps(document, indent=2, allow_nan=False)
+    except ValueError:
+        raise OpgraphError("a figure came out infinite or not a number; check that the "
+                           "inputs' times and sizes are real ones") from None
 
 
 def register(subparsers) -> None:
@@ -21,7 +72,8 @@ def register(subparsers) -> None:
         description="Read a Kineto / Chrome-trace JSON file (.json or .json.gz) exported by "
         "torch.profiler, sort its GPU kernels into categories by name and print the time per "
         "category, the busy time (kernels overlapping on several streams counted once) and the "
-        "idle time between kernels.",
+        "idle time between kernels. The file is read incrementally, in memory that does not "
+        "grow with its size.",
     )
     p.add_argument(
         "trace",
@@ -29,12 +81,7 @@ def register(subparsers) -> None:
         help="the trace file, from torch.profiler's export_chrome_trace (.json or .json.gz)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument(
-        "--rules",
-        metavar="FILE",
-        help='a JSON file of extra rules, [{"category": ..., "pattern": ...}, ...], tried '
-        "before the built-in ones (first match wins)",
-    )
+    add_trace_args(p)
     p.set_defaults(func=run)
 
 
@@ -45,12 +92,8 @@ def run(args) -> int:
 
     Example::
 
-        run(argparse.Namespace(trace="step.json.gz", json=True, rules=None))
+        run(argparse.Namespace(trace="step.json.gz", json=True, rules=None, max_trace_gb=2))
     """
-    rules = load_rules(args.rules) if args.rules else KERNEL_RULES
-    result = breakdown(read_trace(args.trace), rules)
-    if args.json:
-        print(json.dumps(result.to_json(), indent=2))
-    else:
-        print(format_breakdown(result))
+    result = read_breakdown(args)
+    print(dumps(result.to_json()) if args.json else format_breakdown(result))
     return 0

@@ -1,15 +1,17 @@
 """A measured profile beside the roofline's: category by category, and the MFU against its ceiling.
 
-    b = kineto.breakdown(kineto.read_trace("step.json.gz"))
+    b = breakdown(iter_kernels("step.json.gz"))
     c = compare(b, evaluate(step, hardware.get("h100-sxm"), {"B": 8}))
     print(format_comparison(c))
 
-A kernel category of the trace (`opgraph.traces.kineto`) maps to the roofline categories its kernels
-implement (ROOFLINE_OF, a table a user can extend): GEMM kernels are the projections (`matmul`)
-and the output head (`output_head`, which also holds the loss: the plate's category, so its
-cross-entropy kernel, measured as element-wise or other, is predicted under GEMM). Kernel
-categories with no roofline counterpart (communication, memcpy/memset, other) are listed as not
-modelled, and a roofline category no kernel category maps to is listed with no measurement.
+Kernel categories and roofline categories are one vocabulary (`opgraph.categories`): a kernel
+category stands for the roofline category of the same name, except where a kernel's name cannot
+tell which it implements (ROOFLINE_OF, a table a user can extend): matmul kernels are the
+projections (`matmul`) and the output head (`output_head`, which also holds the loss: the plate's
+category, so its cross-entropy kernel, measured as element-wise or other, is predicted under
+matmul). Kernel categories with no roofline counterpart (communication, memory, other, and any a
+`--rules` file adds) are listed as not modelled, and a roofline category no kernel category maps
+to is listed with no measurement.
 
 Invariants: measured times are per step (the trace's totals over `steps`); every row's ratio is
 measured over roofline; the rows' measured times sum to the trace's kernel time per step, and
@@ -25,21 +27,12 @@ from __future__ import annotations
 
 import attrs
 
+from ..categories import KERNELS_COVER
 from ..errors import OpgraphError
 from ..profile import Profile
 
-# Kernel category (opgraph.traces.kineto's KERNEL_RULES) -> the roofline categories it implements.
-ROOFLINE_OF: dict[str, tuple[str, ...]] = {
-    "gemm": ("matmul", "output_head"),
-    "attention": ("attention",),
-    "optimizer": ("optimizer",),
-    "norm": ("norm",),
-    "elementwise": ("elementwise",),
-    "embedding": ("embedding",),
-    "communication": (),
-    "memory": (),
-    "other": (),
-}
+# Kernel category -> the roofline categories it implements (see `opgraph.categories`).
+ROOFLINE_OF: dict[str, tuple[str, ...]] = dict(KERNELS_COVER)
 
 
 @attrs.frozen
@@ -143,13 +136,17 @@ def _count(kernels) -> int:
 
 def compare(breakdown, profile: Profile, steps: int = 1, trace: str = "",
             roofline_of: dict[str, tuple[str, ...]] = ROOFLINE_OF) -> Comparison:
-    """The measured `breakdown` (from `opgraph.traces.kineto.breakdown`, over `steps` training steps)
+    """The measured `breakdown` (from `opgraph.traces.breakdown`, over `steps` training steps)
     beside the roofline `profile` of one step."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, not {steps}")
     if _count(breakdown.kernels) == 0 or breakdown.span_s <= 0:
         raise OpgraphError(f"{trace or 'the trace'} has no GPU kernels to compare; "
                            "record the profile with CUDA activities on")
+    if steps > _count(breakdown.kernels):  # every step runs at least one kernel
+        raise OpgraphError(f"--steps {steps:,} is more than the {_count(breakdown.kernels):,} "
+                           f"GPU kernels of {trace or 'the trace'}: give the number of training "
+                           "steps the trace holds")
     roofline = {c.name: c for c in profile.categories}
     measured = {c.name: c for c in breakdown.categories}
     step = profile.step_time_s
