@@ -13,7 +13,7 @@ from __future__ import annotations
 import networkx as nx
 
 from . import rules
-from .ir import Graph, Phase, Role
+from .ir import Graph, Phase, Role, region_problems
 
 
 class VerifyError(ValueError):
@@ -51,6 +51,7 @@ def verify(graph: Graph) -> Graph:
         if op.phase is Phase.BACKWARD and op.forward is not None and not graph.has_op(op.forward):
             problems.append(f"op {op.name} is the backward of missing op {op.forward}")
         problems += _check_shapes(graph, op)
+    problems += region_problems(graph)
     if problems:
         raise VerifyError(f"graph {graph.name}: " + "; ".join(problems))
     return graph

@@ -5,7 +5,7 @@ import pytest
 import sympy
 from opgraph.models import preset
 
-from opgraph import GraphBuilder, OpgraphError, compile_step
+from opgraph import GraphBuilder, OpgraphError, VerifyError, compile_step, verify
 from opgraph.ir import Phase, Region, Role, format_graph, format_region, region_problems
 from opgraph.symbols import B, D, L, S, V
 
@@ -172,6 +172,8 @@ def test_region_problems_name_each_inconsistency():
         "op layers.gelu runs 1 times, its region layers L",
         "region layers carries layers.ln_1, which is not a tensor made before it",
         "region layers hands on ln_f, which is not a tensor made inside it"]
+    with pytest.raises(VerifyError, match="region layers carries layers.ln_1"):
+        verify(graph)  # the verifier runs the region checks too
 
 
 def test_the_carry_links_a_layers_last_op_to_the_next_layers_first():
