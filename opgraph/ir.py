@@ -357,9 +357,10 @@ def format_region(region: Region) -> str:
             f"{f' carries {carries}' if carries else ''}")
 
 
-def format_graph(graph: Graph, *, regions: bool = False) -> str:
-    """The textual form: inputs and weights, then one line per op in execution order; with
-    `regions=True`, first one line per region (`format_region`)."""
+def format_graph(graph: Graph, *, regions: bool = True) -> str:
+    """The textual form: one line per region (`format_region`: its trip count and what one
+    iteration hands the next), the inputs and weights, then one line per op in execution
+    order."""
     lines = [f"graph {graph.name}"]
     if regions:
         lines += [f"  {format_region(r)}" for r in graph.regions()]

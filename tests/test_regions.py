@@ -44,9 +44,9 @@ def test_region_line_in_the_textual_form():
     graph = preset("llama3-8b")
     assert format_region(graph.region("layers")) == (
         "region layers x L carries embed -> layers.mlp_residual")
-    text = format_graph(graph, regions=True).splitlines()
+    text = format_graph(graph).splitlines()
     assert text[1] == "  region layers x L carries embed -> layers.mlp_residual"
-    assert format_graph(graph) == "\n".join(text[:1] + text[2:])  # off by default
+    assert format_graph(graph, regions=False) == "\n".join(text[:1] + text[2:])
 
 
 def test_the_same_name_twice_makes_two_regions():
