@@ -355,8 +355,8 @@ def format_diff(d: StepDiff, *, b_options: str = "", formulas: bool = False,
         (f"{'MFU ceiling':<13}{mfu['a'] * 100:>11.1f}% {mfu['b'] * 100:>11.1f}% "
          f"{mfu['delta'] * 100:>+9.1f} pts"),
         f"{'memory':<13}{_bytes(mem['a']):>12} {_bytes(mem['b']):>12} {_signed(mem['delta']):>12}",
-        (f"{'FLOPs':<13}{t['flops']['a'] / 1e12:>8.1f} TFL {t['flops']['b'] / 1e12:>8.1f} TFL "
-         f"{t['flops']['delta'] / 1e12:>+8.1f} TFL"),
+        (f"{'TFLOP':<13}{t['flops']['a'] / 1e12:>12.1f} {t['flops']['b'] / 1e12:>12.1f} "
+         f"{t['flops']['delta'] / 1e12:>+12.1f}"),
         (f"{'HBM bytes':<13}{_bytes(t['bytes']['a']):>12} {_bytes(t['bytes']['b']):>12} "
          f"{_signed(t['bytes']['delta']):>12}"),
     ]
