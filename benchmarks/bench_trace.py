@@ -84,14 +84,6 @@ def _category(name: str) -> str:
     return "kernel"
 
 
-def _category(name: str) -> str:
-    if name.startswith("Memset"):
-        return "gpu_memset"
-    if name.startswith("Memcpy"):
-        return "gpu_memcpy"
-    return "kernel"
-
-
 def synthetic_events(kernels: int, seed: int = 0):
     """Kineto-shaped events: compute kernels on stream 7, NCCL and copies on stream 20."""
     rng = random.Random(seed)

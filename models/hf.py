@@ -35,8 +35,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from opgraph.datafile import read_small
 from opgraph.errors import OpgraphError
-from opgraph.hardware import read_small
 from opgraph.ir import Graph
 from opgraph.limits import MAX_DIM, check_whole
 

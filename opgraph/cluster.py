@@ -18,16 +18,15 @@ as its slowest group); any other group crosses the network, the slowest tier it 
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 
 import attrs
 import sympy
 
+from .datafile import load_tables, pick
 from .errors import OpgraphError
 
 CATALOG = Path(__file__).with_name("cluster.toml")
-MAX_FILE_BYTES = 1 << 20  # a cluster file is a few tables; anything bigger is not one
 MAX_GPUS_PER_NODE = 1024  # an NVL576 rack is the largest NVLink domain sold
 MAX_GBYTES_PER_S = 1e5  # 100 TB/s per GPU per direction: 50x NVLink 5
 MAX_LATENCY_US = 1e4  # 10 ms per step would be a broken network, not a slow one
@@ -194,26 +193,10 @@ def load(path: str | Path) -> dict[str, Cluster]:
     A file with a single cluster may leave out the enclosing table: then its keys are
     gpus_per_node, [node] and [network], and its id is the file's stem.
     """
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise OpgraphError(f"cluster file {path} is {size:,} bytes; a cluster file is at most "
-                               f"{MAX_FILE_BYTES:,}")
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise OpgraphError(f"cluster file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise OpgraphError(f"cannot read cluster file {path}: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise OpgraphError(f"cluster file {path} is not valid TOML: {e}") from None
-    if not data:
-        raise OpgraphError(f"cluster file {path} defines no cluster; add a table like "
-                           "[my-cluster] with gpus_per_node, [my-cluster.node] and "
-                           "[my-cluster.network]")
-    if "gpus_per_node" in data:  # one cluster, written without an enclosing table
-        data = {path.stem: data}
-    return {cid: _parse(cid, table, str(path)) for cid, table in data.items()}
+    tables = load_tables(path, "cluster file", noun="cluster", example="[my-cluster] with gpus_per_node, "
+                         "[my-cluster.node] and [my-cluster.network]",
+                         is_one=lambda d: "gpus_per_node" in d)
+    return {cid: _parse(cid, table, str(path)) for cid, table in tables.items()}
 
 
 def catalog() -> dict[str, Cluster]:
@@ -223,18 +206,7 @@ def catalog() -> dict[str, Cluster]:
 
 def get(name_or_path: str) -> Cluster:
     """A catalog cluster by id (`get("dgx-h100")`), or the single cluster in a TOML file."""
-    if name_or_path.endswith(".toml") or "/" in name_or_path:
-        clusters = load(name_or_path)
-        if len(clusters) != 1:
-            raise OpgraphError(f"cluster file {name_or_path} defines {len(clusters)} clusters; "
-                               "keep one table in it")
-        return next(iter(clusters.values()))
-    clusters = catalog()
-    try:
-        return clusters[name_or_path]
-    except KeyError:
-        raise OpgraphError(f"unknown cluster {name_or_path!r}; choose one of: "
-                           f"{', '.join(clusters)}, or give a .toml file") from None
+    return pick(name_or_path, load, catalog, "cluster")
 
 
 def for_hardware(part) -> Cluster:

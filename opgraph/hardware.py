@@ -6,17 +6,13 @@ form (one table, or several).
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import stat
-import tomllib
 from pathlib import Path
 
 import attrs
 
+from .datafile import load_tables, pick
 from .errors import OpgraphError
-from .limits import CONFIG_MAX_BYTES
 
 CATALOG = Path(__file__).with_name("hardware.toml")
 _REQUIRED = ("bf16_tflops", "bandwidth_tbs")
@@ -110,52 +106,13 @@ def _parse(part_id: str, table: dict, where: str) -> Hardware:
     )
 
 
-def read_small(path: str | Path, what: str, limit: int = CONFIG_MAX_BYTES) -> str:
-    """The text of a small file (a config, a hardware TOML) of at most `limit` bytes, read
-    without reading more: `/dev/zero` or a huge file is one line, not a hang."""
-    path = Path(path)
-    with contextlib.suppress(OSError):
-        if stat.S_ISFIFO(os.stat(path).st_mode):  # opening it would wait for a writer
-            raise OpgraphError(f"{what} {path} is a FIFO; give a file")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except FileNotFoundError:
-        raise OpgraphError(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise OpgraphError(f"{what} {path} is a directory; give a file") from None
-    except OSError as e:
-        raise OpgraphError(f"cannot read {what} {path}: {e.strerror or e}") from None
-    if len(data) > limit:
-        raise OpgraphError(f"{what} {path} is larger than {limit // 1024:,} KiB; a {what} is a "
-                           "few KiB: is it the right file?")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise OpgraphError(f"{what} {path} is not UTF-8 text") from None
-
-
 def load(path: str | Path) -> dict[str, Hardware]:
-    """Every part in a TOML file: `load("my_gpu.toml")["my-gpu"]`."""
-    path = Path(path)
-    if not str(path).strip():
-        raise OpgraphError("the hardware file name is empty; give a .toml file or a catalog id")
-    text = read_small(path, "hardware file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise OpgraphError(f"hardware file {path} is not valid TOML: {e}") from None
-    except RecursionError:
-        raise OpgraphError(f"hardware file {path} nests too deeply; it is not a "
-                           "hardware file") from None
-    except ValueError as e:  # e.g. an integer of more digits than Python converts
-        raise OpgraphError(f"hardware file {path}: {str(e).split(':')[0]}") from None
-    if not data:
-        raise OpgraphError(f"hardware file {path} defines no part; add a table like "
-                           "[my-gpu] with bf16_tflops and bandwidth_tbs")
-    if all(not isinstance(v, dict) for v in data.values()):  # one part, written without a table
-        data = {path.stem: data}
-    return {pid: _parse(pid, table, str(path)) for pid, table in data.items()}
+    """Every part in a TOML file: `load("my_gpu.toml")["my-gpu"]`. A file with one part may
+    leave out its enclosing table; its id is then the file's stem."""
+    tables = load_tables(path, "hardware file", noun="part", example="[my-gpu] with bf16_tflops and "
+                         "bandwidth_tbs", is_one=lambda d: all(not isinstance(v, dict)
+                                                                for v in d.values()))
+    return {pid: _parse(pid, table, str(path)) for pid, table in tables.items()}
 
 
 def catalog() -> dict[str, Hardware]:
@@ -165,15 +122,4 @@ def catalog() -> dict[str, Hardware]:
 
 def get(name: str) -> Hardware:
     """A catalog part by id (`get("h100-sxm")`), or the single part in a TOML file's path."""
-    if name.endswith(".toml") or "/" in name:
-        parts = load(name)
-        if len(parts) != 1:
-            raise OpgraphError(f"hardware file {name} defines {len(parts)} parts; "
-                               "keep one table in it")
-        return next(iter(parts.values()))
-    parts = catalog()
-    try:
-        return parts[name]
-    except KeyError:
-        raise OpgraphError(f"unknown hardware {name!r}; choose one of: {', '.join(parts)}, "
-                           "or give a .toml file") from None
+    return pick(name, load, catalog, "hardware")

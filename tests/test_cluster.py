@@ -4,6 +4,7 @@ import pytest
 
 from opgraph import cluster, hardware
 from opgraph.errors import OpgraphError
+from opgraph.limits import CONFIG_MAX_BYTES
 
 GB = 1e9  # GB/s = 1e9 bytes/s
 GBIT = 1e9 / 8  # Gb/s = 1e9 bits/s, as NICs are sold: 400 Gb/s = 50e9 bytes/s
@@ -169,13 +170,13 @@ def test_missing_huge_and_unknown(tmp_path):
     with pytest.raises(OpgraphError, match="does not exist"):
         cluster.get(str(tmp_path / "none.toml"))
     huge = tmp_path / "huge.toml"
-    huge.write_text(GOOD + "#" * cluster.MAX_FILE_BYTES)
-    with pytest.raises(OpgraphError, match="at most"):
+    huge.write_text(GOOD + "#" * CONFIG_MAX_BYTES)
+    with pytest.raises(OpgraphError, match="larger than 1,024 KiB"):
         cluster.get(str(huge))
     with pytest.raises(OpgraphError, match="unknown cluster 'dgx-h1000'; choose one of: dgx-a100"):
         cluster.get("dgx-h1000")
     two = tmp_path / "two.toml"
     two.write_text(GOOD + GOOD.replace("mine", "other"))
     assert set(cluster.load(two)) == {"mine", "other"}
-    with pytest.raises(OpgraphError, match="defines 2 clusters"):
+    with pytest.raises(OpgraphError, match="defines 2 entries"):
         cluster.get(str(two))
