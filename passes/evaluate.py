@@ -26,17 +26,16 @@ from opgraph.costmodel import DEFAULT, CostModel
 from opgraph.errors import OpgraphError
 from opgraph.hardware import Hardware
 from opgraph.ir import Graph, Phase
+from opgraph.limits import MAX_DIM, MAX_TOKENS, check_whole
 from opgraph.memory import figures, footprint
 from opgraph.parameters import active_parameters, is_routed
 from opgraph.profile import CATEGORIES, CategoryCost, OpCost, Profile
 from opgraph.symbols import B, S
 
-LARGEST = 2**53  # the largest whole number a float holds exactly, and its neighbours
 
-
-def whole(name: str, value) -> int:
-    """`value` as a whole number above 0, or an OpgraphError naming `name`: 8 and 8.0 are 8;
-    1.5, 0, inf, True and "8" are errors.
+def whole(name: str, value, maximum: int = MAX_DIM) -> int:
+    """`value` as a whole number from 1 to `maximum` (the CLI's bounds, `opgraph.limits`), or an
+    OpgraphError naming `name`: 8 and 8.0 are 8; 1.5, 0, inf, True and "8" are errors.
 
         >>> whole("B", 8.0)
         8
@@ -51,13 +50,7 @@ def whole(name: str, value) -> int:
         whole_number = math.isfinite(value) and float(value).is_integer()
     if not whole_number:
         raise OpgraphError(f"{name} = {value!r} is not a whole number; give one, e.g. 8")
-    number = int(value)
-    if number <= 0:
-        raise OpgraphError(f"{name} = {value!r}: give a whole number above 0")
-    if number > LARGEST:
-        raise OpgraphError(f"{name} has {len(str(number))} digits: give at most {LARGEST:,} "
-                           "(costs are evaluated in floating point)")
-    return number
+    return check_whole(int(value), name, maximum)
 
 
 def resolve(graph: Graph, values: dict | None = None) -> dict[sympy.Symbol, sympy.Integer]:
@@ -69,7 +62,7 @@ def resolve(graph: Graph, values: dict | None = None) -> dict[sympy.Symbol, symp
     tokens = None
     for key, value in (values or {}).items():
         if key == "tokens":
-            tokens = whole("tokens", value)
+            tokens = whole("tokens", value, MAX_TOKENS)
             continue
         sym = by_name.get(key, key) if isinstance(key, str) else key
         if isinstance(sym, str):

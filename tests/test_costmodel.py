@@ -206,12 +206,14 @@ def test_mfu_is_the_plates_convention():
 
 @pytest.mark.parametrize("values, says", [
     ({"B": 1.5}, "not a whole number"),
-    ({"B": 0}, "above 0"),
-    ({"B": -2}, "above 0"),
+    ({"B": 0}, "not positive"),
+    ({"B": -2}, "not positive"),
     ({"B": float("inf")}, "not a whole number"),
     ({"B": True}, "whole number"),
     ({"B": "8"}, "whole number"),
     ({"B": 10**400}, "digits"),
+    ({"S": 2**30 + 1}, "more than opgraph's bound of 1,073,741,824"),  # the CLI's --seq-len bound
+    ({"tokens": 2**41}, "more than opgraph's bound of 1,099,511,627,776"),  # and --tokens
     ({"tokens": 8193}, "not a multiple"),
     ({"tokens": 16384, "B": 2}, "not both"),
     ({"Q": 3}, "unknown dimension"),
