@@ -97,11 +97,11 @@ def op_time(graph: Graph, op: Op, peak=PEAK, bandwidth=BANDWIDTH, cost: CostMode
     return op.count * roofline(c.flops, c.bytes, peak, bandwidth, cost)
 
 
-def step_time(graph: Graph, ops, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT
-              ) -> sympy.Expr:
-    """The summed time of `ops` (a list of the graph's ops)."""
+def step_time(graph: Graph, ops, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
+              peaks: dict | None = None) -> sympy.Expr:
+    """The summed time of `ops` (a list of the graph's ops); `peaks` as `op_time`'s."""
     costs = cost.op_costs(graph)
-    return sympy.Add(*(op_time(graph, op, peak, bandwidth, cost, costs) for op in ops))
+    return sympy.Add(*(op_time(graph, op, peak, bandwidth, cost, costs, peaks) for op in ops))
 
 
 # The quantities a formula can be of: (graph, op, cost, costs) -> that op's share of the step.

@@ -146,3 +146,12 @@ def test_cli_echoes_the_precision(cli):
     data = json.loads(out)
     assert code == 0 and data["precision"] == "fp8" and "recompute" not in data
     assert "peak" in data["memory"]
+
+
+def test_solve_turns_an_fp8_matmul_at_the_fp8_peak(fp8, bf16):
+    from opgraph.solve import ridge
+
+    fast, slow = (ridge(s, H100, "layers.q_proj") for s in (fp8, bf16))
+    assert fast.ridge_intensity == pytest.approx(H100.fp8_flops / H100.bandwidth)
+    assert slow.ridge_intensity == pytest.approx(H100.peak_flops / H100.bandwidth)
+    assert "peak_fp8" in fast.expression and "peak_fp8" not in slow.expression
