@@ -22,8 +22,10 @@ A backward kernel is costed by the convention `backward` names:
   2.5x its forward: it recomputes QK^T).
 
 The utilisation conventions are here too: MFU = 6 N tokens / (step x peak), N the parameters
-other than the input embedding (a token's share of them for a mixture of experts); HFU = every
-counted FLOP / (step x peak), never above 1.
+other than the input embedding (a token's share of them for a mixture of experts), against the
+BF16 peak whatever the precision (torchtitan's convention: an FP8 step's MFU can pass 100%);
+HFU = every counted FLOP, re-run ones included, / (step x peak), FP8 FLOPs weighted by
+peak / FP8 peak, never above 1.
 
 Each op runs at the peak of its compute dtype (`compute_dtype`: a matmul whose operands are FP8
 runs at the part's dense FP8 peak, `peak`); MFU and HFU stay against the BF16 peak.
@@ -192,9 +194,12 @@ class CostModel:
         return 6 * parameters * tokens / (step_time * peak)
 
     def hfu(self, flops, step_time, peak, minimum: Callable = _number_min):
-        """Hardware FLOPs utilisation: counted FLOPs / (step time x peak). The step is at least
-        its FLOPs over the peak, so this is at most 1; `minimum` keeps rounding from saying
-        more (`min` for numbers, `np.minimum` for arrays)."""
+        """Hardware FLOPs utilisation: counted FLOPs / (step time x peak), every FLOP run
+        (a re-run op's, `passes.recompute`, and FlashAttention's recomputed QK^T under the
+        "derived" convention included). FP8 FLOPs come in weighted by peak / FP8 peak (the
+        caller's `flops`), so this is the share of the step the arithmetic units are busy. The
+        step is at least its FLOPs over the peak, so this is at most 1; `minimum` keeps
+        rounding from saying more (`min` for numbers, `np.minimum` for arrays)."""
         return minimum(flops / (step_time * peak), 1.0)
 
 
