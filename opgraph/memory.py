@@ -155,8 +155,11 @@ class Liveness:
             if _resident_tensor(graph, t):
                 continue
             writer = graph.producer(t.name)
-            start = at[writer.name] if writer is not None else 0
             readers = [at[op.name] for op in graph.consumers(t.name)]
+            if writer is not None:
+                start = at[writer.name]
+            else:  # fed to the step; the loss's seed gradient only when the backward starts
+                start = min(readers, default=0) if t.role is Role.GRADIENT else 0
             self.lives.append(_Life(t, start, max([start, *readers]), t.name in kept, t.region))
 
     def copies(self, life: _Life, i: int) -> sympy.Expr:

@@ -78,7 +78,9 @@ POLICIES: dict[str, Callable[[Graph, Op], bool]] = {
 
 @attrs.frozen
 class Recomputed:
-    """What the pass re-ran: the re-run ops and the forward tensors no longer saved for them."""
+    """What the pass re-ran: the re-run ops, and the forward tensors the backward kernels now
+    read from the re-run instead (saved no more, unless a re-run op or a kernel outside the
+    layer still reads them)."""
 
     ops: tuple[str, ...]
     freed: tuple[str, ...]

@@ -180,3 +180,16 @@ def test_cli_echoes_the_policy_and_reports_the_peak(cli):
     code, out, _err = cli("profile", "--json")
     assert code == 0
     assert "recompute" not in json.loads(out) and "peak" not in json.loads(out)["memory"]
+
+
+def test_sweep_and_profile_agree_on_a_recomputed_step(steps):
+    import numpy as np
+
+    from opgraph.sweep import compile_sweep
+
+    step = steps["selective-op", True]
+    p = evaluate(step, H100, {"tokens": 16384})
+    row = compile_sweep(step).run({"B": np.array([2.0]), "S": np.array([8192.0])},
+                                  H100.peak_flops, H100.bandwidth)
+    assert row["step_time_s"][0] == pytest.approx(p.step_time_s, rel=1e-9)
+    assert row["hfu_ceiling"][0] == pytest.approx(p.hfu_ceiling, rel=1e-9)
