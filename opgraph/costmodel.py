@@ -22,10 +22,15 @@ A backward kernel is costed by the convention `backward` names:
   2.5x its forward: it recomputes QK^T).
 
 The utilisation conventions are here too: MFU = 6 N tokens / (step x peak), N the parameters
-other than the input embedding (a token's share of them for a mixture of experts); HFU = every
-counted FLOP / (step x peak), never above 1.
+other than the input embedding (a token's share of them for a mixture of experts), against the
+BF16 peak whatever the precision (torchtitan's convention: an FP8 step's MFU can pass 100%);
+HFU = every counted FLOP, re-run ones included, / (step x peak), FP8 FLOPs weighted by
+peak / FP8 peak, never above 1.
 
-Later work plugs in here (a peak per dtype, efficiencies, communication): a subclass or an
+Each op runs at the peak of its compute dtype (`compute_dtype`: a matmul whose operands are FP8
+runs at the part's dense FP8 peak, `peak`); MFU and HFU stay against the BF16 peak.
+
+Later work plugs in here (efficiencies, communication): a subclass or an
 `attrs.evolve` of the record reaches `evaluate`, `formula`, `solve` and `sweep` alike.
 """
 
@@ -37,6 +42,7 @@ import attrs
 import sympy
 
 from . import rules
+from .errors import OpgraphError
 from .ir import Graph, Op, Phase
 
 BACKWARD_MODES = ("plate", "tensors", "derived")
@@ -44,10 +50,29 @@ BACKWARD_MODES = ("plate", "tensors", "derived")
 
 @attrs.frozen
 class Cost:
-    """One instance of an op: FLOPs and HBM bytes, sympy expressions of the dimensions."""
+    """One instance of an op: FLOPs and HBM bytes, sympy expressions of the dimensions, and the
+    dtype whose peak its arithmetic runs at (`compute`: None for the part's dense BF16 peak)."""
 
     flops: sympy.Expr
     bytes: sympy.Expr
+    compute: str | None = None
+
+
+# --- the peak an op runs at: a matrix multiply whose operands are all FP8 runs at the part's
+# dense FP8 peak (the precision pass's casts make them so); everything else at the BF16 peak ----
+
+OPERANDS: dict[str, int] = {"matmul": 2, "expert_matmul": 2}  # kind -> its leading operands
+PEAKS: dict[str, str] = {"fp8": "fp8_flops"}  # dtype -> the Hardware field of its dense peak
+
+
+def compute_dtype(graph: Graph, op: Op) -> str | None:
+    """The dtype of PEAKS `op`'s arithmetic runs in: its operands' when they all share one of
+    them (a bias or an accumulated partial gradient does not count); None otherwise."""
+    n = OPERANDS.get(op.kind)
+    if n is None:
+        return None
+    names = {graph.tensor(t).dtype.name for t in op.inputs[:n]}
+    return names.pop() if len(names) == 1 and names <= set(PEAKS) else None
 
 
 # --- the plate's backward convention, per forward kind: (scaled FLOPs, scaled bytes, the
@@ -66,6 +91,11 @@ def scaled_flops(flops, nbytes, own_bytes) -> tuple:
 
 BACKWARD_COST: dict[str, Callable] = {
     kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
+
+
+def _own(graph: Graph, op: Op) -> Cost:
+    """`op`'s cost by its own rule and tensors."""
+    return Cost(rule_flops(graph, op), graph.op_bytes(op), compute_dtype(graph, op))
 
 
 def rule_flops(graph: Graph, op: Op) -> sympy.Expr:
@@ -99,16 +129,16 @@ class CostModel:
         for op in ops:
             if op.phase is Phase.BACKWARD and op.forward is not None:
                 kernels[op.forward] = kernels.get(op.forward, 0) + 1
-        own = {op.name: Cost(rule_flops(graph, op), graph.op_bytes(op)) for op in ops}
+        own = {op.name: _own(graph, op) for op in ops}
         return {op.name: self._cost(graph, op, own, kernels) for op in ops}
 
     def op_cost(self, graph: Graph, op: Op) -> Cost:
         """One op's per-instance cost (`op_costs` for many: it indexes the graph once)."""
-        own = {op.name: Cost(rule_flops(graph, op), graph.op_bytes(op))}
+        own = {op.name: _own(graph, op)}
         kernels = {}
         if self._conventional(graph, op):
             fwd = graph.op(op.forward)
-            own[fwd.name] = Cost(rule_flops(graph, fwd), graph.op_bytes(fwd))
+            own[fwd.name] = _own(graph, fwd)
             kernels[fwd.name] = sum(1 for o in graph.ops() if o.forward == fwd.name
                                     and o.phase is Phase.BACKWARD)
         return self._cost(graph, op, own, kernels)
@@ -127,9 +157,24 @@ class CostModel:
         flops = self.factor * own[fwd.name].flops / n
         nbytes = self.factor * own[fwd.name].bytes / n
         flops, nbytes = BACKWARD_COST[fwd.kind](flops, nbytes, mine.bytes)
-        return Cost(flops, nbytes if self.backward == "plate" else mine.bytes)
+        return Cost(flops, nbytes if self.backward == "plate" else mine.bytes, mine.compute)
 
     # --- time and utilisation ---------------------------------------------------------------
+    def peak(self, hardware, compute: str | None = None) -> float:
+        """The part's dense peak for arithmetic in `compute` (a Cost's): the BF16 peak for
+        None, else the field PEAKS names (`fp8_flops`); an error if the part has none.
+
+            DEFAULT.peak(h100, "fp8")  # 1.979e15, the H100 SXM's dense FP8 peak
+        """
+        if compute is None:
+            return hardware.peak_flops
+        value = getattr(hardware, PEAKS[compute])
+        if value is None:
+            raise OpgraphError(f"hardware {hardware.id} has no dense {compute.upper()} peak "
+                               f"({PEAKS[compute].removesuffix('_flops')}_tflops in its TOML); "
+                               f"give a part that has one, or leave out --precision {compute}")
+        return value
+
     def time(self, flops, nbytes, peak, bandwidth, maximum: Callable = _number_max):
         """One instance's time: `maximum(flops / peak, bytes / bandwidth)`, the roofline.
         `maximum` is `max` for numbers, `sympy.Max` for formulas, `np.maximum` for arrays.
@@ -149,13 +194,16 @@ class CostModel:
         return 6 * parameters * tokens / (step_time * peak)
 
     def hfu(self, flops, step_time, peak, minimum: Callable = _number_min):
-        """Hardware FLOPs utilisation: counted FLOPs / (step time x peak). The step is at least
-        its FLOPs over the peak, so this is at most 1; `minimum` keeps rounding from saying
-        more (`min` for numbers, `np.minimum` for arrays)."""
+        """Hardware FLOPs utilisation: counted FLOPs / (step time x peak), every FLOP run
+        (a re-run op's, `passes.recompute`, and FlashAttention's recomputed QK^T under the
+        "derived" convention included). FP8 FLOPs come in weighted by peak / FP8 peak (the
+        caller's `flops`), so this is the share of the step the arithmetic units are busy. The
+        step is at least its FLOPs over the peak, so this is at most 1; `minimum` keeps
+        rounding from saying more (`min` for numbers, `np.minimum` for arrays)."""
         return minimum(flops / (step_time * peak), 1.0)
 
 
 DEFAULT = CostModel()
 
-__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "Cost", "CostModel", "rule_flops",
-           "scaled", "scaled_flops"]
+__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "OPERANDS", "PEAKS", "Cost", "CostModel",
+           "compute_dtype", "rule_flops", "scaled", "scaled_flops"]

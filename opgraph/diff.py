@@ -42,9 +42,12 @@ STATUSES = ("removed", "added", "changed")
 def op_memory(graph: Graph, op: Op, cost: CostModel = DEFAULT) -> sympy.Expr:
     """Bytes of `op`'s outputs kept for the backward pass, times their multiplicity (the cost
     model does not enter: memory is tensors)."""
+    if op.phase is not Phase.FORWARD:  # a re-run op's outputs live only until read
+        return sympy.Integer(0)
     return sympy.Add(*(t.nbytes * t.count for t in map(graph.tensor, op.outputs)
                        if t.role is Role.ACTIVATION
-                       and any(c.phase is Phase.BACKWARD for c in graph.consumers(t.name))))
+                       and any(c.phase in (Phase.BACKWARD, Phase.RECOMPUTE)
+                               for c in graph.consumers(t.name))))
 
 
 # Each quantity's formula for one op: (graph, op, cost=) -> its share of the step.

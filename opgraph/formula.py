@@ -33,8 +33,11 @@ from .ir import Graph, Op
 from .profile import CATEGORIES
 
 PEAK = sympy.Symbol("peak", positive=True)  # dense FLOP/s
+PEAK_FP8 = sympy.Symbol("peak_fp8", positive=True)  # dense FP8 FLOP/s (FP8 matmuls only)
 BANDWIDTH = sympy.Symbol("bandwidth", positive=True)  # HBM bytes/s
-HARDWARE_SYMBOLS = {"peak": "peak dense FLOP/s", "bandwidth": "HBM bandwidth, bytes/s"}
+HARDWARE_SYMBOLS = {"peak": "peak dense FLOP/s", "bandwidth": "HBM bandwidth, bytes/s",
+                    "peak_fp8": "peak dense FP8 FLOP/s"}
+PEAK_SYMBOLS = {"fp8": PEAK_FP8}  # a Cost's compute dtype -> the symbol of its peak
 
 
 def roofline(flops, nbytes, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT
@@ -78,18 +81,27 @@ def op_bytes(graph: Graph, op: Op, cost: CostModel = DEFAULT, costs: dict | None
 
 
 def op_time(graph: Graph, op: Op, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
-            costs: dict | None = None) -> sympy.Expr:
+            costs: dict | None = None, peaks: dict | None = None) -> sympy.Expr:
     """The count is positive, so `count * Max(a, b) == Max(count*a, count*b)`. `costs`: the
-    cost model's `op_costs(graph)`, when many ops are asked for."""
+    cost model's `op_costs(graph)`, when many ops are asked for. An op whose arithmetic runs
+    in FP8 takes `peak_fp8` (with numbers: `peaks["fp8"]`)."""
     c = _cost(graph, op, cost, costs)
+    if c.compute is not None:  # an FP8 matmul: its own peak (a number given with `peak`)
+        if isinstance(peak, sympy.Symbol):
+            peak = PEAK_SYMBOLS[c.compute]
+        elif (peaks or {}).get(c.compute) is None:
+            raise OpgraphError(f"op {op.name} runs in {c.compute.upper()} and the part has no "
+                               f"dense {c.compute.upper()} peak; give one that has")
+        else:
+            peak = peaks[c.compute]
     return op.count * roofline(c.flops, c.bytes, peak, bandwidth, cost)
 
 
-def step_time(graph: Graph, ops, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT
-              ) -> sympy.Expr:
-    """The summed time of `ops` (a list of the graph's ops)."""
+def step_time(graph: Graph, ops, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
+              peaks: dict | None = None) -> sympy.Expr:
+    """The summed time of `ops` (a list of the graph's ops); `peaks` as `op_time`'s."""
     costs = cost.op_costs(graph)
-    return sympy.Add(*(op_time(graph, op, peak, bandwidth, cost, costs) for op in ops))
+    return sympy.Add(*(op_time(graph, op, peak, bandwidth, cost, costs, peaks) for op in ops))
 
 
 # The quantities a formula can be of: (graph, op, cost, costs) -> that op's share of the step.
@@ -117,9 +129,13 @@ def select(graph: Graph, *, op: str | None = None, category: str | None = None) 
 
 
 def hardware_values(hardware: Hardware) -> dict[sympy.Symbol, sympy.Rational]:
-    """The part's peak and bandwidth as exact numbers: 989e12 is `989000000000000`."""
-    return {PEAK: sympy.Rational(repr(hardware.peak_flops)),
-            BANDWIDTH: sympy.Rational(repr(hardware.bandwidth))}
+    """The part's peak and bandwidth (and FP8 peak, where it has one) as exact numbers: 989e12
+    is `989000000000000`."""
+    out = {PEAK: sympy.Rational(repr(hardware.peak_flops)),
+           BANDWIDTH: sympy.Rational(repr(hardware.bandwidth))}
+    if hardware.fp8_flops is not None:
+        out[PEAK_FP8] = sympy.Rational(repr(hardware.fp8_flops))
+    return out
 
 
 def depth_symbols(graph: Graph) -> list[sympy.Symbol]:
@@ -139,7 +155,8 @@ def formula(graph: Graph, quantity: str, *, op: str | None = None, category: str
     rule = QUANTITIES[quantity]
     if quantity == "time" and hardware is not None:
         hw = hardware_values(hardware)
-        rule = functools.partial(op_time, peak=hw[PEAK], bandwidth=hw[BANDWIDTH])
+        rule = functools.partial(op_time, peak=hw[PEAK], bandwidth=hw[BANDWIDTH],
+                                 peaks={"fp8": hw.get(PEAK_FP8)})
     costs = cost.op_costs(graph)
     return tidy(sympy.Add(*(rule(graph, o, cost=cost, costs=costs) for o in ops)),
                 depth_symbols(graph))
@@ -182,6 +199,8 @@ def symbol_values(expr: sympy.Expr, dims: dict[sympy.Symbol, int],
     known = {sym: _plain(v) for sym, v in dims.items()}
     if hardware is not None:
         known |= {PEAK: hardware.peak_flops, BANDWIDTH: hardware.bandwidth}
+        if hardware.fp8_flops is not None:
+            known[PEAK_FP8] = hardware.fp8_flops
     out = {}
     for sym in sorted(expr.free_symbols, key=lambda s: s.name):
         if sym not in known:
@@ -205,6 +224,6 @@ def _plain(number) -> int | float:
     return int(number) if number.is_integer else float(number)
 
 
-__all__ = ["BANDWIDTH", "HARDWARE_SYMBOLS", "PEAK", "QUANTITIES", "depth_symbols", "formula",
+__all__ = ["BANDWIDTH", "HARDWARE_SYMBOLS", "PEAK", "PEAK_FP8", "PEAK_SYMBOLS", "QUANTITIES", "depth_symbols", "formula",
            "hardware_values", "latex", "op_bytes", "op_flops", "op_time", "roofline", "select",
            "step_time", "symbol_values", "tidy", "value"]

@@ -53,6 +53,7 @@ class Phase(enum.Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
+    RECOMPUTE = "recompute"  # a forward op run again in the backward (`passes.recompute`)
 
 
 def _expr(value) -> sympy.Expr:
@@ -183,6 +184,15 @@ class Graph:
         for name in op.outputs:
             self.nx.add_edge(node, _tnode(name))
         self._order = None
+        return op
+
+    def replace_op(self, op: Op) -> Op:
+        """Put `op` in place of the op of the same name (new inputs, say), keeping its place
+        among ties in the execution order."""
+        seq = self.nx.nodes[_onode(op.name)]["seq"]
+        self.remove_op(op.name)
+        self.add_op(op)
+        self.nx.nodes[_onode(op.name)]["seq"] = seq
         return op
 
     def remove_op(self, name: str) -> None:

@@ -16,6 +16,20 @@ a layer or a kernel at a time, and allocators reuse them.
 
     fp = footprint(compile_step(preset("llama3-8b")))
     fp.total  # a sympy expression of the dimensions
+
+Saved activations are the tensors the forward makes (or the step is fed) that a backward kernel
+or a re-run op (`passes.recompute`) reads; a re-run op's outputs are not saved, they live from
+the re-run to their last reader.
+
+The sum above is what every part holds at once at the start of the backward. The step's peak
+is a liveness computation (`liveness`, `peak`): the ops run in the graph's execution order, a
+layer region's body once per iteration (all forwards, then all backwards, last layer first), and
+at each op the bytes live are the weights, gradient buffers and optimizer states (resident all
+step), the saved activations of every layer that has run its forward and not yet its backward
+(a layer region's saved tensor counts `count` copies inside its lifetime, `count - 1` elsewhere
+in the region: the other layers'), and the transient working set: every other tensor from the
+op that writes it to the last op that reads it, one copy (one layer at a time). The peak is the
+op where that is largest; each part there stays a formula.
 """
 
 from __future__ import annotations
@@ -59,16 +73,201 @@ def footprint(graph: Graph) -> Footprint:
         if t.role is Role.GRADIENT and t.grad_of in names:
             grads.setdefault(t.grad_of, t)
     states: dict[str, Tensor] = {}
-    saved: dict[str, Tensor] = {}
     for op in graph.ops():
         for name in op.inputs:
             t = graph.tensor(name)
             if op.phase is Phase.OPTIMIZER and t.role is Role.OPTIMIZER_STATE:
                 states.setdefault(name, t)
-            elif op.phase is Phase.BACKWARD and t.role in (Role.ACTIVATION, Role.INPUT):
-                saved.setdefault(name, t)
     return Footprint(_resident(weights), _resident(list(grads.values())),
-                     _resident(list(states.values())), _resident(list(saved.values())))
+                     _resident(list(states.values())), _resident(saved(graph)))
+
+
+def _made_by_forward(graph: Graph, name: str) -> bool:
+    op = graph.producer(name)
+    return op is None or op.phase is Phase.FORWARD
+
+
+def saved(graph: Graph) -> list[Tensor]:
+    """The activations saved for the backward, in the order the graph first reads them there:
+    forward-made tensors (and the step's inputs) that a backward kernel or a re-run op reads."""
+    out: dict[str, Tensor] = {}
+    for op in graph.ops():
+        if op.phase not in (Phase.BACKWARD, Phase.RECOMPUTE):
+            continue
+        for name in op.inputs:
+            t = graph.tensor(name)
+            if t.role in (Role.ACTIVATION, Role.INPUT) and _made_by_forward(graph, name):
+                out.setdefault(name, t)
+    return list(out.values())
+
+
+# --- the peak: liveness over the step's execution order ---------------------------------------
+
+PEAK_PARTS = ("weights", "gradients", "optimizer", "activations", "transient")
+
+
+@attrs.frozen
+class Moment:
+    """The bytes live while op `op` runs, per part, as formulas of the dimensions: the
+    persistent parts, the saved activations live then (`activations`) and the rest of the
+    working set (`transient`)."""
+
+    op: str
+    phase: str
+    weights: sympy.Expr
+    gradients: sympy.Expr
+    optimizer: sympy.Expr
+    activations: sympy.Expr
+    transient: sympy.Expr
+
+    @property
+    def total(self) -> sympy.Expr:
+        return sympy.Add(*(getattr(self, name) for name in PEAK_PARTS))
+
+    def parts(self) -> dict[str, sympy.Expr]:
+        return {name: getattr(self, name) for name in PEAK_PARTS}
+
+
+@attrs.frozen
+class _Life:
+    """One non-resident tensor's lifetime: the positions of its writer and last reader."""
+
+    tensor: Tensor
+    start: int
+    end: int
+    saved: bool
+    region: str | None
+
+
+class Liveness:
+    """What is live at each op of `graph`'s execution order (`liveness(graph)`)."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.ops = graph.ops()
+        fp = footprint(graph)
+        self.resident = {"weights": fp.weights, "gradients": fp.gradients,
+                         "optimizer": fp.optimizer}
+        at = {op.name: i for i, op in enumerate(self.ops)}
+        kept = {t.name for t in saved(graph)}
+        self.lives: list[_Life] = []
+        for t in graph.tensors():
+            if _resident_tensor(graph, t):
+                continue
+            writer = graph.producer(t.name)
+            readers = [at[op.name] for op in graph.consumers(t.name)]
+            if writer is not None:
+                start = at[writer.name]
+            else:  # fed to the step; the loss's seed gradient only when the backward starts
+                start = min(readers, default=0) if t.role is Role.GRADIENT else 0
+            self.lives.append(_Life(t, start, max([start, *readers]), t.name in kept, t.region))
+
+    def copies(self, life: _Life, i: int) -> sympy.Expr:
+        """How many instances of `life`'s tensor are live while op `i` runs."""
+        inside = life.start <= i <= life.end
+        if not life.saved:
+            return sympy.Integer(1 if inside else 0)
+        count = life.tensor.count
+        if inside:
+            return count
+        if life.region is not None and self.graph.within(self.ops[i].region, life.region):
+            return count - 1  # the other layers' copies, made and not yet used
+        return sympy.Integer(0)
+
+    def moment(self, i: int) -> Moment:
+        """The bytes live while the `i`-th op runs."""
+        parts = {"activations": [], "transient": []}
+        for life in self.lives:
+            n = self.copies(life, i)
+            if n != 0:
+                parts["activations" if life.saved else "transient"].append(
+                    n * life.tensor.nbytes)
+        op = self.ops[i]
+        return Moment(op.name, op.phase.value, **self.resident,
+                      **{k: sympy.Add(*v) for k, v in parts.items()})
+
+    def totals(self, subs: dict) -> list[float]:
+        """Each op's live bytes at the dimension values `subs` (symbols to numbers)."""
+        sizes = [float(life.tensor.nbytes.xreplace(subs)) for life in self.lives]
+        counts = [float(sympy.sympify(life.tensor.count).xreplace(subs))
+                  for life in self.lives]
+        resident = float(sympy.Add(*self.resident.values()).xreplace(subs))
+        out = []
+        for i, op in enumerate(self.ops):
+            live = resident
+            for life, size, count in zip(self.lives, sizes, counts):
+                if life.start <= i <= life.end:
+                    live += size * (count if life.saved else 1)
+                elif life.saved and life.region is not None and self.graph.within(
+                        op.region, life.region):
+                    live += size * (count - 1)
+            out.append(live)
+        return out
+
+
+def _resident_tensor(graph: Graph, t: Tensor) -> bool:
+    """Weights, optimizer states and gradient buffers are resident all step; so are what the
+    optimizer writes (the same buffers, updated in place)."""
+    if t.role in (Role.WEIGHT, Role.OPTIMIZER_STATE):
+        return True
+    if t.role is Role.GRADIENT and t.grad_of is not None and graph.has_tensor(t.grad_of) \
+            and graph.tensor(t.grad_of).role is Role.WEIGHT:
+        return True
+    writer = graph.producer(t.name)
+    return writer is not None and writer.phase is Phase.OPTIMIZER
+
+
+def liveness(graph: Graph) -> Liveness:
+    """The step's liveness: `liveness(step).moment(i)` is what is live at its i-th op."""
+    return Liveness(graph)
+
+
+def peak(graph: Graph, subs: dict) -> Moment:
+    """The moment the most bytes are live at the dimension values `subs`, each part a
+    formula: `peak(step, resolve(step)).op` names the op running then."""
+    live = liveness(graph)
+    if not live.ops:
+        fp = footprint(graph)
+        return Moment("", "", fp.weights, fp.gradients, fp.optimizer, sympy.Integer(0),
+                      sympy.Integer(0))
+    totals = live.totals(subs)
+    return live.moment(max(range(len(totals)), key=totals.__getitem__))
+
+
+@attrs.frozen
+class PeakMemory:
+    """The peak evaluated, in bytes: where it happens (`op`, its `phase`) and its parts."""
+
+    op: str
+    phase: str
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    transient: int
+    capacity: int | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, name) for name in PEAK_PARTS)
+
+    @property
+    def fits(self) -> bool | None:
+        return self.total <= self.capacity if self.capacity else None
+
+    def to_json(self) -> dict:
+        """The JSON `memory.peak` object: where, bytes per part, `total`, `fits`."""
+        return {"op": self.op, "phase": self.phase,
+                **{name: getattr(self, name) for name in PEAK_PARTS}, "total": self.total,
+                "fits": self.fits}
+
+
+def peak_figures(moment: Moment, subs: dict, capacity: float | None) -> PeakMemory:
+    """`moment` evaluated at `subs` against the part's `capacity`."""
+    return PeakMemory(moment.op, moment.phase,
+                      **{name: int(sympy.sympify(expr).xreplace(subs))
+                         for name, expr in moment.parts().items()},
+                      capacity=int(capacity) if capacity else None)
 
 
 @attrs.frozen

@@ -2,6 +2,7 @@
 
     step = compile_step(preset("llama3-8b"))           # fused attention, backward, AdamW
     step = compile_step(forward, fused_attention=False)
+    step = compile_step(forward, recompute="full", precision="fp8")
 
 It is a plain list of passes; each is a pure function Graph -> Graph. The result is verified
 (`opgraph.verify`: every op of every phase against its kind's shape rule).
@@ -15,15 +16,24 @@ from .ir import Graph
 from .passes.attach_adamw import AdamW, attach_adamw
 from .passes.derive_backward import derive_backward
 from .passes.fuse_attention import fuse_attention
+from .passes.precision import apply_precision
+from .passes.recompute import recompute as recompute_pass
 from .verify import verify
 
 DEFAULT_ADAMW = AdamW()
 
 
-def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW) -> list:
-    """The passes `compile_step` runs, in order."""
+def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW,
+                recompute: str = "none", precision: str = "bf16") -> list:
+    """The passes `compile_step` runs, in order: `recompute` names a policy of
+    `passes.recompute.POLICIES` (or is a predicate over ops), `precision` one of
+    `passes.precision.PRECISIONS`; their defaults add no pass."""
     passes = [fuse_attention] if fused_attention else []
     passes.append(derive_backward)
+    if precision != "bf16":
+        passes.append(functools.partial(apply_precision, precision=precision))
+    if recompute != "none":
+        passes.append(functools.partial(recompute_pass, policy=recompute))
     passes.append(functools.partial(attach_adamw, adamw=adamw))
     return passes
 

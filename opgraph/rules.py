@@ -508,6 +508,33 @@ SHAPE_RULES["fused"] = _fused_shape
 FLOP_RULES["fused"] = _fused_flops
 
 
+# --- the precision pass's kernels (`opgraph.passes.precision`): tensor-wise FP8 scaling, as
+# torchao's Float8Linear and Transformer Engine do it; no backward, the pass places them in both
+# phases itself ----------------------------------------------------------------------------------
+
+def _amax_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """A tensor -> its largest magnitude, one scalar (the tensor-wise scale follows from it)."""
+    _require(len(ins) == 1, f"amax reads one tensor, not {len(ins)}")
+    return [()]
+
+
+def _cast_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """A tensor and its amax -> the tensor scaled into the FP8 range, in the output's dtype."""
+    _require(len(ins) == 2 and ins[1].shape == (), "cast reads a tensor and its scalar amax")
+    return [ins[0].shape]
+
+
+def _amax_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """|x| and the running max: 2 per element read."""
+    return 2 * ins[0].numel
+
+
+PRECISION_KINDS = ("amax", "cast")
+SHAPE_RULES |= {"amax": _amax_shape, "cast": _cast_shape}
+FLOP_RULES |= {"amax": _amax_flops,
+               "cast": per_element(2)}  # times the scale (fp8_max / amax), clamped to the range
+
+
 def _partials(ins: list[Tensor], params: dict) -> tuple[list[Tensor], list[Tensor]]:
     """A kernel's own inputs and the partial gradients it accumulates into (read last)."""
     n = int(params.get("accumulate", 0))
@@ -534,5 +561,6 @@ def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
     return FLOP_RULES[kind](own, outs, params) + sympy.Add(*(t.numel for t in partials))
 
 
-__all__ = ["BACKWARD_KINDS", "FLOP_RULES", "FORWARD_KINDS", "SHAPE_RULES", "ShapeError",
+__all__ = ["BACKWARD_KINDS", "FLOP_RULES", "FORWARD_KINDS", "PRECISION_KINDS", "SHAPE_RULES",
+           "ShapeError",
            "backward_shape", "count_flops", "infer_shapes", "per_element", "per_input", "same"]

@@ -95,7 +95,8 @@ def _fixed(graph: Graph, values: dict, free: sympy.Symbol) -> dict:
 
 def _time(graph: Graph, ops, hardware: Hardware, cost: CostModel) -> sympy.Expr:
     hw = fm.hardware_values(hardware)
-    return fm.step_time(graph, ops, hw[fm.PEAK], hw[fm.BANDWIDTH], cost)
+    return fm.step_time(graph, ops, hw[fm.PEAK], hw[fm.BANDWIDTH], cost,
+                        peaks={"fp8": hw.get(fm.PEAK_FP8)})
 
 
 @attrs.frozen
@@ -249,8 +250,12 @@ def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
     flops, nbytes = sympy.expand(flops.xreplace(swap)), sympy.expand(nbytes.xreplace(swap))
     fixed = _fixed(graph, values, B if dim == "tokens" else S)
     hw = fm.hardware_values(hardware)
-    g = _sides(cost, flops, nbytes, hw[fm.PEAK], hw[fm.BANDWIDTH]).xreplace(fixed)
-    ridge_intensity = hardware.peak_flops / hardware.bandwidth
+    peak = fm.PEAK_SYMBOLS.get(node_cost.compute, fm.PEAK)  # an FP8 matmul: the FP8 peak
+    if peak not in hw:
+        raise OpgraphError(f"op {op} runs in {node_cost.compute.upper()} and {hardware.id} has "
+                           f"no dense {node_cost.compute.upper()} peak")
+    g = _sides(cost, flops, nbytes, hw[peak], hw[fm.BANDWIDTH]).xreplace(fixed)
+    ridge_intensity = float(hw[peak]) / hardware.bandwidth
     if nbytes == 0:
         raise OpgraphError(f"op {op} moves no bytes: it has no ridge point")
     ratio = sympy.factor(flops / nbytes)
@@ -265,7 +270,7 @@ def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
     whole = int(sympy.ceiling(found))
     if _number(g.subs(x, whole)) > 0 or (whole > 1 and _number(g.subs(x, whole - 1)) <= 0):
         raise AssertionError(f"the ridge of {op} at {value} does not check out")
-    closed = _closed_form(flops, nbytes, x, fixed, hw, value, cost)
+    closed = _closed_form(flops, nbytes, x, fixed, hw, value, cost, peak)
     return RidgeAnswer(op, dim, value, whole, None, str(closed) if closed is not None else None,
                        fm.latex(closed) if closed is not None else None, str(ratio), tends,
                        ridge_intensity, others)
@@ -277,11 +282,12 @@ def _sides(cost: CostModel, flops, nbytes, peak, bandwidth) -> sympy.Expr:
             - cost.time(flops, 0, peak, bandwidth, sympy.Max))
 
 
-def _closed_form(flops, nbytes, x, fixed, hw, value, cost):
+def _closed_form(flops, nbytes, x, fixed, hw, value, cost, peak=fm.PEAK):
     """The crossing `flops / peak = bytes / bandwidth` solved for `x` with every dimension and the
-    hardware kept as symbols: the solution that is `value` at the preset."""
+    hardware kept as symbols (`peak`: the op's, `peak_fp8` for an FP8 matmul): the solution that
+    is `value` at the preset."""
     try:
-        solutions = sympy.solve(_sides(cost, flops, nbytes, fm.PEAK, fm.BANDWIDTH), x)
+        solutions = sympy.solve(_sides(cost, flops, nbytes, peak, fm.BANDWIDTH), x)
     except NotImplementedError:
         return None
     subs = {**fixed, **hw}

@@ -14,6 +14,12 @@ FLOPs per parameter (12, within the plate's 10-14): first moment m = b1*m + (1-b
 second moment v = b2*v + (1-b2)*g*g, 4; decoupled weight decay p *= 1 - lr*wd, 1; the step
 p -= a * m / (sqrt(v) + eps) with the bias corrections folded into the scalars a and eps:
 sqrt, add, divide, and one fused multiply-subtract, 4.
+
+The precisions are named options of the optimizer (`ADAMW_OPTIONS`, `AdamW.named`): "mixed"
+(the above), "bf16-moments" (FP32 master, BF16 moments: 8 bytes of state per parameter),
+"no-master" (the BF16 weights updated in place, FP32 moments: 8), "bf16" (no master, BF16
+moments: 4) and "8bit" (FP32 master, 8-bit moments as bitsandbytes' AdamW8bit keeps them: 6;
+its per-block scales, one FP32 number per 2,048 values, are not counted).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import functools
 
 import attrs
 
+from opgraph.errors import OpgraphError
 from opgraph.ir import BF16, FP32, DType, Graph, Op, Phase, Role, Tensor
 
 from .derive_backward import gradient_of
@@ -36,6 +43,26 @@ class AdamW:
     copy: DType | None = BF16  # the low-precision weight the next forward reads
     zero_grad: bool = True  # zero the gradient buffer in the same pass
     flops_per_param: int = 12
+
+    @classmethod
+    def named(cls, name: str) -> AdamW:
+        """A named option of ADAMW_OPTIONS: `AdamW.named("bf16-moments")`."""
+        try:
+            return ADAMW_OPTIONS[name]
+        except KeyError:
+            raise OpgraphError(f"unknown AdamW option {name!r}; choose one of "
+                               f"{', '.join(ADAMW_OPTIONS)}") from None
+
+
+UINT8 = DType("uint8", 1)  # an 8-bit optimizer state (blockwise-quantised, bitsandbytes)
+
+ADAMW_OPTIONS: dict[str, AdamW] = {
+    "mixed": AdamW(),
+    "bf16-moments": AdamW(moments=BF16),
+    "no-master": AdamW(master=None, copy=None),
+    "bf16": AdamW(master=None, moments=BF16, copy=None),
+    "8bit": AdamW(moments=UINT8),
+}
 
 
 def _state(graph: Graph, w: Tensor, base: str, suffix: str, dtype: DType,

@@ -8,8 +8,13 @@ input embedding (a weight read only by embedding lookups); tokens per step are `
 mixture of experts N counts the parameters a token uses (`opgraph.parameters`: an expert's
 weights times K/E), also reported as `active_parameters`.
 
+Each op runs at the peak of its compute dtype (the cost model's `peak`: FP8 matmuls at the part's
+FP8 peak). The MFU stays against the BF16 peak (torchtitan's convention); the HFU counts every
+FLOP run, re-run ones (`passes.recompute`) included, each FP8 FLOP weighted by BF16 peak / FP8
+peak, so that it stays the share of the step the arithmetic units are busy.
+
 Beside the roofline, the profile carries the step's HBM footprint (`opgraph.memory`) against the
-part's capacity.
+part's capacity, and its peak by liveness (`peak_memory`: where it happens and its parts).
 
 Values are checked as the command line checks them (`resolve`): each a whole number above 0,
 `tokens` (B x S) a whole number of sequences.
@@ -27,7 +32,8 @@ from opgraph.errors import OpgraphError
 from opgraph.hardware import Hardware
 from opgraph.ir import Graph, Phase
 from opgraph.limits import MAX_DIM, MAX_TOKENS, check_whole
-from opgraph.memory import figures, footprint
+from opgraph.memory import figures, footprint, peak_figures
+from opgraph.memory import peak as peak_moment
 from opgraph.parameters import active_parameters, is_routed
 from opgraph.profile import CATEGORIES, CategoryCost, OpCost, Profile
 from opgraph.symbols import B, S
@@ -117,13 +123,16 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
     peak, bandwidth = hardware.peak_flops, hardware.bandwidth
     costs = cost.op_costs(graph)
     rows = []
+    at_peak = 0.0  # the FLOPs as the BF16 peak would see them: FP8 FLOPs scaled to its peak
     for op in graph.ops():
         count = int(_number(op.count, subs, f"op {op.name}'s count"))
         flops = float(_number(costs[op.name].flops * op.count, subs, f"op {op.name}'s FLOPs"))
         nbytes = float(_number(costs[op.name].bytes * op.count, subs, f"op {op.name}'s bytes"))
+        at = cost.peak(hardware, costs[op.name].compute)  # its compute dtype's peak
+        at_peak += flops if at == peak else flops * peak / at
         rows.append(OpCost(op.name, op.kind, op.category, op.phase.value, count, flops, nbytes,
-                           cost.time(flops, nbytes, peak, bandwidth),
-                           cost.bound(flops, nbytes, peak, bandwidth)))
+                           cost.time(flops, nbytes, at, bandwidth),
+                           cost.bound(flops, nbytes, at, bandwidth)))
     step = sum(r.time_s for r in rows)
     total_flops = sum(r.flops for r in rows)
     categories = _categories(rows, step, total_flops)
@@ -141,9 +150,10 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         ops=tuple(rows), categories=categories, step_time_s=step, flops=total_flops,
         bytes=sum(r.bytes for r in rows),
         mfu_ceiling=cost.mfu(mfu_n, tokens, step, peak) if step else 0.0,
-        hfu_ceiling=cost.hfu(total_flops, step, peak) if step else 0.0,
+        hfu_ceiling=cost.hfu(at_peak, step, peak) if step else 0.0,
         fused_attention=any(op.kind == "flash_attention" for op in graph.ops()),
         memory=figures(parts, hardware.memory_bytes),
+        peak_memory=peak_figures(peak_moment(graph, subs), subs, hardware.memory_bytes),
         active_parameters=active,
     )
 

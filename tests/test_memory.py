@@ -101,3 +101,69 @@ def test_a_part_without_a_capacity(cli, tmp_path):
     path.write_text("[gpu]\nbf16_tflops = 100\nbandwidth_tbs = 1\n")
     code, out, err = cli("profile", "--hardware", str(path))
     assert code == 0 and err == "" and "capacity unknown" in out
+
+
+# --- the peak, by liveness over the execution order ------------------------------------------
+
+def _stack():
+    """x -> L x (matmul, GELU) -> head -> loss: one region, one carried tensor."""
+    g = GraphBuilder("stack", {B: 2, S: 16, D: 32, V: 100, L: 4})
+    x = g.activation("x", (B, S, D))
+    targets = g.input("targets", (B, S))
+    with g.repeat(L, "layers"):
+        x = g.gelu(g.matmul(x, g.weight("w", (D, D)), name="mm"), name="act")
+    g.cross_entropy(g.matmul(x, g.weight("w_head", (D, V)), name="head"), targets, name="loss")
+    return compile_step(g.build())
+
+
+def test_a_layers_saved_tensors_count_every_layer_but_its_own_before_it_is_made():
+    from opgraph.memory import liveness
+
+    step = _stack()
+    live = liveness(step)
+    at = {op.name: i for i, op in enumerate(live.ops)}
+    x, ids = 2 * B * S * D, 4 * B * S  # the stack's input (BF16) and the targets (INT32)
+    # while the last layer's matmul runs: all L of its outputs (this one being written) but
+    # only the L - 1 GELU outputs the earlier layers made
+    first = live.moment(at["layers.mm"])
+    assert sympy.expand(first.activations - (L * x + (L - 1) * x + x + ids)) == 0
+    # while the first layer's GELU backward runs (the last layer's): every matmul output, and
+    # the GELU outputs of the other layers (the head's backward read this one's already); the
+    # targets are gone, the loss's backward was their last reader
+    back = live.moment(at["layers.act.grad"])
+    assert sympy.expand(back.activations - (L * x + (L - 1) * x + x)) == 0
+    # the loss's backward: everything the forward saved
+    head = live.moment(at["loss.grad"])
+    assert sympy.expand(head.activations - footprint(step).activations) == 0
+
+
+def test_the_peak_is_the_footprint_plus_the_logits_gradient(llama_step):
+    from opgraph.passes.evaluate import resolve
+
+    from opgraph.memory import peak
+
+    moment = peak(llama_step, resolve(llama_step))
+    assert moment.op == "loss.grad"
+    fp = footprint(llama_step)
+    assert sympy.expand(moment.activations - fp.activations) == 0
+    seed = llama_step.tensor("d.loss").nbytes  # dLoss/dLoss, one number
+    assert sympy.expand(moment.transient - 2 * B * S * V - seed) == 0
+    assert sympy.expand(moment.total - fp.total - moment.transient) == 0
+
+
+def test_peak_memory_falls_with_recomputation(llama):
+    totals = [evaluate(compile_step(llama, recompute=p), H100).peak_memory
+              for p in ("none", "selective", "full")]
+    assert totals[0].activations > totals[1].activations > totals[2].activations
+    assert totals[0].total > totals[1].total > totals[2].total
+    assert totals[2].fits is False  # 8B on one 80 GB part needs sharding regardless
+
+
+def test_memory_peak_is_opt_in_with_the_defaults(cli):
+    code, out, _err = cli("profile", "--memory-peak", "--json")
+    peak = json.loads(out)["memory"]["peak"]
+    assert code == 0 and peak["op"] == "loss.grad" and peak["phase"] == "backward"
+    code, out, _err = cli("profile", "--memory-peak")
+    assert code == 0 and "peak memory" in out and " at loss.grad (backward)" in out
+    code, out, _err = cli("profile")
+    assert code == 0 and "peak memory" not in out

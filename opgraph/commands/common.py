@@ -12,6 +12,9 @@ from ..errors import OpgraphError
 from ..hardware import Hardware
 from ..ir import Graph
 from ..limits import MAX_DIM, MAX_TOKENS
+from ..passes.attach_adamw import ADAMW_OPTIONS, AdamW
+from ..passes.precision import PRECISIONS
+from ..passes.recompute import POLICIES
 from ..pipeline import compile_step
 from .args import positive_float, whole
 
@@ -41,6 +44,18 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
                    help="backward costs: 2x the forward's FLOPs and bytes (plate, default); "
                         "FLOPs so, bytes from the tensors each backward kernel touches "
                         "(tensors); or each kernel's own FLOPs and tensors (derived)")
+    g.add_argument("--recompute", choices=tuple(POLICIES), default="none",
+                   help="activation recomputation: none (default); selective, Megatron's "
+                        "(the attention core re-run); selective-op, torchtitan's per-op "
+                        "(matmul and attention outputs kept, the rest re-run); full (each "
+                        "layer keeps its input and runs its forward again)")
+    g.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                   help="the layers' matmuls in bf16 (default) or fp8 (tensor-wise scaling, "
+                        "as torchao and Transformer Engine: FP8 operands at the part's FP8 "
+                        "peak, plus their amax and cast kernels)")
+    g.add_argument("--adamw", choices=tuple(ADAMW_OPTIONS), default="mixed",
+                   help="AdamW's precisions: mixed (FP32 master and moments, default), "
+                        "bf16-moments, no-master, bf16, 8bit")
 
 
 @attrs.frozen
@@ -165,5 +180,25 @@ def setup(args) -> Setup:
     forward = load_forward(args)
     part = load_hardware(args)
     values = token_values(forward, getattr(args, "tokens", None), getattr(args, "seq_len", None))
-    step = compile_step(forward, fused_attention=not args.no_fused_attention)
+    step = compile_step(forward, **step_options(args))
     return Setup(forward, step, part, values, cost_model(args))
+
+
+def step_options(args) -> dict:
+    """`compile_step`'s options from the command line: attention fusion, recomputation,
+    precision and AdamW's precisions (`pipeline.step_passes`)."""
+    options = {"fused_attention": not args.no_fused_attention}
+    for name, default in (("recompute", "none"), ("precision", "bf16")):
+        if getattr(args, name, default) != default:
+            options[name] = getattr(args, name)
+    adamw = getattr(args, "adamw", "mixed")
+    if adamw != "mixed":
+        options["adamw"] = AdamW.named(adamw)
+    return options
+
+
+def echoed(args) -> dict:
+    """The step options `--json` echoes back: those not at their defaults."""
+    return {name: getattr(args, name) for name, default in
+            (("recompute", "none"), ("precision", "bf16"), ("adamw", "mixed"))
+            if getattr(args, name, default) != default}

@@ -16,8 +16,9 @@ def _pct(x: float) -> str:
     return f"{x * 100:.3f}%" if 0 < x < 0.001 else f"{x * 100:.1f}%"
 
 
-def format_profile(p: Profile, ops: bool = False) -> str:
-    """The `opgraph profile` table: categories, then the step's figures (and every op)."""
+def format_profile(p: Profile, ops: bool = False, peak: bool = False) -> str:
+    """The `opgraph profile` table: categories, then the step's figures (and every op); with
+    `peak`, the liveness peak of memory too (`format_peak`)."""
     batch = p.tokens // p.seq_len
     lines = [
         f"{p.model} on {p.hardware.describe()}",
@@ -39,6 +40,8 @@ def format_profile(p: Profile, ops: bool = False) -> str:
     ]
     if p.memory is not None:
         lines.append(format_memory(p.memory.to_json()))
+    if peak and p.peak_memory is not None:
+        lines.append(format_peak(p.peak_memory.to_json()))
     if ops:
         lines += ["", (f"{'op':<36} {'phase':<9} {'kind':<24} {'x':>4} {'time (ms)':>10} "
                        f"{'GFLOP':>10} {'bytes':>10}  bound")]
@@ -63,6 +66,13 @@ def format_memory(m: dict) -> str:
     return (f"memory       {_bytes(m['total'])}{of}{over} (weights {_bytes(m['weights'])}, "
             f"grads {_bytes(m['gradients'])}, optimizer {_bytes(m['optimizer'])}, "
             f"activations {_bytes(m['activations'])})")
+
+
+def format_peak(m: dict) -> str:
+    """`peak memory  151.03 GB at loss.grad (backward): saved activations ..., transient ...`,
+    the liveness peak (`opgraph.memory.peak`)."""
+    return (f"peak memory  {_bytes(m['total'])} at {m['op']} ({m['phase']}): saved activations "
+            f"{_bytes(m['activations'])}, transient {_bytes(m['transient'])}")
 
 
 def memory_warning(p: Profile) -> str | None:

@@ -32,6 +32,7 @@ class Sweep:
     multiplicity: np.ndarray  # per term: how many ops it stands for
     membership: np.ndarray  # (categories, terms): term i's category is j
     cost: CostModel = DEFAULT
+    fp8: np.ndarray | None = None  # per term: whether it runs at the FP8 peak; None: none does
 
     @property
     def terms(self) -> int:
@@ -41,34 +42,44 @@ class Sweep:
         return ["step_time_s", "flops", "bytes", "mfu_ceiling", "hfu_ceiling",
                 *(f"{c}_time_share" for c in self.categories)]
 
-    def run(self, dims: dict[str, np.ndarray], peak, bandwidth) -> dict[str, np.ndarray]:
+    def run(self, dims: dict[str, np.ndarray], peak, bandwidth, peak_fp8=None
+            ) -> dict[str, np.ndarray]:
         """Each column of `columns()` at every point: `dims` maps each free name to an array;
-        `peak` and `bandwidth` are arrays of the same length or numbers."""
+        `peak` and `bandwidth` (and `peak_fp8`, the FP8 terms' peak) are arrays of the same
+        length or numbers."""
         n = len(next(iter(dims.values()))) if dims else 1
+        if self.fp8 is not None and (peak_fp8 is None or np.isnan(peak_fp8).any()):
+            raise OpgraphError(f"{self.model}'s step runs matmuls in FP8: give parts with a "
+                               "dense FP8 peak")
+        fp8 = np.broadcast_to(np.asarray(peak if peak_fp8 is None else peak_fp8, dtype=float),
+                              (n,))
         peak = np.broadcast_to(np.asarray(peak, dtype=float), (n,))
         bandwidth = np.broadcast_to(np.asarray(bandwidth, dtype=float), (n,))
         out = {name: np.empty(n) for name in self.columns()}
         for lo in range(0, n, CHUNK):
             hi = min(n, lo + CHUNK)
             args = [np.asarray(dims[name][lo:hi], dtype=float) for name in self.free]
-            for name, col in self._chunk(args, hi - lo, peak[lo:hi], bandwidth[lo:hi]).items():
+            for name, col in self._chunk(args, hi - lo, peak[lo:hi], bandwidth[lo:hi],
+                                         fp8[lo:hi]).items():
                 out[name][lo:hi] = col
         return out
 
-    def _chunk(self, args, m, peak, bandwidth) -> dict[str, np.ndarray]:
+    def _chunk(self, args, m, peak, bandwidth, peak_fp8) -> dict[str, np.ndarray]:
         k = self.terms
         values = np.empty((2 * k + 2, m))
         for i, v in enumerate(self.function(*args)):
             values[i] = v  # constants broadcast
         flops, nbytes = values[:k], values[k:2 * k]
         n_mfu, tokens = values[2 * k], values[2 * k + 1]
-        time = self.cost.time(flops, nbytes, peak, bandwidth, np.maximum)
+        peaks = peak if self.fp8 is None else np.where(self.fp8[:, None], peak_fp8, peak)
+        time = self.cost.time(flops, nbytes, peaks, bandwidth, np.maximum)
         step = self.multiplicity @ time
         shares = (self.membership * self.multiplicity) @ time / step
         total_flops = self.multiplicity @ flops
+        at_peak = total_flops if self.fp8 is None else self.multiplicity @ (flops * peak / peaks)
         cols = {"step_time_s": step, "flops": total_flops, "bytes": self.multiplicity @ nbytes,
                 "mfu_ceiling": self.cost.mfu(n_mfu, tokens, step, peak),
-                "hfu_ceiling": self.cost.hfu(total_flops, step, peak, np.minimum)}
+                "hfu_ceiling": self.cost.hfu(at_peak, step, peak, np.minimum)}
         cols |= {f"{c}_time_share": shares[j] for j, c in enumerate(self.categories)}
         return cols
 
@@ -88,7 +99,7 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     costs = cost.op_costs(step)
     for op in step.ops():
         key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
-               (op.count * costs[op.name].bytes).xreplace(fixed))
+               (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute)
         terms[key] = terms.get(key, 0) + 1
     found = {key[0] for key in terms}
     categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
@@ -104,8 +115,10 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     modules = [{}] if all(map(_arithmetic, exprs)) else "numpy"
     function = sympy.lambdify(symbols, exprs, modules, cse=True)
     membership = np.array([[1.0 if key[0] == c else 0.0 for key in terms] for c in categories])
+    fp8 = np.array([key[3] is not None for key in terms])
     return Sweep(step.name, tuple(free), categories, function,
-                 np.array(list(terms.values()), dtype=float), membership, cost)
+                 np.array(list(terms.values()), dtype=float), membership, cost,
+                 fp8 if fp8.any() else None)
 
 
 def _arithmetic(expr) -> bool:
