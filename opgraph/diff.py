@@ -32,7 +32,7 @@ from . import formula as fm
 from .costmodel import DEFAULT, CostModel
 from .hardware import Hardware
 from .ir import Graph, Op, Phase, Role
-from .memory import footprint
+from .memory import peak
 from .profile import OpCost, Profile
 
 QUANTITIES = ("flops", "bytes", "time", "memory")
@@ -181,8 +181,10 @@ class StepDiff:
         graph, model = self.graphs["ab".index(side)], self.models["ab".index(side)]
         if graph is None:
             return None
-        if quantity == "memory":
-            return fm.tidy(footprint(graph).total, fm.depth_symbols(graph))
+        if quantity == "memory":  # the peak's parts, at the moment this side peaks
+            profile = self.a if side == "a" else self.b
+            moment = peak(graph, _dims(graph, profile.values))
+            return fm.tidy(moment.total, fm.depth_symbols(graph))
         return fm.formula(graph, quantity, cost=model)
 
     def totals_formula(self, quantity: str) -> sympy.Expr | None:

@@ -235,8 +235,10 @@ def peak(graph: Graph, subs: dict) -> Moment:
 
 
 @attrs.frozen
-class PeakMemory:
-    """The peak evaluated, in bytes: where it happens (`op`, its `phase`) and its parts."""
+class Memory:
+    """The step's peak evaluated, in bytes, against the part's `capacity` (None if unknown):
+    where it happens (`op`, its `phase`) and its parts; `fits` is None where the capacity is
+    unknown."""
 
     op: str
     phase: str
@@ -256,46 +258,16 @@ class PeakMemory:
         return self.total <= self.capacity if self.capacity else None
 
     def to_json(self) -> dict:
-        """The JSON `memory.peak` object: where, bytes per part, `total`, `fits`."""
-        return {"op": self.op, "phase": self.phase,
-                **{name: getattr(self, name) for name in PEAK_PARTS}, "total": self.total,
-                "fits": self.fits}
+        """The JSON `memory` object: bytes per part, `total` (the peak), `capacity`, `fits`,
+        and where the peak happens (`peak_op`, `peak_phase`)."""
+        return {**{name: getattr(self, name) for name in PEAK_PARTS}, "total": self.total,
+                "capacity": self.capacity, "fits": self.fits, "peak_op": self.op,
+                "peak_phase": self.phase}
 
 
-def peak_figures(moment: Moment, subs: dict, capacity: float | None) -> PeakMemory:
-    """`moment` evaluated at `subs` against the part's `capacity`."""
-    return PeakMemory(moment.op, moment.phase,
-                      **{name: int(sympy.sympify(expr).xreplace(subs))
-                         for name, expr in moment.parts().items()},
-                      capacity=int(capacity) if capacity else None)
-
-
-@attrs.frozen
-class Memory:
-    """A footprint evaluated, in bytes, against the part's `capacity` (None if unknown);
-    `fits` is None where the capacity is unknown."""
-
-    weights: int
-    gradients: int
-    optimizer: int
-    activations: int
-    capacity: int | None = None
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations
-
-    @property
-    def fits(self) -> bool | None:
-        return self.total <= self.capacity if self.capacity else None
-
-    def to_json(self) -> dict:
-        """The JSON `memory` object: bytes per part, `total`, `capacity`, `fits`."""
-        return {**{name: getattr(self, name) for name in PARTS}, "total": self.total,
-                "capacity": self.capacity, "fits": self.fits}
-
-
-def figures(parts: dict[str, int], capacity: float | None) -> Memory:
-    """The evaluated parts (bytes per part of PARTS) against the part's `capacity`."""
-    return Memory(**{name: parts[name] for name in PARTS},
+def figures(moment: Moment, subs: dict, capacity: float | None) -> Memory:
+    """`moment` (the peak, `peak(graph, subs)`) evaluated at `subs` against `capacity`."""
+    return Memory(moment.op, moment.phase,
+                  **{name: int(sympy.sympify(expr).xreplace(subs))
+                     for name, expr in moment.parts().items()},
                   capacity=int(capacity) if capacity else None)

@@ -6,7 +6,7 @@ import attrs
 
 from .categories import CATEGORIES  # noqa: F401 - the one vocabulary, re-exported here
 from .hardware import Hardware
-from .memory import Memory, PeakMemory
+from .memory import Memory
 
 
 @attrs.frozen
@@ -58,7 +58,6 @@ class Profile:
     fused_attention: bool = False
     memory: Memory | None = None  # the step's HBM footprint against the part's capacity
     active_parameters: int | None = None  # parameters a token uses; None for a dense model
-    peak_memory: PeakMemory | None = None  # the liveness peak: where, and its parts
 
     @property
     def seq_len(self) -> int:
@@ -70,7 +69,7 @@ class Profile:
                 return c
         raise KeyError(f"no category {name!r}; have {[c.name for c in self.categories]}")
 
-    def to_json(self, ops: bool = False, peak: bool = False) -> dict:
+    def to_json(self, ops: bool = False) -> dict:
         """The `--json` object: step figures, categories, and with `ops=True` every op; with
         `peak=True`, `memory.peak`, the liveness peak (`PeakMemory.to_json`)."""
         out = {
@@ -95,8 +94,6 @@ class Profile:
             "hfu_ceiling": self.hfu_ceiling,
             "categories": [attrs.asdict(c) for c in self.categories],
         }
-        if peak and self.peak_memory is not None and "memory" in out:
-            out["memory"]["peak"] = self.peak_memory.to_json()
         if ops:
             out["ops"] = [attrs.asdict(o) | {"intensity": o.intensity if o.bytes else None}
                           for o in self.ops]

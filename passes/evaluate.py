@@ -13,8 +13,8 @@ FP8 peak). The MFU stays against the BF16 peak (torchtitan's convention); the HF
 FLOP run, re-run ones (`passes.recompute`) included, each FP8 FLOP weighted by BF16 peak / FP8
 peak, so that it stays the share of the step the arithmetic units are busy.
 
-Beside the roofline, the profile carries the step's HBM footprint (`opgraph.memory`) against the
-part's capacity, and its peak by liveness (`peak_memory`: where it happens and its parts).
+Beside the roofline, the profile carries the step's peak HBM need by liveness (`opgraph.memory`:
+where it happens and its parts) against the part's capacity.
 
 Values are checked as the command line checks them (`resolve`): each a whole number above 0,
 `tokens` (B x S) a whole number of sequences.
@@ -32,7 +32,7 @@ from opgraph.errors import OpgraphError
 from opgraph.hardware import Hardware
 from opgraph.ir import Graph, Phase
 from opgraph.limits import MAX_DIM, MAX_TOKENS, check_whole
-from opgraph.memory import figures, footprint, peak_figures
+from opgraph.memory import figures
 from opgraph.memory import peak as peak_moment
 from opgraph.parameters import active_parameters, is_routed
 from opgraph.profile import CATEGORIES, CategoryCost, OpCost, Profile
@@ -141,8 +141,6 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
     mfu_n = int(_number(mfu_parameters(graph), subs, "the parameter count"))
     active = (int(_number(active_parameters(graph), subs, "the active parameter count"))
               if is_routed(graph) else None)
-    parts = {name: int(_number(expr, subs, f"the {name}' memory"))
-             for name, expr in footprint(graph).parts().items()}
     return Profile(
         model=graph.name, hardware=hardware,
         values={str(k): int(v) for k, v in sorted(subs.items(), key=lambda kv: kv[0].name)},
@@ -152,8 +150,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         mfu_ceiling=cost.mfu(mfu_n, tokens, step, peak) if step else 0.0,
         hfu_ceiling=cost.hfu(at_peak, step, peak) if step else 0.0,
         fused_attention=any(op.kind == "flash_attention" for op in graph.ops()),
-        memory=figures(parts, hardware.memory_bytes),
-        peak_memory=peak_figures(peak_moment(graph, subs), subs, hardware.memory_bytes),
+        memory=figures(peak_moment(graph, subs), subs, hardware.memory_bytes),
         active_parameters=active,
     )
 

@@ -6,6 +6,7 @@ import pytest
 import sympy
 from opgraph.models import preset
 from opgraph.passes.attach_adamw import AdamW
+from opgraph.passes.evaluate import resolve
 
 from opgraph import GraphBuilder, attach_adamw, compile_step, derive_backward, evaluate, hardware
 from opgraph.memory import footprint
@@ -70,7 +71,13 @@ def test_the_plates_step_does_not_fit_an_80gb_h100(llama_step):
     n = 8_030_261_248
     assert memory.weights + memory.gradients + memory.optimizer == n * (2 + 4 + 12)
     assert memory.total == memory.weights + memory.gradients + memory.optimizer + \
-        memory.activations
+        memory.activations + memory.transient
+    # the peak is the loss's backward: every layer's saved activations, and the logits'
+    # gradient [B, S, V] in BF16 beside the FP32 loss seed
+    assert (memory.op, memory.phase) == ("loss.grad", "backward")
+    assert memory.transient == 2 * 8192 * 128256 + 4
+    saved = footprint(llama_step).activations.xreplace(resolve(llama_step))
+    assert memory.activations == saved
     assert memory.capacity == 80e9 and memory.fits is False
     assert memory.to_json()["total"] == memory.total
 
@@ -85,8 +92,8 @@ def test_profile_warns_but_does_not_refuse(cli):
     j = json.loads(out)
     assert len(j["warnings"]) == 1 and "80.00 GB" in j["warnings"][0]
     memory = j["memory"]
-    assert set(memory) == {"weights", "gradients", "optimizer", "activations", "total",
-                           "capacity", "fits"}
+    assert set(memory) == {"weights", "gradients", "optimizer", "activations", "transient",
+                           "total", "capacity", "fits", "peak_op", "peak_phase"}
     assert memory["fits"] is False and memory["total"] > 144.5e9
 
 
@@ -152,18 +159,16 @@ def test_the_peak_is_the_footprint_plus_the_logits_gradient(llama_step):
 
 
 def test_peak_memory_falls_with_recomputation(llama):
-    totals = [evaluate(compile_step(llama, recompute=p), H100).peak_memory
+    totals = [evaluate(compile_step(llama, recompute=p), H100).memory
               for p in ("none", "selective", "full")]
     assert totals[0].activations > totals[1].activations > totals[2].activations
     assert totals[0].total > totals[1].total > totals[2].total
     assert totals[2].fits is False  # 8B on one 80 GB part needs sharding regardless
 
 
-def test_memory_peak_is_opt_in_with_the_defaults(cli):
-    code, out, _err = cli("profile", "--memory-peak", "--json")
-    peak = json.loads(out)["memory"]["peak"]
-    assert code == 0 and peak["op"] == "loss.grad" and peak["phase"] == "backward"
-    code, out, _err = cli("profile", "--memory-peak")
-    assert code == 0 and "peak memory" in out and " at loss.grad (backward)" in out
+def test_the_profile_says_where_the_peak_happens(cli):
+    code, out, _err = cli("profile", "--json")
+    memory = json.loads(out)["memory"]
+    assert code == 0 and (memory["peak_op"], memory["peak_phase"]) == ("loss.grad", "backward")
     code, out, _err = cli("profile")
-    assert code == 0 and "peak memory" not in out
+    assert code == 0 and "OVER CAPACITY at loss.grad (" in out

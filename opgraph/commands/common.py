@@ -197,8 +197,10 @@ def step_options(args) -> dict:
     return options
 
 
+STEP_OPTIONS = (("recompute", "none"), ("precision", "bf16"), ("adamw", "mixed"))
+
+
 def echoed(args) -> dict:
-    """The step options `--json` echoes back: those not at their defaults."""
-    return {name: getattr(args, name) for name, default in
-            (("recompute", "none"), ("precision", "bf16"), ("adamw", "mixed"))
-            if getattr(args, name, default) != default}
+    """The step options `--json` echoes back, each with its value (`echoed(None)`: the
+    defaults)."""
+    return {name: getattr(args, name, default) for name, default in STEP_OPTIONS}

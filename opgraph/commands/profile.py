@@ -18,9 +18,6 @@ def register(subparsers) -> None:
     add_model_args(p)
     p.add_argument("--ops", action="store_true", help="also list every op")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--memory-peak", action="store_true",
-                   help="also report the peak memory by liveness, where it happens and its parts "
-                        "(always reported with --recompute, --precision or --adamw)")
     p.add_argument("--plot", metavar="FILE",
                    help="also draw the figure (time share beside FLOP share) to a .png or .svg")
     p.add_argument("--trace", metavar="FILE",
@@ -46,14 +43,13 @@ def run(args) -> int:
             write_chrome_trace(profile, s.step, args.trace)
     warning = memory_warning(profile)
     options = echoed(args)
-    peak = args.memory_peak or bool(options)
     if args.json:  # the JSON says it (memory.fits, warnings): stdout and stderr stay parseable
-        out = profile.to_json(ops=args.ops, peak=peak) | options
+        out = profile.to_json(ops=args.ops) | options
         out["warnings"] = [warning.removeprefix("opgraph: warning: ")] if warning else []
         print(json_text(out))
         return 0
-    print(format_profile(profile, ops=args.ops, peak=peak))
-    if options:
+    print(format_profile(profile, ops=args.ops))
+    if options != echoed(None):
         print("step options " + ", ".join(f"--{k} {v}" for k, v in options.items()))
     if warning:
         print(warning, file=sys.stderr)

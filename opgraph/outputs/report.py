@@ -16,9 +16,9 @@ def _pct(x: float) -> str:
     return f"{x * 100:.3f}%" if 0 < x < 0.001 else f"{x * 100:.1f}%"
 
 
-def format_profile(p: Profile, ops: bool = False, peak: bool = False) -> str:
-    """The `opgraph profile` table: categories, then the step's figures (and every op); with
-    `peak`, the liveness peak of memory too (`format_peak`)."""
+def format_profile(p: Profile, ops: bool = False) -> str:
+    """The `opgraph profile` table: categories, then the step's figures, its peak memory (and
+    every op)."""
     batch = p.tokens // p.seq_len
     lines = [
         f"{p.model} on {p.hardware.describe()}",
@@ -40,8 +40,6 @@ def format_profile(p: Profile, ops: bool = False, peak: bool = False) -> str:
     ]
     if p.memory is not None:
         lines.append(format_memory(p.memory.to_json()))
-    if peak and p.peak_memory is not None:
-        lines.append(format_peak(p.peak_memory.to_json()))
     if ops:
         lines += ["", (f"{'op':<36} {'phase':<9} {'kind':<24} {'x':>4} {'time (ms)':>10} "
                        f"{'GFLOP':>10} {'bytes':>10}  bound")]
@@ -59,20 +57,16 @@ def _active(p: Profile) -> str:
 
 
 def format_memory(m: dict) -> str:
-    """`memory       183.29 GB of 80.00 GB (weights ..., grads ..., optimizer ..., activations
-    ...)`: the step's HBM footprint (`opgraph.memory`) against the part's capacity."""
+    """`memory       185.39 GB of 80.00 GB: OVER CAPACITY at loss.grad (weights ..., grads ...,
+    optimizer ..., saved activations ..., transient ...)`: the step's peak HBM need by liveness
+    (`opgraph.memory`), where it happens, against the part's capacity."""
     of = f" of {_bytes(m['capacity'])}" if m["capacity"] else " (capacity unknown)"
     over = ": OVER CAPACITY" if m["fits"] is False else ""
-    return (f"memory       {_bytes(m['total'])}{of}{over} (weights {_bytes(m['weights'])}, "
+    at = f" at {m['peak_op']}" if m["peak_op"] else ""
+    return (f"memory       {_bytes(m['total'])}{of}{over}{at} (weights {_bytes(m['weights'])}, "
             f"grads {_bytes(m['gradients'])}, optimizer {_bytes(m['optimizer'])}, "
-            f"activations {_bytes(m['activations'])})")
-
-
-def format_peak(m: dict) -> str:
-    """`peak memory  151.03 GB at loss.grad (backward): saved activations ..., transient ...`,
-    the liveness peak (`opgraph.memory.peak`)."""
-    return (f"peak memory  {_bytes(m['total'])} at {m['op']} ({m['phase']}): saved activations "
-            f"{_bytes(m['activations'])}, transient {_bytes(m['transient'])}")
+            f"saved activations {_bytes(m['activations'])}, "
+            f"transient {_bytes(m['transient'])})")
 
 
 def memory_warning(p: Profile) -> str | None:
