@@ -19,6 +19,9 @@ MAX_TOKENS = 2**40  # tokens per step (batch x seq_len)
 MAX_COUNT = 2**40  # other counts: --steps, --rows
 MAX_DIGITS = 20  # a whole number written with more digits than this is beyond every bound
 CONFIG_MAX_BYTES = 1 << 20  # a config.json, a hardware TOML: a few KiB in practice
+# What a trace may hold once decompressed. A step of 1,000,000 kernels exported by Kineto is about
+# 0.7 GB of JSON; twice that and more is an endless or inflating input, unless the user says so.
+MAX_TRACE_BYTES = 2_000_000_000
 
 
 def check_whole(value: int, what: str, maximum: int) -> int:
@@ -35,4 +38,5 @@ def check_whole(value: int, what: str, maximum: int) -> int:
     return value
 
 
-__all__ = ["CONFIG_MAX_BYTES", "MAX_COUNT", "MAX_DIGITS", "MAX_DIM", "MAX_TOKENS", "check_whole"]
+__all__ = ["CONFIG_MAX_BYTES", "MAX_COUNT", "MAX_DIGITS", "MAX_DIM", "MAX_TOKENS", "MAX_TRACE_BYTES",
+           "check_whole"]

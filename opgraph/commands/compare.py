@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .args import positive_int
+from .args import json_text, positive_int
 from .common import add_model_args, setup
-from .trace_breakdown import add_trace_args, dumps, read_breakdown
+from .trace_breakdown import add_trace_args, read_breakdown
 
 
 def register(subparsers) -> None:
@@ -35,5 +35,5 @@ def run(args) -> int:
     measured = read_breakdown(args)
     result = compare(measured, evaluate(s.step, s.hardware, s.values, cost=s.cost), steps=args.steps,
                      trace=args.trace)
-    print(dumps(result.to_json()) if args.json else format_comparison(result))
+    print(json_text(result.to_json()) if args.json else format_comparison(result))
     return 0

@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
-from ..errors import OpgraphError
-from ..traces import (
-    KERNEL_RULES,
-    MAX_TRACE_BYTES,
-    breakdown,
-    format_breakdown,
-    iter_kernels,
-    load_rules,
-)
+from ..limits import MAX_TRACE_BYTES  # the reader itself (with numpy) loads when it runs
+from .args import json_text
 
 
 def max_trace_gb(text: str) -> float:
@@ -45,17 +37,10 @@ def add_trace_args(parser: argparse.ArgumentParser) -> None:
 
 def read_breakdown(args):
     """The breakdown of ``args.trace`` under ``args.rules`` and ``args.max_trace_gb``."""
+    from ..traces import KERNEL_RULES, breakdown, iter_kernels, load_rules
+
     rules = load_rules(args.rules) if args.rules else KERNEL_RULES
     return breakdown(iter_kernels(args.trace, int(args.max_trace_gb * 1e9)), rules)
-
-
-def dumps(document: dict) -> str:
-    """JSON text that is JSON: a figure that is not finite is an error, never `Infinity`."""
-    try:
-        return json.dumps(document, indent=2, allow_nan=False)
-    except ValueError:
-        raise OpgraphError("a figure came out infinite or not a number; check that the "
-                           "inputs' times and sizes are real ones") from None
 
 
 def register(subparsers) -> None:
@@ -94,6 +79,8 @@ def run(args) -> int:
 
         run(argparse.Namespace(trace="step.json.gz", json=True, rules=None, max_trace_gb=2))
     """
+    from ..traces import format_breakdown
+
     result = read_breakdown(args)
-    print(dumps(result.to_json()) if args.json else format_breakdown(result))
+    print(json_text(result.to_json()) if args.json else format_breakdown(result))
     return 0

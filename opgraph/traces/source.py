@@ -17,9 +17,6 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 CHUNK = 1 << 20  # bytes read, and at most decompressed, at a time
 
-# What a trace may hold once decompressed. A step of 1,000,000 kernels exported by Kineto is about
-# 0.7 GB of JSON; twice that and more is an endless or inflating input, unless the user says so.
-MAX_TRACE_BYTES = 2_000_000_000
 
 
 def error(message: str) -> OpgraphError:
