@@ -13,10 +13,10 @@ Example::
     print(format_breakdown(breakdown(iter_kernels("step.json.gz"))))
 """
 
+from ..limits import MAX_TRACE_BYTES
 from .intervals import Breakdown, CategoryTime, breakdown, format_breakdown
 from .read import Kernel, iter_kernels, read_trace
 from .rules import KERNEL_RULES, classify, load_rules
-from .source import MAX_TRACE_BYTES
 
 __all__ = [
     "KERNEL_RULES",

@@ -26,7 +26,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from .source import MAX_TRACE_BYTES, as_path, error, one_line, read_chunks
+from opgraph.limits import MAX_TRACE_BYTES
+
+from .source import as_path, error, one_line, read_chunks
 
 EXPORT_HINT = "export it with torch.profiler's export_chrome_trace"
 RAISE_CAP_HINT = "pass --max-trace-gb with a larger figure if the trace really is that large"

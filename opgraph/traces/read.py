@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from opgraph.limits import MAX_TRACE_BYTES
+
 from .jsonstream import trace_events
-from .source import MAX_TRACE_BYTES, as_path, error
+from .source import as_path, error
 
 # Event categories (compared lower-cased) that are work done on the GPU; "memcpy" and "memset"
 # are what older Kineto versions called gpu_memcpy and gpu_memset.
