@@ -5,7 +5,8 @@
     cost.time(flops, nbytes, peak, bandwidth)           # max(flops / peak, bytes / bandwidth)
 
 Nothing is stored on an op: FLOPs come from its kind's FLOP rule (`opgraph.rules`), bytes from
-the tensors it reads and writes, each once (`Graph.op_bytes`). An op's time is
+the tensors it reads and writes, each once (`Graph.op_bytes`); a view (`rules.VIEWS`: a
+reshape, a broadcast, a contiguous slice) moves none. An op's time is
 `count x max(flops / peak, bytes / bandwidth)` (XLA's HloCostAnalysis roofline); ops do not
 overlap, so a step's time is their sum. `time` takes the maximum as an argument, so the same rule serves sympy (`sympy.Max`,
 `opgraph.formula`, `opgraph.solve`), plain floats (`evaluate`) and numpy arrays (`np.maximum`,
@@ -68,6 +69,15 @@ BACKWARD_COST: dict[str, Callable] = {
     kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
 
 
+def own_bytes(graph: Graph, op: Op) -> sympy.Expr:
+    """HBM bytes of one instance of `op` from its own tensors: none for a view (a kind in
+    `rules.VIEWS` whose rule says its output is a view of its input), else `Graph.op_bytes`."""
+    if op.kind in rules.VIEWS and rules.is_view(op.kind, [graph.tensor(n) for n in op.inputs],
+                                                dict(op.params)):
+        return sympy.Integer(0)
+    return graph.op_bytes(op)
+
+
 def rule_flops(graph: Graph, op: Op) -> sympy.Expr:
     """FLOPs of one instance of `op` by its kind's FLOP rule."""
     ins = [graph.tensor(n) for n in op.inputs]
@@ -99,16 +109,16 @@ class CostModel:
         for op in ops:
             if op.phase is Phase.BACKWARD and op.forward is not None:
                 kernels[op.forward] = kernels.get(op.forward, 0) + 1
-        own = {op.name: Cost(rule_flops(graph, op), graph.op_bytes(op)) for op in ops}
+        own = {op.name: Cost(rule_flops(graph, op), own_bytes(graph, op)) for op in ops}
         return {op.name: self._cost(graph, op, own, kernels) for op in ops}
 
     def op_cost(self, graph: Graph, op: Op) -> Cost:
         """One op's per-instance cost (`op_costs` for many: it indexes the graph once)."""
-        own = {op.name: Cost(rule_flops(graph, op), graph.op_bytes(op))}
+        own = {op.name: Cost(rule_flops(graph, op), own_bytes(graph, op))}
         kernels = {}
         if self._conventional(graph, op):
             fwd = graph.op(op.forward)
-            own[fwd.name] = Cost(rule_flops(graph, fwd), graph.op_bytes(fwd))
+            own[fwd.name] = Cost(rule_flops(graph, fwd), own_bytes(graph, fwd))
             kernels[fwd.name] = sum(1 for o in graph.ops() if o.forward == fwd.name
                                     and o.phase is Phase.BACKWARD)
         return self._cost(graph, op, own, kernels)
@@ -157,5 +167,5 @@ class CostModel:
 
 DEFAULT = CostModel()
 
-__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "Cost", "CostModel", "rule_flops",
-           "scaled", "scaled_flops"]
+__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "Cost", "CostModel", "own_bytes",
+           "rule_flops", "scaled", "scaled_flops"]
