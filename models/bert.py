@@ -32,17 +32,18 @@ class BertConfig:
     positions: int = 512
     token_types: int = 2
     seq_len: int = 512
-    masked: int = 80  # positions predicted per sequence (max_predictions_per_seq)
+    masked: int | None = None  # positions predicted per sequence; None: 5/32 of seq_len
+    gelu: str = "none"  # exact GELU ("gelu"); "tanh" for the approximation ("gelu_new")
 
     def dims(self) -> dict:
         return {D: self.d_model, L: self.layers, H: self.heads, d_h: self.d_model // self.heads,
                 F: self.d_ff, V: self.vocab, P: self.positions, T: self.token_types,
-                S: self.seq_len, M: self.masked, B: 1}
+                S: self.seq_len, M: self.masked or max(1, self.seq_len * 5 // 32), B: 1}
 
 
 # HF google-bert/bert-base-uncased config.json; arXiv:1810.04805 section 3 (BERT_BASE: L=12,
-# H=768, A=12). Pre-training at 512 tokens predicts at most 80 masked positions per sequence
-# (google-research/bert's create_pretraining_data, max_predictions_per_seq=80 for 512).
+# H=768, A=12). Pre-training predicts at most 20 masked positions per sequence of 128 tokens and
+# 80 of 512 (google-research/bert's README, max_predictions_per_seq): 5/32 of the sequence.
 BERT_BASE = BertConfig("bert-base", d_model=768, layers=12, heads=12, d_ff=3072, vocab=30522)
 
 
@@ -60,9 +61,9 @@ def build(config: BertConfig) -> Graph:
                              name="token_type_embeddings"), name="embed_types")
     x = _layernorm(g, x, "embed_norm")
     with g.repeat(L, "layers"):
-        x = _block(g, x)
+        x = _block(g, x, config.gelu)
     h = g.gather(x, masked, name="masked")
-    h = _layernorm(g, g.gelu(_linear(g, h, "transform", D, D), approximate="none",
+    h = _layernorm(g, g.gelu(_linear(g, h, "transform", D, D), approximate=config.gelu,
                              name="transform_gelu"), "transform_norm")
     g.output_head(h, table, targets, tied=True, bias=True)
     graph = g.build()
@@ -81,7 +82,7 @@ def _linear(g: GraphBuilder, x, name: str, d_in, d_out):
                     g.weight(f"{name}.bias", (d_out,)), name=name)
 
 
-def _block(g: GraphBuilder, x):
+def _block(g: GraphBuilder, x, gelu: str):
     """One encoder layer, post-LN: the norm after each residual add."""
     q = _linear(g, x, "q_proj", D, H * d_h)
     k = _linear(g, x, "k_proj", D, H * d_h)
@@ -89,5 +90,5 @@ def _block(g: GraphBuilder, x):
     o = g.attention(q, k, v, heads=H, kv_heads=H, causal=False, name="attn")
     x = _layernorm(g, g.add(x, _linear(g, o, "o_proj", H * d_h, D), name="attn_residual"),
                    "attn_norm")
-    a = g.gelu(_linear(g, x, "fc", D, F), approximate="none", name="gelu")
+    a = g.gelu(_linear(g, x, "fc", D, F), approximate=gelu, name="gelu")
     return _layernorm(g, g.add(x, _linear(g, a, "proj", F, D), name="mlp_residual"), "mlp_norm")

@@ -93,8 +93,10 @@ def _block(g: GraphBuilder, x, config: DeepSeekV2Config, moe: bool):
               name="attn_residual")
     h = g.rmsnorm(x, g.weight("mlp_norm.weight", (D,)), name="mlp_norm")
     if moe:
-        shared = _swiglu(g, h, config.shared_experts * F_e, "shared_experts")
-        down = g.add(shared, _routed(g, h), name="experts.sum")
+        down = _routed(g, h)
+        if config.shared_experts:
+            shared = _swiglu(g, h, config.shared_experts * F_e, "shared_experts")
+            down = g.add(shared, down, name="experts.sum")
     else:
         down = _swiglu(g, h, F, "mlp")
     return g.add(x, down, name="mlp_residual")
