@@ -343,3 +343,20 @@ def test_every_builtin_kind_has_a_reference_example():
     for name in kinds.builtin_kinds():
         assert f"| `{name}` |" in table
     assert "| `matmul` | `matmul(x[B, S, D], w[D, F])` | `2*B*D*F*S` | `4*B*D*F*S` |" in table
+
+
+def test_solve_walks_a_windows_min():
+    """solve's pieces split where Min(S, W) changes branch, so windowed attention solves exactly
+    over the sequence length as well as over tokens."""
+    from opgraph.models import preset
+    from opgraph.solve import ridge, smallest
+
+    x = sympy.Symbol("x", positive=True)
+    assert smallest(2 - sympy.Min(x, 3), x, 0) == 2
+    assert smallest(sympy.Max(4 - sympy.Min(x, 3), x - 10), x, 0) is None
+    assert smallest(sympy.Max(4 - sympy.Min(x, 3), x / 2 - 10), x, 0) is None
+    step = compile_step(preset("gemma2-2b"))
+    answer = max_share(step, H100, "attention", 0.1, dim="seq_len")  # checked by evaluate
+    assert answer.holds == "up_to" and answer.seq_len > 4096  # past the window: the band
+    local = ridge(step, H100, "layers.local.attn.flash", dim="seq_len")
+    assert local.smallest_whole is not None
