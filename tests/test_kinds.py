@@ -349,6 +349,7 @@ def test_solve_walks_a_windows_min():
     """solve's pieces split where Min(S, W) changes branch, so windowed attention solves exactly
     over the sequence length as well as over tokens."""
     from opgraph.models import preset
+
     from opgraph.solve import ridge, smallest
 
     x = sympy.Symbol("x", positive=True)
