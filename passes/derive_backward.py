@@ -45,7 +45,7 @@ class _Context:
         grads = [n for n in dict.fromkeys(grads) if n in self.needs]
         if not grads:
             return None
-        reads = list(dict.fromkeys(reads))
+        reads = list(reads)  # a tensor read twice (mul(x, x)) is listed twice: the layout counts it
         own = len(reads)
         outs = []
         for primal in grads:

@@ -60,7 +60,9 @@ def user_model(kind) -> "opgraph.Graph":  # noqa: F821
 
 @pytest.fixture(scope="module")
 def user_step(squared_relu):
-    return compile_step(user_model(squared_relu))  # verified
+    """The user's model compiled by the standard pipeline (verified). Fusion passes (issue 9,
+    part B) extend the tests below by compiling `user_model(squared_relu)` with them."""
+    return compile_step(user_model(squared_relu))
 
 
 def test_a_user_kind_is_in_every_table(squared_relu):
@@ -361,3 +363,16 @@ def test_solve_walks_a_windows_min():
     assert answer.holds == "up_to" and answer.seq_len > 4096  # past the window: the band
     local = ridge(step, H100, "layers.local.attn.flash", dim="seq_len")
     assert local.smallest_whole is not None
+
+
+def test_a_tensor_read_twice_differentiates():
+    """mul(x, x) (a square) and concat([y, y]): the backward kernel lists the tensor twice, as
+    its layout counts it, and writes its gradient once."""
+    g = GraphBuilder("t")
+    x = g.activation("x", (B, S, D))
+    y = g.mul(x, x)
+    g.concat([y, y])
+    step = compile_step(g.build())  # verified
+    (square,) = [op for op in step.ops() if op.kind == "mul_backward"]
+    assert square.inputs[1:] == ("x", "x") and len(square.outputs) == 1
+    assert sympy.expand(step.op_bytes(square) - 2 * BF16 * 2 * B * S * D) == 0  # x read once
