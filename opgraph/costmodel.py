@@ -16,8 +16,8 @@ A backward kernel is costed by the convention `backward` names:
 
 - "plate" (the default, PLATE.md): each backward kernel costs `factor` (2) x its forward op's
   FLOPs and bytes, split evenly over that op's backward kernels (found through the kernel's
-  `forward` link), except where BACKWARD_COST says otherwise: FlashAttention's backward takes
-  the convention's FLOPs but the bytes of its own tensors;
+  `forward` link), except where BACKWARD_COST says otherwise: FlashAttention's backward and the
+  views' (`rules.VIEWS`) take the convention's FLOPs but the bytes of their own tensors;
 - "tensors": FLOPs by the convention, bytes from each kernel's own tensors;
 - "derived": each kernel's own FLOP rule and tensors (FlashAttention's backward then costs
   2.5x its forward: it recomputes QK^T).
@@ -67,6 +67,9 @@ def scaled_flops(flops, nbytes, own_bytes) -> tuple:
 
 BACKWARD_COST: dict[str, Callable] = {
     kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
+# A view's backward moves its own tensors: twice a free view's nothing would hide a broadcast's
+# reduction of dY, or a slice's gradient written at the input's size.
+BACKWARD_COST |= {kind: scaled_flops for kind in rules.VIEWS if kind in rules.FORWARD_KINDS}
 
 
 def own_bytes(graph: Graph, op: Op) -> sympy.Expr:

@@ -98,7 +98,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                 vjp: str | Callable | None = "inputs", backward_flops: Callable | None = None,
                 backward_shape: Callable | None = None, view: bool | Callable = False,
                 backward_view: bool | Callable = False, category: str = "elementwise",
-                backward_cost: Callable = costmodel.scaled, replace: bool = False) -> Kind:
+                backward_cost: Callable | None = None, replace: bool = False) -> Kind:
     """Define op kind `name` in every table; returns its `Kind`.
 
     - `shape`, `flops`: its shape and FLOP rules (`rules.per_element(n)` for n FLOPs per output
@@ -113,7 +113,8 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
       input's memory, costing no bytes (`copy=True` on an op makes it a copy); `backward_view`
       likewise for its backward kernel.
     - `category`: what `Kind.op` files its ops under; `backward_cost`: how the plate's
-      convention charges its backward (`costmodel.scaled`: twice the forward's FLOPs and bytes).
+      convention charges its backward (default `costmodel.scaled`, twice the forward's FLOPs and
+      bytes; for a view `costmodel.scaled_flops`, the backward kernel's own bytes).
 
     Defining a kind that exists raises OpgraphError unless `replace=True`.
 
@@ -138,6 +139,8 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     rule = (_backward.one_kernel(vjp) if isinstance(vjp, str)
             else _no_vjp if vjp is None else vjp)
     view_rule = _view_rule(view)
+    if backward_cost is None:
+        backward_cost = costmodel.scaled_flops if view_rule is not None else costmodel.scaled
     record = Kind(name, shape, flops, rule, backward, view_rule, category, backward_cost)
     rules.SHAPE_RULES[name] = shape
     rules.FLOP_RULES[name] = flops

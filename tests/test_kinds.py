@@ -287,14 +287,20 @@ def test_a_concatenation_is_a_copy_unless_in_place():
     assert _bytes(graph, d.name) == 0
 
 
-def test_views_backward_by_the_plate_costs_twice_nothing():
+def test_a_views_backward_moves_its_own_tensors():
+    """By the plate's convention too: a reshape's backward is a view again (nothing), a
+    broadcast's sums dY over the broadcast dim (reads dY, writes the small gradient)."""
     g = GraphBuilder("t")
     x = g.activation("x", (B, S, H * d_h))
-    y = g.rope(g.reshape(x, (B, S, H, d_h)))
+    z = g.activation("z", (B, S, 1, d_h))
+    y = g.add(g.rope(g.reshape(x, (B, S, H, d_h))), g.broadcast(z, (B, S, H, d_h)))
     step = compile_step(g.build())
+    assert step.tensor(y.name).shape == (B, S, H, d_h)
     (grad,) = [op for op in step.ops() if op.kind == "reshape_backward"]
     assert DEFAULT.op_cost(step, grad).bytes == 0 and DEFAULT.op_cost(step, grad).flops == 0
-    assert step.tensor(y.name).shape == (B, S, H, d_h)
+    (grad,) = [op for op in step.ops() if op.kind == "broadcast_backward"]
+    dy, saved, dz = B * S * H * d_h, B * S * d_h, B * S * d_h
+    assert sympy.expand(DEFAULT.op_cost(step, grad).bytes - BF16 * (dy + saved + dz)) == 0
 
 
 def test_split_backward_joins_the_pieces_gradients():
