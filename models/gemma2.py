@@ -19,6 +19,7 @@ import math
 import attrs
 
 from opgraph.builder import GraphBuilder
+from opgraph.errors import OpgraphError
 from opgraph.ir import Graph
 from opgraph.symbols import B, D, F, H, H_kv, L, S, V, W, d_h
 
@@ -53,8 +54,8 @@ GEMMA2_2B = Gemma2Config("gemma2-2b", d_model=2304, layers=26, heads=8, kv_heads
 def build(config: Gemma2Config) -> Graph:
     """The forward graph of one training step: `build(GEMMA2_2B)`."""
     if config.layers % 2:
-        raise ValueError(f"{config.name}: {config.layers} layers; Gemma 2 alternates local and "
-                         "global layers, so it needs an even count")
+        raise OpgraphError(f"{config.name}: {config.layers} layers; Gemma 2 alternates local "
+                           "and global layers, so it needs an even count")
     g = GraphBuilder(config.name, config.dims())
     tokens, targets = g.input("tokens", (B, S)), g.input("targets", (B, S))
     embed = g.weight("embed.weight", (V, D))

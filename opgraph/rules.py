@@ -16,6 +16,10 @@ A one-kernel backward (`rmsnorm_backward`, ...) reads, in order, the gradients o
 op's outputs (`dys` of them), the forward inputs it saved (`saved_inputs`), the forward
 outputs it saved (`saved_outputs`); it writes the gradients of the forward inputs at the
 positions `wrt`. Its shape rule re-runs the forward kind's rule on the saved inputs.
+
+VIEWS says which kinds can be a new look at their input's memory (reshape, broadcast, a
+contiguous slice or split, an in-place concatenation) and when: the cost model charges such an
+op no bytes. A user's kind gets its rows here through `opgraph.kinds.define_kind`.
 """
 
 from __future__ import annotations
