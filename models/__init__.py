@@ -7,7 +7,7 @@ from collections.abc import Callable
 from opgraph.errors import OpgraphError
 from opgraph.ir import Graph
 
-from . import gpt2, llama
+from . import bert, deepseek, gemma2, gpt2, llama
 
 PRESETS: dict[str, Callable[[], Graph]] = {
     "llama3-8b": lambda: llama.build(llama.LLAMA3_8B),
@@ -17,6 +17,10 @@ PRESETS: dict[str, Callable[[], Graph]] = {
     "qwen2-7b": lambda: llama.build(llama.QWEN2_7B),
     "gpt2": lambda: gpt2.build(gpt2.GPT2),
     "gpt3-175b": lambda: gpt2.build(gpt2.GPT3_175B),
+    "llama3.2-1b": lambda: llama.build(llama.LLAMA3_2_1B),
+    "gemma2-2b": lambda: gemma2.build(gemma2.GEMMA2_2B),
+    "deepseek-v2-lite": lambda: deepseek.build(deepseek.DEEPSEEK_V2_LITE),
+    "bert-base": lambda: bert.build(bert.BERT_BASE),
 }
 
 

@@ -3,7 +3,9 @@
     graph = from_config("Meta-Llama-3-8B/config.json")
 
 `model_type` picks the family: `llama`, `mistral`, `mixtral` and `qwen2` build the Llama graph
-(`models.llama`), `gpt2` the GPT-2 graph (`models.gpt2`). The fields read are the ones that
+(`models.llama`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
+(`models.gemma2`), `deepseek_v2` the DeepSeek-V2 graph (`models.deepseek`) and `bert` the
+BertForMaskedLM graph (`models.bert`). The fields read are the ones that
 shape the cost; the rest (RoPE base, norm epsilon, dropout, dtype, token ids) do not change a
 roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
 model's number:
@@ -19,6 +21,16 @@ model's number:
 - GPT-2: `n_positions` (or the older `n_ctx`) is the position table; `n_inner` null means
   `4 x n_embd`.
 - Mixtral: `num_local_experts` and `num_experts_per_tok` are required.
+- Gemma 2: `tie_word_embeddings` absent means true; `attn_logit_softcapping` and
+  `final_logit_softcapping` absent mean transformers' 50.0 and 30.0, null means no capping;
+  `head_dim`, `num_key_value_heads` and `sliding_window` are required; the layer count must be
+  even (local and global layers alternate).
+- DeepSeek-V2: `q_lora_rank` null means a full-rank query projection; `n_routed_experts` null
+  means every layer is dense; `n_shared_experts` null means none; `first_k_dense_replace` absent
+  means 0; `moe_layer_freq` must be 1 (every later layer a mixture of experts).
+- BERT: `hidden_act` absent means "gelu" (exact); "gelu_new" and "gelu_pytorch_tanh" are the
+  tanh approximation. The masked-LM head predicts 5/32 of the sequence (20 of 128, 80 of 512,
+  BERT's own pre-training).
 
 The profile's default sequence length is the model's context, `max_position_embeddings` (GPT-2:
 `n_positions`), capped at 8192, the plate's: a 128 K context profiled by default would be all
@@ -40,7 +52,7 @@ from opgraph.errors import OpgraphError
 from opgraph.ir import Graph
 from opgraph.limits import MAX_DIM, check_whole
 
-from . import gpt2, llama
+from . import bert, deepseek, gemma2, gpt2, llama
 
 DEFAULT_SEQ_LEN = 8192  # the plate's; and the cap on a config's own context
 _REQUIRED = object()
@@ -89,6 +101,31 @@ class _Fields:
         """A checkout's folder is named after the model: `Meta-Llama-3-8B/config.json`."""
         folder = self.path.resolve().parent.name
         return folder if self.path.name == "config.json" and folder else self.path.stem
+
+    def count(self, key: str) -> int:
+        """A whole number that may be 0 (a count of layers or experts); absent or null: 0."""
+        return self.int(key) if self.data.get(key) != 0 and self.has(key) else 0
+
+    def number(self, key: str, default: float | None) -> float | None:
+        """A positive number; absent gives `default`, an explicit null gives None."""
+        if key in self.data and self.data[key] is None:
+            return None
+        value = self.data.get(key, default)
+        if value is None:
+            return None
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not 0 < value < float("inf")):
+            raise OpgraphError(f"{self.path}: field {key!r} is {_shown(value)}, "
+                               "not a positive number")
+        return float(value)
+
+    def choice(self, key: str, default: str, choices: dict):
+        """One of the names `choices` maps, to what it maps it to."""
+        value = self._get(key, default)
+        if not isinstance(value, str) or value not in choices:
+            raise OpgraphError(f"{self.path}: field {key!r} is {_shown(value)}; opgraph reads "
+                               f"{', '.join(map(repr, choices))}")
+        return choices[value]
 
     def divisible(self, key: str, value: int, by_key: str, by: int) -> None:
         if value % by:
@@ -143,12 +180,77 @@ def _read_gpt2(f: _Fields) -> Graph:
     return gpt2.build(config)
 
 
+def _read_gemma2(f: _Fields) -> Graph:
+    layers = f.int("num_hidden_layers")
+    if layers % 2:
+        raise OpgraphError(f"{f.path}: num_hidden_layers = {layers} is odd; Gemma 2 alternates "
+                           "sliding-window and global layers")
+    heads, kv_heads = f.int("num_attention_heads"), f.int("num_key_value_heads")
+    f.divisible("num_attention_heads", heads, "num_key_value_heads", kv_heads)
+    config = gemma2.Gemma2Config(
+        f.name(), d_model=f.int("hidden_size"), layers=layers, heads=heads, kv_heads=kv_heads,
+        head_dim=f.int("head_dim"), d_ff=f.int("intermediate_size"), vocab=f.int("vocab_size"),
+        window=f.int("sliding_window"),
+        attn_softcap=f.number("attn_logit_softcapping", 50.0),
+        final_softcap=f.number("final_logit_softcapping", 30.0),
+        seq_len=_seq_len(f.int("max_position_embeddings", None)),
+        tie_embeddings=f.bool("tie_word_embeddings", True))
+    return gemma2.build(config)
+
+
+def _read_deepseek_v2(f: _Fields) -> Graph:
+    layers = f.int("num_hidden_layers")
+    routed = f.int("n_routed_experts", None)
+    first_dense = layers if routed is None else min(layers, f.count("first_k_dense_replace"))
+    if routed is not None and f.has("moe_layer_freq") and f.int("moe_layer_freq") != 1:
+        raise OpgraphError(f"{f.path}: moe_layer_freq = {f.data['moe_layer_freq']}; opgraph "
+                           "reads DeepSeek-V2 configs whose later layers are all experts (1)")
+    moe = {}
+    if routed is not None:
+        moe = {"routed_experts": routed, "experts_per_token": f.int("num_experts_per_tok"),
+               "moe_d_ff": f.int("moe_intermediate_size"),
+               "shared_experts": f.count("n_shared_experts")}
+        if moe["experts_per_token"] > routed:
+            raise OpgraphError(f"{f.path}: num_experts_per_tok = {moe['experts_per_token']} is "
+                               f"more than n_routed_experts = {routed}")
+    else:  # every layer dense: the expert fields shape nothing
+        moe = {"routed_experts": 1, "experts_per_token": 1, "moe_d_ff": 1, "shared_experts": 0}
+    config = deepseek.DeepSeekV2Config(
+        f.name(), d_model=f.int("hidden_size"), layers=layers,
+        heads=f.int("num_attention_heads"), kv_lora_rank=f.int("kv_lora_rank"),
+        qk_nope_head_dim=f.int("qk_nope_head_dim"), qk_rope_head_dim=f.int("qk_rope_head_dim"),
+        v_head_dim=f.int("v_head_dim"), d_ff=f.int("intermediate_size"),
+        first_dense=first_dense, vocab=f.int("vocab_size"),
+        q_lora_rank=f.int("q_lora_rank", None),
+        seq_len=_seq_len(f.int("max_position_embeddings", None)),
+        tie_embeddings=f.bool("tie_word_embeddings", False), **moe)
+    return deepseek.build(config)
+
+
+GELU_FORMS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+
+def _read_bert(f: _Fields) -> Graph:
+    d_model, heads = f.int("hidden_size"), f.int("num_attention_heads")
+    f.divisible("hidden_size", d_model, "num_attention_heads", heads)
+    positions = f.int("max_position_embeddings")
+    config = bert.BertConfig(
+        f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,
+        d_ff=f.int("intermediate_size"), vocab=f.int("vocab_size"), positions=positions,
+        token_types=f.int("type_vocab_size"), seq_len=_seq_len(positions),
+        gelu=f.choice("hidden_act", "gelu", GELU_FORMS))
+    return bert.build(config)
+
+
 FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "llama": _llama_family("llama"),
     "mistral": _llama_family("mistral"),
     "mixtral": _llama_family("mixtral"),
     "qwen2": _llama_family("qwen2"),
     "gpt2": _read_gpt2,
+    "gemma2": _read_gemma2,
+    "deepseek_v2": _read_deepseek_v2,
+    "bert": _read_bert,
 }
 
 

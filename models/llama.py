@@ -56,6 +56,10 @@ LLAMA3_70B = LlamaConfig("llama3-70b", d_model=8192, layers=80, heads=64, kv_hea
 # Same paper, Table 3; the vocabulary (128256) as in the 8B. 405,853,388,800 parameters.
 LLAMA3_1_405B = LlamaConfig("llama3.1-405b", d_model=16384, layers=126, heads=128, kv_heads=8,
                             d_ff=53248, vocab=128256)
+# HF meta-llama/Llama-3.2-1B config.json: tied embeddings, head size 64. 1,235,814,400
+# parameters. Context 131072; profiled at 8192.
+LLAMA3_2_1B = LlamaConfig("llama3.2-1b", d_model=2048, layers=16, heads=32, kv_heads=8,
+                          d_ff=8192, vocab=128256, head_dim=64, tie_embeddings=True)
 # arXiv:2401.04088 (Mixtral of Experts), Table 1; HF mistralai/Mixtral-8x7B-v0.1 config.json.
 # Context 32768; profiled at 8192 tokens by default, like the plate.
 MIXTRAL_8X7B = LlamaConfig("mixtral-8x7b", d_model=4096, layers=32, heads=32, kv_heads=8,

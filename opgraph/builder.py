@@ -154,30 +154,88 @@ class GraphBuilder:
         return self.op("rope", [x], category="elementwise", name=name)
 
     def attention_scores(self, q: TensorLike, k: TensorLike, *, heads, kv_heads,
-                         causal: bool = True, name: str = "scores") -> Tensor:
-        """softmax(mask(QK^T * scale)) per head: `[B, S, H*d], [B, S, G*d] -> [B, H, S, S]`."""
+                         causal: bool = True, window=None, softcap=None,
+                         name: str = "scores") -> Tensor:
+        """softmax(mask(QK^T * scale)) per head: `[B, S, H*d], [B, S, G*d] -> [B, H, S, S]`;
+        `window=W` lets each query see its last W keys (sliding-window attention: FLOPs count
+        min(S, W) keys per query), `softcap=c` caps the logits, c * tanh(s / c)."""
         return self.op("attention_scores", [q, k], category="attention", name=name,
-                       heads=heads, kv_heads=kv_heads, causal=causal)
+                       **_attention_params(heads, kv_heads, causal, window, softcap))
 
     def attention(self, q: TensorLike, k: TensorLike, v: TensorLike, *, heads, kv_heads,
-                  causal: bool = True, name: str = "attn") -> Tensor:
-        """The unfused attention core: a scores kernel, then P.V (what `fuse_attention` finds)."""
+                  causal: bool = True, window=None, softcap=None, name: str = "attn") -> Tensor:
+        """The unfused attention core: a scores kernel, then P.V (what `fuse_attention` finds).
+        The values' head size may differ from the queries' and keys' (DeepSeek's MLA)."""
         p = self.attention_scores(q, k, heads=heads, kv_heads=kv_heads, causal=causal,
-                                  name=f"{name}.scores")
+                                  window=window, softcap=softcap, name=f"{name}.scores")
         return self.matmul(p, v, name=f"{name}.pv", category="attention",
-                           heads=heads, kv_heads=kv_heads, causal=causal)
+                           **_attention_params(heads, kv_heads, causal, window, softcap))
 
     def flash_attention(self, q: TensorLike, k: TensorLike, v: TensorLike, *, heads, kv_heads,
-                        causal: bool = True, name: str = "flash_attn") -> Tensor:
+                        causal: bool = True, window=None, softcap=None,
+                        name: str = "flash_attn") -> Tensor:
         return self.op("flash_attention", [q, k, v], category="attention", name=name,
-                       heads=heads, kv_heads=kv_heads, causal=causal)
+                       **_attention_params(heads, kv_heads, causal, window, softcap))
 
     def swiglu(self, gate: TensorLike, up: TensorLike, name: str = "swiglu") -> Tensor:
         """`silu(gate) * up`, one kernel."""
         return self.op("swiglu", [gate, up], category="elementwise", name=name)
 
-    def gelu(self, x: TensorLike, name: str = "gelu") -> Tensor:
-        return self.op("gelu", [x], category="elementwise", name=name)
+    def gelu(self, x: TensorLike, approximate: str = "tanh", name: str = "gelu") -> Tensor:
+        """GELU: `approximate="tanh"` (GPT-2's) or `"none"` (exact, with erf: BERT's)."""
+        return self.op("gelu", [x], category="elementwise", name=name,
+                       **({} if approximate == "tanh" else {"approximate": approximate}))
+
+    def geglu(self, gate: TensorLike, up: TensorLike, approximate: str = "tanh",
+              name: str = "geglu") -> Tensor:
+        """`gelu(gate) * up`, one kernel (Gemma's MLP)."""
+        return self.op("geglu", [gate, up], category="elementwise", name=name,
+                       **({} if approximate == "tanh" else {"approximate": approximate}))
+
+    def mul(self, a: TensorLike, b: TensorLike, name: str = "mul") -> Tensor:
+        """An element-wise product of two tensors of one shape."""
+        return self.op("mul", [a, b], category="elementwise", name=name)
+
+    def scale(self, x: TensorLike, factor, name: str = "scale") -> Tensor:
+        """`x * factor`, a constant (Gemma's embedding times sqrt(d_model))."""
+        return self.op("scale", [x], category="elementwise", name=name, factor=factor)
+
+    def softcap(self, x: TensorLike, cap, name: str = "softcap") -> Tensor:
+        """`cap * tanh(x / cap)`: soft-capping (Gemma 2's final logits)."""
+        return self.op("softcap", [x], category="elementwise", name=name, cap=cap)
+
+    # --- views and data movement (free when a view: `rules.VIEWS`), filed as element-wise ----
+    def slice(self, x: TensorLike, size, *, start=0, axis: int = -1, copy: bool = False,
+              name: str = "slice") -> Tensor:
+        """`x[..., start:start+size]` along `axis`: a view when contiguous, else a copy."""
+        return self.op("slice", [x], category="elementwise", name=name, size=size, start=start,
+                       axis=axis, **({"copy": True} if copy else {}))
+
+    def split(self, x: TensorLike, sizes: Sequence, *, axis: int = -1, copy: bool = False,
+              name: str = "split") -> list[Tensor]:
+        """`x` cut along `axis` into pieces of `sizes`: views when contiguous, else copies."""
+        first = self.op("split", [x], category="elementwise", name=name, sizes=tuple(sizes),
+                        axis=axis, **({"copy": True} if copy else {}))
+        return [first] + [self.graph.tensor(f"{first.name}:{i}") for i in range(1, len(sizes))]
+
+    def concat(self, xs: Sequence[TensorLike], *, axis: int = -1, in_place: bool = False,
+               name: str = "concat") -> Tensor:
+        """`xs` joined along `axis` (each head's parts): a copy, unless `in_place` (the
+        producers wrote into one buffer)."""
+        return self.op("concat", list(xs), category="elementwise", name=name, axis=axis,
+                       **({"in_place": True} if in_place else {}))
+
+    def broadcast(self, x: TensorLike, shape: Sequence, name: str = "broadcast") -> Tensor:
+        """`x` expanded to `shape` (dims of 1 repeated): a view."""
+        return self.op("broadcast", [x], category="elementwise", name=name, shape=tuple(shape))
+
+    def reshape(self, x: TensorLike, shape: Sequence, name: str = "reshape") -> Tensor:
+        """`x` read as `shape` (`[B, S, H*d] -> [B, S, H, d]`): a view."""
+        return self.op("reshape", [x], category="elementwise", name=name, shape=tuple(shape))
+
+    def gather(self, x: TensorLike, index: TensorLike, name: str = "gather") -> Tensor:
+        """Rows of `x[B, S, ...]` at `index[B, M]` -> `[B, M, ...]` (masked-LM positions)."""
+        return self.op("gather", [x, index], category="elementwise", name=name)
 
     def add(self, a: TensorLike, b: TensorLike, name: str = "add") -> Tensor:
         return self.op("add", [a, b], category="elementwise", name=name)
@@ -228,6 +286,16 @@ class GraphBuilder:
             self.graph.update_region(attrs.evolve(region, carries=carries))
         verify(self.graph)
         return self.graph
+
+
+def _attention_params(heads, kv_heads, causal, window, softcap) -> dict:
+    """An attention op's parameters; a window or a cap only when given."""
+    params = {"heads": heads, "kv_heads": kv_heads, "causal": causal}
+    if window is not None:
+        params["window"] = window
+    if softcap is not None:
+        params["softcap"] = softcap
+    return params
 
 
 # --- loop-carried tensors ---------------------------------------------------------------------

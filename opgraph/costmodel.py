@@ -5,7 +5,8 @@
     cost.time(flops, nbytes, peak, bandwidth)           # max(flops / peak, bytes / bandwidth)
 
 Nothing is stored on an op: FLOPs come from its kind's FLOP rule (`opgraph.rules`), bytes from
-the tensors it reads and writes, each once (`Graph.op_bytes`). An op's time is
+the tensors it reads and writes, each once (`Graph.op_bytes`); a view (`rules.VIEWS`: a
+reshape, a broadcast, a contiguous slice) moves none. An op's time is
 `count x max(flops / peak, bytes / bandwidth)` (XLA's HloCostAnalysis roofline); ops do not
 overlap, so a step's time is their sum. `time` takes the maximum as an argument, so the same rule serves sympy (`sympy.Max`,
 `opgraph.formula`, `opgraph.solve`), plain floats (`evaluate`) and numpy arrays (`np.maximum`,
@@ -15,8 +16,8 @@ A backward kernel is costed by the convention `backward` names:
 
 - "plate" (the default, PLATE.md): each backward kernel costs `factor` (2) x its forward op's
   FLOPs and bytes, split evenly over that op's backward kernels (found through the kernel's
-  `forward` link), except where BACKWARD_COST says otherwise: FlashAttention's backward takes
-  the convention's FLOPs but the bytes of its own tensors;
+  `forward` link), except where BACKWARD_COST says otherwise: FlashAttention's backward and the
+  views' (`rules.VIEWS`) take the convention's FLOPs but the bytes of their own tensors;
 - "tensors": FLOPs by the convention, bytes from each kernel's own tensors;
 - "derived": each kernel's own FLOP rule and tensors (FlashAttention's backward then costs
   2.5x its forward: it recomputes QK^T).
@@ -91,11 +92,23 @@ def scaled_flops(flops, nbytes, own_bytes) -> tuple:
 
 BACKWARD_COST: dict[str, Callable] = {
     kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
+# A view's backward moves its own tensors: twice a free view's nothing would hide a broadcast's
+# reduction of dY, or a slice's gradient written at the input's size.
+BACKWARD_COST |= {kind: scaled_flops for kind in rules.VIEWS if kind in rules.FORWARD_KINDS}
+
+
+def own_bytes(graph: Graph, op: Op) -> sympy.Expr:
+    """HBM bytes of one instance of `op` from its own tensors: none for a view (a kind in
+    `rules.VIEWS` whose rule says its output is a view of its input), else `Graph.op_bytes`."""
+    if op.kind in rules.VIEWS and rules.is_view(op.kind, [graph.tensor(n) for n in op.inputs],
+                                                dict(op.params)):
+        return sympy.Integer(0)
+    return graph.op_bytes(op)
 
 
 def _own(graph: Graph, op: Op) -> Cost:
     """`op`'s cost by its own rule and tensors."""
-    return Cost(rule_flops(graph, op), graph.op_bytes(op), compute_dtype(graph, op))
+    return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op))
 
 
 def rule_flops(graph: Graph, op: Op) -> sympy.Expr:
@@ -206,4 +219,4 @@ class CostModel:
 DEFAULT = CostModel()
 
 __all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "OPERANDS", "PEAKS", "Cost", "CostModel",
-           "compute_dtype", "rule_flops", "scaled", "scaled_flops"]
+           "compute_dtype", "own_bytes", "rule_flops", "scaled", "scaled_flops"]

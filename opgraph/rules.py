@@ -16,6 +16,10 @@ A one-kernel backward (`rmsnorm_backward`, ...) reads, in order, the gradients o
 op's outputs (`dys` of them), the forward inputs it saved (`saved_inputs`), the forward
 outputs it saved (`saved_outputs`); it writes the gradients of the forward inputs at the
 positions `wrt`. Its shape rule re-runs the forward kind's rule on the saved inputs.
+
+VIEWS says which kinds can be a new look at their input's memory (reshape, broadcast, a
+contiguous slice or split, an in-place concatenation) and when: the cost model charges such an
+op no bytes. A user's kind gets its rows here through `opgraph.kinds.define_kind`.
 """
 
 from __future__ import annotations
@@ -290,6 +294,32 @@ def _density(params: dict) -> sympy.Expr:
     return sympy.Rational(1, 2) if params.get("causal") else sympy.Integer(1)
 
 
+def _score_pairs(s_q, s_k, params: dict) -> sympy.Expr:
+    """(query, key) pairs one head scores in one sequence: all S x S_k; causal, the lower
+    triangle (half, the plate's convention). With a sliding `window` W each query sees at most
+    w = min(S_k, W) keys: S x w, and causal the band below the diagonal, S x w - w^2 / 2 (the
+    first w queries see fewer), which is S^2 / 2 again when the window covers the sequence."""
+    window = params.get("window")
+    if window is None:
+        return s_q * s_k * _density(params)
+    w = sympy.Min(s_k, window)
+    return s_q * w - w**2 / 2 if params.get("causal") else s_q * w
+
+
+# Logit soft-capping, cap x tanh(s / cap) on each score (Gemma 2): divide, tanh, multiply
+# forward; its backward recomputes them and multiplies by 1 - tanh^2 (2 more).
+SOFTCAP_FLOPS, SOFTCAP_BACKWARD_FLOPS = 3, 5
+
+
+def _softcap_scores(q: Tensor, k: Tensor, params: dict, per_score: int) -> sympy.Expr:
+    """`per_score` FLOPs on each score when the logits are soft-capped (`softcap`), else 0.
+    Scale, mask and softmax are not counted (the plate's convention); capping is, being what
+    the parameter adds."""
+    if params.get("softcap") is None:
+        return sympy.Integer(0)
+    return per_score * q.shape[0] * params["heads"] * _score_pairs(q.shape[1], k.shape[1], params)
+
+
 def _matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """2 FLOPs per multiply-add: 2 x outputs x contraction; a bias adds one per output (and its
     gradient one per summed element)."""
@@ -299,8 +329,8 @@ def _matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.
         grad = params.get("grad")
         d = _head_dim(a, heads) if grad == "a" else (
             b.shape[-1] / heads if grad == "b" else b.shape[-1] / params["kv_heads"])
-        m_k = a.shape[1] * b.shape[1] if grad == "a" else a.shape[-2] * a.shape[-1]
-        return 2 * a.shape[0] * heads * m_k * d * _density(params)
+        m, k = (a.shape[1], b.shape[1]) if grad == "a" else (a.shape[-2], a.shape[-1])
+        return 2 * a.shape[0] * heads * _score_pairs(m, k, params) * d
     if params.get("contract") == "leading":
         lead = sympy.Mul(*a.shape[:-1])
         return 2 * outs[0].numel * lead + (b.numel if params.get("bias") else 0)
@@ -313,13 +343,14 @@ def _matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.
 def _scores_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """QK^T only: 2 x S x S x d per head (halved when causal). Scale, mask and softmax are a few
     FLOPs per score against 2d for the product; like the plate, they are not counted."""
-    q = ins[0]
-    return 2 * outs[0].numel * _head_dim(q, params["heads"]) * _density(params)
+    q, k = ins
+    return (2 * q.shape[0] * params["heads"] * _score_pairs(q.shape[1], k.shape[1], params)
+            * _head_dim(q, params["heads"]) + _softcap_scores(q, k, params, SOFTCAP_FLOPS))
 
 
 def _attention_products(q: Tensor, k: Tensor, params: dict) -> sympy.Expr:
-    """Scores computed per step: B x H x S x S_k, halved when causal."""
-    return q.shape[0] * params["heads"] * q.shape[1] * k.shape[1] * _density(params)
+    """Scores computed per step: B x H x S x S_k, halved when causal, fewer with a window."""
+    return q.shape[0] * params["heads"] * _score_pairs(q.shape[1], k.shape[1], params)
 
 
 def _flash_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
@@ -327,7 +358,8 @@ def _flash_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.E
     the per-head matmul: the same FLOPs as the unfused pair, whatever the head sizes."""
     q, k, v = ins
     d_qk, d_v = _head_dim(q, params["heads"]), _head_dim(v, params["kv_heads"])
-    return 2 * _attention_products(q, k, params) * (d_qk + d_v)
+    return (2 * _attention_products(q, k, params) * (d_qk + d_v)
+            + _softcap_scores(q, k, params, SOFTCAP_FLOPS))
 
 
 def _loss_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
@@ -382,7 +414,9 @@ def _scores_backward_flops(ins, outs, params) -> sympy.Expr:
     """dQ = dS K and dK = dS^T Q: each the forward's QK^T product (softmax's backward, a few
     FLOPs per score, is not counted, like its forward)."""
     _, (q, k), (p,) = _saved(ins, params)
-    return len(params.get("wrt", (0, 1))) * _scores_flops([q, k], [p], params)
+    products = _scores_flops([q, k], [p], params) - _softcap_scores(q, k, params, SOFTCAP_FLOPS)
+    return (len(params.get("wrt", (0, 1))) * products
+            + _softcap_scores(q, k, params, SOFTCAP_BACKWARD_FLOPS))
 
 
 def _flash_backward_flops(ins, outs, params) -> sympy.Expr:
@@ -391,7 +425,8 @@ def _flash_backward_flops(ins, outs, params) -> sympy.Expr:
     forward when the head sizes agree."""
     _, (q, k, v), _ = _saved(ins, params)
     d_qk, d_v = _head_dim(q, params["heads"]), _head_dim(v, params["kv_heads"])
-    return 2 * _attention_products(q, k, params) * (3 * d_qk + 2 * d_v)
+    return (2 * _attention_products(q, k, params) * (3 * d_qk + 2 * d_v)
+            + _softcap_scores(q, k, params, SOFTCAP_BACKWARD_FLOPS))
 
 
 def _loss_backward_flops(ins, outs, params) -> sympy.Expr:
@@ -414,6 +449,206 @@ def _combine_backward_flops(ins, outs, params) -> sympy.Expr:
     return 3 * y.numel
 
 
+# --- element-wise kinds with a parameter, views, gather -------------------------------------------
+
+# GELU, exact (0.5 x (1 + erf(x / sqrt 2))) or its tanh approximation (`approximate="tanh"`,
+# the default, GPT-2's): FLOPs per element forward, and backward (recomputed, its derivative,
+# times dY).
+GELU_FLOPS = {"tanh": 8, "none": 5}
+GELU_BACKWARD_FLOPS = {"tanh": 16, "none": 10}
+
+
+def _approximate(params: dict) -> str:
+    form = params.get("approximate", "tanh")
+    _require(form in GELU_FLOPS, f"gelu approximate={form!r}: choose 'tanh' or 'none' (exact)")
+    return form
+
+
+def _gelu_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    _approximate(params)
+    return _same_shape(ins, params)
+
+
+def _gelu_flops(ins, outs, params) -> sympy.Expr:
+    return GELU_FLOPS[_approximate(params)] * outs[0].numel
+
+
+def _geglu_flops(ins, outs, params) -> sympy.Expr:
+    """gelu(gate) * up: the GELU, then one multiply."""
+    return (GELU_FLOPS[_approximate(params)] + 1) * outs[0].numel
+
+
+def _gelu_backward_flops(ins, outs, params) -> sympy.Expr:
+    return GELU_BACKWARD_FLOPS[_approximate(params)] * _saved(ins, params)[1][0].numel
+
+
+def _geglu_backward_flops(ins, outs, params) -> sympy.Expr:
+    """GELU's backward on the gate, times up (1 more), and dUp = dY * gelu(gate) (1)."""
+    return (GELU_BACKWARD_FLOPS[_approximate(params)] + 2) * _saved(ins, params)[1][0].numel
+
+
+def _mul_backward_flops(ins, outs, params) -> sympy.Expr:
+    """dA = dY * b and dB = dY * a: one multiply per element for each gradient written."""
+    return len(params.get("wrt", (0, 1))) * ins[0].numel
+
+
+def _scale_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    _require("factor" in params, "scale needs a `factor`")
+    return _same_shape(ins, params)
+
+
+def _softcap_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    _require("cap" in params, "softcap needs a `cap` (cap * tanh(x / cap))")
+    return _same_shape(ins, params)
+
+
+def _axis(t: Tensor, params: dict) -> int:
+    axis = params.get("axis", -1)
+    _require(-len(t.shape) <= axis < len(t.shape), f"axis {axis} out of range for {t.name} "
+             f"{_fmt(t.shape)}")
+    return axis % len(t.shape)
+
+
+def _fits(part, whole) -> bool:
+    """Whether `part` <= `whole` may hold (symbolically: not provably false)."""
+    return (sympy.sympify(whole) - sympy.sympify(part)).is_negative is not True
+
+
+def _slice_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """`x[..., start:start+size, ...]` along `axis`."""
+    (x,) = ins
+    axis = _axis(x, params)
+    end = sympy.sympify(params.get("start", 0)) + params["size"]
+    _require(_fits(end, x.shape[axis]), f"slice to {end} of {x.name} {_fmt(x.shape)} along axis "
+             f"{axis} ends past its {x.shape[axis]}")
+    return [(*x.shape[:axis], params["size"], *x.shape[axis + 1:])]
+
+
+def _split_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """`x` cut along `axis` into pieces of `sizes`, which sum to its extent there."""
+    (x,) = ins
+    axis, sizes = _axis(x, params), params["sizes"]
+    _require(same(sympy.Add(*sizes), x.shape[axis]),
+             f"split sizes {list(sizes)} do not add up to {x.name}'s {x.shape[axis]}")
+    return [(*x.shape[:axis], size, *x.shape[axis + 1:]) for size in sizes]
+
+
+def _concat_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Inputs joined along `axis` (e.g. each head's no-rope and rope parts); the other dims
+    agree."""
+    axis = _axis(ins[0], params)
+    for t in ins[1:]:
+        _require(len(t.shape) == len(ins[0].shape)
+                 and all(same(a, b) for i, (a, b) in enumerate(zip(t.shape, ins[0].shape))
+                         if i != axis),
+                 f"concat of {ins[0].name} {_fmt(ins[0].shape)} and {t.name} {_fmt(t.shape)} "
+                 f"along axis {axis}: other dims differ")
+    total = sympy.Add(*(t.shape[axis] for t in ins))
+    return [(*ins[0].shape[:axis], total, *ins[0].shape[axis + 1:])]
+
+
+def _broadcast_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """`x` expanded to `shape`, dims aligned from the right: each of x's is 1 or the target's."""
+    (x,) = ins
+    shape = tuple(sympy.sympify(d) for d in params["shape"])
+    _require(len(x.shape) <= len(shape)
+             and all(a == 1 or same(a, b) for a, b in zip(reversed(x.shape), reversed(shape))),
+             f"cannot broadcast {x.name} {_fmt(x.shape)} to {_fmt(shape)}")
+    return [shape]
+
+
+def _reshape_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """`x` read as `shape`, of as many elements."""
+    (x,) = ins
+    shape = tuple(sympy.sympify(d) for d in params["shape"])
+    _require(same(sympy.Mul(*shape), x.numel),
+             f"cannot reshape {x.name} {_fmt(x.shape)} to {_fmt(shape)}: element counts differ")
+    return [shape]
+
+
+def _gather_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Rows of `x[B, S, ...]` at `index[B, M]` -> `[B, M, ...]` (masked-LM positions): the
+    index's leading dims are x's."""
+    x, index = ins
+    lead = index.shape[:-1]
+    _require(len(x.shape) >= len(index.shape)
+             and all(same(a, b) for a, b in zip(x.shape, lead)),
+             f"gather of {x.name} {_fmt(x.shape)} at {index.name} {_fmt(index.shape)}: "
+             "leading dims differ")
+    return [(*index.shape, *x.shape[len(index.shape):])]
+
+
+def _gather_backward_flops(ins, outs, params) -> sympy.Expr:
+    """A scatter-add of each gathered row of dY into dX: one add per element of dY."""
+    return ins[0].numel
+
+
+def _broadcast_backward_flops(ins, outs, params) -> sympy.Expr:
+    """dY summed over the broadcast dims: one add per element of dY."""
+    return ins[0].numel
+
+
+def _split_backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """A split's backward joins the gradients of its pieces (`present`: which pieces have one;
+    the others are zeros) into the input's gradient, shaped by the saved input."""
+    dys, (x,), _ = _saved(ins, params)
+    pieces = _split_shape([x], params)
+    present = params.get("present", tuple(range(len(dys))))
+    _require(len(present) == len(dys), "split backward: `present` does not match its gradients")
+    for dy, i in zip(dys, present):
+        _require(len(dy.shape) == len(pieces[i]) and all(same(a, b)
+                                                          for a, b in zip(dy.shape, pieces[i])),
+                 f"{dy.name} {_fmt(dy.shape)} is not piece {i} {_fmt(pieces[i])}")
+    return [x.shape]
+
+
+# --- views: kinds that can be a new look at their input's memory, costing no traffic ------------
+# A view's kernel moves nothing (`opgraph.costmodel` charges it no bytes) when its output is a
+# view of its input; when it cannot be one it is a copy, costed by its tensors like any kernel.
+# `copy=True` makes any of them a copy (a `.contiguous()` after it).
+
+def _contiguous_cut(ins: list[Tensor], params: dict) -> bool:
+    """A slice or split is a view in place when its pieces are contiguous runs of the input:
+    every dim before the cut's axis is 1. Cut further in (each head's first 128 of 192), a piece
+    is strided and the next kernel reads it through a copy."""
+    x = ins[0]
+    axis = _axis(x, params)
+    return not params.get("copy") and all(d == 1 for d in x.shape[:axis])
+
+
+def _always_view(ins: list[Tensor], params: dict) -> bool:
+    """Broadcast (stride 0) and reshape (of a contiguous tensor) are views unless `copy`."""
+    return not params.get("copy")
+
+
+def _in_place_concat(ins: list[Tensor], params: dict) -> bool:
+    """A concatenation is a copy unless its producers wrote into one buffer (`in_place`)."""
+    return bool(params.get("in_place")) and not params.get("copy")
+
+
+def _backward_of_cut(ins: list[Tensor], params: dict) -> bool:
+    """A concatenation's backward cuts dY back into pieces: a view when the cut is contiguous."""
+    dys, _, _ = _saved(ins, params)
+    return _contiguous_cut(dys[:1], params)
+
+
+VIEWS: dict[str, Callable[[list[Tensor], dict], bool]] = {
+    "slice": _contiguous_cut,
+    "split": _contiguous_cut,
+    "concat": _in_place_concat,
+    "broadcast": _always_view,
+    "reshape": _always_view,
+    "reshape_backward": _always_view,  # dY read in x's shape
+    "concat_backward": _backward_of_cut,
+}
+
+
+def is_view(kind: str, ins: list[Tensor], params: dict) -> bool:
+    """Whether an op of `kind` reading `ins` is a view (moves no bytes): VIEWS' rule, if any."""
+    rule = VIEWS.get(kind)
+    return rule is not None and bool(rule(ins, params))
+
+
 SHAPE_RULES: dict[str, Callable] = {
     "embedding": _embedding_shape,
     "matmul": _matmul_shape,
@@ -423,12 +658,22 @@ SHAPE_RULES: dict[str, Callable] = {
     "attention_scores": _scores_shape,
     "flash_attention": _flash_shape,
     "swiglu": _same_shape,
-    "gelu": _same_shape,
+    "gelu": _gelu_shape,
     "add": _same_shape,
     "cross_entropy": _loss_shape,
     "topk": _topk_shape,
     "expert_matmul": _expert_matmul_shape,
     "moe_combine": _combine_shape,
+    "mul": _same_shape,
+    "scale": _scale_shape,  # x * factor
+    "geglu": _gelu_shape,  # gelu(gate) * up
+    "softcap": _softcap_shape,  # cap * tanh(x / cap)
+    "slice": _slice_shape,
+    "split": _split_shape,
+    "concat": _concat_shape,
+    "broadcast": _broadcast_shape,
+    "reshape": _reshape_shape,
+    "gather": _gather_shape,
 }
 
 FORWARD_KINDS = tuple(SHAPE_RULES)
@@ -439,6 +684,7 @@ BACKWARD_KINDS = tuple(f"{kind}_backward" for kind in FORWARD_KINDS
                        if kind not in ("matmul", "expert_matmul"))
 
 SHAPE_RULES |= {kind: backward_shape(kind.removesuffix("_backward")) for kind in BACKWARD_KINDS}
+SHAPE_RULES["split_backward"] = _split_backward_shape
 SHAPE_RULES["adamw"] = _adamw_shape
 
 FLOP_RULES: dict[str, Callable] = {
@@ -450,7 +696,7 @@ FLOP_RULES: dict[str, Callable] = {
     "attention_scores": _scores_flops,
     "flash_attention": _flash_flops,
     "swiglu": per_element(5),  # silu(g) = g*sigmoid(g): ~4; times up: 1
-    "gelu": per_element(8),  # tanh approximation
+    "gelu": _gelu_flops,  # GELU_FLOPS: tanh approximation 8, exact 5
     "add": per_element(1),
     "cross_entropy": _loss_flops,
     "topk": _topk_flops,
@@ -466,11 +712,32 @@ FLOP_RULES: dict[str, Callable] = {
     "flash_attention_backward": _flash_backward_flops,
     # sigmoid recomputed (3), silu (1), dUp = dY*silu (1), silu' (4), dGate = dY*up*silu' (2)
     "swiglu_backward": per_input(11),
-    "gelu_backward": per_input(16),  # tanh recomputed (8), its derivative (7), times dY (1)
+    # tanh form: recomputed (8), its derivative (7), times dY (1); exact: 10 (GELU_BACKWARD_FLOPS)
+    "gelu_backward": _gelu_backward_flops,
     "add_backward": _no_backward_flops,
     "cross_entropy_backward": _loss_backward_flops,
     "topk_backward": _topk_backward_flops,
     "moe_combine_backward": _combine_backward_flops,
+    "mul": per_element(1),
+    "scale": per_element(1),
+    "geglu": _geglu_flops,
+    "softcap": per_element(SOFTCAP_FLOPS),  # divide, tanh, multiply
+    "slice": _no_flops,  # views and copies move data, they do no arithmetic
+    "split": _no_flops,
+    "concat": _no_flops,
+    "broadcast": _no_flops,
+    "reshape": _no_flops,
+    "gather": _no_flops,
+    "mul_backward": _mul_backward_flops,
+    "scale_backward": per_input(1),  # dY * factor
+    "geglu_backward": _geglu_backward_flops,
+    "softcap_backward": per_input(SOFTCAP_BACKWARD_FLOPS),  # tanh recomputed, dY * (1 - t^2)
+    "slice_backward": _no_backward_flops,  # dY placed into zeros
+    "split_backward": _no_backward_flops,  # the pieces' gradients joined
+    "concat_backward": _no_backward_flops,  # dY cut into the inputs' gradients
+    "broadcast_backward": _broadcast_backward_flops,
+    "reshape_backward": _no_backward_flops,
+    "gather_backward": _gather_backward_flops,
     "adamw": _adamw_flops,
 }
 
@@ -562,5 +829,5 @@ def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
 
 
 __all__ = ["BACKWARD_KINDS", "FLOP_RULES", "FORWARD_KINDS", "PRECISION_KINDS", "SHAPE_RULES",
-           "ShapeError",
-           "backward_shape", "count_flops", "infer_shapes", "per_element", "per_input", "same"]
+           "VIEWS", "ShapeError", "backward_shape", "count_flops", "infer_shapes", "is_view",
+           "per_element", "per_input", "same"]

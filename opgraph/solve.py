@@ -52,27 +52,52 @@ def _real_roots(expr, x, lo, hi) -> list:
 
 
 def _branches(g, x, at) -> sympy.Expr:
-    """`g` with each Max replaced by its largest argument at the point `at`."""
+    """`g` with each Max replaced by its largest argument at the point `at` (and each Min, a
+    sliding window's, by its smallest)."""
     choice = {}
+    for m in g.atoms(sympy.Min):
+        choice[m] = min(m.args, key=lambda a: _number(a.subs(x, at)))
+    g = g.xreplace(choice)
     for m in g.atoms(sympy.Max):
         choice[m] = max(m.args, key=lambda a: _number(a.subs(x, at)))
     return g.xreplace(choice)
+
+
+def _crossings(atoms, x, lo, hi=None) -> list:
+    """Where two arguments of one of `atoms` (Max or Min of polynomials) cross, in (lo, hi)."""
+    breaks = set()
+    for m in atoms:
+        for i, a in enumerate(m.args):
+            for b in m.args[i + 1:]:
+                breaks.update(_real_roots(a - b, x, lo, hi))
+    return sorted(breaks, key=_number)
 
 
 def smallest(g, x: sympy.Symbol, lo, closed: bool = True) -> sympy.Expr | None:
     """The least `x >= lo` (`> lo` unless `closed`) with `g(x) <= 0`, exactly: the start of the
     first such stretch, or None where there is none. `smallest(5 - Max(x, 3), x, 0)` is 5.
 
-    `g` is a sum of polynomials in `x` and of Max of such polynomials."""
+    `g` is a sum of polynomials in `x` and of Max of such polynomials, which may hold Min of
+    polynomials (a sliding window's `Min(S, W)`): between the points where a Min's arguments
+    cross, each Min is one of them, and the rest is as without."""
     g = sympy.sympify(g)
     lo = sympy.sympify(lo)
-    breaks = set()
-    for m in g.atoms(sympy.Max):
-        args = m.args
-        for i, a in enumerate(args):
-            for b in args[i + 1:]:
-                breaks.update(_real_roots(a - b, x, lo, None))
-    edges = [lo, *sorted(breaks, key=_number), None]
+    mins = g.atoms(sympy.Min)
+    if not mins:
+        return _smallest(g, x, lo, None, closed)
+    edges = [lo, *_crossings(mins, x, lo), None]
+    for i, (left, right) in enumerate(itertools.pairwise(edges)):
+        probe = left + 1 + left if right is None else (left + right) / 2
+        choice = {m: min(m.args, key=lambda a: _number(a.subs(x, probe))) for m in mins}
+        found = _smallest(g.xreplace(choice), x, left, right, closed or i > 0)
+        if found is not None:
+            return found
+    return None
+
+
+def _smallest(g, x: sympy.Symbol, lo, hi, closed: bool) -> sympy.Expr | None:
+    """`smallest` for `g` without Min, on [lo, hi) (`hi` None: without end)."""
+    edges = [lo, *_crossings(g.atoms(sympy.Max), x, lo, hi), hi]
     for left, right in itertools.pairwise(edges):
         probe = left + 1 + left if right is None else (left + right) / 2
         piece = _branches(g, x, probe)
@@ -260,7 +285,7 @@ def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
         raise OpgraphError(f"op {op} moves no bytes: it has no ridge point")
     ratio = sympy.factor(flops / nbytes)
     others = tuple(sorted(s.name for s in ratio.free_symbols if s in (B, S)))
-    tends = sympy.limit(ratio.xreplace(fixed), x, sympy.oo)
+    tends = sympy.limit(_branches(ratio.xreplace(fixed), x, 10 ** 12), x, sympy.oo)
     tends = _number(tends) if tends.is_finite else None
     found = smallest(g, x, 0, closed=False)
     if found is None or found == 0:

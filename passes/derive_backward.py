@@ -46,7 +46,7 @@ class _Context:
         grads = [n for n in dict.fromkeys(grads) if n in self.needs]
         if not grads:
             return None
-        reads = list(dict.fromkeys(reads))
+        reads = list(reads)  # a tensor read twice (mul(x, x)) is listed twice: the layout counts it
         own = len(reads)
         outs = []
         for primal in grads:
@@ -140,6 +140,17 @@ def flash_attention_backward(ctx: _Context, op: Op) -> list[Op]:
     return [kernel] if kernel else []
 
 
+def _split_vjp(ctx: _Context, op: Op) -> list[Op]:
+    """One kernel joining the pieces' gradients (zeros for a piece nobody read) into the input's,
+    shaped by the saved input; `present` says which pieces have a gradient."""
+    present = tuple(i for i, n in enumerate(op.outputs) if ctx.grad(n) is not None)
+    dys = [ctx.grad(op.outputs[i]) for i in present]
+    kernel = ctx.emit(op, "grad", "split_backward", [*dys, *op.inputs], list(op.inputs),
+                      dys=len(dys), saved_inputs=1, saved_outputs=0, present=present,
+                      wrt=ctx.wrt(op, list(op.inputs)))
+    return [kernel] if kernel else []
+
+
 VJP_RULES: dict[str, Callable] = {
     "embedding": one_kernel("inputs"),  # scatter-add of dY rows into the table's gradient
     "matmul": _matmul_vjp,
@@ -155,6 +166,17 @@ VJP_RULES: dict[str, Callable] = {
     "topk": one_kernel("inputs+outputs"),  # softmax backward from the gates, into the logits
     "expert_matmul": _expert_matmul_vjp,
     "moe_combine": one_kernel("inputs"),  # dY times each gate; dGate = <expert output, dY>
+    "mul": one_kernel("inputs"),  # dA = dY * b, dB = dY * a
+    "scale": one_kernel("none"),  # dY * factor
+    "geglu": one_kernel("inputs"),
+    "softcap": one_kernel("inputs"),  # dY * (1 - tanh(x / cap)^2)
+    # views: the saved input gives the gradient's shape (its bytes are the cost model's call)
+    "slice": one_kernel("inputs"),  # dY placed into a zero gradient of x's shape
+    "split": _split_vjp,
+    "concat": one_kernel("inputs"),  # dY cut back into the inputs' pieces
+    "broadcast": one_kernel("inputs"),  # dY summed over the broadcast dims
+    "reshape": one_kernel("inputs"),  # dY read in x's shape
+    "gather": one_kernel("inputs"),  # dY's rows scatter-added into x's gradient
 }
 
 

@@ -25,7 +25,7 @@ from opgraph import rules
 from opgraph.builder import GraphBuilder
 from opgraph.ir import Graph, Op
 from opgraph.rewrite import Match, Replacement, fused_flops, rewrite
-from opgraph.symbols import B, H, H_kv, S, d_h
+from opgraph.symbols import B, H, H_kv, S, d_h, dim
 
 from .derive_backward import backward_kernels
 
@@ -39,14 +39,20 @@ class Fused:
     replaced: tuple[str, ...]
 
 
-def attention_pattern() -> Graph:
-    """Scores then P.V, as a model writes them."""
+def attention_pattern(window: bool = False, softcap: bool = False) -> Graph:
+    """Scores then P.V, as a model writes them; with a sliding window and soft-capped logits
+    when asked (a pattern op matches ops with its parameters' names)."""
     g = GraphBuilder("attention-core")
     q = g.activation("q", (B, S, H * d_h))
     k = g.activation("k", (B, S, H_kv * d_h))
     v = g.activation("v", (B, S, H_kv * d_h))
-    g.attention(q, k, v, heads=H, kv_heads=H_kv, name="attn")
+    g.attention(q, k, v, heads=H, kv_heads=H_kv, name="attn",
+                window=dim("W") if window else None, softcap=1 if softcap else None)
     return g.build()
+
+
+# Every form of the core: plain, windowed, soft-capped, both (Gemma 2's local layers).
+FORMS = ((False, False), (True, False), (False, True), (True, True))
 
 
 def _fused_name(graph: Graph, scores: Op, pv: Op) -> str:
@@ -105,7 +111,11 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
 
 def rewrite_attention(graph: Graph) -> tuple[Graph, list[Fused]]:
     """The fused graph and a record of each rewrite: `step, fused = rewrite_attention(step)`."""
-    out, applied = rewrite(graph, attention_pattern(), _replace, where=_keeps_flops)
+    out, applied = graph, []
+    for window, softcap in FORMS:
+        out, done = rewrite(out, attention_pattern(window, softcap), _replace,
+                            where=_keeps_flops)
+        applied += done
     report = [Fused(plan.add_ops[0].name, plan.add_ops[1].name if len(plan.add_ops) > 1 else None,
                     plan.remove_ops) for _, plan in applied]
     return out, report

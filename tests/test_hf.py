@@ -58,6 +58,41 @@ GPT2 = {  # openai-community/gpt2 (no tie_word_embeddings field: transformers' d
     "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
     "resid_pdrop": 0.1, "vocab_size": 50257,
 }
+GEMMA2_2B = {  # google/gemma-2-2b
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+    "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+    "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size": 2304, "initializer_range": 0.02, "intermediate_size": 9216,
+    "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+    "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+    "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "torch_dtype": "float32", "use_cache": True, "vocab_size": 256000,
+}
+DEEPSEEK_V2_LITE = {  # deepseek-ai/DeepSeek-V2-Lite (rope_scaling trimmed: it shapes no cost)
+    "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 100000,
+    "eos_token_id": 100001, "first_k_dense_replace": 1, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 10944,
+    "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+    "n_shared_experts": 2, "norm_topk_prob": False, "num_attention_heads": 16,
+    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 1.0,
+    "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False, "topk_group": 1,
+    "topk_method": "greedy", "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128,
+    "vocab_size": 102400,
+}
+BERT_BASE = {  # google-bert/bert-base-uncased
+    "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1,
+    "gradient_checkpointing": False, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+    "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert",
+    "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
+    "position_embedding_type": "absolute", "type_vocab_size": 2, "use_cache": True,
+    "vocab_size": 30522,
+}
 
 
 def write(tmp_path, fields, folder="model", text=None):
@@ -75,7 +110,8 @@ def profile_json(graph, **values):
 
 @pytest.mark.parametrize("fields, name", [
     (LLAMA3_8B, "llama3-8b"), (MIXTRAL_8X7B, "mixtral-8x7b"), (QWEN2_7B, "qwen2-7b"),
-    (GPT2, "gpt2"),
+    (GPT2, "gpt2"), (GEMMA2_2B, "gemma2-2b"), (DEEPSEEK_V2_LITE, "deepseek-v2-lite"),
+    (BERT_BASE, "bert-base"),
 ])
 def test_a_config_gives_exactly_its_presets_profile(tmp_path, fields, name):
     graph = from_config(write(tmp_path, fields, "Some-Model"))
@@ -136,7 +172,15 @@ def without(fields, key):
 
 
 @pytest.mark.parametrize("fields, text, needles", [
-    (LLAMA3_8B | {"model_type": "bert"}, None, ["model_type", '"bert"', "gpt2"]),
+    (LLAMA3_8B | {"model_type": "t5"}, None, ["model_type", '"t5"', "gpt2", "bert"]),
+    (GEMMA2_2B | {"num_hidden_layers": 25}, None, ["num_hidden_layers = 25", "alternates"]),
+    (without(GEMMA2_2B, "sliding_window"), None, ["missing field 'sliding_window'"]),
+    (GEMMA2_2B | {"attn_logit_softcapping": "high"}, None, ["'attn_logit_softcapping'"]),
+    (DEEPSEEK_V2_LITE | {"moe_layer_freq": 2}, None, ["moe_layer_freq = 2"]),
+    (without(DEEPSEEK_V2_LITE, "kv_lora_rank"), None, ["missing field 'kv_lora_rank'"]),
+    (DEEPSEEK_V2_LITE | {"num_experts_per_tok": 65}, None, ["n_routed_experts = 64"]),
+    (BERT_BASE | {"hidden_act": "relu"}, None, ["'hidden_act'", "'gelu'"]),
+    (without(BERT_BASE, "type_vocab_size"), None, ["missing field 'type_vocab_size'"]),
     (without(LLAMA3_8B, "model_type"), None, ["missing field 'model_type'"]),
     (without(LLAMA3_8B, "hidden_size"), None, ["missing field 'hidden_size'"]),
     (without(MIXTRAL_8X7B, "num_local_experts"), None, ["missing field 'num_local_experts'"]),
@@ -169,3 +213,21 @@ def test_missing_config_file_and_both_model_and_config(tmp_path, cli):
     path = write(tmp_path, LLAMA3_8B)
     code, out, err = cli("profile", "--config", str(path), "--model", "gpt2")
     assert code == 2 and out == "" and "not both" in err and err.count("\n") == 1
+
+
+def test_gemma2_deepseek_and_bert_options(tmp_path):
+    # Gemma 2 without soft-capping: null turns it off, in attention and on the logits
+    plain = from_config(write(tmp_path, GEMMA2_2B | {"attn_logit_softcapping": None,
+                                                     "final_logit_softcapping": None}, "a"))
+    assert plain.op("layers.local.attn.scores").param("softcap") is None
+    assert not plain.has_op("final_softcap")
+    # DeepSeek-V2 (not Lite) has a low-rank query: q_a, its norm, q_b
+    full = from_config(write(tmp_path, DEEPSEEK_V2_LITE | {"q_lora_rank": 1536}, "b"))
+    assert full.has_op("layers.q_a_proj") and not full.has_op("layers.q_proj")
+    # no routed experts: every layer dense, no shared experts
+    dense = from_config(write(tmp_path, DEEPSEEK_V2_LITE | {"n_routed_experts": None}, "c"))
+    assert [r.name for r in dense.regions()] == ["dense_layers"]
+    assert not any(op.kind == "expert_matmul" for op in dense.ops())
+    # BERT with the tanh GELU
+    tanh = from_config(write(tmp_path, BERT_BASE | {"hidden_act": "gelu_new"}, "d"))
+    assert tanh.op("layers.gelu").param("approximate") is None  # the builder's default, tanh

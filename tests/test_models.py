@@ -20,6 +20,10 @@ EXACT = {
     "llama3-70b": 70_553_706_496,  # Meta Llama 3 70B: the HF checkpoint's tensors
     "llama3.1-405b": 405_853_388_800,  # Meta Llama 3.1 405B: the HF checkpoint's tensors
     "gpt2": 124_439_808,  # OpenAI GPT-2 small ("124M"): the HF openai-community/gpt2 tensors
+    "llama3.2-1b": 1_235_814_400,  # HF meta-llama/Llama-3.2-1B: the checkpoint's tensors
+    "gemma2-2b": 2_614_341_888,  # HF google/gemma-2-2b: the checkpoint's tensors
+    "deepseek-v2-lite": 15_706_484_224,  # HF deepseek-ai/DeepSeek-V2-Lite: the tensors
+    "bert-base": 109_514_298,  # HF google-bert/bert-base-uncased as BertForMaskedLM
 }
 ROUNDED = {
     "gpt3-175b": 175.0e9,  # arXiv:2005.14165 Table 2.1: "GPT-3 175B", n_params 175.0B
@@ -27,6 +31,8 @@ ROUNDED = {
     "qwen2-7b": 7.62e9,  # Qwen2-7B, 7.62B (HF Qwen/Qwen2-7B model page; arXiv:2407.10671)
 }
 MIXTRAL_ACTIVE = 12.9e9  # Mistral AI, "Mixtral of experts": "only uses 12.9B parameters per token"
+DEEPSEEK_V2_LITE_ACTIVE = 2.66e9  # arXiv:2405.04434 appendix B: 2.4 B active without the
+# embedding (and head); the issue's ~2.66 B counts them
 
 
 def count(graph, expr=None):
@@ -210,3 +216,82 @@ def test_a_mixtral_sweep_row_equals_its_profile(mixtral_step):
         p = evaluate(mixtral_step, H100, {"B": batch})
         assert float(rows["mfu_ceiling"][i]) == pytest.approx(p.mfu_ceiling, rel=1e-9)
         assert float(rows["step_time_s"][i]) == pytest.approx(p.step_time_s, rel=1e-9)
+
+
+# --- the presets issue 9 added: each profiles end to end, fused and unfused -----------------------
+
+NEW_PRESETS = ("gemma2-2b", "deepseek-v2-lite", "bert-base", "llama3.2-1b")
+
+
+@pytest.mark.parametrize("name", NEW_PRESETS)
+@pytest.mark.parametrize("fused", [True, False])
+def test_new_presets_profile_fused_and_unfused(graphs, name, fused):
+    step = compile_step(graphs[name], fused_attention=fused, check=True)
+    p = evaluate(step, H100)
+    assert p.step_time_s > 0 and 0 < p.mfu_ceiling < 1 and p.fused_attention is fused
+
+
+def test_deepseek_v2_lite_active_parameters(graphs):
+    from opgraph.symbols import F_e
+
+    graph = graphs["deepseek-v2-lite"]
+    active = active_parameters(graph)
+    assert count(graph, active) == pytest.approx(DEEPSEEK_V2_LITE_ACTIVE, rel=0.005)
+    # K of the E routed experts in every layer after the first (dense) one
+    routed = 3 * E * D * F_e * (L - 1)
+    assert sympy.expand(graph.parameters() - active - (1 - K / E) * routed) == 0
+
+
+def test_gemma2_alternates_windowed_and_global_soft_capped_attention(graphs):
+    from opgraph.symbols import W
+
+    graph = graphs["gemma2-2b"]
+    local, glob = graph.op("layers.local.attn.scores"), graph.op("layers.global.attn.scores")
+    assert local.param("window") == W and glob.param("window") is None
+    assert local.param("softcap") == glob.param("softcap") == 50.0
+    assert local.count == glob.count == L / 2
+    assert graph.op("final_softcap").param("cap") == 30.0
+    norms = [op for op in graph.ops() if op.kind == "rmsnorm" and op.region == "layers"]
+    assert len(norms) == 8  # a norm before and after each of the two sublayers, two layers
+    step = compile_step(graph)
+    w = sympy.Min(S, W)
+    scores, per_score = {"local": S * w - w**2 / 2, "global": S**2 / 2}, 4 * d_h + 3
+    for kind, pairs in scores.items():
+        flash = step.op(f"layers.{kind}.attn.flash")
+        assert sympy.expand(flops(step, flash) - B * H * pairs * per_score) == 0
+
+
+def test_deepseek_mla_head_sizes_and_views(graphs):
+    from opgraph.symbols import d_nope, d_rope, d_v
+
+    graph = graphs["deepseek-v2-lite"]
+    attn = graph.producer("layers.attn.pv")
+    q, k, v = (graph.tensor(n) for n in ("layers.q_flat", "layers.k_flat", "layers.v_flat"))
+    assert (q.shape[-1], k.shape[-1], v.shape[-1]) == (H * (d_nope + d_rope),) * 2 + (H * d_v,)
+    step = compile_step(graph)
+    flash = step.op("layers.attn.flash")
+    expected = 2 * B * H * S**2 / 2 * (d_nope + d_rope + d_v)
+    assert sympy.expand(flops(step, flash) - expected) == 0
+    assert attn.count == L - 1
+    costs = DEFAULT.op_costs(step)
+    for name in ("layers.q_heads", "layers.k_pe_head", "layers.k_pe_heads", "layers.q_flat"):
+        assert costs[name].bytes == 0, name  # reshapes and a broadcast: views
+    # each head's parts joined: a copy, read both parts, write the whole
+    bf16 = 2
+    assert sympy.expand(costs["layers.k_concat"].bytes
+                        - 2 * bf16 * B * S * H * (d_nope + d_rope)) == 0
+
+
+def test_bert_predicts_the_masked_positions_only(graphs):
+    from opgraph.symbols import M
+
+    graph = graphs["bert-base"]
+    assert graph.tensor("masked").shape == (B, M, D)
+    head = graph.op("lm_head")
+    assert head.inputs[1] == "word_embeddings.weight" and head.param("transpose_b") is True
+    assert sympy.expand(flops(graph, head) - 2 * B * M * D * V - B * M * V) == 0
+    assert graph.op("layers.gelu").param("approximate") == "none"
+    step = compile_step(graph)
+    flash = step.op("layers.attn.flash")  # bidirectional: every key for every query
+    assert flash.param("causal") is False
+    assert sympy.expand(flops(step, flash) - 2 * B * H * S**2 * 2 * d_h) == 0

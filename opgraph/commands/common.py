@@ -25,7 +25,7 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
                    help="a preset (see `opgraph models`; default llama3-8b)")
     g.add_argument("--config", metavar="CONFIG_JSON",
                    help="a Hugging Face config.json on disk (Llama, Mistral, Mixtral, Qwen2, "
-                        "GPT-2), instead of --model")
+                        "GPT-2, Gemma 2, DeepSeek-V2, BERT), instead of --model")
     g.add_argument("--hardware", default="h100-sxm",
                    help="a catalog part (see `opgraph hardware`) or a .toml file "
                         "(default h100-sxm)")

@@ -1,0 +1,384 @@
+"""Op kinds: a user's kind defined here, outside the package, goes through every pass, the
+verifier, `formula`, `sweep` and `solve`; the built-in kinds' costs as formulas."""
+
+import numpy as np
+import pytest
+import sympy
+from opgraph.passes.derive_backward import VJP_RULES
+from opgraph.passes.fuse_attention import fuse_attention
+
+from opgraph import GraphBuilder, Phase, compile_step, evaluate, hardware, kinds, rules
+from opgraph.costmodel import DEFAULT, CostModel
+from opgraph.errors import OpgraphError
+from opgraph.formula import formula
+from opgraph.solve import max_share
+from opgraph.sweep import compile_sweep, make_grid, run_grid
+from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h, dim
+
+H100 = hardware.get("h100-sxm")
+DERIVED = CostModel(backward="derived")
+W = dim("W")
+BF16 = 2
+
+
+# --- a user's kind: squared ReLU (Primer), relu(x)^2 ----------------------------------------------
+
+def squared_relu_flops(ins, outs, params):
+    """max(x, 0), then its square: 2 per element."""
+    return 2 * outs[0].numel
+
+
+def squared_relu_backward_flops(ins, outs, params):
+    """dY * 2 * relu(x): the relu again, times 2, times dY: 3 per element."""
+    return 3 * ins[0].numel
+
+
+@pytest.fixture(scope="module")
+def squared_relu():
+    kind = kinds.define_kind("squared_relu", shape=kinds.same_shape, flops=squared_relu_flops,
+                             vjp="inputs", backward_flops=squared_relu_backward_flops)
+    yield kind
+    kinds.remove_kind("squared_relu")
+
+
+def user_model(kind) -> "opgraph.Graph":  # noqa: F821
+    """A Primer-style stack: each layer's MLP activation is the user's kind."""
+    g = GraphBuilder("primer-tiny", {B: 2, S: 512, D: 256, F: 1024, L: 4, V: 1000})
+    tokens, targets = g.input("tokens", (B, S)), g.input("targets", (B, S))
+    table = g.weight("embed.weight", (V, D))
+    x = g.embedding(tokens, table)
+    with g.repeat(L, "layers"):
+        h = g.rmsnorm(x, g.weight("norm.weight", (D,)), name="norm")
+        up = g.matmul(h, g.weight("up.weight", (D, F)), name="up")
+        a = kind.op(g, [up], name="act")
+        x = g.add(x, g.matmul(a, g.weight("down.weight", (F, D)), name="down"), name="residual")
+    g.output_head(x, table, targets, tied=True)
+    graph = g.build()
+    graph.seq_len = 512
+    return graph
+
+
+@pytest.fixture(scope="module")
+def user_step(squared_relu):
+    """The user's model compiled by the standard pipeline (verified). Fusion passes (issue 9,
+    part B) extend the tests below by compiling `user_model(squared_relu)` with them."""
+    return compile_step(user_model(squared_relu))
+
+
+def test_a_user_kind_is_in_every_table(squared_relu):
+    for table in (rules.SHAPE_RULES, rules.FLOP_RULES, VJP_RULES):
+        assert "squared_relu" in table
+    assert "squared_relu" in rules.FORWARD_KINDS
+    assert "squared_relu_backward" in rules.BACKWARD_KINDS
+    assert kinds.kind("squared_relu") is squared_relu
+    assert "squared_relu" not in kinds.builtin_kinds()
+
+
+def test_a_user_kind_goes_through_the_backward(user_step):
+    act = user_step.op("layers.act")
+    (grad,) = [op for op in user_step.ops() if op.forward == "layers.act"]
+    assert grad.kind == "squared_relu_backward" and grad.phase is Phase.BACKWARD
+    assert grad.count == L
+    # its own rule under "derived"; twice the forward under the plate's convention
+    assert sympy.expand(DERIVED.op_cost(user_step, grad).flops - 3 * B * S * F) == 0
+    assert sympy.expand(DEFAULT.op_cost(user_step, grad).flops
+                        - 2 * DEFAULT.op_cost(user_step, act).flops) == 0
+
+
+def test_a_user_kind_in_formula(user_step):
+    assert sympy.expand(formula(user_step, "flops", op="layers.act") - 2 * B * S * F * L) == 0
+    # bytes: reads up, writes act (bf16), L times
+    assert sympy.expand(formula(user_step, "bytes", op="layers.act")
+                        - 2 * BF16 * B * S * F * L) == 0
+
+
+def test_a_user_kind_in_sweep_and_solve(user_step):
+    sweep = compile_sweep(user_step, free=("B", "S"))
+    grid = make_grid({"seq_len": np.array([256, 2048]), "batch": np.array([1, 8])}, [H100], 512)
+    rows = run_grid(sweep, grid)
+    for i in range(len(rows["tokens"])):
+        p = evaluate(user_step, H100, {"B": int(rows["batch"][i]), "S": int(rows["seq_len"][i])})
+        assert float(rows["step_time_s"][i]) == pytest.approx(p.step_time_s, rel=1e-9)
+        assert float(rows["flops"][i]) == pytest.approx(p.flops, rel=1e-9)
+    answer = max_share(user_step, H100, "elementwise", share=0.5)
+    assert answer is not None
+
+
+def test_defining_a_kind_twice_or_over_a_builtin_is_an_error(squared_relu):
+    with pytest.raises(OpgraphError, match="exists already"):
+        kinds.define_kind("squared_relu", shape=kinds.same_shape, flops=squared_relu_flops)
+    with pytest.raises(OpgraphError, match="built in"):
+        kinds.define_kind("matmul", shape=kinds.same_shape, flops=squared_relu_flops,
+                          replace=True)
+    with pytest.raises(OpgraphError, match="vjp="):
+        kinds.define_kind("bad_vjp", shape=kinds.same_shape, flops=squared_relu_flops,
+                          vjp="outputs")
+    with pytest.raises(OpgraphError, match="unknown op kind"):
+        kinds.kind("no_such_kind")
+
+
+def test_a_user_view_costs_no_bytes_and_its_default_backward_is_twice_the_forward():
+    def transpose_shape(ins, params):
+        (x,) = ins
+        return [(*x.shape[:-2], x.shape[-1], x.shape[-2])]
+
+    def no_flops(ins, outs, params):
+        return sympy.Integer(0)
+
+    def cube_flops(ins, outs, params):
+        return 2 * outs[0].numel
+
+    kinds.define_kind("lazy_transpose", shape=transpose_shape, flops=no_flops, view=True,
+                      category="elementwise")
+    kinds.define_kind("cube", shape=kinds.same_shape, flops=cube_flops, vjp="none")
+    try:
+        g = GraphBuilder("t", {B: 1, S: 8, D: 4})
+        x = g.activation("x", (B, S, D))
+        t = kinds.kind("lazy_transpose").op(g, [x])
+        y = kinds.kind("cube").op(g, [t])
+        step = compile_step(g.build())
+        assert DEFAULT.op_cost(step, step.op(t.name)).bytes == 0
+        assert DEFAULT.op_cost(step, step.op(t.name, )).flops == 0
+        (grad,) = [op for op in step.ops() if op.forward == y.name]
+        assert sympy.expand(DERIVED.op_cost(step, grad).flops - 4 * B * S * D) == 0
+    finally:
+        kinds.remove_kind("lazy_transpose")
+        kinds.remove_kind("cube")
+    assert "cube" not in rules.SHAPE_RULES and "cube_backward" not in rules.FLOP_RULES
+
+
+# --- the built-in kinds' costs, as formulas -------------------------------------------------------
+
+def _one_op(kind_method, *shapes, **params):
+    g = GraphBuilder("t")
+    ins = [g.activation(f"x{i}", s) for i, s in enumerate(shapes)]
+    out = getattr(g, kind_method)(*ins, **params)
+    graph = g.build()
+    return graph, graph.producer(out.name)
+
+
+@pytest.mark.parametrize("method, args, per_element, backward", [
+    ("gelu", {}, 8, 16),  # tanh approximation
+    ("gelu", {"approximate": "none"}, 5, 10),  # exact, erf
+    ("geglu", {}, 9, 18),
+    ("softcap", {"cap": 30}, 3, 5),
+    ("scale", {"factor": 8}, 1, 1),
+    ("mul", {}, 1, 2),
+])
+def test_elementwise_flops(method, args, per_element, backward):
+    n_in = 2 if method in ("geglu", "mul") else 1
+    graph, op = _one_op(method, *[(B, S, F)] * n_in, **args)
+    assert sympy.expand(DEFAULT.op_cost(graph, op).flops - per_element * B * S * F) == 0
+    step = compile_step(graph)
+    bwd = sum(DERIVED.op_cost(step, o).flops for o in step.ops() if o.forward == op.name)
+    assert sympy.expand(bwd - backward * B * S * F) == 0
+
+
+def test_gelu_takes_only_its_two_forms():
+    with pytest.raises(rules.ShapeError, match="approximate"):
+        _one_op("gelu", (B, S, F), approximate="sigmoid")
+
+
+def _attention(window=None, softcap=None, d_v=d_h, fused=False, causal=True):
+    g = GraphBuilder("t")
+    q = g.activation("q", (B, S, H * d_h))
+    k = g.activation("k", (B, S, H_kv * d_h))
+    v = g.activation("v", (B, S, H_kv * d_v))
+    make = g.flash_attention if fused else g.attention
+    make(q, k, v, heads=H, kv_heads=H_kv, causal=causal, window=window, softcap=softcap)
+    return g.build()
+
+
+def _flops(graph, cost=DEFAULT):
+    costs = cost.op_costs(graph)
+    return sympy.Add(*(costs[op.name].flops * op.count for op in graph.ops()))
+
+
+def test_sliding_window_flops_follow_the_window():
+    """Each query sees min(S, W) keys; causal, the band under the diagonal: S w - w^2 / 2."""
+    w = sympy.Min(S, W)
+    pairs = S * w - w**2 / 2
+    flash = _attention(window=W, fused=True)
+    assert sympy.expand(_flops(flash) - 2 * B * H * pairs * 2 * d_h) == 0
+    # the unfused pair counts the same, and fusing keeps them (and the window)
+    unfused = _attention(window=W)
+    assert sympy.expand(_flops(unfused) - _flops(flash)) == 0
+    fused = fuse_attention(unfused)
+    (op,) = fused.ops()
+    assert op.kind == "flash_attention" and op.param("window") == W
+    # a window that covers the sequence is full causal attention
+    full = _flops(_attention(fused=True)).xreplace({S: 4096})
+    assert sympy.simplify(_flops(flash).xreplace({S: 4096, W: 8192}) - full) == 0
+    assert sympy.simplify(_flops(flash).xreplace({S: 8192, W: 4096})
+                          - 2 * B * H * (8192 * 4096 - 4096**2 / 2) * 2 * d_h) == 0
+    # not causal: S x w pairs
+    both_ways = _attention(window=W, fused=True, causal=False)
+    assert sympy.expand(_flops(both_ways) - 2 * B * H * S * w * 2 * d_h) == 0
+
+
+def test_windowed_backward_follows_the_window():
+    w = sympy.Min(S, W)
+    step = compile_step(_attention(window=W))  # fused by compile_step
+    (grad,) = [op for op in step.ops() if op.kind == "flash_attention_backward"]
+    assert sympy.expand(DERIVED.op_cost(step, grad).flops
+                        - 2 * B * H * (S * w - w**2 / 2) * 5 * d_h) == 0
+
+
+def test_soft_capped_logits_add_their_flops_per_score():
+    capped, plain = _attention(softcap=50, fused=True), _attention(fused=True)
+    scores = B * H * S**2 / 2
+    assert sympy.expand(_flops(capped) - _flops(plain) - 3 * scores) == 0
+    unfused = _attention(softcap=50)
+    assert sympy.expand(_flops(unfused) - _flops(capped)) == 0
+    assert sympy.expand(_flops(fuse_attention(unfused)) - _flops(capped)) == 0
+
+
+def test_values_may_have_another_head_size():
+    d_v = dim("d_v")
+    graph = _attention(d_v=d_v)
+    o = graph.tensor("attn.pv")
+    assert o.shape == (B, S, H * d_v)
+    expected = 2 * B * H * S**2 / 2 * (d_h + d_v)
+    assert sympy.expand(_flops(graph) - expected) == 0
+    assert sympy.expand(_flops(fuse_attention(graph)) - expected) == 0
+
+
+# --- views -------------------------------------------------------------------------------------
+
+def _bytes(graph, name, cost=DEFAULT):
+    return cost.op_cost(graph, graph.producer(name)).bytes
+
+
+def test_reshape_and_broadcast_are_views():
+    g = GraphBuilder("t")
+    x = g.activation("x", (B, S, H * d_h))
+    r = g.reshape(x, (B, S, H, d_h))
+    z = g.activation("z", (B, S, 1, d_h))
+    b = g.broadcast(z, (B, S, H, d_h))
+    graph = g.build()
+    assert _bytes(graph, r.name) == 0 and _bytes(graph, b.name) == 0
+    forced = GraphBuilder("t")
+    y = forced.op("reshape", [forced.activation("x", (B, S, D))], category="elementwise",
+                  shape=(B * S, D), copy=True)
+    assert sympy.expand(_bytes(forced.build(), y.name) - 2 * BF16 * B * S * D) == 0
+
+
+def test_a_slice_is_a_view_when_contiguous_and_a_copy_when_strided():
+    g = GraphBuilder("t")
+    x = g.activation("x", (B, S, H, 192))
+    strided = g.slice(x, 64, start=128)  # each head's last 64 of 192: strided
+    whole = g.activation("w", (1, 1, 4096))
+    rows = g.slice(whole, 1024)  # the leading dims are 1: one contiguous run
+    parts = g.split(x, [128, 64])
+    graph = g.build()
+    assert sympy.expand(_bytes(graph, strided.name) - BF16 * B * S * H * (192 + 64)) == 0
+    assert _bytes(graph, rows.name) == 0
+    assert sympy.expand(_bytes(graph, parts[0].name) - 2 * BF16 * B * S * H * 192) == 0
+
+
+def test_a_concatenation_is_a_copy_unless_in_place():
+    g = GraphBuilder("t")
+    a, b = g.activation("a", (B, S, H, 128)), g.activation("b", (B, S, H, 64))
+    c = g.concat([a, b])
+    d = g.concat([a, b], in_place=True, name="joined")
+    graph = g.build()
+    assert graph.tensor(c.name).shape == (B, S, H, 192)
+    assert sympy.expand(_bytes(graph, c.name) - 2 * BF16 * B * S * H * 192) == 0
+    assert _bytes(graph, d.name) == 0
+
+
+def test_a_views_backward_moves_its_own_tensors():
+    """By the plate's convention too: a reshape's backward is a view again (nothing), a
+    broadcast's sums dY over the broadcast dim (reads dY, writes the small gradient)."""
+    g = GraphBuilder("t")
+    x = g.activation("x", (B, S, H * d_h))
+    z = g.activation("z", (B, S, 1, d_h))
+    y = g.add(g.rope(g.reshape(x, (B, S, H, d_h))), g.broadcast(z, (B, S, H, d_h)))
+    step = compile_step(g.build())
+    assert step.tensor(y.name).shape == (B, S, H, d_h)
+    (grad,) = [op for op in step.ops() if op.kind == "reshape_backward"]
+    assert DEFAULT.op_cost(step, grad).bytes == 0 and DEFAULT.op_cost(step, grad).flops == 0
+    (grad,) = [op for op in step.ops() if op.kind == "broadcast_backward"]
+    dy, saved, dz = B * S * H * d_h, B * S * d_h, B * S * d_h
+    assert sympy.expand(DEFAULT.op_cost(step, grad).bytes - BF16 * (dy + saved + dz)) == 0
+
+
+def test_split_backward_joins_the_pieces_gradients():
+    g = GraphBuilder("t")
+    x = g.activation("x", (B, S, 3 * D))
+    first, second, third = g.split(x, [D, D, D])
+    g.add(g.add(first, third), second)
+    step = compile_step(g.build())
+    (grad,) = [op for op in step.ops() if op.kind == "split_backward"]
+    assert grad.param("present") == (0, 1, 2) and grad.param("dys") == 3
+    assert step.tensor(grad.outputs[0]).shape == (B, S, 3 * D)
+    # a piece without a gradient is left out of the join (zeros), by `present`
+    pieces = [step.tensor(n) for n in (grad.inputs[0], grad.inputs[3])]
+    assert rules.SHAPE_RULES["split_backward"](pieces, {**dict(grad.params), "dys": 1,
+                                                        "present": (0,)}) == [(B, S, 3 * D)]
+
+
+def test_gather_and_its_scatter_add():
+    M = dim("M")
+    g = GraphBuilder("t")
+    x = g.activation("x", (B, S, D))
+    y = g.gather(x, g.input("positions", (B, M)))
+    step = compile_step(g.build())
+    assert step.tensor(y.name).shape == (B, M, D)
+    (grad,) = [op for op in step.ops() if op.kind == "gather_backward"]
+    assert sympy.expand(DERIVED.op_cost(step, grad).flops - B * M * D) == 0
+    with pytest.raises(rules.ShapeError, match="leading dims"):
+        g2 = GraphBuilder("t")
+        g2.gather(g2.activation("x", (B, S, D)), g2.input("i", (S, M)))
+
+
+def test_bad_view_shapes_say_what_is_wrong():
+    g = GraphBuilder("t")
+    x = g.activation("x", (B, S, D))
+    with pytest.raises(rules.ShapeError, match="element counts differ"):
+        g.reshape(x, (B, S, H, d_h))
+    with pytest.raises(rules.ShapeError, match="do not add up"):
+        g.split(x, [D, 1])
+    with pytest.raises(rules.ShapeError, match="cannot broadcast"):
+        g.broadcast(x, (B, S, 2 * D))
+    with pytest.raises(rules.ShapeError, match="ends past"):
+        g.slice(g.activation("y", (B, S, 64)), 32, start=48)
+
+
+def test_every_builtin_kind_has_a_reference_example():
+    assert set(kinds.builtin_kinds()) <= set(kinds.EXAMPLES)
+    table = kinds.kind_table()
+    for name in kinds.builtin_kinds():
+        assert f"| `{name}` |" in table
+    assert "| `matmul` | `matmul(x[B, S, D], w[D, F])` | `2*B*D*F*S` | `4*B*D*F*S` |" in table
+
+
+def test_solve_walks_a_windows_min():
+    """solve's pieces split where Min(S, W) changes branch, so windowed attention solves exactly
+    over the sequence length as well as over tokens."""
+    from opgraph.models import preset
+
+    from opgraph.solve import ridge, smallest
+
+    x = sympy.Symbol("x", positive=True)
+    assert smallest(2 - sympy.Min(x, 3), x, 0) == 2
+    assert smallest(sympy.Max(4 - sympy.Min(x, 3), x - 10), x, 0) is None
+    assert smallest(sympy.Max(4 - sympy.Min(x, 3), x / 2 - 10), x, 0) is None
+    step = compile_step(preset("gemma2-2b"))
+    answer = max_share(step, H100, "attention", 0.1, dim="seq_len")  # checked by evaluate
+    assert answer.holds == "up_to" and answer.seq_len > 4096  # past the window: the band
+    local = ridge(step, H100, "layers.local.attn.flash", dim="seq_len")
+    assert local.smallest_whole is not None
+
+
+def test_a_tensor_read_twice_differentiates():
+    """mul(x, x) (a square) and concat([y, y]): the backward kernel lists the tensor twice, as
+    its layout counts it, and writes its gradient once."""
+    g = GraphBuilder("t")
+    x = g.activation("x", (B, S, D))
+    y = g.mul(x, x)
+    g.concat([y, y])
+    step = compile_step(g.build())  # verified
+    (square,) = [op for op in step.ops() if op.kind == "mul_backward"]
+    assert square.inputs[1:] == ("x", "x") and len(square.outputs) == 1
+    assert sympy.expand(step.op_bytes(square) - 3 * BF16 * B * S * D) == 0  # dY, x once, dX
