@@ -66,6 +66,11 @@ def scaled_flops(flops, nbytes, own_bytes) -> tuple:
 
 BACKWARD_COST: dict[str, Callable] = {
     kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
+# A fused kernel (`opgraph.passes.fuse_elementwise`) is a forward op like any other: its backward
+# kernels, linked to it, cost twice its FLOPs and bytes between them. Its FLOPs are its members',
+# so the step's backward FLOPs are kept; its bytes are its boundary's, so the plate's backward
+# saves twice what the forward fusion saves.
+BACKWARD_COST["fused"] = scaled
 
 
 def rule_flops(graph: Graph, op: Op) -> sympy.Expr:

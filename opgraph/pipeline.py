@@ -2,6 +2,7 @@
 
     step = compile_step(preset("llama3-8b"))           # fused attention, backward, AdamW
     step = compile_step(forward, fused_attention=False)
+    step = compile_step(forward, extra_passes=[fuse_elementwise])  # run after the built-in ones
 
 It is a plain list of passes; each is a pure function Graph -> Graph. The result is verified
 (`opgraph.verify`: every op of every phase against its kind's shape rule).
@@ -10,6 +11,7 @@ It is a plain list of passes; each is a pure function Graph -> Graph. The result
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 
 from .ir import Graph
 from .passes.attach_adamw import AdamW, attach_adamw
@@ -20,11 +22,14 @@ from .verify import verify
 DEFAULT_ADAMW = AdamW()
 
 
-def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW) -> list:
-    """The passes `compile_step` runs, in order."""
+def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW,
+                extra_passes: Sequence[Callable[[Graph], Graph]] = ()) -> list:
+    """The passes `compile_step` runs, in order: the built-in ones, then `extra_passes` (each
+    a function Graph -> Graph, e.g. `opgraph.passes.fuse_elementwise.fuse_elementwise`)."""
     passes = [fuse_attention] if fused_attention else []
     passes.append(derive_backward)
     passes.append(functools.partial(attach_adamw, adamw=adamw))
+    passes.extend(extra_passes)
     return passes
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 import attrs
 
 from .. import hardware as hw
 from ..costmodel import BACKWARD_MODES, DEFAULT, CostModel
 from ..errors import OpgraphError
+from ..fusion import POLICIES
 from ..hardware import Hardware
 from ..ir import Graph
 from ..limits import MAX_DIM, MAX_TOKENS
@@ -37,6 +39,11 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
                        help="sequence length (default: the model's, 8192 for Llama 3)")
     g.add_argument("--no-fused-attention", action="store_true",
                    help="keep the attention core unfused: the score matrix goes through HBM")
+    g.add_argument("--fuse", choices=tuple(POLICIES), metavar="{" + ",".join(POLICIES) + "}",
+                   help="also fuse element-wise and norm chains into one kernel each, across "
+                        "the layer boundary too (elementwise: nothing into a library matmul, "
+                        "torch.compile's default; elementwise+matmul: also a matmul's prologue "
+                        "and epilogue)")
     g.add_argument("--backward-traffic", choices=BACKWARD_MODES, default="plate",
                    help="backward costs: 2x the forward's FLOPs and bytes (plate, default); "
                         "FLOPs so, bytes from the tensors each backward kernel touches "
@@ -161,9 +168,21 @@ def cost_model(args) -> CostModel:
     return CostModel(backward=getattr(args, "backward_traffic", "plate"))
 
 
+def extra_passes(args) -> list:
+    """The passes the options add after the built-in ones: `--fuse POLICY` runs
+    `fuse_elementwise` with that policy (`opgraph.fusion.POLICIES`)."""
+    name = getattr(args, "fuse", None)
+    if name is None:
+        return []
+    from ..passes.fuse_elementwise import fuse_elementwise
+
+    return [functools.partial(fuse_elementwise, policy=POLICIES[name])]
+
+
 def setup(args) -> Setup:
     forward = load_forward(args)
     part = load_hardware(args)
     values = token_values(forward, getattr(args, "tokens", None), getattr(args, "seq_len", None))
-    step = compile_step(forward, fused_attention=not args.no_fused_attention)
+    step = compile_step(forward, fused_attention=not args.no_fused_attention,
+                        extra_passes=extra_passes(args))
     return Setup(forward, step, part, values, cost_model(args))

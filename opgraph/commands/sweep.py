@@ -6,7 +6,14 @@ import argparse
 
 from ..outputs.atomic import outputs
 from .args import check_command_outputs, positive_int
-from .common import add_model_args, cost_model, load_forward, load_hardware, token_values
+from .common import (
+    add_model_args,
+    cost_model,
+    extra_passes,
+    load_forward,
+    load_hardware,
+    token_values,
+)
 
 
 def register(subparsers) -> None:
@@ -88,7 +95,8 @@ def run(args) -> int:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
     grid = make_grid(ranges, parts, seq_len)
     token_values(forward, None, _longest(ranges, seq_len))  # within the model's positions
-    step = compile_step(forward, fused_attention=not args.no_fused_attention)
+    step = compile_step(forward, fused_attention=not args.no_fused_attention,
+                        extra_passes=extra_passes(args))
     extra = [a for a in ranges if a not in ("tokens", "seq_len", "batch")]
     sweep = compile_sweep(step, free=("B", "S", *extra), cost=cost_model(args))
     with outputs():  # both files or neither
