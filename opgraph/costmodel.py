@@ -66,11 +66,11 @@ def scaled_flops(flops, nbytes, own_bytes) -> tuple:
 
 BACKWARD_COST: dict[str, Callable] = {
     kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
-# A fused kernel (`opgraph.passes.fuse_elementwise`) is a forward op like any other: its backward
-# kernels, linked to it, cost twice its FLOPs and bytes between them. Its FLOPs are its members',
-# so the step's backward FLOPs are kept; its bytes are its boundary's, so the plate's backward
-# saves twice what the forward fusion saves.
-BACKWARD_COST["fused"] = scaled
+# A fused forward kernel (`opgraph.passes.fuse_elementwise`, kind `fused`, not a forward kind of
+# the tables) takes the plate's own rule: its backward kernels, linked to it, cost twice its FLOPs
+# and bytes between them. Its FLOPs are its members', so the step's backward FLOPs are kept; its
+# bytes are its boundary's, so the plate's backward saves twice what the forward fusion saves.
+FUSED_BACKWARD_COST: Callable = scaled
 
 
 def rule_flops(graph: Graph, op: Op) -> sympy.Expr:
@@ -131,7 +131,8 @@ class CostModel:
         n = kernels[fwd.name]
         flops = self.factor * own[fwd.name].flops / n
         nbytes = self.factor * own[fwd.name].bytes / n
-        flops, nbytes = BACKWARD_COST[fwd.kind](flops, nbytes, mine.bytes)
+        rule = FUSED_BACKWARD_COST if fwd.kind == "fused" else BACKWARD_COST[fwd.kind]
+        flops, nbytes = rule(flops, nbytes, mine.bytes)
         return Cost(flops, nbytes if self.backward == "plate" else mine.bytes)
 
     # --- time and utilisation ---------------------------------------------------------------
@@ -162,5 +163,5 @@ class CostModel:
 
 DEFAULT = CostModel()
 
-__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "Cost", "CostModel", "rule_flops",
-           "scaled", "scaled_flops"]
+__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "FUSED_BACKWARD_COST", "Cost",
+           "CostModel", "rule_flops", "scaled", "scaled_flops"]
