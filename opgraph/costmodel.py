@@ -70,7 +70,40 @@ BACKWARD_COST: dict[str, Callable] = {
 # the tables) takes the plate's own rule: its backward kernels, linked to it, cost twice its FLOPs
 # and bytes between them. Its FLOPs are its members', so the step's backward FLOPs are kept; its
 # bytes are its boundary's, so the plate's backward saves twice what the forward fusion saves.
+# A backward kernel that names the members it differentiates (its `of` parameter) keeps their
+# share (`CostModel._member_share`); one that does not gets an even share.
 FUSED_BACKWARD_COST: Callable = scaled
+
+
+def _of(op: Op) -> tuple[str, ...]:
+    """The members of its fused forward op a backward kernel differentiates (`of`), if it says."""
+    of = op.param("of")
+    return () if of is None else ((of,) if isinstance(of, str) else tuple(of))
+
+
+def _kernel_counts(ops: list[Op]) -> dict:
+    """Backward kernels per forward op (by name), and per (fused op, member) for the kernels
+    that name the member they differentiate."""
+    counts: dict = {}
+    for op in ops:
+        if op.phase is Phase.BACKWARD and op.forward is not None:
+            for key in (op.forward, *((op.forward, m) for m in _of(op))):
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def fused_members(graph: Graph, op: Op) -> dict[str, Cost]:
+    """Each member of fused kernel `op` costed alone, as it was before the fusion: its kind's
+    FLOP rule and the bytes of the tensors it reads and writes."""
+    params = dict(op.params)
+    known = {t.name: t for t in (*map(graph.tensor, op.inputs), *params["inner"],
+                                 *map(graph.tensor, op.outputs))}
+    members = {}
+    for m in params["body"]:
+        ins, outs = [known[n] for n in m.inputs], [known[n] for n in m.outputs]
+        nbytes = sympy.Add(*(known[n].nbytes for n in dict.fromkeys((*m.inputs, *m.outputs))))
+        members[m.name] = Cost(rules.count_flops(m.kind, ins, outs, dict(m.params)), nbytes)
+    return members
 
 
 def rule_flops(graph: Graph, op: Op) -> sympy.Expr:
@@ -100,10 +133,7 @@ class CostModel:
     def op_costs(self, graph: Graph) -> dict[str, Cost]:
         """Every op's per-instance cost, by name, in the graph's op order."""
         ops = graph.ops()
-        kernels: dict[str, int] = {}
-        for op in ops:
-            if op.phase is Phase.BACKWARD and op.forward is not None:
-                kernels[op.forward] = kernels.get(op.forward, 0) + 1
+        kernels = _kernel_counts(ops)
         own = {op.name: Cost(rule_flops(graph, op), graph.op_bytes(op)) for op in ops}
         return {op.name: self._cost(graph, op, own, kernels) for op in ops}
 
@@ -114,8 +144,7 @@ class CostModel:
         if self._conventional(graph, op):
             fwd = graph.op(op.forward)
             own[fwd.name] = Cost(rule_flops(graph, fwd), graph.op_bytes(fwd))
-            kernels[fwd.name] = sum(1 for o in graph.ops() if o.forward == fwd.name
-                                    and o.phase is Phase.BACKWARD)
+            kernels = _kernel_counts([o for o in graph.ops() if o.forward == fwd.name])
         return self._cost(graph, op, own, kernels)
 
     def _conventional(self, graph: Graph, op: Op) -> bool:
@@ -128,12 +157,30 @@ class CostModel:
         if not self._conventional(graph, op):
             return mine
         fwd = graph.op(op.forward)
+        if fwd.kind == "fused" and _of(op):
+            return self._member_share(graph, op, fwd, own, kernels)
         n = kernels[fwd.name]
         flops = self.factor * own[fwd.name].flops / n
         nbytes = self.factor * own[fwd.name].bytes / n
         rule = FUSED_BACKWARD_COST if fwd.kind == "fused" else BACKWARD_COST[fwd.kind]
         flops, nbytes = rule(flops, nbytes, mine.bytes)
         return Cost(flops, nbytes if self.backward == "plate" else mine.bytes)
+
+    def _member_share(self, graph: Graph, op: Op, fwd: Op, own: dict, kernels: dict) -> Cost:
+        """A backward kernel of fused op `fwd` that names the members it differentiates: the
+        FLOPs and bytes those members' backward had before the fusion (the plate: `factor` x
+        each member's, split over its kernels), less an even share of `factor` x the bytes the
+        fusion saved; so `fwd`'s kernels together cost `factor` x `fwd`, and a fusion moves no
+        FLOP from one backward kernel to another."""
+        members = fused_members(graph, fwd)
+        flops = sympy.Add(*(self.factor * members[m].flops / kernels[(fwd.name, m)]
+                            for m in _of(op)))
+        if self.backward != "plate":
+            return Cost(flops, own[op.name].bytes)
+        saved = sympy.Add(*(c.bytes for c in members.values())) - own[fwd.name].bytes
+        nbytes = sympy.Add(*(self.factor * members[m].bytes / kernels[(fwd.name, m)]
+                             for m in _of(op)))
+        return Cost(flops, nbytes - self.factor * saved / kernels[fwd.name])
 
     # --- time and utilisation ---------------------------------------------------------------
     def time(self, flops, nbytes, peak, bandwidth, maximum: Callable = _number_max):
@@ -164,4 +211,4 @@ class CostModel:
 DEFAULT = CostModel()
 
 __all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "FUSED_BACKWARD_COST", "Cost",
-           "CostModel", "rule_flops", "scaled", "scaled_flops"]
+           "CostModel", "fused_members", "rule_flops", "scaled", "scaled_flops"]

@@ -125,6 +125,18 @@ def test_a_fused_backward_is_linked_to_its_fused_forward(fused):
                                                  "layers.mlp_residual.grad"]
 
 
+def test_under_the_plate_no_flop_moves_between_backward_kernels(llama):
+    """Each backward kernel names the member it differentiates, so the plate charges it what it
+    was charged before; the fusion's saving comes off the bytes only."""
+    graph = fuse_elementwise(llama, ELEMENTWISE_MATMUL)
+    before, after = PLATE.op_costs(llama), PLATE.op_costs(graph)
+    kept = [op for op in graph.ops() if op.phase is Phase.BACKWARD and op.name in before]
+    assert len(kept) > 20
+    for op in kept:
+        assert sympy.expand(after[op.name].flops - before[op.name].flops) == 0, op.name
+    assert graph.op("layers.swiglu.grad").param("of") == "layers.swiglu"
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_keeps_its_flops_and_saves_bytes(name):
     step = compile_step(preset(name))
