@@ -131,7 +131,7 @@ def test_under_the_plate_no_flop_moves_between_backward_kernels(llama):
     graph = fuse_elementwise(llama, ELEMENTWISE_MATMUL)
     before, after = PLATE.op_costs(llama), PLATE.op_costs(graph)
     kept = [op for op in graph.ops() if op.phase is Phase.BACKWARD and op.name in before]
-    assert len(kept) > 20
+    assert len(kept) >= 10
     for op in kept:
         assert sympy.expand(after[op.name].flops - before[op.name].flops) == 0, op.name
     assert graph.op("layers.swiglu.grad").param("of") == "layers.swiglu"
