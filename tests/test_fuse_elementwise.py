@@ -134,7 +134,10 @@ def test_under_the_plate_no_flop_moves_between_backward_kernels(llama):
     assert len(kept) >= 10
     for op in kept:
         assert sympy.expand(after[op.name].flops - before[op.name].flops) == 0, op.name
-    assert graph.op("layers.swiglu.grad").param("of") == "layers.swiglu"
+    merged = graph.op("layers.swiglu.grad+gate_proj.dB")
+    assert merged.param("of") == ("layers.swiglu", "layers.gate_proj")
+    was = before["layers.swiglu.grad"].flops + before["layers.gate_proj.dB"].flops
+    assert sympy.expand(after[merged.name].flops - was) == 0
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
