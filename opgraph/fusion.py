@@ -2,7 +2,9 @@
 
 A policy sorts kinds into classes and says which (producer class, consumer class) pairs may be
 fused along a dataflow edge, and how many library matmuls one kernel may hold. The pass that
-reads it is `opgraph.passes.fuse_elementwise`; a kind the policy does not list never fuses.
+reads it is `opgraph.passes.fuse_elementwise`; a kind the policy does not list never fuses. Backward kernels
+take their forward kind's class, and a pair is read against the dataflow for them: where an add
+may feed a norm, the norm's backward may feed the add's.
 
     ELEMENTWISE                    # torch.compile's default: nothing fuses into a library matmul
     ELEMENTWISE_MATMUL             # also prologues and epilogues of one matmul (Triton templates)
@@ -44,8 +46,8 @@ def _with_backward(table: Mapping[str, str]) -> dict[str, str]:
 
 
 def _frozen_kinds(value) -> tuple[tuple[str, str], ...]:
-    items = value.items() if isinstance(value, Mapping) else value
-    return tuple(sorted((str(k), str(v)) for k, v in items))
+    items = dict(value.items() if isinstance(value, Mapping) else value)
+    return tuple(sorted((str(k), str(v)) for k, v in _with_backward(items).items()))
 
 
 def _frozen_pairs(value) -> frozenset[tuple[str, str]]:
@@ -54,9 +56,15 @@ def _frozen_pairs(value) -> frozenset[tuple[str, str]]:
 
 @attrs.frozen
 class FusionPolicy:
-    """Which kinds may share a kernel: `kinds` maps a kind to its class, `pairs` holds the
+    """Which kinds may share a kernel: `kinds` maps a kind to its class (a kind's backward
+    kernel, `<kind>_backward`, gets the same class unless it is given one), `pairs` holds the
     (producer class, consumer class) edges that may be fused, `max_matmuls` bounds the library
-    matmuls in one kernel."""
+    matmuls in one kernel.
+
+        >>> FusionPolicy("add+norm", {"add": "pointwise", "rmsnorm": "reduction"},
+        ...              {("pointwise", "reduction")}).may_fuse("add", "rmsnorm")
+        True
+    """
 
     name: str
     kinds: tuple[tuple[str, str], ...] = attrs.field(converter=_frozen_kinds)
@@ -83,7 +91,7 @@ class FusionPolicy:
     def with_kinds(self, **kinds: str) -> FusionPolicy:
         """This policy with more kinds (or other classes for some): `with_kinds(gelu="pointwise")`.
         A kind's backward kernel gets the same class."""
-        table = {**dict(self.kinds), **_with_backward(kinds)}
+        table = {**dict(self.kinds), **kinds}
         return attrs.evolve(self, name=f"{self.name}+kinds", kinds=table)
 
     def without_kinds(self, *kinds: str) -> FusionPolicy:

@@ -35,8 +35,9 @@ reads) no longer counts it: the final norm's D weights, 4,096 of Llama 3 8B's 7.
 **Backward.** The pass runs after `derive_backward`. Every backward kernel's `forward` link is
 moved to the kernel its forward op became (the rotation moves `n`'s backward to `<n>.next` and
 the absorbed op's to the peeled `n`, whose multiplicities match), and names the member it
-differentiates (its `of` parameter). Backward kernels then fuse by the same table, within the
-backward of one forward kernel: the backward of a fused kernel is one kernel where that is
+differentiates (its `of` parameter). Backward kernels then fuse by the same table, with each
+pair read against the dataflow (the backward of a -> b is b' -> a'), within the backward of one
+forward kernel: the backward of a fused kernel is one kernel where that is
 convex, linked to it, so the plate's convention stays well defined: a fused kernel's backward
 kernels cost twice it between them, each keeping the FLOPs its members' backward had and an
 even share of twice the bytes the forward fusion saved (`CostModel._member_share`), so FLOPs are
@@ -231,7 +232,10 @@ def _groups(graph: Graph, policy: FusionPolicy, phase: Phase) -> list[list[str]]
             if producer is None or producer.name not in group:
                 continue
             a, b = group[producer.name], group[op.name]
-            if a == b or not policy.may_fuse(producer.kind, op.kind):
+            # a backward edge runs against its forward one: the backward of a -> b is b' -> a'
+            pair = (producer.kind, op.kind) if phase is not Phase.BACKWARD else (op.kind,
+                                                                                 producer.kind)
+            if a == b or not policy.may_fuse(*pair):
                 continue
             if not _compatible(graph, producer, op, with_backward):
                 continue
