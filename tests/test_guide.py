@@ -40,3 +40,17 @@ def test_every_public_builder_method_is_documented():
                if not name.startswith("_")] + ["repeat"]
     missing = [m for m in methods if f"g.{m}(" not in text]
     assert not missing, f"document these in {GUIDE.name}: {missing}"
+
+
+def test_the_guides_fusion_rules_fuse_across_the_layer_boundary(namespace):
+    from opgraph.symbols import B, D, F, L, S
+
+    bought = namespace["bought"]
+    added = {o.name for o in bought.added}
+    assert {"layers.attn_residual+mlp_norm", "layers.mlp_residual+attn_norm.next",
+            "layers.swiglu+down_proj"} <= added
+    assert bought.totals_formula("flops") == 0
+    # each forward pair stops re-reading a [B, S, D] (or [B, S, F]) BF16 tensor once per layer;
+    # the plate's backward, twice the forward, saves twice that again
+    saved = 3 * 2 * B * S * L * (2 * D + F)
+    assert (bought.totals_formula("bytes") + saved).expand() == 0
