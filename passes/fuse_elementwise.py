@@ -124,11 +124,12 @@ def _same_type(graph: Graph, a: str, b: str) -> bool:
 
 
 def _tail(graph: Graph, region: Region, handed: str, head: Op, entering: str) -> Op | None:
-    """The op after the region that computes, on the last handed tensor, what `head` computes on
-    the entering one: one kind and parameters, every other operand of the same type."""
+    """The op after the region (in its parent, so it runs as often as the peeled head will) that
+    computes, on the last handed tensor, what `head` computes on the entering one: one kind and
+    parameters, every other operand of the same type."""
     at = head.inputs.index(entering)
     for op in graph.consumers(handed):
-        if (op.phase is Phase.FORWARD and not graph.within(op.region, region.name)
+        if (op.phase is Phase.FORWARD and op.region == region.parent
                 and op.kind == head.kind and op.params == head.params
                 and len(op.inputs) == len(head.inputs) and op.inputs.index(handed) == at
                 and op.inputs.count(handed) == 1 and len(op.outputs) == 1

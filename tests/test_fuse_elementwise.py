@@ -185,6 +185,17 @@ def test_the_policy_is_data_a_user_changes(llama):
         FusionPolicy("bad", {"add": "vector"}, set())
 
 
+def test_gpt2s_position_add_fuses_with_layer_0s_norm():
+    """GPT-2's stream starts as an add (token plus position embedding): once the loop is
+    rotated, that add and layer 0's peeled LayerNorm are neighbours before the stack."""
+    graph, rotated, made = rewrite_elementwise(compile_step(preset("gpt2")))
+    assert [(r.peeled, r.absorbed) for r in rotated] == [("layers.ln_1", "ln_f")]
+    entry = graph.op("embed_sum+layers.ln_1")
+    assert (entry.region, entry.count) == (None, 1)
+    assert [m.kind for m in entry.param("body")] == ["add", "layernorm"]
+    assert "layers.mlp_residual+ln_1.next" in {f.op for f in made}
+
+
 def test_compile_step_takes_extra_passes():
     forward = preset("gpt2")
     step = compile_step(forward, extra_passes=[fuse_elementwise])
