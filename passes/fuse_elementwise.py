@@ -1,8 +1,8 @@
 """fuse_elementwise: chains of element-wise and row-reduction ops become one kernel each.
 
-Invariant established: no two ops that the fusion policy (`opgraph.fusion`) lets share a kernel,
-joined by a dataflow edge, in one region, phase and multiplicity, are left in separate kernels
-where one kernel would be convex (no path leaves the group and re-enters it). Each group is one
+Invariant established: ops that the fusion policy (`opgraph.fusion`) lets share a kernel, joined
+by a dataflow edge, in one region, phase and multiplicity, are one kernel wherever the greedy
+merge keeps it convex (no path leaves the group and re-enters it). Each group is one
 op of kind `fused` (`rewrite.Replacement.fuse`) carrying its members, so its FLOPs are exactly
 its members' (each by its kind's rule) and its traffic is its boundary tensors: an inner tensor
 read by nothing outside the group is never written, and a tensor written once and read by a
@@ -32,17 +32,17 @@ same cost), and the peeled op reads it once (layer 0's). The absorbed op's weigh
 only by its backward and its optimizer update, so the MFU convention's N (weights a forward op
 reads) no longer counts it: the final norm's D weights, 4,096 of Llama 3 8B's 7.5 billion.
 
-**Backward.** The pass runs after `derive_backward`. Every backward kernel's `forward` link is
-moved to the kernel its forward op became (the rotation moves `n`'s backward to `<n>.next` and
-the absorbed op's to the peeled `n`, whose multiplicities match), and names the member it
-differentiates (its `of` parameter). Backward kernels then fuse by the same table, with each
-pair read against the dataflow (the backward of a -> b is b' -> a'), within the backward of one
-forward kernel: the backward of a fused kernel is one kernel where that is
-convex, linked to it, so the plate's convention stays well defined: a fused kernel's backward
-kernels cost twice it between them, each keeping the FLOPs its members' backward had and an
-even share of twice the bytes the forward fusion saved (`CostModel._member_share`), so FLOPs are
-kept exactly, per kernel too. Under the "derived" convention each fused backward kernel costs
-its members' own FLOPs and its boundary tensors. A
+**Backward.** The pass runs on a forward graph or, as `compile_step(extra_passes=...)` runs it,
+after `derive_backward`. Every backward kernel's `forward` link is moved to the kernel its
+forward op became (the rotation moves `n`'s backward to `<n>.next` and the absorbed op's to the
+peeled `n`, whose multiplicities match), and the kernel names the member it differentiates (its
+`of` parameter). Backward kernels then fuse by the same table, each pair read against the
+dataflow (the backward of a -> b is b' -> a'), within the backward of one forward kernel, so a
+fused backward kernel is linked to one forward kernel and the plate's convention stays well
+defined: a fused kernel's backward kernels cost twice it between them, each keeping the FLOPs
+its members' backward had and an even share of twice the bytes the forward fusion saved
+(`CostModel._member_share`), so FLOPs are kept exactly, per kernel too. Under the "derived"
+convention a fused backward kernel costs its members' own FLOPs and its boundary tensors. A
 forward op that has backward kernels never fuses with one that has none (the plate would charge
 the latter a backward). The backward across the layer boundary is not rotated: under "plate" it
 costs twice the fused forward; under "derived" its add and norm kernels stay apart.
