@@ -217,6 +217,9 @@ def test_cli_fuse_and_diff(cli):
     assert "+ layers.attn_residual+mlp_norm" in out
     assert "- final_norm" in out
     assert "bytes   -12*B*D*L*S" in out and "flops   0" in out
+    # each fused kernel with its members and what it saves: one [B, S, D] BF16 read per layer
+    assert ("  layers.mlp_residual+attn_norm.next = layers.mlp_residual + "
+            "layers.attn_norm.next: saves 2.15 GB (2*B*D*L*S)") in out
     code, out, _ = cli("profile", "--json", "--fuse", "elementwise+matmul", "--model", "gpt2")
     assert code == 0 and json.loads(out)["step_time_s"] > 0
     assert set(POLICIES) == {"elementwise", "elementwise+matmul"}
