@@ -22,6 +22,7 @@ from .passes.attach_adamw import AdamW, attach_adamw
 from .passes.derive_backward import derive_backward
 from .passes.evaluate import evaluate
 from .passes.fuse_attention import fuse_attention
+from .passes.fuse_elementwise import fuse_elementwise
 from .passes.precision import apply_precision
 from .passes.recompute import recompute
 from .pipeline import compile_step, step_passes
@@ -31,5 +32,5 @@ __version__ = "0.2.0"
 
 __all__ = ["BF16", "FP32", "AdamW", "CostModel", "Graph", "GraphBuilder", "Op", "OpgraphError", "Phase", "Role",
            "Tensor", "VerifyError", "__version__", "apply_precision", "attach_adamw",
-           "compile_step", "derive_backward", "evaluate", "fuse_attention", "hardware",
-           "recompute", "step_passes", "symbols", "verify"]
+           "compile_step", "derive_backward", "evaluate", "fuse_attention", "fuse_elementwise",
+           "hardware", "recompute", "step_passes", "symbols", "verify"]

@@ -111,6 +111,46 @@ def _own(graph: Graph, op: Op) -> Cost:
     return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op))
 
 
+# A fused forward kernel (`opgraph.passes.fuse_elementwise`, kind `fused`, not a forward kind of
+# the tables) takes the plate's own rule: its backward kernels, linked to it, cost twice its FLOPs
+# and bytes between them. Its FLOPs are its members', so the step's backward FLOPs are kept; its
+# bytes are its boundary's, so the plate's backward saves twice what the forward fusion saves.
+# A backward kernel that names the members it differentiates (its `of` parameter) keeps their
+# share (`CostModel._member_share`); one that does not gets an even share.
+FUSED_BACKWARD_COST: Callable = scaled
+
+
+def _of(op: Op) -> tuple[str, ...]:
+    """The members of its fused forward op a backward kernel differentiates (`of`), if it says."""
+    of = op.param("of")
+    return () if of is None else ((of,) if isinstance(of, str) else tuple(of))
+
+
+def _kernel_counts(ops: list[Op]) -> dict:
+    """Backward kernels per forward op (by name), and per (fused op, member) for the kernels
+    that name the member they differentiate."""
+    counts: dict = {}
+    for op in ops:
+        if op.phase is Phase.BACKWARD and op.forward is not None:
+            for key in (op.forward, *((op.forward, m) for m in _of(op))):
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def fused_members(graph: Graph, op: Op) -> dict[str, Cost]:
+    """Each member of fused kernel `op` costed alone, as it was before the fusion: its kind's
+    FLOP rule and the bytes of the tensors it reads and writes."""
+    params = dict(op.params)
+    known = {t.name: t for t in (*map(graph.tensor, op.inputs), *params["inner"],
+                                 *map(graph.tensor, op.outputs))}
+    members = {}
+    for m in params["body"]:
+        ins, outs = [known[n] for n in m.inputs], [known[n] for n in m.outputs]
+        nbytes = sympy.Add(*(known[n].nbytes for n in dict.fromkeys((*m.inputs, *m.outputs))))
+        members[m.name] = Cost(rules.count_flops(m.kind, ins, outs, dict(m.params)), nbytes)
+    return members
+
+
 def rule_flops(graph: Graph, op: Op) -> sympy.Expr:
     """FLOPs of one instance of `op` by its kind's FLOP rule."""
     ins = [graph.tensor(n) for n in op.inputs]
@@ -138,10 +178,7 @@ class CostModel:
     def op_costs(self, graph: Graph) -> dict[str, Cost]:
         """Every op's per-instance cost, by name, in the graph's op order."""
         ops = graph.ops()
-        kernels: dict[str, int] = {}
-        for op in ops:
-            if op.phase is Phase.BACKWARD and op.forward is not None:
-                kernels[op.forward] = kernels.get(op.forward, 0) + 1
+        kernels = _kernel_counts(ops)
         own = {op.name: _own(graph, op) for op in ops}
         return {op.name: self._cost(graph, op, own, kernels) for op in ops}
 
@@ -152,8 +189,7 @@ class CostModel:
         if self._conventional(graph, op):
             fwd = graph.op(op.forward)
             own[fwd.name] = _own(graph, fwd)
-            kernels[fwd.name] = sum(1 for o in graph.ops() if o.forward == fwd.name
-                                    and o.phase is Phase.BACKWARD)
+            kernels = _kernel_counts([o for o in graph.ops() if o.forward == fwd.name])
         return self._cost(graph, op, own, kernels)
 
     def _conventional(self, graph: Graph, op: Op) -> bool:
@@ -166,11 +202,31 @@ class CostModel:
         if not self._conventional(graph, op):
             return mine
         fwd = graph.op(op.forward)
+        if fwd.kind == "fused" and _of(op):
+            return self._member_share(graph, op, fwd, own, kernels)
         n = kernels[fwd.name]
         flops = self.factor * own[fwd.name].flops / n
         nbytes = self.factor * own[fwd.name].bytes / n
-        flops, nbytes = BACKWARD_COST[fwd.kind](flops, nbytes, mine.bytes)
+        rule = FUSED_BACKWARD_COST if fwd.kind == "fused" else BACKWARD_COST[fwd.kind]
+        flops, nbytes = rule(flops, nbytes, mine.bytes)
         return Cost(flops, nbytes if self.backward == "plate" else mine.bytes, mine.compute)
+
+    def _member_share(self, graph: Graph, op: Op, fwd: Op, own: dict, kernels: dict) -> Cost:
+        """A backward kernel of fused op `fwd` that names the members it differentiates: the
+        FLOPs and bytes those members' backward had before the fusion (the plate: `factor` x
+        each member's, split over its kernels), less an even share of `factor` x the bytes the
+        fusion saved; so `fwd`'s kernels together cost `factor` x `fwd`, and a fusion moves no
+        FLOP from one backward kernel to another."""
+        members = fused_members(graph, fwd)
+        flops = sympy.Add(*(self.factor * members[m].flops / kernels[(fwd.name, m)]
+                            for m in _of(op)))
+        if self.backward != "plate":
+            return Cost(flops, own[op.name].bytes, own[op.name].compute)
+        saved = sympy.Add(*(c.bytes for c in members.values())) - own[fwd.name].bytes
+        nbytes = sympy.Add(*(self.factor * members[m].bytes / kernels[(fwd.name, m)]
+                             for m in _of(op)))
+        return Cost(flops, nbytes - self.factor * saved / kernels[fwd.name],
+                    own[op.name].compute)
 
     # --- time and utilisation ---------------------------------------------------------------
     def peak(self, hardware, compute: str | None = None) -> float:
@@ -218,5 +274,6 @@ class CostModel:
 
 DEFAULT = CostModel()
 
-__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "OPERANDS", "PEAKS", "Cost", "CostModel",
-           "compute_dtype", "own_bytes", "rule_flops", "scaled", "scaled_flops"]
+__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "FUSED_BACKWARD_COST", "OPERANDS",
+           "PEAKS", "Cost", "CostModel", "compute_dtype", "fused_members", "own_bytes",
+           "rule_flops", "scaled", "scaled_flops"]

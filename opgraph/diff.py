@@ -343,6 +343,7 @@ def format_diff(d: StepDiff, *, b_options: str = "", formulas: bool = False,
                  _pair(o, "memory", _bytes), f"({', '.join(o.why)})" if o.why else ""]
                 for o in listed]
         lines += [""] + _table([header, *rows], right=range(4, 9))
+        lines += _fused_lines(d)
         if formulas:
             lines += ["", "formulas (B - A)" if d.comparable else "formulas (A > B)"]
             for o in d.ops:
@@ -369,6 +370,31 @@ def format_diff(d: StepDiff, *, b_options: str = "", formulas: bool = False,
         lines += ["", "B - A as formulas:"]
         lines += [f"  {q:<7} {d.totals_formula(q)}" for q in ("flops", "bytes", "memory")]
     return "\n".join(lines)
+
+
+def fused_saving(graph: Graph, op: Op) -> sympy.Expr:
+    """The HBM bytes a fused kernel (kind `fused`) saves in the step: its members' traffic, each
+    run alone on its own tensors, less its own, times its multiplicity."""
+    from .costmodel import fused_members
+
+    alone = sympy.Add(*(c.bytes for c in fused_members(graph, op).values()))
+    return sympy.expand((alone - graph.op_bytes(op)) * op.count)
+
+
+def _fused_lines(d: StepDiff) -> list[str]:
+    """One line per fused kernel a side gained: its members and the bytes it saves."""
+    lines = []
+    for o in d.added:
+        op = o.b.op
+        if op is None or op.kind != "fused":
+            continue
+        saved = fused_saving(o.b.graph, op)
+        value = int(saved.xreplace(o.b.dims)) if not saved.free_symbols - set(o.b.dims) else None
+        members = " + ".join(m.name for m in op.param("body"))
+        lines.append(f"  {o.name} = {members}: saves {_bytes(value)} ({saved})")
+    head = ("fused kernels (B): members, and the bytes each saves over its members run alone "
+            "(the totals follow the cost model's backward convention)")
+    return ["", head, *lines] if lines else []
 
 
 def _signed(n) -> str:

@@ -3,6 +3,7 @@
     step = compile_step(preset("llama3-8b"))           # fused attention, backward, AdamW
     step = compile_step(forward, fused_attention=False)
     step = compile_step(forward, recompute="full", precision="fp8")
+    step = compile_step(forward, extra_passes=[fuse_elementwise])  # run after the built-in ones
 
 It is a plain list of passes; each is a pure function Graph -> Graph. The result is verified
 (`opgraph.verify`: every op of every phase against its kind's shape rule).
@@ -11,6 +12,7 @@ It is a plain list of passes; each is a pure function Graph -> Graph. The result
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 
 from .ir import Graph
 from .passes.attach_adamw import AdamW, attach_adamw
@@ -24,10 +26,12 @@ DEFAULT_ADAMW = AdamW()
 
 
 def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW,
-                recompute: str = "none", precision: str = "bf16") -> list:
+                recompute: str = "none", precision: str = "bf16",
+                extra_passes: Sequence[Callable[[Graph], Graph]] = ()) -> list:
     """The passes `compile_step` runs, in order: `recompute` names a policy of
     `passes.recompute.POLICIES` (or is a predicate over ops), `precision` one of
-    `passes.precision.PRECISIONS`; their defaults add no pass."""
+    `passes.precision.PRECISIONS` (their defaults add no pass); then `extra_passes`, each a
+    function Graph -> Graph (e.g. `opgraph.passes.fuse_elementwise.fuse_elementwise`)."""
     passes = [fuse_attention] if fused_attention else []
     passes.append(derive_backward)
     if precision != "bf16":
@@ -35,6 +39,7 @@ def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW,
     if recompute != "none":
         passes.append(functools.partial(recompute_pass, policy=recompute))
     passes.append(functools.partial(attach_adamw, adamw=adamw))
+    passes.extend(extra_passes)
     return passes
 
 

@@ -57,3 +57,17 @@ def test_the_kind_table_is_the_generated_one():
     end = text.index("<!-- end of kind table -->")
     table = text[start:end].split("\n", 1)[1]
     assert table == kind_table(), "regenerate the table in the guide with kind_table()"
+
+
+def test_the_guides_fusion_rules_fuse_across_the_layer_boundary(namespace):
+    from opgraph.symbols import B, D, F, L, S
+
+    bought = namespace["bought"]
+    added = {o.name for o in bought.added}
+    assert {"layers.attn_residual+mlp_norm", "layers.mlp_residual+attn_norm.next",
+            "layers.swiglu+down_proj"} <= added
+    assert bought.totals_formula("flops") == 0
+    # each forward pair stops re-reading a [B, S, D] (or [B, S, F]) BF16 tensor once per layer;
+    # the plate's backward, twice the forward, saves twice that again
+    saved = 3 * 2 * B * S * L * (2 * D + F)
+    assert (bought.totals_formula("bytes") + saved).expand() == 0

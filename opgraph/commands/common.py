@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 import attrs
 
 from .. import hardware as hw
 from ..costmodel import BACKWARD_MODES, DEFAULT, CostModel
 from ..errors import OpgraphError
+from ..fusion import POLICIES as FUSION_POLICIES
 from ..hardware import Hardware
 from ..ir import Graph
 from ..limits import MAX_DIM, MAX_TOKENS
 from ..passes.attach_adamw import ADAMW_OPTIONS, AdamW
 from ..passes.precision import PRECISIONS
-from ..passes.recompute import POLICIES
+from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
 from ..pipeline import compile_step
 from .args import positive_float, whole
 
@@ -40,11 +42,17 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
                        help="sequence length (default: the model's, 8192 for Llama 3)")
     g.add_argument("--no-fused-attention", action="store_true",
                    help="keep the attention core unfused: the score matrix goes through HBM")
+    g.add_argument("--fuse", choices=tuple(FUSION_POLICIES),
+                   metavar="{" + ",".join(FUSION_POLICIES) + "}",
+                   help="also fuse element-wise and norm chains into one kernel each, across "
+                        "the layer boundary too (elementwise: nothing into a library matmul, "
+                        "torch.compile's default; elementwise+matmul: also a matmul's prologue "
+                        "and epilogue)")
     g.add_argument("--backward-traffic", choices=BACKWARD_MODES, default="plate",
                    help="backward costs: 2x the forward's FLOPs and bytes (plate, default); "
                         "FLOPs so, bytes from the tensors each backward kernel touches "
                         "(tensors); or each kernel's own FLOPs and tensors (derived)")
-    g.add_argument("--recompute", choices=tuple(POLICIES), default="none",
+    g.add_argument("--recompute", choices=tuple(RECOMPUTE_POLICIES), default="none",
                    help="activation recomputation: none (default); selective, Megatron's "
                         "(the attention core re-run); selective-op, torchtitan's per-op "
                         "(matmul and attention outputs kept, the rest re-run); full (each "
@@ -176,6 +184,17 @@ def cost_model(args) -> CostModel:
     return CostModel(backward=getattr(args, "backward_traffic", "plate"))
 
 
+def extra_passes(args) -> list:
+    """The passes the options add after the built-in ones: `--fuse POLICY` runs
+    `fuse_elementwise` with that policy (`opgraph.fusion.POLICIES`)."""
+    name = getattr(args, "fuse", None)
+    if name is None:
+        return []
+    from ..passes.fuse_elementwise import fuse_elementwise
+
+    return [functools.partial(fuse_elementwise, policy=FUSION_POLICIES[name])]
+
+
 def setup(args) -> Setup:
     forward = load_forward(args)
     part = load_hardware(args)
@@ -186,8 +205,9 @@ def setup(args) -> Setup:
 
 def step_options(args) -> dict:
     """`compile_step`'s options from the command line: attention fusion, recomputation,
-    precision and AdamW's precisions (`pipeline.step_passes`)."""
-    options = {"fused_attention": not args.no_fused_attention}
+    precision, AdamW's precisions and the extra passes (`--fuse`) (`pipeline.step_passes`)."""
+    options = {"fused_attention": not args.no_fused_attention,
+               "extra_passes": extra_passes(args)}
     for name, default in (("recompute", "none"), ("precision", "bf16")):
         if getattr(args, name, default) != default:
             options[name] = getattr(args, name)
