@@ -93,9 +93,13 @@ def resolve(graph: Graph, values: dict | None = None) -> dict[sympy.Symbol, symp
 
 
 def mfu_weights(graph: Graph) -> list:
-    """The weights the MFU convention counts: every weight some non-embedding op reads."""
+    """The weights the MFU convention counts: every weight an op other than the embedding
+    lookup (and its gradient) reads, forward or backward. The backward counts too because a
+    pass may move a weight's forward use: `fuse_elementwise`'s loop rotation computes the final
+    norm inside the stack, and `final_norm.weight` is then read by its gradient alone."""
+    lookup = ("embedding", "embedding_backward")
     return [w for w in graph.weights()
-            if any(op.kind != "embedding" and op.phase is Phase.FORWARD
+            if any(op.kind not in lookup and op.phase is not Phase.OPTIMIZER
                    for op in graph.consumers(w.name))]
 
 

@@ -230,3 +230,10 @@ def test_cli_rejects_an_unknown_policy(cli):
     assert code == 2 and not out
     assert err.startswith("opgraph: error: argument --fuse: invalid choice: 'everything'")
     assert "Traceback" not in err
+
+
+def test_fusion_keeps_the_mfu_parameter_count(fused, llama):
+    """The loop rotation moves the final norm into the stack; the MFU's N must not lose its
+    weight (read by its gradient alone afterwards)."""
+    h100 = hardware.get("h100-sxm")
+    assert evaluate(fused[0], h100).mfu_parameters == evaluate(llama, h100).mfu_parameters
