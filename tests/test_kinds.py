@@ -382,3 +382,22 @@ def test_a_tensor_read_twice_differentiates():
     (square,) = [op for op in step.ops() if op.kind == "mul_backward"]
     assert square.inputs[1:] == ("x", "x") and len(square.outputs) == 1
     assert sympy.expand(step.op_bytes(square) - 3 * BF16 * B * S * D) == 0  # dY, x once, dX
+
+
+def test_a_user_kind_goes_through_fusion(squared_relu):
+    """Declared pointwise in a fusion policy, the user's activation joins its matmul's epilogue
+    (or the next one's prologue): FLOPs kept exactly, its [B, S, F] round trip gone."""
+    from opgraph.fusion import ELEMENTWISE_MATMUL
+    from opgraph.passes.fuse_elementwise import fuse_elementwise
+
+    policy = ELEMENTWISE_MATMUL.with_kinds(squared_relu="pointwise")
+    plain = compile_step(user_model(squared_relu))
+    fused = compile_step(user_model(squared_relu),
+                         extra_passes=[lambda g: fuse_elementwise(g, policy)])
+    (kernel,) = [op for op in fused.ops() if op.kind == "fused" and op.phase is Phase.FORWARD
+                 and "layers.act" in {m.name for m in op.param("body")}]
+    assert kernel.count == L
+    assert sympy.expand(formula(fused, "flops") - formula(plain, "flops")) == 0
+    # the forward no longer writes act and reads it back: 2 x BF16 x B*S*F per layer at least
+    saved = formula(plain, "bytes") - formula(fused, "bytes")
+    assert (saved - 2 * BF16 * B * S * F * L).subs({B: 2, S: 512, D: 256, F: 1024, L: 4}) >= 0
