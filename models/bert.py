@@ -12,6 +12,7 @@ the decoder tied to the token embedding with its own bias, and the loss.
 from __future__ import annotations
 
 import attrs
+from opgraph.models.gpt2 import layernorm, linear
 
 from opgraph.builder import GraphBuilder
 from opgraph.ir import Graph
@@ -59,11 +60,11 @@ def build(config: BertConfig) -> Graph:
                           name="position_embeddings"), name="embed_sum")
     x = g.add(x, g.embedding(token_types, g.weight("token_type_embeddings.weight", (T, D)),
                              name="token_type_embeddings"), name="embed_types")
-    x = _layernorm(g, x, "embed_norm")
+    x = layernorm(g, x, "embed_norm")
     with g.repeat(L, "layers"):
         x = _block(g, x, config.gelu)
     h = g.gather(x, masked, name="masked")
-    h = _layernorm(g, g.gelu(_linear(g, h, "transform", D, D), approximate=config.gelu,
+    h = layernorm(g, g.gelu(linear(g, h, "transform", D, D), approximate=config.gelu,
                              name="transform_gelu"), "transform_norm")
     g.output_head(h, table, targets, tied=True, bias=True)
     graph = g.build()
@@ -72,23 +73,13 @@ def build(config: BertConfig) -> Graph:
     return graph
 
 
-def _layernorm(g: GraphBuilder, x, name: str):
-    return g.layernorm(x, g.weight(f"{name}.weight", (D,)), g.weight(f"{name}.bias", (D,)),
-                       name=name)
-
-
-def _linear(g: GraphBuilder, x, name: str, d_in, d_out):
-    return g.matmul(x, g.weight(f"{name}.weight", (d_in, d_out)),
-                    g.weight(f"{name}.bias", (d_out,)), name=name)
-
-
 def _block(g: GraphBuilder, x, gelu: str):
     """One encoder layer, post-LN: the norm after each residual add."""
-    q = _linear(g, x, "q_proj", D, H * d_h)
-    k = _linear(g, x, "k_proj", D, H * d_h)
-    v = _linear(g, x, "v_proj", D, H * d_h)
+    q = linear(g, x, "q_proj", D, H * d_h)
+    k = linear(g, x, "k_proj", D, H * d_h)
+    v = linear(g, x, "v_proj", D, H * d_h)
     o = g.attention(q, k, v, heads=H, kv_heads=H, causal=False, name="attn")
-    x = _layernorm(g, g.add(x, _linear(g, o, "o_proj", H * d_h, D), name="attn_residual"),
+    x = layernorm(g, g.add(x, linear(g, o, "o_proj", H * d_h, D), name="attn_residual"),
                    "attn_norm")
-    a = g.gelu(_linear(g, x, "fc", D, F), approximate=gelu, name="gelu")
-    return _layernorm(g, g.add(x, _linear(g, a, "proj", F, D), name="mlp_residual"), "mlp_norm")
+    a = g.gelu(linear(g, x, "fc", D, F), approximate=gelu, name="gelu")
+    return layernorm(g, g.add(x, linear(g, a, "proj", F, D), name="mlp_residual"), "mlp_norm")

@@ -21,6 +21,7 @@ of each head's parts is a copy. Layers are two regions: `dense_layers` and `laye
 from __future__ import annotations
 
 import attrs
+from opgraph.models.llama import moe_mlp
 
 from opgraph.builder import GraphBuilder
 from opgraph.ir import Graph
@@ -93,7 +94,7 @@ def _block(g: GraphBuilder, x, config: DeepSeekV2Config, moe: bool):
               name="attn_residual")
     h = g.rmsnorm(x, g.weight("mlp_norm.weight", (D,)), name="mlp_norm")
     if moe:
-        down = _routed(g, h)
+        down = moe_mlp(g, h, F_e)  # the top K of E routed experts, as Mixtral's
         if config.shared_experts:
             shared = _swiglu(g, h, config.shared_experts * F_e, "shared_experts")
             down = g.add(shared, down, name="experts.sum")
@@ -134,17 +135,3 @@ def _swiglu(g: GraphBuilder, h, width, name: str):
     up = g.matmul(h, g.weight(f"{name}.up_proj.weight", (D, width)), name=f"{name}.up_proj")
     a = g.swiglu(gate, up, name=f"{name}.swiglu")
     return g.matmul(a, g.weight(f"{name}.down_proj.weight", (width, D)), name=f"{name}.down_proj")
-
-
-def _routed(g: GraphBuilder, h):
-    """Each token through its top K of E SwiGLU experts of width F_e, gate-weighted."""
-    logits = g.matmul(h, g.weight("router.weight", (D, E)), name="router")
-    gates, experts = g.topk(logits, K, name="router_topk")
-    gate = g.expert_matmul(h, g.weight("experts.gate_proj.weight", (E, D, F_e)), experts,
-                           name="experts.gate_proj")
-    up = g.expert_matmul(h, g.weight("experts.up_proj.weight", (E, D, F_e)), experts,
-                         name="experts.up_proj")
-    a = g.swiglu(gate, up, name="experts.swiglu")
-    down = g.expert_matmul(a, g.weight("experts.down_proj.weight", (E, F_e, D)), experts,
-                           name="experts.down_proj")
-    return g.moe_combine(down, gates, name="experts.combine")

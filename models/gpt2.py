@@ -62,7 +62,7 @@ def build(config: GPT2Config) -> Graph:
               name="embed_sum")
     with g.repeat(L, "layers"):
         x = _block(g, x)
-    x = _layernorm(g, x, "ln_f")
+    x = layernorm(g, x, "ln_f")
     g.output_head(x, wte, targets, tied=config.tie_embeddings)
     graph = g.build()
     graph.seq_len = int(config.dims()[S])
@@ -70,12 +70,12 @@ def build(config: GPT2Config) -> Graph:
     return graph
 
 
-def _layernorm(g: GraphBuilder, x, name: str):
+def layernorm(g: GraphBuilder, x, name: str):
     return g.layernorm(x, g.weight(f"{name}.weight", (D,)), g.weight(f"{name}.bias", (D,)),
                        name=name)
 
 
-def _linear(g: GraphBuilder, x, name: str, d_in, d_out):
+def linear(g: GraphBuilder, x, name: str, d_in, d_out):
     """`x @ w + b`, one kernel."""
     return g.matmul(x, g.weight(f"{name}.weight", (d_in, d_out)),
                     g.weight(f"{name}.bias", (d_out,)), name=name)
@@ -83,12 +83,12 @@ def _linear(g: GraphBuilder, x, name: str, d_in, d_out):
 
 def _block(g: GraphBuilder, x):
     """One decoder layer: pre-norm multi-head attention, then a pre-norm GELU MLP."""
-    h = _layernorm(g, x, "ln_1")
-    q = _linear(g, h, "q_proj", D, H * d_h)
-    k = _linear(g, h, "k_proj", D, H * d_h)
-    v = _linear(g, h, "v_proj", D, H * d_h)
+    h = layernorm(g, x, "ln_1")
+    q = linear(g, h, "q_proj", D, H * d_h)
+    k = linear(g, h, "k_proj", D, H * d_h)
+    v = linear(g, h, "v_proj", D, H * d_h)
     o = g.attention(q, k, v, heads=H, kv_heads=H, causal=True, name="attn")
-    x = g.add(x, _linear(g, o, "o_proj", H * d_h, D), name="attn_residual")
-    h = _layernorm(g, x, "ln_2")
-    a = g.gelu(_linear(g, h, "fc", D, F), name="gelu")
-    return g.add(x, _linear(g, a, "proj", F, D), name="mlp_residual")
+    x = g.add(x, linear(g, o, "o_proj", H * d_h, D), name="attn_residual")
+    h = layernorm(g, x, "ln_2")
+    a = g.gelu(linear(g, h, "fc", D, F), name="gelu")
+    return g.add(x, linear(g, a, "proj", F, D), name="mlp_residual")

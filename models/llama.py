@@ -6,7 +6,7 @@ RMSNorm; gate and up projections; SwiGLU; down projection; residual add. Around 
 embedding lookup, the final RMSNorm, the output head and the cross-entropy loss.
 
 Its relatives are configurations of the same graph: Llama 3 70B; Qwen2 (biases on Q, K and V);
-Mistral (through `models.hf`); Mixtral, whose MLP is a mixture of experts (`_moe_mlp`: a router,
+Mistral (through `models.hf`); Mixtral, whose MLP is a mixture of experts (`moe_mlp`: a router,
 the top K of E SwiGLU experts per token, their gate-weighted sum).
 
 The graph's shapes are symbols (`opgraph.symbols`); the configuration supplies their values.
@@ -102,7 +102,7 @@ def _block(g: GraphBuilder, x, config: LlamaConfig):
     o = g.matmul(o, g.weight("o_proj.weight", (H * d_h, D)), o_bias, name="o_proj")
     x = g.add(x, o, name="attn_residual")
     h = g.rmsnorm(x, g.weight("mlp_norm.weight", (D,)), name="mlp_norm")
-    down = _moe_mlp(g, h) if config.experts else _swiglu_mlp(g, h, config.mlp_bias)
+    down = moe_mlp(g, h) if config.experts else _swiglu_mlp(g, h, config.mlp_bias)
     return g.add(x, down, name="mlp_residual")
 
 
@@ -121,17 +121,18 @@ def _swiglu_mlp(g: GraphBuilder, h, bias: bool = False):
     return g.matmul(a, w_down, bias_d, name="down_proj")
 
 
-def _moe_mlp(g: GraphBuilder, h):
+def moe_mlp(g: GraphBuilder, h, width=F):
     """Mixtral's sparse MLP: a router scores the E experts, each token goes through its top K
     SwiGLU experts, and their outputs are summed weighted by the router's gates. Expert weights
-    are held as `[E, in, out]` tensors; only the routed experts' FLOPs are counted."""
+    are held as `[E, in, out]` tensors; only the routed experts' FLOPs are counted. `width` is
+    an expert's hidden width (Mixtral's F; DeepSeek's narrower experts, F_e)."""
     logits = g.matmul(h, g.weight("router.weight", (D, E)), name="router")
     gates, experts = g.topk(logits, K, name="router_topk")
-    gate = g.expert_matmul(h, g.weight("experts.gate_proj.weight", (E, D, F)), experts,
-                           name="experts.gate_proj")
-    up = g.expert_matmul(h, g.weight("experts.up_proj.weight", (E, D, F)), experts,
-                         name="experts.up_proj")
+    gate = g.expert_matmul(h, g.weight("experts.gate_proj.weight", (E, D, width)),
+                           experts, name="experts.gate_proj")
+    up = g.expert_matmul(h, g.weight("experts.up_proj.weight", (E, D, width)),
+                         experts, name="experts.up_proj")
     a = g.swiglu(gate, up, name="experts.swiglu")
-    down = g.expert_matmul(a, g.weight("experts.down_proj.weight", (E, F, D)), experts,
-                           name="experts.down_proj")
+    down = g.expert_matmul(a, g.weight("experts.down_proj.weight", (E, width, D)),
+                           experts, name="experts.down_proj")
     return g.moe_combine(down, gates, name="experts.combine")

@@ -387,8 +387,9 @@ def test_a_tensor_read_twice_differentiates():
 def test_a_user_kind_goes_through_fusion(squared_relu):
     """Declared pointwise in a fusion policy, the user's activation joins its matmul's epilogue
     (or the next one's prologue): FLOPs kept exactly, its [B, S, F] round trip gone."""
-    from opgraph.fusion import ELEMENTWISE_MATMUL
     from opgraph.passes.fuse_elementwise import fuse_elementwise
+
+    from opgraph.fusion import ELEMENTWISE_MATMUL
 
     policy = ELEMENTWISE_MATMUL.with_kinds(squared_relu="pointwise")
     plain = compile_step(user_model(squared_relu))
