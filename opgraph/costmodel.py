@@ -68,11 +68,23 @@ PEAKS: dict[str, str] = {"fp8": "fp8_flops"}  # dtype -> the Hardware field of i
 
 def compute_dtype(graph: Graph, op: Op) -> str | None:
     """The dtype of PEAKS `op`'s arithmetic runs in: its operands' when they all share one of
-    them (a bias or an accumulated partial gradient does not count); None otherwise."""
-    n = OPERANDS.get(op.kind)
+    them (a bias or an accumulated partial gradient does not count); None otherwise. A fused
+    kernel computes in its matrix multiply's dtype (an FP8 GEMM with its epilogue still runs at
+    the FP8 peak)."""
+    if op.kind == "fused":
+        params = dict(op.params)
+        known = {t.name: t for t in params["inner"]}
+        dtypes = {_operands_dtype([known.get(n) or graph.tensor(n) for n in m.inputs], m.kind)
+                  for m in params["body"] if m.kind in OPERANDS}
+        return dtypes.pop() if len(dtypes) == 1 else None
+    return _operands_dtype([graph.tensor(n) for n in op.inputs], op.kind)
+
+
+def _operands_dtype(inputs: list, kind: str) -> str | None:
+    n = OPERANDS.get(kind)
     if n is None:
         return None
-    names = {graph.tensor(t).dtype.name for t in op.inputs[:n]}
+    names = {t.dtype.name for t in inputs[:n]}
     return names.pop() if len(names) == 1 and names <= set(PEAKS) else None
 
 
@@ -120,7 +132,7 @@ def _own(graph: Graph, op: Op) -> Cost:
 FUSED_BACKWARD_COST: Callable = scaled
 
 
-def _of(op: Op) -> tuple[str, ...]:
+def members_of(op: Op) -> tuple[str, ...]:
     """The members of its fused forward op a backward kernel differentiates (`of`), if it says."""
     of = op.param("of")
     return () if of is None else ((of,) if isinstance(of, str) else tuple(of))
@@ -132,7 +144,7 @@ def _kernel_counts(ops: list[Op]) -> dict:
     counts: dict = {}
     for op in ops:
         if op.phase is Phase.BACKWARD and op.forward is not None:
-            for key in (op.forward, *((op.forward, m) for m in _of(op))):
+            for key in (op.forward, *((op.forward, m) for m in members_of(op))):
                 counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -202,7 +214,7 @@ class CostModel:
         if not self._conventional(graph, op):
             return mine
         fwd = graph.op(op.forward)
-        if fwd.kind == "fused" and _of(op):
+        if fwd.kind == "fused" and members_of(op):
             return self._member_share(graph, op, fwd, own, kernels)
         n = kernels[fwd.name]
         flops = self.factor * own[fwd.name].flops / n
@@ -219,12 +231,12 @@ class CostModel:
         FLOP from one backward kernel to another."""
         members = fused_members(graph, fwd)
         flops = sympy.Add(*(self.factor * members[m].flops / kernels[(fwd.name, m)]
-                            for m in _of(op)))
+                            for m in members_of(op)))
         if self.backward != "plate":
             return Cost(flops, own[op.name].bytes, own[op.name].compute)
         saved = sympy.Add(*(c.bytes for c in members.values())) - own[fwd.name].bytes
         nbytes = sympy.Add(*(self.factor * members[m].bytes / kernels[(fwd.name, m)]
-                             for m in _of(op)))
+                             for m in members_of(op)))
         return Cost(flops, nbytes - self.factor * saved / kernels[fwd.name],
                     own[op.name].compute)
 
@@ -275,5 +287,5 @@ class CostModel:
 DEFAULT = CostModel()
 
 __all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "FUSED_BACKWARD_COST", "OPERANDS",
-           "PEAKS", "Cost", "CostModel", "compute_dtype", "fused_members", "own_bytes",
-           "rule_flops", "scaled", "scaled_flops"]
+           "PEAKS", "Cost", "CostModel", "compute_dtype", "fused_members", "members_of",
+           "own_bytes", "rule_flops", "scaled", "scaled_flops"]

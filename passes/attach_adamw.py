@@ -78,7 +78,10 @@ def attach_adamw(graph: Graph, adamw: AdamW = AdamW()) -> Graph:
     for w in graph.weights():
         grad = gradient_of(graph, w.name)
         if grad is None:
-            raise ValueError(f"weight {w.name} has no gradient: run derive_backward first")
+            if not any(op.phase is Phase.BACKWARD for op in graph.ops()):
+                raise OpgraphError(f"{graph.name} has no backward: run derive_backward first")
+            raise OpgraphError(f"weight {w.name} of {graph.name} is read by no op, so it gets "
+                               "no gradient; use it in the model or leave it out")
         base = f"adamw.{w.name}"
         state = functools.partial(_state, out, w, base)
         reads, writes = [grad.name], []

@@ -53,6 +53,7 @@ from __future__ import annotations
 import attrs
 import sympy
 
+from opgraph.costmodel import members_of
 from opgraph.fusion import ELEMENTWISE, FusionPolicy
 from opgraph.ir import Graph, Op, Phase, Region, Role
 from opgraph.rewrite import Replacement, is_convex
@@ -83,15 +84,6 @@ class Fused:
 
 
 # --- graph surgery that keeps an op's place in the order ------------------------------------
-
-def _swap_op(graph: Graph, new: Op, old: str | None = None) -> None:
-    """Replace op `old` (default: `new`'s name) by `new`, keeping its place in the op order."""
-    old = old or new.name
-    seq = graph.nx.nodes[("op", old)]["seq"]
-    graph.remove_op(old)
-    graph.add_op(new)
-    graph.nx.nodes[("op", new.name)]["seq"] = seq  # ties in the topological order break by seq
-
 
 def _retag_tensor(graph: Graph, name: str, **changes) -> None:
     node = graph.nx.nodes[("tensor", name)]
@@ -177,7 +169,7 @@ def rotate_loops(graph: Graph, policy: FusionPolicy = ELEMENTWISE
         if out.has_op(moved_name) or out.has_tensor(moved_name):
             continue
         # the head, peeled: layer 0's, once before the region
-        _swap_op(out, attrs.evolve(head, region=parent, count=out.trip_count(parent)))
+        out.replace_op(attrs.evolve(head, region=parent, count=out.trip_count(parent)))
         _retag_tensor(out, out_name, region=parent, count=out.trip_count(parent))
         # its copy at the bottom: iteration i computes layer i+1's (the last, the tail's)
         template = out.tensor(out_name)
@@ -188,7 +180,7 @@ def rotate_loops(graph: Graph, policy: FusionPolicy = ELEMENTWISE
         # the tail's readers read the last iteration's copy; the tail goes
         gone = tail.outputs[0]
         for reader in out.consumers(gone):
-            _swap_op(out, attrs.evolve(reader, inputs=[moved_name if n == gone else n
+            out.replace_op(attrs.evolve(reader, inputs=[moved_name if n == gone else n
                                                        for n in reader.inputs]))
         out.remove_op(tail.name)
         out.remove_tensor(gone)
@@ -200,7 +192,7 @@ def rotate_loops(graph: Graph, policy: FusionPolicy = ELEMENTWISE
         for op in out.ops():
             link = {head.name: moved_name, tail.name: head.name}.get(op.forward)
             if op.phase is Phase.BACKWARD and link:
-                _swap_op(out, attrs.evolve(op, forward=link))
+                out.replace_op(attrs.evolve(op, forward=link))
         out.update_region(attrs.evolve(out.region(region.name),
                                        carries=(*region.carries, (out_name, moved_name))))
         done.append(Rotation(region.name, head.name, moved_name, tail.name))
@@ -271,7 +263,7 @@ def _fuse_groups(graph: Graph, groups: list[list[str]]) -> tuple[Graph, list[Fus
     for names in groups:
         first = out.op(names[0])
         forward = first.forward if first.phase is Phase.BACKWARD else None
-        of = tuple(dict.fromkeys(m for n in names for m in _of(out.op(n))))
+        of = tuple(dict.fromkeys(m for n in names for m in members_of(out.op(n))))
         plan = Replacement.fuse(out, names, name=_kernel_name(out, names), forward=forward,
                                 params={"of": of} if of else ())
         before = sympy.Add(*(out.op_bytes(out.op(n)) for n in names))
@@ -298,13 +290,8 @@ def _relink(graph: Graph, made: list[Fused]) -> Graph:
     for op in graph.ops():
         if op.phase is Phase.BACKWARD and op.forward in kernel_of:
             params = {**dict(op.params), "of": op.forward}
-            _swap_op(out, attrs.evolve(op, forward=kernel_of[op.forward], params=params))
+            out.replace_op(attrs.evolve(op, forward=kernel_of[op.forward], params=params))
     return out
-
-
-def _of(op: Op) -> tuple[str, ...]:
-    of = op.param("of")
-    return () if of is None else ((of,) if isinstance(of, str) else tuple(of))
 
 
 def rewrite_elementwise(graph: Graph, policy: FusionPolicy = ELEMENTWISE

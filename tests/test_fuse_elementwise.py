@@ -237,3 +237,19 @@ def test_fusion_keeps_the_mfu_parameter_count(fused, llama):
     weight (read by its gradient alone afterwards)."""
     h100 = hardware.get("h100-sxm")
     assert evaluate(fused[0], h100).mfu_parameters == evaluate(llama, h100).mfu_parameters
+
+
+def test_an_fp8_matmul_fused_with_its_epilogue_keeps_the_fp8_peak(llama):
+    """A fused kernel computes in its matrix multiply's dtype: fusing FP8 GEMMs with their
+    neighbours must not move them to the BF16 peak (the step must not get slower)."""
+    from opgraph.costmodel import DEFAULT, compute_dtype
+    from opgraph.fusion import ELEMENTWISE_MATMUL
+    from opgraph.models import preset
+
+    h100 = hardware.get("h100-sxm")
+    fp8 = compile_step(preset("llama3-8b"), precision="fp8")
+    fused = fuse_elementwise(fp8, ELEMENTWISE_MATMUL)
+    q = next(op for op in fused.ops() if op.kind == "fused"
+             and "layers.q_proj" in {m.name for m in op.param("body")})
+    assert compute_dtype(fused, q) == "fp8" == DEFAULT.op_cost(fused, q).compute
+    assert evaluate(fused, h100).step_time_s < evaluate(fp8, h100).step_time_s

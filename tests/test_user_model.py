@@ -95,3 +95,20 @@ def test_bad_model_files_are_one_line(cli, model, tmp_path, spec, says):
     assert code == 2 and out == ""
     assert err.startswith("opgraph: error: --model ") and err.count("\n") == 1
     assert says in err
+
+
+def test_a_weight_nothing_reads_is_one_line(cli, tmp_path):
+    model = tmp_path / "unused.py"
+    model.write_text(
+        "from opgraph import GraphBuilder\n"
+        "from opgraph.symbols import B, S, D, V\n"
+        "def build():\n"
+        "    g = GraphBuilder('unused', {B: 1, S: 16, D: 8, V: 32})\n"
+        "    t, y = g.input('tokens', (B, S)), g.input('targets', (B, S))\n"
+        "    table = g.weight('embed.weight', (V, D))\n"
+        "    g.weight('unused', (D, D))\n"
+        "    g.output_head(g.embedding(t, table), table, y, tied=True)\n"
+        "    return g.build()\n")
+    code, out, err = cli("profile", "--model", f"{model}:build")
+    assert code == 2 and err.count("\n") == 1
+    assert "weight unused of unused is read by no op" in err
