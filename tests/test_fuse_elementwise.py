@@ -242,9 +242,10 @@ def test_fusion_keeps_the_mfu_parameter_count(fused, llama):
 def test_an_fp8_matmul_fused_with_its_epilogue_keeps_the_fp8_peak(llama):
     """A fused kernel computes in its matrix multiply's dtype: fusing FP8 GEMMs with their
     neighbours must not move them to the BF16 peak (the step must not get slower)."""
+    from opgraph.models import preset
+
     from opgraph.costmodel import DEFAULT, compute_dtype
     from opgraph.fusion import ELEMENTWISE_MATMUL
-    from opgraph.models import preset
 
     h100 = hardware.get("h100-sxm")
     fp8 = compile_step(preset("llama3-8b"), precision="fp8")
