@@ -109,6 +109,6 @@ def test_a_weight_nothing_reads_is_one_line(cli, tmp_path):
         "    g.weight('unused', (D, D))\n"
         "    g.output_head(g.embedding(t, table), table, y, tied=True)\n"
         "    return g.build()\n")
-    code, out, err = cli("profile", "--model", f"{model}:build")
+    code, _out, err = cli("profile", "--model", f"{model}:build")
     assert code == 2 and err.count("\n") == 1
     assert "weight unused of unused is read by no op" in err
