@@ -23,7 +23,7 @@ from pathlib import Path
 import attrs
 import sympy
 
-from .datafile import load_tables, pick
+from .datafile import check_keys, load_tables, pick
 from .errors import OpgraphError
 
 CATALOG = Path(__file__).with_name("cluster.toml")
@@ -113,13 +113,6 @@ def _check_group(group_size: int, stride: int) -> None:
             raise OpgraphError(f"{label} {value!r} must be a whole number of GPUs, 1 or more")
 
 
-def _unknown(table: dict, allowed: set[str], where: str) -> None:
-    extra = sorted(set(table) - allowed)
-    if extra:
-        raise OpgraphError(f"{where}: unknown key {extra[0]!r}; the keys are "
-                           f"{', '.join(sorted(allowed))}")
-
-
 def _positive(table: dict, key: str, where: str, top: float) -> float:
     value = table[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
@@ -140,7 +133,7 @@ def _parse_tier(table: object, where: str, role: str) -> Tier:
     if not isinstance(table, dict):
         raise OpgraphError(f"{where} must be a table with gbytes_per_s (or gbits_per_s) and "
                            "latency_us")
-    _unknown(table, _TIER_KEYS, where)
+    check_keys(table, _TIER_KEYS, where)
     given = [k for k in ("gbytes_per_s", "gbits_per_s") if k in table]
     if len(given) != 1:
         raise OpgraphError(f"{where}: give the bandwidth per GPU per direction once, as "
@@ -168,7 +161,7 @@ def _parse(cluster_id: str, table: object, where: str) -> Cluster:
         raise OpgraphError(f"{where}: [{cluster_id}] must be a table with gpus_per_node, "
                            f"[{cluster_id}.node] and [{cluster_id}.network]")
     where = f"{where} [{cluster_id}]"
-    _unknown(table, _CLUSTER_KEYS, where)
+    check_keys(table, _CLUSTER_KEYS, where)
     for key in ("gpus_per_node", *TIER_NAMES):
         if key not in table:
             raise OpgraphError(f"{where}: missing {key}; a cluster needs gpus_per_node and the "

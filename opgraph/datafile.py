@@ -66,6 +66,15 @@ def load_tables(path: str | Path, what: str, *, noun: str, example: str,
     return {path.stem: data} if is_one(data) else data
 
 
+def check_keys(table: dict, allowed: set[str], where: str) -> None:
+    """One line naming the first key of `table` not in `allowed`: a misspelt key is an error,
+    never a figure silently left at its default."""
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise OpgraphError(f"{where}: unknown key {extra[0]!r}; the keys are "
+                           f"{', '.join(sorted(allowed))}")
+
+
 def pick(name: str, load: Callable[[str], dict], catalog: Callable[[], dict], what: str):
     """A catalog entry by id, or the single entry of a .toml file (a name ending in .toml or
     holding a /)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import attrs
 
-from .datafile import load_tables, pick
+from .datafile import check_keys, load_tables, pick
 from .errors import OpgraphError
 
 CATALOG = Path(__file__).with_name("hardware.toml")
@@ -87,11 +87,15 @@ def _cluster_id(table: dict, where: str) -> str | None:
     return value
 
 
+PART_KEYS = {"name", "source", "cluster", "bf16_tflops", "fp8_tflops", "bandwidth_tbs", "memory_gb"}
+
+
 def _parse(part_id: str, table: dict, where: str) -> Hardware:
     if not isinstance(table, dict):
         raise OpgraphError(f"{where}: [{part_id}] must be a table of fields such as "
                            "bf16_tflops = 989 and bandwidth_tbs = 3.35")
     where = f"{where} [{part_id}]"
+    check_keys(table, PART_KEYS, where)
     memory = _number(table, "memory_gb", where, required=False)
     fp8 = _number(table, "fp8_tflops", where, required=False)
     return Hardware(

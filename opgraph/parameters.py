@@ -16,24 +16,46 @@ import sympy
 from .ir import Graph, Op, Phase, Tensor
 
 
-def _routed_experts(graph: Graph, op: Op, weight: Tensor) -> sympy.Expr:
+def _routed_experts(tensor: Callable[[str], Tensor], op: Op, weight: Tensor) -> sympy.Expr:
     """K of E experts: K the routing's last dimension, E the expert weight's first."""
-    experts = graph.tensor(op.inputs[2])
+    experts = tensor(op.inputs[2])
     return experts.shape[-1] / weight.shape[0]
 
 
-ACTIVE_FRACTION: dict[str, Callable[[Graph, Op, Tensor], sympy.Expr]] = {
+# kind -> (a tensor by name, the op, the weight) -> the share of the weight one token reads
+ACTIVE_FRACTION: dict[str, Callable[[Callable, Op, Tensor], sympy.Expr]] = {
     "expert_matmul": _routed_experts,
 }
 
 
+def _readers(graph: Graph, weight: Tensor) -> list[tuple[Op, Callable[[str], Tensor]]]:
+    """The forward ops that read `weight`, each with a lookup of the tensors it sees; a fused
+    kernel stands for its members that read it (their inner tensors are its params')."""
+    out = []
+    for op in graph.consumers(weight.name):
+        if op.phase is not Phase.FORWARD:
+            continue
+        if op.kind != "fused":
+            out.append((op, graph.tensor))
+            continue
+        inner = {t.name: t for t in op.param("inner")}
+
+        def tensor(name, inner=inner):
+            return inner[name] if name in inner else graph.tensor(name)
+
+        out += [(m, tensor) for m in op.param("body") if weight.name in m.inputs]
+    return out
+
+
 def active_fraction(graph: Graph, weight: Tensor) -> sympy.Expr:
-    """The share of `weight` one token reads: 1, or K/E for experts' weights."""
-    readers = [op for op in graph.consumers(weight.name) if op.phase is Phase.FORWARD]
-    routed = [op for op in readers if op.kind in ACTIVE_FRACTION]
+    """The share of `weight` one token reads: 1, or K/E for experts' weights (also inside a
+    fused kernel)."""
+    readers = _readers(graph, weight)
+    routed = [(op, tensor) for op, tensor in readers if op.kind in ACTIVE_FRACTION]
     if not routed or len(routed) < len(readers):  # read densely somewhere: all of it is used
         return sympy.Integer(1)
-    return ACTIVE_FRACTION[routed[0].kind](graph, routed[0], weight)
+    op, tensor = routed[0]
+    return ACTIVE_FRACTION[op.kind](tensor, op, weight)
 
 
 def active_parameters(graph: Graph, weights: Iterable[Tensor] | None = None) -> sympy.Expr:
@@ -44,5 +66,6 @@ def active_parameters(graph: Graph, weights: Iterable[Tensor] | None = None) -> 
 
 
 def is_routed(graph: Graph) -> bool:
-    """Whether some weight is read by a routed op (a mixture of experts)."""
-    return any(op.kind in ACTIVE_FRACTION for op in graph.ops())
+    """Whether some weight is read by a routed op (a mixture of experts), fused or not."""
+    return any(op.kind in ACTIVE_FRACTION for w in graph.weights()
+               for op, _ in _readers(graph, w))

@@ -254,3 +254,19 @@ def test_an_fp8_matmul_fused_with_its_epilogue_keeps_the_fp8_peak(llama):
              and "layers.q_proj" in {m.name for m in op.param("body")})
     assert compute_dtype(fused, q) == "fp8" == DEFAULT.op_cost(fused, q).compute
     assert evaluate(fused, h100).step_time_s < evaluate(fp8, h100).step_time_s
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "deepseek-v2-lite"])
+def test_experts_fused_into_a_kernel_still_count_k_of_e(name):
+    """An expert matmul inside a fused kernel still reads K of its E experts per token: the
+    active parameters (and so the MFU's N) do not change with fusion."""
+    from opgraph.models import preset
+
+    from opgraph.fusion import ELEMENTWISE_MATMUL
+    from opgraph.parameters import active_parameters
+
+    step = compile_step(preset(name))
+    fused = fuse_elementwise(step, ELEMENTWISE_MATMUL)
+    assert any(op.kind == "fused" and "expert_matmul" in {m.kind for m in op.param("body")}
+               for op in fused.ops())
+    assert sympy.expand(active_parameters(fused) - active_parameters(step)) == 0

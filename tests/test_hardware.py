@@ -81,3 +81,11 @@ def test_a_malformed_file_is_one_line(cli, tmp_path, text, needle):
         assert code == 2 and out == ""
         assert err.count("\n") == 1 and err.startswith("opgraph: error: ")
         assert needle in err and str(path) in err
+
+
+def test_a_misspelt_key_in_a_hardware_file_is_an_error(tmp_path, cli):
+    """A typo must not leave a figure at its default silently (memory_gbs: capacity unknown)."""
+    path = tmp_path / "mine.toml"
+    path.write_text("[mine]\nbf16_tflops = 100\nbandwidth_tbs = 2\nmemory_gbs = 40\n")
+    code, _out, err = cli("profile", "--hardware", str(path))
+    assert code == 2 and err.count("\n") == 1 and "unknown key 'memory_gbs'" in err

@@ -22,6 +22,9 @@ def whole(maximum: int):
     `8,192`; `whole(2**30)("8,192") == 8192`."""
     def parse(text: str) -> int:
         if not _INT.fullmatch(text.strip()):
+            if _INT.fullmatch(text.strip().removeprefix("-")):
+                raise argparse.ArgumentTypeError(f"{text!r} is not positive; give a whole "
+                                                 "number above 0")
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
         digits = re.sub(r"[_,]", "", text.strip()).lstrip("0") or "0"
         if len(digits) > MAX_DIGITS:  # beyond every bound, and int() of 4,300 digits fails

@@ -24,7 +24,8 @@ from .args import positive_float, whole
 def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None:
     g = parser.add_argument_group("model and hardware")
     g.add_argument("--model",
-                   help="a preset (see `opgraph models`; default llama3-8b)")
+                   help="a preset (see `opgraph models`; default llama3-8b), or a model of "
+                        "your own: path/to/file.py:build")
     g.add_argument("--config", metavar="CONFIG_JSON",
                    help="a Hugging Face config.json on disk (Llama, Mistral, Mixtral, Qwen2, "
                         "GPT-2, Gemma 2, DeepSeek-V2, BERT), instead of --model")

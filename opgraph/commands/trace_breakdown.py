@@ -16,7 +16,7 @@ def max_trace_gb(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of gigabytes") from None
     if not math.isfinite(value) or value <= 0 or value > 1e6:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size between 0 and 1e6 GB")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size above 0 and at most 1e6 GB")
     return value
 
 
