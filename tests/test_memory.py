@@ -172,3 +172,12 @@ def test_the_profile_says_where_the_peak_happens(cli):
     assert code == 0 and (memory["peak_op"], memory["peak_phase"]) == ("loss.grad", "backward")
     code, out, _err = cli("profile")
     assert code == 0 and "OVER CAPACITY at loss.grad (" in out
+
+
+def test_just_over_capacity_does_not_read_as_equal(cli):
+    """Gemma 2 2B at 8,192 tokens needs a few hundred kB over 80 GB: the figures must differ."""
+    code, out, err = cli("profile", "--model", "gemma2-2b")
+    line = next(ln for ln in out.splitlines() if ln.startswith("memory"))
+    need, _, rest = line.removeprefix("memory").strip().partition(" of ")
+    assert code == 0 and "OVER CAPACITY" in line and need != rest.split(":")[0]
+    assert "80.00 GB of HBM, more than the 80.00 GB" not in err

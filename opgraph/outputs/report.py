@@ -5,11 +5,21 @@ from __future__ import annotations
 from ..profile import Profile
 
 
-def _bytes(n: float) -> str:
+def _bytes(n: float, digits: int = 2) -> str:
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
-            return f"{n / scale:.2f} {unit}"
+            return f"{n / scale:.{digits}f} {unit}"
     return f"{n:.0f} B"
+
+
+def _apart(a: float, b: float) -> tuple[str, str]:
+    """`a` and `b` as byte counts with enough digits that two different sizes read differently
+    (80,000,283,140 bytes over an 80 GB capacity is not "80.00 GB of 80.00 GB")."""
+    for digits in range(2, 10):
+        x, y = _bytes(a, digits), _bytes(b, digits)
+        if a == b or x != y:
+            return x, y
+    return f"{a:,.0f} B", f"{b:,.0f} B"
 
 
 def _pct(x: float) -> str:
@@ -60,10 +70,11 @@ def format_memory(m: dict) -> str:
     """`memory       185.39 GB of 80.00 GB: OVER CAPACITY at loss.grad (weights ..., grads ...,
     optimizer ..., saved activations ..., transient ...)`: the step's peak HBM need by liveness
     (`opgraph.memory`), where it happens, against the part's capacity."""
-    of = f" of {_bytes(m['capacity'])}" if m["capacity"] else " (capacity unknown)"
+    total, capacity = _apart(m["total"], m["capacity"] or 0)
+    of = f" of {capacity}" if m["capacity"] else " (capacity unknown)"
     over = ": OVER CAPACITY" if m["fits"] is False else ""
     at = f" at {m['peak_op']}" if m["peak_op"] else ""
-    return (f"memory       {_bytes(m['total'])}{of}{over}{at} (weights {_bytes(m['weights'])}, "
+    return (f"memory       {total}{of}{over}{at} (weights {_bytes(m['weights'])}, "
             f"grads {_bytes(m['gradients'])}, optimizer {_bytes(m['optimizer'])}, "
             f"saved activations {_bytes(m['activations'])}, "
             f"transient {_bytes(m['transient'])})")
@@ -74,6 +85,7 @@ def memory_warning(p: Profile) -> str | None:
     m = p.memory.to_json() if p.memory is not None else None
     if not m or m["fits"] is not False:
         return None
-    return (f"opgraph: warning: the step needs {_bytes(m['total'])} of HBM, more than the "
-            f"{_bytes(m['capacity'])} of one {p.hardware.name}; shard the weights, gradients and "
+    total, capacity = _apart(m["total"], m["capacity"])
+    return (f"opgraph: warning: the step needs {total} of HBM, more than the "
+            f"{capacity} of one {p.hardware.name}; shard the weights, gradients and "
             "optimizer states (ZeRO/FSDP), checkpoint activations, or pick a larger part")
