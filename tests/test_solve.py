@@ -187,3 +187,11 @@ def test_a_share_rising_with_tokens(step):
     assert share(step, H100, "matmul", B=1) <= share(step, H100, "matmul", B=a.batch) <= 0.7
     assert share(step, H100, "matmul", B=a.batch + 1) > 0.7
     assert a.tokens < a.crossing < a.tokens + 8192
+
+
+def test_a_neighbouring_share_never_reads_as_the_cap():
+    from opgraph.commands.solve import _pct
+
+    assert _pct(0.10035, 3) == "10%"  # what it used to print beside a 10% cap
+    assert _pct(0.10035, 3, apart_from=0.10) == "10.04%"
+    assert _pct(0.10, 3, apart_from=0.10) == "10%"

@@ -69,8 +69,15 @@ def run(args) -> int:
     return 0
 
 
-def _pct(x: float, digits: int = 3) -> str:
-    return f"{x * 100:.{digits}g}%"
+def _pct(x: float, digits: int = 3, apart_from: float | None = None) -> str:
+    """`x` as a percentage; with `apart_from`, with the digits it takes not to read as that
+    value (10.035% is not "10%" beside a 10% cap)."""
+    text = f"{x * 100:.{digits}g}%"
+    while apart_from is not None and x != apart_from and digits < 12 \
+            and text == f"{apart_from * 100:.{digits}g}%":
+        digits += 1
+        text = f"{x * 100:.{digits}g}%"
+    return text
 
 
 def _share_line(a, values: dict) -> str:
@@ -86,11 +93,14 @@ def _share_line(a, values: dict) -> str:
     digits = 3 if tokens else 6
     point = (f"{a.tokens:,} tokens per step ({a.batch:,} x {a.seq_len:,})" if tokens
              else f"seq_len {a.seq_len:,} (batch {a.batch:,})")
-    fewer = (f"; with one sequence fewer it is {_pct(a.share_one_fewer, digits)}" if tokens
-             else f"; one token shorter it is {_pct(a.share_one_fewer, digits)}"
+    def pct(x):
+        return _pct(x, digits, a.max_share)
+
+    fewer = (f"; with one sequence fewer it is {pct(a.share_one_fewer)}" if tokens
+             else f"; one token shorter it is {pct(a.share_one_fewer)}"
              ) if a.share_one_fewer is not None else ""
-    more = (f"; with one sequence more it is {_pct(a.share_one_more, digits)}" if tokens
-            else f"; one token longer it is {_pct(a.share_one_more, digits)}"
+    more = (f"; with one sequence more it is {pct(a.share_one_more)}" if tokens
+            else f"; one token longer it is {pct(a.share_one_more)}"
             ) if a.share_one_more is not None else ""
     again = (f"; it holds again from {a.again_from:,}" + (" tokens per step" if tokens else "")
              if a.again_from is not None else "")
