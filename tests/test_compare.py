@@ -236,5 +236,5 @@ def test_cli_on_the_shared_traces(traces, shared, capsys):
 
 def test_an_mfu_over_busy_time_above_the_ceiling_is_warned(shared, cli):
     """AlexNet's trace beside Llama 3 8B: the span MFU is low, the busy-time one is not."""
-    code, out, err = cli("compare", str(shared / "traces" / "alexnet_a100_trace.json.gz"))
+    code, out, _err = cli("compare", str(shared / "traces" / "alexnet_a100_trace.json.gz"))
     assert code == 0 and "warning: the measured MFU over busy time is above the ceiling" in out
