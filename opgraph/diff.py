@@ -317,9 +317,8 @@ def _table(rows: list[list[str]], right) -> list[str]:
 
 def describe(p: Profile) -> str:
     """`llama3-8b on h100-sxm, 8,192 tokens (1 x 8,192), fused attention`."""
-    attention = "fused" if p.fused_attention else "unfused"
     return (f"{p.model} on {p.hardware.id}, {p.tokens:,} tokens "
-            f"({p.tokens // p.seq_len} x {p.seq_len:,}), {attention} attention")
+            f"({p.tokens // p.seq_len} x {p.seq_len:,}), {p.attention}")
 
 
 def format_diff(d: StepDiff, *, b_options: str = "", formulas: bool = False,

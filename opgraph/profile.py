@@ -63,6 +63,13 @@ class Profile:
     def seq_len(self) -> int:
         return int(self.values["S"])
 
+    @property
+    def attention(self) -> str:
+        """"fused attention", "unfused attention", or "no attention" for a model without it."""
+        if not any(c.name == "attention" for c in self.categories):
+            return "no attention"
+        return f"{'fused' if self.fused_attention else 'unfused'} attention"
+
     def category(self, name: str) -> CategoryCost:
         for c in self.categories:
             if c.name == name:

@@ -112,3 +112,10 @@ def test_a_weight_nothing_reads_is_one_line(cli, tmp_path):
     code, _out, err = cli("profile", "--model", f"{model}:build")
     assert code == 2 and err.count("\n") == 1
     assert "weight unused of unused is read by no op" in err
+
+
+def test_a_model_without_attention_does_not_say_unfused_attention(cli, tmp_path):
+    model = tmp_path / "mlp.py"
+    model.write_text(MLP)
+    code, out, _err = cli("profile", "--model", f"{model}:build")
+    assert code == 0 and ", no attention, " in out.splitlines()[1]

@@ -33,7 +33,7 @@ def format_profile(p: Profile, ops: bool = False) -> str:
     lines = [
         f"{p.model} on {p.hardware.describe()}",
         (f"{p.tokens:,} tokens per step ({batch} x {p.seq_len:,}), "
-         f"{'fused' if p.fused_attention else 'unfused'} attention, "
+         f"{p.attention}, "
          f"{p.parameters:,} parameters{_active(p)}"),
         "",
         f"{'category':<12} {'time (ms)':>10} {'time':>7} {'FLOPs':>8} {'bytes':>10}  bound",

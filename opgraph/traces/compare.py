@@ -198,7 +198,7 @@ def format_comparison(c: Comparison) -> str:
     lines = [
         f"measured  {c.trace}: {c.kernels:,} GPU kernels; times {per}",
         (f"roofline  {p.model} on {p.hardware.describe()}, {p.tokens:,} tokens per step "
-        f"({batch} x {p.seq_len:,}), {'fused' if p.fused_attention else 'unfused'} attention"),
+        f"({batch} x {p.seq_len:,}), {p.attention}"),
         "",
         (f"{'kernels':<14} {'measured ms':>11} {'share':>7} {'roofline ms':>11} {'share':>7} "
         f"{'meas/roof':>9}  roofline categories"),
