@@ -162,17 +162,20 @@ class Liveness:
                 start = min(readers, default=0) if t.role is Role.GRADIENT else 0
             self.lives.append(_Life(t, start, max([start, *readers]), t.name in kept, t.region))
 
-    def copies(self, life: _Life, i: int) -> sympy.Expr:
-        """How many instances of `life`'s tensor are live while op `i` runs."""
+    def copies(self, life: _Life, i: int, count=None):
+        """How many instances of `life`'s tensor are live while op `i` runs: a saved tensor
+        all its region's `count` inside its lifetime and `count - 1` elsewhere in the region
+        (the other layers' copies, made and not yet used); any other tensor one, inside its
+        lifetime. `count` is the tensor's count, or a number standing for it."""
         inside = life.start <= i <= life.end
         if not life.saved:
-            return sympy.Integer(1 if inside else 0)
-        count = life.tensor.count
+            return 1 if inside else 0
+        count = life.tensor.count if count is None else count
         if inside:
             return count
         if life.region is not None and self.graph.within(self.ops[i].region, life.region):
-            return count - 1  # the other layers' copies, made and not yet used
-        return sympy.Integer(0)
+            return count - 1
+        return 0
 
     def moment(self, i: int) -> Moment:
         """The bytes live while the `i`-th op runs."""
@@ -187,22 +190,15 @@ class Liveness:
                       **{k: sympy.Add(*v) for k, v in parts.items()})
 
     def totals(self, subs: dict) -> list[float]:
-        """Each op's live bytes at the dimension values `subs` (symbols to numbers)."""
+        """Each op's live bytes at the dimension values `subs` (symbols to numbers): `moment`'s
+        total, counted in floats (the same `copies`) to find the peak fast."""
         sizes = [float(life.tensor.nbytes.xreplace(subs)) for life in self.lives]
         counts = [float(sympy.sympify(life.tensor.count).xreplace(subs))
                   for life in self.lives]
         resident = float(sympy.Add(*self.resident.values()).xreplace(subs))
-        out = []
-        for i, op in enumerate(self.ops):
-            live = resident
-            for life, size, count in zip(self.lives, sizes, counts):
-                if life.start <= i <= life.end:
-                    live += size * (count if life.saved else 1)
-                elif life.saved and life.region is not None and self.graph.within(
-                        op.region, life.region):
-                    live += size * (count - 1)
-            out.append(live)
-        return out
+        return [resident + sum(size * self.copies(life, i, count)
+                               for life, size, count in zip(self.lives, sizes, counts))
+                for i in range(len(self.ops))]
 
 
 def _resident_tensor(graph: Graph, t: Tensor) -> bool:
