@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from .errors import OpgraphError
 from .rules import FLOP_RULES
 
 CLASSES = ("pointwise", "reduction", "matmul")
@@ -75,7 +76,7 @@ class FusionPolicy:
         unknown = {c for _, c in self.kinds} | {c for pair in self.pairs for c in pair}
         unknown -= set(CLASSES)
         if unknown:
-            raise ValueError(f"fusion policy {self.name}: unknown classes {sorted(unknown)}; "
+            raise OpgraphError(f"fusion policy {self.name}: unknown classes {sorted(unknown)}; "
                              f"use {', '.join(CLASSES)}")
 
     def kind_class(self, kind: str) -> str | None:
@@ -136,14 +137,5 @@ ELEMENTWISE_MATMUL = FusionPolicy("elementwise+matmul", KIND_CLASSES,
 POLICIES: dict[str, FusionPolicy] = {p.name: p for p in (ELEMENTWISE, ELEMENTWISE_MATMUL)}
 
 
-def policy(name: str) -> FusionPolicy:
-    """A built-in policy by name: `policy("elementwise")`."""
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise KeyError(f"no fusion policy {name!r}; choose one of "
-                       f"{', '.join(POLICIES)}") from None
-
-
 __all__ = ["CLASSES", "ELEMENTWISE", "ELEMENTWISE_MATMUL", "KIND_CLASSES", "POLICIES",
-           "FusionPolicy", "policy"]
+           "FusionPolicy"]

@@ -11,6 +11,7 @@ from opgraph.passes.fuse_elementwise import fuse_elementwise, rewrite_elementwis
 
 from opgraph import compile_step, hardware
 from opgraph.costmodel import CostModel
+from opgraph.errors import OpgraphError
 from opgraph.fusion import ELEMENTWISE, ELEMENTWISE_MATMUL, POLICIES, FusionPolicy
 from opgraph.ir import BF16, Phase, region_problems
 from opgraph.memory import footprint
@@ -181,7 +182,7 @@ def test_the_policy_is_data_a_user_changes(llama):
     assert gather.kind_class("embedding_backward") == "pointwise"
     made = rewrite_elementwise(llama, gather)[2]
     assert "embed+layers.attn_norm" in {f.op for f in made}
-    with pytest.raises(ValueError, match="unknown classes"):
+    with pytest.raises(OpgraphError, match="unknown classes"):
         FusionPolicy("bad", {"add": "vector"}, set())
 
 
