@@ -1,0 +1,184 @@
+"""How a training job is spread over GPUs: the parallel degrees, batch and sharding, as a record.
+
+    layout = Parallel(tp=8, pp=4, micro_batch=2, global_batch=512, gpus=1024)
+    layout.dp             # 32: N / (tp x pp x cp)
+    layout.micro_batches  # 8: global batch / (dp x micro batch), per optimizer step
+
+The degrees multiply to the GPUs of the job: `gpus = tp x cp x pp x dp`. Expert parallelism
+borrows its GPUs from the data-parallel (and context-parallel) ranks, as Megatron-LM's expert
+data-parallel groups and torchtitan's do, so `ep` divides `dp x cp` and adds none.
+
+Ranks are ordered as Megatron-LM orders them (`--order tp-cp-ep-dp-pp`): tensor parallelism
+innermost (its groups are consecutive ranks, inside one node), then context, data, pipeline.
+`stride` gives how many ranks apart a group's members sit, which decides the tier of the fabric
+its collectives cross (`opgraph.cluster.Cluster.tier_for`).
+
+`check` raises a one-line OpgraphError naming the first constraint a layout breaks.
+"""
+
+from __future__ import annotations
+
+import attrs
+import sympy
+
+from .errors import OpgraphError
+from .limits import MAX_DIM, check_whole
+
+_DEG = {"positive": True, "integer": True}
+# The degrees as symbols, like the model's dimensions: formulas show them, sweeps vary them.
+tp = sympy.Symbol("tp", **_DEG)  # tensor parallel (Megatron-LM)
+cp = sympy.Symbol("cp", **_DEG)  # context parallel (ring attention)
+ep = sympy.Symbol("ep", **_DEG)  # expert parallel
+pp = sympy.Symbol("pp", **_DEG)  # pipeline stages
+dp = sympy.Symbol("dp", **_DEG)  # data parallel (plain, ZeRO-1/2/3, FSDP)
+DEGREES = {s.name: s for s in (tp, cp, ep, pp, dp)}
+
+ZERO_STAGES = (0, 1, 2, 3)
+SCHEDULES = ("1f1b", "interleaved")
+
+
+def _whole(value, name):
+    return check_whole(value, name, MAX_DIM) if value is not None else None
+
+
+@attrs.frozen(kw_only=True)
+class Parallel:
+    """One layout. `micro_batch` and `global_batch` are in sequences; `dp` None means
+    gpus / (tp x cp x pp); `global_batch` None means one micro-batch per data-parallel rank.
+
+    `zero` is the data-parallel sharding: 0 plain (gradients all-reduced), 1 optimizer states
+    sharded (Megatron's distributed optimizer), 2 and gradients, 3 and parameters (FSDP,
+    torchtitan's default). `reduce_dtype` is the dtype gradients are reduced in (torchtitan's
+    FSDP reduces in fp32; Megatron in the gradient buffer's fp32 unless told otherwise).
+    `first_stage_layers` / `last_stage_layers` make the end stages uneven (Megatron's
+    `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp: int | None = None
+    gpus: int | None = None
+    micro_batch: int = 1
+    global_batch: int | None = None
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    zero: int = 0
+    async_tp: bool = False
+    reduce_dtype: str = "fp32"
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+
+    def __attrs_post_init__(self):
+        for name in ("tp", "pp", "cp", "ep", "dp", "gpus", "micro_batch", "global_batch",
+                     "virtual_stages", "first_stage_layers", "last_stage_layers"):
+            _whole(getattr(self, name), name.replace("_", "-"))
+        if self.zero not in ZERO_STAGES:
+            raise OpgraphError(f"zero {self.zero!r}: give 0, 1, 2 or 3")
+        if self.reduce_dtype not in ("fp32", "bf16"):
+            raise OpgraphError(f"reduce dtype {self.reduce_dtype!r}: give fp32 or bf16")
+        model = self.tp * self.cp * self.pp
+        if self.gpus is not None:
+            if self.gpus % model:
+                raise OpgraphError(f"--gpus {self.gpus} is not divisible by tp x cp x pp = "
+                                   f"{self.tp} x {self.cp} x {self.pp} = {model}")
+            if self.dp is not None and self.dp * model != self.gpus:
+                raise OpgraphError(f"--gpus {self.gpus} is not tp x cp x pp x dp = "
+                                   f"{self.tp} x {self.cp} x {self.pp} x {self.dp} = "
+                                   f"{model * self.dp}; leave out --dp or --gpus")
+        if (self.dp_degree * self.cp) % self.ep:
+            raise OpgraphError(f"--ep {self.ep} must divide dp x cp = {self.dp_degree * self.cp} "
+                               "(experts are spread over the data-parallel ranks)")
+        if self.global_batch is not None and self.global_batch % (self.dp_degree * self.micro_batch):
+            raise OpgraphError(f"global batch {self.global_batch} is not divisible by dp x "
+                               f"micro-batch = {self.dp_degree} x {self.micro_batch}; give a "
+                               f"multiple of {self.dp_degree * self.micro_batch}")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise OpgraphError("--virtual-stages needs pipeline parallelism (--pp 2 or more)")
+        if self.sequence_parallel and self.tp == 1:
+            raise OpgraphError("--sequence-parallel needs tensor parallelism (--tp 2 or more)")
+        if self.async_tp and self.tp == 1:
+            raise OpgraphError("--async-tp needs tensor parallelism (--tp 2 or more)")
+        if (self.first_stage_layers or self.last_stage_layers) and self.pp == 1:
+            raise OpgraphError("uneven first or last stages need --pp 2 or more")
+
+    # --- derived ----------------------------------------------------------------------------------
+    @property
+    def dp_degree(self) -> int:
+        if self.dp is not None:
+            return self.dp
+        return self.gpus // (self.tp * self.cp * self.pp) if self.gpus else 1
+
+    @property
+    def world(self) -> int:
+        """GPUs in the job: tp x cp x pp x dp."""
+        return self.tp * self.cp * self.pp * self.dp_degree
+
+    @property
+    def batch(self) -> int:
+        """Sequences per optimizer step over the whole job."""
+        return self.global_batch or self.dp_degree * self.micro_batch
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches each data-parallel rank runs per optimizer step."""
+        return self.batch // (self.dp_degree * self.micro_batch)
+
+    @property
+    def is_single(self) -> bool:
+        """One GPU and one micro-batch: the plate's step, which no parallel pass touches."""
+        return self.world == 1 and self.micro_batches == 1
+
+    def degrees(self) -> dict[sympy.Symbol, int]:
+        """The degree symbols' values."""
+        return {tp: self.tp, cp: self.cp, ep: self.ep, pp: self.pp, dp: self.dp_degree}
+
+    def stride(self, group: str) -> int:
+        """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp)."""
+        inner = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp * self.cp,
+                 "pp": self.tp * self.cp * self.dp_degree}
+        return inner[group]
+
+    def size(self, group: str) -> int:
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp_degree,
+                "pp": self.pp}[group]
+
+    def to_json(self) -> dict:
+        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
+                "dp": self.dp_degree, "micro_batch": self.micro_batch,
+                "global_batch": self.batch, "micro_batches": self.micro_batches,
+                "virtual_stages": self.virtual_stages, "zero": self.zero,
+                "sequence_parallel": self.sequence_parallel, "async_tp": self.async_tp,
+                "reduce_dtype": self.reduce_dtype,
+                "first_stage_layers": self.first_stage_layers,
+                "last_stage_layers": self.last_stage_layers}
+
+
+def stage_layers(layers: int, layout: Parallel) -> list[int]:
+    """Layers on each pipeline stage (all its virtual stages together), first to last.
+
+    Even: `layers / pp` each, and `layers` must divide by pp x virtual stages. Uneven ends take
+    `first_stage_layers` / `last_stage_layers`; the middle stages split the rest evenly.
+
+        >>> stage_layers(126, Parallel(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
+        [7, 8, 8]
+    """
+    p, v = layout.pp, layout.virtual_stages
+    first, last = layout.first_stage_layers, layout.last_stage_layers
+    if first is None and last is None:
+        if layers % (p * v):
+            raise OpgraphError(f"{layers} layers do not divide into pp x virtual stages = "
+                               f"{p} x {v} = {p * v} equal chunks; pick degrees that divide it")
+        return [layers // p] * p
+    if v > 1:
+        raise OpgraphError("uneven first or last stages cannot be combined with virtual stages")
+    ends = (first or 0) + (last or 0)
+    middle = p - (first is not None) - (last is not None)
+    rest = layers - ends
+    if rest < 0 or (middle and rest % middle) or (not middle and rest):
+        raise OpgraphError(f"{layers} layers: the first and last stages take {ends}, and the "
+                           f"{rest} left do not split evenly over {middle} middle stages")
+    each = rest // middle if middle else 0
+    return ([first] if first is not None else []) + [each] * middle + (
+        [last] if last is not None else [])
