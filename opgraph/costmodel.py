@@ -57,6 +57,7 @@ class Cost:
     flops: sympy.Expr
     bytes: sympy.Expr
     compute: str | None = None
+    message: sympy.Expr = sympy.Integer(0)  # a collective's buffer per GPU (`collectives`' M)
 
 
 # --- the peak an op runs at: a matrix multiply whose operands are all FP8 runs at the part's
@@ -118,8 +119,21 @@ def own_bytes(graph: Graph, op: Op) -> sympy.Expr:
     return graph.op_bytes(op)
 
 
+def message_bytes(graph: Graph, op: Op) -> sympy.Expr:
+    """A collective's buffer per GPU, as `opgraph.collectives` sizes it (NCCL's convention): the
+    gathered output of an all-gather, else the input (a dispatch's K copies of each token:
+    `fanout`); 0 for Megatron's f, a copy in forward."""
+    if op.kind == "identity":
+        return sympy.Integer(0)
+    t = graph.tensor(op.outputs[0] if op.kind == "all_gather" else op.inputs[0])
+    return t.nbytes * sympy.sympify(op.param("fanout", 1))
+
+
 def _own(graph: Graph, op: Op) -> Cost:
-    """`op`'s cost by its own rule and tensors."""
+    """`op`'s cost by its own rule and tensors; a collective's by its message, on the network
+    (it moves no HBM bytes on the compute stream)."""
+    if op.kind in rules.COLLECTIVE_KINDS:
+        return Cost(sympy.Integer(0), sympy.Integer(0), None, message_bytes(graph, op))
     return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op))
 
 
@@ -207,7 +221,8 @@ class CostModel:
     def _conventional(self, graph: Graph, op: Op) -> bool:
         """Whether `op` is costed from its forward op (a backward kernel, not "derived")."""
         return (self.backward != "derived" and op.phase is Phase.BACKWARD
-                and op.forward is not None and graph.has_op(op.forward))
+                and op.forward is not None and graph.has_op(op.forward)
+                and op.kind not in rules.COLLECTIVE_KINDS)
 
     def _cost(self, graph: Graph, op: Op, own: dict, kernels: dict) -> Cost:
         mine = own[op.name]
@@ -265,6 +280,17 @@ class CostModel:
         """
         return maximum(flops / peak, nbytes / bandwidth)
 
+    def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1) -> float:
+        """Seconds of one collective of `kind` (an op kind: "all_reduce") moving `message`
+        bytes per GPU over a group of `group` GPUs `stride` ranks apart: the alpha-beta time on
+        the slowest tier the group spans (`opgraph.collectives.seconds`)."""
+        from . import collectives
+
+        if group == 1 or kind == "identity":
+            return 0.0
+        return collectives.seconds(kind.replace("_", "-"), float(message), group, cluster,
+                                   stride)
+
     def bound(self, flops, nbytes, peak, bandwidth) -> str:
         """"compute" or "memory": which of the two terms of `time` is the larger."""
         compute = self.time(flops, 0, peak, bandwidth)
@@ -288,4 +314,5 @@ DEFAULT = CostModel()
 
 __all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "FUSED_BACKWARD_COST", "OPERANDS",
            "PEAKS", "Cost", "CostModel", "compute_dtype", "fused_members", "members_of",
+           "message_bytes",
            "own_bytes", "rule_flops", "scaled", "scaled_flops"]

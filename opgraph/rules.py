@@ -802,6 +802,49 @@ FLOP_RULES |= {"amax": _amax_flops,
                "cast": per_element(2)}  # times the scale (fp8_max / amax), clamped to the range
 
 
+# --- collectives (`opgraph.passes.shard`, `opgraph.passes.shard_data`, `opgraph.collectives`): a
+# kernel that moves a tensor between the GPUs of a group. Its parameters name the group (`group`:
+# a parallel degree, "tp", "cp", "ep", "dp" or "pp") and, for a gather or scatter, the dimension
+# it joins or splits (`axis`) and the group's size (`size`: the degree's symbol). They do no
+# arithmetic the roofline counts (a reduction's adds run on the communication kernel's own SMs)
+# and move no HBM bytes on the compute stream: their time is the network's (`costmodel`). -------
+
+def _gathered(ins: list[Tensor], params: dict, grow: bool) -> list[Shape]:
+    _require(len(ins) == 1, f"a collective reads one tensor, not {len(ins)}")
+    axis, size = int(params["axis"]), params["size"]
+    shape = list(ins[0].shape)
+    _require(-len(shape) <= axis < len(shape), f"axis {axis} of {_fmt(ins[0].shape)}")
+    shape[axis] = shape[axis] * size if grow else shape[axis] / size
+    return [tuple(shape)]
+
+
+def _all_gather_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Each GPU's shard -> the whole, `size` shards joined along `axis`."""
+    return _gathered(ins, params, grow=True)
+
+
+def _reduce_scatter_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Each GPU's partial sum of the whole -> its shard of the sum, split along `axis`."""
+    return _gathered(ins, params, grow=False)
+
+
+def _exchange_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    _require(len(ins) == 1, f"a collective reads one tensor, not {len(ins)}")
+    return [ins[0].shape]
+
+
+COLLECTIVE_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv",
+                    "identity")
+SHAPE_RULES |= {"all_reduce": _exchange_shape,  # partial sums -> their sum, on every GPU
+                "reduce_scatter": _reduce_scatter_shape,
+                "all_gather": _all_gather_shape,
+                "all_to_all": _exchange_shape,  # tokens to their experts' GPUs and back
+                "send_recv": _exchange_shape,  # to the next pipeline stage (or back)
+                "identity": _exchange_shape}  # Megatron's f: a copy forward, an all-reduce back
+FLOP_RULES |= {kind: _no_flops for kind in COLLECTIVE_KINDS}
+VIEWS["identity"] = _always_view
+
+
 def _partials(ins: list[Tensor], params: dict) -> tuple[list[Tensor], list[Tensor]]:
     """A kernel's own inputs and the partial gradients it accumulates into (read last)."""
     n = int(params.get("accumulate", 0))
@@ -828,6 +871,6 @@ def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
     return FLOP_RULES[kind](own, outs, params) + sympy.Add(*(t.numel for t in partials))
 
 
-__all__ = ["BACKWARD_KINDS", "FLOP_RULES", "FORWARD_KINDS", "PRECISION_KINDS", "SHAPE_RULES",
+__all__ = ["BACKWARD_KINDS", "COLLECTIVE_KINDS", "FLOP_RULES", "FORWARD_KINDS", "PRECISION_KINDS", "SHAPE_RULES",
            "VIEWS", "ShapeError", "backward_shape", "count_flops", "infer_shapes", "is_view",
            "per_element", "per_input", "same"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from opgraph import collectives, rules
 from opgraph.ir import FP32, DType, Graph, Op, Phase, Role, Tensor
 
 
@@ -151,6 +152,15 @@ def _split_vjp(ctx: _Context, op: Op) -> list[Op]:
     return [kernel] if kernel else []
 
 
+def _collective_vjp(ctx: _Context, op: Op) -> list[Op]:
+    """A collective's gradient is the collective `opgraph.collectives` pairs it with (Megatron's
+    f and g: all-gather <-> reduce-scatter, all-reduce <-> identity), over the same group."""
+    kind = collectives.backward(op.kind.replace("_", "-")).replace("-", "_")
+    dy = ctx.grad(op.outputs[0])
+    kernel = ctx.emit(op, "grad", kind, [dy], [op.inputs[0]])
+    return [kernel] if kernel else []
+
+
 VJP_RULES: dict[str, Callable] = {
     "embedding": one_kernel("inputs"),  # scatter-add of dY rows into the table's gradient
     "matmul": _matmul_vjp,
@@ -177,6 +187,7 @@ VJP_RULES: dict[str, Callable] = {
     "broadcast": one_kernel("inputs"),  # dY summed over the broadcast dims
     "reshape": one_kernel("inputs"),  # dY read in x's shape
     "gather": one_kernel("inputs"),  # dY's rows scatter-added into x's gradient
+    **{kind: _collective_vjp for kind in rules.COLLECTIVE_KINDS},
 }
 
 

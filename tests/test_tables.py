@@ -10,19 +10,20 @@ from opgraph.parameters import ACTIVE_FRACTION
 
 TABLES = {"SHAPE_RULES": rules.SHAPE_RULES, "FLOP_RULES": rules.FLOP_RULES,
           "VJP_RULES": VJP_RULES, "BACKWARD_COST": BACKWARD_COST}
-FORWARD_TABLES = {"VJP_RULES": VJP_RULES, "BACKWARD_COST": BACKWARD_COST}
 
 
-@pytest.mark.parametrize("table", sorted(FORWARD_TABLES))
-def test_every_forward_kind_has_a_row(table):
-    assert set(TABLES[table]) == set(rules.FORWARD_KINDS)
+def test_every_forward_kind_has_a_row():
+    """Every kind a forward graph may hold has a backward rule; collectives (the sharding
+    passes') too, and they are costed by their message, not the plate's convention."""
+    assert set(VJP_RULES) == {*rules.FORWARD_KINDS, *rules.COLLECTIVE_KINDS}
+    assert set(BACKWARD_COST) == set(rules.FORWARD_KINDS)
 
 
 def test_every_kind_has_a_shape_and_a_flop_rule():
     """Forward kinds, their backward kernels, the optimizer's and a fused group's (`fused`, made
     by `Replacement.fuse`): the two tables agree."""
     kinds = {*rules.FORWARD_KINDS, *rules.BACKWARD_KINDS, "adamw", "fused",
-             *rules.PRECISION_KINDS}
+             *rules.PRECISION_KINDS, *rules.COLLECTIVE_KINDS}
     assert set(rules.SHAPE_RULES) == set(rules.FLOP_RULES) == kinds
 
 
