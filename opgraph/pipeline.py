@@ -27,12 +27,17 @@ DEFAULT_ADAMW = AdamW()
 
 def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW,
                 recompute: str = "none", precision: str = "bf16",
+                shard: Callable[[Graph], Graph] | None = None,
                 extra_passes: Sequence[Callable[[Graph], Graph]] = ()) -> list:
     """The passes `compile_step` runs, in order: `recompute` names a policy of
     `passes.recompute.POLICIES` (or is a predicate over ops), `precision` one of
-    `passes.precision.PRECISIONS` (their defaults add no pass); then `extra_passes`, each a
-    function Graph -> Graph (e.g. `opgraph.passes.fuse_elementwise.fuse_elementwise`)."""
+    `passes.precision.PRECISIONS` (their defaults add no pass); `shard` splits the forward over
+    GPUs before the backward is derived (`passes.shard.shard` with a layout); then
+    `extra_passes`, each a function Graph -> Graph (e.g.
+    `opgraph.passes.fuse_elementwise.fuse_elementwise`)."""
     passes = [fuse_attention] if fused_attention else []
+    if shard is not None:
+        passes.append(shard)
     passes.append(derive_backward)
     if precision != "bf16":
         passes.append(functools.partial(apply_precision, precision=precision))

@@ -1,0 +1,262 @@
+"""shard: split a forward graph over tensor-, sequence-, context- and expert-parallel GPUs, the
+way Megatron-LM splits a transformer, inserting the collectives it runs.
+
+The pass returns the graph ONE GPU runs. It shards the weights, then walks the ops in order,
+re-deriving every activation's shape from its kind's shape rule (as XLA's SPMD partitioner
+propagates shardings), and inserts a collective wherever the layout of a tensor must change:
+
+- **Tensor parallel** (Shoeybi et al. 2019): the dimensions `TENSOR_SPLITS` names (heads, the
+  MLP's hidden width, the vocabulary) are divided by the degree `tp` in every weight. A matrix
+  multiply whose weight is split along its output is column-parallel: its replicated input first
+  passes Megatron's f (`identity`: a copy forward, an all-reduce of the gradient backward). An op
+  of a `CONTRACTING` kind whose inputs are split but whose output is not (a row-parallel matmul,
+  the vocabulary-parallel embedding) leaves partial sums: Megatron's g, an `all_reduce`, follows
+  it (its backward is the identity).
+- **Sequence parallel** (Korthikanti et al. 2022): the replicated activations between the
+  blocks hold S/tp of the sequence; g becomes a `reduce_scatter` along the sequence and f an
+  `all_gather` (each the other's backward), so the norms and residual adds run on S/tp tokens. A
+  replicated tensor that meets a sequence shard (GPT's position embedding) is cut to its shard
+  locally (a `slice`, no communication).
+- **Context parallel** (ring attention, as Megatron-LM's and torchtitan's): every activation
+  holds S/cp of the sequence; each attention op's keys and values (`CP_GATHERS`) are gathered
+  from the ring (`all_gather` over `cp`: the same bytes as passing the blocks around the ring;
+  the overlap with the attention is the schedule's, `opgraph.schedule`); their gradients are
+  reduce-scattered back. Attention FLOPs are then (S/cp) x S query-key pairs per GPU.
+- **Expert parallel**: the expert weights hold E/ep experts; the tokens routed to them travel by
+  `all_to_all` (over `ep`) before the first expert matmul (K copies of each token: `fanout`)
+  and back before the combine.
+
+Degrees are the symbols of `opgraph.parallel` (`tp`, `cp`, `ep`), so every shape and cost of
+the sharded graph is a formula in them; the graph's `dims` gain their values. A degree of 1
+changes nothing: `shard(g, Parallel())` is `g`.
+
+Left out: the vocabulary-parallel cross-entropy's all-reduces of per-token statistics (3 x 4
+bytes per token, a 1/D-th of a block's); replicating K/V heads when tp exceeds H_kv (an error
+instead, as Megatron requires); load imbalance between experts.
+"""
+
+from __future__ import annotations
+
+import attrs
+import sympy
+
+from opgraph import rules
+from opgraph.errors import OpgraphError
+from opgraph.ir import Graph, Op, Phase, Role, Tensor
+from opgraph.parallel import Parallel, cp, ep, tp
+from opgraph.symbols import E, F, F_e, H, H_kv, S, V
+
+# Dimensions tensor parallelism splits, in every weight that has them (Megatron: attention heads,
+# the MLP's and each expert's hidden width, the vocabulary of the embedding and the head).
+TENSOR_SPLITS = (H, H_kv, F, F_e, V)
+# Kinds whose output sums over a dimension of their inputs: split inputs, unsplit output = partial.
+CONTRACTING = ("matmul", "expert_matmul", "embedding")
+# Kinds a column-parallel split reaches through their weight (the second input).
+COLUMN = ("matmul", "expert_matmul")
+# Per attention kind: which inputs context parallelism gathers along the sequence (K and V).
+CP_GATHERS = {"flash_attention": (1, 2), "attention_scores": (1,)}
+SEQ_AXIS = 1  # activations are [B, S, ...]
+
+
+def _cp_gathers(op: Op) -> tuple[int, ...]:
+    if op.kind == "matmul" and op.param("heads") is not None:  # P.V of unfused attention
+        return (1,)
+    return CP_GATHERS.get(op.kind, ())
+
+
+def _sub(value, mapping):
+    if isinstance(value, sympy.Basic):
+        return value.xreplace(mapping)
+    return value
+
+
+def check_divides(graph: Graph, layout: Parallel) -> None:
+    """One-line errors for degrees the model's dimensions do not divide."""
+    dims = {s.name: v for s, v in graph.dims.items()}
+    for sym in TENSOR_SPLITS:
+        value = dims.get(sym.name)
+        if value is not None and layout.tp > 1 and value % layout.tp:
+            raise OpgraphError(f"{graph.name}: {sym.name} = {value} is not divisible by --tp "
+                               f"{layout.tp}; pick a tensor-parallel degree that divides it")
+    seq = dims.get("S")
+    split = layout.cp * (layout.tp if layout.sequence_parallel else 1)
+    if seq is not None and seq % (2 * layout.cp if layout.cp > 1 else split):
+        raise OpgraphError(f"sequence length {seq} is not divisible by "
+                           + (f"2 x --cp {layout.cp} (ring attention balances causal work with "
+                              "two chunks per GPU)" if layout.cp > 1 else
+                              f"--tp {layout.tp} (sequence parallelism splits it)"))
+    experts = dims.get("E")
+    if layout.ep > 1 and (experts is None or experts % layout.ep):
+        raise OpgraphError(f"{graph.name}: " + (f"E = {experts} experts are not divisible by --ep "
+                                               f"{layout.ep}" if experts else
+                                               "has no experts to spread; leave out --ep"))
+
+
+def shard(graph: Graph, layout: Parallel) -> Graph:
+    """The forward graph one GPU of `layout` runs, its collectives inserted (see the module).
+
+        >>> from opgraph.models import preset
+        >>> g = shard(preset("llama3-8b"), Parallel(tp=8))
+        >>> g.tensor("layers.q_proj.weight").shape
+        (D, H*d_h/tp)
+    """
+    if any(op.phase is not Phase.FORWARD for op in graph.ops()):
+        raise ValueError(f"shard runs on a forward graph; {graph.name} has a backward already")
+    if layout.tp == layout.cp == layout.ep == 1:
+        return graph
+    check_divides(graph, layout)
+    return _Sharder(graph, layout).run()
+
+
+class _Sharder:
+    def __init__(self, graph: Graph, layout: Parallel):
+        self.src, self.layout = graph, layout
+        self.out = Graph(graph.name, graph.dims, seq_len=graph.seq_len,
+                         max_seq_len=graph.max_seq_len)
+        self.out.dims |= {sym: value for sym, value in
+                          ((tp, layout.tp), (cp, layout.cp), (ep, layout.ep)) if value > 1}
+        self.split = {s: s / tp for s in TENSOR_SPLITS} if layout.tp > 1 else {}
+        self.name: dict[str, str] = {}  # source tensor -> the tensor consumers read now
+        self.seq: set[str] = set()  # tensors holding S/tp of the sequence (sequence parallel)
+        self.made: dict[tuple, str] = {}  # (tensor, what) -> the inserted op's output
+        self.routed: set[str] = set()  # tokens on their experts' GPUs (expert parallel)
+
+    # --- tensors ----------------------------------------------------------------------------
+    def _weight(self, t: Tensor) -> Tensor:
+        expert = any(op.kind == "expert_matmul" and op.inputs[1] == t.name
+                     for op in self.src.consumers(t.name))
+        mapping = dict(self.split)
+        if expert and self.layout.ep > 1:
+            mapping[E] = E / ep
+        return Tensor(t.name, tuple(d.xreplace(mapping) for d in t.shape), t.dtype, t.role,
+                      t.count, t.grad_of, t.region)
+
+    def _input(self, t: Tensor) -> Tensor:
+        if self.layout.cp == 1 or not t.shape or len(t.shape) < 2:
+            return t
+        shape = list(t.shape)
+        shape[SEQ_AXIS] = shape[SEQ_AXIS] / cp
+        return Tensor(t.name, tuple(shape), t.dtype, t.role, t.count, t.grad_of, t.region)
+
+    def _is_split(self, name: str) -> bool:
+        return name not in self.seq and tp in sympy.Add(*self.out.tensor(name).shape).free_symbols
+
+    # --- inserted ops -----------------------------------------------------------------------
+    def _collective(self, source: str, kind: str, group: str, region, count, **params) -> str:
+        key = (source, kind, group)
+        if key in self.made:
+            return self.made[key]
+        t = self.out.tensor(source)
+        size = {"tp": tp, "cp": cp, "ep": ep}[group]
+        params = {"group": group, **params}
+        if kind in ("all_gather", "reduce_scatter"):
+            params |= {"axis": SEQ_AXIS, "size": size}
+        shape = rules.infer_shapes(kind, [t], params)[0]
+        name = f"{source}@{kind}.{group}"
+        self.out.add_tensor(Tensor(name, shape, t.dtype, Role.ACTIVATION, t.count,
+                                   region=region))
+        self.out.add_op(Op(f"{source}.{kind}.{group}", kind, "communication", (source,), (name,),
+                           count=count, params=params, region=region))
+        self.made[key] = name
+        if (source in self.routed) != (kind == "all_to_all"):  # a dispatch routes, a combine ends
+            self.routed.add(name)
+        return name
+
+    def _local_slice(self, source: str, op: Op) -> str:
+        """A full-sequence replicated tensor cut to this GPU's sequence shard (no traffic)."""
+        key = (source, "slice", "tp")
+        if key not in self.made:
+            t = self.out.tensor(source)
+            size = t.shape[SEQ_AXIS] / tp
+            name = f"{source}@seq_shard"
+            self.out.add_tensor(Tensor(name, rules.infer_shapes(
+                "slice", [t], {"axis": SEQ_AXIS, "size": size})[0], t.dtype, Role.ACTIVATION,
+                t.count, region=op.region))
+            self.out.add_op(Op(f"{source}.seq_shard", "slice", "elementwise", (source,), (name,),
+                               count=op.count, params={"axis": SEQ_AXIS, "size": size},
+                               region=op.region))
+            self.seq.add(name)
+            self.made[key] = name
+        return self.made[key]
+
+    # --- the walk ---------------------------------------------------------------------------
+    def run(self) -> Graph:
+        src, out, layout = self.src, self.out, self.layout
+        for region in src.regions():
+            out.add_region(region)
+        for t in src.tensors():
+            if src.producer(t.name) is None:
+                out.add_tensor(self._weight(t) if t.role is Role.WEIGHT else self._input(t))
+                self.name[t.name] = t.name
+        for op in src.ops():
+            inputs = [self.name[n] for n in op.inputs]
+            inputs = self._before(op, inputs)
+            params = {k: _sub(v, self.split) for k, v in op.params}
+            ins = [out.tensor(n) for n in inputs]
+            shapes = rules.infer_shapes(op.kind, ins, params)
+            for name, shape in zip(op.outputs, shapes):
+                t = src.tensor(name)
+                out.add_tensor(Tensor(name, shape, t.dtype, t.role, t.count, t.grad_of,
+                                      t.region))
+                self.name[name] = name
+            out.add_op(Op(op.name, op.kind, op.category, inputs, op.outputs, op.count, op.phase,
+                          params, op.forward, op.region))
+            self._after(op, inputs)
+        for region in src.regions():
+            carries = [(self.name.get(a, a), self.name.get(b, b)) for a, b in region.carries]
+            out.update_region(attrs.evolve(region, carries=carries))
+        return out
+
+    def _before(self, op: Op, inputs: list[str]) -> list[str]:
+        layout, out = self.layout, self.out
+        inputs = list(inputs)
+        if layout.tp > 1 and op.kind in COLUMN and len(inputs) > 1:
+            a, w = inputs[0], inputs[1]
+            if tp in sympy.Add(*out.tensor(w).shape).free_symbols and not self._is_split(a):
+                if a in self.seq:  # sequence parallel: gather the sequence (f = all-gather)
+                    inputs[0] = self._collective(a, "all_gather", "tp", op.region, op.count)
+                else:  # Megatron's f: a copy forward, the gradient all-reduced backward
+                    inputs[0] = self._collective(a, "identity", "tp", op.region, op.count)
+        if layout.ep > 1 and op.kind == "expert_matmul" and inputs[0] not in self.routed:
+            if ep in sympy.sympify(out.tensor(inputs[1]).shape[0]).free_symbols:
+                inputs[0] = self._collective(inputs[0], "all_to_all", "ep", op.region, op.count,
+                                             fanout=self._fanout(op, inputs))
+        if layout.ep > 1 and op.kind == "moe_combine" and inputs[0] in self.routed:
+            inputs[0] = self._collective(inputs[0], "all_to_all", "ep", op.region, op.count)
+        if layout.cp > 1:
+            for i in _cp_gathers(op):
+                inputs[i] = self._collective(inputs[i], "all_gather", "cp", op.region, op.count)
+        if self.seq and any(n in self.seq for n in inputs):  # a full-length replica meets a shard
+            for i, n in enumerate(inputs):
+                t = out.tensor(n)
+                if (n not in self.seq and t.role is Role.ACTIVATION and len(t.shape) > SEQ_AXIS
+                        and out.producer(n) is not None and not self._is_split(n)):
+                    inputs[i] = self._local_slice(n, op)
+        return inputs
+
+    def _fanout(self, op: Op, inputs: list[str]):
+        """Copies of each token the dispatch sends: K when the input is [..., in] per token."""
+        a, routing = self.out.tensor(inputs[0]), self.out.tensor(inputs[2])
+        return routing.shape[-1] if len(a.shape) == len(routing.shape) else 1
+
+    def _after(self, op: Op, inputs: list[str]) -> None:
+        layout, out = self.layout, self.out
+        outputs = op.outputs
+        if any(n in self.routed for n in inputs[:1]):
+            self.routed.update(outputs)
+        if (layout.tp > 1 and op.kind in CONTRACTING
+                and any(self._is_split(n) for n in inputs)
+                and not any(self._is_split(n) for n in outputs)):
+            (partial,) = outputs
+            if layout.sequence_parallel:
+                reduced = self._collective(partial, "reduce_scatter", "tp", op.region, op.count)
+                self.seq.add(reduced)
+            else:
+                reduced = self._collective(partial, "all_reduce", "tp", op.region, op.count)
+            self.name[partial] = reduced
+            return
+        if any(n in self.seq for n in inputs) and op.kind not in COLUMN:
+            self.seq.update(n for n in outputs if out.tensor(n).role is Role.ACTIVATION
+                            and len(out.tensor(n).shape) > SEQ_AXIS)
+
+
