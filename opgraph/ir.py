@@ -195,6 +195,12 @@ class Graph:
         self.nx.nodes[_onode(op.name)]["seq"] = seq
         return op
 
+    def replace_tensor(self, tensor: Tensor) -> Tensor:
+        """Put `tensor` in place of the tensor of the same name (a new shape, say), keeping
+        its edges and its place in the order."""
+        self.nx.nodes[_tnode(tensor.name)]["payload"] = tensor
+        return tensor
+
     def remove_op(self, name: str) -> None:
         self.nx.remove_node(_onode(name))
         self._order = None

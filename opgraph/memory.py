@@ -37,6 +37,7 @@ from __future__ import annotations
 import attrs
 import sympy
 
+from . import rules
 from .ir import Graph, Phase, Role, Tensor
 
 PARTS = ("weights", "gradients", "optimizer", "activations")
@@ -76,7 +77,8 @@ def footprint(graph: Graph) -> Footprint:
     for op in graph.ops():
         for name in op.inputs:
             t = graph.tensor(name)
-            if op.phase is Phase.OPTIMIZER and t.role is Role.OPTIMIZER_STATE:
+            if (op.phase is Phase.OPTIMIZER and t.role is Role.OPTIMIZER_STATE
+                    and op.kind not in rules.COLLECTIVE_KINDS):  # a gather reads the update
                 states.setdefault(name, t)
     return Footprint(_resident(weights), _resident(list(grads.values())),
                      _resident(list(states.values())), _resident(saved(graph)))

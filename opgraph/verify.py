@@ -5,7 +5,7 @@ A graph is well formed when it is acyclic; every tensor is produced at most once
 edges are exactly its input and output tensors; every op's output shapes, whatever its phase
 (forward, backward, optimizer, fused), are what its kind's shape rule infers from its inputs (so
 a matmul's inner dimensions agree, dX = dY W^T included); a backward op's `forward` link names an
-op of the graph; and every gradient has its primal's shape.
+op of the graph; and every gradient has its primal's shape (or, on a data-parallel rank, its shard).
 """
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ import networkx as nx
 
 from . import rules
 from .ir import Graph, Phase, Role, region_problems
+from .parallel import dp
+
+
+# A data-parallel rank's gradient may be its 1/dp shard (`passes.replicate`, ZeRO-2/3).
+_WHOLE = {dp: 1}
 
 
 class VerifyError(ValueError):
@@ -37,7 +42,8 @@ def verify(graph: Graph) -> Graph:
             if primal is None:
                 problems.append(f"gradient {t.name} of missing tensor {t.grad_of}")
             elif len(primal.shape) != len(t.shape) or not all(
-                    rules.same(a, b) for a, b in zip(primal.shape, t.shape)):
+                    (rules.same(a, b) or rules.same(a, b.xreplace(_WHOLE)))
+                    for a, b in zip(primal.shape, t.shape)):
                 problems.append(f"gradient {t.name} has shape {t.shape}, "
                                 f"its tensor {primal.name} {primal.shape}")
     for op in graph.ops():

@@ -1,0 +1,108 @@
+"""replicate: the data-parallel replicas of a step: reduce its gradients, shard its optimizer
+(ZeRO-1/2) and its parameters (ZeRO-3 / FSDP), inserting the collectives that needs.
+
+Runs on a step graph (after `attach_adamw`); returns the step ONE data-parallel rank runs. Per
+weight `w` with gradient `g` and `dp` ranks (Rajbhandari et al. 2020, ZeRO; PyTorch FSDP):
+
+- ZeRO-0, plain data parallelism: `g` is all-reduced before the update.
+- ZeRO-1 (Megatron's distributed optimizer): `g` is reduce-scattered; each rank updates its
+  1/dp of the optimizer states (FP32 master and moments) and all-gathers the updated BF16
+  weights. The full gradient buffer stays.
+- ZeRO-2: as ZeRO-1, and the full gradient is a per-layer transient (reduce-scattered as soon as
+  it is made); only its 1/dp shard stays resident.
+- ZeRO-3 / FSDP: the weight itself is a 1/dp shard; every op that reads it (forward, and again
+  backward, as FSDP reshards after the forward) reads a gathered copy, a transient buffer.
+
+Shards split a tensor's first dimension (FSDP's dim-0 sharding). The degree is the symbol `dp`;
+the gradient reduction runs in the gradient's dtype (FP32: Megatron-LM's main gradients and
+torchtitan's FSDP reduce dtype). When a data-parallel reduction runs (each micro-batch or once
+per step) and what it overlaps is the schedule's business (`opgraph.schedule`).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from opgraph import rules
+from opgraph.ir import Graph, Op, Phase, Role, Tensor
+from opgraph.parallel import Parallel, dp
+
+AXIS = 0  # FSDP shards a parameter along its first dimension
+
+
+def _shard(t: Tensor) -> Tensor:
+    shape = (t.shape[AXIS] / dp, *t.shape[1:]) if t.shape else t.shape
+    return attrs.evolve(t, shape=shape)
+
+
+def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase, region,
+                count, role: Role = Role.ACTIVATION, grad_of: str | None = None,
+                forward: str | None = None) -> str:
+    t = graph.tensor(source)
+    params = {"group": "dp", "axis": AXIS, "size": dp} if kind != "all_reduce" else {
+        "group": "dp"}
+    (shape,) = rules.infer_shapes(kind, [t], params)
+    graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region))
+    graph.add_op(Op(f"{name}.{kind}", kind, "communication", (source,), (name,), count=count,
+                    phase=phase, params=params, region=region, forward=forward))
+    return name
+
+
+def replicate(graph: Graph, layout: Parallel) -> Graph:
+    """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes
+    nothing."""
+    if layout.dp_degree == 1:
+        return graph
+    out = graph.copy()
+    out.dims = {**out.dims, dp: layout.dp_degree}
+    for update in [op for op in graph.ops() if op.kind == "adamw"]:
+        _replicate_update(out, update, layout.zero)
+    return out
+
+
+def _replicate_update(out: Graph, update: Op, zero: int) -> None:
+    grad = out.tensor(update.inputs[0])
+    w = out.tensor(grad.grad_of)
+    where = {"region": update.region, "count": update.count}
+    if zero == 0:
+        reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
+                              phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name, **where)
+        out.replace_op(attrs.evolve(update, inputs=(reduced, *update.inputs[1:])))
+        out.replace_tensor(attrs.evolve(grad, grad_of=None))
+        return
+    if zero == 3:
+        _gather_weight(out, w)
+    # ZeRO-1 keeps the full gradient buffer (the shard is a view of it); ZeRO-2/3 keep only the
+    # shard, the full gradient a per-layer transient
+    full = [t for t in out.tensors() if t.grad_of == w.name]
+    shard = _collective(out, grad.name, "reduce_scatter", f"{grad.name}@dp",
+                        phase=Phase.BACKWARD, role=Role.GRADIENT,
+                        grad_of=w.name if zero >= 2 else None, **where)
+    if zero >= 2:
+        for t in full:
+            out.replace_tensor(attrs.evolve(t, grad_of=None))
+    for name in (*update.inputs[1:], *update.outputs):  # the optimizer works on its shard
+        out.replace_tensor(_shard(out.tensor(name)))
+    out.replace_op(attrs.evolve(update, inputs=(shard, *update.inputs[1:])))
+    if zero in (1, 2) and update.param("copy"):  # the updated BF16 weights, gathered back
+        copy = update.outputs[-2] if update.param("zero_grad") else update.outputs[-1]
+        _collective(out, copy, "all_gather", f"{w.name}@updated", phase=Phase.OPTIMIZER,
+                    **where)
+
+
+def _gather_weight(out: Graph, w: Tensor) -> None:
+    """FSDP: `w` becomes its shard; each phase's readers read a copy gathered for them."""
+    readers = [op for op in out.consumers(w.name) if op.phase is not Phase.OPTIMIZER]
+    out.replace_tensor(_shard(w))
+    for phase in (Phase.FORWARD, Phase.RECOMPUTE, Phase.BACKWARD):
+        mine = [op for op in readers if op.phase is phase]
+        if not mine:
+            continue
+        gathered = _collective(out, w.name, "all_gather", f"{w.name}@{phase.value}",
+                               phase=phase, region=w.region, count=w.count)
+        for op in mine:
+            out.replace_op(attrs.evolve(op, inputs=tuple(gathered if n == w.name else n
+                                                        for n in op.inputs)))
+    for t in out.tensors():  # the full-size gradients are the gathered copy's
+        if t.grad_of == w.name:
+            out.replace_tensor(attrs.evolve(t, grad_of=f"{w.name}@{Phase.FORWARD.value}"))
