@@ -48,8 +48,8 @@ class Parallel:
 
     `zero` is the data-parallel sharding: 0 plain (gradients all-reduced), 1 optimizer states
     sharded (Megatron's distributed optimizer), 2 and gradients, 3 and parameters (FSDP,
-    torchtitan's default). `reduce_dtype` is the dtype gradients are reduced in (torchtitan's
-    FSDP reduces in fp32; Megatron in the gradient buffer's fp32 unless told otherwise).
+    torchtitan's default); gradients are reduced in their FP32 buffer's dtype, as torchtitan's
+    FSDP and Megatron-LM do by default.
     `first_stage_layers` / `last_stage_layers` make the end stages uneven (Megatron's
     `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages.
     """
@@ -66,7 +66,6 @@ class Parallel:
     sequence_parallel: bool = False
     zero: int = 0
     async_tp: bool = False
-    reduce_dtype: str = "fp32"
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
 
@@ -76,8 +75,6 @@ class Parallel:
             _whole(getattr(self, name), name.replace("_", "-"))
         if self.zero not in ZERO_STAGES:
             raise OpgraphError(f"zero {self.zero!r}: give 0, 1, 2 or 3")
-        if self.reduce_dtype not in ("fp32", "bf16"):
-            raise OpgraphError(f"reduce dtype {self.reduce_dtype!r}: give fp32 or bf16")
         model = self.tp * self.cp * self.pp
         if self.gpus is not None:
             if self.gpus % model:
@@ -130,6 +127,13 @@ class Parallel:
         """One GPU and one micro-batch: the plate's step, which no parallel pass touches."""
         return self.world == 1 and self.micro_batches == 1
 
+    def rank_stage(self, rank: int) -> int | None:
+        """The pipeline stage GPU `rank` runs (pipeline parallelism is outermost), or None if
+        the job has no such rank."""
+        if not 0 <= rank < self.world:
+            return None
+        return rank // (self.tp * self.cp * self.dp_degree)
+
     def degrees(self) -> dict[sympy.Symbol, int]:
         """The degree symbols' values."""
         return {tp: self.tp, cp: self.cp, ep: self.ep, pp: self.pp, dp: self.dp_degree}
@@ -150,7 +154,6 @@ class Parallel:
                 "global_batch": self.batch, "micro_batches": self.micro_batches,
                 "virtual_stages": self.virtual_stages, "zero": self.zero,
                 "sequence_parallel": self.sequence_parallel, "async_tp": self.async_tp,
-                "reduce_dtype": self.reduce_dtype,
                 "first_stage_layers": self.first_stage_layers,
                 "last_stage_layers": self.last_stage_layers}
 

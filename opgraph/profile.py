@@ -58,6 +58,7 @@ class Profile:
     fused_attention: bool = False
     memory: Memory | None = None  # the step's HBM footprint against the part's capacity
     active_parameters: int | None = None  # parameters a token uses; None for a dense model
+    parallel: object | None = None  # a job over many GPUs: `distributed.ParallelResult`
 
     @property
     def seq_len(self) -> int:
@@ -101,6 +102,8 @@ class Profile:
             "hfu_ceiling": self.hfu_ceiling,
             "categories": [attrs.asdict(c) for c in self.categories],
         }
+        if self.parallel is not None:
+            out |= self.parallel.to_json()
         if ops:
             out["ops"] = [attrs.asdict(o) | {"intensity": o.intensity if o.bytes else None}
                           for o in self.ops]

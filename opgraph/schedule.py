@@ -1,0 +1,207 @@
+"""The schedule: one GPU's step as a critical path over a compute stream and communication
+streams, then the pipeline over micro-batches.
+
+**One micro-batch on one stage** (`simulate`). The compute ops run in the graph's order on one
+stream, a layer stack's body once per layer. Each collective runs on its group's stream (one
+per parallel degree: tp, cp, ep, dp, pp), in the order it becomes ready:
+
+- a collective of something computed starts when that is written and its stream is free (a
+  data-parallel gradient reduction starts as soon as its layer's backward wrote the gradient,
+  and so runs under the backward of the layers after it);
+- a collective of a weight (FSDP's all-gather) is prefetched one layer ahead: it may start when
+  the previous layer's use of the weight begins (FSDP2's default prefetch), the first one when
+  its phase begins;
+- a compute op waits for the collectives it reads. Where the collective is `OVERLAPPED` with
+  its reader (ring attention's K/V passing under the attention; tensor-parallel communication
+  under its matmul with `--async-tp`), the reader may start with it and ends no earlier than it.
+
+What the compute stream waits for is the collective's *exposed* time; the rest ran under
+compute. Communication beside compute may slow it (SMs and HBM shared): the cost model's
+`overlap_slowdown` (0 for the roofline) adds that fraction of the hidden time.
+
+**The step** (`pipeline_step`). A data-parallel rank runs `m` micro-batches and then the
+optimizer. Reductions that ZeRO-0/1 run once per step (the gradient all-reduce or
+reduce-scatter, the gather of updated weights) run in the last micro-batch only; ZeRO-2/3
+reduce-scatter every micro-batch, since the full gradient is freed. With `p` stages, each
+taking `T_i` per micro-batch (forward and backward) and `v` virtual stages per GPU, 1F1B's span
+is `m x max_i T_i + (sum_i T_i - max_i T_i) / v` (Narayanan et al. 2021: for even stages the
+bubble is `(p - 1) / (v m)` of the ideal `m T`); the step adds the last micro-batch's exposed
+data-parallel tail and the optimizer. The bubble reported is the span less `m` x the first
+stage's own micro-batch time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from .ir import Graph, Op, Phase
+from .rules import COLLECTIVE_KINDS
+
+GROUPS = ("tp", "cp", "ep", "dp", "pp")
+
+
+@attrs.frozen
+class Event:
+    """One kernel on one track of the timeline: `track` is "compute" or a group's stream."""
+
+    name: str
+    track: str
+    start_s: float
+    end_s: float
+    phase: str
+    kind: str
+
+
+@attrs.frozen
+class Run:
+    """A simulated micro-batch: its span, what each collective cost and hid, and its events."""
+
+    time_s: float
+    compute_s: float
+    comm_s: dict  # collective op name -> seconds over the run
+    exposed_s: dict  # collective op name -> seconds the compute stream waited for it
+    events: tuple[Event, ...]
+
+
+def overlapped(op: Op, async_tp: bool) -> bool:
+    """Whether a collective runs beside the op that reads (or writes) it (see the module)."""
+    group = op.param("group")
+    return group == "cp" or (group == "tp" and async_tp)
+
+
+def _instances(graph: Graph, op: Op, subs: dict) -> int:
+    return int(op.count.xreplace(subs))
+
+
+def simulate(graph: Graph, ops: list[Op], seconds: Callable[[Op], float], subs: dict, *,
+             async_tp: bool = False, keep_events: bool = True) -> Run:
+    """Run `ops` (a subset of `graph`'s, in its order) once: `seconds(op)` is one instance's
+    time. Returns the span of the compute stream (with what it waited for)."""
+    chosen = {op.name for op in ops}
+    compute = [op for op in ops if op.kind not in COLLECTIVE_KINDS]
+    comms = {op.name: op for op in ops if op.kind in COLLECTIVE_KINDS}
+    count = {op.name: _instances(graph, op, subs) for op in ops}
+    ready: dict[tuple[str, int], tuple[float, float]] = {}  # (tensor, i) -> (start, end) of writer
+    free = dict.fromkeys(GROUPS, 0.0)
+    comm_s: dict[str, float] = dict.fromkeys(comms, 0.0)
+    exposed: dict[str, float] = dict.fromkeys(comms, 0.0)
+    events: list[Event] = []
+    spans: list[tuple[str, float, float]] = []
+    started: dict[tuple[str, int], float] = {}  # (compute op, i) -> start
+    now = 0.0
+    phase_start: dict[str, float] = {}
+
+    def instance(i: int, n: int) -> int:
+        return min(i, n - 1) if n else 0
+
+    def run_comm(op: Op, i: int, earliest: float) -> tuple[float, float]:
+        key = (op.outputs[0], i)
+        if key in ready:
+            return ready[key]
+        group = op.param("group")
+        start = max(free[group], earliest)
+        end = start + seconds(op)
+        free[group] = end
+        ready[key] = (start, end)
+        spans.append((op.name, start, end))
+        comm_s[op.name] += end - start
+        if keep_events and end > start:
+            events.append(Event(op.name, group, start, end, op.phase.value, op.kind))
+        for consumer in graph.consumers(op.outputs[0]):  # a chain of collectives
+            if consumer.name in comms:
+                run_comm(consumer, instance(i, count[consumer.name]), end)
+        return ready[key]
+
+    def need(name: str, i: int, reader: Op) -> tuple[float, float, str | None]:
+        """When tensor `name` (instance i as `reader` sees it) is written: (start, end, the
+        collective that wrote it, if one did)."""
+        writer = graph.producer(name)
+        if writer is None or writer.name not in chosen:
+            return 0.0, 0.0, None
+        j = instance(i, count[writer.name])
+        if writer.name in comms:
+            if (name, j) not in ready:  # nothing computed feeds it: a weight, prefetched
+                prev = started.get((reader.name, j - 1)) if j else None
+                earliest = prev if prev is not None else phase_start.get(reader.phase.value, now)
+                deps = [need(n, j, writer)[1] for n in writer.inputs]
+                run_comm(writer, j, max([earliest, *deps]))
+            start, end = ready[(name, j)]
+            return start, end, writer.name
+        start, end = ready.get((name, j), (0.0, 0.0))
+        return start, end, None
+
+    # one segment per run of consecutive compute ops of one region, repeated its trip count
+    segments: list[list[Op]] = []
+    for op in compute:
+        if segments and segments[-1][0].region == op.region and op.region is not None:
+            segments[-1].append(op)
+        else:
+            segments.append([op])
+    busy = 0.0
+    for segment in segments:
+        trips = max(count[op.name] for op in segment)
+        for i in range(trips):
+            for op in segment:
+                if i >= count[op.name]:
+                    continue
+                phase_start.setdefault(op.phase.value, now)
+                start, floor, waited_on = now, 0.0, None
+                for name in op.inputs:
+                    s, e, comm = need(name, i, op)
+                    if comm is not None and overlapped(comms[comm], async_tp):
+                        floor = max(floor, e)
+                        e = s
+                    if e > start:
+                        start, waited_on = e, comm
+                if waited_on is not None:
+                    exposed[waited_on] += start - now
+                started[(op.name, i)] = start
+                duration = seconds(op)
+                end = max(start + duration, floor)
+                if floor > start + duration:
+                    for name in op.inputs:  # an overlapped collective outlasted its reader
+                        _, e, comm = need(name, i, op)
+                        if comm is not None and e == floor:
+                            exposed[comm] += floor - start - duration
+                            break
+                busy += duration
+                if keep_events and duration > 0:
+                    events.append(Event(op.name, "compute", start, start + duration,
+                                        op.phase.value, op.kind))
+                for name in op.outputs:
+                    ready[(name, i)] = (start, end)
+                now = end
+                for name in op.outputs:  # collectives of what it wrote start now
+                    for consumer in graph.consumers(name):
+                        if consumer.name in comms:
+                            run_comm(consumer, instance(i, count[consumer.name]),
+                                     start if overlapped(consumer, async_tp) else end)
+    # collectives still running after the last compute op are exposed: each for the part of
+    # the tail it ends
+    tail, t = now, now
+    for name, start, end in sorted(spans, key=lambda span: span[2]):
+        if end > t:
+            exposed[name] += end - max(t, start)
+            t = tail = end
+    return Run(tail, busy, comm_s, exposed, tuple(events))
+
+
+def once_per_step(op: Op, zero: int) -> bool:
+    """Collectives a data-parallel rank runs once per step rather than per micro-batch (see
+    the module): ZeRO-0/1's gradient reduction and the gather of updated weights."""
+    if op.kind not in COLLECTIVE_KINDS or op.param("group") != "dp":
+        return False
+    return op.phase is Phase.OPTIMIZER or (op.phase is Phase.BACKWARD and zero <= 1)
+
+
+def pipeline_span(stage_times: list[float], micro_batches: int, virtual: int) -> float:
+    """1F1B's span over `micro_batches` for stages taking `stage_times` each per micro-batch:
+    `m x max + (sum - max) / v` (see the module).
+
+        >>> pipeline_span([1.0] * 4, 8, 1)  # (m + p - 1) T
+        11.0
+    """
+    slowest = max(stage_times)
+    return micro_batches * slowest + (sum(stage_times) - slowest) / virtual

@@ -1,0 +1,128 @@
+"""split_stages: the step one pipeline stage runs, for pipeline parallelism.
+
+Layers are split into `pp` stages (Narayanan et al. 2021): the layer stack's trip count `L`
+becomes the stage's share (`L/pp` for even stages, a number for Megatron's uneven first and
+last stages), the ops before the stack (the embedding) run on the first stage only, the ops after
+it (the final norm, the head, the loss) on the last, each with its backward, its optimizer
+update, its weights and their collectives. Which end an op belongs to follows from the dataflow,
+not from names: a forward op outside the stack that feeds it is the first stage's, any other the
+last's; a backward op goes with the forward op it differentiates (`forward`); any other op with
+the producers of what it reads, or with the weight it reads (a tied embedding, read at both
+ends, is held by both, as Megatron-LM keeps a copy on each).
+
+Between stages each micro-batch's activation travels forward and its gradient back: a stage
+that is not the last sends the stack's output (`send_recv` over the group `pp`), a stage that is
+not the first sends the gradient of the stack's input back. Left out: the tied embedding's
+gradient all-reduce between the first and the last stage (once per step).
+"""
+
+from __future__ import annotations
+
+import attrs
+import sympy
+
+from opgraph.errors import OpgraphError
+from opgraph.ir import Graph, Op, Phase, Role, Tensor
+from opgraph.parallel import Parallel, pp, stage_layers
+
+FIRST, LAST, STACK = "first", "last", "stack"
+
+
+def _stack(graph: Graph):
+    tops = [r for r in graph.regions() if r.parent is None]
+    if len(tops) != 1:
+        raise OpgraphError(f"{graph.name} has {len(tops)} layer stacks; pipeline parallelism "
+                           "splits one (leave out --pp)")
+    return tops[0]
+
+
+def ends(graph: Graph) -> dict[str, set[str]]:
+    """Each op's place: {STACK}, {FIRST}, {LAST} or {FIRST, LAST} (see the module)."""
+    region = _stack(graph)
+    inside = {op.name for op in graph.ops() if graph.within(op.region, region.name)}
+    forward = [op for op in graph.ops() if op.phase is Phase.FORWARD]
+    feeds: set[str] = set()
+    for op in reversed(forward):  # ops outside the stack that (transitively) feed it
+        readers = {c.name for t in op.outputs for c in graph.consumers(t)}
+        if op.name not in inside and readers & (inside | feeds):
+            feeds.add(op.name)
+    side: dict[str, set[str]] = {}
+    weight_side: dict[str, set[str]] = {}
+    for op in forward:
+        where = {STACK} if op.name in inside else {FIRST} if op.name in feeds else {LAST}
+        side[op.name] = where
+        for n in op.inputs:
+            if graph.tensor(n).role is Role.WEIGHT:
+                weight_side.setdefault(n, set()).update(where)
+    for op in graph.ops():
+        if op.name in side:
+            continue
+        if op.name in inside:
+            side[op.name] = {STACK}
+        elif op.forward is not None and op.forward in side:
+            side[op.name] = side[op.forward]
+        else:
+            found: set[str] = set()
+            for n in op.inputs:
+                producer = graph.producer(n)
+                if producer is not None and producer.name in side:
+                    found |= side[producer.name]
+                found |= weight_side.get(n, set())
+            side[op.name] = (found - {STACK}) or found or {LAST}
+    return side
+
+
+def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
+    """The step pipeline stage `stage` (0 first) of `layout` runs; `layout.pp` 1: `graph`."""
+    if layout.pp == 1:
+        return graph
+    region = _stack(graph)
+    layers = int(sympy.sympify(region.count).xreplace(graph.dims))
+    counts = stage_layers(layers, layout)
+    even = len(set(counts)) == 1
+    mine = {FIRST} if stage == 0 else set()
+    mine |= {LAST} if stage == layout.pp - 1 else set()
+    side = ends(graph)
+    out = Graph(graph.name, {**graph.dims, pp: layout.pp}, seq_len=graph.seq_len,
+                max_seq_len=graph.max_seq_len)
+    share = region.count / pp if even else sympy.Integer(counts[stage])
+    swap = {region.count: share} if isinstance(region.count, sympy.Symbol) else {}
+    if not swap:
+        raise OpgraphError(f"{graph.name}'s layer stack runs {region.count} times; pipeline "
+                           "parallelism needs a stack counted by one dimension")
+    keep = [op for op in graph.ops() if side[op.name] & ({STACK} | mine)]
+    used = {n for op in keep for n in (*op.inputs, *op.outputs)}
+    for t in graph.tensors():
+        if t.name in used:
+            out.add_tensor(attrs.evolve(t, count=t.count.xreplace(swap)))
+    for r in graph.regions():
+        out.add_region(attrs.evolve(r, count=r.count.xreplace(swap)) if r.name == region.name
+                       else r)
+    for op in keep:
+        out.add_op(attrs.evolve(op, count=op.count.xreplace(swap)))
+    _sends(out, graph, region, stage, layout.pp)
+    return out
+
+
+def _sends(out: Graph, graph: Graph, region, stage: int, stages: int) -> None:
+    """The stage's point-to-point transfers per micro-batch: the stack's output forward (not
+    on the last stage), the gradient of its input back (not on the first)."""
+    entering, handed = region.carries[0] if region.carries else (None, None)
+    if handed is None:
+        raise OpgraphError(f"{graph.name}'s layer stack carries no tensor from layer to layer, "
+                           "so its stages have nothing to pass on")
+    transfers = []
+    if stage < stages - 1:
+        transfers.append((handed, Phase.FORWARD, "send_forward"))
+    if stage > 0:
+        grads = [t for t in graph.tensors() if t.grad_of == entering]
+        if grads:
+            transfers.append((grads[-1].name, Phase.BACKWARD, "send_backward"))
+    for source, phase, what in transfers:
+        t = out.tensor(source) if out.has_tensor(source) else graph.tensor(source)
+        if not out.has_tensor(source):
+            out.add_tensor(attrs.evolve(t, count=sympy.Integer(1), region=None))
+        name = f"{source}@{what}"
+        out.add_tensor(Tensor(name, t.shape, t.dtype, Role.ACTIVATION))
+        out.add_op(Op(f"pp.{what}", "send_recv", "communication", (source,), (name,),
+                      phase=phase, params={"group": "pp"}))
