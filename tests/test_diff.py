@@ -175,7 +175,14 @@ def test_every_model_option_has_a_side_b_twin():
     sub = next(a for a in parser._actions if a.dest == "command").choices
     profile = {s for a in sub["profile"]._actions for s in a.option_strings}
     diff = {s for a in sub["diff"]._actions for s in a.option_strings}
-    model = profile - {"-h", "--help", "--ops", "--json", "--plot", "--trace"}
+    import argparse
+
+    from opgraph.commands.layout import add_parallel_args
+
+    many = argparse.ArgumentParser()
+    add_parallel_args(many)  # a job over many GPUs is profile's alone: diff compares one GPU's
+    layout = {s for a in many._actions for s in a.option_strings}
+    model = profile - {"-h", "--help", "--ops", "--json", "--plot", "--trace"} - layout
     assert model and {f"--b-{s[2:]}" for s in model} <= diff
 
 

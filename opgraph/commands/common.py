@@ -225,3 +225,56 @@ def echoed(args) -> dict:
     """The step options `--json` echoes back, each with its value (`echoed(None)`: the
     defaults)."""
     return {name: getattr(args, name, default) for name, default in STEP_OPTIONS}
+
+
+@attrs.frozen
+class ParallelSetup:
+    forward: Graph
+    profile: object  # a Profile with `.parallel`
+    hardware: Hardware
+
+
+def parallel_setup(args) -> ParallelSetup:
+    """The many-GPU profile the options ask for: the layout from the flags over what
+    `--torchtitan` or `--megatron-args` said (`opgraph.launch`), on `--cluster` (default: the
+    part's), with `--rank`'s timeline."""
+    from .. import cluster as clusters
+    from ..distributed import profile_parallel
+    from .layout import layout_from
+
+    base, options = None, step_options(args)
+    launch = _launch(args)
+    if launch is not None:
+        for note in launch.unknown:
+            import sys
+
+            print(f"opgraph: warning: {launch.source}: {note} is not modelled; ignored",
+                  file=sys.stderr)
+        forward = launch.forward() if args.model is None and args.config is None \
+            else load_forward(args)
+        base = launch.parallel
+        options = launch.step_options(options, args)
+        seq = args.seq_len or launch.seq_len or forward.seq_len
+    else:
+        forward = load_forward(args)
+        seq = args.seq_len or forward.seq_len
+    if seq is None:
+        raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
+    layout = layout_from(args, seq, base)
+    part = load_hardware(args)
+    cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
+    profile = profile_parallel(forward, part, layout, cluster=cluster, values={"S": seq},
+                               cost=cost_model(args), rank=args.rank, **options)
+    return ParallelSetup(forward, profile, part)
+
+
+def _launch(args):
+    if args.torchtitan and args.megatron_args:
+        raise OpgraphError("give --torchtitan or --megatron-args, not both")
+    if not (args.torchtitan or args.megatron_args):
+        return None
+    from .. import launch
+
+    if args.torchtitan:
+        return launch.read_torchtitan(args.torchtitan, gpus=args.gpus)
+    return launch.read_megatron(args.megatron_args, gpus=args.gpus)

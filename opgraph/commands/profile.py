@@ -8,6 +8,7 @@ from ..outputs.atomic import outputs
 from ..outputs.report import format_profile, memory_warning
 from .args import check_command_outputs, json_text
 from .common import add_model_args, echoed, setup
+from .layout import add_parallel_args, wants_layout
 
 
 def register(subparsers) -> None:
@@ -16,6 +17,7 @@ def register(subparsers) -> None:
         description="Each category's share of the step's time beside its share of the FLOPs, "
                     "the step time and the best MFU the step allows.")
     add_model_args(p)
+    add_parallel_args(p)
     p.add_argument("--ops", action="store_true", help="also list every op")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE",
@@ -30,14 +32,24 @@ def run(args) -> int:
 
     check_command_outputs(args, {"--plot": args.plot, "--trace": args.trace},
                           {"--plot": (".png", ".svg")})
-    s = setup(args)
-    profile = evaluate(s.step, s.hardware, s.values, cost=s.cost)
+    if wants_layout(args) or args.torchtitan or args.megatron_args:
+        from .common import parallel_setup
+
+        s = parallel_setup(args)
+        profile = s.profile
+    else:
+        s = setup(args)
+        profile = evaluate(s.step, s.hardware, s.values, cost=s.cost)
     with outputs():  # both files or neither
         if args.plot:
             from ..outputs.plot import plot_profile
 
             plot_profile(profile, args.plot)
-        if args.trace:
+        if args.trace and profile.parallel is not None:
+            from ..outputs.chrome_trace import write_timeline
+
+            write_timeline(profile, args.rank, args.trace)
+        elif args.trace:
             from ..outputs.chrome_trace import write_chrome_trace
 
             write_chrome_trace(profile, s.step, args.trace)

@@ -213,3 +213,36 @@ def write_chrome_trace(profile: Profile, graph: Graph, path: str | os.PathLike) 
         json.dump(trace, f)
 
     write_atomic(path, dump)
+
+
+TRACKS = ("compute", "tp", "cp", "ep", "dp", "pp")  # a many-GPU timeline's tracks, in order
+
+
+def timeline(profile: Profile, rank: int) -> dict:
+    """GPU `rank`'s step of a job over many GPUs (`Profile.parallel.events`): the compute
+    stream and each group's communication stream on their own tracks, micro-batches and the
+    pipeline's bubble as they were scheduled (`opgraph.schedule`), times in µs."""
+    r = profile.parallel
+    events = [*_metadata("process_name", PID, f"opgraph: {profile.model}, rank {rank} of "
+                                              f"{r.layout.world}")]
+    tid = {track: i + 1 for i, track in enumerate(TRACKS)}
+    for track in TRACKS:
+        label = "compute stream" if track == "compute" else f"{track} communication"
+        events += _metadata("thread_name", tid[track], label, sort=tid[track])
+    for e in r.events:
+        events.append({"ph": "X", "pid": PID, "tid": tid[e.track], "name": e.name,
+                       "cat": e.track, "ts": e.start_s * 1e6,
+                       "dur": (e.end_s - e.start_s) * 1e6,
+                       "args": {"phase": e.phase, "kind": e.kind}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"source": "opgraph roofline prediction, scheduled over streams",
+                          "model": profile.model, "rank": rank,
+                          "step_time_s": r.step_time_s, "bubble_s": r.bubble_s,
+                          "exposed_communication_s": r.exposed_communication_s,
+                          "parallel": r.layout.to_json()}}
+
+
+def write_timeline(profile: Profile, rank: int, path: str | os.PathLike) -> None:
+    """Write `timeline(profile, rank)` to `path` (atomically)."""
+    trace = timeline(profile, rank)
+    write_atomic(path, lambda f: json.dump(trace, f))

@@ -29,6 +29,8 @@ def _pct(x: float) -> str:
 def format_profile(p: Profile, ops: bool = False) -> str:
     """The `opgraph profile` table: categories, then the step's figures, its peak memory (and
     every op)."""
+    if p.parallel is not None:
+        return format_parallel(p, ops)
     batch = p.tokens // p.seq_len
     lines = [
         f"{p.model} on {p.hardware.describe()}",
@@ -60,6 +62,68 @@ def format_profile(p: Profile, ops: bool = False) -> str:
     return "\n".join(lines)
 
 
+def format_parallel(p: Profile, ops: bool = False) -> str:
+    """The `opgraph profile` text for a job over many GPUs: rank 0's categories over one
+    optimizer step, the step's parts, and its communication by collective and group."""
+    r = p.parallel
+    lay = r.layout
+    batch = p.tokens // p.seq_len
+    options = [f"micro-batch {lay.micro_batch}",
+               f"global batch {lay.batch:,} ({lay.micro_batches} micro-batches per rank)"]
+    if lay.virtual_stages > 1:
+        options.append(f"{lay.virtual_stages} virtual stages")
+    options += [f"ZeRO-{lay.zero}"] + (["sequence parallel"] if lay.sequence_parallel else []) + (
+        ["async TP"] if lay.async_tp else [])
+    lines = [
+        f"{p.model} on {lay.world:,} x {p.hardware.describe()}",
+        f"cluster: {r.cluster.describe()}",
+        (f"layout: tp {lay.tp} x cp {lay.cp} x pp {lay.pp} x dp {lay.dp_degree} = "
+         f"{lay.world:,} GPUs" + (f", ep {lay.ep}" if lay.ep > 1 else "")
+         + "; " + ", ".join(options)),
+        (f"{p.tokens:,} tokens per step ({batch:,} x {p.seq_len:,}), {p.attention}, "
+         f"{p.mfu_parameters:,} parameters (MFU convention)"),
+        "",
+        "rank 0 (the first pipeline stage), each op over one optimizer step:",
+        f"{'category':<13} {'time (ms)':>10} {'time':>7} {'FLOPs':>8} {'bytes':>10}  bound",
+    ]
+    for c in p.categories:
+        lines.append(f"{c.name:<13} {c.time_s * 1e3:>10.2f} {_pct(c.time_share):>7} "
+                     f"{_pct(c.flop_share):>8} {_bytes(c.bytes):>10}  {c.bound}")
+    lines += [
+        "",
+        (f"step time      {r.step_time_s * 1e3:,.1f} ms (roofline; the critical path over the "
+         "compute and communication streams)"),
+        f"  bubble       {r.bubble_s * 1e3:,.1f} ms (pipeline fill and drain on rank 0)",
+        f"  exposed comm {r.exposed_communication_s * 1e3:,.1f} ms (what compute waited for)",
+        f"tokens/s/GPU   {r.tokens_per_s_per_gpu:,.0f}",
+        (f"MFU ceiling    {r.mfu * 100:.1f}%  (6 x {p.mfu_parameters:,} params x tokens / "
+         "step time x peak x GPUs)"),
+        format_memory(r.memory.to_json()).replace("memory      ", "memory/GPU  ", 1)
+        + (f"; activations x {r.in_flight:g} micro-batches in flight" if r.in_flight != 1
+           else ""),
+        "",
+        f"{'communication':<28} {'GPUs':>5}  {'tier':<28} {'count':>6} {'time (ms)':>10} "
+        f"{'exposed':>9}",
+    ]
+    groups: dict = {}
+    for t in r.communication:
+        key = (t.group, t.collective.replace("_", "-"))
+        row = groups.setdefault(key, [t.group_size, t.tier, 0, 0.0, 0.0])
+        row[2] += t.count
+        row[3] += t.time_s
+        row[4] += t.exposed_s
+    for (group, kind), (size, tier, count, time, exposed) in groups.items():
+        lines.append(f"{group + ' ' + kind:<28} {size:>5}  {tier[:28]:<28} {count:>6,} "
+                     f"{time * 1e3:>10.2f} {exposed * 1e3:>9.2f}")
+    if ops:
+        lines += ["", (f"{'op':<44} {'phase':<9} {'kind':<24} {'x':>5} {'time (ms)':>10} "
+                       f"{'GFLOP':>10} {'bytes':>10}")]
+        for o in p.ops:
+            lines.append(f"{o.name:<44} {o.phase:<9} {o.kind:<24} {o.count:>5} "
+                         f"{o.time_s * 1e3:>10.3f} {o.flops / 1e9:>10.1f} {_bytes(o.bytes):>10}")
+    return "\n".join(lines)
+
+
 def _active(p: Profile) -> str:
     """` (12,879,925,248 active per token)` for a mixture of experts, else nothing."""
     active = p.active_parameters
@@ -86,6 +150,10 @@ def memory_warning(p: Profile) -> str | None:
     if not m or m["fits"] is not False:
         return None
     total, capacity = _apart(m["total"], m["capacity"])
+    if p.parallel is not None:
+        return (f"opgraph: warning: each GPU needs {total} of HBM, more than the {capacity} "
+                f"of one {p.hardware.name}; shard further (--zero, --tp, --pp), recompute "
+                "activations (--recompute) or lower --micro-batch")
     return (f"opgraph: warning: the step needs {total} of HBM, more than the "
             f"{capacity} of one {p.hardware.name}; shard the weights, gradients and "
             "optimizer states (ZeRO/FSDP), checkpoint activations, or pick a larger part")

@@ -1,0 +1,93 @@
+"""The many-GPU options of `opgraph profile`: the parallel layout, the cluster, the rank whose
+timeline is drawn, and the job configs users launch with (`--torchtitan`, `--megatron-args`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import OpgraphError
+from ..limits import MAX_DIM
+from ..parallel import ZERO_STAGES, Parallel
+from .args import whole
+
+DEGREE_FLAGS = (("gpus", "GPUs in the job"),
+                ("tp", "tensor-parallel degree (Megatron-LM; heads, MLP width, vocabulary split)"),
+                ("pp", "pipeline stages"),
+                ("cp", "context-parallel degree (ring attention)"),
+                ("ep", "expert-parallel degree (a mixture of experts' experts spread)"),
+                ("dp", "data-parallel degree (default: gpus / (tp x pp x cp))"),
+                ("micro-batch", "sequences per micro-batch (default 1)"),
+                ("global-batch", "sequences per optimizer step over the job (default: one "
+                                 "micro-batch per data-parallel rank)"),
+                ("virtual-stages", "interleaved pipeline: model chunks per GPU (default 1)"))
+
+
+def add_parallel_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "many GPUs", "a training job over many GPUs: the step of one GPU (rank 0 unless "
+                     "--rank), scheduled over micro-batches and pipeline stages")
+    for flag, text in DEGREE_FLAGS:
+        g.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N", help=text)
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: norms and residuals on a sequence shard, reduce-scatter / "
+                        "all-gather instead of all-reduce (Korthikanti et al. 2022)")
+    g.add_argument("--zero", type=int, choices=ZERO_STAGES, metavar="{0,1,2,3}",
+                   help="data-parallel sharding: 0 none (default), 1 optimizer states "
+                        "(Megatron's distributed optimizer), 2 and gradients, 3 and parameters "
+                        "(FSDP)")
+    g.add_argument("--async-tp", action="store_true",
+                   help="overlap tensor-parallel communication with its matmul")
+    g.add_argument("--first-stage-layers", type=whole(MAX_DIM), metavar="N",
+                   help="layers on the first pipeline stage (the rest split evenly)")
+    g.add_argument("--last-stage-layers", type=whole(MAX_DIM), metavar="N",
+                   help="layers on the last pipeline stage")
+    g.add_argument("--cluster", metavar="NAME|FILE",
+                   help="the cluster (see `opgraph hardware --clusters`): a catalog id or a "
+                        ".toml file (default: the hardware part's)")
+    g.add_argument("--rank", type=int, default=0, metavar="R",
+                   help="the GPU whose timeline --trace draws (default 0)")
+    g.add_argument("--torchtitan", metavar="TRAIN_TOML",
+                   help="read the model, batch, degrees and options from a torchtitan job file")
+    g.add_argument("--megatron-args", metavar="ARGS|@FILE",
+                   help="read them from Megatron-LM's command-line arguments (a quoted string, "
+                        "or @file)")
+
+
+FIELDS = {"gpus": "gpus", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "dp": "dp",
+          "micro_batch": "micro_batch", "global_batch": "global_batch",
+          "virtual_stages": "virtual_stages", "sequence_parallel": "sequence_parallel",
+          "zero": "zero", "async_tp": "async_tp", "first_stage_layers": "first_stage_layers",
+          "last_stage_layers": "last_stage_layers"}
+
+
+def wants_layout(args) -> bool:
+    """Whether any many-GPU option was given (else `profile` is the one-GPU step, as ever)."""
+    return any(getattr(args, name, None) not in (None, False) for name in FIELDS) or bool(
+        getattr(args, "cluster", None) or getattr(args, "rank", 0))
+
+
+def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
+    """The layout the flags give, over `base` (what a job config said); `--tokens` per step
+    sets the global batch in sequences."""
+    given = {field: getattr(args, name) for name, field in FIELDS.items()
+             if getattr(args, name, None) not in (None, False)}
+    tokens = getattr(args, "tokens", None)
+    if tokens is not None:
+        if "global_batch" in given:
+            raise OpgraphError("give --tokens or --global-batch, not both")
+        if tokens % seq_len:
+            raise OpgraphError(f"--tokens {tokens:,} is not a multiple of the sequence length "
+                               f"{seq_len:,}")
+        given["global_batch"] = tokens // seq_len
+    if base is None:
+        layout = Parallel(**given)
+    else:
+        import attrs
+
+        if "gpus" in given and "dp" not in given and base.dp is not None:
+            given["dp"] = None  # the GPUs decide the data-parallel degree again
+        layout = attrs.evolve(base, **given)
+    if layout.rank_stage(args.rank) is None:
+        raise OpgraphError(f"--rank {args.rank} is not a GPU of the job; give 0 to "
+                           f"{layout.world - 1}")
+    return layout
