@@ -144,10 +144,14 @@ def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
     cluster = cluster or clusters.for_hardware(hardware)
     values["B"] = layout.micro_batch
     step = compile_parallel(forward, layout, **options)
-    stages = [split_stages(step, layout, i) for i in range(layout.pp)]
     drawn = None if rank is None else layout.rank_stage(rank)
-    timings = [_stage(g, hardware, cluster, layout, values, cost, i == drawn)
-               for i, g in enumerate(stages)]
+    # the middle stages hold the same layers and nothing else: one stands for them all
+    kinds = {i: min(i, 1) if i < layout.pp - 1 else i for i in range(layout.pp)}
+    if drawn is not None:
+        kinds[drawn] = drawn
+    timed = {i: _stage(split_stages(step, layout, i), hardware, cluster, layout, values, cost,
+                       i == drawn) for i in sorted(set(kinds.values()))}
+    timings = [timed[kinds[i]] for i in range(layout.pp)]
     m, v = layout.micro_batches, layout.virtual_stages
     per_micro = [t.plain.time_s for t in timings]
     span = pipeline_span(per_micro, m, v)
