@@ -221,10 +221,16 @@ def _named(case_id: str) -> float:
                 or case_id == k)
 
 
-@pytest.mark.parametrize("case_id", [c.id for c in load_cases()])
+def _each_case() -> list:
+    """Every shipped case's id; where the name disagrees with the formula, a strict xfail, so a
+    change that made them agree would be seen."""
+    reason = "the name's figure is 2.9% above the paper's own parameter formula"
+    return [pytest.param(c.id, marks=pytest.mark.xfail(strict=True, reason=reason))
+            if c.id in NAME_DISAGREES else c.id for c in load_cases()]
+
+
+@pytest.mark.parametrize("case_id", _each_case())
 def test_every_forward_graph_builds_with_its_published_size(case_id, by_id):
-    if case_id in NAME_DISAGREES:
-        pytest.xfail("the name's figure is 2.9% above the paper's own parameter formula")
     case = by_id[case_id]
     graph = case.forward()
     verify(graph)
