@@ -222,16 +222,22 @@ def _flag(value, where: str, key: str) -> bool:
 
 
 def _zero(value, where: str, key: str) -> int:
-    if isinstance(value, bool) or value not in (0, 1, 2, 3):
+    if isinstance(value, bool) or not isinstance(value, int) or value not in (0, 1, 2, 3):
         raise OpgraphError(f"{where}: {key} is {_shown(value)}; give the ZeRO stage 0, 1, 2 or 3")
     return value
 
 
 def _positive(value, where: str, key: str) -> float:
-    if (isinstance(value, bool) or not isinstance(value, int | float)
-            or not (math.isfinite(value) and value > 0)):
+    """A positive finite number; an integer too large for a float is refused, not overflowed."""
+    number = None
+    if not isinstance(value, bool) and isinstance(value, int | float):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = None
+    if number is None or not (math.isfinite(number) and number > 0):
         raise OpgraphError(f"{where}: {key} is {_shown(value)}, not a positive number")
-    return float(value)
+    return number
 
 
 def _choice(choices: Callable[[], tuple[str, ...]], what: str):

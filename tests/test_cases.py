@@ -306,6 +306,8 @@ def test_a_small_good_case_takes_the_clis_defaults(tmp_path):
         1, 1, 2, 0, 1)
     assert not layout.sequence_parallel and not layout.async_tp
     assert case.measured_peak_memory_gib is None and case.notes == ""
+    again = _write(tmp_path, {"cases": [case.to_json()]})
+    assert "cluster" not in case.to_json() and load_cases(again) == [case]
 
 
 BAD = [  # (what, the file's data, words the message must hold)
@@ -324,6 +326,9 @@ BAD = [  # (what, the file's data, words the message must hold)
     ("flag as text", _with(lambda c: c["parallel"].update(sequence_parallel="yes")),
      ["parallel.sequence_parallel", "true or false"]),
     ("zero stage 4", _with(lambda c: c["parallel"].update(zero=4)), ["parallel.zero", "0, 1"]),
+    ("zero stage 1.0", _with(lambda c: c["parallel"].update(zero=1.0)), ["parallel.zero"]),
+    ("a time too large for a float", _with(lambda c: c["measured"].update(step_time_s=10**400)),
+     ["measured.step_time_s", "positive"]),
     ("negative time", _with(lambda c: c["measured"].update(step_time_s=-1)),
      ["measured.step_time_s", "positive"]),
     ("NaN time", '{"cases": [' + json.dumps(GOOD).replace("1.5", "NaN") + "]}",
