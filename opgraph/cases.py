@@ -324,6 +324,8 @@ def _case(table, file: str, index: int) -> Case:
         parallel = Parallel(gpus=fields["gpus"], **layout)
     except OpgraphError as e:
         raise OpgraphError(f"{where}: {e}") from None
+    # dp and the global batch as numbers, not "what the others imply": one layout, one record
+    parallel = attrs.evolve(parallel, dp=parallel.dp_degree, global_batch=parallel.batch)
     tps = measured.get("tokens_per_s_per_gpu")
     step = measured.get("step_time_s") or (
         parallel.batch * fields["seq_len"] / (tps * fields["gpus"]))
