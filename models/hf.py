@@ -278,11 +278,17 @@ def from_config(path: str | Path) -> Graph:
     if not isinstance(data, dict):
         raise OpgraphError(f"config file {path} holds a JSON {type(data).__name__}, not an "
                            "object of fields like a Hugging Face config.json")
+    return from_dict(data, path)
+
+
+def from_dict(data: dict, where: str | Path) -> Graph:
+    """The forward graph a config object (a parsed config.json) describes; `where` names it in
+    error messages: `from_dict({"model_type": "gpt2", ...}, "case 7: model")`."""
     model_type = data.get("model_type")
     if model_type is None:
-        raise OpgraphError(f"{path}: missing field 'model_type'; give one of "
+        raise OpgraphError(f"{where}: missing field 'model_type'; give one of "
                            f"{', '.join(FAMILIES)}")
     if not isinstance(model_type, str) or model_type not in FAMILIES:
-        raise OpgraphError(f"{path}: model_type {_shown(model_type)} is not supported; "
+        raise OpgraphError(f"{where}: model_type {_shown(model_type)} is not supported; "
                            f"opgraph reads {', '.join(FAMILIES)}")
-    return FAMILIES[model_type](_Fields(data, path))
+    return FAMILIES[model_type](_Fields(data, Path(str(where))))

@@ -153,14 +153,7 @@ def _model_graph(model, case_id: str) -> Graph:
         return preset(model)
     from opgraph.models import hf
 
-    data = _thaw(model)
-    label = Path(f"case {case_id}: model")  # how hf's messages name the config
-    model_type = data.get("model_type")
-    if not isinstance(model_type, str) or model_type not in hf.FAMILIES:
-        shown = "missing" if model_type is None else f"{_shown(model_type)}, not supported"
-        raise OpgraphError(f"{label}: model_type is {shown}; opgraph reads "
-                           f"{', '.join(hf.FAMILIES)}")
-    return hf.FAMILIES[model_type](hf._Fields(data, label)).copy(case_id)
+    return hf.from_dict(_thaw(model), f"case {case_id}: model").copy(case_id)
 
 
 def _at_seq_len(graph: Graph, case: Case) -> Graph:
