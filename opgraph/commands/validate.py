@@ -1,0 +1,33 @@
+"""`opgraph validate`: predict published (or your own) runs and print the error of each."""
+
+from __future__ import annotations
+
+from .args import json_text
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "validate", help="predict published multi-GPU runs and compare with what was measured",
+        description="Predict each run of a case file (default: the 21 published runs shipped "
+                    "with opgraph: Korthikanti et al. 2022 Table 5, Narayanan et al. 2021 "
+                    "Table 1, torchtitan's Llama 3.1 8B table) and print measured and predicted "
+                    "step time, the error of each, the mean absolute error and the worst case.")
+    p.add_argument("--cases", metavar="FILE.json",
+                   help="a case file of your own runs (the format of opgraph/data/"
+                        "validation.json)")
+    p.add_argument("--cost", choices=("roofline",), default="roofline",
+                   help="the cost model: roofline, the ceiling no run beats (default)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..cases import load_cases
+    from ..validate import format_report, validate
+
+    report = validate(load_cases(args.cases))
+    if args.json:
+        print(json_text(report.to_json() | {"cost": args.cost}))
+    else:
+        print(format_report(report, args.cost))
+    return 0
