@@ -278,7 +278,7 @@ def _timeline(first: _StageTiming, m: int, bubble: float) -> tuple[Event, ...]:
     for i in range(m):
         last = i == m - 1
         for e in plain.events:
-            if not last and (e.phase == "optimizer" or (e.track == "dp"
+            if not last and (e.phase == "optimizer" or (e.track in ("dp", "edp")
                                                          and e.end_s > first.plain.time_s)):
                 continue
             out.append(attrs.evolve(e, name=f"{e.name} [mb {i}]", start_s=e.start_s + t,

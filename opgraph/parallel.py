@@ -31,7 +31,10 @@ cp = sympy.Symbol("cp", **_DEG)  # context parallel (ring attention)
 ep = sympy.Symbol("ep", **_DEG)  # expert parallel
 pp = sympy.Symbol("pp", **_DEG)  # pipeline stages
 dp = sympy.Symbol("dp", **_DEG)  # data parallel (plain, ZeRO-1/2/3, FSDP)
-DEGREES = {s.name: s for s in (tp, cp, ep, pp, dp)}
+# The ranks that hold the same expert weights and reduce their gradients: dp x cp / ep
+# (Megatron-LM's expert data-parallel group).
+edp = sympy.Symbol("edp", **_DEG)
+DEGREES = {s.name: s for s in (tp, cp, ep, pp, dp, edp)}
 
 ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = ("1f1b", "interleaved")
@@ -139,14 +142,19 @@ class Parallel:
         return {tp: self.tp, cp: self.cp, ep: self.ep, pp: self.pp, dp: self.dp_degree}
 
     def stride(self, group: str) -> int:
-        """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp)."""
-        inner = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp * self.cp,
-                 "pp": self.tp * self.cp * self.dp_degree}
+        """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp).
+        The gradient-reduction groups ("dp", "edp") take in the context-parallel ranks, which
+        hold the same weights; so they start at stride tp."""
+        inner = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp,
+                 "edp": self.tp * self.ep, "pp": self.tp * self.cp * self.dp_degree}
         return inner[group]
 
     def size(self, group: str) -> int:
-        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp_degree,
-                "pp": self.pp}[group]
+        """GPUs in one group: "dp" is the ranks that hold the same weights (dp x cp, as
+        Megatron-LM reduces gradients over data and context parallel ranks together), "edp"
+        those that hold the same experts (dp x cp / ep)."""
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp_degree * self.cp,
+                "edp": self.dp_degree * self.cp // self.ep, "pp": self.pp}[group]
 
     def to_json(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,

@@ -39,7 +39,7 @@ import attrs
 from .ir import Graph, Op, Phase
 from .rules import COLLECTIVE_KINDS
 
-GROUPS = ("tp", "cp", "ep", "dp", "pp")
+GROUPS = ("tp", "cp", "ep", "dp", "edp", "pp")
 
 
 @attrs.frozen
@@ -191,7 +191,7 @@ def simulate(graph: Graph, ops: list[Op], seconds: Callable[[Op], float], subs: 
 def once_per_step(op: Op, zero: int) -> bool:
     """Collectives a data-parallel rank runs once per step rather than per micro-batch (see
     the module): ZeRO-0/1's gradient reduction and the gather of updated weights."""
-    if op.kind not in COLLECTIVE_KINDS or op.param("group") != "dp":
+    if op.kind not in COLLECTIVE_KINDS or op.param("group") not in ("dp", "edp"):
         return False
     return op.phase is Phase.OPTIMIZER or (op.phase is Phase.BACKWARD and zero <= 1)
 

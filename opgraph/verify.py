@@ -14,11 +14,11 @@ import networkx as nx
 
 from . import rules
 from .ir import Graph, Phase, Role, region_problems
-from .parallel import dp
+from .parallel import dp, edp
 
 
 # A data-parallel rank's gradient may be its 1/dp shard (`passes.replicate`, ZeRO-2/3).
-_WHOLE = {dp: 1}
+_WHOLE = {dp: 1, edp: 1}
 
 
 class VerifyError(ValueError):

@@ -13,7 +13,10 @@ weight `w` with gradient `g` and `dp` ranks (Rajbhandari et al. 2020, ZeRO; PyTo
 - ZeRO-3 / FSDP: the weight itself is a 1/dp shard; every op that reads it (forward, and again
   backward, as FSDP reshards after the forward) reads a gathered copy, a transient buffer.
 
-Shards split a tensor's first dimension (FSDP's dim-0 sharding). The degree is the symbol `dp`;
+Shards split a tensor's first dimension (FSDP's dim-0 sharding). The group is every rank that
+holds the same weight: the data-parallel ranks and the context-parallel ones (they hold the same
+weights too), `dp` x `cp` GPUs, the symbol `dp` in the formulas; an expert-parallel weight's is
+the expert data-parallel group, dp x cp / ep, the symbol `edp`.
 the gradient reduction runs in the gradient's dtype (FP32: Megatron-LM's main gradients and
 torchtitan's FSDP reduce dtype). When a data-parallel reduction runs (each micro-batch or once
 per step) and what it overlaps is the schedule's business (`opgraph.schedule`).
@@ -22,25 +25,35 @@ per step) and what it overlaps is the schedule's business (`opgraph.schedule`).
 from __future__ import annotations
 
 import attrs
+import sympy
 
 from opgraph import rules
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
-from opgraph.parallel import Parallel, dp
+from opgraph.parallel import Parallel, dp, edp, ep
 
 AXIS = 0  # FSDP shards a parameter along its first dimension
 
 
-def _shard(t: Tensor) -> Tensor:
-    shape = (t.shape[AXIS] / dp, *t.shape[1:]) if t.shape else t.shape
+GROUPS = {"dp": dp, "edp": edp}
+
+
+def group_of(w: Tensor) -> str:
+    """The group that holds the same copy of weight `w`: "edp" for an expert-parallel
+    weight (its shape divides by `ep`), else "dp"."""
+    return "edp" if ep in sympy.Add(*w.shape).free_symbols else "dp"
+
+
+def _shard(t: Tensor, group: str) -> Tensor:
+    shape = (t.shape[AXIS] / GROUPS[group], *t.shape[1:]) if t.shape else t.shape
     return attrs.evolve(t, shape=shape)
 
 
 def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase, region,
-                count, role: Role = Role.ACTIVATION, grad_of: str | None = None,
+                count, group: str, role: Role = Role.ACTIVATION, grad_of: str | None = None,
                 forward: str | None = None) -> str:
     t = graph.tensor(source)
-    params = {"group": "dp", "axis": AXIS, "size": dp} if kind != "all_reduce" else {
-        "group": "dp"}
+    params = {"group": group, "axis": AXIS, "size": GROUPS[group]} if kind != "all_reduce" \
+        else {"group": group}
     (shape,) = rules.infer_shapes(kind, [t], params)
     graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region))
     graph.add_op(Op(f"{name}.{kind}", kind, "communication", (source,), (name,), count=count,
@@ -51,10 +64,12 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
 def replicate(graph: Graph, layout: Parallel) -> Graph:
     """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes
     nothing."""
-    if layout.dp_degree == 1:
+    if layout.size("dp") == 1:
         return graph
     out = graph.copy()
-    out.dims = {**out.dims, dp: layout.dp_degree}
+    out.dims = {**out.dims, dp: layout.size("dp")}
+    if layout.ep > 1:
+        out.dims[edp] = layout.size("edp")
     for update in [op for op in graph.ops() if op.kind == "adamw"]:
         _replicate_update(out, update, layout.zero)
     return out
@@ -63,7 +78,8 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
 def _replicate_update(out: Graph, update: Op, zero: int) -> None:
     grad = out.tensor(update.inputs[0])
     w = out.tensor(grad.grad_of)
-    where = {"region": update.region, "count": update.count}
+    group = group_of(w)
+    where = {"region": update.region, "count": update.count, "group": group}
     if zero == 0:
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name, **where)
@@ -71,7 +87,7 @@ def _replicate_update(out: Graph, update: Op, zero: int) -> None:
         out.replace_tensor(attrs.evolve(grad, grad_of=None))
         return
     if zero == 3:
-        _gather_weight(out, w)
+        _gather_weight(out, w, group)
     # ZeRO-1 keeps the full gradient buffer (the shard is a view of it); ZeRO-2/3 keep only the
     # shard, the full gradient a per-layer transient
     full = [t for t in out.tensors() if t.grad_of == w.name]
@@ -82,7 +98,7 @@ def _replicate_update(out: Graph, update: Op, zero: int) -> None:
         for t in full:
             out.replace_tensor(attrs.evolve(t, grad_of=None))
     for name in (*update.inputs[1:], *update.outputs):  # the optimizer works on its shard
-        out.replace_tensor(_shard(out.tensor(name)))
+        out.replace_tensor(_shard(out.tensor(name), group))
     out.replace_op(attrs.evolve(update, inputs=(shard, *update.inputs[1:])))
     if zero in (1, 2) and update.param("copy"):  # the updated BF16 weights, gathered back
         copy = update.outputs[-2] if update.param("zero_grad") else update.outputs[-1]
@@ -90,16 +106,16 @@ def _replicate_update(out: Graph, update: Op, zero: int) -> None:
                     **where)
 
 
-def _gather_weight(out: Graph, w: Tensor) -> None:
+def _gather_weight(out: Graph, w: Tensor, group: str) -> None:
     """FSDP: `w` becomes its shard; each phase's readers read a copy gathered for them."""
     readers = [op for op in out.consumers(w.name) if op.phase is not Phase.OPTIMIZER]
-    out.replace_tensor(_shard(w))
+    out.replace_tensor(_shard(w, group))
     for phase in (Phase.FORWARD, Phase.RECOMPUTE, Phase.BACKWARD):
         mine = [op for op in readers if op.phase is phase]
         if not mine:
             continue
         gathered = _collective(out, w.name, "all_gather", f"{w.name}@{phase.value}",
-                               phase=phase, region=w.region, count=w.count)
+                               phase=phase, region=w.region, count=w.count, group=group)
         for op in mine:
             out.replace_op(attrs.evolve(op, inputs=tuple(gathered if n == w.name else n
                                                         for n in op.inputs)))

@@ -1,0 +1,260 @@
+"""Many GPUs: the sharding passes, the schedule and the per-GPU figures, checked against the
+formulas of the papers they follow (Shoeybi et al. 2019, Korthikanti et al. 2022, Narayanan et
+al. 2021, Rajbhandari et al. 2020), never against the program's own output."""
+
+import json
+
+import pytest
+import sympy
+
+from opgraph import collectives, compile_step, hardware
+from opgraph.cluster import get as get_cluster
+from opgraph.costmodel import DEFAULT, message_bytes
+from opgraph.distributed import compile_parallel, in_flight, profile_parallel
+from opgraph.errors import OpgraphError
+from opgraph.ir import Phase, Role
+from opgraph.memory import figures, peak
+from opgraph.models import preset
+from opgraph.parallel import Parallel, cp, ep, stage_layers, tp
+from opgraph.passes.evaluate import evaluate, resolve
+from opgraph.passes.replicate import replicate
+from opgraph.passes.shard import shard
+from opgraph.schedule import pipeline_span
+from opgraph.symbols import B, D, K, S
+from opgraph.verify import verify
+
+H100 = hardware.get("h100-sxm")
+
+
+def _comm(graph, region="layers"):
+    """Each collective in `region` (by op), with its bytes sent per GPU, as formulas."""
+    out = {}
+    for op in graph.ops():
+        if op.kind in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all") \
+                and op.region == region and op.param("group") in ("tp", "cp", "ep"):
+            size = {"tp": tp, "cp": cp, "ep": ep}[op.param("group")]
+            out[op.name] = (op.kind, op.phase,
+                            collectives.bytes_per_gpu(op.kind.replace("_", "-"),
+                                                      message_bytes(graph, op), size))
+    return out
+
+
+# --- tensor and sequence parallelism -------------------------------------------------------------
+
+def test_a_megatron_block_all_reduces_twice_forward_and_twice_backward():
+    """Shoeybi et al. 2019, section 3: per layer, g after the attention's and the MLP's
+    row-parallel matmul in forward, f's all-reduce of the input gradient in backward; each a
+    ring all-reduce of the [B, S, D] BF16 activations, 2 (t-1)/t x 2BSD bytes per GPU."""
+    step = compile_parallel(preset("llama3-8b"), Parallel(tp=8))
+    comm = _comm(step)
+    kinds = sorted((k, phase.value) for k, phase, _ in comm.values())
+    assert kinds == [("all_reduce", "backward")] * 2 + [("all_reduce", "forward")] * 2
+    sent = sympy.Add(*(b for _, _, b in comm.values()))
+    assert sympy.simplify(sent - 4 * 2 * (tp - 1) / tp * 2 * B * S * D) == 0
+
+
+def test_sequence_parallel_moves_the_same_bytes_as_reduce_scatter_and_all_gather():
+    """Korthikanti et al. 2022, section 4.2.2: each all-reduce becomes a reduce-scatter and an
+    all-gather of the same total volume, and the norms run on S/t of the sequence."""
+    step = compile_parallel(preset("llama3-8b"), Parallel(tp=8, sequence_parallel=True))
+    comm = _comm(step)
+    kinds = sorted(k for k, _, _ in comm.values())
+    assert kinds == ["all_gather"] * 4 + ["reduce_scatter"] * 4
+    sent = sympy.Add(*(b for _, _, b in comm.values()))
+    assert sympy.simplify(sent - 4 * 2 * (tp - 1) / tp * 2 * B * S * D) == 0
+    norm = step.op("layers.attn_norm")
+    assert step.tensor(norm.outputs[0]).shape == (B, S / tp, D)
+
+
+def test_tensor_parallel_splits_heads_mlp_and_vocabulary():
+    g = shard(preset("llama3-8b"), Parallel(tp=8))
+    assert g.tensor("layers.q_proj.weight").numel == D * preset("llama3-8b").tensor(
+        "layers.q_proj.weight").shape[1] / tp
+    assert g.tensor("embed.weight").shape[0] == sympy.Symbol("V", positive=True,
+                                                             integer=True) / tp
+    full = evaluate(compile_step(preset("llama3-8b")), H100)
+    split = compile_parallel(preset("llama3-8b"), Parallel(tp=8))
+    subs = resolve(split)
+    matmuls = [op for op in split.ops() if op.category == "matmul"]
+    costs = DEFAULT.op_costs(split)
+    flops = sum(float((costs[o.name].flops * o.count).xreplace(subs)) for o in matmuls)
+    assert flops == pytest.approx(full.category("matmul").flops / 8, rel=1e-12)
+
+
+def test_every_degree_one_is_the_one_gpu_step():
+    """A layout of one GPU adds nothing: the same graph, the same step time."""
+    forward = preset("llama3-8b")
+    assert shard(forward, Parallel()) is forward
+    one = profile_parallel(forward, H100, Parallel())
+    assert one.parallel.step_time_s == pytest.approx(
+        evaluate(compile_step(forward), H100).step_time_s, rel=1e-12)
+    assert one.parallel.bubble_s == 0 and one.parallel.exposed_communication_s == 0
+
+
+# --- context and expert parallelism --------------------------------------------------------------
+
+def test_context_parallel_gathers_keys_and_values_and_splits_the_attention():
+    """Ring attention: each GPU holds S/c of the queries and sees all the keys, so its share
+    of the causal attention's FLOPs is 1/c; K and V are gathered, their gradients scattered."""
+    step = compile_parallel(preset("llama3-8b"), Parallel(cp=4))
+    comm = _comm(step)
+    assert sorted((k, p.value) for k, p, _ in comm.values()) == [
+        ("all_gather", "forward")] * 2 + [("reduce_scatter", "backward")] * 2
+    one = compile_step(preset("llama3-8b"))
+    attention = DEFAULT.op_costs(step)["layers.attn.flash"].flops
+    assert sympy.simplify(attention - DEFAULT.op_costs(one)["layers.attn.flash"].flops / cp) == 0
+
+
+def test_expert_parallel_dispatches_k_copies_of_each_token():
+    """Each token goes to its K experts and comes back: two all-to-alls of K x B x S x D in
+    forward, two in backward; each GPU holds E/ep experts' weights."""
+    step = compile_parallel(preset("mixtral-8x7b"), Parallel(ep=4, dp=4))
+    comm = _comm(step)
+    assert sorted(k for k, _, _ in comm.values()) == ["all_to_all"] * 4
+    for _, _, sent in comm.values():
+        assert sympy.simplify(sent - (ep - 1) / ep * K * B * S * D * 2) == 0
+    w = step.tensor("layers.experts.up_proj.weight")
+    assert w.shape[0] == sympy.Symbol("E", positive=True, integer=True) / ep
+
+
+# --- data parallelism and ZeRO -------------------------------------------------------------------
+
+@pytest.mark.parametrize("zero, weights, grads, states", [
+    (0, 2, 4, 12), (1, 2, 4, "12/N"), (2, 2, "4/N", "12/N"), (3, "2/N", "4/N", "12/N")])
+def test_zero_memory_per_gpu(zero, weights, grads, states):
+    """Rajbhandari et al. 2020 (with the Ultrascale Playbook's notation): BF16 weights 2 Psi,
+    gradients, Adam's FP32 master and moments 12 Psi, each divided by N as the stage shards it.
+    The issue's 2 Psi of gradients assumes BF16 gradients; opgraph accumulates them in FP32, as
+    Megatron-LM's main gradients and torchtitan's FSDP reduction do: 4 Psi."""
+    n = 8
+    step = replicate(compile_step(preset("llama3-8b")), Parallel(dp=n, zero=zero))
+    verify(step)
+    subs = resolve(step)
+    psi = int(preset("llama3-8b").parameters().xreplace(subs))
+    m = figures(peak(step, subs), subs, None)
+
+    def expect(rule):
+        return psi * (rule if isinstance(rule, int) else int(rule.split("/")[0]) / n)
+
+    assert m.weights == pytest.approx(expect(weights), rel=1e-12)
+    assert m.gradients == pytest.approx(expect(grads), rel=1e-12)
+    assert m.optimizer == pytest.approx(expect(states), rel=1e-12)
+
+
+def test_plain_data_parallel_all_reduces_every_gradient():
+    step = replicate(compile_step(preset("llama3-8b")), Parallel(dp=8))
+    reduced = [op for op in step.ops() if op.param("group") == "dp"]
+    assert {op.kind for op in reduced} == {"all_reduce"}
+    assert len(reduced) == len(step.weights())
+    subs = resolve(step)
+    sent = sum(float((message_bytes(step, op) * op.count).xreplace(subs)) for op in reduced)
+    psi = float(preset("llama3-8b").parameters().xreplace(subs))
+    assert sent == pytest.approx(4 * psi)  # every FP32 gradient once
+
+
+def test_fsdp_gathers_each_weight_in_forward_and_again_in_backward():
+    step = replicate(compile_step(preset("llama3-8b")), Parallel(dp=8, zero=3))
+    gathers = [op for op in step.ops() if op.kind == "all_gather"]
+    phases = {op.phase for op in gathers}
+    assert phases == {Phase.FORWARD, Phase.BACKWARD}
+    weights = {w.name for w in step.weights()}
+    assert {op.inputs[0] for op in gathers} == weights
+    assert all(step.tensor(op.outputs[0]).role is Role.ACTIVATION for op in gathers)
+
+
+# --- pipelines -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p, v, m", [(4, 1, 8), (8, 1, 32), (4, 2, 8), (8, 3, 24)])
+def test_the_1f1b_bubble_is_p_minus_1_over_v_m(p, v, m):
+    """Narayanan et al. 2021, section 2.2: (p - 1) / (v m) of the ideal time m T."""
+    t = 1.0
+    assert pipeline_span([t] * p, m, v) - m * t == pytest.approx((p - 1) / (v * m) * m * t)
+
+
+def test_a_pipeline_step_has_the_bubble_of_its_stages():
+    layout = Parallel(pp=4, micro_batch=1, global_batch=8)
+    r = profile_parallel(preset("llama3-8b"), H100, layout).parallel
+    first, *middle, last = r.stage_times_s
+    assert middle[0] == middle[1]  # the middle stages hold the same layers
+    assert last > middle[0]  # the last stage adds the head and the loss
+    m = layout.micro_batches
+    assert r.bubble_s == pytest.approx(m * last + (first + sum(middle)) - m * first)
+
+
+def test_uneven_stages():
+    assert stage_layers(126, Parallel(pp=16, first_stage_layers=7, last_stage_layers=7)) == [
+        7] + [8] * 14 + [7]
+    with pytest.raises(OpgraphError, match="do not split evenly"):
+        stage_layers(32, Parallel(pp=3, first_stage_layers=5))
+
+
+def test_in_flight_micro_batches():
+    """1F1B: min(p, m) on the first stage; interleaved, p (1 + (p - 1) / (p v))."""
+    assert in_flight(Parallel(pp=4, global_batch=16)) == 4
+    assert in_flight(Parallel(pp=4, global_batch=2)) == 2
+    assert in_flight(Parallel(pp=4, virtual_stages=2, global_batch=16)) == 4 * (1 + 3 / 8)
+
+
+# --- layouts that do not fit --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"tp": 3}, "not divisible by --tp 3"),
+    ({"pp": 5}, "do not divide into pp x virtual stages"),
+    ({"pp": 2, "virtual_stages": 3}, "do not divide into pp x virtual stages"),
+    ({"ep": 2, "dp": 2}, "has no experts"),
+])
+def test_degrees_the_model_does_not_divide(kwargs, says):
+    with pytest.raises(OpgraphError, match=says):
+        compile_parallel(preset("llama3-8b"), Parallel(**kwargs))
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"tp": 8, "gpus": 12}, "not divisible by tp x cp x pp"),
+    ({"dp": 4, "micro_batch": 2, "global_batch": 12}, "not divisible by dp x micro-batch"),
+    ({"sequence_parallel": True}, "needs tensor parallelism"),
+    ({"virtual_stages": 2}, "needs pipeline parallelism"),
+    ({"tp": 0}, "not positive"),
+])
+def test_layouts_that_contradict_themselves(kwargs, says):
+    with pytest.raises(OpgraphError, match=says):
+        Parallel(**kwargs)
+
+
+def test_the_cli_names_the_constraint(cli):
+    code, out, err = cli("profile", "--tp", "5", "--gpus", "8")
+    assert code == 2 and "not divisible by tp x cp x pp" in err and "\n" not in err.strip()
+    code, out, err = cli("profile", "--tp", "3", "--gpus", "3")
+    assert code == 2 and "H = 32 is not divisible by --tp 3" in err
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+def test_profile_json_over_many_gpus(cli, tmp_path):
+    trace = tmp_path / "rank.json"
+    code, out, _ = cli("profile", "--model", "llama3-70b", "--gpus", "64", "--tp", "8",
+                       "--pp", "2", "--global-batch", "64", "--sequence-parallel", "--zero", "1",
+                       "--json", "--trace", str(trace), "--rank", "63")
+    assert code == 0
+    o = json.loads(out)
+    assert o["gpus"] == 64
+    assert o["parallel"] | {"tp": 8, "pp": 2, "dp": 4, "zero": 1} == o["parallel"]
+    assert o["tokens_per_s_per_gpu"] == pytest.approx(64 * 8192 / o["step_time_s"] / 64)
+    assert o["bubble_s"] > 0 and 0 < o["exposed_communication_s"] < o["step_time_s"]
+    c = o["communication"][0]
+    assert set(c) >= {"name", "collective", "group_size", "bytes", "time_s", "exposed_s"}
+    assert set(o["memory"]) >= {"weights", "gradients", "optimizer", "activations", "total",
+                                "capacity", "fits"}
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"compute stream", "tp communication", "dp communication"} <= tracks
+    assert any(e.get("name", "").startswith("bubble") for e in events)
+
+
+def test_the_cluster_decides_the_tier(cli):
+    """TP over 8 GPUs of one node talks over NVLink; data parallelism across nodes over the
+    network (per-GPU NICs)."""
+    code, out, _ = cli("profile", "--gpus", "16", "--tp", "8", "--json")
+    o = json.loads(out)
+    tiers = {c["group"]: c["tier"] for c in o["communication"]}
+    assert tiers["tp"] == get_cluster("dgx-h100").tiers[0].name
+    assert tiers["dp"] == get_cluster("dgx-h100").tiers[1].name
