@@ -55,7 +55,7 @@ PRESET_CONFIGS: dict[str, LlamaConfig | GPT2Config] = {
 }
 
 
-# --- the record -------------------------------------------------------------------------------------
+# --- the record -----------------------------------------------------------------------------------
 def _resolved(layout: Parallel) -> Parallel:
     """The layout with dp, gpus and the global batch explicit; ZeRO 0 with one data-parallel
     rank (a stage of sharding over one rank shards nothing)."""
@@ -131,7 +131,7 @@ def _whole_text(text: str, what: str, maximum: int = MAX_DIM) -> int:
     return check_whole(int(digits), what, maximum)
 
 
-# --- torchtitan ---------------------------------------------------------------------------------------
+# --- torchtitan -----------------------------------------------------------------------------------
 # Key names as torchtitan spells them. The 2025 layout: pytorch/torchtitan
 # torchtitan/config/job_config.py and torchtitan/models/llama3/train_configs/llama3_8b.toml, as of
 # 9810191bb^ (the last TOML-configured version: [parallelism], [compile], training.local_batch_size
@@ -767,8 +767,6 @@ def _mg_model(flags: _Flags, tp: int) -> tuple[LlamaConfig | GPT2Config, int]:
         if hidden % heads and head_dim is None:
             raise OpgraphError(f"Megatron --hidden-size {hidden} is not divisible by "
                                f"--num-attention-heads {heads}; give --kv-channels")
-        if head_dim == hidden // heads and not hidden % heads:
-            head_dim = None
         return LlamaConfig(
             MEGATRON_MODEL, d_model=hidden, layers=layers, heads=heads,
             kv_heads=groups if gqa else heads,
