@@ -91,7 +91,8 @@ def _check_seq_len(launch, attribute, value) -> None:
 class Launch:
     """A job config in opgraph's terms.
 
-    `model` is a preset name or a model configuration; `recompute` a policy of
+    `model` is a preset name or a model configuration; `seq_len` the job's sequence length
+    (None: the model's own); `recompute` a policy of
     passes/recompute.py; `fuse` "elementwise" where the job compiles its model (torch.compile);
     `unknown` the keys or flags the reader did not understand or opgraph does not model, as the
     file spelt them; `source` the file, or "megatron arguments".
@@ -212,22 +213,28 @@ def read_torchtitan(path: str | Path, gpus: int | None = None) -> Launch:
     """The Launch of a torchtitan job TOML, in its late-2024 or its 2025 layout.
 
     The model is torchtitan's llama3 flavor 8B, 70B or 405B (presets llama3-8b, llama3-70b,
-    llama3.1-405b). Data parallelism: `data_parallel_shard_degree` ranks run FSDP (ZeRO 3),
-    -1 meaning the GPUs left over (then `gpus` is needed); `data_parallel_replicate_degree`
-    ranks alone run DDP (ZeRO 0). Both above one is HSDP, read as FSDP over all shard x replicate
-    ranks (sharding within the shard group and all-reducing across replicas is not modelled
-    separately) and listed in `unknown`. The local batch (`batch_size`, `local_batch_size`:
-    sequences per data-parallel rank per step) is the micro-batch, or, with a pipeline, is cut
-    into micro-batches of `pipeline_parallel_microbatch_size` (late 2024: into
-    `pipeline_parallel_microbatches` of them, by default pp); the global batch is local x dp, or
-    `global_batch_size` (gradient accumulation). Activation checkpointing: "none", "full",
-    "selective" with `selective_ac_option` "op" (selective-op) or "1" (every layer: full); any
-    other option is an error. float8 linears mean fp8; compile means elementwise fusion.
-    torchtitan's tensor parallelism always shards the sequence (sequence parallel); FSDP reduces
-    gradients in `mixed_precision_reduce` (float32). An interleaved schedule has two stages per
-    rank unless `pipeline_parallel_layers_per_stage` says otherwise; torchtitan's split, which
-    counts the embedding and the head as a layer each, is read as an even one. Defaults are
-    torchtitan's (local batch 8, sequence 2048, selective AC every 2nd layer, shard -1).
+    llama3.1-405b). Defaults are torchtitan's: local batch 8, sequence 2048, shard degree -1,
+    selective activation checkpointing of every 2nd layer (an error: say the mode).
+
+    Data parallelism: `data_parallel_shard_degree` ranks run FSDP (ZeRO 3), -1 meaning the GPUs
+    left over (then `gpus` is needed); `data_parallel_replicate_degree` ranks alone run DDP
+    (ZeRO 0). Both above one is HSDP: read as FSDP over all shard x replicate ranks (sharding
+    within the shard group and all-reducing across the replicas is not modelled separately) and
+    listed in `unknown`. With context parallelism torchtitan's FSDP shards over the cp ranks
+    too; opgraph's ZeRO stage counts the data-parallel ranks only. FSDP reduces gradients in
+    `mixed_precision_reduce` (float32). Tensor parallelism always shards the sequence.
+
+    Batches: the local batch (`batch_size`, later `local_batch_size`: sequences per
+    data-parallel rank per step) is the micro-batch; with a pipeline it is cut into micro-batches
+    of `pipeline_parallel_microbatch_size` (late 2024: into `pipeline_parallel_microbatches` of
+    them, by default pp). The global batch is local x dp, or `global_batch_size` (gradient
+    accumulation). An interleaved schedule has two stages per rank unless
+    `pipeline_parallel_layers_per_stage` says otherwise; torchtitan's split, which counts the
+    embedding and the head as a layer each, is read as an even one.
+
+    Activation checkpointing "none" and "full" are themselves; "selective" with
+    `selective_ac_option` "op" is selective-op, "1" (every layer) full, any other N an error.
+    float8 linears are fp8; compile is elementwise fusion.
 
         read_torchtitan("train_configs/llama3_8b.toml", gpus=8).parallel.zero   # 3: FSDP
     """
@@ -350,8 +357,11 @@ def _tt_virtual_stages(keys: dict, model: str, pp: int, unknown: list[str]) -> i
     splits = keys.get("parallelism.pipeline_parallel_split_points")
     per_stage = keys.get("parallelism.pipeline_parallel_layers_per_stage")
     if splits is not None:
+        if not isinstance(splits, list):
+            raise OpgraphError(f"torchtitan config: pipeline_parallel_split_points = {splits!r} "
+                               "must be a list of layer names")
         unknown.append("pipeline_parallel_split_points (read as an even split)")
-        stages = len(splits) + 1 if isinstance(splits, list) else pp
+        stages = len(splits) + 1
     elif per_stage is not None:
         per_stage = _tt_whole(keys, "parallelism.pipeline_parallel_layers_per_stage", 1)
         weights = sum(_tt_whole(keys, f"parallelism.pipeline_parallel_{end}_stage_less_layers", 1,
@@ -381,6 +391,9 @@ def _tt_data_parallel(keys: dict, model_ranks: int, gpus: int | None,
         shard = gpus // (replicate * model_ranks)
     shard = _tt_whole({"parallelism.data_parallel_shard_degree": shard},
                       "parallelism.data_parallel_shard_degree", 1)
+    if gpus is not None and replicate * shard * model_ranks != gpus:
+        raise OpgraphError(f"torchtitan config's degrees (replicate x shard x tp x cp x pp) "
+                           f"make {replicate * shard * model_ranks} GPUs, not --gpus {gpus}")
     if shard > 1 and replicate > 1:
         unknown.append(f"data_parallel_replicate_degree = {replicate} with shard degree {shard} "
                        f"(HSDP, read as FSDP over {replicate * shard} ranks)")

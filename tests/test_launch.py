@@ -262,6 +262,10 @@ def test_torchtitan_llama3_8b_fsdp_run(toml):
 def test_torchtitan_shard_minus_one_needs_the_gpus(toml):
     message = one_line_error(read_torchtitan, toml(TORCHTITAN_8B))
     assert "data_parallel_shard_degree = -1" in message and "--gpus" in message
+    text = TORCHTITAN_8B.replace("data_parallel_shard_degree = -1",
+                                 "data_parallel_shard_degree = 8")
+    assert read_torchtitan(toml(text)).parallel.gpus == 8
+    assert "make 8 GPUs, not --gpus 16" in one_line_error(read_torchtitan, toml(text), gpus=16)
 
 
 def test_torchtitan_2025_layout_405b_3d_run(toml):
