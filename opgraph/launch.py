@@ -547,16 +547,7 @@ def to_torchtitan(launch: Launch) -> str:
 # TransformerConfig fields, and megatron/core/transformer/transformer_config.py for the recompute
 # rules. `--padded-vocab-size` is not a Megatron flag (Megatron computes padded_vocab_size); it is
 # read as the embedding's rows given directly.
-_MG_MODEL = ("--num-layers", "--hidden-size", "--num-attention-heads", "--num-query-groups",
-             "--ffn-hidden-size", "--seq-length", "--max-position-embeddings", "--vocab-size",
-             "--padded-vocab-size", "--make-vocab-size-divisible-by", "--kv-channels",
-             "--num-experts", "--moe-router-topk")
-_MG_LAYOUT = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
-              "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
-              "--context-parallel-size", "--expert-model-parallel-size", "--micro-batch-size",
-              "--global-batch-size", "--decoder-first-pipeline-num-layers",
-              "--decoder-last-pipeline-num-layers", "--recompute-num-layers")
-_MG_CHOICES = {
+_MG_CHOICES = {  # flags with a value from a list (None: any)
     "--normalization": ("LayerNorm", "RMSNorm"),
     "--position-embedding-type": ("learned_absolute", "rope"),
     "--recompute-granularity": ("full", "selective"),
@@ -565,14 +556,7 @@ _MG_CHOICES = {
     "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads",
                                           "optim_grads_params"),
     "--tokenizer-type": None,  # any name
-    "--recompute-modules": None,
 }
-_MG_SWITCHES = (
-    "--group-query-attention", "--swiglu", "--untie-embeddings-and-output-weights",
-    "--sequence-parallel", "--recompute-activations", "--use-distributed-optimizer", "--bf16",
-    "--fp16", "--tp-comm-overlap", "--disable-bias-linear", "--add-qkv-bias",
-    "--grad-reduce-in-bf16", "--use-megatron-fsdp", "--use-custom-fsdp",
-)
 # Megatron's fused kernels, on by default: read as elementwise fusion; any turned off, as none.
 _MG_NO_FUSION = ("--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion",
                  "--no-masked-softmax-fusion")
@@ -596,7 +580,7 @@ _MG_QUIET = frozenset((
     "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
     "--overlap-param-gather", "--manual-gc", "--no-async-tensor-model-parallel-allreduce",
     "--no-gradient-accumulation-fusion", "--no-rope-fusion",
-))
+))  # overlapping DP communication with compute, and flash attention, are what opgraph assumes
 _MG_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 GPT2_BPE_VOCAB = 50257  # rows of GPT-2's BPE vocabulary (openai-community/gpt2 config.json)
 
