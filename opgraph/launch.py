@@ -1,0 +1,948 @@
+"""Launch configs: what a torchtitan job TOML or a Megatron-LM command line says, in opgraph's
+terms (a model, a sequence length, a `Parallel` layout, a recompute policy, a precision), and
+back again.
+
+    launch = read_torchtitan("llama3_8b.toml", gpus=64)
+    launch.model, launch.parallel.dp, launch.recompute      # "llama3-8b", 64, "selective-op"
+    launch = read_megatron("--num-layers 96 --hidden-size 12288 ...", gpus=64)
+    text = to_megatron(launch)                              # the arguments again, one line
+
+Nothing a file says is dropped in silence. A key or flag the reader does not know, or a known one
+set to something opgraph does not model (a GPipe schedule, CPU offload, HSDP), is listed in
+`Launch.unknown`, which the CLI prints as a warning; keys that do not change the step's time
+(paths, logging, checkpoints, learning rates) are known and quiet. A setting opgraph cannot stand
+in for at all (activation checkpointing of every second layer, fp32 training) is a one-line
+OpgraphError that names it.
+
+A Launch holds its layout resolved (`dp`, `gpus` and the global batch explicit; ZeRO stage 0 with
+one data-parallel rank, where sharding has nothing to shard over), so two Launches of one job
+compare equal however they were written. `source` and `unknown` say where a Launch came from, not
+what it is, and take no part in equality: `read_torchtitan(f)` of the file `to_torchtitan(l)`
+wrote equals `l`, and so does `read_megatron(to_megatron(l), gpus=l.parallel.gpus)` (Megatron's
+arguments do not carry the world size: the launcher does).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import tomllib
+from pathlib import Path
+
+import attrs
+
+from opgraph.models import PRESETS, gpt2, llama
+from opgraph.models.gpt2 import GPT2Config
+from opgraph.models.llama import LlamaConfig
+
+from .datafile import read_small
+from .errors import OpgraphError
+from .limits import MAX_DIGITS, MAX_DIM, check_whole
+from .parallel import Parallel
+
+RECOMPUTE = ("none", "selective", "selective-op", "full")  # passes/recompute.py POLICIES
+PRECISIONS = ("bf16", "fp8")
+FUSE = (None, "elementwise")
+MEGATRON_SOURCE = "megatron arguments"
+MEGATRON_MODEL = "megatron-model"  # the name of a model read from Megatron's dimensions
+
+# The configurations behind the presets a launch config can name or be written as.
+PRESET_CONFIGS: dict[str, LlamaConfig | GPT2Config] = {
+    "llama3-8b": llama.LLAMA3_8B, "llama3-70b": llama.LLAMA3_70B,
+    "llama3.1-405b": llama.LLAMA3_1_405B, "llama3.2-1b": llama.LLAMA3_2_1B,
+    "mixtral-8x7b": llama.MIXTRAL_8X7B, "qwen2-7b": llama.QWEN2_7B,
+    "gpt2": gpt2.GPT2, "gpt3-175b": gpt2.GPT3_175B,
+}
+
+
+# --- the record -----------------------------------------------------------------------------------
+def _resolved(layout: Parallel) -> Parallel:
+    """The layout with dp, gpus and the global batch explicit; ZeRO 0 with one data-parallel
+    rank (a stage of sharding over one rank shards nothing)."""
+    if not isinstance(layout, Parallel):
+        raise OpgraphError(f"launch parallel {layout!r} is not an opgraph.parallel.Parallel")
+    dp = layout.dp_degree
+    return attrs.evolve(layout, dp=dp, gpus=layout.world, global_batch=layout.batch,
+                        zero=layout.zero if dp > 1 else 0)
+
+
+def _one_of(choices: tuple):
+    def check(launch, attribute, value) -> None:
+        if value not in choices:
+            shown = ", ".join(repr(c) for c in choices)
+            raise OpgraphError(f"launch {attribute.name} {value!r}: give one of {shown}")
+    return check
+
+
+def _check_model(launch, attribute, value) -> None:
+    if isinstance(value, LlamaConfig | GPT2Config):
+        return
+    if not isinstance(value, str) or value not in PRESETS:
+        raise OpgraphError(f"launch model {value!r}: give a preset ({', '.join(sorted(PRESETS))}) "
+                           "or a LlamaConfig / GPT2Config")
+
+
+def _check_seq_len(launch, attribute, value) -> None:
+    if value is not None:
+        check_whole(value, "sequence length", MAX_DIM)
+
+
+@attrs.frozen(kw_only=True)
+class Launch:
+    """A job config in opgraph's terms.
+
+    `model` is a preset name or a model configuration; `seq_len` the job's sequence length
+    (None: the model's own); `recompute` a policy of
+    passes/recompute.py; `fuse` "elementwise" where the job compiles its model (torch.compile);
+    `unknown` the keys or flags the reader did not understand or opgraph does not model, as the
+    file spelt them; `source` the file, or "megatron arguments".
+
+        Launch(model="llama3-8b", seq_len=8192, parallel=Parallel(gpus=8, zero=3))
+    """
+
+    model: str | LlamaConfig | GPT2Config = attrs.field(validator=_check_model)
+    seq_len: int | None = attrs.field(default=None, validator=_check_seq_len)
+    parallel: Parallel = attrs.field(factory=Parallel, converter=_resolved)
+    recompute: str = attrs.field(default="none", validator=_one_of(RECOMPUTE))
+    precision: str = attrs.field(default="bf16", validator=_one_of(PRECISIONS))
+    fuse: str | None = attrs.field(default=None, validator=_one_of(FUSE))
+    unknown: tuple[str, ...] = attrs.field(default=(), converter=tuple, eq=False)
+    source: str = attrs.field(default="", eq=False)
+
+
+def _config(model: str | LlamaConfig | GPT2Config, what: str) -> LlamaConfig | GPT2Config:
+    """The configuration behind a launch's model, for writers that need its dimensions."""
+    if not isinstance(model, str):
+        return model
+    try:
+        return PRESET_CONFIGS[model]
+    except KeyError:
+        raise OpgraphError(f"model {model!r} has no {what} form; opgraph writes "
+                           f"{', '.join(PRESET_CONFIGS)} or a LlamaConfig / GPT2Config") from None
+
+
+def _whole_text(text: str, what: str, maximum: int = MAX_DIM) -> int:
+    """A whole number written in decimal digits, parsed (never evaluated), within bounds."""
+    digits = text.strip()
+    if not digits.isascii() or not digits.isdigit():
+        raise OpgraphError(f"{what} {text!r} is not a whole number")
+    if len(digits) > MAX_DIGITS:
+        raise OpgraphError(f"{what} has {len(digits)} digits; give a whole number up to "
+                           f"{maximum:,}")
+    return check_whole(int(digits), what, maximum)
+
+
+# --- torchtitan -----------------------------------------------------------------------------------
+# Key names as torchtitan spells them. The 2025 layout: pytorch/torchtitan
+# torchtitan/config/job_config.py and torchtitan/models/llama3/train_configs/llama3_8b.toml, as of
+# 9810191bb^ (the last TOML-configured version: [parallelism], [compile], training.local_batch_size
+# and global_batch_size, model.converters = ["quantize.linear.float8"], earlier "float8"). The
+# late-2024 layout: torchtitan/config_manager.py and train_configs/llama3_8b.toml at 9dec370
+# (the degrees in [training] and [experimental], training.batch_size, training.compile,
+# [float8] enable_float8_linear; mid-2024: training.enable_float8_linear).
+_TT_RENAMED = {  # late-2024 key -> its 2025 name
+    "training.batch_size": "training.local_batch_size",
+    "training.data_parallel_replicate_degree": "parallelism.data_parallel_replicate_degree",
+    "training.data_parallel_shard_degree": "parallelism.data_parallel_shard_degree",
+    "training.tensor_parallel_degree": "parallelism.tensor_parallel_degree",
+    "training.disable_loss_parallel": "parallelism.disable_loss_parallel",
+    "training.compile": "compile.enable",
+    "training.enable_float8_linear": "float8.enable_float8_linear",
+    "training.warmup_steps": "lr_scheduler.warmup_steps",
+    "experimental.pipeline_parallel_degree": "parallelism.pipeline_parallel_degree",
+    "experimental.pipeline_parallel_schedule": "parallelism.pipeline_parallel_schedule",
+    "experimental.pipeline_parallel_schedule_csv": "parallelism.pipeline_parallel_schedule_csv",
+    "experimental.pipeline_parallel_split_points": "parallelism.pipeline_parallel_split_points",
+    "experimental.pipeline_parallel_microbatches": "parallelism.pipeline_parallel_microbatches",
+    "experimental.context_parallel_degree": "parallelism.context_parallel_degree",
+    "experimental.context_parallel_rotate_method": "parallelism.context_parallel_rotate_method",
+    "experimental.enable_async_tensor_parallel": "parallelism.enable_async_tensor_parallel",
+}
+_TT_READ = {  # keys that become part of the Launch
+    "model.name", "model.flavor", "model.converters",
+    "training.local_batch_size", "training.global_batch_size", "training.seq_len",
+    "training.mixed_precision_reduce",
+    "parallelism.data_parallel_replicate_degree", "parallelism.data_parallel_shard_degree",
+    "parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
+    "parallelism.context_parallel_degree", "parallelism.expert_parallel_degree",
+    "parallelism.enable_async_tensor_parallel", "parallelism.pipeline_parallel_schedule",
+    "parallelism.pipeline_parallel_microbatch_size", "parallelism.pipeline_parallel_microbatches",
+    "parallelism.pipeline_parallel_layers_per_stage",
+    "parallelism.pipeline_parallel_first_stage_less_layers",
+    "parallelism.pipeline_parallel_last_stage_less_layers",
+    "compile.enable", "float8.enable_float8_linear",
+    "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
+}
+_TT_ASSUMED = {  # known keys whose time-relevant effect opgraph models only at this value
+    "optimizer.name": "AdamW",
+    "training.mixed_precision_param": "bfloat16",
+    "training.enable_cpu_offload": False,
+    "parallelism.fsdp_reshard_after_forward": "default",
+    "parallelism.expert_tensor_parallel_degree": 1,
+    "parallelism.pipeline_parallel_schedule_csv": "",
+}
+_TT_QUIET_SECTIONS = {  # nothing in these changes the step's time
+    "job", "profiling", "metrics", "checkpoint", "comm", "memory_estimation", "fault_tolerance",
+    "validation", "lr_scheduler", "debug", "optimizer", "float8", "quantize",
+}
+_TT_QUIET = {
+    "model.tokenizer_path", "model.hf_assets_path", "model.norm_type",
+    "model.print_after_conversion",
+    "training.dataset", "training.dataset_path", "training.max_norm", "training.steps",
+    "training.seed", "training.deterministic", "training.gc_freq", "training.gc_debug",
+    "training.dtype",
+    "parallelism.disable_loss_parallel", "parallelism.context_parallel_rotate_method",
+    "parallelism.context_parallel_load_balancer", "parallelism.expert_parallel_comm_backend",
+    "parallelism.pipeline_parallel_expert_parallel_overlap",
+    "activation_checkpoint.preserve_rng_state", "activation_checkpoint.determinism_check",
+    "activation_checkpoint.debug", "activation_checkpoint.early_stop",
+    "activation_checkpoint.memory_budget", "activation_checkpoint.visualize_memory_budget_pareto",
+    "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
+    "compile.components", "compile.backend",
+    "experimental.custom_import", "experimental.custom_args_module",
+}
+_TT_QUIET_PREFIXES = ("training.dataloader.", "validation.")
+TORCHTITAN_MODELS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b",
+                     ("llama3", "405B"): "llama3.1-405b"}
+_TT_FLOAT8 = ("float8", "quantize.linear.float8")  # model.converters that turn float8 on
+_TT_SINGLE_STAGE = ("1F1B", "GPipe")  # one stage per rank; the others interleave several
+_TT_MODELLED_SCHEDULES = ("1F1B", "Interleaved1F1B")
+
+
+def read_torchtitan(path: str | Path, gpus: int | None = None) -> Launch:
+    """The Launch of a torchtitan job TOML, in its late-2024 or its 2025 layout.
+
+    The model is torchtitan's llama3 flavor 8B, 70B or 405B (presets llama3-8b, llama3-70b,
+    llama3.1-405b). Defaults are torchtitan's: local batch 8, sequence 2048, shard degree -1,
+    selective activation checkpointing of every 2nd layer (an error: say the mode).
+
+    Data parallelism: `data_parallel_shard_degree` ranks run FSDP (ZeRO 3), -1 meaning the GPUs
+    left over (then `gpus` is needed); `data_parallel_replicate_degree` ranks alone run DDP
+    (ZeRO 0). Both above one is HSDP: read as FSDP over all shard x replicate ranks (sharding
+    within the shard group and all-reducing across the replicas is not modelled separately) and
+    listed in `unknown`. With context parallelism torchtitan's FSDP shards over the cp ranks
+    too; opgraph's ZeRO stage counts the data-parallel ranks only. FSDP reduces gradients in
+    `mixed_precision_reduce` (float32). Tensor parallelism always shards the sequence.
+
+    Batches: the local batch (`batch_size`, later `local_batch_size`: sequences per
+    data-parallel rank per step) is the micro-batch; with a pipeline it is cut into micro-batches
+    of `pipeline_parallel_microbatch_size` (late 2024: into `pipeline_parallel_microbatches` of
+    them, by default pp). The global batch is local x dp, or `global_batch_size` (gradient
+    accumulation). An interleaved schedule has two stages per rank unless
+    `pipeline_parallel_layers_per_stage` says otherwise; torchtitan's split, which counts the
+    embedding and the head as a layer each, is read as an even one.
+
+    Activation checkpointing "none" and "full" are themselves; "selective" with
+    `selective_ac_option` "op" is selective-op, "1" (every layer) full, any other N an error.
+    float8 linears are fp8; compile is elementwise fusion.
+
+        read_torchtitan("train_configs/llama3_8b.toml", gpus=8).parallel.zero   # 3: FSDP
+    """
+    text = read_small(path, "torchtitan config")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise OpgraphError(f"torchtitan config {path} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise OpgraphError(f"torchtitan config {path} nests too deeply; it is not a job "
+                           "config") from None
+    except ValueError as e:
+        raise OpgraphError(f"torchtitan config {path}: {str(e).split(':')[0]}") from None
+    return _from_torchtitan(data, gpus, str(path))
+
+
+def _flatten(table: dict, prefix: str = "") -> dict[str, object]:
+    """A TOML document's leaves by dotted key, in file order: `{"training.seq_len": 8192}`."""
+    leaves = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            leaves |= _flatten(value, f"{prefix}{key}.")
+        else:
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
+def _tt_is_quiet(key: str) -> bool:
+    return (key in _TT_QUIET or key.split(".")[0] in _TT_QUIET_SECTIONS
+            or key.startswith(_TT_QUIET_PREFIXES))
+
+
+def _tt_keys(data: dict) -> tuple[dict[str, object], list[str], bool]:
+    """The file's keys under their 2025 names, what it says that opgraph does not model, and
+    whether it is in the late-2024 layout."""
+    keys: dict[str, object] = {}
+    unknown: list[str] = []
+    legacy = False
+    for key, value in _flatten(data).items():
+        name = _TT_RENAMED.get(key, key)
+        legacy |= name != key or key == "experimental.pipeline_parallel_microbatches"
+        if name in keys and keys[name] != value:
+            raise OpgraphError(f"torchtitan config gives {name} twice ({keys[name]!r} and "
+                               f"{value!r}, as {key}); keep one")
+        keys[name] = value
+        if name in _TT_READ:
+            continue
+        if name in _TT_ASSUMED:
+            if value != _TT_ASSUMED[name]:
+                unknown.append(f"{key} = {value!r} (opgraph models {_TT_ASSUMED[name]!r})")
+        elif not _tt_is_quiet(name):
+            unknown.append(key)
+    return keys, unknown, legacy
+
+
+def _tt_whole(keys: dict, key: str, default: int, lowest: int = 1) -> int:
+    value = keys.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < lowest or (
+            value > MAX_DIM):
+        raise OpgraphError(f"torchtitan config: {key} = {value!r} is not a whole number from "
+                           f"{lowest} to {MAX_DIM:,}")
+    return value
+
+
+def _tt_flag(keys: dict, key: str) -> bool:
+    value = keys.get(key, False)
+    if not isinstance(value, bool):
+        raise OpgraphError(f"torchtitan config: {key} = {value!r} must be true or false")
+    return value
+
+
+def _tt_model(keys: dict) -> str:
+    name, flavor = keys.get("model.name", "llama3"), keys.get("model.flavor", "debugmodel")
+    try:
+        return TORCHTITAN_MODELS[(name, flavor)]
+    except (KeyError, TypeError):
+        raise OpgraphError(f"torchtitan model {name!r} flavor {flavor!r} has no opgraph preset; "
+                           "opgraph reads llama3 flavors 8B, 70B and 405B") from None
+
+
+def _tt_recompute(keys: dict) -> str:
+    """torchtitan's activation checkpointing as a recompute policy (defaults: selective, "2")."""
+    mode = keys.get("activation_checkpoint.mode", "selective")
+    option = keys.get("activation_checkpoint.selective_ac_option", "2")
+    if mode in ("none", "full"):
+        return mode
+    if mode != "selective":
+        raise OpgraphError(f"torchtitan activation_checkpoint.mode {mode!r} is not modelled; "
+                           "opgraph reads none, selective and full")
+    if option == "op":
+        return "selective-op"
+    if str(option) == "1":
+        return "full"  # a checkpoint every layer is full recomputation
+    raise OpgraphError(f"torchtitan activation_checkpoint.selective_ac_option {option!r} "
+                       "(checkpoint every Nth layer) is not modelled; opgraph recomputes every "
+                       "layer or none: give 'op', '1' or mode 'full'")
+
+
+def _tt_precision(keys: dict, unknown: list[str]) -> str:
+    converters = keys.get("model.converters", [])
+    if isinstance(converters, str):  # torchtitan's command line gives them comma-separated
+        converters = [c.strip() for c in converters.split(",") if c.strip()]
+    if not isinstance(converters, list) or not all(isinstance(c, str) for c in converters):
+        raise OpgraphError(f"torchtitan config: model.converters = {converters!r} must be a "
+                           "list of names")
+    unknown.extend(f"model.converters {c!r}" for c in converters if c not in _TT_FLOAT8)
+    fp8 = _tt_flag(keys, "float8.enable_float8_linear") or any(c in _TT_FLOAT8
+                                                               for c in converters)
+    return "fp8" if fp8 else "bf16"
+
+
+def _tt_virtual_stages(keys: dict, model: str, pp: int, unknown: list[str]) -> int:
+    """Stages per pipeline rank: 1 for a single-stage schedule, else as torchtitan counts them."""
+    if pp == 1:
+        return 1
+    schedule = keys.get("parallelism.pipeline_parallel_schedule", "1F1B")
+    if schedule not in _TT_MODELLED_SCHEDULES:
+        read = "1F1B" if schedule in _TT_SINGLE_STAGE else "interleaved 1F1B"
+        unknown.append(f"pipeline_parallel_schedule = {schedule!r} (read as {read})")
+    splits = keys.get("parallelism.pipeline_parallel_split_points")
+    per_stage = keys.get("parallelism.pipeline_parallel_layers_per_stage")
+    if splits is not None:
+        if not isinstance(splits, list):
+            raise OpgraphError(f"torchtitan config: pipeline_parallel_split_points = {splits!r} "
+                               "must be a list of layer names")
+        unknown.append("pipeline_parallel_split_points (read as an even split)")
+        stages = len(splits) + 1
+    elif per_stage is not None:
+        per_stage = _tt_whole(keys, "parallelism.pipeline_parallel_layers_per_stage", 1)
+        weights = sum(_tt_whole(keys, f"parallelism.pipeline_parallel_{end}_stage_less_layers", 1,
+                                lowest=0) for end in ("first", "last"))
+        stages = math.ceil((PRESET_CONFIGS[model].layers + weights) / per_stage)
+    else:
+        return 1 if schedule in _TT_SINGLE_STAGE else 2
+    if stages % pp:
+        raise OpgraphError(f"torchtitan config: {stages} pipeline stages do not divide over "
+                           f"pipeline_parallel_degree {pp}")
+    return stages // pp
+
+
+def _tt_data_parallel(keys: dict, model_ranks: int, gpus: int | None,
+                      unknown: list[str]) -> tuple[int, int]:
+    """The data-parallel degree and ZeRO stage: FSDP over the shard ranks, DDP over replicas."""
+    replicate = _tt_whole(keys, "parallelism.data_parallel_replicate_degree", 1)
+    shard = keys.get("parallelism.data_parallel_shard_degree", -1)
+    if shard == -1:
+        if gpus is None:
+            raise OpgraphError("torchtitan data_parallel_shard_degree = -1 takes the GPUs left "
+                               "over: give the number of GPUs (--gpus)")
+        gpus = check_whole(gpus, "--gpus", MAX_DIM)
+        if gpus % (replicate * model_ranks):
+            raise OpgraphError(f"--gpus {gpus} is not divisible by replicate x tp x cp x pp = "
+                               f"{replicate * model_ranks}")
+        shard = gpus // (replicate * model_ranks)
+    shard = _tt_whole({"parallelism.data_parallel_shard_degree": shard},
+                      "parallelism.data_parallel_shard_degree", 1)
+    if gpus is not None and replicate * shard * model_ranks != gpus:
+        raise OpgraphError(f"torchtitan config's degrees (replicate x shard x tp x cp x pp) "
+                           f"make {replicate * shard * model_ranks} GPUs, not --gpus {gpus}")
+    if shard > 1 and replicate > 1:
+        unknown.append(f"data_parallel_replicate_degree = {replicate} with shard degree {shard} "
+                       f"(HSDP, read as FSDP over {replicate * shard} ranks)")
+    return replicate * shard, 3 if shard > 1 else 0
+
+
+def _tt_batches(keys: dict, dp: int, pp: int, legacy: bool) -> tuple[int, int]:
+    """The micro-batch and the global batch, in sequences."""
+    local = _tt_whole(keys, "training.local_batch_size", 8)
+    micro = local
+    if pp > 1:
+        if "parallelism.pipeline_parallel_microbatches" in keys or legacy:
+            count = _tt_whole(keys, "parallelism.pipeline_parallel_microbatches", pp)
+            if local % count:
+                raise OpgraphError(f"torchtitan config: batch size {local} does not split into "
+                                   f"{count} pipeline micro-batches")
+            micro = local // count
+        else:
+            micro = _tt_whole(keys, "parallelism.pipeline_parallel_microbatch_size", 1)
+            if local % micro:
+                raise OpgraphError(f"torchtitan config: local_batch_size {local} is not a "
+                                   f"multiple of pipeline_parallel_microbatch_size {micro}")
+    total = keys.get("training.global_batch_size", -1)
+    if total == -1:
+        return micro, local * dp
+    total = _tt_whole(keys, "training.global_batch_size", -1)
+    if total % (local * dp):
+        raise OpgraphError(f"torchtitan config: global_batch_size {total} is not a multiple of "
+                           f"local_batch_size x dp = {local} x {dp}")
+    return micro, total
+
+
+def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
+    keys, unknown, legacy = _tt_keys(data)
+    model = _tt_model(keys)
+    tp = _tt_whole(keys, "parallelism.tensor_parallel_degree", 1)
+    pp = _tt_whole(keys, "parallelism.pipeline_parallel_degree", 1)
+    cp = _tt_whole(keys, "parallelism.context_parallel_degree", 1)
+    ep = _tt_whole(keys, "parallelism.expert_parallel_degree", 1)
+    dp, zero = _tt_data_parallel(keys, tp * cp * pp, gpus, unknown)
+    micro, total = _tt_batches(keys, dp, pp, legacy)
+    reduce = keys.get("training.mixed_precision_reduce", "float32")
+    if reduce not in ("float32", "bfloat16"):
+        raise OpgraphError(f"torchtitan training.mixed_precision_reduce {reduce!r}: give "
+                           "float32 or bfloat16")
+    for end in ("first", "last"):
+        key = f"parallelism.pipeline_parallel_{end}_stage_less_layers"
+        if key in keys and "parallelism.pipeline_parallel_layers_per_stage" not in keys:
+            unknown.append(f"pipeline_parallel_{end}_stage_less_layers (read as an even split)")
+    layout = Parallel(
+        tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, gpus=gpus, micro_batch=micro, global_batch=total,
+        virtual_stages=_tt_virtual_stages(keys, model, pp, unknown),
+        sequence_parallel=tp > 1, zero=zero,
+        async_tp=_tt_flag(keys, "parallelism.enable_async_tensor_parallel"),
+        reduce_dtype="fp32" if reduce == "float32" else "bf16")
+    return Launch(model=model, seq_len=_tt_whole(keys, "training.seq_len", 2048),
+                  parallel=layout, recompute=_tt_recompute(keys),
+                  precision=_tt_precision(keys, unknown),
+                  fuse="elementwise" if _tt_flag(keys, "compile.enable") else None,
+                  unknown=tuple(unknown), source=source)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _tt_layers_per_stage(layers: int, stages: int) -> int:
+    """A pipeline_parallel_layers_per_stage for which torchtitan counts `stages` stages
+    (ceil((layers + 1 + 1) / n), the embedding and the head counted as a layer each)."""
+    for per_stage in range(1, layers + 3):
+        if math.ceil((layers + 2) / per_stage) == stages:
+            return per_stage
+    raise OpgraphError(f"torchtitan cannot cut {layers} layers into {stages} pipeline stages "
+                       "with pipeline_parallel_layers_per_stage; pick other virtual stages")
+
+
+def to_torchtitan(launch: Launch) -> str:
+    """The torchtitan job TOML (2025 layout) of a launch: the inverse of `read_torchtitan`.
+
+    Only what torchtitan can say is written: a llama3 preset; FSDP (ZeRO 3) or DDP (ZeRO 0);
+    tensor parallelism with sequence parallelism; selective-op, full or no recomputation; an
+    even pipeline split. Anything else is a one-line OpgraphError naming it.
+
+        >>> print(to_torchtitan(Launch(model="llama3-8b", seq_len=8192,
+        ...                            parallel=Parallel(gpus=8, zero=3))).splitlines()[2])
+        name = "llama3"
+    """
+    by_preset = {preset: key for key, preset in TORCHTITAN_MODELS.items()}
+    if launch.model not in by_preset:
+        shown = launch.model if isinstance(launch.model, str) else launch.model.name
+        raise OpgraphError(f"model {shown!r} has no torchtitan flavor; torchtitan trains "
+                           f"{', '.join(by_preset)}")
+    name, flavor = by_preset[launch.model]
+    p = launch.parallel
+    if p.dp > 1 and p.zero not in (0, 3):
+        raise OpgraphError(f"torchtitan has no ZeRO stage {p.zero}: it runs FSDP (zero 3) or "
+                           "DDP (zero 0)")
+    if p.tp > 1 and not p.sequence_parallel:
+        raise OpgraphError("torchtitan's tensor parallelism always shards the sequence: give "
+                           "sequence parallelism with tp above 1")
+    if p.first_stage_layers or p.last_stage_layers:
+        raise OpgraphError("torchtitan splits the pipeline's layers itself; uneven first or last "
+                           "stages have no torchtitan form")
+    if launch.recompute == "selective":
+        raise OpgraphError("torchtitan has no attention-core ('selective') recomputation; give "
+                           "selective-op, full or none")
+    shard, replicate = (p.dp, 1) if p.zero == 3 else (1, p.dp)
+    local = p.global_batch // p.dp if p.pp > 1 else p.micro_batch
+    config = PRESET_CONFIGS[launch.model]
+    model = {"name": name, "flavor": flavor}
+    if launch.precision == "fp8":
+        model["converters"] = ["quantize.linear.float8"]
+    training = {"local_batch_size": local, "seq_len": launch.seq_len or config.seq_len,
+                "mixed_precision_reduce": "float32" if p.reduce_dtype == "fp32" else "bfloat16"}
+    if p.global_batch != local * p.dp:
+        training["global_batch_size"] = p.global_batch
+    parallelism = {"data_parallel_replicate_degree": replicate,
+                   "data_parallel_shard_degree": shard, "tensor_parallel_degree": p.tp,
+                   "pipeline_parallel_degree": p.pp, "context_parallel_degree": p.cp,
+                   "expert_parallel_degree": p.ep, "enable_async_tensor_parallel": p.async_tp}
+    if p.pp > 1:
+        parallelism["pipeline_parallel_microbatch_size"] = p.micro_batch
+        parallelism["pipeline_parallel_schedule"] = (
+            "1F1B" if p.virtual_stages == 1 else "Interleaved1F1B")
+        if p.virtual_stages > 2:
+            parallelism["pipeline_parallel_layers_per_stage"] = _tt_layers_per_stage(
+                config.layers, p.pp * p.virtual_stages)
+    checkpoint = {"mode": "selective" if launch.recompute == "selective-op" else launch.recompute}
+    if launch.recompute == "selective-op":
+        checkpoint["selective_ac_option"] = "op"
+    sections = {"model": model, "training": training, "parallelism": parallelism,
+                "activation_checkpoint": checkpoint,
+                "compile": {"enable": launch.fuse == "elementwise"}}
+    lines = ["# torchtitan job config written by opgraph"]
+    for section, table in sections.items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
+        lines.append("")
+    return "\n".join(lines)
+
+
+# --- Megatron-LM ---------------------------------------------------------------------------------
+# Flag names as NVIDIA/Megatron-LM spells them: megatron/training/arguments.py at core_r0.11.0
+# (explicit argparse), checked against its main branch (2026), where several come from
+# TransformerConfig fields, and megatron/core/transformer/transformer_config.py for the recompute
+# rules. `--padded-vocab-size` is not a Megatron flag (Megatron computes padded_vocab_size); it is
+# read as the embedding's rows given directly.
+_MG_CHOICES = {  # flags with a value from a list (None: any)
+    "--normalization": ("LayerNorm", "RMSNorm"),
+    "--position-embedding-type": ("learned_absolute", "rope"),
+    "--recompute-granularity": ("full", "selective"),
+    "--recompute-method": ("uniform", "block"),
+    "--fp8-format": ("e4m3", "hybrid"),
+    "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads",
+                                          "optim_grads_params"),
+    "--tokenizer-type": None,  # any name
+}
+# Megatron's fused kernels, on by default: read as elementwise fusion; any turned off, as none.
+_MG_NO_FUSION = ("--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion",
+                 "--no-masked-softmax-fusion")
+# Flags that do not change the step's time: data, tokenizer files, checkpoints, logging,
+# the learning-rate schedule, initialisation, loss scaling.
+_MG_QUIET = frozenset((
+    "--data-path", "--train-data-path", "--valid-data-path", "--test-data-path", "--split",
+    "--vocab-file", "--merge-file", "--tokenizer-model", "--data-cache-path", "--mock-data",
+    "--num-workers", "--save", "--load", "--save-interval", "--no-load-optim", "--no-load-rng",
+    "--finetune", "--use-checkpoint-args", "--ckpt-format", "--eval-interval", "--eval-iters",
+    "--log-interval", "--tensorboard-dir", "--wandb-project", "--wandb-exp-name",
+    "--log-throughput", "--log-timers-to-tensorboard", "--log-params-norm",
+    "--log-num-zeros-in-grad", "--timing-log-level", "--exit-duration-in-mins", "--exit-interval",
+    "--lr", "--min-lr", "--lr-decay-style", "--lr-decay-iters", "--lr-decay-samples",
+    "--lr-warmup-iters", "--lr-warmup-fraction", "--lr-warmup-samples", "--train-iters",
+    "--train-samples", "--weight-decay", "--clip-grad", "--adam-beta1", "--adam-beta2",
+    "--adam-eps", "--init-method-std", "--seed", "--attention-dropout", "--hidden-dropout",
+    "--norm-epsilon", "--layernorm-epsilon", "--rotary-base", "--loss-scale",
+    "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
+    "--distributed-backend", "--use-mcore-models", "--transformer-impl", "--use-flash-attn",
+    "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
+    "--overlap-param-gather", "--manual-gc", "--no-async-tensor-model-parallel-allreduce",
+    "--no-gradient-accumulation-fusion", "--no-rope-fusion",
+))  # overlapping DP communication with compute, and flash attention, are what opgraph assumes
+_MG_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+GPT2_BPE_VOCAB = 50257  # rows of GPT-2's BPE vocabulary (openai-community/gpt2 config.json)
+
+
+def _mg_tokens(text: str) -> tuple[list[str], int | None]:
+    """The argument tokens after any launcher, and the launcher's GPUs (torchrun's
+    --nproc-per-node x --nnodes) where it says them."""
+    text = text.replace("\\\n", " ")  # a shell script's continued lines
+    try:
+        tokens = shlex.split(text, comments=True)
+    except ValueError as e:
+        raise OpgraphError(f"Megatron arguments cannot be split like a shell line: {e}") from None
+    script = next((i for i, t in enumerate(tokens) if t.endswith(".py")), None)
+    if script is None:
+        return tokens, None
+    launcher, tokens = tokens[:script], tokens[script + 1:]
+    found = {}
+    for i, token in enumerate(launcher):
+        name, _, value = token.partition("=")
+        name = name.replace("_", "-")
+        if name in ("--nproc-per-node", "--nnodes"):
+            value = value or (launcher[i + 1] if i + 1 < len(launcher) else "")
+            if value.isdigit():
+                found[name] = int(value)
+    if len(found) == 2:
+        return tokens, found["--nproc-per-node"] * found["--nnodes"]
+    return tokens, None
+
+
+def _mg_flags(tokens: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Each flag with the values after it (a later one wins, as in argparse), and the tokens
+    that belong to no flag."""
+    flags: dict[str, list[str]] = {}
+    stray: list[str] = []
+    current = None
+    for token in tokens:
+        if token.startswith("--"):
+            current, has_value, value = token.partition("=")
+            flags[current] = [value] if has_value else []
+        elif current is None:
+            stray.append(token)
+        else:
+            flags[current].append(token)
+    return flags, stray
+
+
+class _Flags:
+    """A parsed command line, read one flag at a time; what no one read is left over."""
+
+    def __init__(self, flags: dict[str, list[str]]):
+        self.flags = flags
+        self.read: set[str] = set()
+
+    def __contains__(self, flag: str) -> bool:
+        self.read.add(flag)
+        return flag in self.flags
+
+    def switch(self, flag: str) -> bool:
+        if flag not in self:
+            return False
+        if self.flags[flag]:
+            raise OpgraphError(f"Megatron flag {flag} takes no value; got "
+                               f"{' '.join(self.flags[flag])!r}")
+        return True
+
+    def text(self, flag: str) -> str | None:
+        if flag not in self:
+            return None
+        values = self.flags[flag]
+        if len(values) != 1:
+            raise OpgraphError(f"Megatron flag {flag} takes one value; got "
+                               f"{len(values)}: {' '.join(values)!r}")
+        choices = _MG_CHOICES.get(flag)
+        if choices and values[0] not in choices:
+            raise OpgraphError(f"Megatron {flag} {values[0]!r}: opgraph reads "
+                               f"{', '.join(choices)}")
+        return values[0]
+
+    def whole(self, flag: str, default: int | None = None) -> int | None:
+        value = self.text(flag)
+        return default if value is None else _whole_text(value, f"Megatron {flag}")
+
+    def leftover(self) -> list[str]:
+        return [f for f in self.flags if f not in self.read and f not in _MG_QUIET]
+
+
+def read_megatron(text: str, gpus: int | None = None) -> Launch:
+    """The Launch of Megatron-LM's command-line arguments, one string ("@path": read that file).
+
+    The model: `--swiglu --normalization RMSNorm --position-embedding-type rope` is a Llama
+    (LlamaConfig named "megatron-model": kv heads from --num-query-groups with
+    --group-query-attention, head size from --kv-channels, biases on every linear layer unless
+    --disable-bias-linear, as Megatron's add_bias_linear default; --num-experts / --moe-router-topk
+    make it a mixture of experts); Megatron's defaults (GeLU, LayerNorm, learned positions) are a
+    GPT-2 (GPT2Config, positions from --max-position-embeddings). The FFN defaults to Megatron's
+    4h, or int(8h/3 / 64) x 64 with SwiGLU. Megatron pads the vocabulary to a multiple of
+    --make-vocab-size-divisible-by (128) x tp; the model has the padded rows. With
+    --tokenizer-type GPT2BPETokenizer and no --vocab-size the vocabulary is GPT-2's 50,257.
+
+    The layout: dp = gpus / (tp x cp x pp), `gpus` being the caller's or a torchrun launcher's
+    (--nproc-per-node x --nnodes) at the head of the text. --use-distributed-optimizer is ZeRO 1;
+    Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by --data-parallel-sharding-strategy;
+    --tp-comm-overlap async tensor parallelism; --grad-reduce-in-bf16 bf16 gradient reduction.
+    Recomputation: selective (--recompute-activations, or --recompute-granularity selective), or
+    full with --recompute-method uniform --recompute-num-layers 1 (every layer; other methods are
+    an error). Precision: --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
+    Megatron's hand-fused kernels (bias-GeLU, bias-dropout-add, softmax) are read as elementwise
+    fusion, unless a --no-...-fusion flag turns one off.
+
+        >>> read_megatron("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
+        ...               "--seq-length 128 --vocab-size 1000 --micro-batch-size 1 --bf16",
+        ...               gpus=2).parallel.dp
+        2
+    """
+    if not isinstance(text, str):
+        raise OpgraphError("Megatron arguments must be one string of flags")
+    if text.startswith("@"):
+        text = read_small(text[1:], "Megatron arguments file")
+    tokens, launcher_gpus = _mg_tokens(text)
+    if gpus is None:
+        gpus = launcher_gpus
+    elif launcher_gpus is not None and launcher_gpus != gpus:
+        raise OpgraphError(f"--gpus {gpus} differs from the launcher's {launcher_gpus} GPUs; "
+                           "give one")
+    parsed, stray = _mg_flags(tokens)
+    flags = _Flags(parsed)
+    tp = flags.whole("--tensor-model-parallel-size", 1)
+    model, seq_len = _mg_model(flags, tp)
+    layout = _mg_layout(flags, model.layers, tp, gpus)
+    recompute = _mg_recompute(flags)
+    half = flags.switch("--bf16") | flags.switch("--fp16")
+    if flags.text("--fp8-format") is not None:
+        precision = "fp8"
+    elif half:
+        precision = "bf16"
+    else:
+        raise OpgraphError("Megatron trains in fp32 without --bf16 or --fp16; opgraph models "
+                           "bf16 and fp8: add --bf16")
+    fused = not any([flags.switch(f) for f in _MG_NO_FUSION])
+    unknown = [*stray, *flags.leftover()]
+    return Launch(model=model, seq_len=seq_len, parallel=layout, recompute=recompute,
+                  precision=precision, fuse="elementwise" if fused else None,
+                  unknown=tuple(unknown), source=MEGATRON_SOURCE)
+
+
+def _mg_vocab(flags: _Flags, tp: int) -> int | None:
+    padded = flags.whole("--padded-vocab-size")
+    vocab = flags.whole("--vocab-size")
+    multiple = flags.whole("--make-vocab-size-divisible-by", 128) * tp
+    if padded is not None:
+        return padded
+    if vocab is None and flags.text("--tokenizer-type") == "GPT2BPETokenizer":
+        vocab = GPT2_BPE_VOCAB
+    return None if vocab is None else math.ceil(vocab / multiple) * multiple
+
+
+def _mg_model(flags: _Flags, tp: int) -> tuple[LlamaConfig | GPT2Config, int]:
+    """The model the flags describe, and the sequence length."""
+    dims = {flag: flags.whole(flag) for flag in ("--num-layers", "--hidden-size",
+                                                 "--num-attention-heads", "--seq-length")}
+    dims["--vocab-size"] = _mg_vocab(flags, tp)
+    missing = [flag for flag, value in dims.items() if value is None]
+    if missing:
+        raise OpgraphError(f"Megatron arguments lack the model's {', '.join(missing)}; give "
+                           "them all")
+    layers, hidden, heads, seq = (dims[f] for f in ("--num-layers", "--hidden-size",
+                                                    "--num-attention-heads", "--seq-length"))
+    llama_parts = {"--swiglu": flags.switch("--swiglu"),
+                   "--normalization RMSNorm": flags.text("--normalization") == "RMSNorm",
+                   "--position-embedding-type rope":
+                       flags.text("--position-embedding-type") == "rope"}
+    untie = flags.switch("--untie-embeddings-and-output-weights")
+    ffn = flags.whole("--ffn-hidden-size")
+    positions = flags.whole("--max-position-embeddings")
+    experts, topk = flags.whole("--num-experts"), flags.whole("--moe-router-topk", 2)
+    no_bias, qkv_bias = flags.switch("--disable-bias-linear"), flags.switch("--add-qkv-bias")
+    gqa = flags.switch("--group-query-attention")
+    groups = flags.whole("--num-query-groups", 1)  # Megatron's default with GQA
+    head_dim = flags.whole("--kv-channels")
+    if all(llama_parts.values()):
+        if hidden % heads and head_dim is None:
+            raise OpgraphError(f"Megatron --hidden-size {hidden} is not divisible by "
+                               f"--num-attention-heads {heads}; give --kv-channels")
+        return LlamaConfig(
+            MEGATRON_MODEL, d_model=hidden, layers=layers, heads=heads,
+            kv_heads=groups if gqa else heads,
+            d_ff=ffn or 8 * hidden // 192 * 64, vocab=dims["--vocab-size"],
+            head_dim=head_dim, seq_len=seq, tie_embeddings=not untie,
+            qkv_bias=qkv_bias or not no_bias, o_bias=not no_bias, mlp_bias=not no_bias,
+            experts=experts or 0, experts_per_token=topk if experts else 0), seq
+    if any(llama_parts.values()):
+        given = [part for part, on in llama_parts.items() if on]
+        raise OpgraphError(f"Megatron model with {' and '.join(given)} but not the rest: opgraph "
+                           "models SwiGLU + RMSNorm + RoPE (Llama) or GeLU + LayerNorm + learned "
+                           "positions (GPT-2)")
+    for flag, on in (("--num-experts", experts), ("--group-query-attention", gqa),
+                     ("--kv-channels", head_dim not in (None, hidden // heads))):
+        if on:
+            raise OpgraphError(f"Megatron {flag} with a GPT-2 model (GeLU, LayerNorm, learned "
+                               "positions) is not modelled; opgraph's GPT-2 is dense "
+                               "multi-head attention")
+    if no_bias:
+        flags.read.discard("--disable-bias-linear")  # not modelled for GPT-2: left over
+    if hidden % heads:
+        raise OpgraphError(f"Megatron --hidden-size {hidden} is not divisible by "
+                           f"--num-attention-heads {heads}")
+    return GPT2Config(MEGATRON_MODEL, d_model=hidden, layers=layers, heads=heads,
+                      vocab=dims["--vocab-size"], positions=positions or seq,
+                      d_ff=ffn if ffn != 4 * hidden else None, seq_len=seq,
+                      tie_embeddings=not untie), seq
+
+
+def _mg_zero(flags: _Flags) -> int:
+    """ZeRO stage: the distributed optimizer shards optimizer states; Megatron FSDP as told."""
+    strategy = flags.text("--data-parallel-sharding-strategy") or "optim_grads_params"
+    if flags.switch("--use-megatron-fsdp") | flags.switch("--use-custom-fsdp"):
+        return _MG_SHARDING[strategy]
+    return 1 if flags.switch("--use-distributed-optimizer") else 0
+
+
+def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None) -> Parallel:
+    pp = flags.whole("--pipeline-model-parallel-size", 1)
+    cp = flags.whole("--context-parallel-size", 1)
+    if gpus is None:
+        raise OpgraphError("Megatron's arguments do not say how many GPUs the job has (the "
+                           "launcher does): give the number of GPUs (--gpus)")
+    gpus = check_whole(gpus, "--gpus", MAX_DIM)
+    if gpus % (tp * cp * pp):
+        raise OpgraphError(f"--gpus {gpus} is not divisible by tp x cp x pp = {tp * cp * pp}")
+    micro = flags.whole("--micro-batch-size")
+    if micro is None:
+        raise OpgraphError("Megatron arguments lack --micro-batch-size; give it")
+    per_virtual = flags.whole("--num-layers-per-virtual-pipeline-stage")
+    virtual = flags.whole("--num-virtual-stages-per-pipeline-rank")
+    if per_virtual is not None:
+        if layers % (pp * per_virtual):
+            raise OpgraphError(f"Megatron --num-layers {layers} is not divisible by pp x "
+                               f"--num-layers-per-virtual-pipeline-stage = {pp} x {per_virtual}")
+        from_layers = layers // pp // per_virtual
+        if virtual is not None and virtual != from_layers:
+            raise OpgraphError(f"Megatron --num-virtual-stages-per-pipeline-rank {virtual} "
+                               f"disagrees with {from_layers} from "
+                               "--num-layers-per-virtual-pipeline-stage; give one")
+        virtual = from_layers
+    return Parallel(
+        tp=tp, pp=pp, cp=cp, ep=flags.whole("--expert-model-parallel-size", 1),
+        dp=gpus // (tp * cp * pp), gpus=gpus, micro_batch=micro,
+        global_batch=flags.whole("--global-batch-size"), virtual_stages=virtual or 1,
+        sequence_parallel=flags.switch("--sequence-parallel"), zero=_mg_zero(flags),
+        async_tp=flags.switch("--tp-comm-overlap"),
+        reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else "fp32",
+        first_stage_layers=flags.whole("--decoder-first-pipeline-num-layers"),
+        last_stage_layers=flags.whole("--decoder-last-pipeline-num-layers"))
+
+
+def _mg_recompute(flags: _Flags) -> str:
+    granularity = flags.text("--recompute-granularity")
+    method = flags.text("--recompute-method")
+    count = flags.whole("--recompute-num-layers")
+    if flags.switch("--recompute-activations"):
+        granularity = "selective"  # as Megatron's arguments.py sets it
+    if "--recompute-modules" in flags and flags.flags["--recompute-modules"] != ["core_attn"]:
+        flags.read.discard("--recompute-modules")  # other modules are not modelled: left over
+    if granularity is None:
+        return "none"
+    if granularity == "selective":
+        return "selective"
+    if method != "uniform" or count != 1:
+        raise OpgraphError(f"Megatron full recomputation with --recompute-method {method} "
+                           f"--recompute-num-layers {count} is not modelled; opgraph re-runs "
+                           "every layer: --recompute-method uniform --recompute-num-layers 1")
+    return "full"
+
+
+def to_megatron(launch: Launch) -> str:
+    """Megatron-LM's arguments for a launch, one line: the inverse of `read_megatron` (give
+    `gpus=launch.parallel.gpus` to read them back; a preset is written as its dimensions and
+    reads back as a config named "megatron-model").
+
+    A vocabulary that tp divides is kept as it is (--make-vocab-size-divisible-by 1 where 128 x
+    tp does not divide it); any other is padded by Megatron. torchtitan's per-op selective
+    recomputation ("selective-op") has no Megatron form and is an error.
+
+        >>> to_megatron(Launch(model="gpt2", seq_len=1024, parallel=Parallel(gpus=1)))[:38]
+        '--num-layers 12 --hidden-size 768 --nu'
+    """
+    config = _config(launch.model, "Megatron")
+    p = launch.parallel
+    seq = launch.seq_len or config.seq_len or config.positions
+    args: list[str] = ["--num-layers", str(config.layers), "--hidden-size", str(config.d_model),
+                       "--num-attention-heads", str(config.heads)]
+    if isinstance(config, LlamaConfig):
+        args += _mg_llama_args(config)
+        positions = seq
+    else:
+        positions = config.positions
+        if config.d_ff is not None:
+            args += ["--ffn-hidden-size", str(config.d_ff)]
+    args += ["--seq-length", str(seq), "--max-position-embeddings", str(positions),
+             "--vocab-size", str(config.vocab)]
+    if config.vocab % (128 * p.tp) and not config.vocab % p.tp:
+        args += ["--make-vocab-size-divisible-by", "1"]
+    if not config.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    args += ["--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size",
+             str(p.pp), "--context-parallel-size", str(p.cp), "--expert-model-parallel-size",
+             str(p.ep), "--micro-batch-size", str(p.micro_batch), "--global-batch-size",
+             str(p.global_batch)]
+    if p.virtual_stages > 1:
+        if config.layers % (p.pp * p.virtual_stages):
+            raise OpgraphError(f"{config.layers} layers do not divide into pp x virtual stages = "
+                               f"{p.pp} x {p.virtual_stages} chunks for Megatron")
+        args += ["--num-layers-per-virtual-pipeline-stage",
+                 str(config.layers // p.pp // p.virtual_stages)]
+    for flag, value in (("--decoder-first-pipeline-num-layers", p.first_stage_layers),
+                        ("--decoder-last-pipeline-num-layers", p.last_stage_layers)):
+        if value is not None:
+            args += [flag, str(value)]
+    args += [flag for flag, on in (("--sequence-parallel", p.sequence_parallel),
+                                   ("--tp-comm-overlap", p.async_tp),
+                                   ("--grad-reduce-in-bf16", p.reduce_dtype == "bf16")) if on]
+    args += _mg_zero_args(p.zero) + _mg_recompute_args(launch.recompute) + ["--bf16"]
+    if launch.precision == "fp8":
+        args += ["--fp8-format", "hybrid"]
+    if launch.fuse is None:
+        args += list(_MG_NO_FUSION)
+    return shlex.join(args)
+
+
+def _mg_llama_args(config: LlamaConfig) -> list[str]:
+    args = ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+            "--ffn-hidden-size", str(config.d_ff)]
+    if config.kv_heads != config.heads:
+        args += ["--group-query-attention", "--num-query-groups", str(config.kv_heads)]
+    if config.head_dim is not None:
+        args += ["--kv-channels", str(config.head_dim)]
+    if config.o_bias != config.mlp_bias or (config.o_bias and not config.qkv_bias):
+        raise OpgraphError(f"model {config.name}: Megatron puts biases on all linear layers or "
+                           "none (plus --add-qkv-bias); these biases have no Megatron form")
+    if not config.o_bias:
+        args.append("--disable-bias-linear")
+        if config.qkv_bias:
+            args.append("--add-qkv-bias")
+    if config.experts:
+        args += ["--num-experts", str(config.experts), "--moe-router-topk",
+                 str(config.experts_per_token)]
+    return args
+
+
+def _mg_zero_args(zero: int) -> list[str]:
+    if zero == 1:
+        return ["--use-distributed-optimizer"]
+    if zero in (2, 3):
+        strategy = {2: "optim_grads", 3: "optim_grads_params"}[zero]
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
+    return []
+
+
+def _mg_recompute_args(recompute: str) -> list[str]:
+    if recompute == "selective-op":
+        raise OpgraphError("Megatron has no per-op selective recomputation ('selective-op'); "
+                           "give selective (attention core), full or none")
+    return {"none": [], "selective": ["--recompute-granularity", "selective"],
+            "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                     "--recompute-num-layers", "1"]}[recompute]

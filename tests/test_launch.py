@@ -1,0 +1,582 @@
+"""Launch configs: torchtitan job TOMLs and Megatron-LM arguments read into opgraph's terms,
+against the published runs they describe; what is not understood is reported; bad input is one
+line; and writing a launch back gives a file that reads to the same launch."""
+
+import math
+import textwrap
+
+import attrs
+import pytest
+
+from opgraph.errors import OpgraphError
+from opgraph.launch import (
+    GPT2_BPE_VOCAB, MEGATRON_MODEL, Launch, read_megatron, read_torchtitan, to_megatron,
+    to_torchtitan,
+)
+from opgraph.models import gpt2, llama
+from opgraph.models.gpt2 import GPT2Config
+from opgraph.models.llama import LlamaConfig
+from opgraph.parallel import Parallel
+
+# pytorch/torchtitan train_configs/llama3_8b.toml at 9dec370 (late-2024 layout), with the run of
+# torchtitan's benchmarks/llama3_h100_202412_torchtitan.md Table 1, "FSDP + torch.compile":
+# Llama 3.1 8B, 8 GPUs, local batch size 2 (global 16), selective activation checkpointing. The
+# file ships batch_size = 1 and compile = false; the table's run sets 2 and true.
+TORCHTITAN_8B = """\
+# torchtitan Config.toml
+# NOTE: this toml config is a preset for 64 A100 GPUs.
+
+[job]
+dump_folder = "./outputs"
+description = "Llama 3 8B training"
+
+[profiling]
+enable_profiling = true
+save_traces_folder = "profile_trace"
+profile_freq = 100
+
+[metrics]
+log_freq = 10
+enable_tensorboard = true
+save_tb_folder = "tb"
+
+[model]
+name = "llama3"
+flavor = "8B"
+norm_type = "rmsnorm"  # layernorm / np_layernorm / rmsnorm / fused_rmsnorm
+tokenizer_path = "./torchtitan/datasets/tokenizer/original/tokenizer.model"
+
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+
+[training]
+batch_size = 2
+seq_len = 8192
+warmup_steps = 200  # lr scheduler warm up
+max_norm = 1.0  # grad norm clipping
+steps = 1000
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+compile = true
+dataset = "c4"
+
+[experimental]
+context_parallel_degree = 1
+pipeline_parallel_degree = 1
+
+[checkpoint]
+enable_checkpoint = false
+folder = "checkpoint"
+interval_type = "steps"
+interval = 500
+model_weights_only = false
+export_dtype = "float32"
+async_mode = "disabled" # ["disabled", "async", "async_with_pinned_mem"]
+
+[activation_checkpoint]
+mode = 'selective'  # ['none', 'selective', 'full']
+selective_ac_option = 'op'  # 'int' = ac every positive int layer or 'op', ac based on ops policy
+
+[float8]
+enable_float8_linear = false
+"""
+
+# The 2025 layout (torchtitan/models/llama3/train_configs/llama3_405b.toml's sections), with the
+# run of the same benchmark's Table 5: Llama 3.1 405B on 512 GPUs, FSDP 8, TP 8, PP 8, local
+# batch 32, global batch 256, full activation checkpointing, torch.compile, Float8, AsyncTP,
+# interleaved 1F1B.
+TORCHTITAN_405B = """\
+[job]
+dump_folder = "./outputs"
+
+[model]
+name = "llama3"
+flavor = "405B"
+hf_assets_path = "./assets/hf/Llama-3.1-405B"
+converters = ["quantize.linear.float8"]
+
+[optimizer]
+name = "AdamW"
+lr = 8e-5
+
+[training]
+local_batch_size = 32
+seq_len = 8192
+steps = 3000
+dataset = "c4"
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+enable_async_tensor_parallel = true
+pipeline_parallel_degree = 8
+pipeline_parallel_schedule = "Interleaved1F1B"
+context_parallel_degree = 1
+
+[compile]
+enable = true
+components = ["model", "loss"]
+
+[activation_checkpoint]
+mode = "full"
+
+[quantize.linear.float8]
+enable_fsdp_float8_all_gather = true
+precompute_float8_dynamic_scale_for_fsdp = true
+filter_fqns = ["output"]
+"""
+
+# torchtitan/models/llama3/train_configs/llama3_8b.toml as shipped at 9810191bb^ (the last
+# TOML-configured torchtitan, 2025 layout): 8B, local batch 1, sequence 8192, FSDP over every GPU,
+# selective per-op AC, compile off.
+TORCHTITAN_8B_2025 = """\
+[job]
+dump_folder = "./outputs"
+description = "Llama 3 8B training"
+
+[profiling]
+enable_profiling = true
+save_traces_folder = "profile_trace"
+profile_freq = 100
+
+[metrics]
+log_freq = 10
+enable_tensorboard = true
+save_tb_folder = "tb"
+
+[model]
+name = "llama3"
+flavor = "8B"
+hf_assets_path = "./assets/hf/Llama-3.1-8B"
+# converters = ["float8"]
+
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+eps = 1e-8
+
+[lr_scheduler]
+warmup_steps = 200  # lr scheduler warm up
+
+[training]
+local_batch_size = 1
+seq_len = 8192
+max_norm = 1.0  # grad norm clipping
+steps = 1000
+dataset = "c4"
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+pipeline_parallel_degree = 1
+context_parallel_degree = 1
+
+[checkpoint]
+enable = false
+folder = "checkpoint"
+interval = 500
+last_save_model_only = true
+export_dtype = "float32"
+async_mode = "disabled" # ["disabled", "async", "async_with_pinned_mem"]
+
+[compile]
+enable=false
+components = ["model", "loss"]
+
+[activation_checkpoint]
+mode = "selective"  # ["none", "selective", "full"]
+selective_ac_option = "op"  # "int" = ac every positive int layer or 'op', ac based on ops policy
+
+[quantize.linear.float8]
+enable_fsdp_float8_all_gather = false
+precompute_float8_dynamic_scale_for_fsdp = false
+filter_fqns = ["output"]
+
+[validation]
+enable = false
+dataset = "c4_validation"
+freq = 500
+steps = 1200 # Recommend value for c4_validation with world-size=8 and seq_len=8192
+"""
+
+# Korthikanti et al. 2022 (Reducing Activation Recomputation in Large Transformer Models),
+# Table 3 / 5: GPT-3 175B on 64 A100s, tensor 8 x pipeline 8, interleaved schedule with 3
+# virtual stages, micro-batch 1, global batch 64, sequence 2048, sequence parallelism, selective
+# recomputation. Vocabulary: GPT-2's BPE (50,257 tokens), padded by Megatron.
+MEGATRON_175B = """\
+torchrun --nproc_per_node 8 --nnodes 8 pretrain_gpt.py \\
+    --num-layers 96 --hidden-size 12288 --num-attention-heads 96 \\
+    --seq-length 2048 --max-position-embeddings 2048 \\
+    --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --vocab-size 50257 \\
+    --tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 \\
+    --num-layers-per-virtual-pipeline-stage 4 \\
+    --micro-batch-size 1 --global-batch-size 64 \\
+    --sequence-parallel --recompute-activations \\
+    --lr 6.0e-5 --min-lr 6.0e-6 --lr-decay-style cosine --train-iters 500 \\
+    --weight-decay 0.1 --clip-grad 1.0 --init-method-std 0.006 --fp16 \\
+    --log-interval 1 --save-interval 10000 --eval-interval 1000 --eval-iters 10
+"""
+
+
+@pytest.fixture
+def toml(tmp_path):
+    """Write a TOML text to a file and give its path."""
+    def write(text: str, name: str = "job.toml"):
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text))
+        return path
+    return write
+
+
+def one_line_error(call, *args, **kwargs) -> str:
+    with pytest.raises(OpgraphError) as caught:
+        call(*args, **kwargs)
+    message = str(caught.value)
+    assert message and "\n" not in message
+    return message
+
+
+# --- torchtitan -----------------------------------------------------------------------------------
+def test_torchtitan_llama3_8b_fsdp_run(toml):
+    launch = read_torchtitan(toml(TORCHTITAN_8B), gpus=8)
+    assert launch.model == "llama3-8b"
+    assert launch.seq_len == 8192
+    p = launch.parallel
+    assert (p.tp, p.pp, p.cp, p.dp, p.gpus) == (1, 1, 1, 8, 8)
+    assert p.zero == 3  # FSDP
+    assert p.micro_batch == 2
+    assert p.global_batch == 2 * 8  # the table's global batch size 16
+    assert p.micro_batches == 1
+    assert p.reduce_dtype == "fp32"  # mixed_precision_reduce's default
+    assert launch.recompute == "selective-op"
+    assert launch.fuse == "elementwise"
+    assert launch.precision == "bf16"
+    assert launch.unknown == ()  # a shipped file makes no noise
+    assert launch.source.endswith("job.toml")
+
+
+def test_torchtitan_shard_minus_one_needs_the_gpus(toml):
+    message = one_line_error(read_torchtitan, toml(TORCHTITAN_8B))
+    assert "data_parallel_shard_degree = -1" in message and "--gpus" in message
+    text = TORCHTITAN_8B.replace("data_parallel_shard_degree = -1",
+                                 "data_parallel_shard_degree = 8")
+    assert read_torchtitan(toml(text)).parallel.gpus == 8
+    assert "make 8 GPUs, not --gpus 16" in one_line_error(read_torchtitan, toml(text), gpus=16)
+
+
+def test_torchtitan_2025_layout_405b_3d_run(toml):
+    launch = read_torchtitan(toml(TORCHTITAN_405B), gpus=512)
+    assert launch.model == "llama3.1-405b"
+    p = launch.parallel
+    assert (p.tp, p.pp, p.dp, p.gpus) == (8, 8, 512 // (8 * 8), 512)
+    assert p.zero == 3 and p.sequence_parallel and p.async_tp
+    assert p.micro_batch == 1  # pipeline_parallel_microbatch_size's default
+    assert p.global_batch == 32 * 8 == 256
+    assert p.virtual_stages == 2  # torchtitan's default for an interleaved schedule
+    assert launch.recompute == "full"
+    assert launch.precision == "fp8"
+    assert launch.fuse == "elementwise"
+    assert launch.unknown == ()
+
+
+def test_torchtitan_2025_shipped_8b_file(toml):
+    launch = read_torchtitan(toml(TORCHTITAN_8B_2025), gpus=64)  # "a preset for 64 A100 GPUs"
+    assert launch.model == "llama3-8b" and launch.seq_len == 8192
+    p = launch.parallel
+    assert (p.dp, p.zero, p.micro_batch, p.global_batch) == (64, 3, 1, 1 * 64)
+    assert (launch.recompute, launch.fuse, launch.precision) == ("selective-op", None, "bf16")
+    assert launch.unknown == ()
+
+
+def test_torchtitan_old_and_new_names_of_one_key_must_agree(toml):
+    text = TORCHTITAN_8B.replace("[experimental]", "[parallelism]\ntensor_parallel_degree = 2\n"
+                                 "\n[experimental]")
+    message = one_line_error(read_torchtitan, toml(text), gpus=8)
+    assert "parallelism.tensor_parallel_degree" in message and "twice" in message
+
+
+def test_torchtitan_other_converters_are_reported(toml):
+    text = TORCHTITAN_405B.replace('["quantize.linear.float8"]',
+                                   '["quantize.linear.float8", "quantize.grouped_mm.mx"]')
+    launch = read_torchtitan(toml(text), gpus=512)
+    assert launch.precision == "fp8"
+    assert launch.unknown == ("model.converters 'quantize.grouped_mm.mx'",)
+
+
+def test_torchtitan_late_2024_pipeline_microbatches(toml):
+    text = TORCHTITAN_8B.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 4\n"
+                                 "pipeline_parallel_microbatches = 2")
+    launch = read_torchtitan(toml(text), gpus=8)
+    assert (launch.parallel.pp, launch.parallel.dp) == (4, 2)
+    assert launch.parallel.micro_batch == 2 // 2
+    # Without the count, torchtitan cut the local batch into pp micro-batches, here 2 // 4: none.
+    text = TORCHTITAN_8B.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2")
+    assert read_torchtitan(toml(text), gpus=8).parallel.micro_batch == 2 // 2
+
+
+def test_torchtitan_gradient_accumulation_and_ddp(toml):
+    text = TORCHTITAN_405B.replace("local_batch_size = 32", "local_batch_size = 2\n"
+                                   "global_batch_size = 64").replace(
+        "data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 4").replace(
+        "data_parallel_shard_degree = -1", "data_parallel_shard_degree = 1").replace(
+        "pipeline_parallel_degree = 8", "pipeline_parallel_degree = 1")
+    p = read_torchtitan(toml(text), gpus=32).parallel
+    assert (p.dp, p.zero) == (4, 0)  # replicas only: DDP
+    assert p.global_batch == 64 and p.micro_batch == 2
+    assert p.micro_batches == 64 // (4 * 2)
+
+
+def test_torchtitan_hsdp_is_reported(toml):
+    text = TORCHTITAN_8B.replace("data_parallel_replicate_degree = 1",
+                                 "data_parallel_replicate_degree = 2")
+    launch = read_torchtitan(toml(text), gpus=16)
+    assert (launch.parallel.dp, launch.parallel.zero) == (2 * 8, 3)
+    assert any("HSDP" in entry for entry in launch.unknown)
+
+
+def test_torchtitan_unknown_keys_are_reported(toml):
+    text = TORCHTITAN_405B.replace("[compile]", "frobnicate = 3\n\n[compile]").replace(
+        '"Interleaved1F1B"', '"ZBVZeroBubble"').replace('name = "AdamW"', 'name = "Muon"')
+    launch = read_torchtitan(toml(text), gpus=512)
+    assert "parallelism.frobnicate" in launch.unknown
+    assert any(e.startswith("pipeline_parallel_schedule = 'ZBVZeroBubble'")
+               for e in launch.unknown)
+    assert any(e.startswith("optimizer.name = 'Muon'") for e in launch.unknown)
+    assert len(launch.unknown) == 3
+    # An unknown whole section is reported key by key; known quiet sections are not.
+    launch = read_torchtitan(toml(TORCHTITAN_8B + "\n[mystery]\nknob = 1\n"), gpus=8)
+    assert launch.unknown == ("mystery.knob",)
+
+
+@pytest.mark.parametrize("option, verdict", [("'op'", "selective-op"), ("'1'", "full"),
+                                             ("1", "full")])
+def test_torchtitan_selective_options(toml, option, verdict):
+    text = TORCHTITAN_8B.replace("selective_ac_option = 'op'", f"selective_ac_option = {option}")
+    assert read_torchtitan(toml(text), gpus=8).recompute == verdict
+
+
+@pytest.mark.parametrize("text, words", [
+    (TORCHTITAN_8B.replace("selective_ac_option = 'op'", "selective_ac_option = '2'"),
+     ("selective_ac_option", "'2'")),
+    (TORCHTITAN_8B.replace("mode = 'selective'", "mode = 'memory_budget'"), ("memory_budget",)),
+    (TORCHTITAN_8B.replace("tensor_parallel_degree = 1", 'tensor_parallel_degree = "2"'),
+     ("tensor_parallel_degree", "'2'")),
+    (TORCHTITAN_8B.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2.5"),
+     ("tensor_parallel_degree", "2.5")),
+    (TORCHTITAN_8B.replace('flavor = "8B"', 'flavor = "debugmodel"'), ("debugmodel",)),
+    (TORCHTITAN_8B.replace("batch_size = 2", "batch_size = 0"), ("local_batch_size", "0")),
+    (TORCHTITAN_8B.replace("[training]", "[training\n"), ("not valid TOML",)),
+])
+def test_torchtitan_bad_input_is_one_line(toml, text, words):
+    message = one_line_error(read_torchtitan, toml(text), gpus=8)
+    for word in words:
+        assert word in message
+
+
+def test_torchtitan_missing_file_is_one_line(tmp_path):
+    assert "does not exist" in one_line_error(read_torchtitan, tmp_path / "none.toml")
+
+
+# --- Megatron-LM ----------------------------------------------------------------------------------
+def test_megatron_gpt3_175b_run():
+    launch = read_megatron(MEGATRON_175B)  # the world size from torchrun: 8 x 8
+    pad = 128 * 8  # Megatron's make-vocab-size-divisible-by x tp
+    assert launch.model == GPT2Config(MEGATRON_MODEL, d_model=12288, layers=96, heads=96,
+                                      vocab=math.ceil(GPT2_BPE_VOCAB / pad) * pad,
+                                      positions=2048, seq_len=2048, tie_embeddings=True)
+    assert launch.model.vocab == 51200
+    assert launch.parallel == Parallel(tp=8, pp=8, dp=1, gpus=64, micro_batch=1, global_batch=64,
+                                       virtual_stages=96 // 8 // 4, sequence_parallel=True)
+    assert launch.parallel.virtual_stages == 3
+    assert launch.parallel.micro_batches == 64
+    assert launch.seq_len == 2048
+    assert launch.recompute == "selective"
+    assert launch.precision == "bf16"  # fp16: the same width and tensor-core rate
+    assert launch.fuse == "elementwise"  # Megatron's fused kernels on
+    assert launch.unknown == ()
+    assert launch.source == "megatron arguments"
+    assert read_megatron(MEGATRON_175B, gpus=64) == launch
+
+
+def test_megatron_gpus_must_agree_with_the_launcher():
+    assert "launcher" in one_line_error(read_megatron, MEGATRON_175B, gpus=128)
+    flags = MEGATRON_175B.split("pretrain_gpt.py", 1)[1]
+    assert "--gpus" in one_line_error(read_megatron, flags)
+
+
+def test_megatron_from_a_file(tmp_path):
+    path = tmp_path / "args.sh"
+    path.write_text("# GPT-3 175B, Korthikanti et al. 2022\n" + MEGATRON_175B)
+    assert read_megatron(f"@{path}") == read_megatron(MEGATRON_175B)
+
+
+def test_megatron_llama_model():
+    text = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention "
+            "--num-query-groups 8 --seq-length 8192 --max-position-embeddings 131072 "
+            "--vocab-size 128256 --swiglu --normalization RMSNorm --position-embedding-type rope "
+            "--untie-embeddings-and-output-weights --disable-bias-linear "
+            "--tensor-model-parallel-size 2 --context-parallel-size 2 --micro-batch-size 1 "
+            "--global-batch-size 512 --use-distributed-optimizer --bf16 --fp8-format hybrid "
+            "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    launch = read_megatron(text, gpus=64)
+    model = launch.model
+    assert isinstance(model, LlamaConfig)
+    assert (model.layers, model.d_model, model.heads, model.kv_heads) == (32, 4096, 32, 8)
+    assert model.d_ff == int((4 * 4096 * 2 / 3) / 64) * 64  # Megatron's SwiGLU default
+    assert model.vocab == math.ceil(128256 / (128 * 2)) * (128 * 2)
+    assert not (model.tie_embeddings or model.qkv_bias or model.o_bias or model.mlp_bias)
+    p = launch.parallel
+    assert (p.tp, p.cp, p.dp, p.zero) == (2, 2, 64 // 4, 1)
+    assert launch.recompute == "full" and launch.precision == "fp8"
+    assert launch.unknown == ()
+
+
+def test_megatron_unknown_flags_are_reported():
+    launch = read_megatron(MEGATRON_175B + " --frobnicate 3 --no-such-switch", gpus=64)
+    assert launch.unknown == ("--frobnicate", "--no-such-switch")
+    # GPT-2 has biases; Megatron's --disable-bias-linear is not modelled for it.
+    launch = read_megatron(MEGATRON_175B + " --disable-bias-linear")
+    assert "--disable-bias-linear" in launch.unknown
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("--hidden-size 12288 ", ""), ("--hidden-size",)),
+    (("--num-layers 96 --hidden-size 12288 --num-attention-heads 96", ""),
+     ("--num-layers", "--hidden-size", "--num-attention-heads")),
+    (("--vocab-size 50257", ""), ("--vocab-size",)),
+    (("--tensor-model-parallel-size 8", "--tensor-model-parallel-size 2.5"),
+     ("--tensor-model-parallel-size", "'2.5'")),
+    (("--micro-batch-size 1", "--micro-batch-size -1"), ("--micro-batch-size",)),
+    (("--micro-batch-size 1", "--micro-batch-size 0"), ("--micro-batch-size", "not positive")),
+    (("--pipeline-model-parallel-size 8", "--pipeline-model-parallel-size 1e3"),
+     ("--pipeline-model-parallel-size",)),
+    (("--recompute-activations", "--recompute-granularity full --recompute-method block "
+      "--recompute-num-layers 4"), ("block", "--recompute-num-layers 4")),
+    (("--recompute-activations", "--recompute-granularity sometimes"), ("sometimes",)),
+    (("--fp16", ""), ("--bf16",)),
+    (("--sequence-parallel", "--sequence-parallel yes"), ("--sequence-parallel", "no value")),
+    (("--hidden-size 12288", "--hidden-size 12288 --swiglu"), ("--swiglu",)),
+    (("--num-layers-per-virtual-pipeline-stage 4", "--num-layers-per-virtual-pipeline-stage 5"),
+     ("--num-layers-per-virtual-pipeline-stage",)),
+    (("--hidden-size 12288", "--hidden-size '12288"), ("shell",)),
+])
+def test_megatron_bad_input_is_one_line(edit, words):
+    old, new = edit
+    assert old in MEGATRON_175B
+    message = one_line_error(read_megatron, MEGATRON_175B.replace(old, new))
+    for word in words:
+        assert word in message
+
+
+# --- round trips ----------------------------------------------------------------------------------
+TORCHTITAN_LAUNCHES = [
+    Launch(model="llama3-8b", seq_len=8192, parallel=Parallel(gpus=8, micro_batch=2, zero=3),
+           recompute="selective-op", fuse="elementwise"),
+    Launch(model="llama3.1-405b", seq_len=8192, recompute="full", precision="fp8",
+           fuse="elementwise",
+           parallel=Parallel(tp=8, pp=8, gpus=512, global_batch=256, virtual_stages=2,
+                             sequence_parallel=True, async_tp=True, zero=3)),
+    Launch(model="llama3-70b", seq_len=4096, recompute="none",
+           parallel=Parallel(pp=4, cp=2, gpus=64, micro_batch=2, global_batch=256,
+                             virtual_stages=3, zero=0)),
+    Launch(model="llama3-70b", seq_len=8192, recompute="full",
+           parallel=Parallel(tp=8, gpus=256, micro_batch=1, global_batch=512,
+                             sequence_parallel=True, zero=3)),
+]
+
+
+@pytest.mark.parametrize("launch", TORCHTITAN_LAUNCHES)
+def test_torchtitan_round_trip(toml, launch):
+    again = read_torchtitan(toml(to_torchtitan(launch)))  # explicit degrees: no gpus needed
+    assert again == launch
+    assert again.unknown == ()
+
+
+def test_torchtitan_round_trip_of_a_read_file(toml):
+    launch = read_torchtitan(toml(TORCHTITAN_8B), gpus=8)
+    assert read_torchtitan(toml(to_torchtitan(launch), "again.toml")) == launch
+
+
+@pytest.mark.parametrize("launch, words", [
+    (Launch(model="gpt3-175b", seq_len=2048), ("gpt3-175b", "torchtitan")),
+    (Launch(model="llama3-8b", parallel=Parallel(gpus=8, zero=1)), ("ZeRO stage 1",)),
+    (Launch(model="llama3-8b", parallel=Parallel(tp=8, gpus=8)), ("sequence",)),
+    (Launch(model="llama3-8b", recompute="selective"), ("selective",)),
+    (Launch(model="llama3-8b", parallel=Parallel(pp=4, first_stage_layers=5)), ("uneven",)),
+])
+def test_torchtitan_cannot_say_everything(launch, words):
+    message = one_line_error(to_torchtitan, launch)
+    for word in words:
+        assert word in message
+
+
+def megatron_named(config, seq_len: int):
+    """A preset's configuration as read from Megatron's arguments: named megatron-model, with
+    the job's sequence length."""
+    return attrs.evolve(config, name=MEGATRON_MODEL, seq_len=seq_len)
+
+
+MEGATRON_LAUNCHES = [
+    # GPT-3's 50,257 rows padded as Megatron pads them at tp 8 (the padding has its own test).
+    Launch(model=attrs.evolve(megatron_named(gpt2.GPT3_175B, 2048), vocab=51200), seq_len=2048,
+           recompute="selective",
+           fuse="elementwise",
+           parallel=Parallel(tp=8, pp=8, gpus=64, global_batch=64, virtual_stages=3,
+                             sequence_parallel=True)),
+    Launch(model=megatron_named(llama.LLAMA3_8B, 8192), seq_len=8192, recompute="full",
+           precision="fp8",
+           parallel=Parallel(tp=8, pp=4, cp=2, gpus=512, micro_batch=2, global_batch=1024,
+                             sequence_parallel=True, async_tp=True, zero=1,
+                             reduce_dtype="bf16", first_stage_layers=7, last_stage_layers=7)),
+    Launch(model=megatron_named(llama.MIXTRAL_8X7B, 4096), seq_len=4096,
+           parallel=Parallel(tp=2, ep=8, gpus=64, global_batch=256, zero=3)),
+    Launch(model=megatron_named(llama.QWEN2_7B, 8192), seq_len=8192, recompute="selective",
+           parallel=Parallel(gpus=16, micro_batch=4, zero=2)),
+    Launch(model=megatron_named(llama.LLAMA3_2_1B, 2048), seq_len=2048,
+           parallel=Parallel(gpus=1)),
+]
+
+
+@pytest.mark.parametrize("launch", MEGATRON_LAUNCHES)
+def test_megatron_round_trip(launch):
+    again = read_megatron(to_megatron(launch), gpus=launch.parallel.gpus)
+    assert again == launch
+    assert again.unknown == ()
+
+
+def test_megatron_round_trip_of_the_175b_run():
+    launch = read_megatron(MEGATRON_175B)
+    assert read_megatron(to_megatron(launch), gpus=64) == launch
+
+
+def test_megatron_pads_a_vocabulary_tp_does_not_divide():
+    launch = Launch(model="gpt3-175b", seq_len=2048, parallel=Parallel(tp=8, gpus=8,
+                                                                       sequence_parallel=True))
+    assert read_megatron(to_megatron(launch), gpus=8).model.vocab == math.ceil(
+        GPT2_BPE_VOCAB / (128 * 8)) * (128 * 8)
+
+
+def test_megatron_cannot_say_selective_op():
+    message = one_line_error(to_megatron, Launch(model="gpt2", recompute="selective-op"))
+    assert "selective-op" in message
+
+
+# --- the record ---------------------------------------------------------------------------------
+def test_launch_holds_its_layout_resolved():
+    launch = Launch(model="llama3-8b", parallel=Parallel(tp=2, gpus=16, zero=3))
+    assert launch.parallel == Parallel(tp=2, dp=8, gpus=16, global_batch=8, zero=3)
+    assert Launch(model="gpt2", parallel=Parallel(zero=3)).parallel.zero == 0  # one DP rank
+
+
+@pytest.mark.parametrize("fields, word", [
+    ({"model": "gpt5"}, "gpt5"), ({"model": "gpt2", "recompute": "some"}, "recompute"),
+    ({"model": "gpt2", "precision": "fp4"}, "precision"),
+    ({"model": "gpt2", "fuse": "all"}, "fuse"), ({"model": "gpt2", "seq_len": 0}, "sequence"),
+    ({"model": "gpt2", "parallel": {"tp": 2}}, "Parallel"),
+])
+def test_launch_rejects_bad_fields(fields, word):
+    assert word in one_line_error(Launch, **fields)
