@@ -109,6 +109,14 @@ class Launch:
     unknown: tuple[str, ...] = attrs.field(default=(), converter=tuple, eq=False)
     source: str = attrs.field(default="", eq=False)
 
+    def forward(self):
+        """The model's forward graph (a preset's, or built from the configuration)."""
+        from opgraph.models import gpt2, llama, preset
+
+        if isinstance(self.model, str):
+            return preset(self.model)
+        return (llama.build if isinstance(self.model, LlamaConfig) else gpt2.build)(self.model)
+
 
 def _config(model: str | LlamaConfig | GPT2Config, what: str) -> LlamaConfig | GPT2Config:
     """The configuration behind a launch's model, for writers that need its dimensions."""
@@ -447,8 +455,10 @@ def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
         tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, gpus=gpus, micro_batch=micro, global_batch=total,
         virtual_stages=_tt_virtual_stages(keys, model, pp, unknown),
         sequence_parallel=tp > 1, zero=zero,
-        async_tp=_tt_flag(keys, "parallelism.enable_async_tensor_parallel"),
-        reduce_dtype="fp32" if reduce == "float32" else "bf16")
+        async_tp=_tt_flag(keys, "parallelism.enable_async_tensor_parallel"))
+    if reduce == "bfloat16":
+        unknown.append("training.mixed_precision_reduce = bfloat16 (opgraph reduces gradients "
+                       "in FP32)")
     return Launch(model=model, seq_len=_tt_whole(keys, "training.seq_len", 2048),
                   parallel=layout, recompute=_tt_recompute(keys),
                   precision=_tt_precision(keys, unknown),
@@ -513,7 +523,7 @@ def to_torchtitan(launch: Launch) -> str:
     if launch.precision == "fp8":
         model["converters"] = ["quantize.linear.float8"]
     training = {"local_batch_size": local, "seq_len": launch.seq_len or config.seq_len,
-                "mixed_precision_reduce": "float32" if p.reduce_dtype == "fp32" else "bfloat16"}
+                "mixed_precision_reduce": "float32"}
     if p.global_batch != local * p.dp:
         training["global_batch_size"] = p.global_batch
     parallelism = {"data_parallel_replicate_degree": replicate,
@@ -683,7 +693,7 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     The layout: dp = gpus / (tp x cp x pp), `gpus` being the caller's or a torchrun launcher's
     (--nproc-per-node x --nnodes) at the head of the text. --use-distributed-optimizer is ZeRO 1;
     Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by --data-parallel-sharding-strategy;
-    --tp-comm-overlap async tensor parallelism; --grad-reduce-in-bf16 bf16 gradient reduction.
+    --tp-comm-overlap async tensor parallelism.
     Recomputation: selective (--recompute-activations, or --recompute-granularity selective), or
     full with --recompute-method uniform --recompute-num-layers 1 (every layer; other methods are
     an error). Precision: --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
@@ -831,7 +841,6 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None) -> Paralle
         global_batch=flags.whole("--global-batch-size"), virtual_stages=virtual or 1,
         sequence_parallel=flags.switch("--sequence-parallel"), zero=_mg_zero(flags),
         async_tp=flags.switch("--tp-comm-overlap"),
-        reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else "fp32",
         first_stage_layers=flags.whole("--decoder-first-pipeline-num-layers"),
         last_stage_layers=flags.whole("--decoder-last-pipeline-num-layers"))
 
@@ -900,8 +909,7 @@ def to_megatron(launch: Launch) -> str:
         if value is not None:
             args += [flag, str(value)]
     args += [flag for flag, on in (("--sequence-parallel", p.sequence_parallel),
-                                   ("--tp-comm-overlap", p.async_tp),
-                                   ("--grad-reduce-in-bf16", p.reduce_dtype == "bf16")) if on]
+                                   ("--tp-comm-overlap", p.async_tp)) if on]
     args += _mg_zero_args(p.zero) + _mg_recompute_args(launch.recompute) + ["--bf16"]
     if launch.precision == "fp8":
         args += ["--fp8-format", "hybrid"]

@@ -251,7 +251,6 @@ def test_torchtitan_llama3_8b_fsdp_run(toml):
     assert p.micro_batch == 2
     assert p.global_batch == 2 * 8  # the table's global batch size 16
     assert p.micro_batches == 1
-    assert p.reduce_dtype == "fp32"  # mixed_precision_reduce's default
     assert launch.recompute == "selective-op"
     assert launch.fuse == "elementwise"
     assert launch.precision == "bf16"
@@ -531,7 +530,7 @@ MEGATRON_LAUNCHES = [
            precision="fp8",
            parallel=Parallel(tp=8, pp=4, cp=2, gpus=512, micro_batch=2, global_batch=1024,
                              sequence_parallel=True, async_tp=True, zero=1,
-                             reduce_dtype="bf16", first_stage_layers=7, last_stage_layers=7)),
+                             first_stage_layers=7, last_stage_layers=7)),
     Launch(model=megatron_named(llama.MIXTRAL_8X7B, 4096), seq_len=4096,
            parallel=Parallel(tp=2, ep=8, gpus=64, global_batch=256, zero=3)),
     Launch(model=megatron_named(llama.QWEN2_7B, 8192), seq_len=8192, recompute="selective",

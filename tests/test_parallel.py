@@ -258,3 +258,104 @@ def test_the_cluster_decides_the_tier(cli):
     tiers = {c["group"]: c["tier"] for c in o["communication"]}
     assert tiers["tp"] == get_cluster("dgx-h100").tiers[0].name
     assert tiers["dp"] == get_cluster("dgx-h100").tiers[1].name
+
+
+# --- the configs users launch with ----------------------------------------------------------------
+
+TORCHTITAN_8B = """\
+# torchtitan train_configs/llama3_8b.toml (9dec370), as run for torchtitan's Table 1:
+# 8 GPUs, local batch 2, torch.compile on
+[job]
+dump_folder = "./outputs"
+description = "Llama 3 8B training"
+
+[model]
+name = "llama3"
+flavor = "8B"
+
+[training]
+batch_size = 2
+seq_len = 8192
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+compile = true
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+"""
+
+
+def _same_prediction(a: dict, b: dict) -> None:
+    for key in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "bubble_s",
+                "exposed_communication_s", "parallel", "gpus", "recompute", "precision"):
+        assert a[key] == b[key], key
+    assert a["memory"]["total"] == b["memory"]["total"]
+
+
+def test_a_torchtitan_job_file_predicts_as_its_flags(cli, tmp_path):
+    path = tmp_path / "llama3_8b.toml"
+    path.write_text(TORCHTITAN_8B)
+    code, out, err = cli("profile", "--torchtitan", str(path), "--gpus", "8", "--json")
+    assert code == 0 and err == ""
+    code, flags, _ = cli("profile", "--gpus", "8", "--zero", "3", "--micro-batch", "2",
+                         "--recompute", "selective-op", "--fuse", "elementwise", "--json")
+    _same_prediction(json.loads(out), json.loads(flags))
+
+
+def test_megatron_arguments_predict_as_their_flags(cli, tmp_path):
+    """Korthikanti et al. 2022's GPT 22B run (Table 5, selective recompute with sequence
+    parallelism), as Megatron-LM's arguments and as opgraph's flags with the same model as a
+    Hugging Face config."""
+    args = ("--num-layers 48 --hidden-size 6144 --num-attention-heads 64 --seq-length 2048 "
+            "--max-position-embeddings 2048 --vocab-size 51200 --make-vocab-size-divisible-by 1 "
+            "--tensor-model-parallel-size 8 --micro-batch-size 4 --global-batch-size 4 "
+            "--sequence-parallel --recompute-activations --fp16")
+    file = tmp_path / "args.txt"
+    file.write_text(args)
+    code, out, err = cli("profile", "--megatron-args", f"@{file}", "--gpus", "8",
+                         "--hardware", "a100-sxm-80gb", "--json")
+    assert code == 0, err
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 6144, "n_layer": 48,
+                                  "n_head": 64, "vocab_size": 51200, "n_positions": 2048,
+                                  "tie_word_embeddings": True}))
+    code, flags, err = cli("profile", "--config", str(config), "--gpus", "8", "--tp", "8",
+                           "--micro-batch", "4", "--sequence-parallel", "--recompute",
+                           "selective", "--fuse", "elementwise", "--hardware", "a100-sxm-80gb",
+                           "--json")
+    assert code == 0, err
+    _same_prediction(json.loads(out), json.loads(flags))
+
+
+def test_unknown_job_keys_are_reported(cli, tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text(TORCHTITAN_8B.replace("compile = true", "compile = true\nwarp_drive = 9"))
+    code, out, err = cli("profile", "--torchtitan", str(path), "--gpus", "8")
+    assert code == 0 and "warp_drive" in err and "not modelled" in err
+
+
+# --- the published runs ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def published():
+    from opgraph.cases import load_cases
+    from opgraph.validate import validate
+
+    return validate(load_cases())
+
+
+def test_every_published_run_is_slower_than_the_roofline(published):
+    """A ceiling no real run beats: Korthikanti Table 5, Narayanan Table 1, torchtitan Table 1."""
+    assert len(published.predictions) == 21
+    for p in published.predictions:
+        assert p.predicted_step_time_s < p.case.measured_step_time_s, p.case.id
+
+
+def test_validate_prints_and_writes_json(cli):
+    code, out, _ = cli("validate", "--json")
+    o = json.loads(out)
+    assert code == 0 and len(o["cases"]) == 21
+    errors = [c["error"] for c in o["cases"]]
+    assert o["mape"] == pytest.approx(sum(map(abs, errors)) / 21)
+    assert o["max_error"] == pytest.approx(max(map(abs, errors)))

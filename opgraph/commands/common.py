@@ -232,6 +232,7 @@ class ParallelSetup:
     forward: Graph
     profile: object  # a Profile with `.parallel`
     hardware: Hardware
+    echo: dict  # the step options used, as `echoed` names them
 
 
 def parallel_setup(args) -> ParallelSetup:
@@ -253,7 +254,15 @@ def parallel_setup(args) -> ParallelSetup:
         forward = launch.forward() if args.model is None and args.config is None \
             else load_forward(args)
         base = launch.parallel
-        options = launch.step_options(options, args)
+        # the job's options, unless a flag says otherwise
+        for name in ("recompute", "precision"):
+            if name not in options:
+                options[name] = getattr(launch, name)
+        if launch.fuse is not None and not options["extra_passes"]:
+            from ..passes.fuse_elementwise import fuse_elementwise
+
+            options["extra_passes"] = [functools.partial(
+                fuse_elementwise, policy=FUSION_POLICIES[launch.fuse])]
         seq = args.seq_len or launch.seq_len or forward.seq_len
     else:
         forward = load_forward(args)
@@ -265,7 +274,8 @@ def parallel_setup(args) -> ParallelSetup:
     cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
     profile = profile_parallel(forward, part, layout, cluster=cluster, values={"S": seq},
                                cost=cost_model(args), rank=args.rank, **options)
-    return ParallelSetup(forward, profile, part)
+    echo = echoed(args) | {k: options[k] for k in ("recompute", "precision") if k in options}
+    return ParallelSetup(forward, profile, part, echo)
 
 
 def _launch(args):

@@ -54,7 +54,7 @@ def run(args) -> int:
 
             write_chrome_trace(profile, s.step, args.trace)
     warning = memory_warning(profile)
-    options = echoed(args)
+    options = s.echo if profile.parallel is not None else echoed(args)
     if args.json:  # the JSON says it (memory.fits, warnings): stdout and stderr stay parseable
         out = profile.to_json(ops=args.ops) | options
         out["warnings"] = [warning.removeprefix("opgraph: warning: ")] if warning else []
