@@ -56,6 +56,7 @@ COLUMN = ("matmul", "expert_matmul")
 # Per attention kind: which inputs context parallelism gathers along the sequence (K and V).
 CP_GATHERS = {"flash_attention": (1, 2), "attention_scores": (1,)}
 SEQ_AXIS = 1  # activations are [B, S, ...]
+RESHAPES = ("reshape",)  # kinds whose parameters name a shape (the sequence's extent in it)
 
 
 def _cp_gathers(op: Op) -> tuple[int, ...]:
@@ -65,8 +66,11 @@ def _cp_gathers(op: Op) -> tuple[int, ...]:
 
 
 def _sub(value, mapping):
+    """`value` (a parameter: a number, an expression, or a tuple of them) with `mapping`."""
     if isinstance(value, sympy.Basic):
         return value.xreplace(mapping)
+    if isinstance(value, tuple | list):
+        return type(value)(_sub(v, mapping) for v in value)
     return value
 
 
@@ -116,6 +120,9 @@ class _Sharder:
         self.out.dims |= {sym: value for sym, value in
                           ((tp, layout.tp), (cp, layout.cp), (ep, layout.ep)) if value > 1}
         self.split = {s: s / tp for s in TENSOR_SPLITS} if layout.tp > 1 else {}
+        # what an op's parameters (a reshape's target, a head count) see: split dimensions,
+        # and a context-parallel GPU's share of the sequence
+        self.params = self.split | ({S: S / cp} if layout.cp > 1 else {})
         self.name: dict[str, str] = {}  # source tensor -> the tensor consumers read now
         self.seq: set[str] = set()  # tensors holding S/tp of the sequence (sequence parallel)
         self.made: dict[tuple, str] = {}  # (tensor, what) -> the inserted op's output
@@ -138,6 +145,21 @@ class _Sharder:
         shape[SEQ_AXIS] = shape[SEQ_AXIS] / cp
         return Tensor(t.name, tuple(shape), t.dtype, t.role, t.count, t.grad_of, t.region)
 
+    @staticmethod
+    def _on_shard(t: Tensor) -> bool:
+        """Whether activation `t` runs along a sequence shard: its second dimension is S/tp."""
+        if t.role is not Role.ACTIVATION or len(t.shape) <= SEQ_AXIS:
+            return False
+        return {S, tp} <= sympy.sympify(t.shape[SEQ_AXIS]).free_symbols
+
+    def _splits_params(self, op: Op) -> bool:
+        """Whether `op`'s parameters name a split dimension (a broadcast to H/tp heads)."""
+        values = [_sub(v, self.split) for _, v in op.params]
+        return any(tp in sympy.sympify(v).free_symbols for v in values
+                   if isinstance(v, sympy.Basic)) or any(
+            tp in sympy.sympify(x).free_symbols for v in values if isinstance(v, tuple | list)
+            for x in v if isinstance(x, sympy.Basic))
+
     def _is_split(self, name: str) -> bool:
         return name not in self.seq and tp in sympy.Add(*self.out.tensor(name).shape).free_symbols
 
@@ -153,7 +175,7 @@ class _Sharder:
             params |= {"axis": SEQ_AXIS, "size": size}
         shape = rules.infer_shapes(kind, [t], params)[0]
         name = f"{source}@{kind}.{group}"
-        self.out.add_tensor(Tensor(name, shape, t.dtype, Role.ACTIVATION, t.count,
+        self.out.add_tensor(Tensor(name, shape, t.dtype, Role.ACTIVATION, count,
                                    region=region))
         self.out.add_op(Op(f"{source}.{kind}.{group}", kind, "communication", (source,), (name,),
                            count=count, params=params, region=region))
@@ -191,8 +213,10 @@ class _Sharder:
         for op in src.ops():
             inputs = [self.name[n] for n in op.inputs]
             inputs = self._before(op, inputs)
-            params = {k: _sub(v, self.split) for k, v in op.params}
+            params = {k: _sub(v, self.params) for k, v in op.params}
             ins = [out.tensor(n) for n in inputs]
+            if op.kind in RESHAPES and inputs[0] in self.seq:  # it keeps its sequence shard
+                params["shape"] = _sub(params["shape"], {S: ins[0].shape[SEQ_AXIS]})
             shapes = rules.infer_shapes(op.kind, ins, params)
             for name, shape in zip(op.outputs, shapes):
                 t = src.tensor(name)
@@ -215,6 +239,10 @@ class _Sharder:
             if tp in sympy.Add(*out.tensor(w).shape).free_symbols and not self._is_split(a):
                 if a in self.seq:  # sequence parallel: gather the sequence (f = all-gather)
                     inputs[0] = self._collective(a, "all_gather", "tp", op.region, op.count)
+                    for i, n in enumerate(inputs[2:], 2):  # and the routing read beside it
+                        if n in self.seq:
+                            inputs[i] = self._collective(n, "all_gather", "tp", op.region,
+                                                         op.count)
                 else:  # Megatron's f: a copy forward, the gradient all-reduced backward
                     inputs[0] = self._collective(a, "identity", "tp", op.region, op.count)
         if layout.ep > 1 and op.kind == "expert_matmul" and inputs[0] not in self.routed:
@@ -226,6 +254,12 @@ class _Sharder:
         if layout.cp > 1:
             for i in _cp_gathers(op):
                 inputs[i] = self._collective(inputs[i], "all_gather", "cp", op.region, op.count)
+        if self.seq and any(n in self.seq for n in inputs) and (
+                any(self._is_split(n) for n in inputs) or self._splits_params(op)):
+            # a sequence shard meets a head-split tensor of the full sequence: gather it
+            for i, n in enumerate(inputs):
+                if n in self.seq:
+                    inputs[i] = self._collective(n, "all_gather", "tp", op.region, op.count)
         if self.seq and any(n in self.seq for n in inputs):  # a full-length replica meets a shard
             for i, n in enumerate(inputs):
                 t = out.tensor(n)
@@ -255,8 +289,7 @@ class _Sharder:
                 reduced = self._collective(partial, "all_reduce", "tp", op.region, op.count)
             self.name[partial] = reduced
             return
-        if any(n in self.seq for n in inputs) and op.kind not in COLUMN:
-            self.seq.update(n for n in outputs if out.tensor(n).role is Role.ACTIVATION
-                            and len(out.tensor(n).shape) > SEQ_AXIS)
+        if any(n in self.seq for n in inputs):  # still on this GPU's share of the sequence
+            self.seq.update(n for n in outputs if self._on_shard(out.tensor(n)))
 
 

@@ -359,3 +359,27 @@ def test_validate_prints_and_writes_json(cli):
     errors = [c["error"] for c in o["cases"]]
     assert o["mape"] == pytest.approx(sum(map(abs, errors)) / 21)
     assert o["max_error"] == pytest.approx(max(map(abs, errors)))
+
+
+# --- every preset shards -----------------------------------------------------------------------
+
+def _flops(graph) -> float:
+    subs, costs = resolve(graph), DEFAULT.op_costs(graph)
+    return sum(float((costs[o.name].flops * o.count).xreplace(subs)) for o in graph.ops())
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "mixtral-8x7b", "qwen2-7b", "llama3.2-1b",
+                                  "gemma2-2b", "deepseek-v2-lite"])
+def test_sequence_parallel_leaves_no_arithmetic_replicated(name):
+    """With sequence parallelism every op runs either on a head (or width) split or on a
+    sequence shard, so t GPUs share the step's FLOPs exactly; the graph verifies."""
+    forward = preset(name)
+    step = compile_parallel(forward, Parallel(tp=2, sequence_parallel=True, dp=2, zero=3))
+    verify(step)
+    assert 2 * _flops(step) == pytest.approx(_flops(compile_step(forward)), rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert-base", "gemma2-2b", "deepseek-v2-lite"])
+@pytest.mark.parametrize("layout", [Parallel(cp=2), Parallel(dp=2, zero=1)])
+def test_other_architectures_shard(name, layout):
+    verify(compile_parallel(preset(name), layout))
