@@ -194,11 +194,16 @@ def _number_min(a, b):
 
 @attrs.frozen
 class CostModel:
-    """How an op costs: the backward convention (`backward`, one of BACKWARD_MODES) and the
-    backward-over-forward ratio it uses (`factor`, the plate's 2)."""
+    """How an op costs: the backward convention (`backward`, one of BACKWARD_MODES), the
+    backward-over-forward ratio it uses (`factor`, the plate's 2), and how much communication
+    beside compute slows it (`overlap_slowdown`, `opgraph.schedule`)."""
 
     backward: str = attrs.field(default="plate", validator=attrs.validators.in_(BACKWARD_MODES))
     factor: sympy.Expr = attrs.field(default=2, converter=sympy.sympify)
+    # The share of its own time a collective that runs beside compute adds to it (NCCL's
+    # kernels take SMs and HBM bandwidth from the compute stream; Calculon's
+    # `processor_usage`). 0 for the roofline, a ceiling.
+    overlap_slowdown: float = 0.0
 
     # --- FLOPs and bytes ------------------------------------------------------------------------
     def op_costs(self, graph: Graph) -> dict[str, Cost]:

@@ -166,8 +166,10 @@ def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
     seq = int(subs[S])
     tokens = layout.batch * seq
     n_params = int(mfu_parameters(forward).xreplace(subs))
-    mfu = cost.mfu(n_params, tokens, step_time, hardware.peak_flops) / layout.world
     transfers = tuple(_transfers(first, layout, cluster, m))
+    hidden = sum(t.time_s - min(t.exposed_s, t.time_s) for t in transfers)
+    step_time += cost.overlap_slowdown * hidden  # compute slowed while they ran beside it
+    mfu = cost.mfu(n_params, tokens, step_time, hardware.peak_flops) / layout.world
     memory = _memory(first.graph, first.subs, hardware, layout)
     rows, profile = first.rows(m, layout.zero), first.profile
     total = sum(r.time_s for r in rows)

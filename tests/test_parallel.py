@@ -386,3 +386,17 @@ def test_sequence_parallel_leaves_no_arithmetic_replicated(name):
 @pytest.mark.parametrize("layout", [Parallel(cp=2), Parallel(dp=2, zero=1)])
 def test_other_architectures_shard(name, layout):
     verify(compile_parallel(preset(name), layout))
+
+
+def test_communication_beside_compute_slows_it_by_the_named_factor():
+    """`CostModel.overlap_slowdown`: the hidden communication time times the factor is added."""
+    import attrs
+
+    layout = Parallel(dp=8, zero=3, micro_batch=2)
+    base = profile_parallel(preset("llama3-8b"), H100, layout).parallel
+    slowed = profile_parallel(preset("llama3-8b"), H100, layout,
+                              cost=attrs.evolve(DEFAULT, overlap_slowdown=0.2)).parallel
+    # a collective's exposed time may include the queue ahead of it on its stream
+    hidden = sum(t.time_s - min(t.exposed_s, t.time_s) for t in base.communication)
+    assert hidden > 0
+    assert slowed.step_time_s == pytest.approx(base.step_time_s + 0.2 * hidden, rel=1e-12)
