@@ -1,5 +1,7 @@
 """The cluster catalog against its datasheets, the tier rule, and users' own cluster files."""
 
+import json
+
 import pytest
 
 from opgraph import cluster, hardware
@@ -180,3 +182,17 @@ def test_missing_huge_and_unknown(tmp_path):
     assert set(cluster.load(two)) == {"mine", "other"}
     with pytest.raises(OpgraphError, match="defines 2 entries"):
         cluster.get(str(two))
+
+
+def test_hardware_clusters_lists_the_catalog(cli):
+    from opgraph import cluster
+
+    code, out, _ = cli("hardware", "--clusters")
+    assert code == 0
+    for cid in cluster.catalog():
+        assert any(line.startswith(cid + " ") for line in out.splitlines()), cid
+    code, out, _ = cli("hardware", "--clusters", "--json")
+    listed = {c["id"]: c for c in json.loads(out)}
+    # the datasheets' figures, per GPU per direction: NVLink 4 is 900 GB/s both ways
+    assert listed["dgx-h100"]["tiers"][0]["bandwidth_bytes_per_s"] == 900e9 / 2
+    assert listed["dgx-h100"]["tiers"][1]["bandwidth_bytes_per_s"] == 400e9 / 8

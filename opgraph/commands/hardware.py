@@ -14,6 +14,9 @@ def register(subparsers) -> None:
                     "with the datasheet it comes from. Sparse (2:4) figures are not used.")
     p.add_argument("file", nargs="?", metavar="FILE.toml",
                    help="list the parts in your own TOML file instead (the catalog's format)")
+    p.add_argument("--clusters", action="store_true",
+                   help="list the cluster catalog (or the clusters in FILE.toml) instead: GPUs "
+                        "per node, each tier's bandwidth per GPU per direction and latency")
     p.add_argument("--json", action="store_true", help="print one JSON list")
     p.set_defaults(func=run)
 
@@ -42,7 +45,36 @@ def format_catalog(parts: list[Hardware]) -> str:
     return "\n".join(lines)
 
 
+def cluster_json(c) -> dict:
+    """One cluster as `--clusters --json` lists it: bytes/s per GPU per direction, seconds."""
+    return {"id": c.id, "name": c.name, "gpus_per_node": c.gpus_per_node, "source": c.source,
+            "tiers": [{"name": t.name, "bandwidth_bytes_per_s": t.bandwidth,
+                       "latency_s": t.latency_s, "topology": t.topology, "source": t.source}
+                      for t in c.tiers]}
+
+
+def format_clusters(found: list) -> str:
+    """The `opgraph hardware --clusters` table, then each cluster's source."""
+    lines = [f"{'id':<10} {'GPUs/node':>9} {'node GB/s':>9} {'latency us':>10} "
+             f"{'network GB/s':>12} {'latency us':>10}",
+             f"{'':<10} {'':>9} {'per GPU, each way':>20}"]
+    for c in found:
+        node, net = c.tiers
+        lines.append(f"{c.id:<10} {c.gpus_per_node:>9} {node.bandwidth / 1e9:>9g} "
+                     f"{node.latency_s * 1e6:>10g} {net.bandwidth / 1e9:>12g} "
+                     f"{net.latency_s * 1e6:>10g}")
+    lines += ["", "sources:"] + [f"  {c.id}: {c.source or '(none given)'}" for c in found]
+    return "\n".join(lines)
+
+
 def run(args) -> int:
+    if args.clusters:
+        from .. import cluster
+
+        found = list((cluster.load(args.file) if args.file else cluster.catalog()).values())
+        print(json_text([cluster_json(c) for c in found]) if args.json
+              else format_clusters(found))
+        return 0
     parts = list((hw.load(args.file) if args.file else hw.catalog()).values())
     if args.json:
         print(json_text([part_json(p) for p in parts]))
