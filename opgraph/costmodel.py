@@ -57,7 +57,7 @@ class Cost:
     flops: sympy.Expr
     bytes: sympy.Expr
     compute: str | None = None
-    message: sympy.Expr = sympy.Integer(0)  # a collective's buffer per GPU (`collectives`' M)
+    message: sympy.Expr = sympy.S.Zero  # a collective's buffer per GPU (`collectives`' M)
 
 
 # --- the peak an op runs at: a matrix multiply whose operands are all FP8 runs at the part's

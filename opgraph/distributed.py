@@ -46,7 +46,7 @@ from .pipeline import compile_step
 from .profile import OpCost, Profile
 from .rules import COLLECTIVE_KINDS
 from .schedule import Event, once_per_step, pipeline_span, simulate
-from .symbols import B, S
+from .symbols import S
 
 
 @attrs.frozen
@@ -102,9 +102,9 @@ class ParallelResult:
 
 def check_layout(forward: Graph, layout: Parallel) -> None:
     """One-line errors for a layout the model does not divide (heads, layers, sequence)."""
+    from .parallel import stage_layers
     from .passes.shard import check_divides
     from .passes.split_stages import _stack
-    from .parallel import stage_layers
 
     check_divides(forward, layout)
     if layout.pp > 1:

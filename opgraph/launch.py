@@ -729,7 +729,7 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     else:
         raise OpgraphError("Megatron trains in fp32 without --bf16 or --fp16; opgraph models "
                            "bf16 and fp8: add --bf16")
-    fused = not any([flags.switch(f) for f in _MG_NO_FUSION])
+    fused = not any([flags.switch(f) for f in _MG_NO_FUSION])  # noqa: C419 - consume them all
     unknown = [*stray, *flags.leftover()]
     return Launch(model=model, seq_len=seq_len, parallel=layout, recompute=recompute,
                   precision=precision, fuse="elementwise" if fused else None,

@@ -88,8 +88,8 @@ def validate(cases: list[Case], cost: CostModel = DEFAULT) -> Report:
 
 def format_report(report: Report, what: str) -> str:
     """The `opgraph validate` table."""
-    lines = [f"{'case':<40} {'GPUs':>5} {'measured s':>11} {what + ' s':>11} {'error':>8}  "
-             f"{'memory GiB (measured)':>22}"]
+    lines = [(f"{'case':<40} {'GPUs':>5} {'measured s':>11} {what + ' s':>11} {'error':>8}  "
+             f"{'memory GiB (measured)':>22}")]
     for p in report.predictions:
         c = p.case
         memory = f"{p.predicted_peak_memory_bytes / 2**30:.1f}"
@@ -98,8 +98,8 @@ def format_report(report: Report, what: str) -> str:
         lines.append(f"{c.id:<40} {c.gpus:>5,} {c.measured_step_time_s:>11.3f} "
                      f"{p.predicted_step_time_s:>11.3f} {p.error * 100:>+7.1f}%  {memory:>22}")
     worst = report.worst
-    lines += ["", f"mean absolute error {report.mape * 100:.1f}% over {len(report.predictions)} "
-                  f"cases; worst {worst.error * 100:+.1f}% ({worst.case.id})"]
+    lines += ["", (f"mean absolute error {report.mape * 100:.1f}% over {len(report.predictions)} "
+                  f"cases; worst {worst.error * 100:+.1f}% ({worst.case.id})")]
     if not math.isfinite(report.mape):
         lines.append("(an error is not finite)")
     return "\n".join(lines)

@@ -16,7 +16,6 @@ from . import rules
 from .ir import Graph, Phase, Role, region_problems
 from .parallel import dp, edp
 
-
 # A data-parallel rank's gradient may be its 1/dp shard (`passes.replicate`, ZeRO-2/3).
 _WHOLE = {dp: 1, edp: 1}
 

@@ -203,7 +203,7 @@ class _Sharder:
 
     # --- the walk ---------------------------------------------------------------------------
     def run(self) -> Graph:
-        src, out, layout = self.src, self.out, self.layout
+        src, out = self.src, self.out
         for region in src.regions():
             out.add_region(region)
         for t in src.tensors():
@@ -245,10 +245,10 @@ class _Sharder:
                                                          op.count)
                 else:  # Megatron's f: a copy forward, the gradient all-reduced backward
                     inputs[0] = self._collective(a, "identity", "tp", op.region, op.count)
-        if layout.ep > 1 and op.kind == "expert_matmul" and inputs[0] not in self.routed:
-            if ep in sympy.sympify(out.tensor(inputs[1]).shape[0]).free_symbols:
-                inputs[0] = self._collective(inputs[0], "all_to_all", "ep", op.region, op.count,
-                                             fanout=self._fanout(op, inputs))
+        if (layout.ep > 1 and op.kind == "expert_matmul" and inputs[0] not in self.routed
+                and ep in sympy.sympify(out.tensor(inputs[1]).shape[0]).free_symbols):
+            inputs[0] = self._collective(inputs[0], "all_to_all", "ep", op.region, op.count,
+                                         fanout=self._fanout(op, inputs))
         if layout.ep > 1 and op.kind == "moe_combine" and inputs[0] in self.routed:
             inputs[0] = self._collective(inputs[0], "all_to_all", "ep", op.region, op.count)
         if layout.cp > 1:

@@ -33,7 +33,7 @@ def by_id(shipped) -> dict[str, Case]:
     return {c.id: c for c in shipped}
 
 
-def narayanan_flops(B, s, l, h, V):  # noqa: E741 - the paper's letters
+def narayanan_flops(B, s, l, h, V):
     """FLOPs of one iteration, Narayanan et al. 2021 (SC21, arXiv 2104.04473) Eq. 3: with full
     recomputation, 4 passes of 24 B s l h^2 (1 + s/(6h)) plus the LM head's 6 B s h V."""
     return 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
@@ -247,7 +247,7 @@ def test_gpt_parameters_are_narayanans_formula_plus_the_final_norm(by_id):
         if isinstance(case.model, str):
             continue
         c = case.model
-        h, l, v, s = c["n_embd"], c["n_layer"], c["vocab_size"], c["n_positions"]  # noqa: E741
+        h, l, v, s = c["n_embd"], c["n_layer"], c["vocab_size"], c["n_positions"]
         graph = case.forward()
         assert graph.parameters().subs(graph.dims) == (
             12 * l * h**2 + 13 * l * h + (v + s) * h + 2 * h)
@@ -255,7 +255,7 @@ def test_gpt_parameters_are_narayanans_formula_plus_the_final_norm(by_id):
 
 def test_narayanan_1_7b_is_1_65_billion_parameters(by_id):
     """The disagreement reported above, as the formula gives it."""
-    h, l, v, s = 2304, 24, 51200, 2048  # noqa: E741
+    h, l, v, s = 2304, 24, 51200, 2048
     paper = 12 * l * h**2 * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))
     graph = by_id["narayanan21_tab1_1.7B"].forward()
     assert float(graph.parameters().subs(graph.dims)) == pytest.approx(paper + 2 * h)

@@ -7,15 +7,20 @@ import textwrap
 
 import attrs
 import pytest
-
-from opgraph.errors import OpgraphError
-from opgraph.launch import (
-    GPT2_BPE_VOCAB, MEGATRON_MODEL, Launch, read_megatron, read_torchtitan, to_megatron,
-    to_torchtitan,
-)
 from opgraph.models import gpt2, llama
 from opgraph.models.gpt2 import GPT2Config
 from opgraph.models.llama import LlamaConfig
+
+from opgraph.errors import OpgraphError
+from opgraph.launch import (
+    GPT2_BPE_VOCAB,
+    MEGATRON_MODEL,
+    Launch,
+    read_megatron,
+    read_torchtitan,
+    to_megatron,
+    to_torchtitan,
+)
 from opgraph.parallel import Parallel
 
 # pytorch/torchtitan train_configs/llama3_8b.toml at 9dec370 (late-2024 layout), with the run of
@@ -453,8 +458,8 @@ def test_megatron_unknown_flags_are_reported():
     (("--micro-batch-size 1", "--micro-batch-size 0"), ("--micro-batch-size", "not positive")),
     (("--pipeline-model-parallel-size 8", "--pipeline-model-parallel-size 1e3"),
      ("--pipeline-model-parallel-size",)),
-    (("--recompute-activations", "--recompute-granularity full --recompute-method block "
-      "--recompute-num-layers 4"), ("block", "--recompute-num-layers 4")),
+    (("--recompute-activations", ("--recompute-granularity full --recompute-method block "
+      "--recompute-num-layers 4")), ("block", "--recompute-num-layers 4")),
     (("--recompute-activations", "--recompute-granularity sometimes"), ("sometimes",)),
     (("--fp16", ""), ("--bf16",)),
     (("--sequence-parallel", "--sequence-parallel yes"), ("--sequence-parallel", "no value")),

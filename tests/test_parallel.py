@@ -6,6 +6,10 @@ import json
 
 import pytest
 import sympy
+from opgraph.models import preset
+from opgraph.passes.evaluate import evaluate, resolve
+from opgraph.passes.replicate import replicate
+from opgraph.passes.shard import shard
 
 from opgraph import collectives, compile_step, hardware
 from opgraph.cluster import get as get_cluster
@@ -14,11 +18,7 @@ from opgraph.distributed import compile_parallel, in_flight, profile_parallel
 from opgraph.errors import OpgraphError
 from opgraph.ir import Phase, Role
 from opgraph.memory import figures, peak
-from opgraph.models import preset
 from opgraph.parallel import Parallel, cp, ep, stage_layers, tp
-from opgraph.passes.evaluate import evaluate, resolve
-from opgraph.passes.replicate import replicate
-from opgraph.passes.shard import shard
 from opgraph.schedule import pipeline_span
 from opgraph.symbols import B, D, K, S
 from opgraph.verify import verify
@@ -221,9 +221,9 @@ def test_layouts_that_contradict_themselves(kwargs, says):
 
 
 def test_the_cli_names_the_constraint(cli):
-    code, out, err = cli("profile", "--tp", "5", "--gpus", "8")
+    code, _, err = cli("profile", "--tp", "5", "--gpus", "8")
     assert code == 2 and "not divisible by tp x cp x pp" in err and "\n" not in err.strip()
-    code, out, err = cli("profile", "--tp", "3", "--gpus", "3")
+    code, _, err = cli("profile", "--tp", "3", "--gpus", "3")
     assert code == 2 and "H = 32 is not divisible by --tp 3" in err
 
 
@@ -253,7 +253,7 @@ def test_profile_json_over_many_gpus(cli, tmp_path):
 def test_the_cluster_decides_the_tier(cli):
     """TP over 8 GPUs of one node talks over NVLink; data parallelism across nodes over the
     network (per-GPU NICs)."""
-    code, out, _ = cli("profile", "--gpus", "16", "--tp", "8", "--json")
+    _code, out, _ = cli("profile", "--gpus", "16", "--tp", "8", "--json")
     o = json.loads(out)
     tiers = {c["group"]: c["tier"] for c in o["communication"]}
     assert tiers["tp"] == get_cluster("dgx-h100").tiers[0].name
@@ -331,7 +331,7 @@ def test_megatron_arguments_predict_as_their_flags(cli, tmp_path):
 def test_unknown_job_keys_are_reported(cli, tmp_path):
     path = tmp_path / "job.toml"
     path.write_text(TORCHTITAN_8B.replace("compile = true", "compile = true\nwarp_drive = 9"))
-    code, out, err = cli("profile", "--torchtitan", str(path), "--gpus", "8")
+    code, _out, err = cli("profile", "--torchtitan", str(path), "--gpus", "8")
     assert code == 0 and "warp_drive" in err and "not modelled" in err
 
 

@@ -55,8 +55,8 @@ def cluster_json(c) -> dict:
 
 def format_clusters(found: list) -> str:
     """The `opgraph hardware --clusters` table, then each cluster's source."""
-    lines = [f"{'id':<10} {'GPUs/node':>9} {'node GB/s':>9} {'latency us':>10} "
-             f"{'network GB/s':>12} {'latency us':>10}",
+    lines = [(f"{'id':<10} {'GPUs/node':>9} {'node GB/s':>9} {'latency us':>10} "
+             f"{'network GB/s':>12} {'latency us':>10}"),
              f"{'':<10} {'':>9} {'per GPU, each way':>20}"]
     for c in found:
         node, net = c.tiers

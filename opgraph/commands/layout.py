@@ -17,8 +17,8 @@ DEGREE_FLAGS = (("gpus", "GPUs in the job"),
                 ("ep", "expert-parallel degree (a mixture of experts' experts spread)"),
                 ("dp", "data-parallel degree (default: gpus / (tp x pp x cp))"),
                 ("micro-batch", "sequences per micro-batch (default 1)"),
-                ("global-batch", "sequences per optimizer step over the job (default: one "
-                                 "micro-batch per data-parallel rank)"),
+                ("global-batch", ("sequences per optimizer step over the job (default: one "
+                                 "micro-batch per data-parallel rank)")),
                 ("virtual-stages", "interleaved pipeline: model chunks per GPU (default 1)"))
 
 

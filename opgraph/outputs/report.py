@@ -102,8 +102,8 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
         + (f"; activations x {r.in_flight:g} micro-batches in flight" if r.in_flight != 1
            else ""),
         "",
-        f"{'communication':<28} {'GPUs':>5}  {'tier':<28} {'count':>6} {'time (ms)':>10} "
-        f"{'exposed':>9}",
+        (f"{'communication':<28} {'GPUs':>5}  {'tier':<28} {'count':>6} {'time (ms)':>10} "
+        f"{'exposed':>9}"),
     ]
     groups: dict = {}
     for t in r.communication:
