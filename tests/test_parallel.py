@@ -352,12 +352,18 @@ def test_every_published_run_is_slower_than_the_roofline(published):
         assert p.predicted_step_time_s < p.case.measured_step_time_s, p.case.id
 
 
-def test_validate_prints_and_writes_json(cli):
-    code, out, _ = cli("validate", "--json")
+def test_validate_takes_a_users_cases_and_writes_json(cli, tmp_path, published):
+    """Two of the shipped cases as a user's file: the same predictions, the errors' mean and
+    worst over them."""
+    chosen = published.predictions[:1] + published.predictions[-1:]
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"cases": [p.case.to_json() for p in chosen]}))
+    code, out, _ = cli("validate", "--cases", str(path), "--json")
     o = json.loads(out)
-    assert code == 0 and len(o["cases"]) == 21
-    errors = [c["error"] for c in o["cases"]]
-    assert o["mape"] == pytest.approx(sum(map(abs, errors)) / 21)
+    assert code == 0 and [c["id"] for c in o["cases"]] == [p.case.id for p in chosen]
+    errors = [p.predicted_step_time_s / p.case.measured_step_time_s - 1 for p in chosen]
+    assert [c["error"] for c in o["cases"]] == pytest.approx(errors, rel=1e-12)
+    assert o["mape"] == pytest.approx(sum(map(abs, errors)) / 2)
     assert o["max_error"] == pytest.approx(max(map(abs, errors)))
 
 
