@@ -38,7 +38,7 @@ from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory, figures, peak
 from .parallel import Parallel
-from .passes.evaluate import _categories, evaluate, mfu_parameters, resolve
+from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
 from .passes.replicate import replicate
 from .passes.shard import shard
 from .passes.split_stages import split_stages
@@ -104,11 +104,11 @@ def check_layout(forward: Graph, layout: Parallel) -> None:
     """One-line errors for a layout the model does not divide (heads, layers, sequence)."""
     from .parallel import stage_layers
     from .passes.shard import check_divides
-    from .passes.split_stages import _stack
+    from .passes.split_stages import layer_stack
 
     check_divides(forward, layout)
     if layout.pp > 1:
-        region = _stack(forward)
+        region = layer_stack(forward)
         stage_layers(int(sympy.sympify(region.count).xreplace(forward.dims)), layout)
 
 
@@ -181,7 +181,7 @@ def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
         events=() if drawn is None else _timeline(timings[drawn], m,
                                                   max(0.0, span - m * per_micro[drawn])))
     categories = tuple(attrs.evolve(c, bound="network") if c.name == "communication" else c
-                       for c in _categories(rows, total, sum(r.flops for r in rows)))
+                       for c in category_costs(rows, total, sum(r.flops for r in rows)))
     return attrs.evolve(
         profile, ops=tuple(rows), categories=categories,
         step_time_s=step_time, flops=sum(r.flops for r in rows),

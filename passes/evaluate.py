@@ -139,7 +139,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
                            cost.bound(flops, nbytes, at, bandwidth)))
     step = sum(r.time_s for r in rows)
     total_flops = sum(r.flops for r in rows)
-    categories = _categories(rows, step, total_flops)
+    categories = category_costs(rows, step, total_flops)
     tokens = int(_number(B * S, subs, "tokens per step"))
     parameters = int(_number(graph.parameters(), subs, "the parameter count"))
     mfu_n = int(_number(mfu_parameters(graph), subs, "the parameter count"))
@@ -159,7 +159,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
     )
 
 
-def _categories(rows: list[OpCost], step: float, total_flops: float) -> tuple:
+def category_costs(rows: list[OpCost], step: float, total_flops: float) -> tuple:
     names = [c for c in CATEGORIES if any(r.category == c for r in rows)]
     names += sorted({r.category for r in rows} - set(CATEGORIES))
     out = []

@@ -28,7 +28,7 @@ from opgraph.parallel import Parallel, pp, stage_layers
 FIRST, LAST, STACK = "first", "last", "stack"
 
 
-def _stack(graph: Graph):
+def layer_stack(graph: Graph):
     tops = [r for r in graph.regions() if r.parent is None]
     if len(tops) != 1:
         raise OpgraphError(f"{graph.name} has {len(tops)} layer stacks; pipeline parallelism "
@@ -38,7 +38,7 @@ def _stack(graph: Graph):
 
 def ends(graph: Graph) -> dict[str, set[str]]:
     """Each op's place: {STACK}, {FIRST}, {LAST} or {FIRST, LAST} (see the module)."""
-    region = _stack(graph)
+    region = layer_stack(graph)
     inside = {op.name for op in graph.ops() if graph.within(op.region, region.name)}
     forward = [op for op in graph.ops() if op.phase is Phase.FORWARD]
     feeds: set[str] = set()
@@ -76,7 +76,7 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
     """The step pipeline stage `stage` (0 first) of `layout` runs; `layout.pp` 1: `graph`."""
     if layout.pp == 1:
         return graph
-    region = _stack(graph)
+    region = layer_stack(graph)
     layers = int(sympy.sympify(region.count).xreplace(graph.dims))
     counts = stage_layers(layers, layout)
     even = len(set(counts)) == 1
