@@ -37,11 +37,11 @@ from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory, figures, peak
-from .parallel import Parallel
+from .parallel import Parallel, stage_layers
 from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
 from .passes.replicate import replicate
-from .passes.shard import shard
-from .passes.split_stages import split_stages
+from .passes.shard import check_divides, shard
+from .passes.split_stages import layer_stack, split_stages
 from .pipeline import compile_step
 from .profile import OpCost, Profile
 from .rules import COLLECTIVE_KINDS
@@ -102,10 +102,6 @@ class ParallelResult:
 
 def check_layout(forward: Graph, layout: Parallel) -> None:
     """One-line errors for a layout the model does not divide (heads, layers, sequence)."""
-    from .parallel import stage_layers
-    from .passes.shard import check_divides
-    from .passes.split_stages import layer_stack
-
     check_divides(forward, layout)
     if layout.pp > 1:
         region = layer_stack(forward)

@@ -160,6 +160,8 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
 
 
 def category_costs(rows: list[OpCost], step: float, total_flops: float) -> tuple:
+    """Each category's time, FLOPs and bytes over `rows`, with its shares of `step` and of
+    `total_flops`, in the reports' order."""
     names = [c for c in CATEGORIES if any(r.category == c for r in rows)]
     names += sorted({r.category for r in rows} - set(CATEGORIES))
     out = []

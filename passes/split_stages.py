@@ -29,6 +29,7 @@ FIRST, LAST, STACK = "first", "last", "stack"
 
 
 def layer_stack(graph: Graph):
+    """The graph's one top-level layer stack (a region), or an error naming how many it has."""
     tops = [r for r in graph.regions() if r.parent is None]
     if len(tops) != 1:
         raise OpgraphError(f"{graph.name} has {len(tops)} layer stacks; pipeline parallelism "
