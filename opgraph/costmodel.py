@@ -285,7 +285,17 @@ class CostModel:
         """
         return maximum(flops / peak, nbytes / bandwidth)
 
-    def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1) -> float:
+    name = "roofline"
+
+    def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
+                peak: float) -> float:
+        """Seconds of `count` instances of an op of `kind` doing `flops` and moving `nbytes`
+        between them, its arithmetic at `peak`: the roofline, `time(flops, nbytes, peak,
+        hardware.bandwidth)`. The calibrated model scales it (`CalibratedCostModel`)."""
+        return self.time(flops, nbytes, peak, hardware.bandwidth)
+
+    def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
+                  hardware=None) -> float:
         """Seconds of one collective of `kind` (an op kind: "all_reduce") moving `message`
         bytes per GPU over a group of `group` GPUs `stride` ranks apart: the alpha-beta time on
         the slowest tier the group spans (`opgraph.collectives.seconds`)."""
@@ -295,6 +305,10 @@ class CostModel:
             return 0.0
         return collectives.seconds(kind.replace("_", "-"), float(message), group, cluster,
                                    stride)
+
+    def slowdown(self, hardware) -> float:
+        """The share of hidden communication time added to the compute beside it."""
+        return self.overlap_slowdown
 
     def bound(self, flops, nbytes, peak, bandwidth) -> str:
         """"compute" or "memory": which of the two terms of `time` is the larger."""
@@ -317,7 +331,65 @@ class CostModel:
 
 DEFAULT = CostModel()
 
-__all__ = ["BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "FUSED_BACKWARD_COST", "OPERANDS",
+# Which efficiency of a generation a kind's arithmetic runs at (`opgraph.calibration`); any other
+# kind runs at `matmul`'s (its compute term rarely binds: it is memory-bound).
+EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention"}
+
+
+@attrs.frozen
+class CalibratedCostModel(CostModel):
+    """The roofline scaled by each hardware generation's efficiencies (`opgraph.calibration`):
+    per kernel `launch_s + max((FLOPs + matmul_half_flops) / (efficiency x peak), bytes /
+    (bandwidth x HBM bandwidth))`; each collective at the tier's bandwidth times `node` or
+    `network`; `overlap_slowdown` for compute beside communication."""
+
+    table: dict = attrs.field(factory=dict, eq=False)  # generation -> Efficiencies
+    name = "calibrated"
+
+    def efficiencies(self, hardware):
+        from . import calibration
+
+        return calibration.for_hardware(hardware, self.table or None)
+
+    def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
+                peak: float) -> float:
+        if count == 0:
+            return 0.0
+        e = self.efficiencies(hardware)
+        rate = getattr(e, EFFICIENCY.get(kind, "matmul"))
+        f, b = flops / count, nbytes / count
+        compute = (f + e.matmul_half_flops) / (rate * peak) if f else 0.0
+        return count * (e.launch_s + max(compute, b / (e.bandwidth * hardware.bandwidth)))
+
+    def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
+                  hardware=None) -> float:
+        if group == 1 or kind == "identity":
+            return 0.0
+        e = self.efficiencies(hardware)
+        scaled = attrs.evolve(cluster, tiers=tuple(  # each tier at its achieved bandwidth
+            attrs.evolve(t, bandwidth=t.bandwidth * (e.node if i == 0 else e.network))
+            for i, t in enumerate(cluster.tiers)))
+        return super().comm_time(kind, message, group, scaled, stride) + e.launch_s
+
+    def slowdown(self, hardware) -> float:
+        return self.efficiencies(hardware).overlap_slowdown
+
+
+def cost_model(name: str, backward: str = "plate", table: dict | None = None) -> CostModel:
+    """The cost model `--cost` names: "roofline" (the ceiling) or "calibrated" (the shipped
+    efficiencies, or `table`'s)."""
+    if name == "roofline":
+        return CostModel(backward=backward)
+    if name == "calibrated":
+        from . import calibration
+
+        return CalibratedCostModel(backward=backward, table=table or calibration.catalog())
+    raise OpgraphError(f"unknown cost model {name!r}; choose roofline or calibrated")
+
+
+COST_MODELS = ("roofline", "calibrated")
+
+__all__ = ["COST_MODELS", "EFFICIENCY", "CalibratedCostModel", "cost_model", "BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "FUSED_BACKWARD_COST", "OPERANDS",
            "PEAKS", "Cost", "CostModel", "compute_dtype", "fused_members", "members_of",
            "message_bytes",
            "own_bytes", "rule_flops", "scaled", "scaled_flops"]

@@ -45,7 +45,7 @@ from .passes.split_stages import layer_stack, split_stages
 from .pipeline import compile_step
 from .profile import OpCost, Profile
 from .rules import COLLECTIVE_KINDS
-from .schedule import Event, once_per_step, pipeline_span, simulate
+from .schedule import Event, Plan, Run, once_per_step, pipeline_span, plan, simulate
 from .symbols import S
 
 
@@ -87,10 +87,11 @@ class ParallelResult:
     memory: Memory
     stage_times_s: tuple[float, ...]  # each stage's time per micro-batch
     in_flight: float  # micro-batches of activations the first stage holds at once
-    events: tuple[Event, ...] = ()  # rank 0's timeline
+    events: tuple[Event, ...] = ()  # the timeline of the rank asked for
+    cost: str = "roofline"  # the cost model's name
 
     def to_json(self) -> dict:
-        return {"gpus": self.layout.world, "cluster": self.cluster.id,
+        return {"cost": self.cost, "gpus": self.layout.world, "cluster": self.cluster.id,
                 "parallel": self.layout.to_json(), "step_time_s": self.step_time_s,
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
                 "bubble_s": self.bubble_s,
@@ -127,6 +128,171 @@ def in_flight(layout: Parallel) -> float:
     return held * (1 + (p - 1) / (p * v)) if v > 1 else float(held)
 
 
+@attrs.frozen
+class _Op:
+    """One op of a stage, as numbers: what its time depends on."""
+
+    name: str
+    kind: str
+    count: int
+    flops: float  # over its count
+    bytes: float
+    peak: float  # the peak its arithmetic runs at
+    group: str | None  # a collective's group
+    message: float  # a collective's buffer per GPU
+    once: bool  # runs once per step (the optimizer, ZeRO-0/1's reductions), not per micro-batch
+
+
+@attrs.frozen
+class Stage:
+    """A pipeline stage's step, compiled and evaluated once: its graph, its ops as numbers, the
+    schedule's plans of a micro-batch (`plain`) and of the last one with the optimizer
+    (`last`), its roofline profile (for the rows a report prints) and its memory."""
+
+    graph: Graph
+    ops: tuple[_Op, ...]
+    plain: Plan
+    last: Plan
+    profile: Profile
+    memory: Memory
+
+
+@attrs.frozen
+class Job:
+    """A layout compiled for a part and a cluster (`prepare`); `schedule` costs it under any
+    cost model of the same backward convention without compiling again (a fit's loop)."""
+
+    forward: Graph
+    hardware: Hardware
+    cluster: clusters.Cluster
+    layout: Parallel
+    stages: tuple[Stage, ...]  # the distinct ones: first, a middle one, last
+    kinds: tuple[int, ...]  # stage index -> index into `stages`
+    tokens: int
+    mfu_parameters: int
+
+
+def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
+            cluster: clusters.Cluster | None = None, values: dict | None = None,
+            cost: CostModel = DEFAULT, rank: int | None = None, **options) -> Job:
+    """Compile `layout`'s step and each distinct pipeline stage (see the module); `rank`'s
+    stage is kept apart so that its timeline can be drawn."""
+    values = dict(values or {})
+    if "tokens" in values or "B" in values:
+        raise OpgraphError("give the batch as the layout's micro and global batch, not tokens")
+    cluster = cluster or clusters.for_hardware(hardware)
+    values["B"] = layout.micro_batch
+    step = compile_parallel(forward, layout, **options)
+    # the middle stages hold the same layers and nothing else: one stands for them all
+    kinds = [min(i, 1) if i < layout.pp - 1 else i for i in range(layout.pp)]
+    drawn = None if rank is None else layout.rank_stage(rank)
+    if drawn is not None:
+        kinds[drawn] = drawn
+    distinct = sorted(set(kinds))
+    stages = tuple(_prepare_stage(split_stages(step, layout, i), hardware, layout, values, cost)
+                   for i in distinct)
+    subs = resolve(forward, {k: v for k, v in values.items() if k != "B"})
+    return Job(forward, hardware, cluster, layout, stages,
+               tuple(distinct.index(k) for k in kinds), layout.batch * int(subs[S]),
+               int(mfu_parameters(forward).xreplace(subs)))
+
+
+def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: dict,
+                   cost: CostModel) -> Stage:
+    profile = evaluate(graph, hardware, values, cost=CostModel(backward=cost.backward))
+    subs = resolve(graph, values)
+    costs = cost.op_costs(graph)
+    ops = []
+    for r in profile.ops:
+        op = graph.op(r.name)
+        collective = op.kind in COLLECTIVE_KINDS
+        ops.append(_Op(op.name, op.kind, r.count, r.flops, r.bytes,
+                       cost.peak(hardware, costs[op.name].compute),
+                       op.param("group") if collective else None,
+                       float(costs[op.name].message.xreplace(subs)) if collective else 0.0,
+                       op.phase is Phase.OPTIMIZER or once_per_step(op, layout.zero)))
+    ordered = graph.ops()
+    per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
+                 and not once_per_step(op, layout.zero)]
+    return Stage(graph, tuple(ops), plan(graph, per_micro, subs), plan(graph, ordered, subs),
+                 profile, _memory(graph, subs, hardware, layout))
+
+
+def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
+    """One instance's seconds of each op of `stage` under `cost`."""
+    layout, out = job.layout, {}
+    for o in stage.ops:
+        if o.group is not None:
+            out[o.name] = cost.comm_time(o.kind, o.message, layout.size(o.group), job.cluster,
+                                         layout.stride(o.group), job.hardware)
+        else:
+            out[o.name] = (cost.op_time(job.hardware, o.kind, o.flops, o.bytes, o.count, o.peak)
+                           / o.count if o.count else 0.0)
+    return out
+
+
+@attrs.frozen
+class _Timed:
+    stage: Stage
+    times: dict
+    plain: Run
+    last: Run
+
+
+def schedule(job: Job, cost: CostModel = DEFAULT, *, rank: int | None = None
+             ) -> tuple[ParallelResult, list[OpCost]]:
+    """The job's figures under `cost`, and the first stage's ops over one step (see the
+    module); `rank` draws that GPU's timeline."""
+    layout = job.layout
+    deferred = () if layout.overlap_grad_reduce else ("dp", "edp")
+    drawn = None if rank is None else layout.rank_stage(rank)
+    timed = []
+    for i, stage in enumerate(job.stages):
+        times = _times(stage, job, cost)
+        keep = drawn is not None and job.kinds[drawn] == i
+        timed.append(_Timed(stage, times,
+                            simulate(stage.plain, times, async_tp=layout.async_tp,
+                                     deferred=deferred, keep_events=False),
+                            simulate(stage.last, times, async_tp=layout.async_tp,
+                                     deferred=deferred, keep_events=keep)))
+    per_stage = [timed[k] for k in job.kinds]
+    m, v = layout.micro_batches, layout.virtual_stages
+    per_micro = [t.plain.time_s for t in per_stage]
+    span = pipeline_span(per_micro, m, v)
+    tails = [t.last.time_s - t.plain.time_s for t in per_stage]
+    step_time = span + max(tails)
+    first = per_stage[0]
+    bubble = max(0.0, span - m * per_micro[0])
+    exposed = sum((m - 1) * first.plain.exposed_s.get(n, 0.0) + first.last.exposed_s[n]
+                  for n in first.last.exposed_s)
+    transfers = tuple(_transfers(first, job, m))
+    hidden = sum(t.time_s - min(t.exposed_s, t.time_s) for t in transfers)
+    step_time += cost.slowdown(job.hardware) * hidden  # compute slowed beside communication
+    peak = job.hardware.peak_flops
+    mfu = cost.mfu(job.mfu_parameters, job.tokens, step_time, peak) / layout.world
+    events = ()
+    if drawn is not None:
+        events = _timeline(per_stage[drawn], m, max(0.0, span - m * per_micro[drawn]))
+    result = ParallelResult(
+        layout=layout, cluster=job.cluster, step_time_s=step_time,
+        tokens_per_s_per_gpu=job.tokens / step_time / layout.world, mfu=mfu, bubble_s=bubble,
+        exposed_communication_s=exposed + max(tails) - tails[0], communication=transfers,
+        memory=first.stage.memory, stage_times_s=tuple(per_micro), in_flight=in_flight(layout),
+        events=events, cost=cost.name)
+    return result, _rows(first, m)
+
+
+def _rows(first: _Timed, m: int) -> list[OpCost]:
+    """Each op of the first stage over the step: micro-batch ops x m, once-per-step ones x 1."""
+    out = []
+    for r, o in zip(first.stage.profile.ops, first.stage.ops, strict=True):
+        k = 1 if o.once else m
+        bound = "network" if o.group is not None else r.bound
+        out.append(attrs.evolve(r, count=r.count * k, flops=r.flops * k, bytes=r.bytes * k,
+                                time_s=first.times[o.name] * r.count * k, bound=bound))
+    return out
+
+
 def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
                      cluster: clusters.Cluster | None = None, values: dict | None = None,
                      cost: CostModel = DEFAULT, rank: int | None = None,
@@ -134,128 +300,33 @@ def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
     """The first stage's profile over one optimizer step of `layout`, with the job's figures
     in `.parallel` (see the module). `values` may set the sequence length (`S`); the batch is
     the layout's micro-batch. `rank`: also lay out that GPU's timeline (`.parallel.events`)."""
-    values = dict(values or {})
-    if "tokens" in values or "B" in values:
-        raise OpgraphError("give the batch as the layout's micro and global batch, not tokens")
-    cluster = cluster or clusters.for_hardware(hardware)
-    values["B"] = layout.micro_batch
-    step = compile_parallel(forward, layout, **options)
-    drawn = None if rank is None else layout.rank_stage(rank)
-    # the middle stages hold the same layers and nothing else: one stands for them all
-    kinds = {i: min(i, 1) if i < layout.pp - 1 else i for i in range(layout.pp)}
-    if drawn is not None:
-        kinds[drawn] = drawn
-    timed = {i: _stage(split_stages(step, layout, i), hardware, cluster, layout, values, cost,
-                       i == drawn) for i in sorted(set(kinds.values()))}
-    timings = [timed[kinds[i]] for i in range(layout.pp)]
-    m, v = layout.micro_batches, layout.virtual_stages
-    per_micro = [t.plain.time_s for t in timings]
-    span = pipeline_span(per_micro, m, v)
-    tails = [t.last.time_s - t.plain.time_s for t in timings]
-    step_time = span + max(tails)
-    first = timings[0]
-    bubble = max(0.0, span - m * per_micro[0])
-    exposed = sum((m - 1) * first.plain.exposed_s.get(n, 0.0) + first.last.exposed_s[n]
-                  for n in first.last.exposed_s)
-    exposed_total = exposed + max(tails) - tails[0]
-    subs = resolve(forward, {k: v for k, v in values.items() if k != "B"})
-    seq = int(subs[S])
-    tokens = layout.batch * seq
-    n_params = int(mfu_parameters(forward).xreplace(subs))
-    transfers = tuple(_transfers(first, layout, cluster, m))
-    hidden = sum(t.time_s - min(t.exposed_s, t.time_s) for t in transfers)
-    step_time += cost.overlap_slowdown * hidden  # compute slowed while they ran beside it
-    mfu = cost.mfu(n_params, tokens, step_time, hardware.peak_flops) / layout.world
-    memory = _memory(first.graph, first.subs, hardware, layout)
-    rows, profile = first.rows(m, layout.zero), first.profile
+    job = prepare(forward, hardware, layout, cluster=cluster, values=values, cost=cost,
+                  rank=rank, **options)
+    result, rows = schedule(job, cost, rank=rank)
     total = sum(r.time_s for r in rows)
-    result = ParallelResult(
-        layout=layout, cluster=cluster, step_time_s=step_time,
-        tokens_per_s_per_gpu=tokens / step_time / layout.world, mfu=mfu, bubble_s=bubble,
-        exposed_communication_s=exposed_total, communication=transfers, memory=memory,
-        stage_times_s=tuple(per_micro), in_flight=in_flight(layout),
-        events=() if drawn is None else _timeline(timings[drawn], m,
-                                                  max(0.0, span - m * per_micro[drawn])))
+    flops = sum(r.flops for r in rows)
     categories = tuple(attrs.evolve(c, bound="network") if c.name == "communication" else c
-                       for c in category_costs(rows, total, sum(r.flops for r in rows)))
+                       for c in category_costs(rows, total, flops))
     return attrs.evolve(
-        profile, ops=tuple(rows), categories=categories,
-        step_time_s=step_time, flops=sum(r.flops for r in rows),
-        bytes=sum(r.bytes for r in rows), tokens=tokens, mfu_parameters=n_params,
-        mfu_ceiling=mfu, hfu_ceiling=min(1.0, sum(r.flops for r in rows)
-                                         / (step_time * hardware.peak_flops)),
-        memory=memory, parallel=result)
+        job.stages[0].profile, ops=tuple(rows), categories=categories,
+        step_time_s=result.step_time_s, flops=flops, bytes=sum(r.bytes for r in rows),
+        tokens=job.tokens, mfu_parameters=job.mfu_parameters, mfu_ceiling=result.mfu,
+        hfu_ceiling=min(1.0, flops / (result.step_time_s * hardware.peak_flops)),
+        memory=result.memory, parallel=result)
 
 
-@attrs.frozen
-class _StageTiming:
-    graph: Graph
-    subs: dict
-    profile: Profile
-    times: dict  # op name -> one instance's seconds
-    plain: object  # schedule.Run of a micro-batch that is not the last
-    last: object  # the last micro-batch and the optimizer
-
-    def rows(self, micro_batches: int, zero: int) -> list[OpCost]:
-        """Each op over the step: micro-batch ops x m, the once-per-step ones x 1."""
-        out = []
-        for r in self.profile.ops:
-            op = self.graph.op(r.name)
-            once = op.phase is Phase.OPTIMIZER or once_per_step(op, zero)
-            k = 1 if once else micro_batches
-            time = self.times[r.name] * r.count * k
-            bound = "network" if op.kind in COLLECTIVE_KINDS else r.bound
-            out.append(attrs.evolve(r, count=r.count * k, flops=r.flops * k,
-                                    bytes=r.bytes * k, time_s=time, bound=bound))
-        return out
-
-
-def _stage(graph: Graph, hardware: Hardware, cluster, layout: Parallel, values: dict,
-           cost: CostModel, events: bool) -> _StageTiming:
-    profile = evaluate(graph, hardware, values, cost=cost)
-    subs = resolve(graph, values)
-    costs = cost.op_costs(graph)
-    times = {}
-    for r in profile.ops:
-        op = graph.op(r.name)
-        if op.kind in COLLECTIVE_KINDS:
-            group = op.param("group")
-            message = float(costs[op.name].message.xreplace(subs))
-            times[op.name] = cost.comm_time(op.kind, message, layout.size(group), cluster,
-                                            layout.stride(group))
-        else:
-            times[op.name] = r.time_s / r.count if r.count else 0.0
-    ops = graph.ops()
-    per_micro = [op for op in ops if op.phase is not Phase.OPTIMIZER
-                 and not once_per_step(op, layout.zero)]
-    seconds = times.__getitem__
-
-    def run(chosen, keep):
-        return simulate(graph, chosen, lambda op: seconds(op.name), subs,
-                        async_tp=layout.async_tp, keep_events=keep)
-
-    plain = run(per_micro, False)
-    last = run(ops, events)
-    return _StageTiming(graph, subs, profile, times, plain, last)
-
-
-def _transfers(first: _StageTiming, layout: Parallel, cluster, m: int):
-    graph, subs = first.graph, first.subs
-    costs = DEFAULT.op_costs(graph)
-    for r in first.profile.ops:
-        op = graph.op(r.name)
-        if op.kind not in COLLECTIVE_KINDS or op.kind == "identity":
+def _transfers(first: _Timed, job: Job, m: int):
+    layout, cluster = job.layout, job.cluster
+    for r, o in zip(first.stage.profile.ops, first.stage.ops, strict=True):
+        if o.group is None or o.kind == "identity":
             continue
-        group = op.param("group")
-        once = op.phase is Phase.OPTIMIZER or once_per_step(op, layout.zero)
-        k = 1 if once else m
-        exposed = first.last.exposed_s.get(op.name, 0.0) + (
-            0.0 if once else (m - 1) * first.plain.exposed_s.get(op.name, 0.0))
-        tier = cluster.tier_for(layout.size(group), layout.stride(group)).name \
-            if layout.size(group) > 1 else "none"
-        yield Transfer(op.name, op.kind, group, layout.size(group),
-                       float(costs[op.name].message.xreplace(subs)), r.count * k,
-                       first.times[op.name] * r.count * k, exposed, tier)
+        k = 1 if o.once else m
+        exposed = first.last.exposed_s.get(o.name, 0.0) + (
+            0.0 if o.once else (m - 1) * first.plain.exposed_s.get(o.name, 0.0))
+        size = layout.size(o.group)
+        tier = cluster.tier_for(size, layout.stride(o.group)).name if size > 1 else "none"
+        yield Transfer(o.name, o.kind, o.group, size, o.message, r.count * k,
+                       first.times[o.name] * r.count * k, exposed, tier)
 
 
 def _memory(graph: Graph, subs: dict, hardware: Hardware, layout: Parallel) -> Memory:
@@ -265,7 +336,7 @@ def _memory(graph: Graph, subs: dict, hardware: Hardware, layout: Parallel) -> M
     return attrs.evolve(mem, activations=int(mem.activations * (1 + extra)))
 
 
-def _timeline(first: _StageTiming, m: int, bubble: float) -> tuple[Event, ...]:
+def _timeline(first: _Timed, m: int, bubble: float) -> tuple[Event, ...]:
     """Rank 0's step: the pipeline's fill as one bubble, then its micro-batches (each as the
     simulated one), the last with the optimizer, then the drain."""
     out: list[Event] = []

@@ -61,6 +61,7 @@ class Hardware:
                                           validator=_in_range("fp8_tflops", 1e12))
     source: str = ""
     cluster: str | None = None  # id of the default cluster in cluster.toml (or a .toml path)
+    generation: str | None = None  # its calibrated efficiencies' table in calibration.toml
 
     def describe(self) -> str:
         return (f"{self.name} ({self.peak_flops / 1e12:g} TFLOP/s BF16 dense, "
@@ -79,15 +80,19 @@ def _number(table: dict, key: str, where: str, required: bool = True) -> float |
     return check_figure(key, float(value), where)
 
 
-def _cluster_id(table: dict, where: str) -> str | None:
-    value = table.get("cluster")
+def _named(table: dict, key: str, where: str, example: str) -> str | None:
+    value = table.get(key)
     if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise OpgraphError(f"{where}: cluster = {value!r} must name a cluster, "
-                           'such as cluster = "dgx-h100"')
+        raise OpgraphError(f"{where}: {key} = {value!r} must be a name, such as {example}")
     return value
 
 
-PART_KEYS = {"name", "source", "cluster", "bf16_tflops", "fp8_tflops", "bandwidth_tbs", "memory_gb"}
+def _cluster_id(table: dict, where: str) -> str | None:
+    return _named(table, "cluster", where, 'cluster = "dgx-h100"')
+
+
+PART_KEYS = {"name", "source", "cluster", "generation", "bf16_tflops", "fp8_tflops",
+             "bandwidth_tbs", "memory_gb"}
 
 
 def _parse(part_id: str, table: dict, where: str) -> Hardware:
@@ -107,6 +112,7 @@ def _parse(part_id: str, table: dict, where: str) -> Hardware:
         fp8_flops=fp8 * 1e12 if fp8 else None,
         source=str(table.get("source", "")),
         cluster=_cluster_id(table, where),
+        generation=_named(table, "generation", where, 'generation = "hopper"'),
     )
 
 

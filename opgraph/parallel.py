@@ -55,6 +55,9 @@ class Parallel:
     FSDP and Megatron-LM do by default.
     `first_stage_layers` / `last_stage_layers` make the end stages uneven (Megatron's
     `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages.
+    `overlap_grad_reduce` runs the gradient reduction under the backward (PyTorch DDP, FSDP,
+    Megatron-LM's `--overlap-grad-reduce`); without it the reduction waits for the backward to
+    end (Megatron-LM's default).
     """
 
     tp: int = 1
@@ -71,6 +74,7 @@ class Parallel:
     async_tp: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    overlap_grad_reduce: bool = True
 
     def __attrs_post_init__(self):
         for name in ("tp", "pp", "cp", "ep", "dp", "gpus", "micro_batch", "global_batch",
@@ -163,7 +167,8 @@ class Parallel:
                 "virtual_stages": self.virtual_stages, "zero": self.zero,
                 "sequence_parallel": self.sequence_parallel, "async_tp": self.async_tp,
                 "first_stage_layers": self.first_stage_layers,
-                "last_stage_layers": self.last_stage_layers}
+                "last_stage_layers": self.last_stage_layers,
+                "overlap_grad_reduce": self.overlap_grad_reduce}
 
 
 def stage_layers(layers: int, layout: Parallel) -> list[int]:

@@ -32,8 +32,6 @@ stage's own micro-batch time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import attrs
 
 from .ir import Graph, Op, Phase
@@ -65,92 +63,147 @@ class Run:
     events: tuple[Event, ...]
 
 
-def overlapped(op: Op, async_tp: bool) -> bool:
-    """Whether a collective runs beside the op that reads (or writes) it (see the module)."""
-    group = op.param("group")
+def overlapped(group: str, async_tp: bool) -> bool:
+    """Whether a collective of `group` runs beside the op that reads (or writes) it (see the
+    module): ring attention's, and tensor parallelism's with `--async-tp`."""
     return group == "cp" or (group == "tp" and async_tp)
 
 
-def _instances(graph: Graph, op: Op, subs: dict) -> int:
-    return int(op.count.xreplace(subs))
+@attrs.frozen
+class _Comm:
+    name: str
+    group: str
+    output: str
+    inputs: tuple[str, ...]
+    count: int
+    phase: str
+    kind: str
 
 
-def simulate(graph: Graph, ops: list[Op], seconds: Callable[[Op], float], subs: dict, *,
-             async_tp: bool = False, keep_events: bool = True) -> Run:
-    """Run `ops` (a subset of `graph`'s, in its order) once: `seconds(op)` is one instance's
-    time. Returns the span of the compute stream (with what it waited for)."""
-    chosen = {op.name for op in ops}
-    compute = [op for op in ops if op.kind not in COLLECTIVE_KINDS]
-    comms = {op.name: op for op in ops if op.kind in COLLECTIVE_KINDS}
-    count = {op.name: _instances(graph, op, subs) for op in ops}
-    ready: dict[tuple[str, int], tuple[float, float]] = {}  # (tensor, i) -> (start, end) of writer
+@attrs.frozen
+class _Compute:
+    name: str
+    region: str | None
+    count: int
+    phase: str
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@attrs.frozen
+class Plan:
+    """What `simulate` needs of a graph, indexed once (a fit runs it many times): the compute
+    ops in order, grouped in segments (a run of one region's ops, repeated its trip count),
+    the collectives, who writes each tensor and which collectives read it."""
+
+    segments: tuple[tuple[_Compute, ...], ...]
+    comms: dict  # name -> _Comm
+    writer: dict  # tensor -> op name (of the ops chosen)
+    comm_readers: dict  # tensor -> names of the collectives that read it
+    counts: dict  # op name -> instances
+
+
+def plan(graph: Graph, ops: list[Op], subs: dict) -> Plan:
+    """Index `ops` (a subset of `graph`'s, in its order) for `simulate`."""
+    counts = {op.name: int(op.count.xreplace(subs)) for op in ops}
+    comms = {op.name: _Comm(op.name, op.param("group"), op.outputs[0], op.inputs,
+                            counts[op.name], op.phase.value, op.kind)
+             for op in ops if op.kind in COLLECTIVE_KINDS}
+    writer = {n: op.name for op in ops for n in op.outputs}
+    comm_readers: dict[str, list[str]] = {}
+    for c in comms.values():
+        for n in c.inputs:
+            comm_readers.setdefault(n, []).append(c.name)
+    segments: list[list[_Compute]] = []
+    for op in ops:
+        if op.kind in COLLECTIVE_KINDS:
+            continue
+        item = _Compute(op.name, op.region, counts[op.name], op.phase.value, op.kind,
+                        op.inputs, op.outputs)
+        if segments and op.region is not None and segments[-1][0].region == op.region:
+            segments[-1].append(item)
+        else:
+            segments.append([item])
+    return Plan(tuple(map(tuple, segments)), comms, writer,
+                {k: tuple(v) for k, v in comm_readers.items()}, counts)
+
+
+def _instance(i: int, n: int) -> int:
+    return min(i, n - 1) if n else 0
+
+
+def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple = (),
+             keep_events: bool = True) -> Run:
+    """Run a planned micro-batch once: `seconds[op]` is one instance's time. Collectives of
+    the `deferred` groups wait for the compute that reads them rather than starting when
+    their input is written (Megatron-LM without `--overlap-grad-reduce`). Returns the span
+    of the compute stream (with what it waited for)."""
+    comms = p.comms
+    ready: dict[tuple[str, int], tuple[float, float]] = {}  # (tensor, i) -> writer's (start, end)
     free = dict.fromkeys(GROUPS, 0.0)
-    comm_s: dict[str, float] = dict.fromkeys(comms, 0.0)
-    exposed: dict[str, float] = dict.fromkeys(comms, 0.0)
+    comm_s = dict.fromkeys(comms, 0.0)
+    exposed = dict.fromkeys(comms, 0.0)
     events: list[Event] = []
     spans: list[tuple[str, float, float]] = []
     started: dict[tuple[str, int], float] = {}  # (compute op, i) -> start
-    now = 0.0
     phase_start: dict[str, float] = {}
+    state = {"now": 0.0}
 
-    def instance(i: int, n: int) -> int:
-        return min(i, n - 1) if n else 0
-
-    def run_comm(op: Op, i: int, earliest: float) -> tuple[float, float]:
-        key = (op.outputs[0], i)
+    def run_comm(c: _Comm, i: int, earliest: float) -> tuple[float, float]:
+        key = (c.output, i)
         if key in ready:
             return ready[key]
-        group = op.param("group")
-        start = max(free[group], earliest)
-        end = start + seconds(op)
-        free[group] = end
+        start = max(free[c.group], earliest)
+        end = start + seconds[c.name]
+        free[c.group] = end
         ready[key] = (start, end)
-        spans.append((op.name, start, end))
-        comm_s[op.name] += end - start
+        spans.append((c.name, start, end))
+        comm_s[c.name] += end - start
         if keep_events and end > start:
-            events.append(Event(op.name, group, start, end, op.phase.value, op.kind))
-        for consumer in graph.consumers(op.outputs[0]):  # a chain of collectives
-            if consumer.name in comms:
-                run_comm(consumer, instance(i, count[consumer.name]), end)
+            events.append(Event(c.name, c.group, start, end, c.phase, c.kind))
+        for name in p.comm_readers.get(c.output, ()):  # a chain of collectives
+            nxt = comms[name]
+            if nxt.group not in deferred:
+                run_comm(nxt, _instance(i, nxt.count), end)
         return ready[key]
 
-    def need(name: str, i: int, reader: Op) -> tuple[float, float, str | None]:
+    def need(name: str, i: int, reader: _Compute) -> tuple[float, float, str | None]:
         """When tensor `name` (instance i as `reader` sees it) is written: (start, end, the
         collective that wrote it, if one did)."""
-        writer = graph.producer(name)
-        if writer is None or writer.name not in chosen:
+        w = p.writer.get(name)
+        if w is None:
             return 0.0, 0.0, None
-        j = instance(i, count[writer.name])
-        if writer.name in comms:
-            if (name, j) not in ready:  # nothing computed feeds it: a weight, prefetched
-                prev = started.get((reader.name, j - 1)) if j else None
-                earliest = prev if prev is not None else phase_start.get(reader.phase.value, now)
-                deps = [need(n, j, writer)[1] for n in writer.inputs]
-                run_comm(writer, j, max([earliest, *deps]))
+        j = _instance(i, p.counts[w])
+        if w in comms:
+            c = comms[w]
+            if (name, j) not in ready:
+                deps = [need(n, j, reader)[1] for n in c.inputs]
+                if any(p.writer.get(n) is not None for n in c.inputs):  # deferred: wait now
+                    earliest = max([state["now"], *deps])
+                else:  # nothing computed feeds it: a weight, prefetched a layer ahead
+                    prev = started.get((reader.name, j - 1)) if j else None
+                    earliest = prev if prev is not None else phase_start.get(
+                        reader.phase, state["now"])
+                run_comm(c, j, max([earliest, *deps]))
             start, end = ready[(name, j)]
-            return start, end, writer.name
+            return start, end, w
         start, end = ready.get((name, j), (0.0, 0.0))
         return start, end, None
 
-    # one segment per run of consecutive compute ops of one region, repeated its trip count
-    segments: list[list[Op]] = []
-    for op in compute:
-        if segments and segments[-1][0].region == op.region and op.region is not None:
-            segments[-1].append(op)
-        else:
-            segments.append([op])
     busy = 0.0
-    for segment in segments:
-        trips = max(count[op.name] for op in segment)
+    for segment in p.segments:
+        trips = max(op.count for op in segment)
         for i in range(trips):
             for op in segment:
-                if i >= count[op.name]:
+                if i >= op.count:
                     continue
-                phase_start.setdefault(op.phase.value, now)
+                now = state["now"]
+                phase_start.setdefault(op.phase, now)
                 start, floor, waited_on = now, 0.0, None
                 for name in op.inputs:
                     s, e, comm = need(name, i, op)
-                    if comm is not None and overlapped(comms[comm], async_tp):
+                    if comm is not None and overlapped(comms[comm].group, async_tp):
                         floor = max(floor, e)
                         e = s
                     if e > start:
@@ -158,28 +211,30 @@ def simulate(graph: Graph, ops: list[Op], seconds: Callable[[Op], float], subs: 
                 if waited_on is not None:
                     exposed[waited_on] += start - now
                 started[(op.name, i)] = start
-                duration = seconds(op)
+                duration = seconds[op.name]
                 end = max(start + duration, floor)
-                if floor > start + duration:
-                    for name in op.inputs:  # an overlapped collective outlasted its reader
+                if floor > start + duration:  # an overlapped collective outlasted its reader
+                    for name in op.inputs:
                         _, e, comm = need(name, i, op)
                         if comm is not None and e == floor:
                             exposed[comm] += floor - start - duration
                             break
                 busy += duration
                 if keep_events and duration > 0:
-                    events.append(Event(op.name, "compute", start, start + duration,
-                                        op.phase.value, op.kind))
+                    events.append(Event(op.name, "compute", start, start + duration, op.phase,
+                                        op.kind))
                 for name in op.outputs:
                     ready[(name, i)] = (start, end)
-                now = end
+                state["now"] = end
                 for name in op.outputs:  # collectives of what it wrote start now
-                    for consumer in graph.consumers(name):
-                        if consumer.name in comms:
-                            run_comm(consumer, instance(i, count[consumer.name]),
-                                     start if overlapped(consumer, async_tp) else end)
+                    for reader in p.comm_readers.get(name, ()):
+                        c = comms[reader]
+                        if c.group not in deferred:
+                            run_comm(c, _instance(i, c.count),
+                                     start if overlapped(c.group, async_tp) else end)
     # collectives still running after the last compute op are exposed: each for the part of
     # the tail it ends
+    now = state["now"]
     tail, t = now, now
     for name, start, end in sorted(spans, key=lambda span: span[2]):
         if end > t:

@@ -135,7 +135,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         at = cost.peak(hardware, costs[op.name].compute)  # its compute dtype's peak
         at_peak += flops if at == peak else flops * peak / at
         rows.append(OpCost(op.name, op.kind, op.category, op.phase.value, count, flops, nbytes,
-                           cost.time(flops, nbytes, at, bandwidth),
+                           cost.op_time(hardware, op.kind, flops, nbytes, count, at),
                            cost.bound(flops, nbytes, at, bandwidth)))
     step = sum(r.time_s for r in rows)
     total_flops = sum(r.flops for r in rows)

@@ -1,0 +1,127 @@
+"""Calibrated efficiencies: how far below the roofline real kernels and collectives run.
+
+The roofline is a ceiling. The calibrated cost model (`CalibratedCostModel`) keeps its structure
+and scales each term by an efficiency of the hardware generation (`Efficiencies`), read from
+`calibration.toml` beside this file (or a file of the user's, `--calibration FILE`):
+
+    kernel time = launch_s + max(compute, memory)
+    compute     = (FLOPs + matmul_half_flops) / (efficiency(kind) x peak)
+    memory      = bytes / (bandwidth x HBM bandwidth)
+
+`efficiency(kind)` is `matmul` for matrix multiplies (and fused kernels around one), `attention`
+for FlashAttention's kernels and the unfused attention core, `matmul` otherwise. The saturating
+term makes small matrix multiplies run below the large ones' rate: a kernel of F FLOPs runs at
+`matmul x F / (F + matmul_half_flops)` of the peak (half of `matmul`'s rate at F =
+`matmul_half_flops`); equivalently it costs `matmul_half_flops / (matmul x peak)` seconds more.
+A collective runs at `node` (or `network`) x the tier's bandwidth; communication running beside
+compute slows it by `overlap_slowdown` x its hidden time (`opgraph.schedule`).
+
+Each generation's values say where they come from: a published microbenchmark or datasheet, or
+the fit `opgraph calibrate --fit` makes on published runs (`fitted` names those).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from .datafile import check_keys, load_tables, pick
+from .errors import OpgraphError
+
+CATALOG = Path(__file__).with_name("calibration.toml")
+
+# What each efficiency scales, for docs and errors; all are fractions in (0, 1] except the
+# times and FLOPs.
+FIELDS = {
+    "matmul": "fraction of the dense peak a large matrix multiply reaches",
+    "matmul_half_flops": "FLOPs at which a kernel reaches half of `matmul`'s rate",
+    "attention": "fraction of the dense peak FlashAttention's kernels reach",
+    "bandwidth": "fraction of the HBM bandwidth a memory-bound kernel reaches",
+    "launch_s": "seconds each kernel adds (launch and tail)",
+    "node": "fraction of the node fabric's bandwidth a collective reaches",
+    "network": "fraction of the network's bandwidth a collective reaches",
+    "overlap_slowdown": "share of a hidden collective's time it adds to the compute beside it",
+}
+FRACTIONS = ("matmul", "attention", "bandwidth", "node", "network")
+_KEYS = {*FIELDS, "fitted", "sources"}
+
+
+@attrs.frozen
+class Efficiencies:
+    """One hardware generation's efficiencies (see the module)."""
+
+    generation: str
+    matmul: float = 1.0
+    matmul_half_flops: float = 0.0
+    attention: float = 1.0
+    bandwidth: float = 1.0
+    launch_s: float = 0.0
+    node: float = 1.0
+    network: float = 1.0
+    overlap_slowdown: float = 0.0
+    fitted: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    sources: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=tuple)
+
+    def values(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in FIELDS}
+
+
+ROOFLINE = Efficiencies("roofline")  # every efficiency 1, nothing added: the ceiling
+
+
+def _number(table: dict, key: str, where: str) -> float:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise OpgraphError(f"{where}: {key} = {value!r} must be a number")
+    value = float(value)
+    if key in FRACTIONS and not 0 < value <= 1:
+        raise OpgraphError(f"{where}: {key} = {value:g} must be a fraction above 0 and at most 1")
+    if key not in FRACTIONS and not 0 <= value < 1e15:
+        raise OpgraphError(f"{where}: {key} = {value:g} must be 0 or more")
+    return value
+
+
+def _parse(generation: str, table: object, where: str) -> Efficiencies:
+    where = f"{where} [{generation}]"
+    if not isinstance(table, dict):
+        raise OpgraphError(f"{where} must be a table of efficiencies ({', '.join(FIELDS)})")
+    check_keys(table, _KEYS, where)
+    fitted = table.get("fitted", [])
+    if not isinstance(fitted, list) or not all(f in FIELDS for f in fitted):
+        raise OpgraphError(f"{where}: fitted must be a list of the names above")
+    sources = table.get("sources", {})
+    if not isinstance(sources, dict) or not all(isinstance(v, str) for v in sources.values()):
+        raise OpgraphError(f"{where}: sources must be a table of strings, one per efficiency")
+    return Efficiencies(generation, **{k: _number(table, k, where) for k in FIELDS if k in table},
+                        fitted=tuple(fitted), sources=tuple(sorted(sources.items())))
+
+
+def load(path: str | Path) -> dict[str, Efficiencies]:
+    """Every generation's efficiencies in a calibration file, by generation."""
+    tables = load_tables(path, "calibration file", noun="generation",
+                         example="[hopper] with matmul = 0.7, bandwidth = 0.85, ...",
+                         is_one=lambda d: "matmul" in d)
+    return {g: _parse(g, t, str(path)) for g, t in tables.items()}
+
+
+def catalog() -> dict[str, Efficiencies]:
+    """The shipped efficiencies (`calibration.toml`)."""
+    return load(CATALOG)
+
+
+def get(name_or_path: str) -> Efficiencies:
+    return pick(name_or_path, load, catalog, "generation")
+
+
+def for_hardware(part, table: dict[str, Efficiencies] | None = None) -> Efficiencies:
+    """The efficiencies of `part`'s generation, or an error saying how to name one."""
+    table = catalog() if table is None else table
+    if not part.generation:
+        raise OpgraphError(f"hardware {part.id!r} names no generation, so it has no calibrated "
+                           "efficiencies; add generation = \"hopper\" (or another of "
+                           f"{', '.join(table)}) to its table, or use --cost roofline")
+    if part.generation not in table:
+        raise OpgraphError(f"no calibrated efficiencies for generation {part.generation!r} "
+                           f"({part.id}); the calibration has {', '.join(table)}")
+    return table[part.generation]
