@@ -57,16 +57,16 @@ CASES_MAX_BYTES = 8 << 20  # a few hundred cases with notes; the shipped file is
 
 TOP_KEYS = ("about", "cases")
 CASE_KEYS = ("id", "source", "model", "hardware", "cluster", "gpus", "parallel", "seq_len",
-             "recompute", "precision", "fuse", "measured", "notes")
+             "recompute", "precision", "fuse", "fused_attention", "measured", "notes")
 REQUIRED = ("id", "source", "model", "gpus", "seq_len", "measured")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "dp", "zero", "micro_batch", "global_batch",
-                 "virtual_stages", "sequence_parallel", "async_tp")
+                 "virtual_stages", "sequence_parallel", "async_tp", "overlap_grad_reduce")
 MEASURED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib")
 TIMINGS = ("step_time_s", "tokens_per_s_per_gpu")  # exactly one of them
 
 # What an absent key means: the CLI's defaults. cluster None: the hardware part's own cluster.
 DEFAULTS = {"hardware": "h100-sxm", "cluster": None, "recompute": "none", "precision": "bf16",
-            "fuse": "none", "notes": ""}
+            "fuse": "none", "fused_attention": True, "notes": ""}
 FUSE_CHOICES = ("none", *FUSION_POLICIES)
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -107,6 +107,7 @@ class Case:
     recompute: str = DEFAULTS["recompute"]
     precision: str = DEFAULTS["precision"]
     fuse: str = DEFAULTS["fuse"]
+    fused_attention: bool = DEFAULTS["fused_attention"]  # False: the attention core unfused
     measured_step_time_s: float
     measured_tokens_per_s_per_gpu: float | None = None  # where the run published a throughput
     measured_peak_memory_gib: float | None = None
@@ -129,9 +130,11 @@ class Case:
                "parallel": {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "dp": p.dp_degree,
                             "zero": p.zero, "micro_batch": p.micro_batch,
                             "global_batch": p.batch, "virtual_stages": p.virtual_stages,
-                            "sequence_parallel": p.sequence_parallel, "async_tp": p.async_tp},
+                            "sequence_parallel": p.sequence_parallel, "async_tp": p.async_tp,
+                            "overlap_grad_reduce": p.overlap_grad_reduce},
                "seq_len": self.seq_len, "recompute": self.recompute,
-               "precision": self.precision, "fuse": self.fuse, "measured": {}, "notes": self.notes}
+               "precision": self.precision, "fuse": self.fuse,
+               "fused_attention": self.fused_attention, "measured": {}, "notes": self.notes}
         if self.cluster is None:
             del out["cluster"]
         measured = out["measured"]
@@ -273,11 +276,12 @@ READERS: dict[str, Callable] = {
     "recompute": _choice(lambda: tuple(RECOMPUTE_POLICIES), "a recompute policy"),
     "precision": _choice(lambda: PRECISIONS, "a precision"),
     "fuse": _choice(lambda: FUSE_CHOICES, "a fusion policy"),
+    "fused_attention": _flag,
     "parallel": _object, "measured": _object,  # read as blocks of their own
     # parallel
     "tp": _whole, "pp": _whole, "cp": _whole, "ep": _whole, "dp": _whole,
     "micro_batch": _whole, "global_batch": _whole, "virtual_stages": _whole,
-    "zero": _zero, "sequence_parallel": _flag, "async_tp": _flag,
+    "zero": _zero, "sequence_parallel": _flag, "async_tp": _flag, "overlap_grad_reduce": _flag,
     # measured
     "step_time_s": _positive, "tokens_per_s_per_gpu": _positive, "peak_memory_gib": _positive,
 }

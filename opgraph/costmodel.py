@@ -389,7 +389,25 @@ def cost_model(name: str, backward: str = "plate", table: dict | None = None) ->
 
 COST_MODELS = ("roofline", "calibrated")
 
-__all__ = ["COST_MODELS", "EFFICIENCY", "CalibratedCostModel", "cost_model", "BACKWARD_COST", "BACKWARD_MODES", "DEFAULT", "FUSED_BACKWARD_COST", "OPERANDS",
-           "PEAKS", "Cost", "CostModel", "compute_dtype", "fused_members", "members_of",
-           "message_bytes",
-           "own_bytes", "rule_flops", "scaled", "scaled_flops"]
+__all__ = [
+    "BACKWARD_COST",
+    "BACKWARD_MODES",
+    "COST_MODELS",
+    "DEFAULT",
+    "EFFICIENCY",
+    "FUSED_BACKWARD_COST",
+    "OPERANDS",
+    "PEAKS",
+    "CalibratedCostModel",
+    "Cost",
+    "CostModel",
+    "compute_dtype",
+    "cost_model",
+    "fused_members",
+    "members_of",
+    "message_bytes",
+    "own_bytes",
+    "rule_flops",
+    "scaled",
+    "scaled_flops",
+]

@@ -587,7 +587,7 @@ _MG_QUIET = frozenset((
     "--norm-epsilon", "--layernorm-epsilon", "--rotary-base", "--loss-scale",
     "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
     "--distributed-backend", "--use-mcore-models", "--transformer-impl", "--use-flash-attn",
-    "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--overlap-grad-reduce",
+    "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32",
     "--overlap-param-gather", "--manual-gc", "--no-async-tensor-model-parallel-allreduce",
     "--no-gradient-accumulation-fusion", "--no-rope-fusion",
 ))  # overlapping DP communication with compute, and flash attention, are what opgraph assumes
@@ -693,7 +693,8 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     The layout: dp = gpus / (tp x cp x pp), `gpus` being the caller's or a torchrun launcher's
     (--nproc-per-node x --nnodes) at the head of the text. --use-distributed-optimizer is ZeRO 1;
     Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by --data-parallel-sharding-strategy;
-    --tp-comm-overlap async tensor parallelism.
+    --tp-comm-overlap async tensor parallelism; --overlap-grad-reduce the gradient reduction
+    under the backward (without it, Megatron's default, after it).
     Recomputation: selective (--recompute-activations, or --recompute-granularity selective), or
     full with --recompute-method uniform --recompute-num-layers 1 (every layer; other methods are
     an error). Precision: --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
@@ -841,6 +842,7 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None) -> Paralle
         global_batch=flags.whole("--global-batch-size"), virtual_stages=virtual or 1,
         sequence_parallel=flags.switch("--sequence-parallel"), zero=_mg_zero(flags),
         async_tp=flags.switch("--tp-comm-overlap"),
+        overlap_grad_reduce=flags.switch("--overlap-grad-reduce"),
         first_stage_layers=flags.whole("--decoder-first-pipeline-num-layers"),
         last_stage_layers=flags.whole("--decoder-last-pipeline-num-layers"))
 
@@ -909,7 +911,8 @@ def to_megatron(launch: Launch) -> str:
         if value is not None:
             args += [flag, str(value)]
     args += [flag for flag, on in (("--sequence-parallel", p.sequence_parallel),
-                                   ("--tp-comm-overlap", p.async_tp)) if on]
+                                   ("--tp-comm-overlap", p.async_tp),
+                                   ("--overlap-grad-reduce", p.overlap_grad_reduce)) if on]
     args += _mg_zero_args(p.zero) + _mg_recompute_args(launch.recompute) + ["--bf16"]
     if launch.precision == "fp8":
         args += ["--fp8-format", "hybrid"]

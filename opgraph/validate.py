@@ -46,7 +46,8 @@ def case_options(case: Case) -> dict:
     """`compile_step`'s options for a case: recomputation, precision, element-wise fusion."""
     from .passes.fuse_elementwise import fuse_elementwise
 
-    options = {"recompute": case.recompute, "precision": case.precision}
+    options = {"recompute": case.recompute, "precision": case.precision,
+               "fused_attention": case.fused_attention}
     if case.fuse != "none":
         policy = POLICIES[case.fuse]
         options["extra_passes"] = [lambda g: fuse_elementwise(g, policy=policy)]

@@ -393,8 +393,10 @@ def test_megatron_gpt3_175b_run():
                                       vocab=math.ceil(GPT2_BPE_VOCAB / pad) * pad,
                                       positions=2048, seq_len=2048, tie_embeddings=True)
     assert launch.model.vocab == 51200
+    # no --overlap-grad-reduce: Megatron reduces gradients after the backward
     assert launch.parallel == Parallel(tp=8, pp=8, dp=1, gpus=64, micro_batch=1, global_batch=64,
-                                       virtual_stages=96 // 8 // 4, sequence_parallel=True)
+                                       virtual_stages=96 // 8 // 4, sequence_parallel=True,
+                                       overlap_grad_reduce=False)
     assert launch.parallel.virtual_stages == 3
     assert launch.parallel.micro_batches == 64
     assert launch.seq_len == 2048

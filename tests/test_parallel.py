@@ -323,7 +323,7 @@ def test_megatron_arguments_predict_as_their_flags(cli, tmp_path):
     code, flags, err = cli("profile", "--config", str(config), "--gpus", "8", "--tp", "8",
                            "--micro-batch", "4", "--sequence-parallel", "--recompute",
                            "selective", "--fuse", "elementwise", "--hardware", "a100-sxm-80gb",
-                           "--json")
+                           "--no-overlap-grad-reduce", "--json")
     assert code == 0, err
     _same_prediction(json.loads(out), json.loads(flags))
 

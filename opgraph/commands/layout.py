@@ -37,6 +37,9 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                         "(FSDP)")
     g.add_argument("--async-tp", action="store_true",
                    help="overlap tensor-parallel communication with its matmul")
+    g.add_argument("--no-overlap-grad-reduce", action="store_true",
+                   help="reduce gradients after the backward, not under it (Megatron-LM's "
+                        "default without --overlap-grad-reduce)")
     g.add_argument("--first-stage-layers", type=whole(MAX_DIM), metavar="N",
                    help="layers on the first pipeline stage (the rest split evenly)")
     g.add_argument("--last-stage-layers", type=whole(MAX_DIM), metavar="N",
@@ -57,7 +60,8 @@ FIELDS = {"gpus": "gpus", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "dp": 
           "micro_batch": "micro_batch", "global_batch": "global_batch",
           "virtual_stages": "virtual_stages", "sequence_parallel": "sequence_parallel",
           "zero": "zero", "async_tp": "async_tp", "first_stage_layers": "first_stage_layers",
-          "last_stage_layers": "last_stage_layers"}
+          "last_stage_layers": "last_stage_layers",
+          "no_overlap_grad_reduce": "overlap_grad_reduce"}
 
 
 def wants_layout(args) -> bool:
@@ -71,6 +75,8 @@ def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
     sets the global batch in sequences."""
     given = {field: getattr(args, name) for name, field in FIELDS.items()
              if getattr(args, name, None) not in (None, False)}
+    if "overlap_grad_reduce" in given:  # the flag says no
+        given["overlap_grad_reduce"] = False
     tokens = getattr(args, "tokens", None)
     if tokens is not None:
         if "global_batch" in given:
