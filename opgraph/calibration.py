@@ -22,6 +22,7 @@ the fit `opgraph calibrate --fit` makes on published runs (`fitted` names those)
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import attrs
@@ -72,8 +73,8 @@ ROOFLINE = Efficiencies("roofline")  # every efficiency 1, nothing added: the ce
 
 def _number(table: dict, key: str, where: str) -> float:
     value = table[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise OpgraphError(f"{where}: {key} = {value!r} must be a number")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise OpgraphError(f"{where}: {key} = {value!r} must be a finite number")
     value = float(value)
     if key in FRACTIONS and not 0 < value <= 1:
         raise OpgraphError(f"{where}: {key} = {value:g} must be a fraction above 0 and at most 1")

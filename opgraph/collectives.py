@@ -186,8 +186,11 @@ def seconds(kind: str, size_bytes: float, group_size: int, cluster: Cluster,
     `seconds("all-reduce", 2**30, 8, get("dgx-h100"))` is about 4.2 ms: 14 steps of 0.6 us and
     1.75 GiB over 450 GB/s. `stride` is how many ranks apart the members are (`Cluster.tier_for`).
     """
-    value = on_cluster(kind, size_bytes, group_size, cluster, stride)
-    return 0.0 if group_size == 1 else float(value)  # a group of one moves nothing
+    if group_size == 1:
+        return 0.0  # a group of one moves nothing
+    row, tier = rule(kind), cluster.tier_for(group_size, stride)  # numbers: no sympy here
+    return (float(row.steps(group_size)) * tier.latency_s
+            + float(row.volume(group_size)) * float(size_bytes) / tier.bandwidth)
 
 
 def bus_bandwidth(kind: str, algorithm_bandwidth, group=n):

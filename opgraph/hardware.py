@@ -83,7 +83,7 @@ def _number(table: dict, key: str, where: str, required: bool = True) -> float |
 def _named(table: dict, key: str, where: str, example: str) -> str | None:
     value = table.get(key)
     if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise OpgraphError(f"{where}: {key} = {value!r} must be a name, such as {example}")
+        raise OpgraphError(f"{where}: {key} = {value!r} must name a {key}, such as {example}")
     return value
 
 

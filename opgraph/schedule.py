@@ -89,6 +89,20 @@ class _Compute:
     kind: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    # what can make it wait: the inputs a collective writes (a compute op's inputs are
+    # written before it starts, the stream being in order), and the collectives it feeds
+    waits_on: tuple[str, ...] = ()
+    feeds: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class _Block:
+    """Consecutive compute ops of one phase and count that wait on no collective and feed
+    none: they run back to back, so the simulation advances by their sum at once."""
+
+    ops: tuple[_Compute, ...]
+    count: int
+    phase: str
 
 
 @attrs.frozen
@@ -120,13 +134,31 @@ def plan(graph: Graph, ops: list[Op], subs: dict) -> Plan:
         if op.kind in COLLECTIVE_KINDS:
             continue
         item = _Compute(op.name, op.region, counts[op.name], op.phase.value, op.kind,
-                        op.inputs, op.outputs)
+                        op.inputs, op.outputs,
+                        tuple(n for n in op.inputs if writer.get(n) in comms),
+                        tuple(c for n in op.outputs for c in comm_readers.get(n, ())))
         if segments and op.region is not None and segments[-1][0].region == op.region:
             segments[-1].append(item)
         else:
             segments.append([item])
-    return Plan(tuple(map(tuple, segments)), comms, writer,
+    return Plan(tuple(_blocks(segment) for segment in segments), comms, writer,
                 {k: tuple(v) for k, v in comm_readers.items()}, counts)
+
+
+def _blocks(segment: list[_Compute]) -> tuple:
+    """A segment's ops, runs of plain ones (see `_Block`) joined."""
+    out: list = []
+    for op in segment:
+        plain = not op.waits_on and not op.feeds
+        last = out[-1] if out else None
+        if plain and isinstance(last, _Block) and (last.count, last.phase) == (op.count,
+                                                                                op.phase):
+            out[-1] = _Block((*last.ops, op), op.count, op.phase)
+        elif plain:
+            out.append(_Block((op,), op.count, op.phase))
+        else:
+            out.append(op)
+    return tuple(out)
 
 
 def _instance(i: int, n: int) -> int:
@@ -191,17 +223,29 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
         start, end = ready.get((name, j), (0.0, 0.0))
         return start, end, None
 
+    if keep_events:  # every op on its own, to draw it
+        segments = [tuple(o for item in seg for o in (item.ops if isinstance(item, _Block)
+                                                       else (item,))) for seg in p.segments]
+    else:
+        segments = p.segments
+    lengths = {id(b): sum(seconds[o.name] for o in b.ops)
+               for seg in segments for b in seg if isinstance(b, _Block)}
     busy = 0.0
-    for segment in p.segments:
+    for segment in segments:
         trips = max(op.count for op in segment)
         for i in range(trips):
             for op in segment:
                 if i >= op.count:
                     continue
                 now = state["now"]
+                if isinstance(op, _Block):  # nothing waits: the run's sum at once
+                    phase_start.setdefault(op.phase, now)
+                    busy += lengths[id(op)]
+                    state["now"] = now + lengths[id(op)]
+                    continue
                 phase_start.setdefault(op.phase, now)
                 start, floor, waited_on = now, 0.0, None
-                for name in op.inputs:
+                for name in op.waits_on:
                     s, e, comm = need(name, i, op)
                     if comm is not None and overlapped(comms[comm].group, async_tp):
                         floor = max(floor, e)
@@ -214,7 +258,7 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
                 duration = seconds[op.name]
                 end = max(start + duration, floor)
                 if floor > start + duration:  # an overlapped collective outlasted its reader
-                    for name in op.inputs:
+                    for name in op.waits_on:
                         _, e, comm = need(name, i, op)
                         if comm is not None and e == floor:
                             exposed[comm] += floor - start - duration
@@ -226,12 +270,11 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
                 for name in op.outputs:
                     ready[(name, i)] = (start, end)
                 state["now"] = end
-                for name in op.outputs:  # collectives of what it wrote start now
-                    for reader in p.comm_readers.get(name, ()):
-                        c = comms[reader]
-                        if c.group not in deferred:
-                            run_comm(c, _instance(i, c.count),
-                                     start if overlapped(c.group, async_tp) else end)
+                for reader in op.feeds:  # collectives of what it wrote start now
+                    c = comms[reader]
+                    if c.group not in deferred:
+                        run_comm(c, _instance(i, c.count),
+                                 start if overlapped(c.group, async_tp) else end)
     # collectives still running after the last compute op are exposed: each for the part of
     # the tail it ends
     now = state["now"]

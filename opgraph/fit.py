@@ -1,0 +1,168 @@
+"""Fit a generation's efficiencies to measured runs: `opgraph calibrate --fit CASES.json`.
+
+For each hardware generation with cases, the efficiencies its table names as `fitted` are set
+to minimise the mean squared log error of the predicted step time, `mean(log(predicted /
+measured)^2)`, over that generation's cases; the others keep their values. The search is
+Nelder and Mead's simplex (1965) in unbounded coordinates (a fraction f as log(f / (1 - f)), a
+FLOP count as log(1 + F / 1e9)), from the fixed starting values `START` (not from the file's
+current values), with a fixed number of steps: the same cases give the same result on any
+machine. Each case is compiled once (`opgraph.distributed.prepare`); a step of the search only
+re-costs and re-schedules it (`schedule`).
+
+The error the fit reports is IN-SAMPLE: measured on the runs it was fitted to.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from . import cluster as clusters
+from . import hardware as hw
+from .calibration import FRACTIONS, Efficiencies
+from .cases import Case
+from .costmodel import CalibratedCostModel
+from .distributed import Job, prepare, schedule
+from .errors import OpgraphError
+
+# Where every fit starts (so that a fit does not depend on the file it rewrites).
+START = {"matmul": 0.7, "matmul_half_flops": 1e10, "attention": 0.5, "bandwidth": 0.85,
+         "launch_s": 2e-6, "node": 0.8, "network": 0.9, "overlap_slowdown": 0.1}
+STEPS = 120  # simplex iterations per generation: converged well before on the shipped cases
+_GFLOP = 1e9
+
+
+def _to_free(name: str, value: float) -> float:
+    if name in FRACTIONS:
+        value = min(max(value, 1e-6), 1 - 1e-9)
+        return math.log(value / (1 - value))
+    if name == "matmul_half_flops":
+        return math.log1p(value / _GFLOP)
+    return math.log(max(value, 1e-12))
+
+
+def _from_free(name: str, x: float) -> float:
+    if name in FRACTIONS:
+        return 1 / (1 + math.exp(-x))
+    if name == "matmul_half_flops":
+        return math.expm1(max(x, 0.0)) * _GFLOP
+    return math.exp(x)
+
+
+def nelder_mead(f, x0: np.ndarray, steps: int, scale: float = 0.3,
+                tolerance: float = 1e-10) -> np.ndarray:
+    """The minimum of `f` near `x0` by Nelder and Mead's simplex (reflection 1, expansion 2,
+    contraction 0.5, shrink 0.5), at most `steps` steps, fewer once the simplex's values agree
+    to `tolerance` (relative).
+
+        >>> x = nelder_mead(lambda v: float(((v - 3) ** 2).sum()), np.zeros(2), 200)
+        >>> bool(np.allclose(x, 3, atol=1e-4))
+        True
+    """
+    n = len(x0)
+    simplex = [x0] + [x0 + scale * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(steps):
+        order = np.argsort(values, kind="stable")
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        if values[-1] - values[0] <= tolerance * (abs(values[0]) + tolerance):
+            break  # the simplex has converged
+        centre = np.mean(simplex[:-1], axis=0)
+        worst = simplex[-1]
+        reflected = centre + (centre - worst)
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = centre + 2 * (centre - worst)
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = centre + 0.5 * (worst - centre)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:  # shrink toward the best
+                simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0])
+                                          for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+    return simplex[int(np.argmin(values))]
+
+
+@attrs.frozen
+class Fitted:
+    """A fit's result: the new table and, per case, (id, generation, error) in-sample."""
+
+    table: dict  # generation -> Efficiencies
+    errors: tuple[tuple[str, str, float], ...]
+
+
+def compile_cases(cases: list[Case]) -> list[tuple[Case, Job]]:
+    """Each case compiled once, as `opgraph validate` would predict it."""
+    from .validate import case_options
+
+    out = []
+    for c in cases:
+        part = hw.get(c.hardware)
+        cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
+        out.append((c, prepare(c.forward(), part, c.parallel, cluster=cluster,
+                               values={"S": c.seq_len}, **case_options(c))))
+    return out
+
+
+def fit(cases: list[Case], table: dict[str, Efficiencies], *,
+        steps: int = STEPS) -> Fitted:
+    """Fit each generation's `fitted` efficiencies to its cases (see the module)."""
+    jobs = compile_cases(cases)
+    by_generation: dict[str, list] = {}
+    for case, job in jobs:
+        generation = job.hardware.generation
+        if generation not in table:
+            raise OpgraphError(f"case {case.id}: its hardware {job.hardware.id} has no "
+                               "calibrated generation to fit")
+        by_generation.setdefault(generation, []).append((case, job))
+    out = dict(table)
+    for generation, mine in by_generation.items():
+        names = table[generation].fitted
+        if not names:
+            continue
+
+        def efficiencies(x, generation=generation, names=names) -> Efficiencies:
+            values = {n: _from_free(n, v) for n, v in zip(names, x, strict=True)}
+            return attrs.evolve(table[generation], **values)
+
+        def loss(x, generation=generation, mine=mine) -> float:
+            model = CalibratedCostModel(table={**out, generation: efficiencies(x)})
+            return float(np.mean([math.log(schedule(job, model)[0].step_time_s
+                                           / case.measured_step_time_s) ** 2
+                                  for case, job in mine]))
+
+        x0 = np.array([_to_free(n, START[n]) for n in names])
+        out[generation] = efficiencies(nelder_mead(loss, x0, steps))
+    model = CalibratedCostModel(table=out)
+    errors = tuple((case.id, job.hardware.generation,
+                    schedule(job, model)[0].step_time_s / case.measured_step_time_s - 1)
+                   for case, job in jobs)
+    return Fitted(out, errors)
+
+
+def to_toml(table: dict[str, Efficiencies], header: str) -> str:
+    """A calibration file with `table`'s values (12 significant digits), sources and fits."""
+    lines = [header.rstrip(), ""]
+    for generation, e in table.items():
+        lines.append(f"[{generation}]")
+        for name, value in e.values().items():
+            lines.append(f"{name} = {value:.12g}")
+        lines.append("fitted = [" + ", ".join(f'"{n}"' for n in e.fitted) + "]")
+        if e.sources:
+            lines += ["", f"[{generation}.sources]"]
+            lines += [f"{name} = {_quoted(text)}" for name, text in e.sources]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
