@@ -106,6 +106,17 @@ def load(path: str | Path) -> dict[str, Efficiencies]:
     return {g: _parse(g, t, str(path)) for g, t in tables.items()}
 
 
+def header(path: str | Path) -> str:
+    """The comment lines a calibration file opens with (kept when `opgraph calibrate`
+    rewrites it)."""
+    lines = []
+    for line in Path(path).read_text().splitlines():
+        if not line.startswith("#") and line.strip():
+            break
+        lines.append(line)
+    return "\n".join(lines).rstrip()
+
+
 def catalog() -> dict[str, Efficiencies]:
     """The shipped efficiencies (`calibration.toml`)."""
     return load(CATALOG)

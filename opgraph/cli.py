@@ -9,7 +9,7 @@ import sys
 from .errors import OpgraphError
 
 COMMANDS = ("profile", "formula", "solve", "sweep", "diff", "trace_breakdown", "compare", "models",
-            "hardware", "validate")
+            "hardware", "validate", "calibrate")
 
 
 class _Parser(argparse.ArgumentParser):

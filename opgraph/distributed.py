@@ -312,7 +312,7 @@ def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
         step_time_s=result.step_time_s, flops=flops, bytes=sum(r.bytes for r in rows),
         tokens=job.tokens, mfu_parameters=job.mfu_parameters, mfu_ceiling=result.mfu,
         hfu_ceiling=min(1.0, flops / (result.step_time_s * hardware.peak_flops)),
-        memory=result.memory, parallel=result)
+        memory=result.memory, parallel=result, cost=cost.name)
 
 
 def _transfers(first: _Timed, job: Job, m: int):

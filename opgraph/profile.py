@@ -59,6 +59,7 @@ class Profile:
     memory: Memory | None = None  # the step's HBM footprint against the part's capacity
     active_parameters: int | None = None  # parameters a token uses; None for a dense model
     parallel: object | None = None  # a job over many GPUs: `distributed.ParallelResult`
+    cost: str = "roofline"  # the cost model's name: "roofline" (a ceiling) or "calibrated"
 
     @property
     def seq_len(self) -> int:

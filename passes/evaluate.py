@@ -155,7 +155,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         hfu_ceiling=cost.hfu(at_peak, step, peak) if step else 0.0,
         fused_attention=any(op.kind == "flash_attention" for op in graph.ops()),
         memory=figures(peak_moment(graph, subs), subs, hardware.memory_bytes),
-        active_parameters=active,
+        active_parameters=active, cost=cost.name,
     )
 
 

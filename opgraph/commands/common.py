@@ -8,7 +8,8 @@ import functools
 import attrs
 
 from .. import hardware as hw
-from ..costmodel import BACKWARD_MODES, DEFAULT, CostModel
+from ..costmodel import BACKWARD_MODES, COST_MODELS, DEFAULT, CostModel
+from ..costmodel import cost_model as make_cost_model
 from ..errors import OpgraphError
 from ..fusion import POLICIES as FUSION_POLICIES
 from ..hardware import Hardware
@@ -62,6 +63,13 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
                    help="the layers' matmuls in bf16 (default) or fp8 (tensor-wise scaling, "
                         "as torchao and Transformer Engine: FP8 operands at the part's FP8 "
                         "peak, plus their amax and cast kernels)")
+    g.add_argument("--cost", choices=COST_MODELS, default="roofline",
+                   help="the cost model: roofline (default), the ceiling no run beats; or "
+                        "calibrated, each hardware generation's measured efficiencies "
+                        "(opgraph/calibration.toml): the time a run can expect")
+    g.add_argument("--calibration", metavar="FILE.toml",
+                   help="with --cost calibrated: efficiencies from this file (written by "
+                        "`opgraph calibrate`) instead of the shipped ones")
     g.add_argument("--adamw", choices=tuple(ADAMW_OPTIONS), default="mixed",
                    help="AdamW's precisions: mixed (FP32 master and moments, default), "
                         "bf16-moments, no-master, bf16, 8bit")
@@ -180,9 +188,24 @@ def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dic
     return {"S": int(subs[S]), "B": int(subs[B])}
 
 
-def cost_model(args) -> CostModel:
-    """The cost model the options ask for: `--backward-traffic` names its backward convention."""
-    return CostModel(backward=getattr(args, "backward_traffic", "plate"))
+def cost_model(args, calibrated: bool = True) -> CostModel:
+    """The cost model the options ask for: `--cost` (roofline or calibrated, with
+    `--calibration`'s file), `--backward-traffic` its backward convention. Commands whose
+    engines are formulas (formula, solve, sweep) pass `calibrated=False`: they take the
+    roofline."""
+    name = getattr(args, "cost", "roofline")
+    path = getattr(args, "calibration", None)
+    if path is not None and name != "calibrated":
+        raise OpgraphError("--calibration gives efficiencies for --cost calibrated; add it")
+    if name == "calibrated" and not calibrated:
+        raise OpgraphError(f"opgraph {args.command} works on the roofline's formulas; "
+                           "--cost calibrated is for profile, diff, compare and validate")
+    table = None
+    if path is not None:
+        from .. import calibration
+
+        table = calibration.load(path)
+    return make_cost_model(name, getattr(args, "backward_traffic", "plate"), table)
 
 
 def extra_passes(args) -> list:
@@ -196,12 +219,15 @@ def extra_passes(args) -> list:
     return [functools.partial(fuse_elementwise, policy=FUSION_POLICIES[name])]
 
 
-def setup(args) -> Setup:
+def setup(args, calibrated: bool = True) -> Setup:
+    cost = cost_model(args, calibrated)
     forward = load_forward(args)
     part = load_hardware(args)
     values = token_values(forward, getattr(args, "tokens", None), getattr(args, "seq_len", None))
     step = compile_step(forward, **step_options(args))
-    return Setup(forward, step, part, values, cost_model(args))
+    if cost.name == "calibrated":
+        cost.efficiencies(part)  # a part without a generation: said now, in one line
+    return Setup(forward, step, part, values, cost)
 
 
 def step_options(args) -> dict:
@@ -218,7 +244,8 @@ def step_options(args) -> dict:
     return options
 
 
-STEP_OPTIONS = (("recompute", "none"), ("precision", "bf16"), ("adamw", "mixed"))
+STEP_OPTIONS = (("recompute", "none"), ("precision", "bf16"), ("adamw", "mixed"),
+                ("cost", "roofline"))
 
 
 def echoed(args) -> dict:

@@ -38,7 +38,7 @@ def run(args) -> int:
 
     from .. import formula as fm
 
-    s = setup(args)
+    s = setup(args, calibrated=False)
     numeric = args.quantity == "time" and args.numeric_hardware
     expr = fm.formula(s.step, args.quantity, op=args.op, category=args.category,
                       hardware=s.hardware if numeric else None, cost=s.cost)

@@ -50,7 +50,7 @@ def run(args) -> int:
         raise OpgraphError("--seq-len is solved for with --dim seq_len; give --batch instead")
     if args.ridge and args.op is None:
         raise OpgraphError("--ridge is a property of one op: give --op NAME")
-    s = setup(args)
+    s = setup(args, calibrated=False)
     values = dict(s.values)
     if args.dim == "seq_len":
         values["B"] = args.batch or 1

@@ -97,7 +97,7 @@ def run(args) -> int:
     token_values(forward, None, _longest(ranges, seq_len))  # within the model's positions
     step = compile_step(forward, **step_options(args))
     extra = [a for a in ranges if a not in ("tokens", "seq_len", "batch")]
-    sweep = compile_sweep(step, free=("B", "S", *extra), cost=cost_model(args))
+    sweep = compile_sweep(step, free=("B", "S", *extra), cost=cost_model(args, calibrated=False))
     with outputs():  # both files or neither
         if args.plot:
             _plot(sweep, grid, args.plot)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..costmodel import COST_MODELS
 from .args import json_text
 
 
@@ -15,8 +16,12 @@ def register(subparsers) -> None:
     p.add_argument("--cases", metavar="FILE.json",
                    help="a case file of your own runs (the format of opgraph/data/"
                         "validation.json)")
-    p.add_argument("--cost", choices=("roofline",), default="roofline",
-                   help="the cost model: roofline, the ceiling no run beats (default)")
+    p.add_argument("--cost", choices=COST_MODELS, default="calibrated",
+                   help="the cost model: calibrated (default), each hardware generation's "
+                        "efficiencies; or roofline, the ceiling no run beats")
+    p.add_argument("--calibration", metavar="FILE.toml",
+                   help="with --cost calibrated: efficiencies from this file (written by "
+                        "`opgraph calibrate --fit`) instead of the shipped ones")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -24,8 +29,10 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..cases import load_cases
     from ..validate import format_report, validate
+    from .common import cost_model
 
-    report = validate(load_cases(args.cases))
+    cost = cost_model(args)
+    report = validate(load_cases(args.cases), cost)
     if args.json:
         print(json_text(report.to_json() | {"cost": args.cost}))
     else:

@@ -43,12 +43,15 @@ def format_profile(p: Profile, ops: bool = False) -> str:
     for c in p.categories:
         lines.append(f"{c.name:<12} {c.time_s * 1e3:>10.2f} {_pct(c.time_share):>7} "
                      f"{_pct(c.flop_share):>8} {_bytes(c.bytes):>10}  {c.bound}")
+    roofline = p.cost == "roofline"
     lines += [
         "",
-        f"step time    {p.step_time_s * 1e3:.1f} ms (roofline, no overlap)",
-        (f"MFU ceiling  {p.mfu_ceiling * 100:.1f}%  (6 x {p.mfu_parameters:,} params x tokens "
-         "/ step time x peak)"),
-        f"HFU ceiling  {p.hfu_ceiling * 100:.1f}%  (every counted FLOP / step time x peak)",
+        (f"step time    {p.step_time_s * 1e3:.1f} ms "
+         f"({'roofline' if roofline else 'calibrated efficiencies'}, no overlap)"),
+        (f"MFU{' ceiling' if roofline else '        '}  {p.mfu_ceiling * 100:.1f}%  "
+         f"(6 x {p.mfu_parameters:,} params x tokens / step time x peak)"),
+        (f"HFU{' ceiling' if roofline else '        '}  {p.hfu_ceiling * 100:.1f}%  "
+         "(every counted FLOP / step time x peak)"),
     ]
     if p.memory is not None:
         lines.append(format_memory(p.memory.to_json()))
@@ -91,13 +94,13 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
                      f"{_pct(c.flop_share):>8} {_bytes(c.bytes):>10}  {c.bound}")
     lines += [
         "",
-        (f"step time      {r.step_time_s * 1e3:,.1f} ms (roofline; the critical path over the "
+        (f"step time      {r.step_time_s * 1e3:,.1f} ms ({r.cost}; the critical path over the "
          "compute and communication streams)"),
         f"  bubble       {r.bubble_s * 1e3:,.1f} ms (pipeline fill and drain on rank 0)",
         f"  exposed comm {r.exposed_communication_s * 1e3:,.1f} ms (what compute waited for)",
         f"tokens/s/GPU   {r.tokens_per_s_per_gpu:,.0f}",
-        (f"MFU ceiling    {r.mfu * 100:.1f}%  (6 x {p.mfu_parameters:,} params x tokens / "
-         "step time x peak x GPUs)"),
+        (f"MFU{' ceiling' if r.cost == 'roofline' else '        '}    {r.mfu * 100:.1f}%  "
+         f"(6 x {p.mfu_parameters:,} params x tokens / step time x peak x GPUs)"),
         format_memory(r.memory.to_json()).replace("memory      ", "memory/GPU  ", 1)
         + (f"; activations x {r.in_flight:g} micro-batches in flight" if r.in_flight != 1
            else ""),

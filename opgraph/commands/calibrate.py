@@ -1,0 +1,93 @@
+"""`opgraph calibrate`: fit the calibrated cost model's efficiencies, to published runs
+(`--fit CASES.json`) or to a real profiler trace of a known model (`TRACE.json --model ...`)."""
+
+from __future__ import annotations
+
+import sys
+
+from ..outputs.atomic import outputs
+from .args import check_command_outputs, json_text
+from .common import add_model_args
+
+SHIPPED_COMMAND = ("opgraph calibrate --fit opgraph/data/validation.json "
+                   "--out opgraph/calibration.toml")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "calibrate", help="fit the calibrated cost model's efficiencies to runs or a trace",
+        description="--fit CASES.json: fit each hardware generation's efficiencies that the "
+                    "calibration file marks as fitted to the cases' measured step times (least "
+                    "squares on the log error; the errors printed are in-sample). TRACE: fit "
+                    "matmul, attention and HBM bandwidth efficiencies of the part's generation "
+                    "from a PyTorch profiler trace of the --model step. The shipped efficiencies "
+                    f"are rebuilt by `{SHIPPED_COMMAND}`.")
+    p.add_argument("trace", nargs="?", metavar="TRACE",
+                   help="a Kineto trace (.json or .json.gz) of the step --model describes")
+    p.add_argument("--fit", metavar="CASES.json",
+                   help="fit to the runs of a case file (opgraph/data/validation.json: the "
+                        "shipped published runs)")
+    p.add_argument("--out", metavar="FILE.toml",
+                   help="write the calibration file (use it with --cost calibrated "
+                        "--calibration FILE.toml)")
+    add_model_args(p)
+    p.add_argument("--steps", type=int, default=1,
+                   help="with TRACE: training steps the trace holds (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .. import calibration
+    from ..errors import OpgraphError
+
+    if (args.trace is None) == (args.fit is None):
+        raise OpgraphError("give a trace to fit, or --fit CASES.json, not both or neither")
+    check_command_outputs(args, {"--out": args.out}, {"--out": (".toml",)})
+    base = calibration.load(args.calibration) if args.calibration else calibration.catalog()
+    source = args.calibration or str(calibration.CATALOG)
+    if args.fit is not None:
+        table, text, report = _fit_cases(args, base)
+    else:
+        table, text, report = _fit_trace(args, base)
+    if args.out:
+        from ..fit import to_toml
+        from ..outputs.atomic import write_atomic
+
+        toml = to_toml(table, calibration.header(source))
+        with outputs():
+            write_atomic(args.out, lambda f: f.write(toml))
+    print(json_text(report) if args.json else text)
+    if args.out and not args.json:
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _fit_cases(args, base):
+    from ..cases import load_cases
+    from ..fit import fit
+
+    result = fit(load_cases(args.fit), base)
+    errors = [e for _, _, e in result.errors]
+    mape = sum(map(abs, errors)) / len(errors)
+    lines = ["fitted (in-sample: the errors below are on the runs the fit used)"]
+    for generation, e in result.table.items():
+        if e.fitted and any(g == generation for _, g, _ in result.errors):
+            values = ", ".join(f"{n} = {getattr(e, n):.6g}" for n in e.fitted)
+            lines.append(f"  {generation}: {values}")
+    lines += ["", f"{'case':<40} {'generation':<10} {'error':>8}"]
+    lines += [f"{cid:<40} {g:<10} {err * 100:>+7.1f}%" for cid, g, err in result.errors]
+    worst = max(result.errors, key=lambda row: abs(row[2]))
+    lines += ["", (f"mean absolute error {mape * 100:.1f}% in-sample over {len(errors)} cases; "
+                  f"worst {worst[2] * 100:+.1f}% ({worst[0]})")]
+    report = {"fitted": {g: {n: getattr(e, n) for n in e.fitted}
+                         for g, e in result.table.items() if e.fitted},
+              "cases": [{"id": c, "generation": g, "error": err} for c, g, err in result.errors],
+              "mape": mape, "max_error": abs(worst[2]), "in_sample": True}
+    return result.table, "\n".join(lines), report
+
+
+def _fit_trace(args, base):
+    from ..errors import OpgraphError
+
+    raise OpgraphError("fitting a trace is not built yet; give --fit CASES.json")
