@@ -220,3 +220,19 @@ def test_table_lists_rows_and_efficiencies(tmp_path, profile):
     assert "efficiencies (hopper)" in lines
     for name, value in KNOWN.items():
         assert f"  {name:<12} {value:.4f}  fitted" in lines
+
+
+def test_real_traces_fit_or_say_what_to_check(shared, profile):
+    """Real traces (none of them a Llama 3 8B step): each either fits, every efficiency a
+    fraction in (0, 1], or stops with the one-line error that names what to check."""
+    paths = sorted((shared / "traces").glob("*.json*"))
+    assert paths
+    for path in paths:
+        args = SimpleNamespace(trace=str(path), rules=None, max_trace_gb=1.0)
+        c = compare(read_breakdown(args), profile, trace=str(path))
+        try:
+            e = fit_trace(c, HOPPER).efficiencies
+        except OpgraphError as error:
+            assert len(str(error).splitlines()) == 1 and "check that --model" in str(error)
+        else:
+            assert all(0 < getattr(e, name) <= 1 for name in FITTED), path
