@@ -236,3 +236,20 @@ def test_real_traces_fit_or_say_what_to_check(shared, profile):
             assert len(str(error).splitlines()) == 1 and "check that --model" in str(error)
         else:
             assert all(0 < getattr(e, name) <= 1 for name in FITTED), path
+
+
+def test_the_calibrate_command_writes_the_fitted_generation(cli, tmp_path, profile):
+    """`opgraph calibrate TRACE --model ... --out FILE`: the part's generation gets the fitted
+    efficiencies, the other generations stay as shipped; `--cost calibrated --calibration FILE`
+    then uses them."""
+    trace = tmp_path / "step.json.gz"
+    write_trace(trace, kernel_durations(profile))
+    out = tmp_path / "mine.toml"
+    code, text, err = cli("calibrate", str(trace), "--model", "llama3-8b", "--out", str(out))
+    assert code == 0, err
+    mine = calibration.load(out)
+    for name, value in KNOWN.items():
+        assert getattr(mine["hopper"], name) == pytest.approx(value, rel=1e-6)
+    assert mine["ampere"] == calibration.catalog()["ampere"]
+    code, _, err = cli("profile", "--cost", "calibrated", "--calibration", str(out))
+    assert code == 0, err

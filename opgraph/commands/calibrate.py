@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ..outputs.atomic import outputs
-from .args import check_command_outputs, json_text
+from .args import check_command_outputs, json_text, positive_int
 from .common import add_model_args
+from .trace_breakdown import add_trace_args
 
 SHIPPED_COMMAND = ("opgraph calibrate --fit opgraph/data/validation.json "
                    "--out opgraph/calibration.toml")
@@ -31,8 +33,9 @@ def register(subparsers) -> None:
                    help="write the calibration file (use it with --cost calibrated "
                         "--calibration FILE.toml)")
     add_model_args(p)
-    p.add_argument("--steps", type=int, default=1,
+    p.add_argument("--steps", type=positive_int, default=1,
                    help="with TRACE: training steps the trace holds (default 1)")
+    add_trace_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -88,6 +91,27 @@ def _fit_cases(args, base):
 
 
 def _fit_trace(args, base):
-    from ..errors import OpgraphError
+    """The part's generation's matmul, attention and bandwidth efficiencies from the trace of
+    the step the model options describe (profiled on the roofline: the fit's reference)."""
+    from .. import calibration
+    from ..passes.evaluate import evaluate
+    from ..traces.calibrate import fit_trace, format_trace_fit
+    from ..traces.compare import compare
+    from .common import setup
+    from .trace_breakdown import read_breakdown
 
-    raise OpgraphError("fitting a trace is not built yet; give --fit CASES.json")
+    args = argparse.Namespace(**{**vars(args), "cost": "roofline", "calibration": None})
+    s = setup(args)  # bad model options fail before a large trace is read
+    generation = calibration.for_hardware(s.hardware, base)
+    measured = read_breakdown(args)
+    roofline = evaluate(s.step, s.hardware, s.values, cost=s.cost)
+    result = fit_trace(compare(measured, roofline, steps=args.steps, trace=args.trace),
+                       generation)
+    table = {**base, generation.generation: result.efficiencies}
+    report = {"generation": generation.generation,
+              "efficiencies": {n: getattr(result.efficiencies, n)
+                               for n in result.efficiencies.fitted},
+              "categories": [{"category": c, "roofline_s": r, "measured_s": m}
+                             for c, r, m in result.per_category],
+              "notes": list(result.notes)}
+    return table, format_trace_fit(result), report
