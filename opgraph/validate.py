@@ -87,9 +87,9 @@ def validate(cases: list[Case], cost: CostModel = DEFAULT) -> Report:
     return Report(tuple(predict(c, cost) for c in cases))
 
 
-def format_report(report: Report, what: str) -> str:
-    """The `opgraph validate` table."""
-    lines = [(f"{'case':<40} {'GPUs':>5} {'measured s':>11} {what + ' s':>11} {'error':>8}  "
+def format_report(report: Report, what: str, note: str = "") -> str:
+    """The `opgraph validate` table, `note` under it."""
+    lines = [(f"{'case':<40} {'GPUs':>5} {'measured s':>11} {what + ' s':>13} {'error':>8}  "
              f"{'memory GiB (measured)':>22}")]
     for p in report.predictions:
         c = p.case
@@ -97,10 +97,12 @@ def format_report(report: Report, what: str) -> str:
         if c.measured_peak_memory_gib is not None:
             memory += f" ({c.measured_peak_memory_gib:g})"
         lines.append(f"{c.id:<40} {c.gpus:>5,} {c.measured_step_time_s:>11.3f} "
-                     f"{p.predicted_step_time_s:>11.3f} {p.error * 100:>+7.1f}%  {memory:>22}")
+                     f"{p.predicted_step_time_s:>13.3f} {p.error * 100:>+7.1f}%  {memory:>22}")
     worst = report.worst
     lines += ["", (f"mean absolute error {report.mape * 100:.1f}% over {len(report.predictions)} "
                   f"cases; worst {worst.error * 100:+.1f}% ({worst.case.id})")]
     if not math.isfinite(report.mape):
         lines.append("(an error is not finite)")
+    if note:
+        lines.append(note)
     return "\n".join(lines)

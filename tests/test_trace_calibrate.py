@@ -245,7 +245,7 @@ def test_the_calibrate_command_writes_the_fitted_generation(cli, tmp_path, profi
     trace = tmp_path / "step.json.gz"
     write_trace(trace, kernel_durations(profile))
     out = tmp_path / "mine.toml"
-    code, text, err = cli("calibrate", str(trace), "--model", "llama3-8b", "--out", str(out))
+    code, _, err = cli("calibrate", str(trace), "--model", "llama3-8b", "--out", str(out))
     assert code == 0, err
     mine = calibration.load(out)
     for name, value in KNOWN.items():
