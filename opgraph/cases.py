@@ -409,3 +409,14 @@ def load_cases(path: str | Path | None = None) -> list[Case]:
 
 __all__ = ["CASE_KEYS", "DEFAULTS", "MEASURED_KEYS", "PARALLEL_KEYS", "SHIPPED", "Case",
            "load_cases"]
+
+
+def select(cases: list[Case], pattern: str | None) -> list[Case]:
+    """The cases whose id contains `pattern` (all for None); none is an error naming the ids."""
+    if pattern is None:
+        return cases
+    chosen = [c for c in cases if pattern in c.id]
+    if not chosen:
+        raise OpgraphError(f"no case id contains {pattern!r}; the ids are "
+                           f"{', '.join(c.id for c in cases[:4])}, ...")
+    return chosen

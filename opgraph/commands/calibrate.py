@@ -29,6 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--fit", metavar="CASES.json",
                    help="fit to the runs of a case file (opgraph/data/validation.json: the "
                         "shipped published runs)")
+    p.add_argument("--select", metavar="TEXT",
+                   help="with --fit: only the cases whose id contains TEXT (fit on some runs, "
+                        "validate on the others)")
     p.add_argument("--out", metavar="FILE.toml",
                    help="write the calibration file (use it with --cost calibrated "
                         "--calibration FILE.toml)")
@@ -67,10 +70,10 @@ def run(args) -> int:
 
 
 def _fit_cases(args, base):
-    from ..cases import load_cases
+    from ..cases import load_cases, select
     from ..fit import fit
 
-    result = fit(load_cases(args.fit), base)
+    result = fit(select(load_cases(args.fit), args.select), base)
     errors = [e for _, _, e in result.errors]
     mape = sum(map(abs, errors)) / len(errors)
     lines = ["fitted (in-sample: the errors below are on the runs the fit used)"]

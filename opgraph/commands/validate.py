@@ -25,17 +25,19 @@ def register(subparsers) -> None:
     p.add_argument("--calibration", metavar="FILE.toml",
                    help="with --cost calibrated: efficiencies from this file (written by "
                         "`opgraph calibrate --fit`) instead of the shipped ones")
+    p.add_argument("--select", metavar="TEXT",
+                   help="only the cases whose id contains TEXT (e.g. narayanan)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..cases import load_cases
+    from ..cases import load_cases, select
     from ..validate import format_report, validate
     from .common import cost_model
 
     cost = cost_model(args)
-    report = validate(load_cases(args.cases), cost)
+    report = validate(select(load_cases(args.cases), args.select), cost)
     # the shipped efficiencies were fitted to the shipped runs: say so beside their errors
     in_sample = args.cost == "calibrated" and args.calibration is None and args.cases is None
     if args.json:
