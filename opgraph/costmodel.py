@@ -356,10 +356,24 @@ class CalibratedCostModel(CostModel):
         if count == 0:
             return 0.0
         e = self.efficiencies(hardware)
-        rate = getattr(e, EFFICIENCY.get(kind, "matmul"))
-        f, b = flops / count, nbytes / count
-        compute = (f + e.matmul_half_flops) / (rate * peak) if f else 0.0
-        return count * (e.launch_s + max(compute, b / (e.bandwidth * hardware.bandwidth)))
+        return self.scaled_time(flops, nbytes, count, peak, hardware.bandwidth,
+                                rate=getattr(e, EFFICIENCY.get(kind, "matmul")),
+                                half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
+                                launch=e.launch_s)
+
+    @staticmethod
+    def scaled_time(flops, nbytes, count, peak, bandwidth, *, rate, half, bandwidth_share,
+                    launch, maximum: Callable = _number_max):
+        """`count` kernels doing `flops` and moving `nbytes` between them: each `launch +
+        maximum((FLOPs + half) / (rate x peak), bytes / (bandwidth_share x bandwidth))`, a
+        kernel without arithmetic paying no `half`. Numbers or numpy arrays alike (`sweep`).
+
+            >>> CalibratedCostModel.scaled_time(2e12, 0, 2, 1e12, 1e12, rate=0.5, half=1e12,
+            ...                                  bandwidth_share=1, launch=0)  # 2 x (1 + 1) / 0.5
+            8.0
+        """
+        compute = (flops / count + half * (flops > 0)) / (rate * peak)
+        return count * (launch + maximum(compute, nbytes / count / (bandwidth_share * bandwidth)))
 
     def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
                   hardware=None) -> float:

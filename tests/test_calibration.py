@@ -150,3 +150,26 @@ def test_validate_uses_a_users_calibration(cli, tmp_path):
     _, slow, _ = cli("validate", "--cases", str(cases), "--calibration", str(path), "--json")
     a, b = json.loads(out)["cases"], json.loads(slow)["cases"]
     assert all(y["predicted_step_time_s"] > x["predicted_step_time_s"] for x, y in zip(a, b))
+
+
+def test_a_calibrated_sweep_is_profile_at_every_point(cli):
+    """The sweep's arrays follow the same formula as `profile --cost calibrated`, each point at
+    its part's generation."""
+    code, out, err = cli("sweep", "--tokens", "8192:32768:x2", "--hardware",
+                         "h100-sxm,a100-sxm-80gb", "--cost", "calibrated")
+    assert code == 0 and "MFU (calibrated)" in out, err
+    from opgraph.sweep import compile_sweep, make_grid, run_grid
+    from opgraph.symbols import S
+
+    step = compile_step(preset("llama3-8b"))
+    model = cost_model("calibrated")
+    parts = [hardware.get("h100-sxm"), hardware.get("a100-sxm-80gb")]
+    import numpy as np
+
+    grid = make_grid({"tokens": np.array([8192, 16384, 32768])}, parts, step.seq_len)
+    rows = run_grid(compile_sweep(step, cost=model), grid)
+    for i in range(len(grid)):
+        part = parts[int(rows["hardware"][i])]
+        expect = evaluate(step, part, {"tokens": int(rows["tokens"][i]), S: step.seq_len},
+                          cost=model).step_time_s
+        assert rows["step_time_s"][i] == pytest.approx(expect, rel=1e-9)

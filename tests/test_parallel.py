@@ -358,7 +358,7 @@ def test_validate_takes_a_users_cases_and_writes_json(cli, tmp_path, published):
     chosen = published.predictions[:1] + published.predictions[-1:]
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"cases": [p.case.to_json() for p in chosen]}))
-    code, out, _ = cli("validate", "--cases", str(path), "--json")
+    code, out, _ = cli("validate", "--cases", str(path), "--cost", "roofline", "--json")
     o = json.loads(out)
     assert code == 0 and [c["id"] for c in o["cases"]] == [p.case.id for p in chosen]
     errors = [p.predicted_step_time_s / p.case.measured_step_time_s - 1 for p in chosen]

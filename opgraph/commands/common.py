@@ -191,15 +191,14 @@ def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dic
 def cost_model(args, calibrated: bool = True) -> CostModel:
     """The cost model the options ask for: `--cost` (roofline or calibrated, with
     `--calibration`'s file), `--backward-traffic` its backward convention. Commands whose
-    engines are formulas (formula, solve, sweep) pass `calibrated=False`: they take the
-    roofline."""
+    engines are formulas (formula, solve) pass `calibrated=False`: they take the roofline."""
     name = getattr(args, "cost", "roofline")
     path = getattr(args, "calibration", None)
     if path is not None and name != "calibrated":
         raise OpgraphError("--calibration gives efficiencies for --cost calibrated; add it")
     if name == "calibrated" and not calibrated:
         raise OpgraphError(f"opgraph {args.command} works on the roofline's formulas; "
-                           "--cost calibrated is for profile, diff, compare and validate")
+                           "--cost calibrated is for profile, sweep, diff, compare and validate")
     table = None
     if path is not None:
         from .. import calibration

@@ -97,7 +97,7 @@ def run(args) -> int:
     token_values(forward, None, _longest(ranges, seq_len))  # within the model's positions
     step = compile_step(forward, **step_options(args))
     extra = [a for a in ranges if a not in ("tokens", "seq_len", "batch")]
-    sweep = compile_sweep(step, free=("B", "S", *extra), cost=cost_model(args, calibrated=False))
+    sweep = compile_sweep(step, free=("B", "S", *extra), cost=cost_model(args))
     with outputs():  # both files or neither
         if args.plot:
             _plot(sweep, grid, args.plot)
@@ -137,7 +137,9 @@ def _table(sweep, grid, rows: int, out: str | None) -> str:
             + "".join(f" {a:>8}" for a in extra)
             + f" {'step (ms)':>11} {'MFU':>6}"
             + "".join(f" {c:>{max(len(c), 7)}}" for c in sweep.categories))
-    title = (f"{sweep.model}: {len(grid):,} points; MFU ceiling and each category's share of "
+    title = (f"{sweep.model}: {len(grid):,} points; "
+             f"{'MFU ceiling' if sweep.cost.name == 'roofline' else 'MFU (calibrated)'} "
+             "and each category's share of "
              "the step's time")
     lines = [title, head]
     ranges = sample(len(grid), rows)

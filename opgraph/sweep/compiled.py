@@ -12,7 +12,7 @@ import sympy
 
 from opgraph.passes.evaluate import mfu_parameters, resolve
 
-from ..costmodel import DEFAULT, CostModel
+from ..costmodel import DEFAULT, EFFICIENCY, CostModel
 from ..errors import OpgraphError
 from ..ir import Graph
 from ..profile import CATEGORIES
@@ -33,6 +33,7 @@ class Sweep:
     membership: np.ndarray  # (categories, terms): term i's category is j
     cost: CostModel = DEFAULT
     fp8: np.ndarray | None = None  # per term: whether it runs at the FP8 peak; None: none does
+    rates: tuple[str, ...] = ()  # per term: the efficiency its arithmetic runs at (calibrated)
 
     @property
     def terms(self) -> int:
@@ -42,11 +43,14 @@ class Sweep:
         return ["step_time_s", "flops", "bytes", "mfu_ceiling", "hfu_ceiling",
                 *(f"{c}_time_share" for c in self.categories)]
 
-    def run(self, dims: dict[str, np.ndarray], peak, bandwidth, peak_fp8=None
-            ) -> dict[str, np.ndarray]:
+    def run(self, dims: dict[str, np.ndarray], peak, bandwidth, peak_fp8=None,
+            efficiencies: dict | None = None) -> dict[str, np.ndarray]:
         """Each column of `columns()` at every point: `dims` maps each free name to an array;
         `peak` and `bandwidth` (and `peak_fp8`, the FP8 terms' peak) are arrays of the same
-        length or numbers."""
+        length or numbers; so are, for a calibrated cost model, `efficiencies` (each field
+        of `opgraph.calibration.Efficiencies` by name: each point's part's)."""
+        if self.cost.name == "calibrated" and efficiencies is None:
+            raise OpgraphError("a calibrated sweep needs each point's efficiencies")
         n = len(next(iter(dims.values()))) if dims else 1
         if self.fp8 is not None and (peak_fp8 is None or np.isnan(peak_fp8).any()):
             raise OpgraphError(f"{self.model}'s step runs matmuls in FP8: give parts with a "
@@ -59,20 +63,30 @@ class Sweep:
         for lo in range(0, n, CHUNK):
             hi = min(n, lo + CHUNK)
             args = [np.asarray(dims[name][lo:hi], dtype=float) for name in self.free]
+            eff = None if efficiencies is None else {
+                k: np.broadcast_to(np.asarray(v, dtype=float), (n,))[lo:hi]
+                for k, v in efficiencies.items()}
             for name, col in self._chunk(args, hi - lo, peak[lo:hi], bandwidth[lo:hi],
-                                         fp8[lo:hi]).items():
+                                         fp8[lo:hi], eff).items():
                 out[name][lo:hi] = col
         return out
 
-    def _chunk(self, args, m, peak, bandwidth, peak_fp8) -> dict[str, np.ndarray]:
+    def _chunk(self, args, m, peak, bandwidth, peak_fp8, eff) -> dict[str, np.ndarray]:
         k = self.terms
-        values = np.empty((2 * k + 2, m))
+        values = np.empty((3 * k + 2, m))
         for i, v in enumerate(self.function(*args)):
             values[i] = v  # constants broadcast
-        flops, nbytes = values[:k], values[k:2 * k]
-        n_mfu, tokens = values[2 * k], values[2 * k + 1]
+        flops, nbytes, counts = values[:k], values[k:2 * k], values[2 * k:3 * k]
+        n_mfu, tokens = values[3 * k], values[3 * k + 1]
         peaks = peak if self.fp8 is None else np.where(self.fp8[:, None], peak_fp8, peak)
-        time = self.cost.time(flops, nbytes, peaks, bandwidth, np.maximum)
+        if eff is None:
+            time = self.cost.time(flops, nbytes, peaks, bandwidth, np.maximum)
+        else:  # each term at its efficiency: the calibrated cost model's formula, on arrays
+            rate = np.stack([eff[r] for r in self.rates])
+            time = self.cost.scaled_time(flops, nbytes, counts, peaks, bandwidth, rate=rate,
+                                         half=eff["matmul_half_flops"],
+                                         bandwidth_share=eff["bandwidth"],
+                                         launch=eff["launch_s"], maximum=np.maximum)
         step = self.multiplicity @ time
         shares = (self.membership * self.multiplicity) @ time / step
         total_flops = self.multiplicity @ flops
@@ -99,12 +113,13 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     costs = cost.op_costs(step)
     for op in step.ops():
         key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
-               (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute)
+               (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute,
+               sympy.sympify(op.count).xreplace(fixed), EFFICIENCY.get(op.kind, "matmul"))
         terms[key] = terms.get(key, 0) + 1
     found = {key[0] for key in terms}
     categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
     n_mfu = sympy.sympify(mfu_parameters(step)).xreplace(fixed)  # a MoE's active share
-    exprs = [key[1] for key in terms] + [key[2] for key in terms]
+    exprs = [key[1] for key in terms] + [key[2] for key in terms] + [key[4] for key in terms]
     exprs += [n_mfu, (B * S).xreplace(fixed)]
     leftover = set().union(*(sympy.sympify(e).free_symbols for e in exprs)) - set(symbols)
     if leftover:
@@ -118,7 +133,7 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     fp8 = np.array([key[3] is not None for key in terms])
     return Sweep(step.name, tuple(free), categories, function,
                  np.array(list(terms.values()), dtype=float), membership, cost,
-                 fp8 if fp8.any() else None)
+                 fp8 if fp8.any() else None, tuple(key[5] for key in terms))
 
 
 def _arithmetic(expr) -> bool:

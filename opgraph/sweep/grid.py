@@ -111,7 +111,12 @@ def run_grid(sweep: Sweep, grid: Grid, lo: int = 0, hi: int | None = None) -> di
     peak = np.array([p.peak_flops for p in parts])[at["hardware"]]
     bandwidth = np.array([p.bandwidth for p in parts])[at["hardware"]]
     fp8 = np.array([p.fp8_flops or np.nan for p in parts])[at["hardware"]]
-    cols = sweep.run({name: at[name] for name in sweep.free}, peak, bandwidth, fp8)
+    efficiencies = None
+    if sweep.cost.name == "calibrated":  # each point's part's generation
+        table = [sweep.cost.efficiencies(p).values() for p in parts]
+        efficiencies = {k: np.array([t[k] for t in table])[at["hardware"]] for k in table[0]}
+    cols = sweep.run({name: at[name] for name in sweep.free}, peak, bandwidth, fp8,
+                     efficiencies)
     extra = [name for name in grid.names() if name not in ("hardware", *SHAPE_AXES)]
     rows = {"tokens": at["tokens"], "seq_len": at["seq_len"], "batch": at["batch"],
             "hardware": at["hardware"]}
