@@ -213,7 +213,9 @@ NAMED_PARAMETERS = {
 }
 # The 1.7B model (h 2304, 24 layers, V 51200, s 2048) has 1.652e9 parameters by the paper's own
 # count 12 l h^2 (1 + 13/(12h) + (V+s)/(12lh)); its name rounds up by 2.9%. Reported, not bent.
-NAME_DISAGREES = {"narayanan21_tab1_1.7B"}
+# Where a model's name rounds its size further than 2%: the published name's figure over the
+# paper's own parameter formula (12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h))), checked as such.
+NAME_ABOVE_FORMULA = {"narayanan21_tab1_1.7B": 0.028}  # 1.7e9 named, 1.652e9 by the formula
 
 
 def _named(case_id: str) -> float:
@@ -221,22 +223,15 @@ def _named(case_id: str) -> float:
                 or case_id == k)
 
 
-def _each_case() -> list:
-    """Every shipped case's id; where the name disagrees with the formula, a strict xfail, so a
-    change that made them agree would be seen."""
-    reason = "the name's figure is 2.9% above the paper's own parameter formula"
-    return [pytest.param(c.id, marks=pytest.mark.xfail(strict=True, reason=reason))
-            if c.id in NAME_DISAGREES else c.id for c in load_cases()]
-
-
-@pytest.mark.parametrize("case_id", _each_case())
+@pytest.mark.parametrize("case_id", [c.id for c in load_cases()])
 def test_every_forward_graph_builds_with_its_published_size(case_id, by_id):
     case = by_id[case_id]
     graph = case.forward()
     verify(graph)
     assert graph.seq_len == case.seq_len and graph.dims[S] == case.seq_len
     params = float(graph.parameters().subs(graph.dims))
-    assert params == pytest.approx(_named(case_id), rel=0.02)
+    above = NAME_ABOVE_FORMULA.get(case_id, 0.0)
+    assert params == pytest.approx(_named(case_id) * (1 - above), rel=0.02 if not above else 0.002)
 
 
 def test_gpt_parameters_are_narayanans_formula_plus_the_final_norm(by_id):
