@@ -73,11 +73,12 @@ class Sweep:
 
     def _chunk(self, args, m, peak, bandwidth, peak_fp8, eff) -> dict[str, np.ndarray]:
         k = self.terms
-        values = np.empty((3 * k + 2, m))
+        rows = 3 * k if eff is not None else 2 * k  # flops, bytes (and kernel counts)
+        values = np.empty((rows + 2, m))
         for i, v in enumerate(self.function(*args)):
             values[i] = v  # constants broadcast
-        flops, nbytes, counts = values[:k], values[k:2 * k], values[2 * k:3 * k]
-        n_mfu, tokens = values[3 * k], values[3 * k + 1]
+        flops, nbytes, counts = values[:k], values[k:2 * k], values[2 * k:rows]
+        n_mfu, tokens = values[rows], values[rows + 1]
         peaks = peak if self.fp8 is None else np.where(self.fp8[:, None], peak_fp8, peak)
         if eff is None:
             time = self.cost.time(flops, nbytes, peaks, bandwidth, np.maximum)
@@ -112,14 +113,20 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     terms: dict[tuple, int] = {}
     costs = cost.op_costs(step)
     for op in step.ops():
+        # the roofline needs only each term's totals; the calibrated model also its kernel
+        # count (a launch each) and the efficiency its arithmetic runs at
+        per_kernel = ((sympy.sympify(op.count).xreplace(fixed), EFFICIENCY.get(op.kind, "matmul"))
+                      if cost.name == "calibrated" else (sympy.Integer(1), "matmul"))
         key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
                (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute,
-               sympy.sympify(op.count).xreplace(fixed), EFFICIENCY.get(op.kind, "matmul"))
+               *per_kernel)
         terms[key] = terms.get(key, 0) + 1
     found = {key[0] for key in terms}
     categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
     n_mfu = sympy.sympify(mfu_parameters(step)).xreplace(fixed)  # a MoE's active share
-    exprs = [key[1] for key in terms] + [key[2] for key in terms] + [key[4] for key in terms]
+    exprs = [key[1] for key in terms] + [key[2] for key in terms]
+    if cost.name == "calibrated":  # kernel counts, for the launches
+        exprs += [key[4] for key in terms]
     exprs += [n_mfu, (B * S).xreplace(fixed)]
     leftover = set().union(*(sympy.sympify(e).free_symbols for e in exprs)) - set(symbols)
     if leftover:
