@@ -14,7 +14,9 @@ parallel, ZeRO), then `split_stages` for each pipeline stage. Each stage's step 
 op by op (the roofline, collectives on the cluster's tiers: `CostModel.comm_time`) and
 scheduled (`opgraph.schedule`): the micro-batches, the pipeline's span and its bubble, what the
 communication hides and exposes. The profile returned is the first stage's (rank 0's), over one
-optimizer step; `Profile.parallel` holds the job's figures.
+optimizer step; `Profile.parallel` holds the job's figures. `profile_parallel` is `prepare`
+(compile once: a `Job`) then `schedule` (cost and schedule it under a cost model), which a fit
+(`opgraph.fit`) calls many times without compiling again.
 
 Memory per GPU is the first stage's liveness peak for one micro-batch, with its activations
 times the micro-batches it holds at once: 1F1B keeps up to `p` in flight on the first stage, the

@@ -11,9 +11,14 @@ per parallel degree: tp, cp, ep, dp, pp), in the order it becomes ready:
 - a collective of a weight (FSDP's all-gather) is prefetched one layer ahead: it may start when
   the previous layer's use of the weight begins (FSDP2's default prefetch), the first one when
   its phase begins;
-- a compute op waits for the collectives it reads. Where the collective is `OVERLAPPED` with
+- a compute op waits for the collectives it reads. Where the collective is `overlapped` with
   its reader (ring attention's K/V passing under the attention; tensor-parallel communication
-  under its matmul with `--async-tp`), the reader may start with it and ends no earlier than it.
+  under its matmul with `--async-tp`), the reader may start with it and ends no earlier than it;
+- without `overlap_grad_reduce` (Megatron-LM's default) the gradient reductions wait for the
+  backward to end: they start when the optimizer needs them.
+
+A `Plan` indexes a stage's ops once; runs of ops that wait on no collective and feed none
+advance the compute stream by their sum at once.
 
 What the compute stream waits for is the collective's *exposed* time; the rest ran under
 compute. Communication beside compute may slow it (SMs and HBM shared): the cost model's
