@@ -18,9 +18,10 @@ optimizer step; `Profile.parallel` holds the job's figures. `profile_parallel` i
 (compile once: a `Job`) then `schedule` (cost and schedule it under a cost model), which a fit
 (`opgraph.fit`) calls many times without compiling again.
 
-Memory per GPU is the first stage's liveness peak for one micro-batch, with its activations
-times the micro-batches it holds at once: 1F1B keeps up to `p` in flight on the first stage, the
-interleaved schedule `p (1 + (p - 1) / (p v))` (Korthikanti et al. 2022, section 4.2.3).
+Memory per GPU is the largest over the stages (`memory_stage` says which) of each stage's
+liveness peak for one micro-batch, with its activations times the micro-batches it holds at
+once: 1F1B's stage i keeps up to `p - i` in flight, the interleaved schedule `(p - i) (1 + (p -
+1) / (p v))` (Korthikanti et al. 2022, section 4.2.3, for the first stage).
 
 MFU follows the plate's convention per GPU: 6 N tokens per step / (step time x peak x GPUs),
 N the whole model's (not a shard's) MFU parameters.
@@ -88,7 +89,8 @@ class ParallelResult:
     communication: tuple[Transfer, ...]
     memory: Memory
     stage_times_s: tuple[float, ...]  # each stage's time per micro-batch
-    in_flight: float  # micro-batches of activations the first stage holds at once
+    in_flight: float  # micro-batches of activations `memory_stage` holds at once
+    memory_stage: int = 0  # the pipeline stage whose GPUs need the most memory (`memory`)
     events: tuple[Event, ...] = ()  # the timeline of the rank asked for
     cost: str = "roofline"  # the cost model's name
 
@@ -99,7 +101,7 @@ class ParallelResult:
                 "bubble_s": self.bubble_s,
                 "exposed_communication_s": self.exposed_communication_s,
                 "stage_times_s": list(self.stage_times_s),
-                "activations_in_flight": self.in_flight,
+                "activations_in_flight": self.in_flight, "memory_stage": self.memory_stage,
                 "communication": [t.to_json() for t in self.communication]}
 
 
@@ -121,12 +123,13 @@ def compile_parallel(forward: Graph, layout: Parallel, **options) -> Graph:
                         **options)
 
 
-def in_flight(layout: Parallel) -> float:
-    """Micro-batches of activations the first stage holds at once (see the module)."""
+def in_flight(layout: Parallel, stage: int = 0) -> float:
+    """Micro-batches of activations pipeline stage `stage` holds at once (see the module):
+    1F1B's stage i runs p - i forwards before its first backward."""
     p, v, m = layout.pp, layout.virtual_stages, layout.micro_batches
     if p == 1:
         return 1.0
-    held = min(p, m)
+    held = min(p - stage, m)
     return held * (1 + (p - 1) / (p * v)) if v > 1 else float(held)
 
 
@@ -156,7 +159,8 @@ class Stage:
     plain: Plan
     last: Plan
     profile: Profile
-    memory: Memory
+    memory: Memory  # its peak per GPU, its in-flight micro-batches' activations included
+    index: int  # which stage (a middle one stands for all the middle ones)
 
 
 @attrs.frozen
@@ -191,8 +195,8 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
     if drawn is not None:
         kinds[drawn] = drawn
     distinct = sorted(set(kinds))
-    stages = tuple(_prepare_stage(split_stages(step, layout, i), hardware, layout, values, cost)
-                   for i in distinct)
+    stages = tuple(_prepare_stage(split_stages(step, layout, i), hardware, layout, values, cost,
+                                  i) for i in distinct)
     subs = resolve(forward, {k: v for k, v in values.items() if k != "B"})
     return Job(forward, hardware, cluster, layout, stages,
                tuple(distinct.index(k) for k in kinds), layout.batch * int(subs[S]),
@@ -200,7 +204,7 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
 
 
 def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: dict,
-                   cost: CostModel) -> Stage:
+                   cost: CostModel, index: int) -> Stage:
     profile = evaluate(graph, hardware, values, cost=CostModel(backward=cost.backward))
     subs = resolve(graph, values)
     costs = cost.op_costs(graph)
@@ -217,7 +221,7 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
     per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
                  and not once_per_step(op, layout.zero)]
     return Stage(graph, tuple(ops), plan(graph, per_micro, subs), plan(graph, ordered, subs),
-                 profile, _memory(graph, subs, hardware, layout))
+                 profile, _memory(graph, subs, hardware, layout, index), index)
 
 
 def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
@@ -270,6 +274,7 @@ def schedule(job: Job, cost: CostModel = DEFAULT, *, rank: int | None = None
     transfers = tuple(_transfers(first, job, m))
     hidden = sum(t.time_s - min(t.exposed_s, t.time_s) for t in transfers)
     step_time += cost.slowdown(job.hardware) * hidden  # compute slowed beside communication
+    fullest = max(job.stages, key=lambda st: st.memory.total)  # the GPU closest to its limit
     peak = job.hardware.peak_flops
     mfu = cost.mfu(job.mfu_parameters, job.tokens, step_time, peak) / layout.world
     events = ()
@@ -279,7 +284,8 @@ def schedule(job: Job, cost: CostModel = DEFAULT, *, rank: int | None = None
         layout=layout, cluster=job.cluster, step_time_s=step_time,
         tokens_per_s_per_gpu=job.tokens / step_time / layout.world, mfu=mfu, bubble_s=bubble,
         exposed_communication_s=exposed + max(tails) - tails[0], communication=transfers,
-        memory=first.stage.memory, stage_times_s=tuple(per_micro), in_flight=in_flight(layout),
+        memory=fullest.memory, memory_stage=fullest.index, stage_times_s=tuple(per_micro),
+        in_flight=in_flight(layout, fullest.index),
         events=events, cost=cost.name)
     return result, _rows(first, m)
 
@@ -331,10 +337,11 @@ def _transfers(first: _Timed, job: Job, m: int):
                        first.times[o.name] * r.count * k, exposed, tier)
 
 
-def _memory(graph: Graph, subs: dict, hardware: Hardware, layout: Parallel) -> Memory:
+def _memory(graph: Graph, subs: dict, hardware: Hardware, layout: Parallel,
+            stage: int) -> Memory:
     moment = peak(graph, subs)
     mem = figures(moment, subs, hardware.memory_bytes)
-    extra = in_flight(layout) - 1
+    extra = in_flight(layout, stage) - 1
     return attrs.evolve(mem, activations=int(mem.activations * (1 + extra)))
 
 

@@ -406,3 +406,12 @@ def test_communication_beside_compute_slows_it_by_the_named_factor():
     hidden = sum(t.time_s - min(t.exposed_s, t.time_s) for t in base.communication)
     assert hidden > 0
     assert slowed.step_time_s == pytest.approx(base.step_time_s + 0.2 * hidden, rel=1e-12)
+
+
+def test_memory_per_gpu_is_the_fullest_stages():
+    """1F1B's stage i holds p - i micro-batches of activations; the job's memory per GPU is the
+    stage that needs the most, and says which."""
+    assert [in_flight(Parallel(pp=4, global_batch=16), i) for i in range(4)] == [4, 3, 2, 1]
+    r = profile_parallel(preset("llama3-8b"), H100, Parallel(pp=4, global_batch=16)).parallel
+    assert r.memory_stage == 0  # four micro-batches in flight outweigh the head's weights
+    assert r.in_flight == 4

@@ -103,7 +103,8 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
          f"(6 x {p.mfu_parameters:,} params x tokens / step time x peak x GPUs)"),
         format_memory(r.memory.to_json()).replace("memory      ", "memory/GPU  ", 1)
         + (f"; activations x {r.in_flight:g} micro-batches in flight" if r.in_flight != 1
-           else ""),
+           else "")
+        + (f"; pipeline stage {r.memory_stage}, the fullest" if lay.pp > 1 else ""),
         "",
         (f"{'communication':<28} {'GPUs':>5}  {'tier':<28} {'count':>6} {'time (ms)':>10} "
         f"{'exposed':>9}"),
