@@ -74,6 +74,15 @@ def _sub(value, mapping):
     return value
 
 
+def _symbols(value) -> set:
+    """The symbols in a parameter: an expression, or a tuple of them."""
+    if isinstance(value, sympy.Basic):
+        return value.free_symbols
+    if isinstance(value, tuple | list):
+        return set().union(*map(_symbols, value)) if value else set()
+    return set()
+
+
 def check_divides(graph: Graph, layout: Parallel) -> None:
     """One-line errors for degrees the model's dimensions do not divide."""
     dims = {s.name: v for s, v in graph.dims.items()}
@@ -154,11 +163,7 @@ class _Sharder:
 
     def _splits_params(self, op: Op) -> bool:
         """Whether `op`'s parameters name a split dimension (a broadcast to H/tp heads)."""
-        values = [_sub(v, self.split) for _, v in op.params]
-        return any(tp in sympy.sympify(v).free_symbols for v in values
-                   if isinstance(v, sympy.Basic)) or any(
-            tp in sympy.sympify(x).free_symbols for v in values if isinstance(v, tuple | list)
-            for x in v if isinstance(x, sympy.Basic))
+        return any(tp in _symbols(_sub(v, self.split)) for _, v in op.params)
 
     def _is_split(self, name: str) -> bool:
         return name not in self.seq and tp in sympy.Add(*self.out.tensor(name).shape).free_symbols
@@ -193,7 +198,7 @@ class _Sharder:
             name = f"{source}@seq_shard"
             self.out.add_tensor(Tensor(name, rules.infer_shapes(
                 "slice", [t], {"axis": SEQ_AXIS, "size": size})[0], t.dtype, Role.ACTIVATION,
-                t.count, region=op.region))
+                op.count, region=op.region))
             self.out.add_op(Op(f"{source}.seq_shard", "slice", "elementwise", (source,), (name,),
                                count=op.count, params={"axis": SEQ_AXIS, "size": size},
                                region=op.region))
