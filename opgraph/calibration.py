@@ -13,8 +13,9 @@ for FlashAttention's kernels and the unfused attention core, `matmul` otherwise.
 term makes small matrix multiplies run below the large ones' rate: a kernel of F FLOPs runs at
 `matmul x F / (F + matmul_half_flops)` of the peak (half of `matmul`'s rate at F =
 `matmul_half_flops`); equivalently it costs `matmul_half_flops / (matmul x peak)` seconds more.
-A collective runs at `node` (or `network`) x the tier's bandwidth; communication running beside
-compute slows it by `overlap_slowdown` x its hidden time (`opgraph.schedule`).
+A collective runs at `node` (or `network`) x the tier's bandwidth, and pays `launch_s` too;
+communication running beside compute slows it by `overlap_slowdown` x its hidden time
+(`opgraph.schedule`).
 
 Each generation's values say where they come from: a published microbenchmark or datasheet, or
 the fit `opgraph calibrate --fit` makes on published runs (`fitted` names those).
