@@ -63,16 +63,23 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
                    help="the layers' matmuls in bf16 (default) or fp8 (tensor-wise scaling, "
                         "as torchao and Transformer Engine: FP8 operands at the part's FP8 "
                         "peak, plus their amax and cast kernels)")
-    g.add_argument("--cost", choices=COST_MODELS, default="roofline",
-                   help="the cost model: roofline (default), the ceiling no run beats; or "
-                        "calibrated, each hardware generation's measured efficiencies "
-                        "(opgraph/calibration.toml): the time a run can expect")
-    g.add_argument("--calibration", metavar="FILE.toml",
-                   help="with --cost calibrated: efficiencies from this file (written by "
-                        "`opgraph calibrate`) instead of the shipped ones")
+    add_cost_args(g)
     g.add_argument("--adamw", choices=tuple(ADAMW_OPTIONS), default="mixed",
                    help="AdamW's precisions: mixed (FP32 master and moments, default), "
                         "bf16-moments, no-master, bf16, 8bit")
+
+
+def add_cost_args(group, default: str = "roofline") -> None:
+    """`--cost` (roofline or calibrated, `default` first) and `--calibration FILE`."""
+    texts = {"roofline": "roofline, the ceiling no run beats",
+             "calibrated": "calibrated, each hardware generation's measured efficiencies "
+                           "(opgraph/calibration.toml): the time a run can expect"}
+    other = next(name for name in COST_MODELS if name != default)
+    group.add_argument("--cost", choices=COST_MODELS, default=default,
+                       help=f"the cost model: {texts[default]} (default); or {texts[other]}")
+    group.add_argument("--calibration", metavar="FILE.toml",
+                       help="with --cost calibrated: efficiencies from this file (written by "
+                            "`opgraph calibrate`) instead of the shipped ones")
 
 
 @attrs.frozen

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..costmodel import COST_MODELS
 from .args import json_text
+from .common import add_cost_args
 
 IN_SAMPLE = ("in-sample: the shipped efficiencies were fitted to these runs "
              "(`opgraph calibrate --fit`); runs they were not fitted to are the real test")
@@ -19,12 +19,7 @@ def register(subparsers) -> None:
     p.add_argument("--cases", metavar="FILE.json",
                    help="a case file of your own runs (the format of opgraph/data/"
                         "validation.json)")
-    p.add_argument("--cost", choices=COST_MODELS, default="calibrated",
-                   help="the cost model: calibrated (default), each hardware generation's "
-                        "efficiencies; or roofline, the ceiling no run beats")
-    p.add_argument("--calibration", metavar="FILE.toml",
-                   help="with --cost calibrated: efficiencies from this file (written by "
-                        "`opgraph calibrate --fit`) instead of the shipped ones")
+    add_cost_args(p, default="calibrated")
     p.add_argument("--select", metavar="TEXT",
                    help="only the cases whose id contains TEXT (e.g. narayanan)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
