@@ -4,6 +4,7 @@ al. 2021, Rajbhandari et al. 2020), never against the program's own output."""
 
 import json
 
+import attrs
 import pytest
 import sympy
 from opgraph.models import preset
@@ -415,3 +416,39 @@ def test_memory_per_gpu_is_the_fullest_stages():
     r = profile_parallel(preset("llama3-8b"), H100, Parallel(pp=4, global_batch=16)).parallel
     assert r.memory_stage == 0  # four micro-batches in flight outweigh the head's weights
     assert r.in_flight == 4
+
+
+# --- overlap ------------------------------------------------------------------------------------
+
+def _comm_time(result, group):
+    return sum(t.time_s for t in result.communication if t.group == group)
+
+
+def test_async_tp_hides_tensor_parallel_communication_under_its_matmuls():
+    """Without --async-tp a TP collective hides only where dataflow lets it (an input
+    gradient's reduce-scatter under the weight gradient's matmul, as Megatron-LM overlaps it);
+    with it, it also runs under the matmul that reads or writes it: more hides, and the step
+    saves at most what was exposed."""
+    base = Parallel(tp=8, sequence_parallel=True)
+    sync = profile_parallel(preset("llama3-8b"), H100, base).parallel
+    overlapped = profile_parallel(preset("llama3-8b"), H100,
+                                  attrs.evolve(base, async_tp=True)).parallel
+    saved = sync.step_time_s - overlapped.step_time_s
+    assert 0.5 * _comm_time(sync, "tp") < sync.exposed_communication_s <= _comm_time(sync, "tp")
+    assert overlapped.exposed_communication_s < sync.exposed_communication_s
+    assert saved == pytest.approx(
+        sync.exposed_communication_s - overlapped.exposed_communication_s, rel=1e-9)
+
+
+def test_gradient_reduction_after_the_backward_is_exposed_whole():
+    """Megatron-LM's default (no --overlap-grad-reduce): the all-reduce waits for the backward,
+    so all of it is exposed; overlapped, most of it hides under later layers' backward."""
+    base = Parallel(dp=8, micro_batch=1)
+    after = profile_parallel(preset("llama3-8b"), H100,
+                             attrs.evolve(base, overlap_grad_reduce=False)).parallel
+    under = profile_parallel(preset("llama3-8b"), H100, base).parallel
+    reduce = _comm_time(after, "dp")
+    assert after.exposed_communication_s == pytest.approx(reduce, rel=1e-9)
+    assert under.exposed_communication_s < 0.5 * reduce
+    assert after.step_time_s - under.step_time_s == pytest.approx(
+        after.exposed_communication_s - under.exposed_communication_s, rel=1e-9)
