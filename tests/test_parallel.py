@@ -452,3 +452,20 @@ def test_gradient_reduction_after_the_backward_is_exposed_whole():
     assert under.exposed_communication_s < 0.5 * reduce
     assert after.step_time_s - under.step_time_s == pytest.approx(
         after.exposed_communication_s - under.exposed_communication_s, rel=1e-9)
+
+
+def test_formulas_show_the_degrees(cli):
+    """`opgraph formula` of a sharded step: one GPU's share, the degrees as symbols."""
+    code, out, _ = cli("formula", "--op", "layers.q_proj", "--tp", "8", "--json")
+    o = json.loads(out)
+    symbols = {name: sympy.Symbol(name, positive=True, integer=True)
+               for name in ("B", "D", "H", "L", "S", "d_h", "tp")}
+    expected = 2 * symbols["B"] * symbols["S"] * symbols["D"] * symbols["H"] * symbols["d_h"] \
+        * symbols["L"] / symbols["tp"]
+    assert code == 0 and sympy.simplify(sympy.sympify(o["expression"], locals=symbols)
+                                        - expected) == 0
+    assert o["symbols"]["tp"] == 8 and o["value"] == 2 * 8192 * 4096 * 4096 * 32 // 8
+    code, out, _ = cli("formula", "--category", "attention", "--cp", "4", "--json")
+    assert "cp" in json.loads(out)["expression"]
+    code, _, err = cli("formula", "--zero", "1")
+    assert code == 2 and "give --dp too" in err

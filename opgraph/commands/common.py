@@ -225,12 +225,19 @@ def extra_passes(args) -> list:
     return [functools.partial(fuse_elementwise, policy=FUSION_POLICIES[name])]
 
 
-def setup(args, calibrated: bool = True) -> Setup:
+def setup(args, calibrated: bool = True, layout=None) -> Setup:
+    """The step the options describe; with `layout` (a `Parallel`) one GPU's share of it
+    sharded (`distributed.compile_parallel`), its degrees symbols of the graph."""
     cost = cost_model(args, calibrated)
     forward = load_forward(args)
     part = load_hardware(args)
     values = token_values(forward, getattr(args, "tokens", None), getattr(args, "seq_len", None))
-    step = compile_step(forward, **step_options(args))
+    if layout is None:
+        step = compile_step(forward, **step_options(args))
+    else:
+        from ..distributed import compile_parallel
+
+        step = compile_parallel(forward, layout, **step_options(args))
     if cost.name == "calibrated":
         cost.efficiencies(part)  # a part without a generation: said now, in one line
     return Setup(forward, step, part, values, cost)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from ..errors import OpgraphError
+from ..limits import MAX_DIM
+from .args import whole
 from .common import add_model_args, setup
 
 UNITS = {"flops": "FLOPs", "bytes": "bytes", "time": "s"}
@@ -27,6 +30,16 @@ def register(subparsers) -> None:
                    help="what to give the formula of (default flops)")
     p.add_argument("--numeric-hardware", action="store_true",
                    help="for time: put in the part's peak and bandwidth instead of symbols")
+    g = p.add_argument_group(
+        "sharded over GPUs", "one GPU's share of a sharded step, its degrees as symbols (tp, "
+        "cp, ep, dp) in the formula; collectives' network time is profile's, not counted here")
+    for flag, text in (("tp", "tensor-parallel degree"), ("cp", "context-parallel degree"),
+                       ("ep", "expert-parallel degree"), ("dp", "data-parallel degree")):
+        g.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N", help=text)
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp: norms and residuals on a sequence shard")
+    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                   help="with --dp: the ZeRO stage (optimizer, gradient, weight shards)")
     p.add_argument("--latex", action="store_true", help="print the formula as LaTeX")
     p.add_argument("--json", action="store_true",
                    help="print {expression, latex, symbols, value, ...} as one JSON object")
@@ -38,7 +51,7 @@ def run(args) -> int:
 
     from .. import formula as fm
 
-    s = setup(args, calibrated=False)
+    s = setup(args, calibrated=False, layout=_layout(args))
     numeric = args.quantity == "time" and args.numeric_hardware
     expr = fm.formula(s.step, args.quantity, op=args.op, category=args.category,
                       hardware=s.hardware if numeric else None, cost=s.cost)
@@ -67,3 +80,15 @@ def run(args) -> int:
         where += f" on {s.hardware.id}" if hardware else ""
         print(f"  = {number} {UNITS[args.quantity]}{where}")
     return 0
+
+
+def _layout(args):
+    """The sharding the flags ask for (None: one GPU), as `Parallel`."""
+    from ..parallel import Parallel
+
+    degrees = {k: getattr(args, k) for k in ("tp", "cp", "ep", "dp") if getattr(args, k)}
+    if not degrees and not args.sequence_parallel and not args.zero:
+        return None
+    if args.zero and not degrees.get("dp"):
+        raise OpgraphError("--zero shards over the data-parallel ranks: give --dp too")
+    return Parallel(**degrees, sequence_parallel=args.sequence_parallel, zero=args.zero)
