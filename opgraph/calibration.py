@@ -69,9 +69,6 @@ class Efficiencies:
         return {name: getattr(self, name) for name in FIELDS}
 
 
-ROOFLINE = Efficiencies("roofline")  # every efficiency 1, nothing added: the ceiling
-
-
 def _number(table: dict, key: str, where: str) -> float:
     value = table[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):

@@ -336,6 +336,12 @@ DEFAULT = CostModel()
 EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention"}
 
 
+def _shipped_efficiencies() -> dict:
+    from . import calibration
+
+    return calibration.catalog()
+
+
 @attrs.frozen
 class CalibratedCostModel(CostModel):
     """The roofline scaled by each hardware generation's efficiencies (`opgraph.calibration`):
@@ -343,13 +349,13 @@ class CalibratedCostModel(CostModel):
     (bandwidth x HBM bandwidth))`; each collective at the tier's bandwidth times `node` or
     `network`; `overlap_slowdown` for compute beside communication."""
 
-    table: dict = attrs.field(factory=dict, eq=False)  # generation -> Efficiencies
+    table: dict = attrs.field(factory=_shipped_efficiencies, eq=False)  # generation -> them
     name = "calibrated"
 
     def efficiencies(self, hardware):
         from . import calibration
 
-        return calibration.for_hardware(hardware, self.table or None)
+        return calibration.for_hardware(hardware, self.table)
 
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
                 peak: float) -> float:
@@ -395,9 +401,7 @@ def cost_model(name: str, backward: str = "plate", table: dict | None = None) ->
     if name == "roofline":
         return CostModel(backward=backward)
     if name == "calibrated":
-        from . import calibration
-
-        return CalibratedCostModel(backward=backward, table=table or calibration.catalog())
+        return CalibratedCostModel(backward=backward, table=table or _shipped_efficiencies())
     raise OpgraphError(f"unknown cost model {name!r}; choose roofline or calibrated")
 
 

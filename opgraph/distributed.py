@@ -39,7 +39,7 @@ from .costmodel import DEFAULT, CostModel
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Phase
-from .memory import Memory, figures, peak
+from .memory import Memory
 from .parallel import Parallel, stage_layers
 from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
 from .passes.replicate import replicate
@@ -221,7 +221,7 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
     per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
                  and not once_per_step(op, layout.zero)]
     return Stage(graph, tuple(ops), plan(graph, per_micro, subs), plan(graph, ordered, subs),
-                 profile, _memory(graph, subs, hardware, layout, index), index)
+                 profile, _memory(profile.memory, layout, index), index)
 
 
 def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
@@ -337,12 +337,10 @@ def _transfers(first: _Timed, job: Job, m: int):
                        first.times[o.name] * r.count * k, exposed, tier)
 
 
-def _memory(graph: Graph, subs: dict, hardware: Hardware, layout: Parallel,
-            stage: int) -> Memory:
-    moment = peak(graph, subs)
-    mem = figures(moment, subs, hardware.memory_bytes)
-    extra = in_flight(layout, stage) - 1
-    return attrs.evolve(mem, activations=int(mem.activations * (1 + extra)))
+def _memory(one: Memory, layout: Parallel, stage: int) -> Memory:
+    """A stage's peak for one micro-batch (`one`, the liveness's) with its saved activations
+    times the micro-batches it holds at once."""
+    return attrs.evolve(one, activations=int(one.activations * in_flight(layout, stage)))
 
 
 def _timeline(first: _Timed, m: int, bubble: float) -> tuple[Event, ...]:

@@ -34,7 +34,6 @@ dp = sympy.Symbol("dp", **_DEG)  # data parallel (plain, ZeRO-1/2/3, FSDP)
 # The ranks that hold the same expert weights and reduce their gradients: dp x cp / ep
 # (Megatron-LM's expert data-parallel group).
 edp = sympy.Symbol("edp", **_DEG)
-DEGREES = {s.name: s for s in (tp, cp, ep, pp, dp, edp)}
 
 ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = ("1f1b", "interleaved")
@@ -140,10 +139,6 @@ class Parallel:
         if not 0 <= rank < self.world:
             return None
         return rank // (self.tp * self.cp * self.dp_degree)
-
-    def degrees(self) -> dict[sympy.Symbol, int]:
-        """The degree symbols' values."""
-        return {tp: self.tp, cp: self.cp, ep: self.ep, pp: self.pp, dp: self.dp_degree}
 
     def stride(self, group: str) -> int:
         """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp).

@@ -48,6 +48,17 @@ def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW,
     return passes
 
 
+def fusion_passes(policy: str | None) -> list:
+    """The extra passes a fusion policy's name asks for (`opgraph.fusion.POLICIES`; None or
+    "none": none): `compile_step(g, extra_passes=fusion_passes("elementwise"))`."""
+    if policy in (None, "none"):
+        return []
+    from .fusion import POLICIES
+    from .passes.fuse_elementwise import fuse_elementwise
+
+    return [functools.partial(fuse_elementwise, policy=POLICIES[policy])]
+
+
 def compile_step(forward: Graph, *, check: bool = True, **options) -> Graph:
     """Run `step_passes(**options)` over `forward`, verifying the result (`check=False` to
     skip; it is cheap). How the step's ops cost is the cost model's business, when it is

@@ -17,7 +17,7 @@ from . import hardware as hw
 from .cases import Case
 from .costmodel import DEFAULT, CostModel
 from .distributed import profile_parallel
-from .fusion import POLICIES
+from .pipeline import fusion_passes
 
 
 @attrs.frozen
@@ -44,14 +44,8 @@ class Prediction:
 
 def case_options(case: Case) -> dict:
     """`compile_step`'s options for a case: recomputation, precision, element-wise fusion."""
-    from .passes.fuse_elementwise import fuse_elementwise
-
-    options = {"recompute": case.recompute, "precision": case.precision,
-               "fused_attention": case.fused_attention}
-    if case.fuse != "none":
-        policy = POLICIES[case.fuse]
-        options["extra_passes"] = [lambda g: fuse_elementwise(g, policy=policy)]
-    return options
+    return {"recompute": case.recompute, "precision": case.precision,
+            "fused_attention": case.fused_attention, "extra_passes": fusion_passes(case.fuse)}
 
 
 def predict(case: Case, cost: CostModel = DEFAULT) -> Prediction:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 
 import attrs
 
@@ -18,7 +17,7 @@ from ..limits import MAX_DIM, MAX_TOKENS
 from ..passes.attach_adamw import ADAMW_OPTIONS, AdamW
 from ..passes.precision import PRECISIONS
 from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
-from ..pipeline import compile_step
+from ..pipeline import compile_step, fusion_passes
 from .args import positive_float, whole
 
 
@@ -217,12 +216,7 @@ def cost_model(args, calibrated: bool = True) -> CostModel:
 def extra_passes(args) -> list:
     """The passes the options add after the built-in ones: `--fuse POLICY` runs
     `fuse_elementwise` with that policy (`opgraph.fusion.POLICIES`)."""
-    name = getattr(args, "fuse", None)
-    if name is None:
-        return []
-    from ..passes.fuse_elementwise import fuse_elementwise
-
-    return [functools.partial(fuse_elementwise, policy=FUSION_POLICIES[name])]
+    return fusion_passes(getattr(args, "fuse", None))
 
 
 def setup(args, calibrated: bool = True, layout=None) -> Setup:
@@ -298,11 +292,8 @@ def parallel_setup(args) -> ParallelSetup:
         for name in ("recompute", "precision"):
             if name not in options:
                 options[name] = getattr(launch, name)
-        if launch.fuse is not None and not options["extra_passes"]:
-            from ..passes.fuse_elementwise import fuse_elementwise
-
-            options["extra_passes"] = [functools.partial(
-                fuse_elementwise, policy=FUSION_POLICIES[launch.fuse])]
+        if not options["extra_passes"]:
+            options["extra_passes"] = fusion_passes(launch.fuse)
         seq = args.seq_len or launch.seq_len or forward.seq_len
     else:
         forward = load_forward(args)
