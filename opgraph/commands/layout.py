@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+import attrs
+
 from ..errors import OpgraphError
 from ..limits import MAX_DIM
 from ..parallel import ZERO_STAGES, Parallel
@@ -56,27 +58,29 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                         "or @file)")
 
 
-FIELDS = {"gpus": "gpus", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "dp": "dp",
-          "micro_batch": "micro_batch", "global_batch": "global_batch",
-          "virtual_stages": "virtual_stages", "sequence_parallel": "sequence_parallel",
-          "zero": "zero", "async_tp": "async_tp", "first_stage_layers": "first_stage_layers",
-          "last_stage_layers": "last_stage_layers",
-          "no_overlap_grad_reduce": "overlap_grad_reduce"}
+# The flags that set a `Parallel` field of the same name; --no-overlap-grad-reduce clears one.
+FIELDS = ("gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "virtual_stages",
+          "sequence_parallel", "zero", "async_tp", "first_stage_layers", "last_stage_layers")
+
+
+def _given(args) -> dict:
+    """The layout fields the flags set (a flag left out sets nothing)."""
+    given = {name: getattr(args, name) for name in FIELDS
+             if getattr(args, name, None) not in (None, False)}
+    if getattr(args, "no_overlap_grad_reduce", False):
+        given["overlap_grad_reduce"] = False
+    return given
 
 
 def wants_layout(args) -> bool:
     """Whether any many-GPU option was given (else `profile` is the one-GPU step, as ever)."""
-    return any(getattr(args, name, None) not in (None, False) for name in FIELDS) or bool(
-        getattr(args, "cluster", None) or getattr(args, "rank", 0))
+    return bool(_given(args) or getattr(args, "cluster", None) or getattr(args, "rank", 0))
 
 
 def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
     """The layout the flags give, over `base` (what a job config said); `--tokens` per step
     sets the global batch in sequences."""
-    given = {field: getattr(args, name) for name, field in FIELDS.items()
-             if getattr(args, name, None) not in (None, False)}
-    if "overlap_grad_reduce" in given:  # the flag says no
-        given["overlap_grad_reduce"] = False
+    given = _given(args)
     tokens = getattr(args, "tokens", None)
     if tokens is not None:
         if "global_batch" in given:
@@ -88,8 +92,6 @@ def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
     if base is None:
         layout = Parallel(**given)
     else:
-        import attrs
-
         if "gpus" in given and "dp" not in given and base.dp is not None:
             given["dp"] = None  # the GPUs decide the data-parallel degree again
         layout = attrs.evolve(base, **given)
