@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 from ..errors import OpgraphError
-from ..limits import MAX_DIM
-from .args import whole
 from .common import add_model_args, setup
+from .layout import add_sharding_args, given_layout
 
 UNITS = {"flops": "FLOPs", "bytes": "bytes", "time": "s"}
 
@@ -33,13 +32,7 @@ def register(subparsers) -> None:
     g = p.add_argument_group(
         "sharded over GPUs", "one GPU's share of a sharded step, its degrees as symbols (tp, "
         "cp, ep, dp) in the formula; collectives' network time is profile's, not counted here")
-    for flag, text in (("tp", "tensor-parallel degree"), ("cp", "context-parallel degree"),
-                       ("ep", "expert-parallel degree"), ("dp", "data-parallel degree")):
-        g.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N", help=text)
-    g.add_argument("--sequence-parallel", action="store_true",
-                   help="with --tp: norms and residuals on a sequence shard")
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
-                   help="with --dp: the ZeRO stage (optimizer, gradient, weight shards)")
+    add_sharding_args(g)
     p.add_argument("--latex", action="store_true", help="print the formula as LaTeX")
     p.add_argument("--json", action="store_true",
                    help="print {expression, latex, symbols, value, ...} as one JSON object")
@@ -86,9 +79,9 @@ def _layout(args):
     """The sharding the flags ask for (None: one GPU), as `Parallel`."""
     from ..parallel import Parallel
 
-    degrees = {k: getattr(args, k) for k in ("tp", "cp", "ep", "dp") if getattr(args, k)}
-    if not degrees and not args.sequence_parallel and not args.zero:
+    given = given_layout(args)
+    if not given:
         return None
-    if args.zero and not degrees.get("dp"):
+    if given.get("zero") and not given.get("dp"):
         raise OpgraphError("--zero shards over the data-parallel ranks: give --dp too")
-    return Parallel(**degrees, sequence_parallel=args.sequence_parallel, zero=args.zero)
+    return Parallel(**given)

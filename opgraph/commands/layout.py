@@ -12,31 +12,39 @@ from ..limits import MAX_DIM
 from ..parallel import ZERO_STAGES, Parallel
 from .args import whole
 
-DEGREE_FLAGS = (("gpus", "GPUs in the job"),
-                ("tp", "tensor-parallel degree (Megatron-LM; heads, MLP width, vocabulary split)"),
-                ("pp", "pipeline stages"),
-                ("cp", "context-parallel degree (ring attention)"),
-                ("ep", "expert-parallel degree (a mixture of experts' experts spread)"),
-                ("dp", "data-parallel degree (default: gpus / (tp x pp x cp))"),
-                ("micro-batch", "sequences per micro-batch (default 1)"),
-                ("global-batch", ("sequences per optimizer step over the job (default: one "
-                                 "micro-batch per data-parallel rank)")),
-                ("virtual-stages", "interleaved pipeline: model chunks per GPU (default 1)"))
+SHARDING_FLAGS = (("tp", "tensor-parallel degree (Megatron-LM; heads, MLP width, vocabulary split)"),
+                  ("cp", "context-parallel degree (ring attention)"),
+                  ("ep", "expert-parallel degree (a mixture of experts' experts spread)"),
+                  ("dp", "data-parallel degree (profile's default: gpus / (tp x pp x cp))"))
+JOB_FLAGS = (("gpus", "GPUs in the job"),
+             ("pp", "pipeline stages"),
+             ("micro-batch", "sequences per micro-batch (default 1)"),
+             ("global-batch", ("sequences per optimizer step over the job (default: one "
+                              "micro-batch per data-parallel rank)")),
+             ("virtual-stages", "interleaved pipeline: model chunks per GPU (default 1)"))
+
+
+def add_sharding_args(group) -> None:
+    """The degrees that shard one GPU's step (`passes.shard`, `passes.replicate`), sequence
+    parallelism and the ZeRO stage: what `formula` takes, and `profile` with the rest."""
+    for flag, text in SHARDING_FLAGS:
+        group.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N", help=text)
+    group.add_argument("--sequence-parallel", action="store_true",
+                       help="with --tp: norms and residuals on a sequence shard, reduce-scatter "
+                            "/ all-gather instead of all-reduce (Korthikanti et al. 2022)")
+    group.add_argument("--zero", type=int, choices=ZERO_STAGES, metavar="{0,1,2,3}",
+                       help="data-parallel sharding: 0 none (default), 1 optimizer states "
+                            "(Megatron's distributed optimizer), 2 and gradients, 3 and "
+                            "parameters (FSDP)")
 
 
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group(
         "many GPUs", "a training job over many GPUs: the step of one GPU (rank 0 unless "
                      "--rank), scheduled over micro-batches and pipeline stages")
-    for flag, text in DEGREE_FLAGS:
+    add_sharding_args(g)
+    for flag, text in JOB_FLAGS:
         g.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N", help=text)
-    g.add_argument("--sequence-parallel", action="store_true",
-                   help="with --tp: norms and residuals on a sequence shard, reduce-scatter / "
-                        "all-gather instead of all-reduce (Korthikanti et al. 2022)")
-    g.add_argument("--zero", type=int, choices=ZERO_STAGES, metavar="{0,1,2,3}",
-                   help="data-parallel sharding: 0 none (default), 1 optimizer states "
-                        "(Megatron's distributed optimizer), 2 and gradients, 3 and parameters "
-                        "(FSDP)")
     g.add_argument("--async-tp", action="store_true",
                    help="overlap tensor-parallel communication with its matmul")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
@@ -63,7 +71,7 @@ FIELDS = ("gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "
           "sequence_parallel", "zero", "async_tp", "first_stage_layers", "last_stage_layers")
 
 
-def _given(args) -> dict:
+def given_layout(args) -> dict:
     """The layout fields the flags set (a flag left out sets nothing)."""
     given = {name: getattr(args, name) for name in FIELDS
              if getattr(args, name, None) not in (None, False)}
@@ -74,13 +82,13 @@ def _given(args) -> dict:
 
 def wants_layout(args) -> bool:
     """Whether any many-GPU option was given (else `profile` is the one-GPU step, as ever)."""
-    return bool(_given(args) or getattr(args, "cluster", None) or getattr(args, "rank", 0))
+    return bool(given_layout(args) or getattr(args, "cluster", None) or getattr(args, "rank", 0))
 
 
 def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
     """The layout the flags give, over `base` (what a job config said); `--tokens` per step
     sets the global batch in sequences."""
-    given = _given(args)
+    given = given_layout(args)
     tokens = getattr(args, "tokens", None)
     if tokens is not None:
         if "global_batch" in given:

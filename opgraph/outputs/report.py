@@ -72,7 +72,8 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
     lay = r.layout
     batch = p.tokens // p.seq_len
     options = [f"micro-batch {lay.micro_batch}",
-               f"global batch {lay.batch:,} ({lay.micro_batches} micro-batches per rank)"]
+               (f"global batch {lay.batch:,} ({lay.micro_batches} micro-batch"
+               f"{'es' if lay.micro_batches != 1 else ''} per rank)")]
     if lay.virtual_stages > 1:
         options.append(f"{lay.virtual_stages} virtual stages")
     options += [f"ZeRO-{lay.zero}"] + (["sequence parallel"] if lay.sequence_parallel else []) + (
