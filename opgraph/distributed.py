@@ -134,7 +134,7 @@ def in_flight(layout: Parallel, stage: int = 0) -> float:
 
 
 @attrs.frozen
-class _Op:
+class StageOp:
     """One op of a stage, as numbers: what its time depends on."""
 
     name: str
@@ -154,11 +154,11 @@ class Stage:
     schedule's plans of a micro-batch (`plain`) and of the last one with the optimizer
     (`last`), its roofline profile (for the rows a report prints) and its memory."""
 
-    graph: Graph
-    ops: tuple[_Op, ...]
+    graph: Graph | None  # None where built from compiled formulas (`opgraph.search`)
+    ops: tuple[StageOp, ...]
     plain: Plan
     last: Plan
-    profile: Profile
+    profile: Profile | None  # the rows a report prints; None as `graph`
     memory: Memory  # its peak per GPU, its in-flight micro-batches' activations included
     index: int  # which stage (a middle one stands for all the middle ones)
 
@@ -212,7 +212,7 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
     for r in profile.ops:
         op = graph.op(r.name)
         collective = op.kind in COLLECTIVE_KINDS
-        ops.append(_Op(op.name, op.kind, r.count, r.flops, r.bytes,
+        ops.append(StageOp(op.name, op.kind, r.count, r.flops, r.bytes,
                        cost.peak(hardware, costs[op.name].compute),
                        op.param("group") if collective else None,
                        float(costs[op.name].message.xreplace(subs)) if collective else 0.0,
@@ -249,6 +249,17 @@ def schedule(job: Job, cost: CostModel = DEFAULT, *, rank: int | None = None
              ) -> tuple[ParallelResult, list[OpCost]]:
     """The job's figures under `cost`, and the first stage's ops over one step (see the
     module); `rank` draws that GPU's timeline."""
+    result, first = _schedule(job, cost, rank)
+    return result, _rows(first, job.layout.micro_batches)
+
+
+def step_figures(job: Job, cost: CostModel = DEFAULT) -> ParallelResult:
+    """The job's figures under `cost` alone: `schedule` without the rows of a report, for a
+    job whose stages carry no profile (`opgraph.search` builds them from compiled formulas)."""
+    return _schedule(job, cost, None)[0]
+
+
+def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResult, _Timed]:
     layout = job.layout
     deferred = () if layout.overlap_grad_reduce else ("dp", "edp")
     drawn = None if rank is None else layout.rank_stage(rank)
@@ -287,7 +298,7 @@ def schedule(job: Job, cost: CostModel = DEFAULT, *, rank: int | None = None
         memory=fullest.memory, memory_stage=fullest.index, stage_times_s=tuple(per_micro),
         in_flight=in_flight(layout, fullest.index),
         events=events, cost=cost.name)
-    return result, _rows(first, m)
+    return result, first
 
 
 def _rows(first: _Timed, m: int) -> list[OpCost]:
@@ -325,7 +336,7 @@ def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
 
 def _transfers(first: _Timed, job: Job, m: int):
     layout, cluster = job.layout, job.cluster
-    for r, o in zip(first.stage.profile.ops, first.stage.ops, strict=True):
+    for o in first.stage.ops:
         if o.group is None or o.kind == "identity":
             continue
         k = 1 if o.once else m
@@ -333,8 +344,8 @@ def _transfers(first: _Timed, job: Job, m: int):
             0.0 if o.once else (m - 1) * first.plain.exposed_s.get(o.name, 0.0))
         size = layout.size(o.group)
         tier = cluster.tier_for(size, layout.stride(o.group)).name if size > 1 else "none"
-        yield Transfer(o.name, o.kind, o.group, size, o.message, r.count * k,
-                       first.times[o.name] * r.count * k, exposed, tier)
+        yield Transfer(o.name, o.kind, o.group, size, o.message, o.count * k,
+                       first.times[o.name] * o.count * k, exposed, tier)
 
 
 def _memory(one: Memory, layout: Parallel, stage: int) -> Memory:
