@@ -42,9 +42,10 @@ bound of the next one is no better than the K-th best step found. So the layouts
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
-from collections.abc import Iterable
+from typing import NamedTuple
 
 import attrs
 import numpy as np
@@ -52,40 +53,37 @@ import sympy
 
 from . import cluster as clusters
 from .costmodel import DEFAULT, EFFICIENCY, CostModel
-from .distributed import (
-    Job,
-    ParallelResult,
-    Stage,
-    StageOp,
-    check_layout,
-    compile_parallel,
-    in_flight,
-    step_figures,
-)
+from .distributed import Job, ParallelResult, Stage, StageOp, check_layout, step_figures
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Phase
-from .memory import PEAK_PARTS, Memory, liveness
-from .parallel import Parallel, cp, dp, edp, ep, pp, tp
+from .memory import Memory, liveness
+from .parallel import Parallel, cp, dp, edp, ep, pp, stage_layers, tp
 from .passes.evaluate import mfu_parameters, resolve
 from .passes.precision import PRECISIONS
 from .passes.recompute import POLICIES
+from .passes.replicate import replicate
+from .passes.shard import shard
 from .passes.split_stages import layer_stack, split_stages
+from .pipeline import step_passes
 from .rules import COLLECTIVE_KINDS
 from .schedule import once_per_step, plan
-from .symbols import B, E, S
+from .symbols import B
 
 ZERO = (0, 1, 2, 3)
 RECOMPUTE = tuple(POLICIES)
-DEGREES = (tp, cp, ep, dp, edp, pp, B)  # the arguments of every compiled function
+# The layers a pipeline stage holds: its graph's layer stack counts this many, so one compiled
+# stage serves every split (even, or Llama 3's uneven ends).
+LAYERS = sympy.Symbol("stage_layers", positive=True, integer=True)
+DEGREES = (tp, cp, ep, dp, edp, LAYERS, B)
 
 
 @attrs.frozen(kw_only=True)
 class Space:
     """What to search: `gpus` and the global batch in sequences (`batch`), with constraints.
-    A field set to a value fixes it (`tp=8`); None leaves it free; `max_*` bound the free ones.
-    `recompute` and `precision` are tuples of the choices to try (None: all; FP8 only where
-    the part has an FP8 peak)."""
+    A degree set to a value is fixed (`tp=8`), None leaves it free, `max_*` bound the free
+    ones; `recompute` and `precision` are the choices to try (None: every recomputation policy;
+    BF16, and FP8 where the part has an FP8 peak)."""
 
     gpus: int
     batch: int
@@ -108,16 +106,17 @@ class Space:
     async_tp: bool = False
 
     def __attrs_post_init__(self):
-        for name in ("gpus", "batch"):
+        for name in ("gpus", "batch", "max_micro_batch", "max_virtual_stages"):
             if getattr(self, name) < 1:
-                raise OpgraphError(f"--{name} must be 1 or more")
+                raise OpgraphError(f"--{name.replace('_', '-')} must be 1 or more")
         for name in ("tp", "cp", "pp"):
             fixed, bound = getattr(self, name), getattr(self, f"max_{name}")
             if fixed is not None and bound is not None and fixed > bound:
                 raise OpgraphError(f"--{name} {fixed} contradicts --max-{name} {bound}; "
                                    "give one of them")
         if self.micro_batch is not None and self.micro_batch > self.max_micro_batch:
-            object.__setattr__(self, "max_micro_batch", self.micro_batch)
+            raise OpgraphError(f"--micro-batch {self.micro_batch} contradicts "
+                               f"--max-micro-batch {self.max_micro_batch}; give one of them")
         if self.sequence_parallel and self.tp == 1:
             raise OpgraphError("--sequence-parallel contradicts --tp 1: it needs tensor "
                                "parallelism")
@@ -126,6 +125,8 @@ class Space:
         if self.virtual_stages not in (None, 1) and self.pp == 1:
             raise OpgraphError(f"--virtual-stages {self.virtual_stages} contradicts --pp 1: "
                                "interleaving needs pipeline stages")
+        if self.zero is not None and self.zero not in ZERO:
+            raise OpgraphError(f"--zero {self.zero}: give 0, 1, 2 or 3")
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             for value in getattr(self, name) or ():
                 if value not in allowed:
@@ -174,13 +175,13 @@ class Found:
     """A search's answer: the best layouts, best first, and what it took."""
 
     best: tuple[Ranked, ...]
-    searched: int  # layouts evaluated (memory and bound), every one of the space
+    searched: int  # layouts evaluated (memory and bound): the whole space
     fit: int  # of them, those that fit in memory
     scheduled: int  # of those, the ones scheduled exactly (branch and bound)
-    structures: int  # distinct structures compiled
+    structures: int  # distinct structures (each compiled once)
     compile_s: float
-    evaluate_s: float
-    smallest_memory: float = float("nan")  # bytes: the least any layout needs (when none fit)
+    evaluate_s: float  # everything else: enumerating, the arrays, the exact schedules
+    smallest_memory: float  # bytes per GPU: the least any layout needs
 
     @property
     def layouts_per_s(self) -> float:
@@ -189,8 +190,53 @@ class Found:
 
 # --- the space ----------------------------------------------------------------------------------
 
-def _dims(forward: Graph) -> dict[str, int]:
-    return {s.name: int(v) for s, v in forward.dims.items()}
+class Row(NamedTuple):
+    """A candidate before it is one (`Candidate`): the search holds tens of thousands."""
+
+    tp: int
+    cp: int
+    ep: int
+    pp: int
+    dp: int
+    micro_batch: int
+    virtual_stages: int
+    zero: int
+    sequence_parallel: bool
+    first: int | None
+    last: int | None
+    recompute: str
+    precision: str
+    batch: int
+    async_tp: bool
+
+    def layout(self) -> Parallel:
+        return Parallel(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp,
+                        micro_batch=self.micro_batch, global_batch=self.batch,
+                        virtual_stages=self.virtual_stages, zero=self.zero,
+                        sequence_parallel=self.sequence_parallel, async_tp=self.async_tp,
+                        first_stage_layers=self.first, last_stage_layers=self.last)
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.layout(), self.recompute, self.precision)
+
+    @property
+    def dp_group(self) -> int:  # `Parallel.size("dp")`: the ranks holding the same weights
+        return self.dp * self.cp
+
+    @property
+    def edp_group(self) -> int:  # `Parallel.size("edp")`
+        return self.dp * self.cp // self.ep
+
+    @property
+    def micro_batches(self) -> int:
+        return self.batch // (self.dp * self.micro_batch)
+
+
+def row_of(c: Candidate) -> Row:
+    lay = c.layout
+    return Row(lay.tp, lay.cp, lay.ep, lay.pp, lay.dp_degree, lay.micro_batch,
+               lay.virtual_stages, lay.zero, lay.sequence_parallel, lay.first_stage_layers,
+               lay.last_stage_layers, c.recompute, c.precision, lay.batch, lay.async_tp)
 
 
 def _layers(forward: Graph) -> int:
@@ -205,21 +251,22 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def _splits(layers: int, pp_: int) -> list[tuple[int | None, int | None]]:
-    """The pipeline splits tried for `pp_` stages: even, or (where that does not divide) one
-    layer fewer on each end stage, as Llama 3 405B's 126 layers on 16 stages (7, 8 x 14, 7)."""
-    if pp_ == 1 or layers % pp_ == 0:
+def _splits(layers: int, stages: int) -> list[tuple[int | None, int | None]]:
+    """The pipeline splits tried for `stages` stages: even, or (where that does not divide)
+    one layer fewer on each end stage, as Llama 3 405B's 126 layers on 16 stages (7, 8 x 14,
+    7)."""
+    if stages == 1 or layers % stages == 0:
         return [(None, None)]
-    if pp_ > 2 and (layers + 2) % pp_ == 0 and (layers + 2) // pp_ > 1:
-        end = (layers + 2) // pp_ - 1
+    if stages > 2 and (layers + 2) % stages == 0 and (layers + 2) // stages > 1:
+        end = (layers + 2) // stages - 1
         return [(end, end)]
     return []
 
 
-def candidates(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
-               cluster: clusters.Cluster) -> list[Candidate]:
+def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
+         cluster: clusters.Cluster) -> list[Row]:
     """Every layout of `space` that divides the model (see the module), in a fixed order."""
-    dims = _dims(forward) | {"S": seq_len}
+    dims = {s.name: int(v) for s, v in forward.dims.items()}
     layers, node = _layers(forward), cluster.gpus_per_node
     experts = dims.get("E")
     tps = [space.tp] if space.tp else _powers(min(space.max_tp or node, space.gpus))
@@ -230,48 +277,50 @@ def candidates(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     recompute = space.recompute or RECOMPUTE
     precision = space.precision or tuple(p for p in PRECISIONS
                                          if p != "fp8" or hardware.fp8_flops)
-    out = []
+    if "fp8" in precision and not hardware.fp8_flops:
+        raise OpgraphError(f"--precision fp8: {hardware.id} has no dense FP8 peak; give a part "
+                           "that has one, or leave it out")
+    options = list(itertools.product(zeros, recompute, precision))
+    out: list[Row] = []
+    checked: dict = {}
     for t, c, p in itertools.product(tps, cps, pps):
         if space.gpus % (t * c * p):
             continue
         d = space.gpus // (t * c * p)
-        if space.dp is not None and d != space.dp:
-            continue
-        if space.batch % d:
+        if (space.dp is not None and d != space.dp) or space.batch % d:
             continue
         per_rank = space.batch // d
         for (first, last), sp_ in itertools.product(_splits(layers, p), _sp(space, t)):
             for e in eps:
-                if (d * c) % e:
-                    continue
-                layout = Parallel(tp=t, cp=c, ep=e, pp=p, dp=d, global_batch=space.batch,
-                                  sequence_parallel=sp_, async_tp=space.async_tp and t > 1,
-                                  first_stage_layers=first, last_stage_layers=last)
-                if not _divides(forward, layout, seq_len):
+                if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first, last,
+                                                   checked):
                     continue
                 for mb in ([space.micro_batch] if space.micro_batch else
                            _divisors(per_rank, space.max_micro_batch)):
                     if per_rank % mb:
                         continue
-                    m = per_rank // mb
-                    for v in _virtual(space, layers, p, first, m):
-                        for z, r, pr in itertools.product(zeros, recompute, precision):
-                            out.append(Candidate(attrs.evolve(layout, micro_batch=mb,
-                                                              virtual_stages=v, zero=z), r, pr))
+                    for v in _virtual(space, layers, p, first, per_rank // mb):
+                        out += [Row(t, c, e, p, d, mb, v, z, sp_, first, last, r, pr,
+                                    space.batch, space.async_tp and t > 1)
+                                for z, r, pr in options]
     return out
 
 
-def _divides(forward: Graph, layout: Parallel, seq_len: int) -> bool:
-    """Whether the model (and the sequence length searched) divides over `layout`, as
+def _divides(forward: Graph, seq_len: int, t, c, e, p, sp_, first, last, cache: dict) -> bool:
+    """Whether the model (and the sequence length searched) divides over the degrees, as
     `profile` checks it."""
-    split = 2 * layout.cp if layout.cp > 1 else layout.tp if layout.sequence_parallel else 1
-    if seq_len % split:
-        return False
-    try:
-        check_layout(forward, layout)
-    except OpgraphError:
-        return False
-    return True
+    key = (t, c, e, p, sp_, first, last)
+    if key not in cache:
+        split = 2 * c if c > 1 else t if sp_ else 1
+        try:
+            if seq_len % split:
+                raise OpgraphError("the sequence does not split")
+            check_layout(forward, Parallel(tp=t, cp=c, ep=e, pp=p, dp=e, sequence_parallel=sp_,
+                                           first_stage_layers=first, last_stage_layers=last))
+            cache[key] = True
+        except OpgraphError:
+            cache[key] = False
+    return cache[key]
 
 
 def _sp(space: Space, t: int) -> list[bool]:
@@ -283,8 +332,7 @@ def _sp(space: Space, t: int) -> list[bool]:
 def _virtual(space: Space, layers: int, p: int, first, m: int) -> list[int]:
     if p == 1 or first is not None:
         return [1] if space.virtual_stages in (None, 1) else []
-    chunks = layers // p
-    options = [v for v in _divisors(chunks, space.max_virtual_stages)
+    options = [v for v in _divisors(layers // p, space.max_virtual_stages)
                if v == 1 or m % p == 0]  # Megatron: interleaving needs m a multiple of pp
     if space.virtual_stages is not None:
         return [space.virtual_stages] if space.virtual_stages in options else []
@@ -293,66 +341,78 @@ def _virtual(space: Space, layers: int, p: int, first, m: int) -> list[int]:
 
 # --- structures ---------------------------------------------------------------------------------
 
-def structure(c: Candidate) -> tuple:
-    """What decides a candidate's ops and collectives (see the module); layouts of one
-    structure differ only in numbers."""
-    lay = c.layout
-    split = ("one",) if lay.pp == 1 else ("even", lay.pp > 2) if lay.first_stage_layers is None \
-        else ("uneven", lay.pp, lay.first_stage_layers, lay.last_stage_layers)
-    return (lay.tp > 1, lay.cp > 1, lay.ep > 1, lay.size("dp") > 1, lay.size("edp") > 1,
-            lay.sequence_parallel, lay.async_tp, lay.zero, c.recompute, c.precision, split)
+def structure(r: Row) -> tuple:
+    """What decides a row's ops and collectives (see the module); rows of one structure
+    differ only in numbers."""
+    return (r.tp > 1, r.cp > 1, r.ep > 1, r.dp_group > 1, r.edp_group > 1, r.sequence_parallel,
+            r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3))
 
 
 FIRST, MIDDLE, LAST = "first", "middle", "last"
 
 
-def _roles(layout: Parallel) -> list[tuple[str, int]]:
-    """The distinct stages `distributed.prepare` evaluates, each with its role: the first, a
-    middle one (standing for all of them), the last; one stage for pp 1."""
-    if layout.pp == 1:
+def _roles(stages: int) -> list[tuple[str, int]]:
+    """The distinct stages `distributed.prepare` evaluates, with their indices: the first, a
+    middle one (standing for all of them), the last; one for a single stage."""
+    if stages == 1:
         return [(FIRST, 0)]
-    middle = [(MIDDLE, 1)] if layout.pp > 2 else []
-    return [(FIRST, 0), *middle, (LAST, layout.pp - 1)]
+    return [(FIRST, 0), *([(MIDDLE, 1)] if stages > 2 else []), (LAST, stages - 1)]
+
+
+class _Count:
+    """Stands for a life's count in `Liveness.copies`, to tell which answer it gave: the
+    count, the count less one, or a number."""
+
+    def __sub__(self, other):
+        assert other == 1
+        return _COUNT_LESS_ONE
+
+
+_COUNT, _COUNT_LESS_ONE = _Count(), object()
 
 
 @attrs.frozen
 class _StageFormulas:
-    """One stage of a structure: its graph, its ops' fixed facts, and one numpy function of
-    the degrees giving every number that varies (see `_compile_stage`)."""
+    """One stage of a structure: its graph, its ops' fixed facts, and the formulas of every
+    number that varies, over `DEGREES`."""
 
     graph: Graph
+    layers: int  # the model's
     names: tuple[str, ...]
     kinds: tuple[str, ...]
     groups: tuple[str | None, ...]
     once: tuple[bool, ...]
     peaks: tuple[float, ...]
     rates: tuple[str, ...]
-    function: object  # (*DEGREES) -> counts, FLOPs, bytes, messages, life sizes and counts
+    exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident
     n_ops: int
     n_lives: int
-    one: np.ndarray  # (ops, lives): 1 a life counted once at op i, -1 with its count less one
+    one: np.ndarray  # (ops, lives): 1 a life counted once at op i, -1 its count less one
     many: np.ndarray  # (ops, lives): 1 where every copy of a life counts at op i
     saved: np.ndarray  # (lives,) bool: a saved activation (else transient)
     moments: tuple[tuple[str, str], ...]  # each op's (name, phase), where a peak may happen
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
-    plans: dict = attrs.field(factory=dict, eq=False)  # pp -> (plain, last)
+    plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
 
 
 def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
-                   zero: int) -> _StageFormulas:
-    costs = cost.op_costs(graph)
-    fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES}
+                   zero: int, layers: int, costs: dict) -> _StageFormulas:
+    missing = [op for op in graph.ops() if op.name not in costs]
+    if missing:
+        costs = costs | {op.name: cost.op_cost(graph, op) for op in missing}
+    # the stack's count (L / pp) becomes the stage's layers; the other dimensions numbers
+    fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES and s != pp}
+    fixed[pp] = sympy.Integer(layers) / LAYERS
     ops = graph.ops()
     collective = [op.kind in COLLECTIVE_KINDS for op in ops]
     live = liveness(graph)
-    rows = ([op.count for op in ops] + [costs[op.name].flops * op.count for op in ops]
-            + [costs[op.name].bytes * op.count for op in ops]
-            + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)]
-            + [life.tensor.nbytes for life in live.lives]
-            + [life.tensor.count for life in live.lives]
-            + [live.resident[name] for name in ("weights", "gradients", "optimizer")])
-    exprs = [sympy.sympify(e).xreplace(fixed) for e in rows]
-    function = sympy.lambdify(DEGREES, exprs, "numpy", cse=True)
+    formulas = ([op.count for op in ops] + [costs[op.name].flops * op.count for op in ops]
+                + [costs[op.name].bytes * op.count for op in ops]
+                + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)]
+                + [life.tensor.nbytes for life in live.lives]
+                + [life.tensor.count for life in live.lives]
+                + [live.resident[name] for name in ("weights", "gradients", "optimizer")])
+    exprs = tuple(sympy.sympify(e).xreplace(fixed) for e in formulas)
     one = np.zeros((len(live.ops), len(live.lives)))
     many = np.zeros_like(one)
     for i in range(len(live.ops)):
@@ -366,25 +426,13 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
                 one[i, j] = n
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
     return _StageFormulas(
-        graph, tuple(op.name for op in ops), tuple(op.kind for op in ops),
+        graph, layers, tuple(op.name for op in ops), tuple(op.kind for op in ops),
         tuple(op.param("group") if c else None for op, c in zip(ops, collective)), once,
         tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
-        tuple(EFFICIENCY.get(op.kind, "matmul") for op in ops), function, len(ops),
+        tuple(EFFICIENCY.get(op.kind, "matmul") for op in ops), exprs, len(ops),
         len(live.lives), one, many, np.array([life.saved for life in live.lives], dtype=bool),
         tuple((op.name, op.phase.value) for op in live.ops),
         tuple(i for i in range(len(ops)) if not collective[i] and not once[i]))
-
-
-class _Count:
-    """Stands for a life's count in `Liveness.copies`, to read which of its answers it gave:
-    the count, the count less one, or a number."""
-
-    def __sub__(self, other):
-        assert other == 1
-        return _COUNT_LESS_ONE
-
-
-_COUNT, _COUNT_LESS_ONE = _Count(), object()
 
 
 @attrs.frozen
@@ -393,29 +441,93 @@ class _Structure:
     stages: dict  # role -> _StageFormulas
 
 
-def _compile_structure(forward: Graph, hardware: Hardware, c: Candidate, values: dict,
-                       cost: CostModel) -> _Structure:
-    layout = c.layout
-    step = compile_parallel(forward, layout, recompute=c.recompute, precision=c.precision)
-    return _Structure(structure(c), {
-        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, layout.zero)
-        for role, i in _roles(layout)})
+def _representative(r: Row, layers: int) -> Parallel:
+    """A layout of `r`'s structure with an even pipeline split (its stages' graphs count L /
+    pp layers, which `LAYERS` replaces): any split of the same stage count reads the same."""
+    stages = r.pp if r.pp < 3 else next(p for p in range(3, layers + 1) if layers % p == 0)
+    return Parallel(tp=r.tp, cp=r.cp, ep=r.ep, pp=stages, dp=r.dp,
+                    sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp)
 
 
-def _plans(f: _StageFormulas, layout: Parallel, values: dict):
-    """The schedule's plans of the stage for `layout`'s stage count (its layers' trip count)."""
-    if layout.pp not in f.plans:
-        subs = resolve(f.graph, values) | {pp: sympy.Integer(layout.pp)}
+_PASS_OPTIONS = {  # what each pass of `pipeline.step_passes` depends on, for sharing prefixes
+    "fuse_attention": lambda r: (),
+    "shard": lambda r: (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel),
+    "derive_backward": lambda r: (),
+    "apply_precision": lambda r: (r.precision,),
+    "recompute": lambda r: (r.recompute,),
+    "attach_adamw": lambda r: (),
+    "replicate": lambda r: (r.zero, r.dp_group > 1, r.edp_group > 1),
+}
+
+
+def _step(forward: Graph, r: Row, layout: Parallel, memo: dict) -> Graph:
+    """`distributed.compile_parallel`'s step for `r`'s structure, each pass's result kept in
+    `memo` for the structures that share the passes before it (passes are pure functions);
+    the checks ran when the row was enumerated, the verifier when `profile` compiles it."""
+    graph, key = forward, ()
+    for run in step_passes(recompute=r.recompute, precision=r.precision,
+                           shard=functools.partial(shard, layout=layout),
+                           extra_passes=[functools.partial(replicate, layout=layout)]):
+        name = getattr(run, "func", run).__name__
+        key += ((name, *_PASS_OPTIONS[name](r)),)
+        if key not in memo:
+            memo[key] = run(graph)
+        graph = memo[key]
+    return graph
+
+
+def _compile_structure(forward: Graph, hardware: Hardware, r: Row, values: dict,
+                       cost: CostModel, memo: dict) -> _Structure:
+    layers = _layers(forward)
+    layout = _representative(r, layers)
+    step = _step(forward, r, layout, memo)
+    costs = cost.op_costs(step)
+    return _Structure(structure(r), {
+        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero,
+                             layers, costs)
+        for role, i in _roles(layout.pp)})
+
+
+def _plans(f: _StageFormulas, layers: int, zero: int, values: dict):
+    """The schedule's plans of the stage holding `layers` layers."""
+    if layers not in f.plans:
+        subs = resolve(f.graph, values) | {pp: sympy.Rational(f.layers, layers)}
         ordered = f.graph.ops()
         per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
-                     and not once_per_step(op, layout.zero)]
-        f.plans[layout.pp] = (plan(f.graph, per_micro, subs), plan(f.graph, ordered, subs))
-    return f.plans[layout.pp]
+                     and not once_per_step(op, zero)]
+        f.plans[layers] = (plan(f.graph, per_micro, subs), plan(f.graph, ordered, subs))
+    return f.plans[layers]
+
+
+# --- the arrays ---------------------------------------------------------------------------------
+
+def _value(expr, env: dict, memo: dict):
+    """`expr` at the arrays `env` gives its symbols: sums, products and powers on numpy, each
+    subexpression once (`memo`)."""
+    try:
+        return memo[expr]
+    except KeyError:
+        pass
+    if expr.is_Number:
+        out = float(expr)
+    elif expr.is_Symbol:
+        out = env[expr]
+    elif expr.is_Add:
+        out = functools.reduce(np.add, (_value(a, env, memo) for a in expr.args))
+    elif expr.is_Mul:
+        out = functools.reduce(np.multiply, (_value(a, env, memo) for a in expr.args))
+    elif expr.is_Pow and expr.exp.is_Integer:
+        base, exp = _value(expr.base, env, memo), int(expr.exp)
+        out = base ** exp if exp > 0 else 1.0 / base ** -exp
+    else:  # anything else (a ceiling, a maximum): numpy's own, through sympy
+        out = sympy.lambdify(DEGREES, expr, "numpy")(*(env[s] for s in DEGREES))
+    memo[expr] = out
+    return out
 
 
 @attrs.frozen
 class _Numbers:
-    """A stage's numbers over a structure's candidates: a row per op (or life), a column per
+    """A stage's numbers over a structure's rows: a row per op (or life), a column per
     candidate."""
 
     counts: np.ndarray
@@ -427,32 +539,22 @@ class _Numbers:
     resident: np.ndarray  # (3, candidates): weights, gradients, optimizer
 
 
-def _numbers(f: _StageFormulas, args: list[np.ndarray]) -> _Numbers:
-    out = f.function(*args)
-    rows = np.empty((len(out), len(args[0])))
-    for i, v in enumerate(out):
-        rows[i] = v  # constants broadcast
+def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
+    memo: dict = {}
+    values = np.empty((len(f.exprs), n))
+    for i, e in enumerate(f.exprs):
+        values[i] = _value(e, env, memo)
     k, m = f.n_ops, f.n_lives
-    return _Numbers(rows[:k], rows[k:2 * k], rows[2 * k:3 * k], rows[3 * k:4 * k],
-                    rows[4 * k:4 * k + m], rows[4 * k + m:4 * k + 2 * m], rows[4 * k + 2 * m:])
-
-
-def _arguments(layouts: list[Parallel]) -> list[np.ndarray]:
-    """Each layout's degrees, as `DEGREES` orders them ("dp" and "edp" are group sizes, as
-    `passes.replicate` names them)."""
-    def column(values):
-        return np.array(values, dtype=float)
-
-    return [column([x.tp for x in layouts]), column([x.cp for x in layouts]),
-            column([x.ep for x in layouts]), column([x.size("dp") for x in layouts]),
-            column([x.size("edp") for x in layouts]), column([x.pp for x in layouts]),
-            column([x.micro_batch for x in layouts])]
+    whole = np.rint  # counts and bytes are whole numbers: no rounding error in the sums
+    return _Numbers(whole(values[:k]), values[k:2 * k], values[2 * k:3 * k],
+                    values[3 * k:4 * k], whole(values[4 * k:4 * k + m]),
+                    whole(values[4 * k + m:4 * k + 2 * m]), whole(values[4 * k + 2 * m:]))
 
 
 @attrs.frozen
 class _Peak:
-    """A stage's liveness peak over a structure's candidates (`memory.peak`, `figures`): the
-    op it happens at, and each part."""
+    """A stage's liveness peak over a structure's rows (`memory.peak`, `figures`): the op it
+    happens at, and each part."""
 
     at: np.ndarray
     weights: np.ndarray
@@ -461,11 +563,29 @@ class _Peak:
     activations: np.ndarray  # for one micro-batch
     transient: np.ndarray
 
-    def memory(self, f: _StageFormulas, col: int, held: float, capacity) -> Memory:
-        name, phase = f.moments[self.at[col]] if f.moments else ("", "")
-        return Memory(name, phase, int(self.weights[col]), int(self.gradients[col]),
-                      int(self.optimizer[col]), int(int(self.activations[col]) * held),
-                      int(self.transient[col]), capacity=int(capacity) if capacity else None)
+    def memory(self, f: _StageFormulas, col: int, degrees: dict, held: float,
+               capacity) -> Memory:
+        """Column `col`'s peak as `figures` gives it: each part summed exactly (its formulas
+        at `degrees`), then made whole, at the op the arrays found."""
+        at = int(self.at[col])
+        k, m = f.n_ops, f.n_lives
+
+        def exact(expr):
+            return sympy.sympify(expr).xreplace(degrees)
+
+        sizes = [exact(e) for e in f.exprs[4 * k:4 * k + m]]
+        counts = [exact(e) for e in f.exprs[4 * k + m:4 * k + 2 * m]]
+        parts = {True: [], False: []}
+        for j in range(m):
+            copies = f.one[at, j] + f.many[at, j] * counts[j]
+            if copies != 0:
+                parts[bool(f.saved[j])].append(int(f.one[at, j]) * sizes[j]
+                                               + int(f.many[at, j]) * counts[j] * sizes[j])
+        w, g, o = (int(exact(e)) for e in f.exprs[4 * k + 2 * m:])
+        name, phase = f.moments[at] if f.moments else ("", "")
+        return Memory(name, phase, w, g, o, int(int(sympy.Add(*parts[True])) * held),
+                      int(sympy.Add(*parts[False])),
+                      capacity=int(capacity) if capacity else None)
 
 
 def _peak(f: _StageFormulas, nums: _Numbers) -> _Peak:
@@ -492,16 +612,16 @@ def _in_flight(p: np.ndarray, v: np.ndarray, m: np.ndarray, stage) -> np.ndarray
 
 def _compute_time(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostModel
                   ) -> np.ndarray:
-    """Each candidate's compute on the stage per micro-batch, communication left out: its
+    """Each row's compute on the stage per micro-batch, communication left out: its
     per-micro-batch ops' times under `cost`, summed."""
-    rows = list(f.busy_rows)
-    if not rows:
+    rows_ = list(f.busy_rows)
+    if not rows_:
         return np.zeros(nums.flops.shape[1])
-    flops, nbytes, counts = nums.flops[rows], nums.bytes[rows], nums.counts[rows]
-    peaks = np.array([f.peaks[i] for i in rows])[:, None]
+    flops, nbytes, counts = nums.flops[rows_], nums.bytes[rows_], nums.counts[rows_]
+    peaks = np.array([f.peaks[i] for i in rows_])[:, None]
     if cost.name == "calibrated":
         e = cost.efficiencies(hardware)
-        rate = np.array([getattr(e, f.rates[i]) for i in rows])[:, None]
+        rate = np.array([getattr(e, f.rates[i]) for i in rows_])[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             t = cost.scaled_time(flops, nbytes, counts, peaks, hardware.bandwidth, rate=rate,
                                  half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
@@ -512,133 +632,169 @@ def _compute_time(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: C
     return t.sum(axis=0)
 
 
-# --- the search ---------------------------------------------------------------------------------
+def _stage_layers(r: Row, layers: int) -> dict[str, int]:
+    """The layers on each role's stage."""
+    if r.pp == 1:
+        return {FIRST: layers}
+    each = stage_layers(layers, Parallel(pp=r.pp, first_stage_layers=r.first,
+                                         last_stage_layers=r.last))
+    return {FIRST: each[0], MIDDLE: each[1], LAST: each[-1]}
+
 
 @attrs.frozen
 class _Group:
-    """A structure's candidates evaluated as arrays."""
+    """A structure's rows evaluated as arrays."""
 
     structure: _Structure
-    candidates: list
+    rows: list
     numbers: dict  # role -> _Numbers
     peaks: dict  # role -> _Peak
-    held: dict  # role -> in-flight micro-batches per candidate
-    bound: np.ndarray  # a lower bound of each candidate's step time
-    fullest: np.ndarray  # each candidate's memory per GPU (its fullest stage's)
+    held: dict  # role -> in-flight micro-batches per row
+    bound: np.ndarray  # a lower bound of each row's step time
+    fullest: np.ndarray  # each row's memory per GPU (its fullest stage's)
 
 
-def _evaluate(s: _Structure, group: list[Candidate], hardware: Hardware,
+def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
               cost: CostModel) -> _Group:
-    lay = [c.layout for c in group]
-    args = _arguments(lay)
-    p, m, v = (np.array([getattr(x, a) for x in lay], dtype=float)
-               for a in ("pp", "micro_batches", "virtual_stages"))
-    numbers = {r: _numbers(f, args) for r, f in s.stages.items()}
-    busy = {r: _compute_time(f, numbers[r], hardware, cost) for r, f in s.stages.items()}
+    n = len(group)
+
+    def column(values):
+        return np.array(values, dtype=float)
+
+    p = column([r.pp for r in group])
+    m = column([r.micro_batches for r in group])
+    v = column([r.virtual_stages for r in group])
+    base = dict(zip(DEGREES, [column([r.tp for r in group]), column([r.cp for r in group]),
+                              column([r.ep for r in group]), column([r.dp_group for r in group]),
+                              column([r.edp_group for r in group]), None,
+                              column([r.micro_batch for r in group])]))
+    per_row = [_stage_layers(r, layers) for r in group]
+    numbers, busy = {}, {}
+    for role, f in s.stages.items():
+        env = base | {LAYERS: column([x[role] for x in per_row])}
+        numbers[role] = _numbers(f, env, n)
+        busy[role] = _compute_time(f, numbers[role], hardware, cost)
     # the pipeline span of compute alone: m x slowest + (sum - slowest) / v
     slowest = np.max(np.stack(list(busy.values())), axis=0)
     total = busy[FIRST] + busy.get(LAST, 0.0) + (p - 2) * busy.get(MIDDLE, 0.0)
     bound = m * slowest + (total - slowest) / v
-    peaks = {r: _peak(f, numbers[r]) for r, f in s.stages.items()}
+    peaks = {role: _peak(f, numbers[role]) for role, f in s.stages.items()}
     index = {FIRST: 0.0, MIDDLE: 1.0, LAST: p - 1}
-    held = {r: _in_flight(p, v, m, index[r]) for r in s.stages}
+    held = {role: _in_flight(p, v, m, index[role]) for role in s.stages}
     totals = np.stack([pk.weights + pk.gradients + pk.optimizer
-                       + np.floor(np.floor(pk.activations) * held[r]) + pk.transient
-                       for r, pk in peaks.items()])
+                       + np.floor(pk.activations * held[role]) + pk.transient
+                       for role, pk in peaks.items()])
     return _Group(s, group, numbers, peaks, held, bound * (1 - 1e-9), totals.max(axis=0))
 
 
 def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, tokens: int,
-         n_mfu: int, values: dict) -> Job:
-    """Candidate `col` of a group as `distributed.prepare` would compile it, from the
-    arrays' numbers."""
-    layout = g.candidates[col].layout
+         n_mfu: int, values: dict, layers: int) -> Job:
+    """Row `col` of a group as `distributed.prepare` compiles it, from the arrays' numbers."""
+    r = g.rows[col]
+    layout = r.layout()
     capacity = hardware.memory_bytes
+    counts = _stage_layers(r, layers)
     stages = []
-    for role, index in _roles(layout):
+    for role, index in _roles(r.pp):
         f, nums = g.structure.stages[role], g.numbers[role]
-        ops = tuple(StageOp(f.names[k], f.kinds[k], int(round(nums.counts[k, col])),
+        ops = tuple(StageOp(f.names[k], f.kinds[k], int(nums.counts[k, col]),
                             float(nums.flops[k, col]), float(nums.bytes[k, col]), f.peaks[k],
                             f.groups[k], float(nums.messages[k, col]), f.once[k])
                     for k in range(f.n_ops))
-        plain, last = _plans(f, layout, values)
-        memory = g.peaks[role].memory(f, col, float(g.held[role][col]), capacity)
+        plain, last = _plans(f, counts[role], r.zero, values)
+        degrees = dict(zip(DEGREES, map(sympy.Integer, (
+            r.tp, r.cp, r.ep, r.dp_group, r.edp_group, counts[role], r.micro_batch))))
+        memory = g.peaks[role].memory(f, col, degrees, float(g.held[role][col]), capacity)
         stages.append(Stage(None, ops, plain, last, None, memory, index))
-    distinct = [index for _, index in _roles(layout)]
-    kinds = [min(i, 1) if i < layout.pp - 1 else i for i in range(layout.pp)]
+    distinct = [index for _, index in _roles(r.pp)]
+    kinds = [min(i, 1) if i < r.pp - 1 else i for i in range(r.pp)]
     return Job(forward, hardware, cluster, layout, tuple(stages),
                tuple(distinct.index(k) for k in kinds), tokens, n_mfu)
 
 
-def search(forward: Graph, hardware: Hardware, space: Space, *, seq_len: int | None = None,
-           cluster: clusters.Cluster | None = None, cost: CostModel = DEFAULT, top: int = 10,
-           cache: dict | None = None) -> Found:
-    """The `top` fastest layouts of `space` (see the module), with the search's counts.
-    `cache` (a dict) keeps compiled structures between calls: a scaling curve's sizes share
-    them."""
-    seq = seq_len or forward.seq_len
-    if seq is None:
-        raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
-    if top < 1:
-        raise OpgraphError("--top must be 1 or more")
-    cluster = cluster or clusters.for_hardware(hardware)
-    cache = {} if cache is None else cache
-    t0 = time.perf_counter()
-    found = candidates(forward, hardware, space, seq, cluster)
-    if not found:
-        raise OpgraphError(f"no layout of {forward.name} divides {space.gpus:,} GPUs and "
-                           f"{space.batch:,} sequences per step within the constraints; "
-                           "change --gpus, the batch or the constraints")
-    values = {"S": seq}
-    by_key: dict[tuple, list[Candidate]] = {}
-    for c in found:
-        by_key.setdefault(structure(c), []).append(c)
-    compile_s = 0.0
-    groups = []
-    for key, group in by_key.items():
-        if key not in cache:
-            t1 = time.perf_counter()
-            cache[key] = _compile_structure(forward, hardware, group[0], values, cost)
-            compile_s += time.perf_counter() - t1
-        groups.append(_evaluate(cache[key], group, hardware, cost))
-    capacity = hardware.memory_bytes
-    fits = [(float(g.bound[col]), gi, col) for gi, g in enumerate(groups)
-            for col in np.flatnonzero(g.fullest <= capacity if capacity else
-                                      np.ones(len(g.candidates), bool))]
-    smallest = min(float(g.fullest.min()) for g in groups)
-    tokens = space.batch * seq
-    n_mfu = int(mfu_parameters(forward).xreplace(resolve(forward, values)))
-    fits.sort()
-    best: list[tuple[float, int, Ranked]] = []
-    scheduled = 0
-    for order, (bound, gi, col) in enumerate(fits):
-        if len(best) >= top and bound >= best[-1][0]:
-            break  # nothing left can beat the K-th best
-        g = groups[gi]
-        result = step_figures(_job(g, col, forward, hardware, cluster, tokens, n_mfu, values),
-                              cost)
-        scheduled += 1
-        best.append((result.step_time_s, order, Ranked(g.candidates[col], result)))
-        best.sort(key=lambda item: item[:2])
-        del best[top:]
-    elapsed = time.perf_counter() - t0
-    return Found(tuple(r for _, _, r in best), len(found), len(fits), scheduled, len(by_key),
-                 compile_s, elapsed - compile_s, smallest)
+# --- the search ---------------------------------------------------------------------------------
+
+class Searcher:
+    """One model on one part and cluster under one cost model, its structures compiled as
+    the searches need them and kept (a scaling curve's sizes share them)."""
+
+    def __init__(self, forward: Graph, hardware: Hardware, *, seq_len: int | None = None,
+                 cluster: clusters.Cluster | None = None, cost: CostModel = DEFAULT):
+        self.forward, self.hardware, self.cost = forward, hardware, cost
+        self.seq = seq_len or forward.seq_len
+        if self.seq is None:
+            raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
+        self.cluster = cluster or clusters.for_hardware(hardware)
+        self.values = {"S": self.seq}
+        self.layers = _layers(forward)
+        self.structures: dict[tuple, _Structure] = {}
+        self.memo: dict = {}  # pass prefixes -> graphs
+        self.n_mfu = int(mfu_parameters(forward).xreplace(resolve(forward, self.values)))
+        self.compile_s = 0.0
+
+    def structure(self, r: Row) -> _Structure:
+        key = structure(r)
+        if key not in self.structures:
+            t0 = time.perf_counter()
+            self.structures[key] = _compile_structure(self.forward, self.hardware, r,
+                                                      self.values, self.cost, self.memo)
+            self.compile_s += time.perf_counter() - t0
+        return self.structures[key]
+
+    def evaluate(self, group: list[Row]) -> _Group:
+        """A structure's rows as arrays (they must share one structure)."""
+        return _evaluate(self.structure(group[0]), group, self.layers, self.hardware, self.cost)
+
+    def exact(self, g: _Group, col: int) -> Ranked:
+        """Row `col` of a group, scheduled as `profile` schedules it."""
+        r = g.rows[col]
+        job = _job(g, col, self.forward, self.hardware, self.cluster, r.batch * self.seq,
+                   self.n_mfu, self.values, self.layers)
+        return Ranked(r.candidate(), step_figures(job, self.cost))
+
+    def one(self, candidate: Candidate) -> Ranked:
+        """One candidate by the search's path, fit or not: what a test compares with
+        `profile`."""
+        return self.exact(self.evaluate([row_of(candidate)]), 0)
+
+    def search(self, space: Space, top: int = 10) -> Found:
+        """The `top` fastest layouts of `space` (see the module), with the search's counts."""
+        if top < 1:
+            raise OpgraphError("--top must be 1 or more")
+        t0, compiled = time.perf_counter(), self.compile_s
+        found = rows(self.forward, self.hardware, space, self.seq, self.cluster)
+        if not found:
+            raise OpgraphError(f"no layout of {self.forward.name} divides {space.gpus:,} GPUs "
+                               f"and {space.batch:,} sequences per step within the "
+                               "constraints; change --gpus, the batch or the constraints")
+        by_key: dict[tuple, list[Row]] = {}
+        for r in found:
+            by_key.setdefault(structure(r), []).append(r)
+        groups = [self.evaluate(group) for group in by_key.values()]
+        capacity = self.hardware.memory_bytes
+        fits = []
+        for gi, g in enumerate(groups):
+            ok = g.fullest <= capacity if capacity else np.ones(len(g.rows), dtype=bool)
+            fits += [(float(g.bound[col]), gi, int(col)) for col in np.flatnonzero(ok)]
+        smallest = min(float(g.fullest.min()) for g in groups)
+        fits.sort()
+        best: list[tuple[float, int, Ranked]] = []
+        scheduled = 0
+        for order, (bound, gi, col) in enumerate(fits):
+            if len(best) >= top and bound >= best[-1][0]:
+                break  # no layout left can beat the K-th best
+            ranked = self.exact(groups[gi], col)
+            scheduled += 1
+            best.append((ranked.step_time_s, order, ranked))
+            best.sort(key=lambda item: item[:2])
+            del best[top:]
+        elapsed = time.perf_counter() - t0
+        spent = self.compile_s - compiled
+        return Found(tuple(r for _, _, r in best), len(found), len(fits), scheduled,
+                     len(by_key), spent, elapsed - spent, smallest)
 
 
-def evaluate_one(forward: Graph, hardware: Hardware, candidate: Candidate, *,
-                 seq_len: int | None = None, cluster: clusters.Cluster | None = None,
-                 cost: CostModel = DEFAULT, cache: dict | None = None) -> Ranked:
-    """One candidate's figures by the search's path (its structure's compiled formulas, then
-    the schedule), fit or not: what a test compares with `profile`."""
-    seq = seq_len or forward.seq_len
-    cluster = cluster or clusters.for_hardware(hardware)
-    cache = {} if cache is None else cache
-    values = {"S": seq}
-    key = structure(candidate)
-    if key not in cache:
-        cache[key] = _compile_structure(forward, hardware, candidate, values, cost)
-    g = _evaluate(cache[key], [candidate], hardware, cost)
-    n_mfu = int(mfu_parameters(forward).xreplace(resolve(forward, values)))
-    job = _job(g, 0, forward, hardware, cluster, candidate.layout.batch * seq, n_mfu, values)
-    return Ranked(candidate, step_figures(job, cost))
+def search(forward: Graph, hardware: Hardware, space: Space, *, top: int = 10,
+           **options) -> Found:
+    """The `top` fastest layouts of `space` (see the module); `options` are `Searcher`'s."""
+    return Searcher(forward, hardware, **options).search(space, top)
