@@ -9,7 +9,7 @@ import sys
 from .errors import OpgraphError
 
 COMMANDS = ("profile", "formula", "solve", "sweep", "diff", "trace_breakdown", "compare", "models",
-            "hardware", "validate", "calibrate")
+            "hardware", "validate", "calibrate", "plan")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -156,3 +156,25 @@ def plot_sweep(rows: Mapping[str, Sequence], dim: str, path: str | os.PathLike,
               bbox_to_anchor=(1.01, 0.5), frameon=False, fontsize=8)
     fig.tight_layout()
     _save(plt, fig, path, fmt)
+
+
+def plot_scaling(points: Sequence, title: str, path: str | os.PathLike) -> None:
+    """The scaling curve of `opgraph plan --gpus A:B:xF`: each size's best tokens/s per GPU
+    and MFU against the number of GPUs (`points`: (GPUs, search.Ranked) pairs)."""
+    fmt = _format(path)
+    plt = _pyplot()
+    gpus = [n for n, _ in points]
+    fig, left = plt.subplots(figsize=(8, 4.5))
+    left.plot(gpus, [r.result.tokens_per_s_per_gpu for _, r in points], "o-", color=TIME_COLOR)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("GPUs")
+    left.set_ylabel("tokens / s per GPU (best layout)", color=TIME_COLOR)
+    left.set_ylim(bottom=0)
+    right = left.twinx()
+    right.plot(gpus, [r.result.mfu for _, r in points], "s--", color=MFU_COLOR)
+    right.set_ylabel("MFU", color=MFU_COLOR)
+    right.set_ylim(0, 1)
+    right.yaxis.set_major_formatter(_axis_pct)
+    left.set_title(title)
+    fig.tight_layout()
+    _save(plt, fig, path, fmt)

@@ -162,3 +162,46 @@ def memory_warning(p: Profile) -> str | None:
     return (f"opgraph: warning: the step needs {total} of HBM, more than the "
             f"{capacity} of one {p.hardware.name}; shard the weights, gradients and "
             "optimizer states (ZeRO/FSDP), checkpoint activations, or pick a larger part")
+
+
+def layout_text(layout, recompute: str, precision: str) -> str:
+    """A layout in one short line: `tp8 cp1 pp16(7/8/7) dp64 mb1 v1 zero1 sp full bf16`."""
+    split = ""
+    if layout.first_stage_layers is not None or layout.last_stage_layers is not None:
+        split = f"({layout.first_stage_layers or '-'}/.../{layout.last_stage_layers or '-'})"
+    ep = f" ep{layout.ep}" if layout.ep > 1 else ""
+    return (f"tp{layout.tp} cp{layout.cp} pp{layout.pp}{split} dp{layout.dp_degree}{ep} "
+            f"mb{layout.micro_batch} v{layout.virtual_stages} zero{layout.zero}"
+            f"{' sp' if layout.sequence_parallel else ''} {recompute} {precision}")
+
+
+def format_plan(best) -> str:
+    """`opgraph plan`'s table: the layouts found (`search.Ranked`), best first."""
+    head = (f"{'#':>3}  {'layout':<52} {'step (s)':>9} {'tok/s/GPU':>10} {'MFU':>6} "
+            f"{'mem/GPU':>9} {'bubble (s)':>10} {'exposed (s)':>11}")
+    lines = [head]
+    for i, r in enumerate(best, 1):
+        res = r.result
+        lines.append(f"{i:>3}  {layout_text(r.layout, r.candidate.recompute, r.candidate.precision):<52}"
+                     f" {res.step_time_s:>9.3f} {res.tokens_per_s_per_gpu:>10,.0f}"
+                     f" {_pct(res.mfu):>6} {_bytes(res.memory.total, 1):>9}"
+                     f" {res.bubble_s:>10.3f} {res.exposed_communication_s:>11.3f}")
+    return "\n".join(lines)
+
+
+def format_curve(curve) -> str:
+    """`opgraph plan --gpus A:B:xF`'s table: each size's best layout, or why it has none."""
+    lines = [f"{'GPUs':>7}  {'tok/s/GPU':>10} {'MFU':>6} {'step (s)':>9} {'searched':>9}  "
+             "best layout"]
+    for n, found in curve:
+        if isinstance(found, str):
+            lines.append(f"{n:>7,}  {'-':>10} {'-':>6} {'-':>9} {'-':>9}  {found}")
+        elif not found.best:
+            lines.append(f"{n:>7,}  {'-':>10} {'-':>6} {'-':>9} {found.searched:>9,}  "
+                         f"none fits (the smallest needs {_bytes(found.smallest_memory, 1)})")
+        else:
+            r = found.best[0]
+            lines.append(f"{n:>7,}  {r.result.tokens_per_s_per_gpu:>10,.0f} "
+                         f"{_pct(r.result.mfu):>6} {r.step_time_s:>9.3f} {found.searched:>9,}  "
+                         f"{layout_text(r.layout, r.candidate.recompute, r.candidate.precision)}")
+    return "\n".join(lines)

@@ -1,0 +1,247 @@
+"""`opgraph plan`: search every parallel layout of a model on N GPUs, rank them by tokens per
+second per GPU, and hand back the best as the config a run launches with."""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import OpgraphError
+from ..limits import MAX_DIM, MAX_TOKENS
+from ..passes.precision import PRECISIONS
+from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
+from ..search import ZERO
+from .args import check_command_outputs, json_text, whole
+
+EMITS = ("torchtitan", "megatron")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan", help="search every parallel layout and print the fastest, or its launch config",
+        description="Enumerate every layout (TP, CP, EP, PP and its split, DP, ZeRO stage, "
+                    "micro-batch, virtual stages, recomputation, sequence parallelism, FP8 or "
+                    "not), keep those that divide the model and fit in memory, and rank them "
+                    "by tokens per second per GPU. Each layout's memory and a lower bound of "
+                    "its step are evaluated as arrays over formulas compiled once per "
+                    "structure; the best are scheduled exactly, as `opgraph profile` schedules "
+                    "them, until no layout left can beat the K-th. Constraints (--tp 8, "
+                    "--max-pp 16, --zero 1, ...) narrow the search.")
+    g = p.add_argument_group("model, hardware and job")
+    g.add_argument("--model", help="a preset (see `opgraph models`; default llama3-8b), or "
+                                   "path/to/file.py:build")
+    g.add_argument("--config", metavar="CONFIG_JSON", help="a Hugging Face config.json, "
+                                                            "instead of --model")
+    g.add_argument("--hardware", default="h100-sxm", help="a catalog part or a .toml file "
+                                                           "(default h100-sxm)")
+    g.add_argument("--cluster", metavar="NAME|FILE",
+                   help="the cluster (default: the part's; see `opgraph hardware --clusters`)")
+    g.add_argument("--gpus", required=True, metavar="N|RANGE",
+                   help="GPUs in the job; a range (8:16384:x2) searches each size and prints "
+                        "the scaling curve")
+    batch = g.add_mutually_exclusive_group(required=True)
+    batch.add_argument("--global-batch", type=whole(MAX_DIM), metavar="SEQUENCES",
+                       help="sequences per optimizer step")
+    batch.add_argument("--tokens", type=whole(MAX_TOKENS),
+                       help="tokens per optimizer step (a multiple of --seq-len)")
+    g.add_argument("--seq-len", type=whole(MAX_DIM),
+                   help="sequence length (default: the model's)")
+    from .common import add_cost_args
+
+    add_cost_args(g, default="calibrated")
+    c = p.add_argument_group("constraints", "fix a degree or an option, or bound one")
+    for flag in ("tp", "cp", "ep", "pp", "dp"):
+        c.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N")
+    for flag in ("max-tp", "max-cp", "max-pp"):
+        c.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N")
+    c.add_argument("--max-micro-batch", type=whole(MAX_DIM), default=16, metavar="N",
+                   help="largest micro-batch tried (default 16)")
+    c.add_argument("--max-virtual-stages", type=whole(MAX_DIM), default=8, metavar="N",
+                   help="most interleaved chunks per GPU tried (default 8)")
+    c.add_argument("--zero", type=int, choices=ZERO, metavar="{0,1,2,3}")
+    c.add_argument("--micro-batch", type=whole(MAX_DIM), metavar="N")
+    c.add_argument("--virtual-stages", type=whole(MAX_DIM), metavar="N")
+    sp = c.add_mutually_exclusive_group()
+    sp.add_argument("--sequence-parallel", action="store_true", default=None,
+                    help="only layouts with sequence parallelism")
+    sp.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_false",
+                    help="only layouts without it")
+    c.add_argument("--recompute", choices=tuple(RECOMPUTE_POLICIES), action="append",
+                   help="only this recomputation policy (repeatable; default: every one)")
+    c.add_argument("--precision", choices=PRECISIONS, action="append",
+                   help="only this precision (repeatable; default: bf16, and fp8 where the "
+                        "part has an FP8 peak)")
+    c.add_argument("--async-tp", action="store_true",
+                   help="overlap tensor-parallel communication with its matmul")
+    o = p.add_argument_group("output")
+    o.add_argument("--top", type=whole(10_000), default=10, metavar="K",
+                   help="how many layouts to print (default 10)")
+    o.add_argument("--json", action="store_true", help="print one JSON object")
+    o.add_argument("--emit", choices=EMITS,
+                   help="print the best layout as a torchtitan job TOML or Megatron-LM "
+                        "arguments (the best that format can express) instead of the table")
+    o.add_argument("--plot", metavar="FILE",
+                   help="with a range of --gpus: draw tokens/s per GPU and MFU against GPUs "
+                        "(.png or .svg)")
+    p.set_defaults(func=run)
+
+
+def _space(args, gpus: int, batch: int):
+    from ..search import Space
+
+    return Space(gpus=gpus, batch=batch, tp=args.tp, cp=args.cp, ep=args.ep, pp=args.pp,
+                 dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,
+                 virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel,
+                 recompute=tuple(args.recompute) if args.recompute else None,
+                 precision=tuple(args.precision) if args.precision else None,
+                 max_tp=args.max_tp, max_cp=args.max_cp, max_pp=args.max_pp,
+                 max_micro_batch=args.max_micro_batch,
+                 max_virtual_stages=args.max_virtual_stages, async_tp=args.async_tp)
+
+
+def _sizes(text: str) -> list[int]:
+    from ..sweep.ranges import parse_range
+
+    return [int(n) for n in parse_range(text, "--gpus")]
+
+
+def run(args) -> int:
+    from .. import cluster as clusters
+    from ..search import Searcher
+    from .common import cost_model, load_forward
+
+    sizes = _sizes(args.gpus)
+    check_command_outputs(args, {"--plot": args.plot}, {"--plot": (".png", ".svg")})
+    if args.plot and len(sizes) == 1:
+        raise OpgraphError("--plot draws a scaling curve: give a range of --gpus, e.g. "
+                           "8:1024:x2")
+    if args.emit and len(sizes) > 1:
+        raise OpgraphError("--emit writes one job's config: give one --gpus")
+    from .. import hardware as hw
+
+    part = hw.get(args.hardware)
+    forward = load_forward(args)
+    seq = args.seq_len or forward.seq_len
+    if seq is None:
+        raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
+    if args.tokens is not None and args.tokens % seq:
+        raise OpgraphError(f"--tokens {args.tokens:,} is not a multiple of the sequence length "
+                           f"{seq:,}")
+    batch = args.global_batch or args.tokens // seq
+    cost = cost_model(args)
+    if cost.name == "calibrated":
+        cost.efficiencies(part)  # a part without a generation: said now, in one line
+    cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
+    searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost)
+    spaces = [_space(args, n, batch) for n in sizes]  # every constraint checked up front
+    if len(sizes) == 1:
+        found = searcher.search(spaces[0], args.top)
+        _no_fit(found, forward, part, sizes[0])
+        return _one(args, found, forward, part, cluster, seq, batch)
+    curve = []
+    for n, space in zip(sizes, spaces):
+        try:
+            curve.append((n, searcher.search(space, args.top)))
+        except OpgraphError as e:  # a size no layout divides: a gap in the curve
+            curve.append((n, str(e)))
+    if all(isinstance(f, str) or not f.best for _, f in curve):
+        raise OpgraphError(f"no layout of {forward.name} fits or divides at any of "
+                           f"{args.gpus} GPUs; add GPUs, recompute or shard further")
+    return _curve(args, curve, forward, part, cluster, seq, batch)
+
+
+def _no_fit(found, forward, part, gpus: int) -> None:
+    if not found.best:
+        raise OpgraphError(
+            f"no layout of {forward.name} on {gpus:,} x {part.id} fits in memory: the "
+            f"smallest of {found.searched:,} needs {found.smallest_memory / 1e9:,.1f} GB per "
+            f"GPU of {part.memory_bytes / 1e9:,.1f} GB; add GPUs, or allow more recomputation "
+            "or sharding")
+
+
+def _header(forward, part, cluster, seq: int, batch: int, cost: str) -> str:
+    return (f"{forward.name} on {part.name}, cluster {cluster.id}: {batch:,} sequences x "
+            f"{seq:,} tokens per step; {cost} cost model")
+
+
+def _counts(found) -> str:
+    return (f"searched {found.searched:,} layouts ({found.fit:,} fit in memory, "
+            f"{found.scheduled:,} scheduled exactly) over {found.structures} structures; "
+            f"compiled in {found.compile_s:.2f} s, evaluated in {found.evaluate_s:.2f} s "
+            f"({found.layouts_per_s:,.0f} layouts/s)")
+
+
+def _one(args, found, forward, part, cluster, seq, batch) -> int:
+    if args.emit:
+        return _emit(args, found, forward, seq)
+    if args.json:
+        print(json_text(_json(found, part, cluster, seq, args.cost)))
+        return 0
+    from ..outputs.report import format_plan
+
+    print(_header(forward, part, cluster, seq, batch, args.cost))
+    print(_counts(found))
+    print()
+    print(format_plan(found.best))
+    return 0
+
+
+def _json(found, part, cluster, seq, cost) -> dict:
+    return {"gpus": found.best[0].layout.world if found.best else None,
+            "hardware": part.id, "cluster": cluster.id, "seq_len": seq, "cost": cost,
+            "searched": found.searched, "fit": found.fit, "scheduled": found.scheduled,
+            "structures": found.structures, "compile_s": found.compile_s,
+            "evaluate_s": found.evaluate_s, "layouts_per_s": found.layouts_per_s,
+            "layouts": [r.to_json() for r in found.best]}
+
+
+def _launch(ranked, forward, seq: int):
+    from ..launch import Launch
+
+    return Launch(model=forward.name, seq_len=seq, parallel=ranked.layout,
+                  recompute=ranked.candidate.recompute, precision=ranked.candidate.precision)
+
+
+def _emit(args, found, forward, seq: int) -> int:
+    """The best layout `--emit`'s format can express, as that format."""
+    from ..launch import to_megatron, to_torchtitan
+    from ..models import PRESETS
+
+    if forward.name not in PRESETS:
+        raise OpgraphError(f"--emit writes a preset's config; {forward.name} is not one")
+    write = to_torchtitan if args.emit == "torchtitan" else to_megatron
+    reasons = []
+    for rank, ranked in enumerate(found.best, 1):
+        try:
+            text = write(_launch(ranked, forward, seq))
+        except OpgraphError as e:
+            reasons.append(f"#{rank}: {e}")
+            continue
+        if rank > 1:
+            print(f"opgraph: note: the best {rank - 1} layouts cannot be written for "
+                  f"{args.emit} ({reasons[0]}); this is #{rank}", file=sys.stderr)
+        print(text)
+        return 0
+    raise OpgraphError(f"none of the best {len(found.best)} layouts can be written for "
+                       f"{args.emit} ({reasons[0]}); constrain the search to what it runs "
+                       "(e.g. --zero 3 for torchtitan) or raise --top")
+
+
+def _curve(args, curve, forward, part, cluster, seq, batch) -> int:
+    if args.plot:
+        from ..outputs.plot import plot_scaling
+
+        plot_scaling([(n, f.best[0]) for n, f in curve if not isinstance(f, str) and f.best],
+                     f"{forward.name} on {part.id}, {batch:,} x {seq:,} tokens per step",
+                     args.plot)
+    if args.json:
+        print(json_text({"hardware": part.id, "cluster": cluster.id, "seq_len": seq,
+                         "cost": args.cost, "sizes": [
+                             {"gpus": n, "error": f} if isinstance(f, str) else
+                             _json(f, part, cluster, seq, args.cost) | {"gpus": n}
+                             for n, f in curve]}))
+        return 0
+    from ..outputs.report import format_curve
+
+    print(_header(forward, part, cluster, seq, batch, args.cost))
+    print(format_curve(curve))
+    return 0
