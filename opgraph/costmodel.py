@@ -129,9 +129,24 @@ def message_bytes(graph: Graph, op: Op) -> sympy.Expr:
     return t.nbytes * sympy.sympify(op.param("fanout", 1))
 
 
+_OWN: dict = {}  # (op, its tensors) -> Cost: the same op recurs across a search's graphs
+
+
 def _own(graph: Graph, op: Op) -> Cost:
     """`op`'s cost by its own rule and tensors; a collective's by its message, on the network
-    (it moves no HBM bytes on the compute stream)."""
+    (it moves no HBM bytes on the compute stream). A function of the op and its tensors
+    alone (a fused op's of its members too, so it is not kept), so it is kept by them."""
+    if op.kind == "fused":
+        return _own_cost(graph, op)
+    key = (op, tuple(graph.tensor(n) for n in (*op.inputs, *op.outputs)))
+    if key not in _OWN:
+        if len(_OWN) > 200_000:
+            _OWN.clear()
+        _OWN[key] = _own_cost(graph, op)
+    return _OWN[key]
+
+
+def _own_cost(graph: Graph, op: Op) -> Cost:
     if op.kind in rules.COLLECTIVE_KINDS:
         return Cost(sympy.Integer(0), sympy.Integer(0), None, message_bytes(graph, op))
     return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op))

@@ -19,6 +19,7 @@ also applies the plate's convention to backward kernels through their `forward` 
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Iterator
 
 import attrs
@@ -88,7 +89,14 @@ class Tensor:
     @property
     def nbytes(self) -> sympy.Expr:
         """Bytes of one instance."""
-        return self.numel * self.dtype.itemsize
+        return _nbytes(self.shape, self.dtype.itemsize)
+
+
+@functools.lru_cache(maxsize=65536)
+def _nbytes(shape: tuple, itemsize: int) -> sympy.Expr:
+    """A shape's bytes, formed once per shape (tensors of one shape recur across a step's
+    passes and a search's thousands of compiled graphs)."""
+    return sympy.Mul(*shape) * itemsize
 
 
 @attrs.frozen
@@ -243,10 +251,27 @@ class Graph:
     def ops(self) -> list[Op]:
         """All ops in a deterministic topological order (ties broken by insertion order)."""
         if self._order is None:
-            seq = nx.get_node_attributes(self.nx, "seq")
-            order = nx.lexicographical_topological_sort(self.nx, key=seq.__getitem__)
-            self._order = [self.nx.nodes[n]["payload"] for n in order if n[0] == "op"]
+            self._order = self._insertion_order() or self._sorted_order()
         return list(self._order)
+
+    def _sorted_order(self) -> list[Op]:
+        seq = nx.get_node_attributes(self.nx, "seq")
+        order = nx.lexicographical_topological_sort(self.nx, key=seq.__getitem__)
+        return [self.nx.nodes[n]["payload"] for n in order if n[0] == "op"]
+
+    def _insertion_order(self) -> list[Op] | None:
+        """The ops by insertion, where every op comes after the producers of its inputs (as
+        passes usually build graphs): then it is the lexicographic topological order too (a
+        tensor is added before its producer, so the smallest unplaced op is always ready);
+        None otherwise."""
+        nodes = self.nx.nodes
+        ops = sorted(((d["seq"], n) for n, d in nodes(data=True) if n[0] == "op"))
+        for seq, n in ops:
+            for t in self.nx.predecessors(n):
+                for producer in self.nx.predecessors(t):
+                    if nodes[producer]["seq"] > seq:
+                        return None
+        return [nodes[n]["payload"] for _, n in ops]
 
     def __iter__(self) -> Iterator[Op]:
         return iter(self.ops())

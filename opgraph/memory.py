@@ -179,6 +179,30 @@ class Liveness:
             return count - 1
         return 0
 
+    def copy_matrices(self):
+        """`copies` at every op and life at once: two arrays (ops x lives), `one` and `many`,
+        such that the copies of life j live while op i runs are `one[i, j] + many[i, j] x`
+        its count (a saved tensor's whole count inside its lifetime, the count less one
+        elsewhere in its region; any other tensor one, inside its lifetime)."""
+        import numpy as np
+
+        at = np.arange(len(self.ops))[:, None]
+        start = np.array([life.start for life in self.lives])
+        end = np.array([life.end for life in self.lives])
+        saved = np.array([life.saved for life in self.lives], dtype=bool)
+        inside = (start <= at) & (at <= end)
+        regions = {life.region for life in self.lives if life.region is not None}
+        member = {r: np.array([self.graph.within(op.region, r) for op in self.ops])
+                  for r in regions}
+        in_region = np.zeros_like(inside)
+        for j, life in enumerate(self.lives):
+            if life.region is not None:
+                in_region[:, j] = member[life.region]
+        elsewhere = saved & in_region & ~inside
+        many = (saved & inside) | elsewhere
+        one = (~saved & inside).astype(float) - elsewhere
+        return one, many.astype(float)
+
     def moment(self, i: int) -> Moment:
         """The bytes live while the `i`-th op runs."""
         parts = {"activations": [], "transient": []}

@@ -71,6 +71,9 @@ from .schedule import once_per_step, plan
 from .symbols import B
 
 ZERO = (0, 1, 2, 3)
+# Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
+# attention on shorter blocks is latency-bound); --max-cp lifts it.
+MIN_CP_TOKENS = 1024
 RECOMPUTE = tuple(POLICIES)
 # The layers a pipeline stage holds: its graph's layer stack counts this many, so one compiled
 # stage serves every split (even, or Llama 3's uneven ends).
@@ -270,7 +273,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     layers, node = _layers(forward), cluster.gpus_per_node
     experts = dims.get("E")
     tps = [space.tp] if space.tp else _powers(min(space.max_tp or node, space.gpus))
-    cps = [space.cp] if space.cp else _powers(min(space.max_cp or space.gpus, space.gpus))
+    cps = [space.cp] if space.cp else _powers(min(space.max_cp or max(1, seq_len // MIN_CP_TOKENS),
+                                                  space.gpus))
     eps = [space.ep] if space.ep else (_powers(experts) if experts else [1])
     pps = [space.pp] if space.pp else range(1, min(space.max_pp or layers, layers) + 1)
     zeros = [space.zero] if space.zero is not None else ZERO
@@ -281,6 +285,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         raise OpgraphError(f"--precision fp8: {hardware.id} has no dense FP8 peak; give a part "
                            "that has one, or leave it out")
     options = list(itertools.product(zeros, recompute, precision))
+    alone = [o for o in options if o[0] == min(zeros)]  # no data parallelism: nothing to shard
     out: list[Row] = []
     checked: dict = {}
     for t, c, p in itertools.product(tps, cps, pps):
@@ -302,7 +307,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                     for v in _virtual(space, layers, p, first, per_rank // mb):
                         out += [Row(t, c, e, p, d, mb, v, z, sp_, first, last, r, pr,
                                     space.batch, space.async_tp and t > 1)
-                                for z, r, pr in options]
+                                for z, r, pr in (options if d * c > 1 else alone)]
     return out
 
 
@@ -359,18 +364,6 @@ def _roles(stages: int) -> list[tuple[str, int]]:
     return [(FIRST, 0), *([(MIDDLE, 1)] if stages > 2 else []), (LAST, stages - 1)]
 
 
-class _Count:
-    """Stands for a life's count in `Liveness.copies`, to tell which answer it gave: the
-    count, the count less one, or a number."""
-
-    def __sub__(self, other):
-        assert other == 1
-        return _COUNT_LESS_ONE
-
-
-_COUNT, _COUNT_LESS_ONE = _Count(), object()
-
-
 @attrs.frozen
 class _StageFormulas:
     """One stage of a structure: its graph, its ops' fixed facts, and the formulas of every
@@ -392,11 +385,12 @@ class _StageFormulas:
     saved: np.ndarray  # (lives,) bool: a saved activation (else transient)
     moments: tuple[tuple[str, str], ...]  # each op's (name, phase), where a peak may happen
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
+    waits: tuple  # (reader, its collectives): compute the stream must wait for (`_waits`)
     plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
 
 
 def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
-                   zero: int, layers: int, costs: dict) -> _StageFormulas:
+                   zero: int, layers: int, costs: dict, fixed_memo: dict) -> _StageFormulas:
     missing = [op for op in graph.ops() if op.name not in costs]
     if missing:
         costs = costs | {op.name: cost.op_cost(graph, op) for op in missing}
@@ -412,18 +406,8 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
                 + [life.tensor.nbytes for life in live.lives]
                 + [life.tensor.count for life in live.lives]
                 + [live.resident[name] for name in ("weights", "gradients", "optimizer")])
-    exprs = tuple(sympy.sympify(e).xreplace(fixed) for e in formulas)
-    one = np.zeros((len(live.ops), len(live.lives)))
-    many = np.zeros_like(one)
-    for i in range(len(live.ops)):
-        for j, life in enumerate(live.lives):
-            n = live.copies(life, i, _COUNT)
-            if n is _COUNT:
-                many[i, j] = 1
-            elif n is _COUNT_LESS_ONE:
-                many[i, j], one[i, j] = 1, -1
-            else:
-                one[i, j] = n
+    exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
+    one, many = live.copy_matrices()
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
     return _StageFormulas(
         graph, layers, tuple(op.name for op in ops), tuple(op.kind for op in ops),
@@ -432,7 +416,83 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         tuple(EFFICIENCY.get(op.kind, "matmul") for op in ops), exprs, len(ops),
         len(live.lives), one, many, np.array([life.saved for life in live.lives], dtype=bool),
         tuple((op.name, op.phase.value) for op in live.ops),
-        tuple(i for i in range(len(ops)) if not collective[i] and not once[i]))
+        tuple(i for i in range(len(ops)) if not collective[i] and not once[i]),
+        _waits(graph, ops, collective, once))
+
+
+def _fixed(expr, fixed: dict, memo: dict):
+    """`expr` with the fixed dimensions substituted, once per distinct formula (the
+    structures share most of theirs; `fixed` is the same for all of a model's)."""
+    try:
+        return memo[expr]
+    except KeyError:
+        memo[expr] = out = sympy.sympify(expr).xreplace(fixed)
+        return out
+    except TypeError:  # a plain number
+        return sympy.sympify(expr)
+
+
+# The groups whose collectives `_waits` counts, with the ranks between their members
+# (`Parallel.stride`): tensor parallelism innermost, expert parallelism outside context.
+_WAITED = {"tp": lambda r: 1, "ep": lambda r: r.tp * r.cp}
+
+
+def _waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple:
+    """Collectives the compute stream surely waits for, whole, every micro-batch: one that
+    reads what a compute op wrote and is read by the very next compute op (same region, same
+    count), on a group that does not overlap its reader (`schedule.overlapped`; tensor
+    parallelism's without --async-tp, checked per row). That op starts no earlier than the
+    collective ends, and the collective no earlier than its input is written, so the stream
+    idles at least its time there: each such pair adds the longest of its collectives to a
+    lower bound of the stage's time. Returns (reader, (collective, ...)) by op index."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    compute = [op for op, c, o in zip(ops, collective, once) if not c and not o]
+    out = []
+    for w, r in zip(compute, compute[1:]):
+        if w.region != r.region or w.count != r.count:
+            continue
+        waited = []
+        for name in r.inputs:
+            c = graph.producer(name)
+            if (c is None or c.kind not in COLLECTIVE_KINDS or c.kind == "identity"
+                    or c.param("group") not in _WAITED or once[index[c.name]]):
+                continue
+            if all(graph.producer(n) is w for n in c.inputs):
+                waited.append(index[c.name])
+        if waited:
+            out.append((index[r.name], tuple(waited)))
+    return tuple(out)
+
+
+def _waited_time(f: _StageFormulas, nums: _Numbers, group: list, cost: CostModel,
+                 cluster, hardware: Hardware) -> np.ndarray:
+    """Each row's time the stage surely waits on communication per micro-batch (`_waits`):
+    a collective's time is affine in its message, so it is read at two messages once per
+    group size and stride, then taken over the rows' messages."""
+    total = np.zeros(nums.flops.shape[1])
+    if not f.waits:
+        return total
+    sizes = {g: np.array([r.tp if g == "tp" else r.ep for r in group]) for g in _WAITED}
+    strides = {g: np.array([_WAITED[g](r) for r in group]) for g in _WAITED}
+    overlapped_tp = np.array([r.async_tp for r in group])
+    times = {}
+    for reader, waited in f.waits:
+        longest = np.zeros_like(total)
+        for c in waited:
+            if c not in times:
+                g, kind = f.groups[c], f.kinds[c]
+                t = np.zeros_like(total)
+                for n, st in set(zip(sizes[g].tolist(), strides[g].tolist())):
+                    at = (sizes[g] == n) & (strides[g] == st)
+                    base = cost.comm_time(kind, 0.0, n, cluster, st, hardware)
+                    slope = (cost.comm_time(kind, 1e9, n, cluster, st, hardware) - base) / 1e9
+                    t[at] = base + slope * nums.messages[c, at]
+                if g == "tp":
+                    t[overlapped_tp] = 0.0
+                times[c] = t
+            longest = np.maximum(longest, times[c])
+        total += nums.counts[reader] * longest
+    return total * (1 - 1e-6)
 
 
 @attrs.frozen
@@ -477,14 +537,14 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict) -> Graph:
 
 
 def _compile_structure(forward: Graph, hardware: Hardware, r: Row, values: dict,
-                       cost: CostModel, memo: dict) -> _Structure:
+                       cost: CostModel, passes: dict, formulas: dict) -> _Structure:
     layers = _layers(forward)
     layout = _representative(r, layers)
-    step = _step(forward, r, layout, memo)
+    step = _step(forward, r, layout, passes)
     costs = cost.op_costs(step)
     return _Structure(structure(r), {
         role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero,
-                             layers, costs)
+                             layers, costs, formulas)
         for role, i in _roles(layout.pp)})
 
 
@@ -573,14 +633,12 @@ class _Peak:
         def exact(expr):
             return sympy.sympify(expr).xreplace(degrees)
 
-        sizes = [exact(e) for e in f.exprs[4 * k:4 * k + m]]
-        counts = [exact(e) for e in f.exprs[4 * k + m:4 * k + 2 * m]]
         parts = {True: [], False: []}
-        for j in range(m):
-            copies = f.one[at, j] + f.many[at, j] * counts[j]
-            if copies != 0:
-                parts[bool(f.saved[j])].append(int(f.one[at, j]) * sizes[j]
-                                               + int(f.many[at, j]) * counts[j] * sizes[j])
+        live = (f.one[at] != 0) | (f.many[at] != 0) if f.moments else ()
+        for j in np.flatnonzero(live):  # the lives live then
+            size = exact(f.exprs[4 * k + j])
+            count = exact(f.exprs[4 * k + m + j]) if f.many[at, j] else 0
+            parts[bool(f.saved[j])].append(int(f.one[at, j]) * size + count * size)
         w, g, o = (int(exact(e)) for e in f.exprs[4 * k + 2 * m:])
         name, phase = f.moments[at] if f.moments else ("", "")
         return Memory(name, phase, w, g, o, int(int(sympy.Add(*parts[True])) * held),
@@ -655,7 +713,7 @@ class _Group:
 
 
 def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
-              cost: CostModel) -> _Group:
+              cost: CostModel, cluster) -> _Group:
     n = len(group)
 
     def column(values):
@@ -673,8 +731,9 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
     for role, f in s.stages.items():
         env = base | {LAYERS: column([x[role] for x in per_row])}
         numbers[role] = _numbers(f, env, n)
-        busy[role] = _compute_time(f, numbers[role], hardware, cost)
-    # the pipeline span of compute alone: m x slowest + (sum - slowest) / v
+        busy[role] = (_compute_time(f, numbers[role], hardware, cost)
+                      + _waited_time(f, numbers[role], group, cost, cluster, hardware))
+    # the pipeline span of compute and the waits alone: m x slowest + (sum - slowest) / v
     slowest = np.max(np.stack(list(busy.values())), axis=0)
     total = busy[FIRST] + busy.get(LAST, 0.0) + (p - 2) * busy.get(MIDDLE, 0.0)
     bound = m * slowest + (total - slowest) / v
@@ -728,7 +787,8 @@ class Searcher:
         self.values = {"S": self.seq}
         self.layers = _layers(forward)
         self.structures: dict[tuple, _Structure] = {}
-        self.memo: dict = {}  # pass prefixes -> graphs
+        self.passes: dict = {}  # pass prefixes -> graphs
+        self.formulas: dict = {}  # formulas -> with the fixed dimensions substituted
         self.n_mfu = int(mfu_parameters(forward).xreplace(resolve(forward, self.values)))
         self.compile_s = 0.0
 
@@ -737,13 +797,15 @@ class Searcher:
         if key not in self.structures:
             t0 = time.perf_counter()
             self.structures[key] = _compile_structure(self.forward, self.hardware, r,
-                                                      self.values, self.cost, self.memo)
+                                                      self.values, self.cost, self.passes,
+                                                      self.formulas)
             self.compile_s += time.perf_counter() - t0
         return self.structures[key]
 
     def evaluate(self, group: list[Row]) -> _Group:
         """A structure's rows as arrays (they must share one structure)."""
-        return _evaluate(self.structure(group[0]), group, self.layers, self.hardware, self.cost)
+        return _evaluate(self.structure(group[0]), group, self.layers, self.hardware, self.cost,
+                         self.cluster)
 
     def exact(self, g: _Group, col: int) -> Ranked:
         """Row `col` of a group, scheduled as `profile` schedules it."""
