@@ -242,6 +242,16 @@ def row_of(c: Candidate) -> Row:
                lay.last_stage_layers, c.recompute, c.precision, lay.batch, lay.async_tp)
 
 
+def row_of_json(entry: dict) -> tuple[Parallel, str, str]:
+    """A layout and its options back from `Ranked.to_json`."""
+    fields = {k: entry[k] for k in ("tp", "pp", "cp", "ep", "dp", "micro_batch",
+                                    "virtual_stages", "zero", "sequence_parallel", "async_tp")}
+    layout = Parallel(global_batch=entry["global_batch"],
+                      first_stage_layers=entry["first_stage_layers"],
+                      last_stage_layers=entry["last_stage_layers"], **fields)
+    return layout, entry["recompute"], entry["precision"]
+
+
 def _layers(forward: Graph) -> int:
     return int(sympy.sympify(layer_stack(forward).count).xreplace(forward.dims))
 
@@ -819,11 +829,9 @@ class Searcher:
         `profile`."""
         return self.exact(self.evaluate([row_of(candidate)]), 0)
 
-    def search(self, space: Space, top: int = 10) -> Found:
-        """The `top` fastest layouts of `space` (see the module), with the search's counts."""
-        if top < 1:
-            raise OpgraphError("--top must be 1 or more")
-        t0, compiled = time.perf_counter(), self.compile_s
+    def _fitting(self, space: Space):
+        """Every row of `space` evaluated as arrays: (rows, groups, the fitting rows as
+        (bound, group, column), sorted, the least memory any row needs)."""
         found = rows(self.forward, self.hardware, space, self.seq, self.cluster)
         if not found:
             raise OpgraphError(f"no layout of {self.forward.name} divides {space.gpus:,} GPUs "
@@ -838,8 +846,15 @@ class Searcher:
         for gi, g in enumerate(groups):
             ok = g.fullest <= capacity if capacity else np.ones(len(g.rows), dtype=bool)
             fits += [(float(g.bound[col]), gi, int(col)) for col in np.flatnonzero(ok)]
-        smallest = min(float(g.fullest.min()) for g in groups)
         fits.sort()
+        return found, groups, fits, min(float(g.fullest.min()) for g in groups)
+
+    def search(self, space: Space, top: int = 10) -> Found:
+        """The `top` fastest layouts of `space` (see the module), with the search's counts."""
+        if top < 1:
+            raise OpgraphError("--top must be 1 or more")
+        t0, compiled = time.perf_counter(), self.compile_s
+        found, groups, fits, smallest = self._fitting(space)
         best: list[tuple[float, int, Ranked]] = []
         scheduled = 0
         for order, (bound, gi, col) in enumerate(fits):
@@ -853,7 +868,19 @@ class Searcher:
         elapsed = time.perf_counter() - t0
         spent = self.compile_s - compiled
         return Found(tuple(r for _, _, r in best), len(found), len(fits), scheduled,
-                     len(by_key), spent, elapsed - spent, smallest)
+                     len({structure(g.rows[0]) for g in groups}), spent, elapsed - spent,
+                     smallest)
+
+    def faster_than(self, space: Space, step_time_s: float) -> int:
+        """How many layouts of `space` that fit run a step faster than `step_time_s`: each
+        whose bound is below it is scheduled exactly (where a layout of one's own ranks)."""
+        _, groups, fits, _ = self._fitting(space)
+        faster = 0
+        for bound, gi, col in fits:
+            if bound >= step_time_s:
+                break
+            faster += self.exact(groups[gi], col).step_time_s < step_time_s
+        return faster
 
 
 def search(forward: Graph, hardware: Hardware, space: Space, *, top: int = 10,

@@ -185,6 +185,8 @@ class _Sharder:
         self.out.add_op(Op(f"{source}.{kind}.{group}", kind, "communication", (source,), (name,),
                            count=count, params=params, region=region))
         self.made[key] = name
+        if kind == "all_to_all" and source in self.seq:  # tokens move, the shard stays
+            self.seq.add(name)
         if (source in self.routed) != (kind == "all_to_all"):  # a dispatch routes, a combine ends
             self.routed.add(name)
         return name

@@ -469,3 +469,26 @@ def test_formulas_show_the_degrees(cli):
     assert "cp" in json.loads(out)["expression"]
     code, _, err = cli("formula", "--zero", "1")
     assert code == 2 and "give --dp too" in err
+
+
+def test_sequence_parallel_with_expert_parallel_compiles():
+    """A mixture of experts with sequence and expert parallelism together (the combine's
+    expert outputs stay on the sequence shard after their all-to-all; the gates are cut to
+    it): the matmul FLOPs per GPU of the run without sequence parallelism less the router's
+    replicas (it runs on S / tp tokens, not on S on every tensor-parallel rank)."""
+    from opgraph import hardware
+    from opgraph.distributed import profile_parallel
+    from opgraph.models import preset
+    from opgraph.parallel import Parallel
+
+    def matmul_flops(sp):
+        p = profile_parallel(preset("mixtral-8x7b"), hardware.get("h100-sxm"),
+                             Parallel(tp=2, ep=2, gpus=32, sequence_parallel=sp),
+                             values={"S": 4096})
+        return sum(c.flops for c in p.categories if c.name == "matmul")
+
+    forward = preset("mixtral-8x7b")
+    dims = {s.name: v for s, v in forward.dims.items()}
+    layers, d, experts, tokens = dims["L"], dims["D"], dims["E"], 4096
+    router = 3 * 2 * tokens * d * experts * layers  # forward and backward (2x), per layer
+    assert matmul_flops(False) - matmul_flops(True) == pytest.approx(router / 2, rel=1e-9)

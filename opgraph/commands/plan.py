@@ -79,6 +79,10 @@ def register(subparsers) -> None:
     o.add_argument("--emit", choices=EMITS,
                    help="print the best layout as a torchtitan job TOML or Megatron-LM "
                         "arguments (the best that format can express) instead of the table")
+    o.add_argument("--rank", action="store_true",
+                   help="also say where the best layout under the constraints ranks among every "
+                        "layout (the fixed degrees and options lifted, the --max-* bounds kept), "
+                        "and how far it is from the best of them")
     o.add_argument("--plot", metavar="FILE",
                    help="with a range of --gpus: draw tokens/s per GPU and MFU against GPUs "
                         "(.png or .svg)")
@@ -133,10 +137,15 @@ def run(args) -> int:
     cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
     searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost)
     spaces = [_space(args, n, batch) for n in sizes]  # every constraint checked up front
+    if args.rank and len(sizes) > 1:
+        raise OpgraphError("--rank places one job's layout: give one --gpus")
     if len(sizes) == 1:
         found = searcher.search(spaces[0], args.top)
         _no_fit(found, forward, part, sizes[0])
-        return _one(args, found, forward, part, cluster, seq, batch)
+        ranking = _ranking(searcher, spaces[0], found) if args.rank else None
+        if args.emit:
+            return _emit(args, found, forward, seq, searcher, spaces[0])
+        return _one(args, found, forward, part, cluster, seq, batch, ranking)
     curve = []
     for n, space in zip(sizes, spaces):
         try:
@@ -170,18 +179,46 @@ def _counts(found) -> str:
             f"({found.layouts_per_s:,.0f} layouts/s)")
 
 
-def _one(args, found, forward, part, cluster, seq, batch) -> int:
-    if args.emit:
-        return _emit(args, found, forward, seq)
+# The constraints that fix a degree or an option; --rank lifts them (the bounds stay).
+FIXING = ("tp", "cp", "ep", "pp", "dp", "zero", "micro_batch", "virtual_stages",
+          "sequence_parallel", "recompute", "precision", "async_tp")
+
+
+def _ranking(searcher, space, found) -> dict:
+    """Where `found`'s best ranks in `space` with its fixing constraints lifted."""
+    import attrs
+
+    whole = attrs.evolve(space, **{name: None for name in FIXING if name != "async_tp"},
+                         async_tp=False)
+    best = searcher.search(whole, 1)
+    mine = found.best[0]
+    faster = searcher.faster_than(whole, mine.step_time_s)
+    return {"rank": faster + 1, "of": best.fit, "searched": best.searched,
+            "slower_than_best": mine.step_time_s / best.best[0].step_time_s - 1,
+            "best": best.best[0].to_json()}
+
+
+def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
     if args.json:
-        print(json_text(_json(found, part, cluster, seq, args.cost)))
+        out = _json(found, part, cluster, seq, args.cost)
+        if ranking is not None:
+            out["ranking"] = ranking
+        print(json_text(out))
         return 0
-    from ..outputs.report import format_plan
+    from ..outputs.report import format_plan, layout_text
 
     print(_header(forward, part, cluster, seq, batch, args.cost))
     print(_counts(found))
     print()
     print(format_plan(found.best))
+    if ranking is not None:
+        b = ranking["best"]
+        from ..search import row_of_json
+
+        print(f"\nthe best layout above ranks #{ranking['rank']:,} of the {ranking['of']:,} that "
+              f"fit among all {ranking['searched']:,} (constraints lifted); it is "
+              f"{ranking['slower_than_best'] * 100:.1f}% slower than the best, "
+              f"{layout_text(*row_of_json(b))} at {b['step_time_s']:.3f} s per step")
     return 0
 
 
@@ -201,29 +238,38 @@ def _launch(ranked, forward, seq: int):
                   recompute=ranked.candidate.recompute, precision=ranked.candidate.precision)
 
 
-def _emit(args, found, forward, seq: int) -> int:
-    """The best layout `--emit`'s format can express, as that format."""
+EMIT_TOP = 1000  # how far down the ranking --emit looks for a layout its format can express
+
+
+def _emit(args, found, forward, seq: int, searcher, space) -> int:
+    """The best layout `--emit`'s format can express, as that format: the search goes on down
+    the ranking (ten times deeper each time, to EMIT_TOP) until one can be written."""
     from ..launch import to_megatron, to_torchtitan
     from ..models import PRESETS
 
     if forward.name not in PRESETS:
         raise OpgraphError(f"--emit writes a preset's config; {forward.name} is not one")
     write = to_torchtitan if args.emit == "torchtitan" else to_megatron
-    reasons = []
-    for rank, ranked in enumerate(found.best, 1):
-        try:
-            text = write(_launch(ranked, forward, seq))
-        except OpgraphError as e:
-            reasons.append(f"#{rank}: {e}")
-            continue
-        if rank > 1:
-            print(f"opgraph: note: the best {rank - 1} layouts cannot be written for "
-                  f"{args.emit} ({reasons[0]}); this is #{rank}", file=sys.stderr)
-        print(text)
-        return 0
-    raise OpgraphError(f"none of the best {len(found.best)} layouts can be written for "
-                       f"{args.emit} ({reasons[0]}); constrain the search to what it runs "
-                       "(e.g. --zero 3 for torchtitan) or raise --top")
+    reasons, tried, top = [], 0, args.top
+    while True:
+        for rank, ranked in enumerate(found.best[tried:], tried + 1):
+            try:
+                text = write(_launch(ranked, forward, seq))
+            except OpgraphError as e:
+                reasons.append(f"#{rank}: {e}")
+                continue
+            if rank > 1:
+                print(f"opgraph: note: the best {rank - 1} layouts cannot be written for "
+                      f"{args.emit} ({reasons[0]}); this is #{rank}", file=sys.stderr)
+            print(text)
+            return 0
+        tried = len(found.best)
+        if top >= EMIT_TOP or tried < top:  # the whole ranking seen
+            break
+        top = min(EMIT_TOP, top * 10)
+        found = searcher.search(space, top)
+    raise OpgraphError(f"none of the best {tried:,} layouts can be written for {args.emit} "
+                       f"({reasons[0]}); constrain the search to what {args.emit} runs")
 
 
 def _curve(args, curve, forward, part, cluster, seq, batch) -> int:

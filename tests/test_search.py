@@ -1,0 +1,211 @@
+"""`opgraph plan` and `opgraph.search`: the layouts it returns carry `profile`'s figures, the
+branch and bound returns the fastest, the launch configs read back to the same prediction, and
+bad input is one line."""
+
+import json
+import random
+
+import pytest
+
+from opgraph import hardware
+from opgraph.costmodel import cost_model
+from opgraph.distributed import profile_parallel
+from opgraph.errors import OpgraphError
+from opgraph.models import preset
+from opgraph.search import Space, Searcher, rows, structure
+
+H100 = hardware.get("h100-sxm")
+FIGURES = ("step_time_s", "mfu", "bubble_s", "exposed_communication_s", "tokens_per_s_per_gpu")
+
+
+def _same_as_profile(searcher: Searcher, row, forward, cost) -> None:
+    candidate = row.candidate()
+    mine = searcher.one(candidate).result
+    theirs = profile_parallel(forward, H100, candidate.layout, values={"S": searcher.seq},
+                              cost=cost, recompute=candidate.recompute,
+                              precision=candidate.precision).parallel
+    for name in FIGURES:
+        assert getattr(mine, name) == pytest.approx(getattr(theirs, name), rel=1e-9, abs=1e-12), \
+            (name, candidate)
+    assert mine.memory == theirs.memory, candidate
+    assert mine.memory_stage == theirs.memory_stage
+
+
+@pytest.mark.parametrize("model, gpus, batch, seq, cost", [
+    ("llama3.2-1b", 16, 64, 4096, "calibrated"),
+    ("llama3-8b", 64, 128, 8192, "roofline"),
+    ("mixtral-8x7b", 32, 64, 4096, "calibrated"),
+])
+def test_search_figures_are_profiles_on_a_random_sample(model, gpus, batch, seq, cost):
+    """A random layout of each of several structures, by the search's compiled formulas and by
+    `profile` compiling it on its own: the same figures (relative 1e-9), the same memory."""
+    forward, c = preset(model), cost_model(cost)
+    searcher = Searcher(forward, H100, seq_len=seq, cost=c)
+    everything = rows(forward, H100, Space(gpus=gpus, batch=batch), seq, searcher.cluster)
+    by_structure: dict = {}
+    for r in everything:
+        by_structure.setdefault(structure(r), []).append(r)
+    rng = random.Random(13)
+    keys = rng.sample(sorted(by_structure, key=repr), 6)
+    for key in keys:
+        _same_as_profile(searcher, rng.choice(by_structure[key]), forward, c)
+
+
+def test_the_space_covers_every_option():
+    """Every degree, split and option the issue names is in the space of a mixture of experts
+    on enough GPUs: uneven pipeline ends, interleaving, expert parallelism, every ZeRO stage and
+    recomputation policy, sequence parallelism, FP8."""
+    forward = preset("mixtral-8x7b")
+    found = rows(forward, H100, Space(gpus=64, batch=256), 4096,
+                 Searcher(forward, H100, seq_len=4096).cluster)
+    assert {r.zero for r in found} == {0, 1, 2, 3}
+    assert {r.recompute for r in found} == {"none", "selective", "selective-op", "full"}
+    assert {r.precision for r in found} == {"bf16", "fp8"}
+    assert any(r.ep > 1 for r in found) and any(r.cp > 1 for r in found)
+    assert any(r.virtual_stages > 1 for r in found)
+    assert any(r.sequence_parallel for r in found) and not any(
+        r.sequence_parallel and r.tp == 1 for r in found)
+    assert all(r.tp * r.cp * r.pp * r.dp == 64 for r in found)
+    assert all(r.batch % (r.dp * r.micro_batch) == 0 for r in found)
+    llama = preset("llama3.1-405b")  # 126 layers on 16 stages: Llama 3's 7, 8 x 14, 7
+    split = rows(llama, H100, Space(gpus=128, batch=16, tp=8, pp=16, recompute=("full",),
+                                    precision=("bf16",), zero=1), 8192,
+                 Searcher(llama, H100, seq_len=8192).cluster)
+    assert {(r.first, r.last) for r in split} == {(7, 7)}
+
+
+def test_branch_and_bound_returns_the_fastest():
+    """Every layout of a small space scheduled exactly, sorted: the search's top 5 are those,
+    having scheduled only some, and each layout's bound is below its step."""
+    forward = preset("llama3.2-1b")
+    searcher = Searcher(forward, H100, seq_len=2048, cost=cost_model("calibrated"))
+    space = Space(gpus=8, batch=16, recompute=("none", "full"), precision=("bf16",), max_pp=2,
+                  max_micro_batch=4)
+    found = searcher.search(space, 5)
+    _, groups, fits, _ = searcher._fitting(space)
+    exact = []
+    for bound, gi, col in fits:
+        step = searcher.exact(groups[gi], col).step_time_s
+        assert bound <= step
+        exact.append(step)
+    exact.sort()
+    assert [r.step_time_s for r in found.best] == pytest.approx(exact[:5], rel=1e-12)
+    assert found.scheduled < len(fits)  # the bound pruned some
+    assert found.searched == len(rows(forward, H100, space, 2048, searcher.cluster))
+
+
+def test_memory_filter_keeps_only_layouts_that_fit():
+    """Llama 3.1 405B on 128 H100s at 8,192 tokens: every layout returned fits in 80 GB, and on
+    8 GPUs none can (its BF16 weights alone are 810 GB)."""
+    forward = preset("llama3.1-405b")
+    searcher = Searcher(forward, H100, seq_len=8192)
+    found = searcher.search(Space(gpus=128, batch=128, recompute=("full",),
+                                  precision=("bf16",), tp=8, zero=3, max_pp=2,
+                                  max_micro_batch=1), 3)
+    assert found.best and found.fit < found.searched
+    assert all(r.result.memory.total <= H100.memory_bytes for r in found.best)
+    small = searcher.search(Space(gpus=8, batch=8, recompute=("full",), precision=("bf16",)), 3)
+    assert small.best == () and small.smallest_memory > H100.memory_bytes
+
+
+def _plan(cli, *argv):
+    return cli("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--recompute", "none",
+               "--precision", "bf16", *argv)
+
+
+def test_plan_json(cli):
+    code, out, _ = _plan(cli, "--gpus", "8", "--global-batch", "32", "--top", "3", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["searched"] >= data["fit"] >= len(data["layouts"]) == 3
+    assert data["layouts_per_s"] > 0
+    first = data["layouts"][0]
+    for key in ("tp", "pp", "cp", "ep", "dp", "zero", "micro_batch", "virtual_stages",
+                "sequence_parallel", "recompute", "precision", "step_time_s",
+                "tokens_per_s_per_gpu", "mfu", "memory", "bubble_s", "exposed_communication_s"):
+        assert key in first
+    steps = [x["step_time_s"] for x in data["layouts"]]
+    assert steps == sorted(steps)
+    # tokens/s per GPU is the step's tokens over its time and the GPUs
+    assert first["tokens_per_s_per_gpu"] == pytest.approx(32 * 2048 / first["step_time_s"] / 8)
+
+
+@pytest.mark.parametrize("emit", ["torchtitan", "megatron"])
+def test_emitted_config_profiles_back_to_the_same_figures(cli, tmp_path, emit):
+    """The best layout torchtitan (or Megatron-LM) can express, emitted, then read by
+    `profile --torchtitan` (`--megatron-args`): the plan's figures."""
+    argv = ("plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "32",
+            "--seq-len", "4096", "--recompute", "full", "--precision", "bf16",
+            "--zero", "3", "--cp", "1", "--max-pp", "2", "--max-micro-batch", "2")
+    code, out, _ = cli(*argv, "--top", "30", "--json")
+    ranked = json.loads(out)["layouts"]
+    code, text, _ = cli(*argv, "--top", "1", "--emit", emit)
+    assert code == 0
+    path = tmp_path / ("job.toml" if emit == "torchtitan" else "args.txt")
+    path.write_text(text)
+    flag = "--torchtitan" if emit == "torchtitan" else "--megatron-args"
+    code, out, _ = cli("profile", flag, str(path) if emit == "torchtitan" else f"@{path}",
+                       "--gpus", "16", "--cost", "calibrated", "--json")
+    assert code == 0
+    prof = json.loads(out)
+    keys = ("tp", "pp", "cp", "dp", "micro_batch", "virtual_stages", "zero",
+            "sequence_parallel")
+    (best,) = [x for x in ranked if all(x[k] == prof["parallel"][k] for k in keys)
+               and (x["recompute"], x["precision"]) == (prof["recompute"], prof["precision"])]
+    if emit == "megatron":  # Megatron-LM can express the best one
+        assert best == ranked[0]
+    for name in ("step_time_s", "mfu", "bubble_s", "exposed_communication_s"):
+        assert prof[name] == pytest.approx(best[name], rel=1e-9, abs=1e-12), name
+    assert prof["memory"]["total"] == best["memory"]["total"]
+
+
+def test_scaling_curve_and_plot(cli, tmp_path):
+    plot = tmp_path / "curve.png"
+    code, out, _ = _plan(cli, "--gpus", "8:32:x2", "--global-batch", "64", "--top", "1",
+                         "--json", "--plot", str(plot), "--tp", "1")
+    assert code == 0
+    sizes = json.loads(out)["sizes"]
+    assert [s["gpus"] for s in sizes] == [8, 16, 32]
+    assert all(s["layouts"][0]["gpus"] == s["gpus"] for s in sizes)
+    assert plot.stat().st_size > 1000
+    code, out, _ = _plan(cli, "--gpus", "8:32:x2", "--global-batch", "64", "--top", "1",
+                         "--tp", "1")
+    assert code == 0 and len(out.strip().splitlines()) == 1 + 1 + 3
+
+
+def test_rank_of_a_constrained_layout(cli):
+    code, out, _ = cli("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8",
+                       "--global-batch", "16", "--top", "1", "--tp", "2", "--recompute", "full",
+                       "--max-pp", "1", "--max-cp", "1", "--max-micro-batch", "2", "--json",
+                       "--rank")
+    ranking = json.loads(out)["ranking"]
+    assert ranking["rank"] > 1 and ranking["slower_than_best"] > 0
+    assert ranking["best"]["tp"] != 2 or ranking["best"]["recompute"] != "full"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--gpus", "8", "--global-batch", "32", "--tp", "3"), "no layout"),
+    (("--gpus", "8", "--global-batch", "32", "--tp", "8", "--max-tp", "4"), "contradicts"),
+    (("--gpus", "8", "--global-batch", "32", "--tp", "1", "--sequence-parallel"), "contradicts"),
+    (("--gpus", "7", "--global-batch", "32"), "no layout"),
+    (("--gpus", "8", "--global-batch", "32", "--plot", "x.png"), "range"),
+    (("--gpus", "8", "--tokens", "1000"), "multiple"),
+    (("--gpus", "8:32:x2", "--global-batch", "32", "--emit", "megatron"), "one --gpus"),
+])
+def test_bad_input_is_one_line(cli, argv, words):
+    code, out, err = _plan(cli, *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and words in err and "Traceback" not in err
+
+
+def test_a_model_that_fits_nowhere(cli):
+    code, _, err = cli("plan", "--model", "llama3.1-405b", "--gpus", "8", "--global-batch", "8",
+                       "--recompute", "full", "--precision", "bf16", "--tp", "8")
+    assert code == 2 and "fits in memory" in err and "GB per GPU" in err
+
+
+def test_space_rejects_contradictions():
+    with pytest.raises(OpgraphError, match="contradicts"):
+        Space(gpus=8, batch=8, pp=1, virtual_stages=2)
+    with pytest.raises(OpgraphError, match="choose from"):
+        Space(gpus=8, batch=8, recompute=("some",))
