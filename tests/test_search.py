@@ -79,8 +79,8 @@ def test_branch_and_bound_returns_the_fastest():
     having scheduled only some, and each layout's bound is below its step."""
     forward = preset("llama3.2-1b")
     searcher = Searcher(forward, H100, seq_len=2048, cost=cost_model("calibrated"))
-    space = Space(gpus=8, batch=16, recompute=("none", "full"), precision=("bf16",), max_pp=2,
-                  max_micro_batch=4)
+    space = Space(gpus=8, batch=8, recompute=("none", "full"), precision=("bf16",), max_pp=2,
+                  max_micro_batch=2, max_cp=2, zero=1)
     found = searcher.search(space, 5)
     _, groups, fits, _ = searcher._fitting(space)
     exact = []
@@ -136,7 +136,8 @@ def test_emitted_config_profiles_back_to_the_same_figures(cli, tmp_path, emit):
     `profile --torchtitan` (`--megatron-args`): the plan's figures."""
     argv = ("plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "32",
             "--seq-len", "4096", "--recompute", "full", "--precision", "bf16",
-            "--zero", "3", "--cp", "1", "--max-pp", "2", "--max-micro-batch", "2")
+            "--zero", "3", "--cp", "1", "--max-pp", "2", "--max-micro-batch", "2",
+            "--max-virtual-stages", "2")
     code, out, _ = cli(*argv, "--top", "30", "--json")
     ranked = json.loads(out)["layouts"]
     code, text, _ = cli(*argv, "--top", "1", "--emit", emit)
@@ -176,11 +177,13 @@ def test_scaling_curve_and_plot(cli, tmp_path):
 def test_rank_of_a_constrained_layout(cli):
     code, out, _ = cli("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8",
                        "--global-batch", "16", "--top", "1", "--tp", "2", "--recompute", "full",
+                       "--precision", "bf16",
                        "--max-pp", "1", "--max-cp", "1", "--max-micro-batch", "2", "--json",
                        "--rank")
     ranking = json.loads(out)["ranking"]
     assert ranking["rank"] > 1 and ranking["slower_than_best"] > 0
     assert ranking["best"]["tp"] != 2 or ranking["best"]["recompute"] != "full"
+    assert ranking["best"]["precision"] == "bf16"  # --precision is kept: not a layout
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -81,8 +81,9 @@ def register(subparsers) -> None:
                         "arguments (the best that format can express) instead of the table")
     o.add_argument("--rank", action="store_true",
                    help="also say where the best layout under the constraints ranks among every "
-                        "layout (the fixed degrees and options lifted, the --max-* bounds kept), "
-                        "and how far it is from the best of them")
+                        "layout (the fixed degrees, ZeRO stage, micro-batch, virtual stages, "
+                        "sequence parallelism and recomputation lifted; the precision and the "
+                        "--max-* bounds kept), and how far it is from the best of them")
     o.add_argument("--plot", metavar="FILE",
                    help="with a range of --gpus: draw tokens/s per GPU and MFU against GPUs "
                         "(.png or .svg)")
@@ -179,17 +180,17 @@ def _counts(found) -> str:
             f"({found.layouts_per_s:,.0f} layouts/s)")
 
 
-# The constraints that fix a degree or an option; --rank lifts them (the bounds stay).
+# The constraints that fix the layout; --rank lifts them. The precision (a choice of numerics,
+# not of layout) and the --max-* bounds stay.
 FIXING = ("tp", "cp", "ep", "pp", "dp", "zero", "micro_batch", "virtual_stages",
-          "sequence_parallel", "recompute", "precision", "async_tp")
+          "sequence_parallel", "recompute")
 
 
 def _ranking(searcher, space, found) -> dict:
     """Where `found`'s best ranks in `space` with its fixing constraints lifted."""
     import attrs
 
-    whole = attrs.evolve(space, **{name: None for name in FIXING if name != "async_tp"},
-                         async_tp=False)
+    whole = attrs.evolve(space, **dict.fromkeys(FIXING))
     best = searcher.search(whole, 1)
     mine = found.best[0]
     faster = searcher.faster_than(whole, mine.step_time_s)
@@ -216,7 +217,7 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
         from ..search import row_of_json
 
         print(f"\nthe best layout above ranks #{ranking['rank']:,} of the {ranking['of']:,} that "
-              f"fit among all {ranking['searched']:,} (constraints lifted); it is "
+              f"fit among all {ranking['searched']:,} (the layout's constraints lifted); it is "
               f"{ranking['slower_than_best'] * 100:.1f}% slower than the best, "
               f"{layout_text(*row_of_json(b))} at {b['step_time_s']:.3f} s per step")
     return 0

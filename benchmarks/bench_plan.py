@@ -1,0 +1,75 @@
+"""`opgraph plan`'s speed: `python benchmarks/bench_plan.py [--quick]`.
+
+(a) layouts per second after compile: a search run twice in one process, the second with every
+    structure already compiled; its layouts searched over its time (enumerating them, their
+    memory and bounds as arrays, and the exact schedules of the branch and bound) — the
+    issue's target is 1,000,000 per second on one core
+(b) the arrays alone: the same layouts' memory and bounds, no exact schedule, per second
+(c) the whole process of a full search of Llama 3.1 405B on 16,384 H100s at 16 M tokens per
+    step, with the layouts it searched — the target is 10 s
+
+--quick runs (a) and (b) on Llama 3 8B on 64 GPUs and skips (c). Figures of one run on this
+machine; subprocesses run this checkout's code (PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def after_compile(model: str, gpus: int, batch: int) -> None:
+    from opgraph import hardware
+    from opgraph.costmodel import cost_model
+    from opgraph.models import preset
+    from opgraph.search import Searcher, Space, rows, structure
+
+    forward, part = preset(model), hardware.get("h100-sxm")
+    searcher = Searcher(forward, part, cost=cost_model("calibrated"))
+    space = Space(gpus=gpus, batch=batch)
+    first = searcher.search(space)
+    start = time.perf_counter()
+    again = searcher.search(space)
+    warm = time.perf_counter() - start
+    print(f"{model} on {gpus:,} GPUs: {first.searched:,} layouts over {first.structures} "
+          f"structures, compiled in {first.compile_s:.1f} s")
+    print(f"(a) after compile: {again.searched:,} layouts in {warm:.2f} s = "
+          f"{again.searched / warm:,.0f} layouts/s ({again.scheduled:,} scheduled exactly; "
+          "target 1,000,000)")
+    found = rows(forward, part, space, searcher.seq, searcher.cluster)
+    groups: dict = {}
+    for r in found:
+        groups.setdefault(structure(r), []).append(r)
+    start = time.perf_counter()
+    for group in groups.values():
+        searcher.evaluate(group)
+    arrays = time.perf_counter() - start
+    print(f"(b) the arrays alone: {len(found):,} layouts in {arrays:.2f} s = "
+          f"{len(found) / arrays:,.0f} layouts/s")
+
+
+def whole_405b() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "opgraph", "plan", "--model", "llama3.1-405b", "--gpus",
+            "16384", "--tokens", str(16 * 2**20), "--json", "--top", "1"]
+    start = time.perf_counter()
+    out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
+    elapsed = time.perf_counter() - start
+    data = json.loads(out)
+    print(f"(c) llama3.1-405b on 16,384 H100s, whole process: {elapsed:.1f} s for "
+          f"{data['searched']:,} layouts ({data['structures']} structures compiled in "
+          f"{data['compile_s']:.1f} s; target 10 s)")
+
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv
+    after_compile("llama3-8b", 64, 256)
+    if not quick:
+        whole_405b()
