@@ -4,40 +4,52 @@ per GPU (`opgraph plan`).
     from opgraph import hardware
     from opgraph.models import preset
     from opgraph.search import Space, search
-    found = search(preset("llama3-70b"), hardware.get("h100-sxm"), Space(gpus=256, batch=512))
+    found = search(preset("llama3-8b"), hardware.get("h100-sxm"), Space(gpus=64, batch=256))
     found.best[0].layout, found.best[0].step_time_s
 
-**The space** (`Space`, `candidates`): tensor parallelism up to a node (powers of two that the
-heads and widths divide), context parallelism (powers of two, ring attention's two chunks per
-GPU dividing the sequence), expert parallelism for a mixture of experts (powers of two that
-divide the experts and dp x cp), pipeline stages that split the layers evenly or, as Llama 3
-did, with one layer fewer on the first and the last stage; data parallelism takes the GPUs
-left; every ZeRO stage, micro-batch (the divisors of the sequences each data-parallel rank runs,
-up to `max_micro_batch`), interleaved virtual stages (even stages, micro-batches a multiple of
-the stages, as Megatron-LM requires), recomputation policy, sequence parallelism (with tensor
-parallelism) and precision (FP8 where the part has an FP8 peak). Constraints fix or bound any of
-them.
+**The space** (`Space`, `rows`): tensor parallelism within a node (powers of two that the heads
+and widths divide); context parallelism (powers of two whose two ring-attention chunks per GPU
+divide the sequence, while a GPU keeps `MIN_CP_TOKENS` of it); expert parallelism for a mixture
+of experts (powers of two dividing the experts and dp x cp); pipeline stages that split the
+layers evenly or, as Llama 3 405B did, with one layer fewer on the first and the last stage;
+data parallelism takes the GPUs left, and must divide the batch. Then every ZeRO stage (where
+there is data parallelism), micro-batch (the divisors of each rank's sequences, up to
+`max_micro_batch`), interleaving (even stages only, micro-batches a multiple of the stages, as
+Megatron-LM requires), recomputation policy, sequence parallelism (with tensor parallelism) and
+precision (FP8 where the part has an FP8 peak). Constraints fix or bound any of them. A layout
+is a `Row` while searched (tens of thousands are), a `Candidate` (a `Parallel` and the step's
+options) when returned.
 
-**Compiled once, evaluated as arrays.** Layouts fall into *structures*: which degrees exceed 1,
-the ZeRO stage, sequence parallelism, recomputation, precision and the pipeline split decide
-which ops and collectives the step has; the degree values and the micro-batch only change the
-numbers. Each structure is compiled once (`distributed.compile_parallel`, `split_stages`), its
-degrees left as symbols (`opgraph.parallel`), and every op's FLOPs, bytes, count and message,
-and every tensor's size in the liveness analysis, lambdified into one numpy function of the
-degrees and the micro-batch. Over all of a structure's layouts at once, as arrays:
+**Compiled once per structure, evaluated as arrays.** Which degrees exceed 1, sequence
+parallelism, the ZeRO stage, recomputation, precision and whether there are one, two or more
+pipeline stages decide which ops and collectives the step has (its *structure*); the degrees'
+values, the split and the micro-batch only change numbers. Each structure is compiled once, by
+the passes `profile` runs (`pipeline.step_passes`; a pass shared by several structures runs
+once), its stages cut by `split_stages` with the stack's trip count a symbol (`LAYERS`), and
+every op's count, FLOPs, bytes and message, every tensor's size and count in the liveness
+analysis and the resident memory kept as formulas of `DEGREES`. Over all of a structure's rows
+at once, those formulas are evaluated on numpy arrays (`_value`), and from them:
 
-- memory per GPU: the liveness peak of each stage (`opgraph.memory`: each op's live bytes as a
-  matrix over the tensors' lives), its activations times the micro-batches in flight, the
-  fullest stage's; layouts that do not fit are dropped;
+- memory per GPU: each stage's liveness peak (`Liveness.copy_matrices`: each op's live bytes as
+  a matrix product over the lives), its activations times the micro-batches in flight
+  (`distributed.in_flight`), the fullest stage's; rows that do not fit are dropped;
 - a lower bound of the step: the pipeline span (`schedule.pipeline_span`) of each stage's
-  compute alone, every op at the cost model's time; no exposed communication, no tail.
+  compute at the cost model's times plus the collectives its stream surely waits for
+  (`_waits`). No exposed communication beyond those, no data-parallel tail, no optimizer.
 
-**Exact figures by branch and bound.** The layouts that fit are taken in order of their bound;
-each is scheduled exactly, by the same critical path `opgraph profile` runs
-(`distributed.step_figures`, `schedule.simulate`) on the numbers the arrays gave, until the
-bound of the next one is no better than the K-th best step found. So the layouts returned carry
-`profile`'s figures (a test checks them on a random sample against `profile` itself, relative
-1e-9), and every layout not returned is provably no faster than the last one returned.
+**Exact figures by branch and bound.** The rows that fit are taken in order of their bound;
+each is scheduled exactly, by the critical path `opgraph profile` runs
+(`distributed.step_figures`, `schedule.simulate`) on the numbers the arrays gave, with its
+memory made whole as `memory.figures` makes it, until the next bound is no better than the
+K-th best step found. So the layouts returned carry `profile`'s figures (a test compares random
+layouts of many structures with `profile` itself, relative 1e-9, and another the top K with
+every layout of a small space scheduled), and every layout not returned is no faster than the
+last one returned.
+
+What it costs: each structure's compile (the passes, `split_stages`, liveness) takes about
+0.1 s on this machine's core, and a large space has hundreds of structures (four ZeRO stages x
+four recomputation policies x two precisions x ...): compiling, not the arrays, is most of a
+search's time.
 """
 
 from __future__ import annotations
@@ -663,12 +675,11 @@ def _peak(f: _StageFormulas, nums: _Numbers) -> _Peak:
         zero = np.zeros(n)
         return _Peak(np.zeros(n, dtype=int), w, g, o, zero, zero)
     sizes, counted = nums.sizes, nums.sizes * nums.life_counts
-    saved = f.saved[:, None]
-    acts = f.one @ (sizes * saved) + f.many @ (counted * saved)
-    trans = f.one @ (sizes * ~saved) + f.many @ (counted * ~saved)
-    at = np.argmax(acts + trans, axis=0)  # the first op where the most is live
-    cols = np.arange(n)
-    return _Peak(at, w, g, o, acts[at, cols], trans[at, cols])
+    live = np.hstack([f.one, f.many]) @ np.vstack([sizes, counted])  # (ops, rows)
+    at = np.argmax(live, axis=0)  # the first op where the most is live
+    each = f.one[at] * sizes.T + f.many[at] * counted.T  # (rows, lives) there
+    acts = each[:, f.saved].sum(axis=1)
+    return _Peak(at, w, g, o, acts, each[:, ~f.saved].sum(axis=1))
 
 
 def _in_flight(p: np.ndarray, v: np.ndarray, m: np.ndarray, stage) -> np.ndarray:
