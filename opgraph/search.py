@@ -342,6 +342,7 @@ def _divides(forward: Graph, seq_len: int, t, c, e, p, sp_, first, last, cache: 
         try:
             if seq_len % split:
                 raise OpgraphError("the sequence does not split")
+            # dp = ep: any data-parallel degree the experts divide (checked by the caller)
             check_layout(forward, Parallel(tp=t, cp=c, ep=e, pp=p, dp=e, sequence_parallel=sp_,
                                            first_stage_layers=first, last_stage_layers=last))
             cache[key] = True
@@ -351,8 +352,10 @@ def _divides(forward: Graph, seq_len: int, t, c, e, p, sp_, first, last, cache: 
 
 
 def _sp(space: Space, t: int) -> list[bool]:
+    """Sequence parallelism's choices at tensor-parallel degree `t` (none without it, so
+    `--sequence-parallel` leaves out the layouts without tensor parallelism)."""
     if t == 1:
-        return [False]
+        return [] if space.sequence_parallel else [False]
     return [space.sequence_parallel] if space.sequence_parallel is not None else [False, True]
 
 
@@ -610,7 +613,7 @@ def _value(expr, env: dict, memo: dict):
 @attrs.frozen
 class _Numbers:
     """A stage's numbers over a structure's rows: a row per op (or life), a column per
-    candidate."""
+    layout."""
 
     counts: np.ndarray
     flops: np.ndarray
@@ -627,7 +630,10 @@ def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
     for i, e in enumerate(f.exprs):
         values[i] = _value(e, env, memo)
     k, m = f.n_ops, f.n_lives
-    whole = np.rint  # counts and bytes are whole numbers: no rounding error in the sums
+    # counts and sizes are whole numbers: rounded, their sums carry no rounding error; the
+    # resident parts may not be (a ZeRO shard is 1/dp of a buffer), and for the memory filter
+    # a byte either way does not matter (the layouts returned are made whole exactly)
+    whole = np.rint
     return _Numbers(whole(values[:k]), values[k:2 * k], values[2 * k:3 * k],
                     values[3 * k:4 * k], whole(values[4 * k:4 * k + m]),
                     whole(values[4 * k + m:4 * k + 2 * m]), whole(values[4 * k + 2 * m:]))

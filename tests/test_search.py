@@ -211,6 +211,13 @@ def test_a_model_that_fits_nowhere(cli):
     assert code == 2 and "fits in memory" in err and "GB per GPU" in err
 
 
+def test_sequence_parallel_constraint_keeps_only_tensor_parallel_layouts():
+    forward = preset("llama3.2-1b")
+    found = rows(forward, H100, Space(gpus=8, batch=8, sequence_parallel=True), 2048,
+                 Searcher(forward, H100, seq_len=2048).cluster)
+    assert found and all(r.sequence_parallel and r.tp > 1 for r in found)
+
+
 def test_space_rejects_contradictions():
     with pytest.raises(OpgraphError, match="contradicts"):
         Space(gpus=8, batch=8, pp=1, virtual_stages=2)
