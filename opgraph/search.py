@@ -264,7 +264,12 @@ def row_of_json(entry: dict) -> tuple[Parallel, str, str]:
     return layout, entry["recompute"], entry["precision"]
 
 
-def _layers(forward: Graph) -> int:
+def _layers(forward: Graph) -> int | None:
+    """The layers of the model's one layer stack; None where it has several (DeepSeek's dense
+    and expert layers), which pipeline parallelism does not split."""
+    tops = [r for r in forward.regions() if r.parent is None]
+    if len(tops) != 1:
+        return None
     return int(sympy.sympify(layer_stack(forward).count).xreplace(forward.dims))
 
 
@@ -298,7 +303,10 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     cps = [space.cp] if space.cp else _powers(min(space.max_cp or max(1, seq_len // MIN_CP_TOKENS),
                                                   space.gpus))
     eps = [space.ep] if space.ep else (_powers(experts) if experts else [1])
-    pps = [space.pp] if space.pp else range(1, min(space.max_pp or layers, layers) + 1)
+    if layers is None and (space.pp or 1) > 1:
+        layer_stack(forward)  # says why, in one line
+    pps = [space.pp] if space.pp else [1] if layers is None else range(
+        1, min(space.max_pp or layers, layers) + 1)
     zeros = [space.zero] if space.zero is not None else ZERO
     recompute = space.recompute or RECOMPUTE
     precision = space.precision or tuple(p for p in PRECISIONS
@@ -395,7 +403,7 @@ class _StageFormulas:
     number that varies, over `DEGREES`."""
 
     graph: Graph
-    layers: int  # the model's
+    layers: int | None  # the model's (None: several stacks, one stage)
     names: tuple[str, ...]
     kinds: tuple[str, ...]
     groups: tuple[str | None, ...]
@@ -421,7 +429,7 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         costs = costs | {op.name: cost.op_cost(graph, op) for op in missing}
     # the stack's count (L / pp) becomes the stage's layers; the other dimensions numbers
     fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES and s != pp}
-    fixed[pp] = sympy.Integer(layers) / LAYERS
+    fixed[pp] = sympy.Integer(layers or 1) / LAYERS
     ops = graph.ops()
     collective = [op.kind in COLLECTIVE_KINDS for op in ops]
     live = liveness(graph)
@@ -576,7 +584,9 @@ def _compile_structure(forward: Graph, hardware: Hardware, r: Row, values: dict,
 def _plans(f: _StageFormulas, layers: int, zero: int, values: dict):
     """The schedule's plans of the stage holding `layers` layers."""
     if layers not in f.plans:
-        subs = resolve(f.graph, values) | {pp: sympy.Rational(f.layers, layers)}
+        subs = resolve(f.graph, values)
+        if f.layers is not None:  # the stack's L / pp is this stage's layers
+            subs[pp] = sympy.Rational(f.layers, layers)
         ordered = f.graph.ops()
         per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
                      and not once_per_step(op, zero)]
@@ -720,7 +730,7 @@ def _compute_time(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: C
 def _stage_layers(r: Row, layers: int) -> dict[str, int]:
     """The layers on each role's stage."""
     if r.pp == 1:
-        return {FIRST: layers}
+        return {FIRST: layers or 1}  # the whole stack (its count is no symbol then)
     each = stage_layers(layers, Parallel(pp=r.pp, first_stage_layers=r.first,
                                          last_stage_layers=r.last))
     return {FIRST: each[0], MIDDLE: each[1], LAST: each[-1]}

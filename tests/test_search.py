@@ -35,6 +35,7 @@ def _same_as_profile(searcher: Searcher, row, forward, cost) -> None:
     ("llama3.2-1b", 16, 64, 4096, "calibrated"),
     ("llama3-8b", 64, 128, 8192, "roofline"),
     ("mixtral-8x7b", 32, 64, 4096, "calibrated"),
+    ("deepseek-v2-lite", 8, 16, 1024, "calibrated"),  # two layer stacks: one pipeline stage
 ])
 def test_search_figures_are_profiles_on_a_random_sample(model, gpus, batch, seq, cost):
     """A random layout of each of several structures, by the search's compiled formulas and by
