@@ -52,6 +52,18 @@ def test_search_figures_are_profiles_on_a_random_sample(model, gpus, batch, seq,
         _same_as_profile(searcher, rng.choice(by_structure[key]), forward, c)
 
 
+def test_an_uneven_split_is_profile_too():
+    """Llama 3's own split (7, 8 x 14, 7 layers), compiled by the search as an even one with
+    the stages' layers a symbol: `profile`'s figures."""
+    forward, c = preset("llama3.1-405b"), cost_model("calibrated")
+    searcher = Searcher(forward, H100, seq_len=8192, cost=c)
+    found = rows(forward, H100, Space(gpus=256, batch=32, tp=8, pp=16, cp=1, zero=1,
+                                      micro_batch=1, recompute=("full",), precision=("bf16",),
+                                      sequence_parallel=True), 8192, searcher.cluster)
+    assert [(r.first, r.last) for r in found] == [(7, 7)]
+    _same_as_profile(searcher, found[0], forward, c)
+
+
 def test_the_space_covers_every_option():
     """Every degree, split and option the issue names is in the space of a mixture of experts
     on enough GPUs: uneven pipeline ends, interleaving, expert parallelism, every ZeRO stage and
@@ -196,6 +208,7 @@ def test_rank_of_a_constrained_layout(cli):
     (("--gpus", "8", "--tokens", "1000"), "multiple"),
     (("--gpus", "8:32:x2", "--global-batch", "32", "--emit", "megatron"), "one --gpus"),
     (("--gpus", "8", "--global-batch", "32", "--emit", "megatron", "--json"), "not both"),
+    (("--gpus", "8", "--global-batch", "32", "--emit", "megatron", "--rank"), "not both"),
     (("--gpus", "8", "--global-batch", "32", "--micro-batch", "32"), "contradicts"),
     (("--gpus", "8", "--global-batch", "32", "--precision", "fp8", "--hardware", "a100-sxm-80gb"),
      "FP8"),

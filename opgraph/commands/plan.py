@@ -121,6 +121,8 @@ def run(args) -> int:
                            "8:1024:x2")
     if args.emit and args.json:
         raise OpgraphError("--emit prints the config alone; give --emit or --json, not both")
+    if args.emit and args.rank:
+        raise OpgraphError("--emit prints the config alone; give --emit or --rank, not both")
     if args.emit and len(sizes) > 1:
         raise OpgraphError("--emit writes one job's config: give one --gpus")
     from .. import hardware as hw
