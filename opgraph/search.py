@@ -70,7 +70,7 @@ from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory, liveness
-from .parallel import Parallel, cp, dp, edp, ep, pp, stage_layers, tp
+from .parallel import ZERO_STAGES, Parallel, cp, dp, edp, ep, pp, stage_layers, tp
 from .passes.evaluate import mfu_parameters, resolve
 from .passes.precision import PRECISIONS
 from .passes.recompute import POLICIES
@@ -82,7 +82,7 @@ from .rules import COLLECTIVE_KINDS
 from .schedule import once_per_step, plan
 from .symbols import B
 
-ZERO = (0, 1, 2, 3)
+ZERO = ZERO_STAGES
 # Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
 # attention on shorter blocks is latency-bound); --max-cp lifts it.
 MIN_CP_TOKENS = 1024

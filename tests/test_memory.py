@@ -181,3 +181,17 @@ def test_just_over_capacity_does_not_read_as_equal(cli):
     need, _, rest = line.removeprefix("memory").strip().partition(" of ")
     assert code == 0 and "OVER CAPACITY" in line and need != rest.split(":")[0]
     assert "80.00 GB of HBM, more than the 80.00 GB" not in err
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_copy_matrices_are_copies(recompute):
+    """`Liveness.copy_matrices` (the search's memory, as arrays) says what `copies` says at
+    every op and life: one + many x count, for a count standing for the layers."""
+    from opgraph.memory import liveness
+
+    live = liveness(compile_step(preset("llama3.2-1b"), recompute=recompute))
+    one, many = live.copy_matrices()
+    count = 1000
+    for i in range(len(live.ops)):
+        for j, life in enumerate(live.lives):
+            assert one[i, j] + many[i, j] * count == live.copies(life, i, count), (i, j)

@@ -9,7 +9,7 @@ from ..errors import OpgraphError
 from ..limits import MAX_DIM, MAX_TOKENS
 from ..passes.precision import PRECISIONS
 from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
-from ..search import ZERO
+from ..parallel import ZERO_STAGES as ZERO
 from .args import check_command_outputs, json_text, whole
 
 EMITS = ("torchtitan", "megatron")
