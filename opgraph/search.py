@@ -80,9 +80,8 @@ from .passes.split_stages import layer_stack, split_stages
 from .pipeline import step_passes
 from .rules import COLLECTIVE_KINDS
 from .schedule import once_per_step, plan
-from .symbols import B
+from .symbols import B, S
 
-ZERO = ZERO_STAGES
 # Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
 # attention on shorter blocks is latency-bound); --max-cp lifts it.
 MIN_CP_TOKENS = 1024
@@ -140,7 +139,7 @@ class Space:
         if self.virtual_stages not in (None, 1) and self.pp == 1:
             raise OpgraphError(f"--virtual-stages {self.virtual_stages} contradicts --pp 1: "
                                "interleaving needs pipeline stages")
-        if self.zero is not None and self.zero not in ZERO:
+        if self.zero is not None and self.zero not in ZERO_STAGES:
             raise OpgraphError(f"--zero {self.zero}: give 0, 1, 2 or 3")
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             for value in getattr(self, name) or ():
@@ -254,23 +253,14 @@ def row_of(c: Candidate) -> Row:
                lay.last_stage_layers, c.recompute, c.precision, lay.batch, lay.async_tp)
 
 
-def row_of_json(entry: dict) -> tuple[Parallel, str, str]:
-    """A layout and its options back from `Ranked.to_json`."""
-    fields = {k: entry[k] for k in ("tp", "pp", "cp", "ep", "dp", "micro_batch",
-                                    "virtual_stages", "zero", "sequence_parallel", "async_tp")}
-    layout = Parallel(global_batch=entry["global_batch"],
-                      first_stage_layers=entry["first_stage_layers"],
-                      last_stage_layers=entry["last_stage_layers"], **fields)
-    return layout, entry["recompute"], entry["precision"]
-
-
 def _layers(forward: Graph) -> int | None:
     """The layers of the model's one layer stack; None where it has several (DeepSeek's dense
     and expert layers), which pipeline parallelism does not split."""
-    tops = [r for r in forward.regions() if r.parent is None]
-    if len(tops) != 1:
+    try:
+        region = layer_stack(forward)
+    except OpgraphError:
         return None
-    return int(sympy.sympify(layer_stack(forward).count).xreplace(forward.dims))
+    return int(sympy.sympify(region.count).xreplace(forward.dims))
 
 
 def _powers(limit: int) -> list[int]:
@@ -307,7 +297,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         layer_stack(forward)  # says why, in one line
     pps = [space.pp] if space.pp else [1] if layers is None else range(
         1, min(space.max_pp or layers, layers) + 1)
-    zeros = [space.zero] if space.zero is not None else ZERO
+    zeros = [space.zero] if space.zero is not None else ZERO_STAGES
     recompute = space.recompute or RECOMPUTE
     precision = space.precision or tuple(p for p in PRECISIONS
                                          if p != "fp8" or hardware.fp8_flops)
@@ -318,6 +308,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     alone = [o for o in options if o[0] == min(zeros)]  # no data parallelism: nothing to shard
     out: list[Row] = []
     checked: dict = {}
+    graphs = _at_sequence(forward, seq_len)
     for t, c, p in itertools.product(tps, cps, pps):
         if space.gpus % (t * c * p):
             continue
@@ -327,8 +318,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         per_rank = space.batch // d
         for (first, last), sp_ in itertools.product(_splits(layers, p), _sp(space, t)):
             for e in eps:
-                if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first, last,
-                                                   checked):
+                if (d * c) % e or not _divides(graphs, t, c, e, p, sp_, first, last, checked):
                     continue
                 for mb in ([space.micro_batch] if space.micro_batch else
                            _divisors(per_rank, space.max_micro_batch)):
@@ -341,22 +331,32 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     return out
 
 
-def _divides(forward: Graph, seq_len: int, t, c, e, p, sp_, first, last, cache: dict) -> bool:
-    """Whether the model (and the sequence length searched) divides over the degrees, as
-    `profile` checks it."""
+def _divides(graphs: tuple[Graph, ...], t, c, e, p, sp_, first, last, cache: dict) -> bool:
+    """Whether each of `graphs` divides over the degrees, as `profile` checks it
+    (`distributed.check_layout`): the model as `profile` checks it, and the model at the
+    sequence length searched."""
     key = (t, c, e, p, sp_, first, last)
     if key not in cache:
-        split = 2 * c if c > 1 else t if sp_ else 1
+        # dp = ep: any data-parallel degree the experts divide (checked by the caller)
+        layout = Parallel(tp=t, cp=c, ep=e, pp=p, dp=e, sequence_parallel=sp_,
+                          first_stage_layers=first, last_stage_layers=last)
         try:
-            if seq_len % split:
-                raise OpgraphError("the sequence does not split")
-            # dp = ep: any data-parallel degree the experts divide (checked by the caller)
-            check_layout(forward, Parallel(tp=t, cp=c, ep=e, pp=p, dp=e, sequence_parallel=sp_,
-                                           first_stage_layers=first, last_stage_layers=last))
+            for graph in graphs:
+                check_layout(graph, layout)
             cache[key] = True
         except OpgraphError:
             cache[key] = False
     return cache[key]
+
+
+def _at_sequence(forward: Graph, seq_len: int) -> tuple[Graph, ...]:
+    """The graphs `_divides` checks: `forward` (what `profile` checks: its own sequence), and,
+    where the search's sequence differs, a copy whose sequence is the searched one."""
+    if forward.dims.get(S) in (None, seq_len):
+        return (forward,)
+    sized = forward.copy()
+    sized.dims = {**forward.dims, S: seq_len}
+    return forward, sized
 
 
 def _sp(space: Space, t: int) -> list[bool]:
@@ -456,13 +456,9 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
 def _fixed(expr, fixed: dict, memo: dict):
     """`expr` with the fixed dimensions substituted, once per distinct formula (the
     structures share most of theirs; `fixed` is the same for all of a model's)."""
-    try:
-        return memo[expr]
-    except KeyError:
-        memo[expr] = out = sympy.sympify(expr).xreplace(fixed)
-        return out
-    except TypeError:  # a plain number
-        return sympy.sympify(expr)
+    if expr not in memo:
+        memo[expr] = sympy.sympify(expr).xreplace(fixed)
+    return memo[expr]
 
 
 # The groups whose collectives `_waits` counts, with the ranks between their members
@@ -569,9 +565,9 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict) -> Graph:
     return graph
 
 
-def _compile_structure(forward: Graph, hardware: Hardware, r: Row, values: dict,
-                       cost: CostModel, passes: dict, formulas: dict) -> _Structure:
-    layers = _layers(forward)
+def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r: Row,
+                       values: dict, cost: CostModel, passes: dict, formulas: dict
+                       ) -> _Structure:
     layout = _representative(r, layers)
     step = _step(forward, r, layout, passes)
     costs = cost.op_costs(step)
@@ -826,6 +822,7 @@ class Searcher:
         self.structures: dict[tuple, _Structure] = {}
         self.passes: dict = {}  # pass prefixes -> graphs
         self.formulas: dict = {}  # formulas -> with the fixed dimensions substituted
+        self._last = None  # (space, what `_fitting` found for it)
         self.n_mfu = int(mfu_parameters(forward).xreplace(resolve(forward, self.values)))
         self.compile_s = 0.0
 
@@ -833,9 +830,9 @@ class Searcher:
         key = structure(r)
         if key not in self.structures:
             t0 = time.perf_counter()
-            self.structures[key] = _compile_structure(self.forward, self.hardware, r,
-                                                      self.values, self.cost, self.passes,
-                                                      self.formulas)
+            self.structures[key] = _compile_structure(
+                self.forward, self.layers, self.hardware, r, self.values, self.cost,
+                self.passes, self.formulas)
             self.compile_s += time.perf_counter() - t0
         return self.structures[key]
 
@@ -858,7 +855,14 @@ class Searcher:
 
     def _fitting(self, space: Space):
         """Every row of `space` evaluated as arrays: (rows, groups, the fitting rows as
-        (bound, group, column), sorted, the least memory any row needs)."""
+        (bound, group, column), sorted, the least memory any row needs). The last space's are
+        kept: `faster_than` after `search` of one space evaluates it once."""
+        if self._last is not None and self._last[0] == space:
+            return self._last[1]
+        self._last = (space, self._evaluate_space(space))
+        return self._last[1]
+
+    def _evaluate_space(self, space: Space):
         found = rows(self.forward, self.hardware, space, self.seq, self.cluster)
         if not found:
             raise OpgraphError(f"no layout of {self.forward.name} divides {space.gpus:,} GPUs "

@@ -191,23 +191,24 @@ FIXING = ("tp", "cp", "ep", "pp", "dp", "zero", "micro_batch", "virtual_stages",
 
 
 def _ranking(searcher, space, found) -> dict:
-    """Where `found`'s best ranks in `space` with its fixing constraints lifted."""
+    """Where `found`'s best ranks in `space` with its fixing constraints lifted: its rank,
+    among how many, and the best of them (a `search.Ranked`)."""
     import attrs
 
-    whole = attrs.evolve(space, **dict.fromkeys(FIXING))
-    best = searcher.search(whole, 1)
+    lifted = attrs.evolve(space, **dict.fromkeys(FIXING))
+    whole = searcher.search(lifted, 1)
     mine = found.best[0]
-    faster = searcher.faster_than(whole, mine.step_time_s)
-    return {"rank": faster + 1, "of": best.fit, "searched": best.searched,
-            "slower_than_best": mine.step_time_s / best.best[0].step_time_s - 1,
-            "best": best.best[0].to_json()}
+    return {"rank": searcher.faster_than(lifted, mine.step_time_s) + 1, "of": whole.fit,
+            "searched": whole.searched,
+            "slower_than_best": mine.step_time_s / whole.best[0].step_time_s - 1,
+            "best": whole.best[0]}
 
 
 def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
     if args.json:
         out = _json(found, part, cluster, seq, args.cost)
         if ranking is not None:
-            out["ranking"] = ranking
+            out["ranking"] = ranking | {"best": ranking["best"].to_json()}
         print(json_text(out))
         return 0
     from ..outputs.report import format_plan, layout_text
@@ -218,12 +219,11 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
     print(format_plan(found.best))
     if ranking is not None:
         b = ranking["best"]
-        from ..search import row_of_json
-
         print(f"\nthe best layout above ranks #{ranking['rank']:,} of the {ranking['of']:,} that "
               f"fit among all {ranking['searched']:,} (the layout's constraints lifted); it is "
               f"{ranking['slower_than_best'] * 100:.1f}% slower than the best, "
-              f"{layout_text(*row_of_json(b))} at {b['step_time_s']:.3f} s per step")
+              f"{layout_text(b.layout, b.candidate.recompute, b.candidate.precision)} at "
+              f"{b.step_time_s:.3f} s per step")
     return 0
 
 
