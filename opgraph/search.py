@@ -418,6 +418,7 @@ class _StageFormulas:
     saved: np.ndarray  # (lives,) bool: a saved activation (else transient)
     moments: tuple[tuple[str, str], ...]  # each op's (name, phase), where a peak may happen
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
+    optimizer_rows: tuple[int, ...]  # the compute ops of the last one only (the optimizer)
     waits: tuple  # (reader, its collectives): compute the stream must wait for (`_waits`)
     plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
 
@@ -450,6 +451,7 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         len(live.lives), one, many, np.array([life.saved for life in live.lives], dtype=bool),
         tuple((op.name, op.phase.value) for op in live.ops),
         tuple(i for i in range(len(ops)) if not collective[i] and not once[i]),
+        tuple(i for i in range(len(ops)) if not collective[i] and once[i]),
         _waits(graph, ops, collective, once))
 
 
@@ -461,24 +463,26 @@ def _fixed(expr, fixed: dict, memo: dict):
     return memo[expr]
 
 
-# The groups whose collectives `_waits` counts, with the ranks between their members
-# (`Parallel.stride`): tensor parallelism innermost, expert parallelism outside context.
-_WAITED = {"tp": lambda r: 1, "ep": lambda r: r.tp * r.cp}
+# The groups whose collectives `_waits` counts: tensor and expert parallelism (context
+# parallelism's run under their readers, `schedule.overlapped`; data parallelism's are not
+# read by the next op).
+_WAITED = ("tp", "ep")
 
 
 def _waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple:
     """Collectives the compute stream surely waits for, whole, every micro-batch: one that
     reads what a compute op wrote and is read by the very next compute op (same region, same
-    count), on a group that does not overlap its reader (`schedule.overlapped`; tensor
-    parallelism's without --async-tp, checked per row). That op starts no earlier than the
-    collective ends, and the collective no earlier than its input is written, so the stream
-    idles at least its time there: each such pair adds the longest of its collectives to a
-    lower bound of the stage's time. Returns (reader, (collective, ...)) by op index."""
+    count; the optimizer's ops count as compute, so the pair is adjacent in the last
+    micro-batch too), on a group that does not overlap its reader (`schedule.overlapped`;
+    tensor parallelism's without --async-tp, checked per row). That op starts no earlier than
+    the collective ends, and the collective no earlier than its input is written, so the
+    stream idles at least its time there: each such pair adds the longest of its collectives
+    to a lower bound of the stage's time. Returns (reader, (collective, ...)) by op index."""
     index = {op.name: i for i, op in enumerate(ops)}
-    compute = [op for op, c, o in zip(ops, collective, once) if not c and not o]
+    compute = [(op, o) for op, c, o in zip(ops, collective, once) if not c]
     out = []
-    for w, r in zip(compute, compute[1:]):
-        if w.region != r.region or w.count != r.count:
+    for (w, w_once), (r, r_once) in zip(compute, compute[1:]):
+        if w_once or r_once or w.region != r.region or w.count != r.count:
             continue
         waited = []
         for name in r.inputs:
@@ -493,35 +497,78 @@ def _waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple:
     return tuple(out)
 
 
-def _waited_time(f: _StageFormulas, nums: _Numbers, group: list, cost: CostModel,
-                 cluster, hardware: Hardware) -> np.ndarray:
-    """Each row's time the stage surely waits on communication per micro-batch (`_waits`):
-    a collective's time is affine in its message, so it is read at two messages once per
-    group size and stride, then taken over the rows' messages."""
+def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line) -> dict[int, np.ndarray]:
+    """Each collective's seconds per instance over the rows, as `distributed._times` gives
+    them: a collective's time is affine in its message, so `line(kind, group, layout)` gives
+    its intercept and slope once per kind and layout, taken over the rows' messages."""
+    index: dict = {}
+    where = np.array([index.setdefault((r.tp, r.cp, r.ep, r.pp, r.dp), len(index))
+                      for r in group])
+    out = {}
+    lines: dict = {}
+    for k in range(f.n_ops):
+        g, kind = f.groups[k], f.kinds[k]
+        if g is None:
+            continue
+        if (g, kind) not in lines:
+            pairs = np.array([line(kind, g, degrees) for degrees in index])
+            lines[g, kind] = (pairs[where, 0], pairs[where, 1])
+        base, slope = lines[g, kind]
+        out[k] = base + slope * nums.messages[k]
+    return out
+
+
+def _comm_line(cost: CostModel, cluster, hardware: Hardware):
+    """`_comm_times`'s `line`: a collective's time at no message and its seconds per byte,
+    over the group `group` names in the layout of `degrees` (tp, cp, ep, pp, dp), each
+    distinct group size and stride read once."""
+
+    @functools.lru_cache(maxsize=None)
+    def affine(kind: str, size: int, stride: int) -> tuple[float, float]:
+        base = cost.comm_time(kind, 0.0, size, cluster, stride, hardware)
+        return base, (cost.comm_time(kind, 1e9, size, cluster, stride, hardware) - base) / 1e9
+
+    @functools.lru_cache(maxsize=None)
+    def layout(degrees: tuple) -> Parallel:
+        t, c, e, p, d = degrees
+        return Parallel(tp=t, cp=c, ep=e, pp=p, dp=d)
+
+    def line(kind: str, group: str, degrees: tuple) -> tuple[float, float]:
+        lay = layout(degrees)
+        return affine(kind, lay.size(group), lay.stride(group))
+    return line
+
+
+def _waited_time(f: _StageFormulas, nums: _Numbers, times: dict, group: list) -> np.ndarray:
+    """Each row's time the stage surely waits on communication per micro-batch (`_waits`)."""
     total = np.zeros(nums.flops.shape[1])
     if not f.waits:
         return total
-    sizes = {g: np.array([r.tp if g == "tp" else r.ep for r in group]) for g in _WAITED}
-    strides = {g: np.array([_WAITED[g](r) for r in group]) for g in _WAITED}
     overlapped_tp = np.array([r.async_tp for r in group])
-    times = {}
     for reader, waited in f.waits:
         longest = np.zeros_like(total)
         for c in waited:
-            if c not in times:
-                g, kind = f.groups[c], f.kinds[c]
-                t = np.zeros_like(total)
-                for n, st in set(zip(sizes[g].tolist(), strides[g].tolist())):
-                    at = (sizes[g] == n) & (strides[g] == st)
-                    base = cost.comm_time(kind, 0.0, n, cluster, st, hardware)
-                    slope = (cost.comm_time(kind, 1e9, n, cluster, st, hardware) - base) / 1e9
-                    t[at] = base + slope * nums.messages[c, at]
-                if g == "tp":
-                    t[overlapped_tp] = 0.0
-                times[c] = t
-            longest = np.maximum(longest, times[c])
+            t = times[c]
+            if f.groups[c] == "tp":
+                t = np.where(overlapped_tp, 0.0, t)
+            longest = np.maximum(longest, t)
         total += nums.counts[reader] * longest
     return total * (1 - 1e-6)
+
+
+def _streams(f: _StageFormulas, nums: _Numbers, times: dict, once: bool) -> np.ndarray:
+    """The busiest communication stream's time over one micro-batch (`once`: the last one,
+    with what runs once per step): each group's collectives run one after another on its
+    stream, and the micro-batch's span ends no earlier than the last of them
+    (`schedule.simulate`'s tail). Gradient reductions are never deferred here: a searched
+    layout overlaps them (`Parallel.overlap_grad_reduce`'s default)."""
+    per_group: dict = {}
+    for k, t in times.items():
+        if once or not f.once[k]:
+            per_group[f.groups[k]] = per_group.get(f.groups[k], 0.0) + nums.counts[k] * t
+    if not per_group:
+        return np.zeros(nums.flops.shape[1])
+    return np.max(np.stack(list(per_group.values())), axis=0) * (1 - 1e-6)
 
 
 @attrs.frozen
@@ -701,11 +748,11 @@ def _in_flight(p: np.ndarray, v: np.ndarray, m: np.ndarray, stage) -> np.ndarray
     return np.where(p == 1, 1.0, out)
 
 
-def _compute_time(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostModel
-                  ) -> np.ndarray:
-    """Each row's compute on the stage per micro-batch, communication left out: its
-    per-micro-batch ops' times under `cost`, summed."""
-    rows_ = list(f.busy_rows)
+def _compute_time(f: _StageFormulas, nums: _Numbers, ops: tuple[int, ...],
+                  hardware: Hardware, cost: CostModel) -> np.ndarray:
+    """Each row's time of the compute ops `ops` (indices) on the stage under `cost`, summed:
+    the compute stream runs them one after another."""
+    rows_ = list(ops)
     if not rows_:
         return np.zeros(nums.flops.shape[1])
     flops, nbytes, counts = nums.flops[rows_], nums.bytes[rows_], nums.counts[rows_]
@@ -746,7 +793,7 @@ class _Group:
 
 
 def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
-              cost: CostModel, cluster) -> _Group:
+              cost: CostModel, line) -> _Group:
     n = len(group)
 
     def column(values):
@@ -760,16 +807,20 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
                               column([r.edp_group for r in group]), None,
                               column([r.micro_batch for r in group])]))
     per_row = [_stage_layers(r, layers) for r in group]
-    numbers, busy = {}, {}
+    numbers, plain, last = {}, {}, {}
     for role, f in s.stages.items():
         env = base | {LAYERS: column([x[role] for x in per_row])}
-        numbers[role] = _numbers(f, env, n)
-        busy[role] = (_compute_time(f, numbers[role], hardware, cost)
-                      + _waited_time(f, numbers[role], group, cost, cluster, hardware))
-    # the pipeline span of compute and the waits alone: m x slowest + (sum - slowest) / v
-    slowest = np.max(np.stack(list(busy.values())), axis=0)
-    total = busy[FIRST] + busy.get(LAST, 0.0) + (p - 2) * busy.get(MIDDLE, 0.0)
-    bound = m * slowest + (total - slowest) / v
+        nums = numbers[role] = _numbers(f, env, n)
+        times = _comm_times(f, nums, group, line)
+        busy = (_compute_time(f, nums, f.busy_rows, hardware, cost)
+                + _waited_time(f, nums, times, group))
+        # a micro-batch takes at least its compute and surely-waited communication, and at
+        # least its busiest stream; the last one adds the optimizer and what runs once
+        plain[role] = np.maximum(busy, _streams(f, nums, times, once=False))
+        last[role] = np.maximum(busy + _compute_time(f, nums, f.optimizer_rows, hardware,
+                                                     cost),
+                                _streams(f, nums, times, once=True))
+    bound = _step_bound(plain, last, p, m, v)
     peaks = {role: _peak(f, numbers[role]) for role, f in s.stages.items()}
     index = {FIRST: 0.0, MIDDLE: 1.0, LAST: p - 1}
     held = {role: _in_flight(p, v, m, index[role]) for role in s.stages}
@@ -777,6 +828,18 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
                        + np.floor(pk.activations * held[role]) + pk.transient
                        for role, pk in peaks.items()])
     return _Group(s, group, numbers, peaks, held, bound * (1 - 1e-9), totals.max(axis=0))
+
+
+def _step_bound(plain: dict, last: dict, p, m, v) -> np.ndarray:
+    """A lower bound of the step from lower bounds of each role's plain and last
+    micro-batch (`distributed._schedule`: the pipeline span of the plain micro-batches plus
+    the longest tail, last less plain). The span `m x max + (sum - max) / v` is at least
+    `m x T_j + (sum - T_j) / v` for every stage j (m >= 1 >= 1 / v), and the tail at least
+    stage j's; so the step is at least `(m - 1) x T_j + last_j + (sum - T_j) / v` for each j,
+    every term growing with the times it reads."""
+    total = plain[FIRST] + plain.get(LAST, 0.0) + (p - 2) * plain.get(MIDDLE, 0.0)
+    return np.max(np.stack([(m - 1) * plain[role] + last[role] + (total - plain[role]) / v
+                            for role in plain]), axis=0)
 
 
 def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, tokens: int,
@@ -817,6 +880,7 @@ class Searcher:
         if self.seq is None:
             raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
         self.cluster = cluster or clusters.for_hardware(hardware)
+        self._line = _comm_line(cost, self.cluster, hardware)
         self.values = {"S": self.seq}
         self.layers = _layers(forward)
         self.structures: dict[tuple, _Structure] = {}
@@ -836,10 +900,14 @@ class Searcher:
             self.compile_s += time.perf_counter() - t0
         return self.structures[key]
 
+    def forget(self) -> None:
+        """Drop the last space's arrays (`_fitting`), keeping the compiled structures."""
+        self._last = None
+
     def evaluate(self, group: list[Row]) -> _Group:
         """A structure's rows as arrays (they must share one structure)."""
         return _evaluate(self.structure(group[0]), group, self.layers, self.hardware, self.cost,
-                         self.cluster)
+                         self._line)
 
     def exact(self, g: _Group, col: int) -> Ranked:
         """Row `col` of a group, scheduled as `profile` schedules it."""

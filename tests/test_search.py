@@ -107,6 +107,35 @@ def test_branch_and_bound_returns_the_fastest():
     assert found.searched == len(rows(forward, H100, space, 2048, searcher.cluster))
 
 
+@pytest.mark.parametrize("model, gpus, batch, seq, max_pp", [
+    ("llama3.2-1b", 32, 64, 4096, None),  # data, context, pipeline and tensor parallelism
+    ("mixtral-8x7b", 16, 32, 4096, 2),  # expert parallelism
+])
+def test_the_bound_is_below_every_step(model, gpus, batch, seq, max_pp):
+    """A layout's bound (compute, surely-waited collectives, the busiest stream, the
+    optimizer's tail) is at most its step, on random layouts of 40 random structures of a
+    space (every ZeRO stage, recomputation, pipeline depth): the branch and bound returns the
+    fastest only if so."""
+    forward = preset(model)
+    searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
+    space = Space(gpus=gpus, batch=batch, precision=("bf16",), recompute=("none", "full"),
+                  max_micro_batch=2, max_pp=max_pp)
+    everything = rows(forward, H100, space, seq, searcher.cluster)
+    by_structure: dict = {}
+    for r in everything:
+        by_structure.setdefault(structure(r), []).append(r)
+    rng = random.Random(7)
+    tight = 0.0
+    for key in rng.sample(sorted(by_structure, key=repr), 40):
+        group = rng.sample(by_structure[key], min(3, len(by_structure[key])))
+        g = searcher.evaluate(group)
+        for col in range(len(group)):
+            step = searcher.exact(g, col).step_time_s
+            assert g.bound[col] <= step, group[col]
+            tight = max(tight, g.bound[col] / step)
+    assert tight > 0.9  # the bound is not vacuous: some layout's is within 10% of its step
+
+
 def test_memory_filter_keeps_only_layouts_that_fit():
     """Llama 3.1 405B on 128 H100s at 8,192 tokens: every layout returned fits in 80 GB, and on
     8 GPUs none can (its BF16 weights alone are 810 GB)."""
