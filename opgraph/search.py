@@ -28,7 +28,7 @@ the passes `profile` runs (`pipeline.step_passes`; a pass shared by several stru
 once), its stages cut by `split_stages` with the stack's trip count a symbol (`LAYERS`), and
 every op's count, FLOPs, bytes and message, every tensor's size and count in the liveness
 analysis and the resident memory kept as formulas of `DEGREES`. Over all of a structure's rows
-at once, those formulas are evaluated on numpy arrays (`_value`), and from them:
+at once, those formulas are evaluated on numpy arrays (`_Program`), and from them:
 
 - memory per GPU: each stage's liveness peak (`Liveness.copy_matrices`: each op's live bytes as
   a matrix product over the lives), its activations times the micro-batches in flight
@@ -411,6 +411,7 @@ class _StageFormulas:
     peaks: tuple[float, ...]
     rates: tuple[str, ...]
     exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident
+    tape: _Tape  # the exprs as one program over arrays
     n_ops: int
     n_lives: int
     one: np.ndarray  # (ops, lives): 1 a life counted once at op i, -1 its count less one
@@ -424,7 +425,8 @@ class _StageFormulas:
 
 
 def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
-                   zero: int, layers: int, costs: dict, fixed_memo: dict) -> _StageFormulas:
+                   zero: int, layers: int, costs: dict, fixed_memo: dict,
+                   program: _Program) -> _StageFormulas:
     missing = [op for op in graph.ops() if op.name not in costs]
     if missing:
         costs = costs | {op.name: cost.op_cost(graph, op) for op in missing}
@@ -447,7 +449,8 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         graph, layers, tuple(op.name for op in ops), tuple(op.kind for op in ops),
         tuple(op.param("group") if c else None for op, c in zip(ops, collective)), once,
         tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
-        tuple(EFFICIENCY.get(op.kind, "matmul") for op in ops), exprs, len(ops),
+        tuple(EFFICIENCY.get(op.kind, "matmul") for op in ops), exprs, program.tape(exprs),
+        len(ops),
         len(live.lives), one, many, np.array([life.saved for life in live.lives], dtype=bool),
         tuple((op.name, op.phase.value) for op in live.ops),
         tuple(i for i in range(len(ops)) if not collective[i] and not once[i]),
@@ -613,14 +616,14 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict) -> Graph:
 
 
 def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r: Row,
-                       values: dict, cost: CostModel, passes: dict, formulas: dict
-                       ) -> _Structure:
+                       values: dict, cost: CostModel, passes: dict, formulas: dict,
+                       program: _Program) -> _Structure:
     layout = _representative(r, layers)
     step = _step(forward, r, layout, passes)
     costs = cost.op_costs(step)
     return _Structure(structure(r), {
         role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero,
-                             layers, costs, formulas)
+                             layers, costs, formulas, program)
         for role, i in _roles(layout.pp)})
 
 
@@ -639,28 +642,90 @@ def _plans(f: _StageFormulas, layers: int, zero: int, values: dict):
 
 # --- the arrays ---------------------------------------------------------------------------------
 
-def _value(expr, env: dict, memo: dict):
-    """`expr` at the arrays `env` gives its symbols: sums, products and powers on numpy, each
-    subexpression once (`memo`)."""
-    try:
-        return memo[expr]
-    except KeyError:
-        pass
-    if expr.is_Number:
-        out = float(expr)
-    elif expr.is_Symbol:
-        out = env[expr]
-    elif expr.is_Add:
-        out = functools.reduce(np.add, (_value(a, env, memo) for a in expr.args))
-    elif expr.is_Mul:
-        out = functools.reduce(np.multiply, (_value(a, env, memo) for a in expr.args))
-    elif expr.is_Pow and expr.exp.is_Integer:
-        base, exp = _value(expr.base, env, memo), int(expr.exp)
-        out = base ** exp if exp > 0 else 1.0 / base ** -exp
-    else:  # anything else (a ceiling, a maximum): numpy's own, through sympy
-        out = sympy.lambdify(DEGREES, expr, "numpy")(*(env[s] for s in DEGREES))
-    memo[expr] = out
-    return out
+_CONST, _SYMBOL, _ADD, _MUL, _POW, _CALL = range(6)
+
+
+class _Program:
+    """Formulas flattened into steps over numpy arrays, each distinct subexpression one step:
+    sums, products and integer powers on numpy, anything else (a ceiling, a maximum) numpy's
+    own through sympy. A searcher keeps one, its structures' formulas sharing their steps; a
+    step's number is above its operands', so steps in numbered order run operands first."""
+
+    def __init__(self):
+        self.number: dict = {}  # subexpression -> its step
+        self.steps: list[tuple] = []  # (code, operands or value)
+
+    def step(self, expr) -> int:
+        found = self.number.get(expr)
+        if found is not None:
+            return found
+        if expr.is_Number:
+            step = (_CONST, float(expr))
+        elif expr.is_Symbol:
+            step = (_SYMBOL, expr)
+        elif expr.is_Add:
+            step = (_ADD, tuple(self.step(a) for a in expr.args))
+        elif expr.is_Mul:
+            step = (_MUL, tuple(self.step(a) for a in expr.args))
+        elif expr.is_Pow and expr.exp.is_Integer:
+            step = (_POW, (self.step(expr.base), int(expr.exp)))
+        else:
+            step = (_CALL, sympy.lambdify(DEGREES, expr, "numpy"))
+        self.steps.append(step)
+        self.number[expr] = len(self.steps) - 1
+        return self.number[expr]
+
+    def tape(self, exprs) -> _Tape:
+        """The steps `exprs` need, renumbered from 0, and which step gives each."""
+        roots = [self.step(e) for e in exprs]
+        needed, todo = set(), list(roots)
+        while todo:
+            i = todo.pop()
+            if i in needed:
+                continue
+            needed.add(i)
+            code, arg = self.steps[i]
+            if code in (_ADD, _MUL):
+                todo.extend(arg)
+            elif code == _POW:
+                todo.append(arg[0])
+        order = sorted(needed)
+        local = {g: k for k, g in enumerate(order)}
+        steps = []
+        for g in order:
+            code, arg = self.steps[g]
+            if code in (_ADD, _MUL):
+                arg = tuple(local[a] for a in arg)
+            elif code == _POW:
+                arg = (local[arg[0]], arg[1])
+            steps.append((code, arg))
+        return _Tape(tuple(steps), tuple(local[r] for r in roots))
+
+
+@attrs.frozen
+class _Tape:
+    steps: tuple
+    roots: tuple[int, ...]
+
+    def run(self, env: dict, n: int) -> np.ndarray:
+        """Every formula at the arrays `env` gives the symbols: a row per formula."""
+        values: list = []
+        for code, arg in self.steps:
+            if code == _CONST or code == _SYMBOL:
+                values.append(arg if code == _CONST else env[arg])
+            elif code == _ADD:
+                values.append(functools.reduce(np.add, [values[a] for a in arg]))
+            elif code == _MUL:
+                values.append(functools.reduce(np.multiply, [values[a] for a in arg]))
+            elif code == _POW:
+                base, exp = values[arg[0]], arg[1]
+                values.append(base ** exp if exp > 0 else 1.0 / base ** -exp)
+            else:
+                values.append(arg(*(env[s] for s in DEGREES)))
+        out = np.empty((len(self.roots), n))
+        for i, r in enumerate(self.roots):
+            out[i] = values[r]
+        return out
 
 
 @attrs.frozen
@@ -678,10 +743,7 @@ class _Numbers:
 
 
 def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
-    memo: dict = {}
-    values = np.empty((len(f.exprs), n))
-    for i, e in enumerate(f.exprs):
-        values[i] = _value(e, env, memo)
+    values = f.tape.run(env, n)
     k, m = f.n_ops, f.n_lives
     # counts and sizes are whole numbers: rounded, their sums carry no rounding error; the
     # resident parts may not be (a ZeRO shard is 1/dp of a buffer), and for the memory filter
@@ -772,10 +834,15 @@ def _compute_time(f: _StageFormulas, nums: _Numbers, ops: tuple[int, ...],
 
 def _stage_layers(r: Row, layers: int) -> dict[str, int]:
     """The layers on each role's stage."""
-    if r.pp == 1:
+    return _split_layers(layers, r.pp, r.first, r.last)
+
+
+@functools.lru_cache(maxsize=4096)
+def _split_layers(layers: int, stages: int, first, last) -> dict[str, int]:
+    if stages == 1:
         return {FIRST: layers or 1}  # the whole stack (its count is no symbol then)
-    each = stage_layers(layers, Parallel(pp=r.pp, first_stage_layers=r.first,
-                                         last_stage_layers=r.last))
+    each = stage_layers(layers, Parallel(pp=stages, first_stage_layers=first,
+                                         last_stage_layers=last))
     return {FIRST: each[0], MIDDLE: each[1], LAST: each[-1]}
 
 
@@ -886,6 +953,7 @@ class Searcher:
         self.structures: dict[tuple, _Structure] = {}
         self.passes: dict = {}  # pass prefixes -> graphs
         self.formulas: dict = {}  # formulas -> with the fixed dimensions substituted
+        self.program = _Program()  # the formulas' steps over arrays, shared by the structures
         self._last = None  # (space, what `_fitting` found for it)
         self.n_mfu = int(mfu_parameters(forward).xreplace(resolve(forward, self.values)))
         self.compile_s = 0.0
@@ -896,7 +964,7 @@ class Searcher:
             t0 = time.perf_counter()
             self.structures[key] = _compile_structure(
                 self.forward, self.layers, self.hardware, r, self.values, self.cost,
-                self.passes, self.formulas)
+                self.passes, self.formulas, self.program)
             self.compile_s += time.perf_counter() - t0
         return self.structures[key]
 
