@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .errors import OpgraphError
@@ -52,6 +53,9 @@ def _one_line(message: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # numpy's BLAS threads gain nothing on opgraph's small matrices (`plan`'s run no faster
+    # with them) and would spin on every core; numpy is not imported yet, so this holds
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if argv == ["--version"]:
         print(_version())
         return 0
