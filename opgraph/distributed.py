@@ -105,9 +105,12 @@ class ParallelResult:
                 "communication": [t.to_json() for t in self.communication]}
 
 
-def check_layout(forward: Graph, layout: Parallel) -> None:
-    """One-line errors for a layout the model does not divide (heads, layers, sequence)."""
+def check_layout(forward: Graph, layout: Parallel, seq: int | None = None) -> None:
+    """One-line errors for a layout the model does not divide (heads, layers, sequence): at
+    the model's own sequence length, as `shard` checks it, and at `seq` where one is given."""
     check_divides(forward, layout)
+    if seq is not None:
+        check_divides(forward, layout, seq)
     if layout.pp > 1:
         region = layer_stack(forward)
         stage_layers(int(sympy.sympify(region.count).xreplace(forward.dims)), layout)
@@ -188,6 +191,7 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
         raise OpgraphError("give the batch as the layout's micro and global batch, not tokens")
     cluster = cluster or clusters.for_hardware(hardware)
     values["B"] = layout.micro_batch
+    check_layout(forward, layout, values.get("S"))  # the sequence the step runs at too
     step = compile_parallel(forward, layout, **options)
     # the middle stages hold the same layers and nothing else: one stands for them all
     kinds = [min(i, 1) if i < layout.pp - 1 else i for i in range(layout.pp)]

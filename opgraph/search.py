@@ -83,7 +83,7 @@ from .passes.split_stages import layer_stack, split_stages
 from .pipeline import step_passes
 from .rules import COLLECTIVE_KINDS
 from .schedule import once_per_step, plan
-from .symbols import B, S
+from .symbols import B
 
 # Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
 # attention on shorter blocks is latency-bound); --max-cp lifts it.
@@ -311,7 +311,6 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     alone = [o for o in options if o[0] == min(zeros)]  # no data parallelism: nothing to shard
     out: list[Row] = []
     checked: dict = {}
-    graphs = _at_sequence(forward, seq_len)
     for t, c, p in itertools.product(tps, cps, pps):
         if space.gpus % (t * c * p):
             continue
@@ -321,7 +320,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         per_rank = space.batch // d
         for (first, last), sp_ in itertools.product(_splits(layers, p), _sp(space, t)):
             for e in eps:
-                if (d * c) % e or not _divides(graphs, t, c, e, p, sp_, first, last, checked):
+                if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first,
+                                               last, checked):
                     continue
                 for mb in ([space.micro_batch] if space.micro_batch else
                            _divisors(per_rank, space.max_micro_batch)):
@@ -334,32 +334,20 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     return out
 
 
-def _divides(graphs: tuple[Graph, ...], t, c, e, p, sp_, first, last, cache: dict) -> bool:
-    """Whether each of `graphs` divides over the degrees, as `profile` checks it
-    (`distributed.check_layout`): the model as `profile` checks it, and the model at the
-    sequence length searched."""
+def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict) -> bool:
+    """Whether the model divides over the degrees as `profile` checks it
+    (`distributed.check_layout`, at its own sequence length and the one searched)."""
     key = (t, c, e, p, sp_, first, last)
     if key not in cache:
         # dp = ep: any data-parallel degree the experts divide (checked by the caller)
         layout = Parallel(tp=t, cp=c, ep=e, pp=p, dp=e, sequence_parallel=sp_,
                           first_stage_layers=first, last_stage_layers=last)
         try:
-            for graph in graphs:
-                check_layout(graph, layout)
+            check_layout(forward, layout, seq)
             cache[key] = True
         except OpgraphError:
             cache[key] = False
     return cache[key]
-
-
-def _at_sequence(forward: Graph, seq_len: int) -> tuple[Graph, ...]:
-    """The graphs `_divides` checks: `forward` (what `profile` checks: its own sequence), and,
-    where the search's sequence differs, a copy whose sequence is the searched one."""
-    if forward.dims.get(S) in (None, seq_len):
-        return (forward,)
-    sized = forward.copy()
-    sized.dims = {**forward.dims, S: seq_len}
-    return forward, sized
 
 
 def _sp(space: Space, t: int) -> list[bool]:

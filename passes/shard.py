@@ -83,9 +83,12 @@ def _symbols(value) -> set:
     return set()
 
 
-def check_divides(graph: Graph, layout: Parallel) -> None:
-    """One-line errors for degrees the model's dimensions do not divide."""
+def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> None:
+    """One-line errors for degrees the model's dimensions do not divide, at sequence length
+    `seq` (default: the model's)."""
     dims = {s.name: v for s, v in graph.dims.items()}
+    if seq is not None:
+        dims["S"] = seq
     for sym in TENSOR_SPLITS:
         value = dims.get(sym.name)
         if value is not None and layout.tp > 1 and value % layout.tp:

@@ -228,6 +228,15 @@ def test_the_cli_names_the_constraint(cli):
     assert code == 2 and "H = 32 is not divisible by --tp 3" in err
 
 
+def test_the_sequence_checked_is_the_one_profiled(cli):
+    """--seq-len 1000 on 16 context-parallel GPUs would give each of the 32 ring-attention
+    chunks 31.25 tokens: refused, though the model's own 8,192 divides."""
+    code, _, err = cli("profile", "--seq-len", "1000", "--cp", "16", "--gpus", "16")
+    assert code == 2 and "sequence length 1000 is not divisible by 2 x --cp 16" in err
+    code, _, _ = cli("profile", "--seq-len", "1024", "--cp", "16", "--gpus", "16")
+    assert code == 0
+
+
 # --- the command line ----------------------------------------------------------------------------
 
 def test_profile_json_over_many_gpus(cli, tmp_path):
