@@ -564,6 +564,7 @@ class _Releases:
 
 
 def _releases(graph: Graph, ops: list, collective: list, planned: list) -> _Releases:
+    """The `_Releases` of the micro-batch that runs the `planned` ops."""
     segment: dict[int, int] = {}
     index = {op.name: i for i, op in enumerate(ops)}
     n, region = -1, None
@@ -585,6 +586,7 @@ def _releases(graph: Graph, ops: list, collective: list, planned: list) -> _Rele
             k = index[producer.name]
             at = max(at, released.get(k, 0) if collective[k] else segment.get(k, 0))
         released[i] = at
+
     def matrix(where: dict) -> tuple:
         out = np.zeros((n + 1, len(where)))
         out[list(where.values()), np.arange(len(where))] = 1.0
@@ -883,7 +885,7 @@ def _stage_layers(r: Row, layers: int) -> dict[str, int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _split_layers(layers: int, stages: int, first, last) -> dict[str, int]:
+def _split_layers(layers: int, stages: int, first, last) -> dict[str, int]:  # read, not changed
     if stages == 1:
         return {FIRST: layers or 1}  # the whole stack (its count is no symbol then)
     each = stage_layers(layers, Parallel(pp=stages, first_stage_layers=first,
