@@ -226,7 +226,9 @@ class _Sharder:
             params = {k: _sub(v, self.params) for k, v in op.params}
             ins = [out.tensor(n) for n in inputs]
             if op.kind in RESHAPES and inputs[0] in self.seq:  # it keeps its sequence shard
-                params["shape"] = _sub(params["shape"], {S: ins[0].shape[SEQ_AXIS]})
+                # (the input's extent, context parallelism's share already in it)
+                params["shape"] = _sub(op.param("shape"),
+                                       self.split | {S: ins[0].shape[SEQ_AXIS]})
             shapes = rules.infer_shapes(op.kind, ins, params)
             for name, shape in zip(op.outputs, shapes):
                 t = src.tensor(name)

@@ -501,3 +501,16 @@ def test_sequence_parallel_with_expert_parallel_compiles():
     layers, d, experts, tokens = dims["L"], dims["D"], dims["E"], 4096
     router = 3 * 2 * tokens * d * experts * layers  # forward and backward (2x), per layer
     assert matmul_flops(False) - matmul_flops(True) == pytest.approx(router / 2, rel=1e-9)
+
+
+def test_a_reshape_on_a_sequence_shard_keeps_context_parallelism_once():
+    """DeepSeek's shared rotary key, reshaped on the sequence-parallel shard under context
+    parallelism too: S / (cp x tp) tokens, not S / (cp^2 x tp) (which failed to compile)."""
+    from opgraph.models import preset
+    from opgraph.parallel import Parallel, cp, tp
+    from passes.shard import shard
+
+    g = shard(preset("deepseek-v2-lite"), Parallel(tp=2, cp=2, sequence_parallel=True))
+    S = sympy.Symbol("S", positive=True, integer=True)
+    head = g.tensor(g.op("layers.k_pe_head").outputs[0])
+    assert sympy.simplify(head.shape[1] - S / (cp * tp)) == 0
