@@ -309,6 +309,13 @@ class CostModel:
         hardware.bandwidth)`. The calibrated model scales it (`CalibratedCostModel`)."""
         return self.time(flops, nbytes, peak, hardware.bandwidth)
 
+    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks):
+        """`op_time` over numpy arrays: a row per op (of `kinds`, at the column `peaks`), a
+        column per case (`opgraph.search`'s layouts)."""
+        import numpy as np
+
+        return self.time(flops, nbytes, peaks, hardware.bandwidth, np.maximum)
+
     def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
                   hardware=None) -> float:
         """Seconds of one collective of `kind` (an op kind: "all_reduce") moving `message`
@@ -381,6 +388,17 @@ class CalibratedCostModel(CostModel):
                                 rate=getattr(e, EFFICIENCY.get(kind, "matmul")),
                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
                                 launch=e.launch_s)
+
+    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks):
+        import numpy as np
+
+        e = self.efficiencies(hardware)
+        rate = np.array([getattr(e, EFFICIENCY.get(kind, "matmul")) for kind in kinds])[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
+            t = self.scaled_time(flops, nbytes, counts, peaks, hardware.bandwidth, rate=rate,
+                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
+                                 launch=e.launch_s, maximum=np.maximum)
+        return np.where(counts > 0, t, 0.0)
 
     @staticmethod
     def scaled_time(flops, nbytes, count, peak, bandwidth, *, rate, half, bandwidth_share,

@@ -109,17 +109,19 @@ def check_layout(forward: Graph, layout: Parallel, seq: int | None = None) -> No
     """One-line errors for a layout the model does not divide (heads, layers, sequence): at
     the model's own sequence length, as `shard` checks it, and at `seq` where one is given."""
     check_divides(forward, layout)
-    if seq is not None:
+    if seq is not None and seq != forward.dims.get(S):
         check_divides(forward, layout, seq)
     if layout.pp > 1:
         region = layer_stack(forward)
         stage_layers(int(sympy.sympify(region.count).xreplace(forward.dims)), layout)
 
 
-def compile_parallel(forward: Graph, layout: Parallel, **options) -> Graph:
+def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None,
+                     **options) -> Graph:
     """The step one data-parallel rank of `layout` runs, every stage together (`split_stages`
-    cuts it per stage); `options` are `compile_step`'s."""
-    check_layout(forward, layout)
+    cuts it per stage), checked at sequence length `seq` too (`check_layout`); `options`
+    are `compile_step`'s."""
+    check_layout(forward, layout, seq)
     extra = list(options.pop("extra_passes", ()))
     return compile_step(forward, shard=functools.partial(shard, layout=layout),
                         extra_passes=[functools.partial(replicate, layout=layout), *extra],
@@ -191,8 +193,7 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
         raise OpgraphError("give the batch as the layout's micro and global batch, not tokens")
     cluster = cluster or clusters.for_hardware(hardware)
     values["B"] = layout.micro_batch
-    check_layout(forward, layout, values.get("S"))  # the sequence the step runs at too
-    step = compile_parallel(forward, layout, **options)
+    step = compile_parallel(forward, layout, seq=values.get("S"), **options)
     # the middle stages hold the same layers and nothing else: one stands for them all
     kinds = [min(i, 1) if i < layout.pp - 1 else i for i in range(layout.pp)]
     drawn = None if rank is None else layout.rank_stage(rank)

@@ -67,7 +67,7 @@ import numpy as np
 import sympy
 
 from . import cluster as clusters
-from .costmodel import DEFAULT, EFFICIENCY, CostModel
+from .costmodel import DEFAULT, CostModel
 from .distributed import Job, ParallelResult, Stage, StageOp, check_layout, step_figures
 from .errors import OpgraphError
 from .hardware import Hardware
@@ -400,7 +400,6 @@ class _StageFormulas:
     groups: tuple[str | None, ...]
     once: tuple[bool, ...]
     peaks: tuple[float, ...]
-    rates: tuple[str, ...]
     exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident
     tape: _Tape  # the exprs as one program over arrays
     n_ops: int
@@ -440,8 +439,8 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
     return _StageFormulas(
         graph, layers, tuple(op.name for op in ops), tuple(op.kind for op in ops),
         tuple(op.param("group") if c else None for op, c in zip(ops, collective)), once,
-        tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
-        tuple(EFFICIENCY.get(op.kind, "matmul") for op in ops), exprs, program.tape(exprs),
+        tuple(cost.peak(hardware, costs[op.name].compute) for op in ops), exprs,
+        program.tape(exprs),
         len(ops),
         len(live.lives), one, many, np.array([life.saved for life in live.lives], dtype=bool),
         tuple((op.name, op.phase.value) for op in live.ops),
@@ -863,19 +862,9 @@ def _op_times(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostM
     out = np.zeros_like(nums.flops)
     if not rows_:
         return out
-    flops, nbytes, counts = nums.flops[rows_], nums.bytes[rows_], nums.counts[rows_]
     peaks = np.array([f.peaks[i] for i in rows_])[:, None]
-    if cost.name == "calibrated":
-        e = cost.efficiencies(hardware)
-        rate = np.array([getattr(e, f.rates[i]) for i in rows_])[:, None]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = cost.scaled_time(flops, nbytes, counts, peaks, hardware.bandwidth, rate=rate,
-                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
-                                 launch=e.launch_s, maximum=np.maximum)
-        t = np.where(counts > 0, t, 0.0)
-    else:
-        t = cost.time(flops, nbytes, peaks, hardware.bandwidth, np.maximum)
-    out[rows_] = t
+    out[rows_] = cost.op_times(hardware, [f.kinds[i] for i in rows_], nums.flops[rows_],
+                               nums.bytes[rows_], nums.counts[rows_], peaks)
     return out
 
 

@@ -309,3 +309,23 @@ def test_batched_matmul_backward_keeps_the_batch_dims():
         assert sympy.expand(DERIVED.op_cost(step, op).flops - 2 * B * S * S * D) == 0
         assert sympy.expand(DERIVED.op_cost(step, op).flops
                             - DEFAULT.op_cost(step, fwd).flops) == 0
+
+
+@pytest.mark.parametrize("name", ["roofline", "calibrated"])
+def test_op_times_is_op_time_over_arrays(name):
+    """The array form `opgraph plan` evaluates layouts with gives each op's `op_time`, an op
+    with no instances none."""
+    from opgraph.costmodel import cost_model
+
+    cost, part = cost_model(name), hardware.get("h100-sxm")
+    kinds = ["matmul", "rmsnorm", "flash_attention"]
+    flops = np.array([[2e12, 4e12], [1e9, 0.0], [3e11, 6e11]])
+    nbytes = np.array([[1e9, 2e9], [4e9, 0.0], [1e8, 2e8]])
+    counts = np.array([[32.0, 32.0], [64.0, 0.0], [1.0, 2.0]])
+    peaks = np.array([[part.peak_flops]] * 3)
+    out = cost.op_times(part, kinds, flops, nbytes, counts, peaks)
+    for i, kind in enumerate(kinds):
+        for j in range(2):
+            one = cost.op_time(part, kind, flops[i, j], nbytes[i, j], int(counts[i, j]),
+                               part.peak_flops) if counts[i, j] else 0.0
+            assert out[i, j] == pytest.approx(one, rel=1e-12)

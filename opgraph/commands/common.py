@@ -231,7 +231,7 @@ def setup(args, calibrated: bool = True, layout=None) -> Setup:
     else:
         from ..distributed import compile_parallel
 
-        step = compile_parallel(forward, layout, **step_options(args))
+        step = compile_parallel(forward, layout, seq=values["S"], **step_options(args))
     if cost.name == "calibrated":
         cost.efficiencies(part)  # a part without a generation: said now, in one line
     return Setup(forward, step, part, values, cost)
