@@ -170,29 +170,40 @@ class Graph:
         self._regions: dict[str, Region] = {}  # by name, in the order they were made
 
     # --- construction -------------------------------------------------------------------------
-    def add_tensor(self, tensor: Tensor) -> Tensor:
+    def add_tensor(self, tensor: Tensor, *, before: str | None = None) -> Tensor:
+        """Add `tensor`; `before` as `add_op`'s, for the tensor an op placed so writes."""
         node = _tnode(tensor.name)
         if node in self.nx:
             raise ValueError(f"tensor {tensor.name!r} is already in graph {self.name!r}")
-        self._seq += 1
-        self.nx.add_node(node, payload=tensor, seq=self._seq)
+        self.nx.add_node(node, payload=tensor, seq=self._place(before))
         return tensor
 
-    def add_op(self, op: Op) -> Op:
+    def add_op(self, op: Op, *, before: str | None = None) -> Op:
+        """Add `op`, last in the order among ops ready together; `before` names an op that
+        reads what this one writes, whose place in the order it takes (it runs just before
+        that op, not after every op added earlier: a pass inserting a producer keeps the
+        order of the ops around it)."""
         node = _onode(op.name)
         if node in self.nx:
             raise ValueError(f"op {op.name!r} is already in graph {self.name!r}")
         for name in (*op.inputs, *op.outputs):
             if _tnode(name) not in self.nx:
                 raise ValueError(f"op {op.name!r} uses unknown tensor {name!r}")
-        self._seq += 1
-        self.nx.add_node(node, payload=op, seq=self._seq)
+        self.nx.add_node(node, payload=op, seq=self._place(before))
         for name in op.inputs:
             self.nx.add_edge(_tnode(name), node)
         for name in op.outputs:
             self.nx.add_edge(node, _tnode(name))
         self._order = None
         return op
+
+    def _place(self, before: str | None) -> int:
+        """A new node's key in the order (`_sorted_order`): the next, or `before`'s own (the
+        node becomes ready before `before` does, so ties between them never arise)."""
+        if before is not None:
+            return self.nx.nodes[_onode(before)]["seq"]
+        self._seq += 1
+        return self._seq
 
     def replace_op(self, op: Op) -> Op:
         """Put `op` in place of the op of the same name (new inputs, say), keeping its place
@@ -269,7 +280,7 @@ class Graph:
         for seq, n in ops:
             for t in self.nx.predecessors(n):
                 for producer in self.nx.predecessors(t):
-                    if nodes[producer]["seq"] > seq:
+                    if nodes[producer]["seq"] >= seq:  # equal: placed `before` it
                         return None
         return [nodes[n]["payload"] for _, n in ops]
 

@@ -50,14 +50,15 @@ def _shard(t: Tensor, group: str) -> Tensor:
 
 def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase, region,
                 count, group: str, role: Role = Role.ACTIVATION, grad_of: str | None = None,
-                forward: str | None = None) -> str:
+                forward: str | None = None, before: str | None = None) -> str:
     t = graph.tensor(source)
     params = {"group": group, "axis": AXIS, "size": GROUPS[group]} if kind != "all_reduce" \
         else {"group": group}
     (shape,) = rules.infer_shapes(kind, [t], params)
-    graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region))
+    graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region),
+                     before=before)
     graph.add_op(Op(f"{name}.{kind}", kind, "communication", (source,), (name,), count=count,
-                    phase=phase, params=params, region=region, forward=forward))
+                    phase=phase, params=params, region=region, forward=forward), before=before)
     return name
 
 
@@ -114,8 +115,11 @@ def _gather_weight(out: Graph, w: Tensor, group: str) -> None:
         mine = [op for op in readers if op.phase is phase]
         if not mine:
             continue
+        # placed just before its first reader: appended, it would hold that reader back
+        # while ops the order puts later (a recomputation) went ahead
         gathered = _collective(out, w.name, "all_gather", f"{w.name}@{phase.value}",
-                               phase=phase, region=w.region, count=w.count, group=group)
+                               phase=phase, region=w.region, count=w.count, group=group,
+                               before=mine[0].name)
         for op in mine:
             out.replace_op(attrs.evolve(op, inputs=tuple(gathered if n == w.name else n
                                                         for n in op.inputs)))

@@ -108,3 +108,19 @@ def test_textual_form_is_one_line_per_op():
 
 def test_order_is_deterministic():
     assert str(derive_backward(preset("llama3-8b"))) == str(derive_backward(preset("llama3-8b")))
+
+
+def test_an_op_added_before_its_reader_runs_there():
+    """`add_op(..., before=reader)`: the new op takes its reader's place in the order, ahead
+    of an op added earlier that was ready all along; appended, it would run after that one."""
+    for before, expected in ((None, ["a", "late", "c", "b"]), ("b", ["a", "c", "b", "late"])):
+        g = Graph("g")
+        for name in ("x", "y", "z", "w"):
+            g.add_tensor(Tensor(name, (D,)))
+        g.add_op(Op("a", "add", "elementwise", ("x",), ("y",)))
+        g.add_tensor(Tensor("y2", (D,)))
+        g.add_op(Op("b", "add", "elementwise", ("y2",), ("z",)))
+        g.add_op(Op("late", "add", "elementwise", ("y",), ("w",)))  # ready after a
+        g.add_op(Op("c", "add", "elementwise", ("y",), ("y2",)), before=before and "b")
+        g.add_tensor(Tensor("unused", (D,)))
+        assert [op.name for op in g.ops()] == expected

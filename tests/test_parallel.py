@@ -163,6 +163,27 @@ def test_fsdp_gathers_each_weight_in_forward_and_again_in_backward():
     assert all(step.tensor(op.outputs[0]).role is Role.ACTIVATION for op in gathers)
 
 
+@pytest.mark.parametrize("policy", ["full", "selective-op"])
+def test_fsdp_keeps_the_order_of_the_step_it_shards(policy):
+    """ZeRO-3's gathers go just before their readers, so the compute runs in the order it ran
+    unsharded: a recomputation stays in the backward (appended, the gathers held the forward's
+    readers back and the recomputation ran in the forward), and the activations at the peak
+    are ZeRO-2's, which gathers nothing."""
+    step = compile_step(preset("llama3.2-1b"), recompute=policy)
+    sharded = replicate(step, Parallel(dp=8, zero=3))
+    compute = [op.name for op in sharded.ops() if op.kind not in ("all_gather", "reduce_scatter")]
+    assert compute == [op.name for op in step.ops()]
+    first_backward = next(i for i, op in enumerate(sharded.ops()) if op.phase is Phase.BACKWARD)
+    assert all(i > first_backward for i, op in enumerate(sharded.ops())
+               if op.phase is Phase.RECOMPUTE)
+    activations = {}
+    for zero in (2, 3):
+        graph = replicate(step, Parallel(dp=8, zero=zero))
+        subs = resolve(graph)
+        activations[zero] = peak(graph, subs).activations.xreplace(subs)
+    assert activations[3] == activations[2]
+
+
 # --- pipelines -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("p, v, m", [(4, 1, 8), (8, 1, 32), (4, 2, 8), (8, 3, 24)])
