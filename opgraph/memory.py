@@ -67,6 +67,14 @@ def _resident(tensors: list[Tensor]) -> sympy.Expr:
 def footprint(graph: Graph) -> Footprint:
     """The HBM footprint of a step graph (a forward graph has no gradients, states or saved
     activations): `footprint(step).total`."""
+    held = resident_tensors(graph)
+    return Footprint(*(_resident(held[name]) for name in ("weights", "gradients", "optimizer")),
+                     _resident(saved(graph)))
+
+
+def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
+    """The tensors resident all step, by part: the weights, one gradient buffer per weight, the
+    optimizer states."""
     weights = graph.weights()
     names = {w.name for w in weights}
     grads: dict[str, Tensor] = {}
@@ -80,8 +88,8 @@ def footprint(graph: Graph) -> Footprint:
             if (op.phase is Phase.OPTIMIZER and t.role is Role.OPTIMIZER_STATE
                     and op.kind not in rules.COLLECTIVE_KINDS):  # a gather reads the update
                 states.setdefault(name, t)
-    return Footprint(_resident(weights), _resident(list(grads.values())),
-                     _resident(list(states.values())), _resident(saved(graph)))
+    return {"weights": list(weights), "gradients": list(grads.values()),
+            "optimizer": list(states.values())}
 
 
 def _made_by_forward(graph: Graph, name: str) -> bool:

@@ -40,24 +40,36 @@ at once, those formulas are evaluated on numpy arrays (`_Program`), and from the
   `distributed.step_figures` combines them. For the fastest layouts of Llama 3 8B on 64 GPUs
   and of Llama 3.1 405B on 16,384 it is 2.2% and 1.1% below the step.
 
-**Exact figures by branch and bound.** The rows that fit are taken in order of their bound;
-each is scheduled exactly, by the critical path `opgraph profile` runs
-(`distributed.step_figures`, `schedule.simulate`) on the numbers the arrays gave, with its
-memory made whole as `memory.figures` makes it, until the next bound is no better than the
-K-th best step found. So the layouts returned carry `profile`'s figures (a test compares random
-layouts of many structures with `profile` itself, relative 1e-9, and another the top K with
-every layout of a small space scheduled), and every layout not returned is no faster than the
-last one returned.
+**A bound before compiling.** A structure's compile costs about 50 ms on this machine's core
+and a large space has hundreds of structures (four ZeRO stages x four recomputation policies x
+two precisions x ...), most of which cannot hold the best layout. So every row first gets a
+bound from far less (`_compute_bound`): the step before `replicate` and `split_stages`, one per
+*compute key* (`compute_key`: the structure less the ZeRO stage, data parallelism and the
+pipeline depth, which leave every forward and backward op as it is), costed once per key. A
+stage's micro-batch takes at least its layer stack's compute ops times its layers, its ends'
+ops and the stack's surely-waited collectives, through the same `_step_bound`; and a stage
+holds at least its layers' weights, gradients and optimizer states as the ZeRO stage shards
+them, and the activations they save (`_held`): a row that surely does not fit is out. Both read
+a subset of what the compiled structure's arrays read (a test checks them below those, on
+every row of random structures).
 
-What it costs: each structure's compile (the passes, `split_stages`, liveness) takes about
-50 ms on this machine's core, and a large space has hundreds of structures (four ZeRO stages x
-four recomputation policies x two precisions x ...): compiling, not the arrays (about 0.1 ms a
-layout) nor the few exact schedules, is most of a search's time.
+**Exact figures by branch and bound.** Structures, at their rows' least compute bound, and the
+fitting rows of the structures evaluated, at their bound, are taken best first: a structure is
+compiled and evaluated when it comes up, and a row is scheduled exactly, by the critical path
+`opgraph profile` runs (`distributed.step_figures`, `schedule.simulate`) on the numbers the
+arrays gave, with its memory made whole as `memory.figures` makes it, until nothing left has
+a bound below the K-th best step found. So the layouts returned carry `profile`'s figures (a
+test compares random layouts of many structures with `profile` itself, relative 1e-9, and
+another the top K with every layout of a small space scheduled), every layout not returned is
+no faster than the last one returned, and only the structures that might hold a better one are
+compiled: 35 of 512 for Llama 3.1 405B on 16,384 GPUs. Ties are broken by the order the space
+lists the rows, so the answer does not depend on what was pruned.
 """
 
 from __future__ import annotations
 
 import functools
+import heapq
 import itertools
 import time
 from typing import NamedTuple
@@ -72,14 +84,17 @@ from .distributed import Job, ParallelResult, Stage, StageOp, check_layout, step
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Phase
-from .memory import Memory, liveness
+from .memory import Memory, liveness, resident_tensors, saved
 from .parallel import ZERO_STAGES, Parallel, cp, dp, edp, ep, pp, stage_layers, tp
 from .passes.evaluate import mfu_parameters, resolve
 from .passes.precision import PRECISIONS
 from .passes.recompute import POLICIES
+from .passes.replicate import group_of as replicate_group
 from .passes.replicate import replicate
 from .passes.shard import shard
-from .passes.split_stages import layer_stack, split_stages
+from .passes.split_stages import FIRST as FIRST_END
+from .passes.split_stages import LAST as LAST_END
+from .passes.split_stages import STACK, ends, layer_stack, split_stages
 from .pipeline import step_passes
 from .rules import COLLECTIVE_KINDS
 from .schedule import once_per_step, plan
@@ -193,9 +208,10 @@ class Found:
 
     best: tuple[Ranked, ...]
     searched: int  # layouts evaluated (memory and bound): the whole space
-    fit: int  # of them, those that fit in memory
+    fit: int  # of the evaluated structures' layouts, those that fit in memory
     scheduled: int  # of those, the ones scheduled exactly (branch and bound)
-    structures: int  # distinct structures (each compiled once)
+    structures: int  # distinct structures
+    evaluated: int  # of them, those whose rows were evaluated (the rest bounded out)
     compile_s: float
     evaluate_s: float  # everything else: enumerating, the arrays, the exact schedules
     smallest_memory: float  # bytes per GPU: the least any layout needs
@@ -377,7 +393,7 @@ def structure(r: Row) -> tuple:
             r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3))
 
 
-FIRST, MIDDLE, LAST = "first", "middle", "last"
+FIRST, MIDDLE, LAST = ROLES = "first", "middle", "last"
 
 
 def _roles(stages: int) -> list[tuple[str, int]]:
@@ -643,14 +659,17 @@ _PASS_OPTIONS = {  # what each pass of `pipeline.step_passes` depends on, for sh
 }
 
 
-def _step(forward: Graph, r: Row, layout: Parallel, memo: dict) -> Graph:
+def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True
+          ) -> Graph:
     """`distributed.compile_parallel`'s step for `r`'s structure, each pass's result kept in
     `memo` for the structures that share the passes before it (passes are pure functions);
-    the checks ran when the row was enumerated, the verifier when `profile` compiles it."""
+    the checks ran when the row was enumerated, the verifier when `profile` compiles it.
+    Not `replicated`: the passes before `replicate` (a compute key's ops, `compute_key`)."""
     graph, key = forward, ()
     for run in step_passes(recompute=r.recompute, precision=r.precision,
                            shard=functools.partial(shard, layout=layout),
-                           extra_passes=[functools.partial(replicate, layout=layout)]):
+                           extra_passes=[functools.partial(replicate, layout=layout)]
+                           if replicated else []):
         name = getattr(run, "func", run).__name__
         key += ((name, *_PASS_OPTIONS[name](r)),)
         if key not in memo:
@@ -669,6 +688,145 @@ def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r
         role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero,
                              layers, costs, formulas, program)
         for role, i in _roles(layout.pp)})
+
+
+# --- the bound before compiling -----------------------------------------------------------------
+
+def compute_key(r: Row) -> tuple:
+    """What decides a row's compute ops: its structure less data parallelism, the ZeRO stage
+    (they add collectives, shard the optimizer and the resident memory, and leave every
+    forward and backward op as it is) and the pipeline stages (they cut the same ops apart)."""
+    return (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel, r.recompute, r.precision)
+
+
+@attrs.frozen
+class _ComputeFormulas:
+    """A compute key's forward and backward ops over `DEGREES`, before the step is split into
+    stages or replicated: the compute ops and the collectives `_waits` pairs with them (in
+    `_StageFormulas`' layout: counts, FLOPs, bytes, messages), and where each op runs: a stack
+    op on every stage, `LAYERS` times; an end op on the first or the last stage (or both).
+    After them the bytes `_held` gives: what one layer of the stack holds, then the ends."""
+
+    kinds: tuple[str, ...]
+    groups: tuple[str | None, ...]
+    peaks: tuple[float, ...]
+    tape: _Tape
+    n_ops: int
+    places: tuple[np.ndarray, ...]  # the stack, the first end, the last: (ops,) 1 where it runs
+    waits: tuple  # `_waits` of the stack's ops
+
+
+def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
+                     layers: int | None, fixed_memo: dict, program: _Program
+                     ) -> _ComputeFormulas:
+    """`graph` is a compute key's step before `replicate`; `fixed_memo` is kept apart from the
+    stages' (here the stack's count, not its share per stage, becomes `LAYERS`)."""
+    fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES}
+    side = None
+    if layers is not None:
+        fixed[layer_stack(graph).count] = LAYERS
+        side = ends(graph)
+    costs = cost.op_costs(graph)
+    ops = [op for op in graph.ops() if op.phase is not Phase.OPTIMIZER]
+    collective = [op.kind in COLLECTIVE_KINDS for op in ops]
+    once = (False,) * len(ops)
+    waits = _waits(graph, ops, collective, once)
+    if side is not None:  # a pair counts on every stage only where both ops are the stack's
+        waits = tuple((r, w) for r, w in waits if side[ops[r].name] == {STACK})
+    formulas = ([op.count for op in ops] + [costs[op.name].flops * op.count for op in ops]
+                + [costs[op.name].bytes * op.count for op in ops]
+                + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)])
+    # where each compute op runs; with no one stack, all on the one stage
+    runs = [side[op.name] if side is not None else {FIRST_END} for op in ops]
+    places = tuple(np.array([not c and place in where for where, c in zip(runs, collective)],
+                            dtype=float) for place in (STACK, FIRST_END, LAST_END))
+    formulas += _held(graph, layer_stack(graph).count if layers is not None else None)
+    exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
+    return _ComputeFormulas(
+        tuple(op.kind for op in ops),
+        tuple(op.param("group") if c else None for op, c in zip(ops, collective)),
+        tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
+        program.tape(exprs), len(ops), places, waits)
+
+
+_HELD_PARTS = ("weights", "gradients", "optimizer")
+
+
+def _held(graph: Graph, stack) -> list:
+    """The bytes a stage surely holds, as formulas: for the layer stack (the tensors counted by
+    its trip count `stack`, here one layer) and then for the ends, each resident part's
+    tensors (`memory.resident_tensors`) whose copies the data-parallel group and the expert
+    data-parallel group hold (`replicate.group_of`), and the saved activations
+    (`memory.saved`: all live at the backward's first op), but the carried ones."""
+    parts = resident_tensors(graph)
+    # a tensor a stack carries from layer to layer is one buffer handed on, not a copy per
+    # layer, and a stage sends its last one on: left out
+    carried = {n for r in graph.regions() for pair in r.carries for n in pair}
+    chosen = [[t for t in parts[name] if replicate_group(t) == group]
+              for name in _HELD_PARTS for group in ("dp", "edp")]
+    chosen.append([t for t in saved(graph) if t.name not in carried])
+    out = []
+    for in_stack in (True, False):
+        for tensors in chosen:
+            out.append(sympy.Add(*(t.nbytes * t.count for t in tensors
+                                   if (stack in t.count.free_symbols) == in_stack)))
+    return out
+
+
+def _held_bytes(held: np.ndarray, rows_: list[Row]) -> np.ndarray:
+    """`_held`'s parts (a row each, over the layouts) summed as the ZeRO stage shards them
+    (`replicate`: ZeRO-1 the optimizer states, ZeRO-2 the gradients too, ZeRO-3 the weights
+    too, over each group)."""
+    zero = np.array([r.zero for r in rows_])
+    groups = (np.array([r.dp_group for r in rows_], dtype=float),
+              np.array([r.edp_group for r in rows_], dtype=float))
+    total = held[-1].copy()
+    for i, least in enumerate((3, 2, 1)):  # the ZeRO stage that shards each part
+        for j, size in enumerate(groups):
+            total += held[2 * i + j] / np.where(zero >= least, size, 1.0)
+    return total
+
+
+def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
+                   hardware: Hardware, cost: CostModel, line) -> tuple[np.ndarray, np.ndarray]:
+    """Lower bounds of each row's step and memory from its compute alone. Each stage's
+    micro-batch takes at least its stack's ops, `LAYERS` times, its ends' ops and the stack's
+    surely-waited collectives; `_step_bound` combines them (with no optimizer: the last
+    micro-batch at least a plain one). It reads a subset of the ops and waits `_evaluate`'s
+    bound reads, so it is at most that bound. The fullest stage holds at least what its layers
+    hold (`_held`; the ends too where one stage holds all). Neither needs a stage compiled."""
+    n = len(rows_)
+
+    def column(values):
+        return np.array(values, dtype=float)
+
+    p = column([r.pp for r in rows_])
+    base = dict(zip(DEGREES, [column([r.tp for r in rows_]), column([r.cp for r in rows_]),
+                              column([r.ep for r in rows_]),
+                              column([r.dp_group for r in rows_]),
+                              column([r.edp_group for r in rows_]), np.ones(n),
+                              column([r.micro_batch for r in rows_])]))
+    values = f.tape.run(base, n)  # every count at one layer
+    k = f.n_ops
+    nums = _Numbers(np.rint(values[:k]), values[k:2 * k], values[2 * k:3 * k],
+                    values[3 * k:4 * k], *(np.zeros((0, n)),) * 3)
+    held = values[4 * k:]
+    parts = len(held) // 2
+    times = _comm_times(f, nums, rows_, line)
+    compute = _op_times(f, nums, hardware, cost)
+    stack, first, last = (place @ compute for place in f.places)
+    stack = stack + _waited_time(f, nums, times, rows_)
+    per_row = [_stage_layers(r, layers) for r in rows_]
+    plain = {role: stack * column([x.get(role, 0) for x in per_row]) for role in ROLES}
+    plain[FIRST] = plain[FIRST] + first + np.where(p == 1, last, 0.0)
+    plain[LAST] = np.where(p > 1, plain[LAST] + last, 0.0)
+    plain[MIDDLE] = np.where(p > 2, plain[MIDDLE], 0.0)
+    v = column([r.virtual_stages for r in rows_])
+    m = column([r.micro_batches for r in rows_])
+    most = column([max(x.values()) for x in per_row])
+    memory = most * _held_bytes(held[:parts], rows_) + np.where(
+        p == 1, _held_bytes(held[parts:], rows_), 0.0)
+    return _step_bound(plain, plain, p, m, v) * (1 - 1e-9), memory * (1 - 1e-9)
 
 
 def _plans(f: _StageFormulas, layers: int, zero: int, values: dict):
@@ -975,6 +1133,18 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
 
 # --- the search ---------------------------------------------------------------------------------
 
+@attrs.define
+class _Pending:
+    """A space under search: its rows, each structure's (indices into them), each row's
+    compute bound, and the structures evaluated so far (index -> `_Group`)."""
+
+    space: Space
+    rows: list[Row]
+    members: list[np.ndarray]
+    floor: np.ndarray
+    groups: dict = attrs.field(factory=dict)
+
+
 class Searcher:
     """One model on one part and cluster under one cost model, its structures compiled as
     the searches need them and kept (a scaling curve's sizes share them)."""
@@ -990,12 +1160,27 @@ class Searcher:
         self.values = {"S": self.seq}
         self.layers = _layers(forward)
         self.structures: dict[tuple, _Structure] = {}
+        self.computes: dict[tuple, _ComputeFormulas] = {}
+        self.compute_formulas: dict = {}  # as `formulas`, for `_compile_compute`
         self.passes: dict = {}  # pass prefixes -> graphs
         self.formulas: dict = {}  # formulas -> with the fixed dimensions substituted
         self.program = _Program()  # the formulas' steps over arrays, shared by the structures
-        self._last = None  # (space, what `_fitting` found for it)
+        self._last: _Pending | None = None  # the last space searched
         self.n_mfu = int(mfu_parameters(forward).xreplace(resolve(forward, self.values)))
         self.compile_s = 0.0
+
+    def compute(self, r: Row) -> _ComputeFormulas:
+        """The compute formulas of `r`'s compute key (`compute_key`), compiled once."""
+        key = compute_key(r)
+        if key not in self.computes:
+            t0 = time.perf_counter()
+            graph = _step(self.forward, r, _representative(r, self.layers), self.passes,
+                          replicated=False)
+            self.computes[key] = _compile_compute(graph, self.hardware, self.cost, self.values,
+                                                  self.layers, self.compute_formulas,
+                                                  self.program)
+            self.compile_s += time.perf_counter() - t0
+        return self.computes[key]
 
     def structure(self, r: Row) -> _Structure:
         key = structure(r)
@@ -1008,7 +1193,7 @@ class Searcher:
         return self.structures[key]
 
     def forget(self) -> None:
-        """Drop the last space's arrays (`_fitting`), keeping the compiled structures."""
+        """Drop the last space's arrays (`_space`), keeping the compiled structures."""
         self._last = None
 
     def evaluate(self, group: list[Row]) -> _Group:
@@ -1028,65 +1213,98 @@ class Searcher:
         `profile`."""
         return self.exact(self.evaluate([row_of(candidate)]), 0)
 
-    def _fitting(self, space: Space):
-        """Every row of `space` evaluated as arrays: (rows, groups, the fitting rows as
-        (bound, group, column), sorted, the least memory any row needs). The last space's are
-        kept: `faster_than` after `search` of one space evaluates it once."""
-        if self._last is not None and self._last[0] == space:
-            return self._last[1]
-        self._last = (space, self._evaluate_space(space))
-        return self._last[1]
-
-    def _evaluate_space(self, space: Space):
+    def _space(self, space: Space) -> _Pending:
+        """`space`'s rows, grouped by structure, with each row's compute bound; the last
+        space's are kept, with the structures evaluated so far (`faster_than` after `search`
+        of one space evaluates each once)."""
+        if self._last is not None and self._last.space == space:
+            return self._last
         found = rows(self.forward, self.hardware, space, self.seq, self.cluster)
         if not found:
             raise OpgraphError(f"no layout of {self.forward.name} divides {space.gpus:,} GPUs "
                                f"and {space.batch:,} sequences per step within the "
                                "constraints; change --gpus, the batch or the constraints")
-        by_key: dict[tuple, list[Row]] = {}
-        for r in found:
-            by_key.setdefault(structure(r), []).append(r)
-        groups = [self.evaluate(group) for group in by_key.values()]
+        by_key: dict[tuple, list[int]] = {}
+        by_compute: dict[tuple, list[int]] = {}
+        for i, r in enumerate(found):
+            by_key.setdefault(structure(r), []).append(i)
+            by_compute.setdefault(compute_key(r), []).append(i)
+        floor = np.empty(len(found))
         capacity = self.hardware.memory_bytes
-        fits = []
-        for gi, g in enumerate(groups):
-            ok = g.fullest <= capacity if capacity else np.ones(len(g.rows), dtype=bool)
-            fits += [(float(g.bound[col]), gi, int(col)) for col in np.flatnonzero(ok)]
-        fits.sort()
-        return found, groups, fits, min(float(g.fullest.min()) for g in groups)
+        for members in by_compute.values():
+            group = [found[i] for i in members]
+            step, memory = _compute_bound(self.compute(group[0]), group, self.layers,
+                                          self.hardware, self.cost, self._line)
+            # a row that surely does not fit cannot be among the best
+            floor[members] = np.where(memory > capacity, np.inf, step) if capacity else step
+        self._last = _Pending(space, found, [np.array(m) for m in by_key.values()], floor)
+        return self._last
+
+    def _group(self, pending: _Pending, si: int) -> _Group:
+        if si not in pending.groups:
+            pending.groups[si] = self.evaluate([pending.rows[i] for i in pending.members[si]])
+        return pending.groups[si]
+
+    def _fits(self, g: _Group) -> np.ndarray:
+        capacity = self.hardware.memory_bytes
+        return np.flatnonzero(g.fullest <= capacity) if capacity else np.arange(len(g.rows))
 
     def search(self, space: Space, top: int = 10) -> Found:
         """The `top` fastest layouts of `space` (see the module), with the search's counts."""
         if top < 1:
             raise OpgraphError("--top must be 1 or more")
         t0, compiled = time.perf_counter(), self.compile_s
-        found, groups, fits, smallest = self._fitting(space)
+        pending = self._space(space)
+        # best first over two kinds of entry: a structure not yet evaluated, at its rows' least
+        # compute bound (col -1), and a fitting row of one evaluated, at its bound
+        heap = [(float(pending.floor[m].min()), si, -1) for si, m in enumerate(pending.members)]
+        heapq.heapify(heap)
         best: list[tuple[float, int, Ranked]] = []
         scheduled = 0
-        for order, (bound, gi, col) in enumerate(fits):
+        while heap:
+            bound, si, col = heapq.heappop(heap)
             if len(best) >= top and bound >= best[-1][0]:
-                break  # no layout left can beat the K-th best
-            ranked = self.exact(groups[gi], col)
+                break  # nothing left can beat the K-th best
+            g = self._group(pending, si)
+            if col < 0:
+                members = pending.members[si]
+                for c in self._fits(g):
+                    heapq.heappush(heap, (max(float(g.bound[c]),
+                                              float(pending.floor[members[c]])), si, int(c)))
+                continue
+            ranked = self.exact(g, col)
             scheduled += 1
-            best.append((ranked.step_time_s, order, ranked))
-            best.sort(key=lambda item: item[:2])
+            best.append((ranked.step_time_s, int(pending.members[si][col]), ranked))
+            best.sort(key=lambda item: item[:2])  # ties: in the order the space lists them
             del best[top:]
         elapsed = time.perf_counter() - t0
         spent = self.compile_s - compiled
-        return Found(tuple(r for _, _, r in best), len(found), len(fits), scheduled,
-                     len({structure(g.rows[0]) for g in groups}), spent, elapsed - spent,
-                     smallest)
+        groups = pending.groups.values()
+        return Found(tuple(r for _, _, r in best), len(pending.rows),
+                     sum(len(self._fits(g)) for g in groups), scheduled,
+                     len(pending.members), len(pending.groups), spent, elapsed - spent,
+                     min(float(g.fullest.min()) for g in groups))
 
     def faster_than(self, space: Space, step_time_s: float) -> int:
         """How many layouts of `space` that fit run a step faster than `step_time_s`: each
-        whose bound is below it is scheduled exactly (where a layout of one's own ranks)."""
-        _, groups, fits, _ = self._fitting(space)
+        whose bounds are below it is scheduled exactly (where a layout of one's own ranks)."""
+        pending = self._space(space)
         faster = 0
-        for bound, gi, col in fits:
-            if bound >= step_time_s:
-                break
-            faster += self.exact(groups[gi], col).step_time_s < step_time_s
+        for si, members in enumerate(pending.members):
+            if pending.floor[members].min() >= step_time_s:
+                continue
+            g = self._group(pending, si)
+            for col in self._fits(g):
+                if max(g.bound[col], pending.floor[members[col]]) < step_time_s:
+                    faster += self.exact(g, col).step_time_s < step_time_s
         return faster
+
+    def fitting(self, space: Space) -> int:
+        """How many layouts of `space` fit in memory: every structure evaluated (a search
+        evaluates only those its bounds cannot rule out)."""
+        pending = self._space(space)
+        return sum(len(self._fits(self._group(pending, si)))
+                   for si in range(len(pending.members)))
 
 
 def search(forward: Graph, hardware: Hardware, space: Space, *, top: int = 10,

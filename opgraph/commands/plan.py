@@ -178,10 +178,10 @@ def _header(forward, part, cluster, seq: int, batch: int, cost: str) -> str:
 
 
 def _counts(found) -> str:
-    return (f"searched {found.searched:,} layouts ({found.fit:,} fit in memory, "
-            f"{found.scheduled:,} scheduled exactly) over {found.structures} structures; "
-            f"compiled in {found.compile_s:.2f} s, evaluated in {found.evaluate_s:.2f} s "
-            f"({found.layouts_per_s:,.0f} layouts/s)")
+    return (f"searched {found.searched:,} layouts over {found.structures} structures, "
+            f"{found.evaluated} of them evaluated ({found.fit:,} of their layouts fit in memory, "
+            f"{found.scheduled:,} scheduled exactly); compiled in {found.compile_s:.2f} s, "
+            f"evaluated in {found.evaluate_s:.2f} s ({found.layouts_per_s:,.0f} layouts/s)")
 
 
 # The constraints that fix the layout; --rank lifts them. The precision (a choice of numerics,
@@ -198,7 +198,8 @@ def _ranking(searcher, space, found) -> dict:
     lifted = attrs.evolve(space, **dict.fromkeys(FIXING))
     whole = searcher.search(lifted, 1)
     mine = found.best[0]
-    return {"rank": searcher.faster_than(lifted, mine.step_time_s) + 1, "of": whole.fit,
+    return {"rank": searcher.faster_than(lifted, mine.step_time_s) + 1,
+            "of": searcher.fitting(lifted),
             "searched": whole.searched,
             "slower_than_best": mine.step_time_s / whole.best[0].step_time_s - 1,
             "best": whole.best[0]}
@@ -231,7 +232,8 @@ def _json(found, part, cluster, seq, cost) -> dict:
     return {"gpus": found.best[0].layout.world if found.best else None,
             "hardware": part.id, "cluster": cluster.id, "seq_len": seq, "cost": cost,
             "searched": found.searched, "fit": found.fit, "scheduled": found.scheduled,
-            "structures": found.structures, "compile_s": found.compile_s,
+            "structures": found.structures, "evaluated": found.evaluated,
+            "compile_s": found.compile_s,
             "evaluate_s": found.evaluate_s, "layouts_per_s": found.layouts_per_s,
             "layouts": [r.to_json() for r in found.best]}
 
