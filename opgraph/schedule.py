@@ -175,7 +175,13 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
     """Run a planned micro-batch once: `seconds[op]` is one instance's time. Collectives of
     the `deferred` groups wait for the compute that reads them rather than starting when
     their input is written (Megatron-LM without `--overlap-grad-reduce`). Returns the span
-    of the compute stream (with what it waited for)."""
+    of the compute stream (with what it waited for).
+
+    A layer stack's body runs the same ops every layer, and the streams settle into a steady
+    state: without `keep_events`, once two layers in a row run alike (every op and collective
+    at the same offsets from the layer's start, the streams as far ahead, the same waits;
+    `_Trip`) and nothing from before the stack can still hold one back, the layers left are
+    that layer shifted by its length, added at once."""
     comms = p.comms
     ready: dict[tuple[str, int], tuple[float, float]] = {}  # (tensor, i) -> writer's (start, end)
     free = dict.fromkeys(GROUPS, 0.0)
@@ -186,6 +192,7 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
     started: dict[tuple[str, int], float] = {}  # (compute op, i) -> start
     phase_start: dict[str, float] = {}
     state = {"now": 0.0}
+    log: list | None = None  # a layer's writes, while one is watched for a steady state
 
     def run_comm(c: _Comm, i: int, earliest: float) -> tuple[float, float]:
         key = (c.output, i)
@@ -197,6 +204,8 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
         ready[key] = (start, end)
         spans.append((c.name, start, end))
         comm_s[c.name] += end - start
+        if log is not None:
+            log.append((_READY, key, start, end))
         if keep_events and end > start:
             events.append(Event(c.name, c.group, start, end, c.phase, c.kind))
         for name in p.comm_readers.get(c.output, ()):  # a chain of collectives
@@ -224,9 +233,16 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
                         reader.phase, state["now"])
                 run_comm(c, j, max([earliest, *deps]))
             start, end = ready[(name, j)]
+            if log is not None and j != i:  # another layer's collective: a fixed time
+                log.append((_FIXED, name, end, 0.0))
             return start, end, w
         start, end = ready.get((name, j), (0.0, 0.0))
         return start, end, None
+
+    def expose(name: str, seconds_: float) -> None:
+        exposed[name] += seconds_
+        if log is not None:
+            log.append((_EXPOSED, name, seconds_, 0.0))
 
     if keep_events:  # every op on its own, to draw it
         segments = [tuple(o for item in seg for o in (item.ops if isinstance(item, _Block)
@@ -238,7 +254,16 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
     busy = 0.0
     for segment in segments:
         trips = max(op.count for op in segment)
-        for i in range(trips):
+        # a steady state is looked for where every op runs every layer
+        watch = not keep_events and trips > 3 and all(op.count == trips for op in segment)
+        # what was written before the stack may hold a layer back until it ends
+        held_until = max((end for _, end in ready.values()), default=0.0) if watch else 0.0
+        previous = None
+        i = 0
+        while i < trips:
+            layer_start, layer_busy, layer_spans = state["now"], busy, len(spans)
+            if watch:
+                log = []
             for op in segment:
                 if i >= op.count:
                     continue
@@ -258,15 +283,17 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
                     if e > start:
                         start, waited_on = e, comm
                 if waited_on is not None:
-                    exposed[waited_on] += start - now
+                    expose(waited_on, start - now)
                 started[(op.name, i)] = start
+                if log is not None:
+                    log.append((_STARTED, (op.name, i), start, 0.0))
                 duration = seconds[op.name]
                 end = max(start + duration, floor)
                 if floor > start + duration:  # an overlapped collective outlasted its reader
                     for name in op.waits_on:
                         _, e, comm = need(name, i, op)
                         if comm is not None and e == floor:
-                            exposed[comm] += floor - start - duration
+                            expose(comm, floor - start - duration)
                             break
                 busy += duration
                 if keep_events and duration > 0:
@@ -274,12 +301,31 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
                                         op.kind))
                 for name in op.outputs:
                     ready[(name, i)] = (start, end)
+                    if log is not None:
+                        log.append((_WROTE, (name, i), start, end))
                 state["now"] = end
                 for reader in op.feeds:  # collectives of what it wrote start now
                     c = comms[reader]
                     if c.group not in deferred:
                         run_comm(c, _instance(i, c.count),
                                  start if overlapped(c.group, async_tp) else end)
+            if not watch:
+                i += 1
+                continue
+            trip = _trip(i, layer_start, state["now"], busy - layer_busy, log,
+                         spans[layer_spans:], free, comms)
+            log = None
+            # a time fixed before the two layers compared (what was written before the stack,
+            # another layer's collective) may hold back a later layer only if it ends after
+            # the first of them starts
+            if (trip is not None and previous is not None and i + 1 < trips
+                    and max(held_until, trip.fixed, previous.fixed) <= previous.start
+                    and trip.repeats(previous)):
+                busy = _repeat(trip, trips - 1 - i, ready, spans, free, comm_s, exposed,
+                               state, busy)
+                break
+            previous = trip
+            i += 1
     # collectives still running after the last compute op are exposed: each for the part of
     # the tail it ends
     now = state["now"]
@@ -289,6 +335,89 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
             exposed[name] += end - max(t, start)
             t = tail = end
     return Run(tail, busy, comm_s, exposed, tuple(events))
+
+
+# what a layer's log records: a collective's output, a compute op's, an op's start, a wait,
+# another layer's collective read
+_READY, _WROTE, _STARTED, _EXPOSED, _FIXED = range(5)
+
+
+@attrs.frozen
+class _Trip:
+    """One layer of a stack as `simulate` ran it: its start and length, and everything it
+    did as offsets from its start (what it wrote, when its ops started, what it waited, its
+    collectives' spans, how far ahead it left each stream it used)."""
+
+    index: int
+    start: float
+    length: float
+    busy: float
+    log: tuple  # (kind, name, start offset, end offset), the instance dropped (it is `index`)
+    spans: tuple  # (collective, start offset, end offset)
+    ahead: tuple  # (group, free - the layer's end) for the streams it used
+    fixed: float  # the latest end of another layer's collective it read
+
+    def repeats(self, other: _Trip) -> bool:
+        """Whether this layer ran as `other` did, offsets equal to rounding."""
+        tol = 1e-12 * max(abs(self.start + self.length), 1e-300)
+
+        def same(a: float, b: float) -> bool:
+            return abs(a - b) <= tol
+
+        return (same(self.length, other.length) and same(self.busy, other.busy)
+                and len(self.log) == len(other.log) and len(self.spans) == len(other.spans)
+                and len(self.ahead) == len(other.ahead)
+                and all(x[:2] == y[:2] and same(x[2], y[2]) and same(x[3], y[3])
+                        for x, y in zip(self.log, other.log))
+                and all(x[0] == y[0] and same(x[1], y[1]) and same(x[2], y[2])
+                        for x, y in zip(self.spans, other.spans))
+                and all(x[0] == y[0] and same(x[1], y[1]) for x, y in zip(self.ahead, other.ahead)))
+
+
+def _trip(i: int, start: float, end: float, busy: float, log: list, spans: list, free: dict,
+          comms: dict) -> _Trip | None:
+    """Layer `i`'s `_Trip`, or None where it wrote an instance other than its own (a
+    collective of another layer: not a layer that repeats)."""
+    entries, fixed = [], 0.0
+    for kind, key, s, e in log:
+        if kind == _FIXED:
+            fixed = max(fixed, s)
+            continue
+        if kind == _EXPOSED:
+            entries.append((kind, key, s, 0.0))
+            continue
+        if key[1] != i:
+            return None
+        entries.append((kind, key[0], s - start, e - start if kind != _STARTED else 0.0))
+    used = sorted({comms[name].group for name, _, _ in spans})
+    return _Trip(i, start, end - start, busy, tuple(entries),
+                 tuple((name, s - start, e - start) for name, s, e in spans),
+                 tuple((g, free[g] - end) for g in used), fixed)
+
+
+def _repeat(trip: _Trip, left: int, ready: dict, spans: list, free: dict, comm_s: dict,
+            exposed: dict, state: dict, busy: float) -> float:
+    """The `left` layers after `trip`, each `trip` shifted by its length: their collectives'
+    outputs and spans recorded as `simulate` would have, their costs added, the streams moved
+    on. (What a compute op wrote can hold nothing back, the compute stream running in order,
+    nor can when an op of the stack started, once the stack is done: not recorded.) Returns the
+    compute stream's busy time."""
+    outputs = [(name, s, e) for kind, name, s, e in trip.log if kind == _READY]
+    for k in range(1, left + 1):
+        start = trip.start + k * trip.length
+        instance = trip.index + k
+        for name, s, e in outputs:
+            ready[(name, instance)] = (start + s, start + e)
+        spans.extend((name, start + s, start + e) for name, s, e in trip.spans)
+    for kind, name, seconds_, _ in trip.log:
+        if kind == _EXPOSED:
+            exposed[name] += left * seconds_
+    for name, s, e in trip.spans:
+        comm_s[name] += left * (e - s)
+    for g, _ in trip.ahead:
+        free[g] += left * trip.length
+    state["now"] += left * trip.length
+    return busy + left * trip.busy
 
 
 def once_per_step(op: Op, zero: int) -> bool:

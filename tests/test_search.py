@@ -305,3 +305,50 @@ def test_space_rejects_contradictions():
         Space(gpus=8, batch=8, pp=1, virtual_stages=2)
     with pytest.raises(OpgraphError, match="choose from"):
         Space(gpus=8, batch=8, recompute=("some",))
+
+
+@pytest.mark.parametrize("model, seq, constraints", [
+    ("llama3.2-1b", 4096, {"gpus": 32, "batch": 64}),
+    ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "async_tp": True}),
+    ("mixtral-8x7b", 4096, {"gpus": 16, "batch": 32, "max_pp": 2}),
+])
+def test_a_steady_state_stack_is_what_running_every_layer_gives(model, seq, constraints,
+                                                               monkeypatch):
+    """`schedule.simulate` steps over a layer stack's last layers once two run alike; drawing a
+    timeline runs every layer. Both give the same span, compute, communication and waits, on
+    both micro-batches of every stage of random layouts of 30 random structures (every ZeRO
+    stage, recomputation, pipeline depth; context and expert parallelism, async TP)."""
+    from opgraph import schedule
+    from opgraph.distributed import _times
+    from opgraph.schedule import simulate
+    from opgraph.search import _job
+
+    stepped = []
+    repeat = schedule._repeat
+    monkeypatch.setattr(schedule, "_repeat", lambda trip, left, *a: (
+        stepped.append(left), repeat(trip, left, *a))[1])
+
+    forward = preset(model)
+    searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
+    space = Space(max_micro_batch=2, precision=("bf16",), **constraints)
+    by_structure: dict = {}
+    for r in rows(forward, H100, space, seq, searcher.cluster):
+        by_structure.setdefault(structure(r), []).append(r)
+    rng = random.Random(5)
+    for key in rng.sample(sorted(by_structure, key=repr), 30):
+        row = rng.choice(by_structure[key])
+        g = searcher.evaluate([row])
+        job = _job(g, 0, forward, H100, searcher.cluster, row.batch * seq, searcher.n_mfu,
+                   searcher.values, searcher.layers)
+        for stage in job.stages:
+            times = _times(stage, job, searcher.cost)
+            for planned in (stage.plain, stage.last):
+                fast, every = (simulate(planned, times, async_tp=row.async_tp,
+                                        keep_events=keep) for keep in (False, True))
+                assert fast.time_s == pytest.approx(every.time_s, rel=1e-9), row
+                assert fast.compute_s == pytest.approx(every.compute_s, rel=1e-9)
+                for name, seconds in every.comm_s.items():
+                    assert fast.comm_s[name] == pytest.approx(seconds, rel=1e-9, abs=1e-15)
+                    assert fast.exposed_s[name] == pytest.approx(every.exposed_s[name],
+                                                                 rel=1e-9, abs=1e-15), name
+    assert sum(stepped) > 30 * 4  # most layers were stepped over, not run
