@@ -18,7 +18,8 @@ per parallel degree: tp, cp, ep, dp, pp), in the order it becomes ready:
   backward to end: they start when the optimizer needs them.
 
 A `Plan` indexes a stage's ops once; runs of ops that wait on no collective and feed none
-advance the compute stream by their sum at once.
+advance the compute stream by their sum at once, and a layer stack's layers, once two run
+alike, are added at once (`simulate`).
 
 What the compute stream waits for is the collective's *exposed* time; the rest ran under
 compute. Communication beside compute may slow it (SMs and HBM shared): the cost model's

@@ -207,13 +207,13 @@ class Found:
     """A search's answer: the best layouts, best first, and what it took."""
 
     best: tuple[Ranked, ...]
-    searched: int  # layouts evaluated (memory and bound): the whole space
+    searched: int  # layouts bounded (by their compute bound at least): the whole space
     fit: int  # of the evaluated structures' layouts, those that fit in memory
     scheduled: int  # of those, the ones scheduled exactly (branch and bound)
     structures: int  # distinct structures
     evaluated: int  # of them, those whose rows were evaluated (the rest bounded out)
     compile_s: float
-    evaluate_s: float  # everything else: enumerating, the arrays, the exact schedules
+    evaluate_s: float  # everything else: enumerating, the bounds, the arrays, the exact ones
     smallest_memory: float  # bytes per GPU: the least any layout needs
 
     @property
