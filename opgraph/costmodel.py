@@ -37,6 +37,7 @@ Later work plugs in here (efficiencies, communication): a subclass or an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import attrs
@@ -419,13 +420,20 @@ class CalibratedCostModel(CostModel):
         if group == 1 or kind == "identity":
             return 0.0
         e = self.efficiencies(hardware)
-        scaled = attrs.evolve(cluster, tiers=tuple(  # each tier at its achieved bandwidth
-            attrs.evolve(t, bandwidth=t.bandwidth * (e.node if i == 0 else e.network))
-            for i, t in enumerate(cluster.tiers)))
-        return super().comm_time(kind, message, group, scaled, stride) + e.launch_s
+        return (super().comm_time(kind, message, group, _achieved(cluster, e.node, e.network),
+                                  stride) + e.launch_s)
 
     def slowdown(self, hardware) -> float:
         return self.efficiencies(hardware).overlap_slowdown
+
+
+@functools.lru_cache(maxsize=64)
+def _achieved(cluster, node: float, network: float):
+    """`cluster` with each tier at its achieved bandwidth: the first (within a node) at `node`
+    of its own, the others at `network`."""
+    return attrs.evolve(cluster, tiers=tuple(
+        attrs.evolve(t, bandwidth=t.bandwidth * (node if i == 0 else network))
+        for i, t in enumerate(cluster.tiers)))
 
 
 def cost_model(name: str, backward: str = "plate", table: dict | None = None) -> CostModel:

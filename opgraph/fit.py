@@ -24,7 +24,7 @@ from . import hardware as hw
 from .calibration import FRACTIONS, Efficiencies
 from .cases import Case
 from .costmodel import CalibratedCostModel
-from .distributed import Job, prepare, schedule
+from .distributed import Job, prepare, step_figures
 from .errors import OpgraphError
 
 # Where every fit starts (so that a fit does not depend on the file it rewrites).
@@ -136,7 +136,7 @@ def fit(cases: list[Case], table: dict[str, Efficiencies], *,
 
         def loss(x, generation=generation, mine=mine) -> float:
             model = CalibratedCostModel(table={**out, generation: efficiencies(x)})
-            return float(np.mean([math.log(schedule(job, model)[0].step_time_s
+            return float(np.mean([math.log(step_figures(job, model).step_time_s
                                            / case.measured_step_time_s) ** 2
                                   for case, job in mine]))
 
@@ -144,7 +144,7 @@ def fit(cases: list[Case], table: dict[str, Efficiencies], *,
         out[generation] = efficiencies(nelder_mead(loss, x0, steps))
     model = CalibratedCostModel(table=out)
     errors = tuple((case.id, job.hardware.generation,
-                    schedule(job, model)[0].step_time_s / case.measured_step_time_s - 1)
+                    step_figures(job, model).step_time_s / case.measured_step_time_s - 1)
                    for case, job in jobs)
     return Fitted(out, errors)
 
