@@ -47,7 +47,9 @@ bound from far less (`_compute_bound`): the step before `replicate` and `split_s
 *compute key* (`compute_key`: the structure less the ZeRO stage, data parallelism and the
 pipeline depth, which leave every forward and backward op as it is), costed once per key. A
 stage's micro-batch takes at least its layer stack's compute ops times its layers, its ends'
-ops and the stack's surely-waited collectives, through the same `_step_bound`; and a stage
+ops and the stack's surely-waited collectives, and at least what ZeRO-2/3 move on a
+data-parallel stream every micro-batch (`_moved`: each weight gathered once per phase that
+reads it, each gradient reduce-scattered), through the same `_step_bound`; and a stage
 holds at least its layers' weights, gradients and optimizer states as the ZeRO stage shards
 them, and the activations they save (`_held`): a row that surely does not fit is out. Both read
 a subset of what the compiled structure's arrays read (a test checks them below those, on
@@ -513,21 +515,27 @@ def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line) -> dict[in
     """Each collective's seconds per instance over the rows, as `distributed._times` gives
     them: a collective's time is affine in its message, so `line(kind, group, layout)` gives
     its intercept and slope once per kind and layout, taken over the rows' messages."""
+    lines = _over_rows(group, line)
+    out = {}
+    for k in range(f.n_ops):
+        if f.groups[k] is not None:
+            base, slope = lines(f.kinds[k], f.groups[k])
+            out[k] = base + slope * nums.messages[k]
+    return out
+
+
+def _over_rows(rows_: list, line):
+    """`line` over the rows: `lines(kind, group)` gives each row's intercept and slope, each
+    distinct layout's read once."""
     index: dict = {}
     where = np.array([index.setdefault((r.tp, r.cp, r.ep, r.pp, r.dp), len(index))
-                      for r in group])
-    out = {}
-    lines: dict = {}
-    for k in range(f.n_ops):
-        g, kind = f.groups[k], f.kinds[k]
-        if g is None:
-            continue
-        if (g, kind) not in lines:
-            pairs = np.array([line(kind, g, degrees) for degrees in index])
-            lines[g, kind] = (pairs[where, 0], pairs[where, 1])
-        base, slope = lines[g, kind]
-        out[k] = base + slope * nums.messages[k]
-    return out
+                      for r in rows_])
+
+    @functools.lru_cache(maxsize=None)
+    def lines(kind: str, group: str) -> tuple[np.ndarray, np.ndarray]:
+        pairs = np.array([line(kind, group, degrees) for degrees in index])
+        return pairs[where, 0], pairs[where, 1]
+    return lines
 
 
 def _comm_line(cost: CostModel, cluster, hardware: Hardware):
@@ -740,7 +748,8 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     runs = [side[op.name] if side is not None else {FIRST_END} for op in ops]
     places = tuple(np.array([not c and place in where for where, c in zip(runs, collective)],
                             dtype=float) for place in (STACK, FIRST_END, LAST_END))
-    formulas += _held(graph, layer_stack(graph).count if layers is not None else None)
+    stack = layer_stack(graph).count if layers is not None else None
+    formulas += _held(graph, stack) + _moved(graph, stack)
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     return _ComputeFormulas(
         tuple(op.kind for op in ops),
@@ -773,6 +782,48 @@ def _held(graph: Graph, stack) -> list:
     return out
 
 
+def _moved(graph: Graph, stack) -> list:
+    """What ZeRO-3 and ZeRO-2 move every micro-batch, as formulas (`replicate`): for the layer
+    stack (one layer) and then the ends, per group (data-parallel, expert data-parallel), the
+    all-gathers of each weight, one per phase that reads it (gathered bytes, collectives),
+    then the reduce-scatters of each gradient the update reads (bytes, collectives)."""
+    out = []
+    for in_stack in (True, False):
+        for group in ("dp", "edp"):
+            gathered, gathers, reduced, reductions = [], [], [], []
+            for update in graph.ops():
+                if update.kind != "adamw":
+                    continue
+                grad = graph.tensor(update.inputs[0])
+                w = graph.tensor(grad.grad_of)
+                if replicate_group(w) != group or (stack in w.count.free_symbols) != in_stack:
+                    continue
+                phases = len({op.phase for op in graph.consumers(w.name)
+                              if op.phase is not Phase.OPTIMIZER})
+                gathered.append(w.nbytes * w.count * phases)
+                gathers.append(w.count * phases)
+                reduced.append(grad.nbytes * update.count)
+                reductions.append(update.count)
+            out += [sympy.Add(*terms) for terms in (gathered, gathers, reduced, reductions)]
+    return out
+
+
+def _moving(moved: np.ndarray, zero: np.ndarray, lines) -> np.ndarray:
+    """The seconds each data-parallel stream (a row each: dp, edp) takes per micro-batch for
+    `_moved`'s part (a row per formula, over the layouts): the all-gathers under ZeRO-3, the
+    reduce-scatters under ZeRO-2 and 3, each collective's time affine in its message;
+    `lines(kind, group)` gives each layout's intercept and slope."""
+    out = np.zeros((2, len(zero)))
+    for j, group in enumerate(("dp", "edp")):
+        gathered, gathers, reduced, reductions = moved[4 * j:4 * j + 4]
+        for kind, size, count, least in (("all_gather", gathered, gathers, 3),
+                                         ("reduce_scatter", reduced, reductions, 2)):
+            if count.any():
+                base, slope = lines(kind, group)
+                out[j] += np.where(zero >= least, count * base + slope * size, 0.0)
+    return out * (1 - 2e-6)  # below `_released`'s, the same sums in another order
+
+
 def _held_bytes(held: np.ndarray, rows_: list[Row]) -> np.ndarray:
     """`_held`'s parts (a row each, over the layouts) summed as the ZeRO stage shards them
     (`replicate`: ZeRO-1 the optimizer states, ZeRO-2 the gradients too, ZeRO-3 the weights
@@ -789,12 +840,13 @@ def _held_bytes(held: np.ndarray, rows_: list[Row]) -> np.ndarray:
 
 def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
                    hardware: Hardware, cost: CostModel, line) -> tuple[np.ndarray, np.ndarray]:
-    """Lower bounds of each row's step and memory from its compute alone. Each stage's
+    """Lower bounds of each row's step and memory from its compute key alone. Each stage's
     micro-batch takes at least its stack's ops, `LAYERS` times, its ends' ops and the stack's
-    surely-waited collectives; `_step_bound` combines them (with no optimizer: the last
-    micro-batch at least a plain one). It reads a subset of the ops and waits `_evaluate`'s
-    bound reads, so it is at most that bound. The fullest stage holds at least what its layers
-    hold (`_held`; the ends too where one stage holds all). Neither needs a stage compiled."""
+    surely-waited collectives, and at least its ZeRO-2/3 collectives on one stream
+    (`_moving`); `_step_bound` combines them (with no optimizer: the last micro-batch at least
+    a plain one). It reads a subset of the ops, waits and streams `_evaluate`'s bound reads,
+    so it is at most that bound. The fullest stage holds at least what its layers hold
+    (`_held`; the ends too where one stage holds all). Neither needs a stage compiled."""
     n = len(rows_)
 
     def column(values):
@@ -810,7 +862,7 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     k = f.n_ops
     nums = _Numbers(np.rint(values[:k]), values[k:2 * k], values[2 * k:3 * k],
                     values[3 * k:4 * k], *(np.zeros((0, n)),) * 3)
-    held = values[4 * k:]
+    held, moved = values[4 * k:4 * k + 14], values[4 * k + 14:]
     parts = len(held) // 2
     times = _comm_times(f, nums, rows_, line)
     compute = _op_times(f, nums, hardware, cost)
@@ -821,6 +873,17 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     plain[FIRST] = plain[FIRST] + first + np.where(p == 1, last, 0.0)
     plain[LAST] = np.where(p > 1, plain[LAST] + last, 0.0)
     plain[MIDDLE] = np.where(p > 2, plain[MIDDLE], 0.0)
+    # ZeRO-2/3's collectives of a micro-batch run one after another on their stream, which
+    # ends no earlier than the last of them: its layers' (and where one stage holds all, the
+    # ends')
+    lines = _over_rows(rows_, line)
+    zero = column([r.zero for r in rows_])
+    per_layer, ends_ = _moving(moved[:8], zero, lines), _moving(moved[8:], zero, lines)
+    for role in ROLES:
+        layers_ = column([x.get(role, 0) for x in per_row])
+        streams = layers_ * per_layer + np.where(p == 1, ends_, 0.0)  # each stream's own
+        plain[role] = np.maximum(plain[role], np.where(plain[role] > 0, streams.max(axis=0),
+                                                       0.0))
     v = column([r.virtual_stages for r in rows_])
     m = column([r.micro_batches for r in rows_])
     most = column([max(x.values()) for x in per_row])

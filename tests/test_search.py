@@ -114,6 +114,9 @@ def test_branch_and_bound_returns_the_fastest():
 @pytest.mark.parametrize("model, seq, constraints", [
     ("llama3.2-1b", 4096, {"gpus": 24, "batch": 24}),  # uneven splits (2, 3 x 4, 2) too
     ("mixtral-8x7b", 4096, {"gpus": 16, "batch": 32, "max_pp": 2}),  # expert parallelism
+    # FSDP's streams: the experts' (edp) and the rest's (dp), each its own
+    ("mixtral-8x7b", 4096, {"gpus": 16, "batch": 32, "pp": 1, "zero": 3, "cp": 4,
+                            "precision": ("bf16",), "recompute": ("none",)}),
     ("deepseek-v2-lite", 4096, {"gpus": 8, "batch": 16}),  # two layer stacks: one stage
     # FP8 saves the residual stream the layers carry (31, 32, 32, 31): the most layers hold
     # one buffer of it, not a copy each
