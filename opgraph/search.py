@@ -64,7 +64,7 @@ a bound below the K-th best step found. So the layouts returned carry `profile`'
 test compares random layouts of many structures with `profile` itself, relative 1e-9, and
 another the top K with every layout of a small space scheduled), every layout not returned is
 no faster than the last one returned, and only the structures that might hold a better one are
-compiled: 35 of 512 for Llama 3.1 405B on 16,384 GPUs. Ties are broken by the order the space
+compiled: 5 of 512 for Llama 3.1 405B on 16,384 GPUs. Ties are broken by the order the space
 lists the rows, so the answer does not depend on what was pruned.
 """
 
