@@ -824,13 +824,11 @@ def _moving(moved: np.ndarray, zero: np.ndarray, lines) -> np.ndarray:
     return out * (1 - 2e-6)  # below `_released`'s, the same sums in another order
 
 
-def _held_bytes(held: np.ndarray, rows_: list[Row]) -> np.ndarray:
+def _held_bytes(held: np.ndarray, cols: _Columns) -> np.ndarray:
     """`_held`'s parts (a row each, over the layouts) summed as the ZeRO stage shards them
     (`replicate`: ZeRO-1 the optimizer states, ZeRO-2 the gradients too, ZeRO-3 the weights
     too, over each group)."""
-    zero = np.array([r.zero for r in rows_])
-    groups = (np.array([r.dp_group for r in rows_], dtype=float),
-              np.array([r.edp_group for r in rows_], dtype=float))
+    zero, groups = cols.zero, (cols.env[dp], cols.env[edp])
     total = held[-1].copy()
     for i, least in enumerate((3, 2, 1)):  # the ZeRO stage that shards each part
         for j, size in enumerate(groups):
@@ -848,17 +846,9 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     so it is at most that bound. The fullest stage holds at least what its layers hold
     (`_held`; the ends too where one stage holds all). Neither needs a stage compiled."""
     n = len(rows_)
-
-    def column(values):
-        return np.array(values, dtype=float)
-
-    p = column([r.pp for r in rows_])
-    base = dict(zip(DEGREES, [column([r.tp for r in rows_]), column([r.cp for r in rows_]),
-                              column([r.ep for r in rows_]),
-                              column([r.dp_group for r in rows_]),
-                              column([r.edp_group for r in rows_]), np.ones(n),
-                              column([r.micro_batch for r in rows_])]))
-    values = f.tape.run(base, n)  # every count at one layer
+    cols = _columns(rows_, layers)
+    p = cols.p
+    values = f.tape.run(cols.env | {LAYERS: np.ones(n)}, n)  # every count at one layer
     k = f.n_ops
     nums = _Numbers(np.rint(values[:k]), values[k:2 * k], values[2 * k:3 * k],
                     values[3 * k:4 * k], *(np.zeros((0, n)),) * 3)
@@ -868,8 +858,7 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     compute = _op_times(f, nums, hardware, cost)
     stack, first, last = (place @ compute for place in f.places)
     stack = stack + _waited_time(f, nums, times, rows_)
-    per_row = [_stage_layers(r, layers) for r in rows_]
-    plain = {role: stack * column([x.get(role, 0) for x in per_row]) for role in ROLES}
+    plain = {role: stack * cols.layers[role] for role in ROLES}
     plain[FIRST] = plain[FIRST] + first + np.where(p == 1, last, 0.0)
     plain[LAST] = np.where(p > 1, plain[LAST] + last, 0.0)
     plain[MIDDLE] = np.where(p > 2, plain[MIDDLE], 0.0)
@@ -877,19 +866,15 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     # ends no earlier than the last of them: its layers' (and where one stage holds all, the
     # ends')
     lines = _over_rows(rows_, line)
-    zero = column([r.zero for r in rows_])
-    per_layer, ends_ = _moving(moved[:8], zero, lines), _moving(moved[8:], zero, lines)
+    per_layer, ends_ = _moving(moved[:8], cols.zero, lines), _moving(moved[8:], cols.zero, lines)
     for role in ROLES:
-        layers_ = column([x.get(role, 0) for x in per_row])
-        streams = layers_ * per_layer + np.where(p == 1, ends_, 0.0)  # each stream's own
+        streams = cols.layers[role] * per_layer + np.where(p == 1, ends_, 0.0)  # each its own
         plain[role] = np.maximum(plain[role], np.where(plain[role] > 0, streams.max(axis=0),
                                                        0.0))
-    v = column([r.virtual_stages for r in rows_])
-    m = column([r.micro_batches for r in rows_])
-    most = column([max(x.values()) for x in per_row])
-    memory = most * _held_bytes(held[:parts], rows_) + np.where(
-        p == 1, _held_bytes(held[parts:], rows_), 0.0)
-    return _step_bound(plain, plain, p, m, v) * (1 - 1e-9), memory * (1 - 1e-9)
+    most = np.max(np.stack(list(cols.layers.values())), axis=0)  # the fullest stage's layers
+    memory = most * _held_bytes(held[:parts], cols) + np.where(
+        p == 1, _held_bytes(held[parts:], cols), 0.0)
+    return _step_bound(plain, plain, p, cols.m, cols.v) * (1 - 1e-9), memory * (1 - 1e-9)
 
 
 def _plans(f: _StageFormulas, layers: int, zero: int, values: dict):
@@ -991,6 +976,33 @@ class _Tape:
         for i, r in enumerate(self.roots):
             out[i] = values[r]
         return out
+
+
+@attrs.frozen
+class _Columns:
+    """Rows' numbers as arrays, a column per layout: the degrees (`DEGREES` but `LAYERS`),
+    the stages, micro-batches, virtual stages and ZeRO stage, each role's stage's layers."""
+
+    env: dict
+    p: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    zero: np.ndarray
+    layers: dict  # role -> layers (0 where the row has no such stage)
+
+
+def _columns(rows_: list[Row], layers: int | None) -> _Columns:
+    def column(values):
+        return np.array(values, dtype=float)
+
+    env = dict(zip((tp, cp, ep, dp, edp, B), (
+        column([r.tp for r in rows_]), column([r.cp for r in rows_]),
+        column([r.ep for r in rows_]), column([r.dp_group for r in rows_]),
+        column([r.edp_group for r in rows_]), column([r.micro_batch for r in rows_]))))
+    per_row = [_stage_layers(r, layers) for r in rows_]
+    return _Columns(env, column([r.pp for r in rows_]), column([r.micro_batches for r in rows_]),
+                    column([r.virtual_stages for r in rows_]), column([r.zero for r in rows_]),
+                    {role: column([x.get(role, 0) for x in per_row]) for role in ROLES})
 
 
 @attrs.frozen
@@ -1119,22 +1131,11 @@ class _Group:
 def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
               cost: CostModel, line) -> _Group:
     n = len(group)
-
-    def column(values):
-        return np.array(values, dtype=float)
-
-    p = column([r.pp for r in group])
-    m = column([r.micro_batches for r in group])
-    v = column([r.virtual_stages for r in group])
-    base = dict(zip(DEGREES, [column([r.tp for r in group]), column([r.cp for r in group]),
-                              column([r.ep for r in group]), column([r.dp_group for r in group]),
-                              column([r.edp_group for r in group]), None,
-                              column([r.micro_batch for r in group])]))
-    per_row = [_stage_layers(r, layers) for r in group]
+    cols = _columns(group, layers)
+    p, m, v = cols.p, cols.m, cols.v
     numbers, plain, last = {}, {}, {}
     for role, f in s.stages.items():
-        env = base | {LAYERS: column([x[role] for x in per_row])}
-        nums = numbers[role] = _numbers(f, env, n)
+        nums = numbers[role] = _numbers(f, cols.env | {LAYERS: cols.layers[role]}, n)
         times = _comm_times(f, nums, group, line)
         compute = _op_times(f, nums, hardware, cost)
         comm = np.zeros_like(compute)

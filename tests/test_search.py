@@ -32,6 +32,18 @@ def _same_as_profile(searcher: Searcher, row, forward, cost) -> None:
     assert mine.memory_stage == theirs.memory_stage
 
 
+def _sampled(searcher: Searcher, space: Space, seed: int, k: int
+             ) -> tuple[random.Random, list[list]]:
+    """Up to `k` random structures of `space`, each as its rows (the space's order), with the
+    generator that drew them (for a test's further draws)."""
+    by_structure: dict = {}
+    for r in rows(searcher.forward, H100, space, searcher.seq, searcher.cluster):
+        by_structure.setdefault(structure(r), []).append(r)
+    rng = random.Random(seed)
+    keys = rng.sample(sorted(by_structure, key=repr), min(k, len(by_structure)))
+    return rng, [by_structure[key] for key in keys]
+
+
 @pytest.mark.parametrize("model, gpus, batch, seq, cost", [
     ("llama3.2-1b", 16, 64, 4096, "calibrated"),
     ("llama3-8b", 64, 128, 8192, "roofline"),
@@ -43,14 +55,9 @@ def test_search_figures_are_profiles_on_a_random_sample(model, gpus, batch, seq,
     `profile` compiling it on its own: the same figures (relative 1e-9), the same memory."""
     forward, c = preset(model), cost_model(cost)
     searcher = Searcher(forward, H100, seq_len=seq, cost=c)
-    everything = rows(forward, H100, Space(gpus=gpus, batch=batch), seq, searcher.cluster)
-    by_structure: dict = {}
-    for r in everything:
-        by_structure.setdefault(structure(r), []).append(r)
-    rng = random.Random(13)
-    keys = rng.sample(sorted(by_structure, key=repr), 6)
-    for key in keys:
-        _same_as_profile(searcher, rng.choice(by_structure[key]), forward, c)
+    rng, sampled = _sampled(searcher, Space(gpus=gpus, batch=batch), 13, 6)
+    for group in sampled:
+        _same_as_profile(searcher, rng.choice(group), forward, c)
 
 
 def test_an_uneven_split_is_profile_too():
@@ -131,20 +138,13 @@ def test_the_compute_bound_is_below_the_bound_and_the_memory(model, seq, constra
     skips a structure on it, so a row it overstates could be lost."""
     forward = preset(model)
     searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
-    space = Space(max_micro_batch=2, **constraints)
-    everything = rows(forward, H100, space, seq, searcher.cluster)
-    by_structure: dict = {}
-    for r in everything:
-        by_structure.setdefault(structure(r), []).append(r)
-    rng = random.Random(11)
     tight = 0.0
-    for key in rng.sample(sorted(by_structure, key=repr), min(25, len(by_structure))):
-        group = by_structure[key]
+    for group in _sampled(searcher, Space(max_micro_batch=2, **constraints), 11, 25)[1]:
         g = searcher.evaluate(group)
         step, memory = _compute_bound(searcher.compute(group[0]), group, searcher.layers, H100,
                                       searcher.cost, searcher._line)
-        assert (step <= g.bound).all(), key
-        assert (memory <= g.fullest).all(), key
+        assert (step <= g.bound).all(), group[0]
+        assert (memory <= g.fullest).all(), group[0]
         tight = max(tight, (step / g.bound).max())
     assert tight > 0.9  # not vacuous
 
@@ -162,14 +162,10 @@ def test_the_bound_is_below_every_step(model, gpus, batch, seq, max_pp):
     searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
     space = Space(gpus=gpus, batch=batch, precision=("bf16",), recompute=("none", "full"),
                   max_micro_batch=2, max_pp=max_pp)
-    everything = rows(forward, H100, space, seq, searcher.cluster)
-    by_structure: dict = {}
-    for r in everything:
-        by_structure.setdefault(structure(r), []).append(r)
-    rng = random.Random(7)
+    rng, sampled = _sampled(searcher, space, 7, 40)
     tight = 0.0
-    for key in rng.sample(sorted(by_structure, key=repr), 40):
-        group = rng.sample(by_structure[key], min(3, len(by_structure[key])))
+    for rows_ in sampled:
+        group = rng.sample(rows_, min(3, len(rows_)))
         g = searcher.evaluate(group)
         for col in range(len(group)):
             step = searcher.exact(g, col).step_time_s
@@ -333,13 +329,10 @@ def test_a_steady_state_stack_is_what_running_every_layer_gives(model, seq, cons
 
     forward = preset(model)
     searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
-    space = Space(max_micro_batch=2, precision=("bf16",), **constraints)
-    by_structure: dict = {}
-    for r in rows(forward, H100, space, seq, searcher.cluster):
-        by_structure.setdefault(structure(r), []).append(r)
-    rng = random.Random(5)
-    for key in rng.sample(sorted(by_structure, key=repr), 20):
-        row = rng.choice(by_structure[key])
+    rng, sampled = _sampled(searcher, Space(max_micro_batch=2, precision=("bf16",),
+                                            **constraints), 5, 20)
+    for group in sampled:
+        row = rng.choice(group)
         g = searcher.evaluate([row])
         job = _job(g, 0, forward, H100, searcher.cluster, row.batch * seq, searcher.n_mfu,
                    searcher.values, searcher.layers)
