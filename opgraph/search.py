@@ -72,7 +72,8 @@ A row whose upper bound is below its step is counted unscheduled: every op of ea
 run one at a time (the critical path never leaves every stream idle while an op is left, so
 it is no longer than that), through the pipeline span, the longest tail and the overlap
 slowdown on all the communication (`_step_upper`). Only the rows between the two bounds are
-scheduled exactly: 280 of 568 for the README's Llama 3 layout, against 694.
+scheduled exactly: for the README's Llama 3 layout 414 of the 568 faster are counted under
+their upper bound, and 280 scheduled, against 694 without it.
 """
 
 from __future__ import annotations
