@@ -114,6 +114,8 @@ def test_branch_and_bound_returns_the_fastest():
     exact.sort()
     assert len(exact) == fit
     assert [r.step_time_s for r in found.best] == pytest.approx(exact[:5], rel=1e-12)
+    for t in (exact[len(exact) // 2], exact[-1]):  # --rank's count, upper bounds and all
+        assert searcher.faster_than(space, t) == sum(e < t for e in exact)
     assert found.scheduled < fit  # the bounds pruned some
     assert found.searched == len(rows(forward, H100, space, 2048, searcher.cluster))
 
