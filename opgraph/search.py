@@ -34,7 +34,9 @@ at once, those formulas are evaluated on numpy arrays (`_Program`), and from the
   a matrix product over the lives), its activations times the micro-batches in flight
   (`distributed.in_flight`), the fullest stage's; rows that do not fit are dropped;
 - a lower bound of the step (`_step_bound`): from lower bounds of each stage's plain and last
-  micro-batch — its compute plus the collectives the stream surely waits for (`_waits`), the
+  micro-batch — its compute plus the communication the stream surely waits for (`_waits`: a
+  chain of tensor- or expert-parallel collectives from one op of a layer to another, less the
+  ops that run between them; a mixture of experts' all-gather and all-to-all), the
   optimizer in the last, and each communication stream's collectives after the compute that
   releases them (`_released`) — through the pipeline span and the tail, as
   `distributed.step_figures` combines them. For the fastest layouts of Llama 3 8B on 64 GPUs
@@ -437,7 +439,7 @@ class _StageFormulas:
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
     optimizer_rows: tuple[int, ...]  # the compute ops of the last one only (the optimizer)
     releases: tuple  # (plain, last): each one's `_Releases`
-    waits: tuple  # (reader, its collectives): compute the stream must wait for (`_waits`)
+    waits: tuple[_Waits, ...]  # where the stream must wait for communication (`_waits`)
     plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
 
 
@@ -491,31 +493,85 @@ def _fixed(expr, fixed: dict, memo: dict):
 _WAITED = ("tp", "ep")
 
 
-def _waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple:
-    """Collectives the compute stream surely waits for, whole, every micro-batch: one that
-    reads what a compute op wrote and is read by the very next compute op (same region, same
-    count; the optimizer's ops count as compute, so the pair is adjacent in the last
-    micro-batch too), on a group that does not overlap its reader (`schedule.overlapped`;
-    tensor parallelism's without --async-tp, checked per row). That op starts no earlier than
-    the collective ends, and the collective no earlier than its input is written, so the
-    stream idles at least its time there: each such pair adds the longest of its collectives
-    to a lower bound of the stage's time. Returns (reader, (collective, ...)) by op index."""
-    index = {op.name: i for i, op in enumerate(ops)}
-    compute = [(op, o) for op, c, o in zip(ops, collective, once) if not c]
-    out = []
-    for (w, w_once), (r, r_once) in zip(compute, compute[1:]):
-        if w_once or r_once or w.region != r.region or w.count != r.count:
+@attrs.frozen
+class _Waits:
+    """A run of consecutive compute ops of one region and count (none once per step), and
+    where in it the stream surely waits (`_waits`): `targets` are (a reader's position in
+    `ops`, its chains: (the position of the first op writing the chain's input, the chain's
+    collectives, first to last, and the index in `targets` of the last reader at or before
+    that op, or -1)), in order."""
+
+    ops: tuple[int, ...]  # op indices
+    targets: tuple
+
+
+def _chain(graph: Graph, name: str, index: dict, once: tuple):
+    """The waited collectives that write `name`, first to last, each reading only the one
+    before it, and the compute ops the first reads; None if they are not such a chain."""
+    chain = []
+    c = graph.producer(name)
+    while True:
+        if (c is None or c.kind not in COLLECTIVE_KINDS or c.param("group") not in _WAITED
+                or once[index[c.name]]):
+            return None
+        chain.append(index[c.name])
+        writers = {graph.producer(n) for n in c.inputs}
+        if None in writers:
+            return None
+        if any(w.kind in COLLECTIVE_KINDS for w in writers):
+            if len(writers) > 1:
+                return None
+            c = writers.pop()
             continue
-        waited = []
-        for name in r.inputs:
-            c = graph.producer(name)
-            if (c is None or c.kind not in COLLECTIVE_KINDS or c.kind == "identity"
-                    or c.param("group") not in _WAITED or once[index[c.name]]):
+        return tuple(reversed(chain)), writers
+
+
+def _waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple[_Waits, ...]:
+    """Where the compute stream surely waits for communication, every micro-batch: a compute
+    op that reads a chain of collectives of a group that does not overlap its reader
+    (`schedule.overlapped`; tensor parallelism's without --async-tp, checked per row), the
+    first reading what compute ops of the same run wrote (the same region and count; the
+    optimizer's ops count as compute, so a run is the same in the last micro-batch). The chain
+    starts no earlier than the first of those writers ends (`schedule.simulate` starts a
+    collective when one input is written) and each collective no earlier than the one before it
+    ends, so the reader starts no earlier than that writer's end plus the chain; the ops between
+    them run in the meantime. `_waited_time` takes the longest path through a run's ops with
+    these edges. Returns the runs with a wait."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    runs: list[list[int]] = []
+    for i, op in enumerate(ops):
+        if collective[i]:
+            continue
+        last = ops[runs[-1][-1]] if runs else None
+        if (last is not None and not once[i] and not once[runs[-1][-1]]
+                and last.region == op.region and last.count == op.count):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    out = []
+    for run in runs:
+        where = {ops[k].name: j for j, k in enumerate(run)}
+        targets = []
+        for j, k in enumerate(run):
+            if once[k]:
                 continue
-            if all(graph.producer(n) is w for n in c.inputs):
-                waited.append(index[c.name])
-        if waited:
-            out.append((index[r.name], tuple(waited)))
+            chains = []
+            for name in ops[k].inputs:
+                found = _chain(graph, name, index, once)
+                if found is None:
+                    continue
+                chain, writers = found
+                first = min((where.get(w.name, -1) for w in writers), default=-1)
+                if (0 <= first < j and all(w.name in where for w in writers)
+                        and all(ops[c].count == ops[k].count for c in chain)):
+                    chains.append((first, chain))
+            if chains:
+                targets.append((j, tuple(
+                    (first, chain, max((t for t, (at, _) in enumerate(targets) if at <= first),
+                                       default=-1))
+                    for first, chain in chains)))
+        if targets:
+            out.append(_Waits(tuple(run), tuple(targets)))
     return tuple(out)
 
 
@@ -567,20 +623,35 @@ def _comm_line(cost: CostModel, cluster, hardware: Hardware):
     return line
 
 
-def _waited_time(f: _StageFormulas, nums: _Numbers, times: dict, group: list) -> np.ndarray:
-    """Each row's time the stage surely waits on communication per micro-batch (`_waits`)."""
+def _waited_time(f, nums: _Numbers, times: dict, compute: np.ndarray,
+                 group: list) -> np.ndarray:
+    """Each row's time the stage surely waits on communication per micro-batch (`_waits`):
+    in each run, the longest path through one instance of its ops (each op after the one
+    before it, a chain's reader after the chain's writer and the chain), less the ops' own
+    time, times the instances."""
     total = np.zeros(nums.flops.shape[1])
     if not f.waits:
         return total
     overlapped_tp = np.array([r.async_tp for r in group])
-    for reader, waited in f.waits:
-        longest = np.zeros_like(total)
-        for c in waited:
-            t = times[c]
-            if f.groups[c] == "tp":
-                t = np.where(overlapped_tp, 0.0, t)
-            longest = np.maximum(longest, t)
-        total += nums.counts[reader] * longest
+    overlapping = overlapped_tp.any()
+    for run in f.waits:
+        instances = nums.counts[run.ops[0]]
+        ends = np.cumsum(compute[list(run.ops)], axis=0) / np.maximum(instances, 1)
+        idle = np.zeros_like(total)  # the stream's idle time before the reader, one instance
+        before: list[np.ndarray] = []  # that of each reader
+        for j, chains in run.targets:
+            start = idle
+            for first, chain, last in chains:
+                t = sum(times[c] for c in chain)
+                if overlapping and any(f.groups[c] == "tp" for c in chain):
+                    t = np.where(overlapped_tp, 0.0, t)
+                path = (before[last] if last >= 0 else 0.0) + t
+                if first < j - 1:  # the ops between run meanwhile
+                    path = path - (ends[j - 1] - ends[first])
+                start = np.maximum(start, path)
+            idle = start
+            before.append(idle)
+        total += instances * idle
     return total * (1 - 1e-6)
 
 
@@ -729,7 +800,7 @@ class _ComputeFormulas:
     tape: _Tape
     n_ops: int
     places: tuple[np.ndarray, ...]  # the stack, the first end, the last: (ops,) 1 where it runs
-    waits: tuple  # `_waits` of the stack's ops
+    waits: tuple[_Waits, ...]  # `_waits` of the stack's ops
 
 
 def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
@@ -748,7 +819,7 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     once = (False,) * len(ops)
     waits = _waits(graph, ops, collective, once)
     if side is not None:  # a pair counts on every stage only where both ops are the stack's
-        waits = tuple((r, w) for r, w in waits if side[ops[r].name] == {STACK})
+        waits = tuple(w for w in waits if all(side[ops[k].name] == {STACK} for k in w.ops))
     formulas = ([op.count for op in ops] + [costs[op.name].flops * op.count for op in ops]
                 + [costs[op.name].bytes * op.count for op in ops]
                 + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)])
@@ -865,7 +936,7 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     times = _comm_times(f, nums, rows_, line)
     compute = _op_times(f, nums, hardware, cost)
     stack, first, last = (place @ compute for place in f.places)
-    stack = stack + _waited_time(f, nums, times, rows_)
+    stack = stack + _waited_time(f, nums, times, compute, rows_)
     plain = {role: stack * cols.layers[role] for role in ROLES}
     plain[FIRST] = plain[FIRST] + first + np.where(p == 1, last, 0.0)
     plain[LAST] = np.where(p > 1, plain[LAST] + last, 0.0)
@@ -1151,7 +1222,8 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
         comm = np.zeros_like(compute)
         for k, t in times.items():
             comm[k] = nums.counts[k] * t
-        busy = compute[list(f.busy_rows)].sum(axis=0) + _waited_time(f, nums, times, group)
+        busy = compute[list(f.busy_rows)].sum(axis=0) + _waited_time(f, nums, times, compute,
+                                                                     group)
         # a micro-batch takes at least its compute and surely-waited communication, and at
         # least what its streams run after the compute that releases it; the last one adds
         # the optimizer and what runs once per step
