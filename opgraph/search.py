@@ -512,7 +512,7 @@ def _chain(graph: Graph, name: str, index: dict, once: tuple):
     c = graph.producer(name)
     while True:
         if (c is None or c.kind not in COLLECTIVE_KINDS or c.param("group") not in _WAITED
-                or once[index[c.name]]):
+                or c.name not in index or once[index[c.name]]):
             return None
         chain.append(index[c.name])
         writers = {graph.producer(n) for n in c.inputs}
