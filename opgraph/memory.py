@@ -41,6 +41,7 @@ from . import rules
 from .ir import Graph, Phase, Role, Tensor
 
 PARTS = ("weights", "gradients", "optimizer", "activations")
+RESIDENT = PARTS[:3]  # the parts resident all step (`resident_tensors`)
 
 
 @attrs.frozen
@@ -68,7 +69,7 @@ def footprint(graph: Graph) -> Footprint:
     """The HBM footprint of a step graph (a forward graph has no gradients, states or saved
     activations): `footprint(step).total`."""
     held = resident_tensors(graph)
-    return Footprint(*(_resident(held[name]) for name in ("weights", "gradients", "optimizer")),
+    return Footprint(*(_resident(held[name]) for name in RESIDENT),
                      _resident(saved(graph)))
 
 
@@ -88,8 +89,7 @@ def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
             if (op.phase is Phase.OPTIMIZER and t.role is Role.OPTIMIZER_STATE
                     and op.kind not in rules.COLLECTIVE_KINDS):  # a gather reads the update
                 states.setdefault(name, t)
-    return {"weights": list(weights), "gradients": list(grads.values()),
-            "optimizer": list(states.values())}
+    return dict(zip(RESIDENT, (list(weights), list(grads.values()), list(states.values()))))
 
 
 def _made_by_forward(graph: Graph, name: str) -> bool:

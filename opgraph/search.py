@@ -96,7 +96,7 @@ from .distributed import Job, ParallelResult, Stage, StageOp, check_layout, step
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Phase
-from .memory import Memory, liveness, resident_tensors, saved
+from .memory import RESIDENT, Memory, liveness, resident_tensors, saved
 from .parallel import ZERO_STAGES, Parallel, cp, dp, edp, ep, pp, stage_layers, tp
 from .passes.evaluate import mfu_parameters, resolve
 from .passes.precision import PRECISIONS
@@ -460,7 +460,7 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
                 + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)]
                 + [life.tensor.nbytes for life in live.lives]
                 + [life.tensor.count for life in live.lives]
-                + [live.resident[name] for name in ("weights", "gradients", "optimizer")])
+                + [live.resident[name] for name in RESIDENT])
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     one, many = live.copy_matrices()
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
@@ -623,8 +623,8 @@ def _comm_line(cost: CostModel, cluster, hardware: Hardware):
     return line
 
 
-def _waited_time(f, nums: _Numbers, times: dict, compute: np.ndarray,
-                 group: list) -> np.ndarray:
+def _waited_time(f: _StageFormulas | _ComputeFormulas, nums: _Numbers, times: dict,
+                 compute: np.ndarray, group: list) -> np.ndarray:
     """Each row's time the stage surely waits on communication per micro-batch (`_waits`):
     in each run, the longest path through one instance of its ops (each op after the one
     before it, a chain's reader after the chain's writer and the chain), less the ops' own
@@ -818,7 +818,7 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     collective = [op.kind in COLLECTIVE_KINDS for op in ops]
     once = (False,) * len(ops)
     waits = _waits(graph, ops, collective, once)
-    if side is not None:  # a pair counts on every stage only where both ops are the stack's
+    if side is not None:  # a run counts on every stage only where all its ops are the stack's
         waits = tuple(w for w in waits if all(side[ops[k].name] == {STACK} for k in w.ops))
     formulas = ([op.count for op in ops] + [costs[op.name].flops * op.count for op in ops]
                 + [costs[op.name].bytes * op.count for op in ops]
@@ -837,9 +837,6 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
         program.tape(exprs), len(ops), places, waits)
 
 
-_HELD_PARTS = ("weights", "gradients", "optimizer")
-
-
 def _held(graph: Graph, stack) -> list:
     """The bytes a stage surely holds, as formulas: for the layer stack (the tensors counted by
     its trip count `stack`, here one layer) and then for the ends, each resident part's
@@ -851,7 +848,7 @@ def _held(graph: Graph, stack) -> list:
     # layer, and a stage sends its last one on: left out
     carried = {n for r in graph.regions() for pair in r.carries for n in pair}
     chosen = [[t for t in parts[name] if replicate_group(t) == group]
-              for name in _HELD_PARTS for group in ("dp", "edp")]
+              for name in RESIDENT for group in ("dp", "edp")]
     chosen.append([t for t in saved(graph) if t.name not in carried])
     out = []
     for in_stack in (True, False):
@@ -1214,7 +1211,7 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
     cols = _columns(group, layers)
     p, m, v = cols.p, cols.m, cols.v
     numbers, plain, last, serial, serial_last = {}, {}, {}, {}, {}
-    moved = np.zeros(n)  # the first stage's communication over the step
+    communicated = np.zeros(n)  # the first stage's communication over the step
     for role, f in s.stages.items():
         nums = numbers[role] = _numbers(f, cols.env | {LAYERS: cols.layers[role]}, n)
         times = _comm_times(f, nums, group, line)
@@ -1234,9 +1231,10 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
         serial[role] = (compute + comm)[~once].sum(axis=0)
         serial_last[role] = serial[role] + (compute + comm)[once].sum(axis=0)
         if role == FIRST:
-            moved = (comm * np.where(once[:, None], 1, m)).sum(axis=0)
+            communicated = (comm * np.where(once[:, None], 1, m)).sum(axis=0)
     bound = _step_bound(plain, last, p, m, v)
-    upper = _step_upper(serial, serial_last, plain, p, m, v) + cost.slowdown(hardware) * moved
+    upper = (_step_upper(serial, serial_last, plain, p, m, v)
+             + cost.slowdown(hardware) * communicated)
     peaks = {role: _peak(f, numbers[role]) for role, f in s.stages.items()}
     index = {FIRST: 0.0, MIDDLE: 1.0, LAST: p - 1}
     held = {role: _in_flight(p, v, m, index[role]) for role in s.stages}
