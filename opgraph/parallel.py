@@ -37,6 +37,11 @@ edp = sympy.Symbol("edp", **_DEG)
 
 ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = ("1f1b", "interleaved")
+# The training framework whose behaviour the passes follow (how it shards, gathers, reduces and
+# recomputes); None: opgraph's generic data parallelism (FSDP-like, gradients reduced in FP32).
+FRAMEWORKS = ("megatron", "deepspeed", "torchtitan", "nanotron")
+# The dtype gradients are reduced in across data-parallel ranks; None: the framework's default.
+GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 
 
 def _whole(value, name):
@@ -74,6 +79,8 @@ class Parallel:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     overlap_grad_reduce: bool = True
+    framework: str | None = None
+    grad_reduce_dtype: str | None = None
 
     def __attrs_post_init__(self):
         for name in ("tp", "pp", "cp", "ep", "dp", "gpus", "micro_batch", "global_batch",
@@ -81,6 +88,12 @@ class Parallel:
             _whole(getattr(self, name), name.replace("_", "-"))
         if self.zero not in ZERO_STAGES:
             raise OpgraphError(f"zero {self.zero!r}: give 0, 1, 2 or 3")
+        if self.framework is not None and self.framework not in FRAMEWORKS:
+            raise OpgraphError(f"framework {self.framework!r}: choose one of "
+                               f"{', '.join(FRAMEWORKS)}")
+        if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+            raise OpgraphError(f"gradient-reduction dtype {self.grad_reduce_dtype!r}: choose one "
+                               f"of {', '.join(GRAD_REDUCE_DTYPES)}")
         model = self.tp * self.cp * self.pp
         if self.gpus is not None:
             if self.gpus % model:
@@ -163,7 +176,8 @@ class Parallel:
                 "sequence_parallel": self.sequence_parallel, "async_tp": self.async_tp,
                 "first_stage_layers": self.first_stage_layers,
                 "last_stage_layers": self.last_stage_layers,
-                "overlap_grad_reduce": self.overlap_grad_reduce}
+                "overlap_grad_reduce": self.overlap_grad_reduce,
+                "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype}
 
 
 def stage_layers(layers: int, layout: Parallel) -> list[int]:
