@@ -32,7 +32,8 @@ MAX_GBYTES_PER_S = 1e5  # 100 TB/s per GPU per direction: 50x NVLink 5
 MAX_LATENCY_US = 1e4  # 10 ms per step would be a broken network, not a slow one
 
 _CLUSTER_KEYS = {"name", "gpus_per_node", "source", "node", "network"}
-_TIER_KEYS = {"name", "gbytes_per_s", "gbits_per_s", "latency_us", "topology", "source"}
+_TIER_KEYS = {"name", "gbytes_per_s", "gbits_per_s", "latency_us", "tree_latency_us", "topology",
+              "source"}
 TIER_NAMES = ("node", "network")  # tier 0, tier 1
 TOPOLOGIES = ("switch", "mesh")
 
@@ -51,6 +52,13 @@ class Tier:
     latency_s: float
     source: str = ""
     topology: str = "switch"
+    # NCCL's per-hop latency for its tree algorithm (tuning.cc hwLat, Tree/LL); the ring's
+    # latency_s where a file gives none
+    tree_latency: float | None = None
+
+    @property
+    def tree_latency_s(self) -> float:
+        return self.latency_s if self.tree_latency is None else self.tree_latency
 
 
 @attrs.frozen
@@ -73,6 +81,19 @@ class Cluster:
             return False
         span = group_size * stride
         return span > self.gpus_per_node or self.gpus_per_node % span != 0
+
+    def placement(self, group_size: int, stride: int = 1) -> tuple[int, int]:
+        """(nodes, members per node) of a group of `group_size` GPUs `stride` ranks apart.
+
+        `get("dgx-h100").placement(16, 1) == (2, 8)`: DP 16 with no TP fills two nodes;
+        `placement(4, 8) == (4, 1)`: DP 4 outside TP 8 has one member in each of four nodes.
+        A group whose members do not fill its nodes evenly (groups of 3 in nodes of 8, ranks 6,
+        7, 8) counts as one member per node: its slowest placement.
+        """
+        if not self.spans_nodes(group_size, stride):
+            return 1, group_size
+        per_node = members_per_node(self.gpus_per_node, group_size, stride)
+        return group_size // per_node, per_node
 
     def tier_for(self, group_size: int, stride: int = 1) -> Tier:
         """The slowest tier a group spans, with the bandwidth the group can use of it.
@@ -105,6 +126,20 @@ class Cluster:
         return (f"{self.name}: {self.gpus_per_node} GPUs per node, "
                 f"{node.bandwidth / 1e9:g} GB/s per GPU per direction in a node, "
                 f"{net.bandwidth / 1e9:g} GB/s across nodes")
+
+
+def members_per_node(gpus_per_node: int, group_size, stride):
+    """Members of a group that spans nodes in each of its nodes: `gpus_per_node / stride` where
+    the stride divides the node and that many members divide the group, else 1. Numbers give
+    an int; a symbolic group size or stride gives a Piecewise (`collectives.on_cluster`)."""
+    if isinstance(group_size, int) and isinstance(stride, int):
+        fits = stride < gpus_per_node and gpus_per_node % stride == 0 and group_size % (
+            gpus_per_node // stride) == 0
+        return gpus_per_node // stride if fits else 1
+    gpus, n, s = sympy.Integer(gpus_per_node), sympy.sympify(group_size), sympy.sympify(stride)
+    fits = sympy.And(s < gpus, sympy.Eq(sympy.Mod(gpus, s), 0),
+                     sympy.Eq(sympy.Mod(n, gpus / s), 0))
+    return sympy.Piecewise((gpus / s, fits), (1, True))
 
 
 def _check_group(group_size: int, stride: int) -> None:
@@ -153,7 +188,9 @@ def _parse_tier(table: object, where: str, role: str) -> Tier:
     return Tier(name=_text(table, "name", where, role),
                 bandwidth=bandwidth,
                 latency_s=_positive(table, "latency_us", where, MAX_LATENCY_US) * 1e-6,
-                source=_text(table, "source", where, ""), topology=topology)
+                source=_text(table, "source", where, ""), topology=topology,
+                tree_latency=(_positive(table, "tree_latency_us", where, MAX_LATENCY_US) * 1e-6
+                              if "tree_latency_us" in table else None))
 
 
 def _parse(cluster_id: str, table: object, where: str) -> Cluster:

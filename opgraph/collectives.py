@@ -34,7 +34,7 @@ from collections.abc import Callable
 import attrs
 import sympy
 
-from .cluster import Cluster, Tier
+from .cluster import Cluster, Tier, members_per_node
 from .errors import OpgraphError
 
 n = sympy.Symbol("n", positive=True, integer=True)  # GPUs in the group
@@ -50,8 +50,11 @@ class Collective:
     kind: str
     volume: Callable[[sympy.Expr], sympy.Expr]  # bytes sent per GPU / M, as a function of n
     steps: Callable[[sympy.Expr], sympy.Expr]  # latency steps, as a function of n
+    # of those steps, the ones that cross the network, as a function of n and the nodes spanned
+    inter_steps: Callable[[sympy.Expr, sympy.Expr], sympy.Expr]
     backward: str
     algorithm: str  # what the factors assume, for docs and reports
+    tree: bool = False  # NCCL may also run it as a double binary tree (`_tree_line`)
 
 
 def _ring_all_reduce_volume(n):
@@ -63,6 +66,12 @@ def _ring_all_reduce_steps(n):
     return 2 * (n - 1)
 
 
+def _ring_all_reduce_inter_steps(n, nodes):
+    # NCCL's nInterSteps for a ring all-reduce: the ring enters and leaves each node once per
+    # pass, two passes (reduce-scatter, all-gather)
+    return 2 * (nodes - 1)
+
+
 def _ring_half_volume(n):
     # reduce-scatter or all-gather: n-1 chunks of M/n each
     return (n - 1) / n
@@ -70,6 +79,10 @@ def _ring_half_volume(n):
 
 def _ring_half_steps(n):
     return n - 1
+
+
+def _ring_half_inter_steps(n, nodes):
+    return nodes - 1
 
 
 def _pairwise_all_to_all_volume(n):
@@ -81,6 +94,11 @@ def _pairwise_all_to_all_steps(n):
     return n - 1
 
 
+def _pairwise_all_to_all_inter_steps(n, nodes):
+    # one step per peer: the n - n/nodes peers outside a GPU's node are reached over the network
+    return n - n / nodes
+
+
 def _send_recv_volume(n):
     return sympy.Integer(1)
 
@@ -89,22 +107,27 @@ def _send_recv_steps(n):
     return sympy.Integer(1)
 
 
-def _free(n):
+def _send_recv_inter_steps(n, nodes):
+    return nodes - 1  # the pair's one step crosses the network iff the pair spans two nodes
+
+
+def _free(n, nodes=None):
     return sympy.Integer(0)
 
 
 COLLECTIVES: dict[str, Collective] = {c.kind: c for c in (
     Collective("all-reduce", _ring_all_reduce_volume, _ring_all_reduce_steps,
-               backward="identity", algorithm="ring (reduce-scatter + all-gather)"),
-    Collective("reduce-scatter", _ring_half_volume, _ring_half_steps,
+               _ring_all_reduce_inter_steps, backward="identity",
+               algorithm="ring (reduce-scatter + all-gather) or tree", tree=True),
+    Collective("reduce-scatter", _ring_half_volume, _ring_half_steps, _ring_half_inter_steps,
                backward="all-gather", algorithm="ring"),
-    Collective("all-gather", _ring_half_volume, _ring_half_steps,
+    Collective("all-gather", _ring_half_volume, _ring_half_steps, _ring_half_inter_steps,
                backward="reduce-scatter", algorithm="ring"),
     Collective("all-to-all", _pairwise_all_to_all_volume, _pairwise_all_to_all_steps,
-               backward="all-to-all", algorithm="pairwise exchange"),
-    Collective("send-recv", _send_recv_volume, _send_recv_steps,
+               _pairwise_all_to_all_inter_steps, backward="all-to-all", algorithm="pairwise exchange"),
+    Collective("send-recv", _send_recv_volume, _send_recv_steps, _send_recv_inter_steps,
                backward="send-recv", algorithm="point to point"),
-    Collective("identity", _free, _free,
+    Collective("identity", _free, _free, _free,
                backward="all-reduce", algorithm="none (Megatron's f: a copy in forward)"),
 )}
 KINDS = tuple(COLLECTIVES)
@@ -151,46 +174,113 @@ def backward(kind: str) -> str:
     return rule(kind).backward
 
 
+# NCCL's own cost model (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel; NCCL 2.28): a
+# collective costs baseLat once per call, then each step the latency of the hop it takes. The
+# tiers' latency_us are its hwLat for the Ring algorithm and LL protocol (NVLink 0.6 us, PCI
+# 1.0 us, NET 2.7 us), the protocol NCCL picks where latency matters; tree_latency_us its hwLat
+# for Tree/LL (NET 5.0 us; NVLink and PCI as the ring's). NCCL's tuner also scales intraLat by
+# 1.8 for LL across nodes and corrects trees at medium sizes; this model leaves those out.
+BASE_LATENCY_S = {"ring": 6.6e-6, "tree": 6.8e-6}  # tuning.cc baseLat[Ring][LL], [Tree][LL]
+# A tree all-reduce's bus bandwidth is 0.92 of the link's (`busBw*.92`), and its algorithm
+# bandwidth half its bus bandwidth (`ratio = .5`): it moves 2M per GPU over 0.92 W.
+TREE_BUS_EFFICIENCY = 0.92
+TREE_ALGORITHM_RATIO = 0.5
+
+
+def _log2i(x):
+    """floor(log2 x), NCCL's log2i, for a whole number or a sympy expression."""
+    if isinstance(x, int):
+        return x.bit_length() - 1
+    return sympy.floor(sympy.log(x, 2))
+
+
+def _ring_line(row: Collective, group, nodes, node: Tier, network: Tier, bandwidth):
+    """(seconds at no message, seconds per byte) of the kind's own algorithm (ring, pairwise
+    exchange, point to point) over `group` GPUs in `nodes` nodes: NCCL's ring latency,
+    baseLat + (nsteps - nInterSteps) x intraLat + nInterSteps x interLat, and the volume over
+    `bandwidth`. Numbers or sympy expressions alike (`lines`, `on_cluster`)."""
+    inter = row.inter_steps(group, nodes)
+    latency = (BASE_LATENCY_S["ring"] + (row.steps(group) - inter) * node.latency_s
+               + inter * network.latency_s)
+    return latency, row.volume(group) / bandwidth
+
+
+def _tree_line(group, nodes, node: Tier, network: Tier, bandwidth):
+    """(seconds at no message, seconds per byte) of NCCL's tree all-reduce: a chain through
+    each node's group/nodes GPUs and a double binary tree between nodes, up and down, so
+    baseLat + 2 x ((group/nodes - 1) x intraLat + log2i(nodes) x interLat); it moves 2M per
+    GPU at 0.92 of the link (tuning.cc: busBw*.92, algorithm bandwidth busBw x .5)."""
+    latency = BASE_LATENCY_S["tree"] + 2 * ((group / nodes - 1) * node.tree_latency_s
+                                            + _log2i(nodes) * network.tree_latency_s)
+    return latency, 1 / (TREE_ALGORITHM_RATIO * TREE_BUS_EFFICIENCY * bandwidth)
+
+
 def seconds_on(kind: str, size_bytes: float, group_size: int, tier: Tier) -> float:
-    """Seconds on a given tier: `seconds_on("send-recv", 1e9, 2, tier)`."""
+    """Seconds on a given tier by the plain alpha-beta formula (`time`), no base latency:
+    `seconds_on("send-recv", 1e9, 2, tier)`."""
     return float(time(kind, size_bytes, group_size, tier.latency_s, tier.bandwidth))
 
 
 def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr:
-    """Time on a cluster as a formula, the tier chosen by `Cluster.tier_for`'s rule.
+    """Time on a cluster as a formula, by the rule `seconds` applies to numbers.
 
     With a symbolic group size or stride (a parallel degree a sweep varies) the answer is a
-    Piecewise: 0 for a group of one, the node's alpha and bandwidth while n*stride fits a node
-    evenly, the network's otherwise. `on_cluster("all-gather", M, t, get("dgx-h100"))` is
-    NVLink's (t-1)*0.6e-6 + (t-1)/t*M/450e9 where (t <= 8) & Eq(Mod(8, t), 0), then the
-    network's.
+    Piecewise: 0 for a group of one, the node's latency and bandwidth while n*stride fits a
+    node evenly, the network's bandwidth and NCCL's hierarchical latency otherwise; an
+    all-reduce takes the Min of its ring and its tree.
     """
+    row = rule(kind)
     if isinstance(group, int) and isinstance(stride, int):
-        tier = cluster.tier_for(group, stride)
-        return time(kind, size, group, tier.latency_s, tier.bandwidth)
+        return sympy.Float(seconds(kind, size, group, cluster, stride))
+    if row.steps(n) == 0:
+        return sympy.Integer(0)
     node, network = cluster.tiers
-    span = _sym(group) * _sym(stride)
+    g, s, m = _sym(group), _sym(stride), _sym(size)
     gpus = sympy.Integer(cluster.gpus_per_node)
-    inside = sympy.And(span <= gpus, sympy.Eq(sympy.Mod(gpus, span), 0))
-    node_bandwidth = node.bandwidth * cluster.node_share(_sym(group))
+    inside = sympy.And(g * s <= gpus, sympy.Eq(sympy.Mod(gpus, g * s), 0))
+
+    def fastest(nodes, bandwidth):
+        found = [_ring_line(row, g, nodes, node, network, bandwidth)]
+        if row.tree:
+            found.append(_tree_line(g, nodes, node, network, bandwidth))
+        return sympy.Min(*(latency + per_byte * m for latency, per_byte in found))
+
+    nodes = g / members_per_node(cluster.gpus_per_node, g, s)
     return sympy.Piecewise(
-        (0, sympy.Eq(_sym(group), 1)),  # a degree of 1 moves nothing, on any tier
-        (time(kind, size, group, node.latency_s, node_bandwidth), inside),
-        (time(kind, size, group, network.latency_s, network.bandwidth), True))
+        (0, sympy.Eq(g, 1)),  # a degree of 1 moves nothing, on any tier
+        (fastest(sympy.Integer(1), node.bandwidth * cluster.node_share(g)), inside),
+        (fastest(nodes, network.bandwidth), True))
+
+
+def lines(kind: str, group_size: int, cluster: Cluster,
+          stride: int = 1) -> tuple[tuple[float, float], ...]:
+    """Each algorithm NCCL may run for one collective, as (seconds at no message, seconds per
+    byte): the kind's own (ring, pairwise, point to point), and for an all-reduce the tree
+    too. NCCL's tuner runs the fastest, so a collective takes the least of them (`seconds`);
+    a search takes the same minimum over arrays of messages (`opgraph.search`)."""
+    row = rule(kind)
+    if group_size == 1 or row.steps(group_size) == 0:
+        return ((0.0, 0.0),)  # a group of one, or Megatron's f, moves nothing
+    nodes, _ = cluster.placement(group_size, stride)
+    node, network = cluster.tiers
+    bandwidth = cluster.tier_for(group_size, stride).bandwidth
+    found = [_ring_line(row, group_size, nodes, node, network, bandwidth)]
+    if row.tree:
+        found.append(_tree_line(group_size, nodes, node, network, bandwidth))
+    return tuple((float(latency), float(per_byte)) for latency, per_byte in found)
 
 
 def seconds(kind: str, size_bytes: float, group_size: int, cluster: Cluster,
             stride: int = 1) -> float:
-    """Seconds of one collective on a cluster, limited by the slowest tier the group spans.
+    """Seconds of one collective on a cluster: the fastest of `lines`, NCCL's latencies and
+    the slowest tier's bandwidth.
 
-    `seconds("all-reduce", 2**30, 8, get("dgx-h100"))` is about 4.2 ms: 14 steps of 0.6 us and
-    1.75 GiB over 450 GB/s. `stride` is how many ranks apart the members are (`Cluster.tier_for`).
+    `seconds("all-reduce", 2**30, 8, get("dgx-h100"))` is about 4.2 ms, the ring: 6.6 us, 14
+    steps of 0.6 us and 1.75 GiB over 450 GB/s. `stride` is how many ranks apart the members
+    are (`Cluster.tier_for`).
     """
-    if group_size == 1:
-        return 0.0  # a group of one moves nothing
-    row, tier = rule(kind), cluster.tier_for(group_size, stride)  # numbers: no sympy here
-    return (float(row.steps(group_size)) * tier.latency_s
-            + float(row.volume(group_size)) * float(size_bytes) / tier.bandwidth)
+    return min(latency + per_byte * float(size_bytes)
+               for latency, per_byte in lines(kind, group_size, cluster, stride))
 
 
 def bus_bandwidth(kind: str, algorithm_bandwidth, group=n):

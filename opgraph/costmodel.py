@@ -317,17 +317,23 @@ class CostModel:
 
         return self.time(flops, nbytes, peaks, hardware.bandwidth, np.maximum)
 
-    def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
-                  hardware=None) -> float:
-        """Seconds of one collective of `kind` (an op kind: "all_reduce") moving `message`
-        bytes per GPU over a group of `group` GPUs `stride` ranks apart: the alpha-beta time on
-        the slowest tier the group spans (`opgraph.collectives.seconds`)."""
+    def comm_lines(self, kind: str, group: int, cluster, stride: int = 1,
+                   hardware=None) -> tuple[tuple[float, float], ...]:
+        """Each algorithm one collective of `kind` (an op kind: "all_reduce") may run over a
+        group of `group` GPUs `stride` ranks apart, as (seconds at no message, seconds per
+        byte): NCCL's latencies and the tiers' bandwidths (`opgraph.collectives.lines`)."""
         from . import collectives
 
         if group == 1 or kind == "identity":
-            return 0.0
-        return collectives.seconds(kind.replace("_", "-"), float(message), group, cluster,
-                                   stride)
+            return ((0.0, 0.0),)
+        return collectives.lines(kind.replace("_", "-"), group, cluster, stride)
+
+    def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
+                  hardware=None) -> float:
+        """Seconds of one collective of `kind` moving `message` bytes per GPU: the fastest of
+        its `comm_lines`, as NCCL's tuner picks (`opgraph.collectives.seconds`)."""
+        return min(latency + per_byte * float(message) for latency, per_byte
+                   in self.comm_lines(kind, group, cluster, stride, hardware))
 
     def slowdown(self, hardware) -> float:
         """The share of hidden communication time added to the compute beside it."""
@@ -415,13 +421,13 @@ class CalibratedCostModel(CostModel):
         compute = (flops / count + half * (flops > 0)) / (rate * peak)
         return count * (launch + maximum(compute, nbytes / count / (bandwidth_share * bandwidth)))
 
-    def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
-                  hardware=None) -> float:
+    def comm_lines(self, kind: str, group: int, cluster, stride: int = 1,
+                   hardware=None) -> tuple[tuple[float, float], ...]:
         if group == 1 or kind == "identity":
-            return 0.0
+            return ((0.0, 0.0),)
         e = self.efficiencies(hardware)
-        return (super().comm_time(kind, message, group, _achieved(cluster, e.node, e.network),
-                                  stride) + e.launch_s)
+        return tuple((latency + e.launch_s, per_byte) for latency, per_byte in super().comm_lines(
+            kind, group, _achieved(cluster, e.node, e.network), stride))
 
     def slowdown(self, hardware) -> float:
         return self.efficiencies(hardware).overlap_slowdown

@@ -577,47 +577,49 @@ def _waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple[_Wai
 
 def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line) -> dict[int, np.ndarray]:
     """Each collective's seconds per instance over the rows, as `distributed._times` gives
-    them: a collective's time is affine in its message, so `line(kind, group, layout)` gives
-    its intercept and slope once per kind and layout, taken over the rows' messages."""
+    them: each algorithm NCCL may run takes a time affine in the message, so `line(kind,
+    group, layout)` gives their intercepts and slopes (`CostModel.comm_lines`) once per kind
+    and layout, and a collective takes the least of them over the rows' messages."""
     lines = _over_rows(group, line)
     out = {}
     for k in range(f.n_ops):
         if f.groups[k] is not None:
             base, slope = lines(f.kinds[k], f.groups[k])
-            out[k] = base + slope * nums.messages[k]
+            out[k] = (base + slope * nums.messages[k]).min(axis=0)
     return out
 
 
 def _over_rows(rows_: list, line):
-    """`line` over the rows: `lines(kind, group)` gives each row's intercept and slope, each
-    distinct layout's read once."""
+    """`line` over the rows: `lines(kind, group)` gives each algorithm's intercept and slope
+    (a row each) over the rows (a column each), each distinct layout's read once."""
     index: dict = {}
     where = np.array([index.setdefault((r.tp, r.cp, r.ep, r.pp, r.dp), len(index))
                       for r in rows_])
 
     @functools.lru_cache(maxsize=None)
     def lines(kind: str, group: str) -> tuple[np.ndarray, np.ndarray]:
-        pairs = np.array([line(kind, group, degrees) for degrees in index])
-        return pairs[where, 0], pairs[where, 1]
+        found = [line(kind, group, degrees) for degrees in index]
+        most = max(map(len, found))  # a group of one has one line: repeat it
+        pairs = np.array([pairs + pairs[-1:] * (most - len(pairs)) for pairs in found])
+        return pairs[where, :, 0].T, pairs[where, :, 1].T
     return lines
 
 
 def _comm_line(cost: CostModel, cluster, hardware: Hardware):
-    """`_comm_times`'s `line`: a collective's time at no message and its seconds per byte,
-    over the group `group` names in the layout of `degrees` (tp, cp, ep, pp, dp), each
-    distinct group size and stride read once."""
+    """`_comm_times`'s `line`: each algorithm's time at no message and seconds per byte
+    (`CostModel.comm_lines`), over the group `group` names in the layout of `degrees` (tp,
+    cp, ep, pp, dp), each distinct group size and stride read once."""
 
     @functools.lru_cache(maxsize=None)
-    def affine(kind: str, size: int, stride: int) -> tuple[float, float]:
-        base = cost.comm_time(kind, 0.0, size, cluster, stride, hardware)
-        return base, (cost.comm_time(kind, 1e9, size, cluster, stride, hardware) - base) / 1e9
+    def affine(kind: str, size: int, stride: int) -> tuple[tuple[float, float], ...]:
+        return cost.comm_lines(kind, size, cluster, stride, hardware)
 
     @functools.lru_cache(maxsize=None)
     def layout(degrees: tuple) -> Parallel:
         t, c, e, p, d = degrees
         return Parallel(tp=t, cp=c, ep=e, pp=p, dp=d)
 
-    def line(kind: str, group: str, degrees: tuple) -> tuple[float, float]:
+    def line(kind: str, group: str, degrees: tuple) -> tuple[tuple[float, float], ...]:
         lay = layout(degrees)
         return affine(kind, lay.size(group), lay.stride(group))
     return line
@@ -887,15 +889,16 @@ def _moved(graph: Graph, stack) -> list:
 def _moving(moved: np.ndarray, zero: np.ndarray, lines) -> np.ndarray:
     """The seconds each data-parallel stream (a row each: dp, edp) takes per micro-batch for
     `_moved`'s part (a row per formula, over the layouts): the all-gathers under ZeRO-3, the
-    reduce-scatters under ZeRO-2 and 3, each collective's time affine in its message;
-    `lines(kind, group)` gives each layout's intercept and slope."""
+    reduce-scatters under ZeRO-2 and 3; `lines(kind, group)` gives each algorithm's intercept
+    and slope over the layouts. Each collective takes at least the least intercept plus the
+    least slope times its message, so their sum is a bound whatever algorithm each runs."""
     out = np.zeros((2, len(zero)))
     for j, group in enumerate(("dp", "edp")):
         gathered, gathers, reduced, reductions = moved[4 * j:4 * j + 4]
         for kind, size, count, least in (("all_gather", gathered, gathers, 3),
                                          ("reduce_scatter", reduced, reductions, 2)):
             if count.any():
-                base, slope = lines(kind, group)
+                base, slope = (part.min(axis=0) for part in lines(kind, group))
                 out[j] += np.where(zero >= least, count * base + slope * size, 0.0)
     return out * (1 - 2e-6)  # below `_released`'s, the same sums in another order
 

@@ -35,13 +35,14 @@ def test_a_kernel_costs_launch_plus_the_slower_of_its_scaled_terms():
 
 
 def test_a_collective_runs_at_its_tiers_achieved_bandwidth():
+    # launch_s, then NCCL's base latency (tuning.cc baseLat, Ring/LL: 6.6 us) and its steps
     dgx = get_cluster("dgx-h100")
     node, net = dgx.tiers
     m = 1e9
     assert MODEL.comm_time("all_reduce", m, 8, dgx, 1, H100) == pytest.approx(
-        3e-6 + 14 * node.latency_s + 2 * 7 / 8 * m / (0.6 * node.bandwidth))
+        3e-6 + 6.6e-6 + 14 * node.latency_s + 2 * 7 / 8 * m / (0.6 * node.bandwidth))
     assert MODEL.comm_time("all_gather", m, 4, dgx, 8, H100) == pytest.approx(
-        3e-6 + 3 * net.latency_s + 3 / 4 * m / (0.7 * net.bandwidth))
+        3e-6 + 6.6e-6 + 3 * net.latency_s + 3 / 4 * m / (0.7 * net.bandwidth))
 
 
 def test_every_efficiency_one_is_the_roofline():

@@ -1,5 +1,6 @@
 """Collective costs as formulas: bytes per GPU, latency steps, time on a tier, backward pairs."""
 
+import math
 import re
 from pathlib import Path
 
@@ -68,17 +69,88 @@ def test_time_on_a_hand_picked_tier():
     assert float(formula) == pytest.approx(col.seconds_on("all-to-all", size, 4, tier))
 
 
+# NCCL's cost model (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel), Ring algorithm, LL
+# protocol: baseLat 6.6 us once per call, hwLat 0.6 us per NVLink step and 2.7 us per network step
+BASE, NVL, NET = 6.6e-6, 0.6e-6, 2.7e-6
+
+
 def test_seconds_use_the_tier_the_group_spans():
     c = get("dgx-h100")
     nvlink, ib = 450e9, 400e9 / 8  # DGX H100: 900 GB/s NVLink both ways, 400 Gb/s NDR per GPU
     size = 2.0**30
-    # TP 8: ranks 0..7, inside one node
+    # TP 8: ranks 0..7, inside one node. NCCL's base latency is the only change from the plain
+    # alpha-beta ring: 6.6 us on 4.2 ms
     assert col.seconds("all-reduce", size, 8, c) == pytest.approx(
-        14 * 0.6e-6 + 2 * 7 / 8 * size / nvlink)
-    # DP 2 outside TP 8: ranks r and r+8 sit in two nodes
+        BASE + 14 * NVL + 2 * 7 / 8 * size / nvlink)
+    # DP 2 outside TP 8: ranks r and r+8 sit in two nodes; both ring steps cross the network
     assert col.seconds("all-reduce", size, 2, c, stride=8) == pytest.approx(
-        2 * 2.7e-6 + 2 * 1 / 2 * size / ib)
+        BASE + 2 * NET + 2 * 1 / 2 * size / ib)
     assert col.seconds("reduce-scatter", size, 1, c) == 0.0
+    assert col.seconds("identity", size, 8, c) == 0.0  # Megatron's f: nothing, not even a call
+
+
+@pytest.mark.parametrize("kind, n, nodes, steps, inter", [
+    # NCCL's nsteps and nInterSteps: all-reduce 2(n-1) steps, 2(nodes-1) of them between nodes;
+    # all-gather and reduce-scatter n-1, nodes-1 of them between nodes
+    ("all-reduce", 16, 2, 2 * 15, 2 * 1),
+    ("all-gather", 16, 2, 15, 1),
+    ("reduce-scatter", 64, 8, 63, 7),
+    # pairwise all-to-all: a step per peer, n - n/nodes of them in other nodes
+    ("all-to-all", 16, 2, 15, 8),
+])
+def test_ring_latency_counts_each_hop_at_its_own_tier(kind, n, nodes, steps, inter):
+    c = get("dgx-h100")
+    assert c.placement(n, 1) == (nodes, n // nodes)
+    (latency, _), *_ = col.lines(kind, n, c)  # the ring (or pairwise) line comes first
+    assert latency == pytest.approx(BASE + (steps - inter) * NVL + inter * NET)
+
+
+# NCCL's tree all-reduce (tuning.cc): baseLat[Tree][LL] 6.8 us, hwLat Tree/LL 0.6 us per NVLink
+# hop and 5.0 us per network hop; latency baseLat + 2((n/nodes - 1) intraLat + log2i(nodes)
+# interLat); bus bandwidth 0.92 of the link, algorithm bandwidth half of that
+TREE_BASE, TREE_NET = 6.8e-6, 5.0e-6
+
+
+@pytest.mark.parametrize("n, stride, nodes, per_node, bandwidth", [
+    (16, 1, 2, 8, 50e9),
+    (1536, 1, 192, 8, 50e9),  # log2i(192) = 7
+    (192, 8, 192, 1, 50e9),  # DP 192 outside TP 8: one GPU per node, no chain in the node
+    (8, 1, 1, 8, 450e9),  # inside a node the tree is a chain: never faster than the ring
+])
+def test_tree_all_reduce_line(n, stride, nodes, per_node, bandwidth):
+    c = get("dgx-h100")
+    ring, tree = col.lines("all-reduce", n, c, stride)
+    latency = TREE_BASE + 2 * ((per_node - 1) * NVL + math.floor(math.log2(nodes)) * TREE_NET)
+    assert tree == pytest.approx((latency, 2 / (0.92 * bandwidth)))
+    assert ring[1] == pytest.approx(2 * (n - 1) / n / bandwidth)
+    for size in (0.0, 1e6, 1e9):  # NCCL's tuner runs the faster of the two
+        assert col.seconds("all-reduce", size, n, c, stride) == pytest.approx(
+            min(ring[0] + ring[1] * size, latency + 2 * size / (0.92 * bandwidth)))
+    assert len(col.lines("all-gather", n, c, stride)) == 1  # the ring alone, as NCCL's
+
+
+def test_a_large_all_reduce_in_a_node_runs_the_ring():
+    # 8 x H100, 1 GiB: the ring's 1.75 GiB over 450 GB/s beats the tree's 2 GiB over 0.92 of it;
+    # the only change from the flat alpha-beta model is NCCL's base latency, 6.6 us of 4.2 ms
+    c, size = get("dgx-h100"), 2.0**30
+    assert col.seconds("all-reduce", size, 8, c) == pytest.approx(
+        col.seconds_on("all-reduce", size, 8, c.tiers[0]) + BASE)
+
+
+def test_a_thousand_rank_ring_pays_the_network_once_per_node():
+    # ZeRO-3 over 1,536 GPUs (Narayanan et al. 2021, Table 2's ZeRO-3 runs): 192 nodes of 8.
+    # The flat model charged every one of the 1,535 steps the network's 2.7 us (4.1 ms per
+    # all-gather); NCCL's charges 191 of them the network's and the rest NVLink's 0.6 us.
+    c = get("dgx-h100")
+    latency = col.seconds("all-gather", 0.0, 1536, c)
+    assert latency == pytest.approx(BASE + (1535 - 191) * NVL + 191 * NET)
+    assert latency < 1535 * NET / 3
+    # an all-reduce's latency grows with log2 of the nodes (the tree), not with the ranks
+    assert col.seconds("all-reduce", 0.0, 1536, c) == pytest.approx(
+        TREE_BASE + 2 * (7 * NVL + 7 * TREE_NET))
+    # doubling the ranks adds one level to the tree between nodes (log2i(384) = 8), up and down
+    assert col.seconds("all-reduce", 0.0, 3072, c) - col.seconds(
+        "all-reduce", 0.0, 1536, c) == pytest.approx(2 * TREE_NET)
 
 
 def test_a_published_measurement_is_slower_than_the_model():
@@ -159,19 +231,21 @@ def test_on_cluster_with_a_symbolic_degree_picks_the_tier_per_value():
     c = get("dgx-h100")
     formula = col.on_cluster("all-gather", M, t, c)
     assert isinstance(formula, sympy.Piecewise)
-    nvlink = col.time("all-gather", M, t, 0.6e-6, 450e9)
-    ib = col.time("all-gather", M, t, 2.7e-6, 50e9)
-    for value, expected in ((2, nvlink), (8, nvlink), (3, ib), (16, ib)):
-        assert sympy.simplify(formula.subs(t, value) - expected.subs(t, value)) == 0
+    nvlink = BASE + (t - 1) * NVL + (t - 1) / t * M / 450e9
+    ib_flat = BASE + (t - 1) * NET + (t - 1) / t * M / 50e9  # groups of 3 straddle: every hop
+    ib_two_nodes = BASE + (t - 2) * NVL + NET + (t - 1) / t * M / 50e9  # 16 fill two nodes
+    for value, expected in ((2, nvlink), (8, nvlink), (3, ib_flat), (16, ib_two_nodes)):
+        assert float(sympy.simplify(formula.subs(t, value) - expected.subs(t, value)).subs(
+            M, 1e9)) == pytest.approx(0, abs=1e-12)
     # a stride symbol too: DP of degree t outside TP 4 stays in the node only for t <= 2
     d = sympy.Symbol("d", positive=True, integer=True)
     dp = col.on_cluster("all-reduce", 2**30, t, c, stride=d)
-    for tv, dv in ((2, 4), (4, 2), (2, 8)):
+    for tv, dv in ((2, 4), (4, 2), (2, 8), (4, 4), (8, 2), (3, 8)):
         assert float(dp.subs({t: tv, d: dv})) == pytest.approx(
             col.seconds("all-reduce", 2**30, tv, c, stride=dv))
     # lambdify (as sweeps do) gives the same numbers
     f = sympy.lambdify([t], col.on_cluster("all-reduce", 2**30, t, c))
-    for tv in (2, 3, 4, 8, 16):
+    for tv in (2, 3, 4, 8, 16, 64):
         assert f(tv) == pytest.approx(col.seconds("all-reduce", 2**30, tv, c))
 
 
@@ -182,7 +256,7 @@ def test_mesh_bandwidth_in_formulas_and_numbers():
     link = 64e9  # one Infinity Fabric link, one direction
     assert col.on_cluster("all-reduce", 1e9, t, c).subs(t, 1) == 0  # degree 1: no traffic
     for k in (2, 4, 8):
-        expected = 2 * (k - 1) * 0.6e-6 + 2 * (k - 1) / k * 1e9 / ((k - 1) * link)
+        expected = BASE + 2 * (k - 1) * 0.6e-6 + 2 * (k - 1) / k * 1e9 / ((k - 1) * link)
         assert col.seconds("all-reduce", 1e9, k, c) == pytest.approx(expected)
         assert float(col.on_cluster("all-reduce", 1e9, t, c).subs(t, k)) == pytest.approx(
             expected)
