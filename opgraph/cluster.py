@@ -4,7 +4,10 @@ The catalog is `cluster.toml` beside this file; a user's own cluster is a TOML f
 form. A cluster has two tiers, each with a bandwidth per GPU per direction and a per-step latency:
 
 - tier 0, `node`: the intra-node fabric (NVLink through NVSwitch, Infinity Fabric, PCIe);
-- tier 1, `network`: the scale-out network (one NIC per GPU on the catalog's machines).
+- tier 1, `network`: the scale-out network, `nics_per_node` NICs of the given bandwidth each (one
+  NIC per GPU on the DGX machines); its bandwidth per GPU is the node's NICs shared by its GPUs,
+  nics_per_node x NIC bandwidth / gpus_per_node, since every GPU of a node is in some group of a
+  parallel dimension and those groups communicate at once.
 
 Which tier a group of GPUs talks over follows from where its members sit in rank order. As
 Megatron-LM orders ranks, tensor parallelism is innermost (its groups are consecutive ranks), then
@@ -34,6 +37,7 @@ MAX_LATENCY_US = 1e4  # 10 ms per step would be a broken network, not a slow one
 _CLUSTER_KEYS = {"name", "gpus_per_node", "source", "node", "network"}
 _TIER_KEYS = {"name", "gbytes_per_s", "gbits_per_s", "latency_us", "tree_latency_us", "topology",
               "source"}
+MAX_NICS_PER_NODE = 64  # an AWS p5 node has 32 EFA NICs
 TIER_NAMES = ("node", "network")  # tier 0, tier 1
 TOPOLOGIES = ("switch", "mesh")
 
@@ -73,6 +77,12 @@ class Cluster:
     gpus_per_node: int
     tiers: tuple[Tier, ...] = attrs.field(converter=tuple)
     source: str = ""
+    nics_per_node: int | None = None  # None: one NIC per GPU
+
+    @property
+    def nics(self) -> int:
+        """The NICs in a node: `nics_per_node`, one per GPU where a file gives none."""
+        return self.gpus_per_node if self.nics_per_node is None else self.nics_per_node
 
     def spans_nodes(self, group_size: int, stride: int = 1) -> bool:
         """Whether a group of `group_size` GPUs, `stride` ranks apart, leaves a node."""
@@ -207,14 +217,25 @@ def _parse(cluster_id: str, table: object, where: str) -> Cluster:
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS_PER_NODE:
         raise OpgraphError(f"{where}: gpus_per_node = {gpus!r} must be a whole number from 1 "
                            f"to {MAX_GPUS_PER_NODE}")
-    tiers = tuple(_parse_tier(table[name], f"{where[:-1]}.{name}]", name) for name in TIER_NAMES)
+    tables = {name: table[name] for name in TIER_NAMES}
+    nics = None
+    if isinstance(tables["network"], dict):  # the NICs are the network's; the rest is a tier
+        nics = tables["network"].get("nics_per_node")
+        tables["network"] = {k: v for k, v in tables["network"].items() if k != "nics_per_node"}
+    if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int)
+                             or not 1 <= nics <= MAX_NICS_PER_NODE):
+        raise OpgraphError(f"{where[:-1]}.network]: nics_per_node = {nics!r} must be a whole "
+                           f"number from 1 to {MAX_NICS_PER_NODE}")
+    tiers = tuple(_parse_tier(tables[name], f"{where[:-1]}.{name}]", name) for name in TIER_NAMES)
+    if nics is not None:  # the network's bandwidth is per NIC: share the node's NICs per GPU
+        tiers = (tiers[0], attrs.evolve(tiers[1], bandwidth=tiers[1].bandwidth * nics / gpus))
     if tiers[0].topology == "mesh" and gpus < 2:
         raise OpgraphError(f"{where}: a mesh node needs 2 or more GPUs")
     if tiers[1].topology != "switch":
         raise OpgraphError(f"{where[:-1]}.network]: topology must be switch; a mesh describes "
                            "the links inside one node")
     return Cluster(id=cluster_id, name=_text(table, "name", where, cluster_id), gpus_per_node=gpus,
-                   tiers=tiers, source=_text(table, "source", where, ""))
+                   tiers=tiers, source=_text(table, "source", where, ""), nics_per_node=nics)
 
 
 def load(path: str | Path) -> dict[str, Cluster]:

@@ -55,6 +55,9 @@ class Collective:
     backward: str
     algorithm: str  # what the factors assume, for docs and reports
     tree: bool = False  # NCCL may also run it as a double binary tree (`_tree_line`)
+    # a ring that enters and leaves each node once, so a node's members share one crossing
+    # (`_network_bandwidth`); pairwise exchange and point to point send each GPU's own bytes
+    once_per_node: bool = False
 
 
 def _ring_all_reduce_volume(n):
@@ -118,11 +121,12 @@ def _free(n, nodes=None):
 COLLECTIVES: dict[str, Collective] = {c.kind: c for c in (
     Collective("all-reduce", _ring_all_reduce_volume, _ring_all_reduce_steps,
                _ring_all_reduce_inter_steps, backward="identity",
-               algorithm="ring (reduce-scatter + all-gather) or tree", tree=True),
+               algorithm="ring (reduce-scatter + all-gather) or tree", tree=True,
+               once_per_node=True),
     Collective("reduce-scatter", _ring_half_volume, _ring_half_steps, _ring_half_inter_steps,
-               backward="all-gather", algorithm="ring"),
+               backward="all-gather", algorithm="ring", once_per_node=True),
     Collective("all-gather", _ring_half_volume, _ring_half_steps, _ring_half_inter_steps,
-               backward="reduce-scatter", algorithm="ring"),
+               backward="reduce-scatter", algorithm="ring", once_per_node=True),
     Collective("all-to-all", _pairwise_all_to_all_volume, _pairwise_all_to_all_steps,
                _pairwise_all_to_all_inter_steps, backward="all-to-all", algorithm="pairwise exchange"),
     Collective("send-recv", _send_recv_volume, _send_recv_steps, _send_recv_inter_steps,
@@ -221,6 +225,29 @@ def seconds_on(kind: str, size_bytes: float, group_size: int, tier: Tier) -> flo
     return float(time(kind, size_bytes, group_size, tier.latency_s, tier.bandwidth))
 
 
+def _network_bandwidth(row: Collective, per_node, cluster: Cluster):
+    """W of a group that spans nodes with `per_node` members in each (a number, or a sympy
+    expression for `on_cluster`).
+
+    The network tier's bandwidth is a GPU's share of its node's NICs (nics_per_node x NIC
+    bandwidth / gpus_per_node: every GPU of the node is in some group of the same dimension,
+    all communicating at once). A ring enters and leaves each node once, so its crossing
+    carries what one member sends, and the node's `per_node` members pool their shares: W =
+    per_node x share, at most the node's own bandwidth for the ring's hops inside the node.
+    With one member per node, or for pairwise exchange and point to point (each GPU sends its
+    own bytes off the node), W is the share.
+    """
+    node, network = cluster.tiers
+    if not row.once_per_node:
+        return network.bandwidth
+    pooled = per_node * network.bandwidth
+    inside = node.bandwidth * cluster.node_share(per_node)
+    if isinstance(per_node, int):
+        return network.bandwidth if per_node == 1 else float(min(pooled, inside))
+    return sympy.Piecewise((network.bandwidth, sympy.Eq(per_node, 1)),
+                           (sympy.Min(pooled, inside), True))
+
+
 def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr:
     """Time on a cluster as a formula, by the rule `seconds` applies to numbers.
 
@@ -245,11 +272,11 @@ def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr
             found.append(_tree_line(g, nodes, node, network, bandwidth))
         return sympy.Min(*(latency + per_byte * m for latency, per_byte in found))
 
-    nodes = g / members_per_node(cluster.gpus_per_node, g, s)
+    per_node = members_per_node(cluster.gpus_per_node, g, s)
     return sympy.Piecewise(
         (0, sympy.Eq(g, 1)),  # a degree of 1 moves nothing, on any tier
         (fastest(sympy.Integer(1), node.bandwidth * cluster.node_share(g)), inside),
-        (fastest(nodes, network.bandwidth), True))
+        (fastest(g / per_node, _network_bandwidth(row, per_node, cluster)), True))
 
 
 def lines(kind: str, group_size: int, cluster: Cluster,
@@ -261,9 +288,10 @@ def lines(kind: str, group_size: int, cluster: Cluster,
     row = rule(kind)
     if group_size == 1 or row.steps(group_size) == 0:
         return ((0.0, 0.0),)  # a group of one, or Megatron's f, moves nothing
-    nodes, _ = cluster.placement(group_size, stride)
+    nodes, per_node = cluster.placement(group_size, stride)
     node, network = cluster.tiers
-    bandwidth = cluster.tier_for(group_size, stride).bandwidth
+    bandwidth = (_network_bandwidth(row, per_node, cluster) if nodes > 1
+                 else cluster.tier_for(group_size, stride).bandwidth)
     found = [_ring_line(row, group_size, nodes, node, network, bandwidth)]
     if row.tree:
         found.append(_tree_line(group_size, nodes, node, network, bandwidth))

@@ -30,6 +30,7 @@ def test_catalog_stores_datasheet_figures_per_direction(cluster_id):
     assert c.gpus_per_node == gpus
     assert node.bandwidth == pytest.approx(nvlink_bidirectional / 2 * GB)
     assert network.bandwidth == pytest.approx(nic_gbits * GBIT)
+    assert c.nics == 8  # eight NICs per node of eight: one each (MI300X's is an assumption)
     assert "datasheet" in node.source and "datasheet" in c.source
 
 

@@ -112,8 +112,8 @@ TREE_BASE, TREE_NET = 6.8e-6, 5.0e-6
 
 
 @pytest.mark.parametrize("n, stride, nodes, per_node, bandwidth", [
-    (16, 1, 2, 8, 50e9),
-    (1536, 1, 192, 8, 50e9),  # log2i(192) = 7
+    (16, 1, 2, 8, 8 * 50e9),  # eight members per node pool their NIC shares (8 x 400 Gb/s)
+    (1536, 1, 192, 8, 8 * 50e9),  # log2i(192) = 7
     (192, 8, 192, 1, 50e9),  # DP 192 outside TP 8: one GPU per node, no chain in the node
     (8, 1, 1, 8, 450e9),  # inside a node the tree is a chain: never faster than the ring
 ])
@@ -127,6 +127,36 @@ def test_tree_all_reduce_line(n, stride, nodes, per_node, bandwidth):
         assert col.seconds("all-reduce", size, n, c, stride) == pytest.approx(
             min(ring[0] + ring[1] * size, latency + 2 * size / (0.92 * bandwidth)))
     assert len(col.lines("all-gather", n, c, stride)) == 1  # the ring alone, as NCCL's
+
+
+@pytest.mark.parametrize("kind, n, stride, bandwidth", [
+    # DGX H100: 8 ConnectX-7 NICs of 400 Gb/s (50 GB/s) per node of 8, NVLink 4 450 GB/s inside
+    ("all-gather", 16, 1, min(8 * 50e9, 450e9)),  # DP 16: a ring through two full nodes
+    ("reduce-scatter", 8, 4, 2 * 50e9),  # DP 8 outside TP 4: two members per node
+    ("all-reduce", 4, 8, 50e9),  # DP 4 outside TP 8: one member per node, its own share
+    ("all-to-all", 16, 1, 50e9),  # pairwise: each GPU's own bytes leave the node
+    ("send-recv", 2, 8, 50e9),
+])
+def test_a_ring_across_nodes_pools_its_members_nic_shares(kind, n, stride, bandwidth):
+    c = get("dgx-h100")
+    (latency, per_byte), *_ = col.lines(kind, n, c, stride)
+    assert per_byte == pytest.approx(float(col.rule(kind).volume(n)) / bandwidth)
+
+
+def test_nics_per_node_sets_a_gpus_share(tmp_path):
+    # an AWS p5-like node: 32 EFA NICs of 100 Gb/s for 8 GPUs, 400 Gb/s (50 GB/s) per GPU
+    path = tmp_path / "efa.toml"
+    path.write_text("gpus_per_node = 8\n[node]\ngbytes_per_s = 450\nlatency_us = 0.6\n"
+                    "[network]\nnics_per_node = 32\ngbits_per_s = 100\nlatency_us = 2.7\n")
+    c = get(str(path))
+    assert (c.nics, c.tiers[1].bandwidth) == (32, 32 * 100e9 / 8 / 8)
+    (_, per_byte), *_ = col.lines("all-gather", 16, c)
+    assert per_byte == pytest.approx(15 / 16 / (8 * 50e9))
+    for bad in ("0", "true", "2.5", "100"):
+        path.write_text(path.read_text().replace("nics_per_node = 32", f"nics_per_node = {bad}"))
+        with pytest.raises(OpgraphError, match="nics_per_node = .* must be a whole number"):
+            get(str(path))
+        path.write_text(path.read_text().replace(f"nics_per_node = {bad}", "nics_per_node = 32"))
 
 
 def test_a_large_all_reduce_in_a_node_runs_the_ring():
@@ -233,14 +263,15 @@ def test_on_cluster_with_a_symbolic_degree_picks_the_tier_per_value():
     assert isinstance(formula, sympy.Piecewise)
     nvlink = BASE + (t - 1) * NVL + (t - 1) / t * M / 450e9
     ib_flat = BASE + (t - 1) * NET + (t - 1) / t * M / 50e9  # groups of 3 straddle: every hop
-    ib_two_nodes = BASE + (t - 2) * NVL + NET + (t - 1) / t * M / 50e9  # 16 fill two nodes
+    # 16 fill two nodes: 14 NVLink hops, 1 network hop, 8 members pooling 8 NICs of 50 GB/s
+    ib_two_nodes = BASE + (t - 2) * NVL + NET + (t - 1) / t * M / 400e9
     for value, expected in ((2, nvlink), (8, nvlink), (3, ib_flat), (16, ib_two_nodes)):
         assert float(sympy.simplify(formula.subs(t, value) - expected.subs(t, value)).subs(
             M, 1e9)) == pytest.approx(0, abs=1e-12)
     # a stride symbol too: DP of degree t outside TP 4 stays in the node only for t <= 2
     d = sympy.Symbol("d", positive=True, integer=True)
     dp = col.on_cluster("all-reduce", 2**30, t, c, stride=d)
-    for tv, dv in ((2, 4), (4, 2), (2, 8), (4, 4), (8, 2), (3, 8)):
+    for tv, dv in ((2, 4), (4, 2), (2, 8), (4, 4), (8, 2), (3, 8), (16, 2), (16, 1)):
         assert float(dp.subs({t: tv, d: dv})) == pytest.approx(
             col.seconds("all-reduce", 2**30, tv, c, stride=dv))
     # lambdify (as sweeps do) gives the same numbers
