@@ -38,6 +38,8 @@ _CLUSTER_KEYS = {"name", "gpus_per_node", "source", "node", "network"}
 _TIER_KEYS = {"name", "gbytes_per_s", "gbits_per_s", "latency_us", "tree_latency_us", "topology",
               "source"}
 MAX_NICS_PER_NODE = 64  # an AWS p5 node has 32 EFA NICs
+MEASURED_KINDS = ("all-reduce", "all-gather", "reduce-scatter")  # the ring kinds nccl-tests times
+MAX_NODES = 1 << 20
 TIER_NAMES = ("node", "network")  # tier 0, tier 1
 TOPOLOGIES = ("switch", "mesh")
 
@@ -59,10 +61,31 @@ class Tier:
     # NCCL's per-hop latency for its tree algorithm (tuning.cc hwLat, Tree/LL); the ring's
     # latency_s where a file gives none
     tree_latency: float | None = None
+    # measured bus bandwidth (bytes/s per GPU per direction) against the nodes a group fills,
+    # per collective kind: ((kind, ((nodes, bandwidth), ...)), ...), nodes ascending (`measured`)
+    measured: tuple = ()
+    measured_source: str = ""
 
     @property
     def tree_latency_s(self) -> float:
         return self.latency_s if self.tree_latency is None else self.tree_latency
+
+    def measured_bandwidth(self, kind: str, nodes: int) -> float | None:
+        """The measured bus bandwidth of `kind` over `nodes` whole nodes, interpolated in
+        log-log between the table's points and clamped at its ends; None without a row.
+
+        With all-reduce measured at 2 and 4 nodes, 3 nodes get 2's x (4's / 2's)^log2(1.5).
+        """
+        points = dict(self.measured).get(kind)
+        if not points:
+            return None
+        if nodes <= points[0][0]:
+            return points[0][1]
+        for (n0, w0), (n1, w1) in zip(points, points[1:]):
+            if nodes <= n1:
+                share = math.log(nodes / n0) / math.log(n1 / n0)
+                return w0 * (w1 / w0) ** share
+        return points[-1][1]
 
 
 @attrs.frozen
@@ -203,6 +226,36 @@ def _parse_tier(table: object, where: str, role: str) -> Tier:
                               if "tree_latency_us" in table else None))
 
 
+def _parse_measured(table: object, where: str) -> tuple[tuple, str]:
+    """[id.network.measured]: `nodes` ascending and, per kind of MEASURED_KINDS, as many bus
+    bandwidths in GB/s (per GPU per direction), with a source."""
+    if not isinstance(table, dict):
+        raise OpgraphError(f"{where} must be a table with nodes = [...] and a list of GB/s per "
+                           f"kind ({', '.join(MEASURED_KINDS)})")
+    check_keys(table, {"nodes", "source", *MEASURED_KINDS}, where)
+    nodes = table.get("nodes")
+    if (not isinstance(nodes, list) or not nodes
+            or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_NODES
+                   for v in nodes)
+            or any(a >= b for a, b in zip(nodes, nodes[1:]))):
+        raise OpgraphError(f"{where}: nodes = {nodes!r} must be a list of whole numbers of "
+                           "nodes, ascending, e.g. [1, 2, 4, 8]")
+    rows = []
+    for kind in MEASURED_KINDS:
+        if kind not in table:
+            continue
+        values = table[kind]
+        if not isinstance(values, list) or len(values) != len(nodes):
+            raise OpgraphError(f"{where}: {kind} must list {len(nodes)} bandwidths in GB/s, "
+                               "one per entry of nodes")
+        points = tuple((count, _positive({kind: v}, kind, where, MAX_GBYTES_PER_S) * 1e9)
+                       for count, v in zip(nodes, values))
+        rows.append((kind, points))
+    if not rows:
+        raise OpgraphError(f"{where}: give at least one of {', '.join(MEASURED_KINDS)}")
+    return tuple(rows), _text(table, "source", where, "")
+
+
 def _parse(cluster_id: str, table: object, where: str) -> Cluster:
     if not isinstance(table, dict):
         raise OpgraphError(f"{where}: [{cluster_id}] must be a table with gpus_per_node, "
@@ -218,10 +271,12 @@ def _parse(cluster_id: str, table: object, where: str) -> Cluster:
         raise OpgraphError(f"{where}: gpus_per_node = {gpus!r} must be a whole number from 1 "
                            f"to {MAX_GPUS_PER_NODE}")
     tables = {name: table[name] for name in TIER_NAMES}
-    nics = None
-    if isinstance(tables["network"], dict):  # the NICs are the network's; the rest is a tier
+    nics, measured = None, None
+    if isinstance(tables["network"], dict):  # the NICs and the table are the network's
         nics = tables["network"].get("nics_per_node")
-        tables["network"] = {k: v for k, v in tables["network"].items() if k != "nics_per_node"}
+        measured = tables["network"].get("measured")
+        tables["network"] = {k: v for k, v in tables["network"].items()
+                             if k not in ("nics_per_node", "measured")}
     if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int)
                              or not 1 <= nics <= MAX_NICS_PER_NODE):
         raise OpgraphError(f"{where[:-1]}.network]: nics_per_node = {nics!r} must be a whole "
@@ -229,6 +284,9 @@ def _parse(cluster_id: str, table: object, where: str) -> Cluster:
     tiers = tuple(_parse_tier(tables[name], f"{where[:-1]}.{name}]", name) for name in TIER_NAMES)
     if nics is not None:  # the network's bandwidth is per NIC: share the node's NICs per GPU
         tiers = (tiers[0], attrs.evolve(tiers[1], bandwidth=tiers[1].bandwidth * nics / gpus))
+    if measured is not None:
+        rows, source = _parse_measured(measured, f"{where[:-1]}.network.measured]")
+        tiers = (tiers[0], attrs.evolve(tiers[1], measured=rows, measured_source=source))
     if tiers[0].topology == "mesh" and gpus < 2:
         raise OpgraphError(f"{where}: a mesh node needs 2 or more GPUs")
     if tiers[1].topology != "switch":

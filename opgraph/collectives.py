@@ -225,9 +225,13 @@ def seconds_on(kind: str, size_bytes: float, group_size: int, tier: Tier) -> flo
     return float(time(kind, size_bytes, group_size, tier.latency_s, tier.bandwidth))
 
 
-def _network_bandwidth(row: Collective, per_node, cluster: Cluster):
-    """W of a group that spans nodes with `per_node` members in each (a number, or a sympy
-    expression for `on_cluster`).
+def _network_bandwidth(row: Collective, nodes, per_node, cluster: Cluster):
+    """W of a group that spans `nodes` nodes with `per_node` members in each (numbers, or sympy
+    expressions for `on_cluster`).
+
+    A cluster whose network carries a measured table (`Tier.measured`, bus bandwidth against
+    the nodes a group fills) takes the kind's figure for the group's nodes, interpolated
+    log-log and clamped at the table's ends, times per_node / gpus_per_node. Otherwise:
 
     The network tier's bandwidth is a GPU's share of its node's NICs (nics_per_node x NIC
     bandwidth / gpus_per_node: every GPU of the node is in some group of the same dimension,
@@ -240,6 +244,13 @@ def _network_bandwidth(row: Collective, per_node, cluster: Cluster):
     node, network = cluster.tiers
     if not row.once_per_node:
         return network.bandwidth
+    if isinstance(nodes, int) and (table := network.measured_bandwidth(row.kind, nodes)):
+        # measured over groups that fill whole nodes: a group with fewer members per node
+        # gets their part of the node's NICs
+        return table * per_node / cluster.gpus_per_node
+    if network.measured and not isinstance(nodes, int):
+        raise OpgraphError(f"cluster {cluster.id!r} carries a measured bandwidth table; give "
+                           "the group size and stride as numbers")
     pooled = per_node * network.bandwidth
     inside = node.bandwidth * cluster.node_share(per_node)
     if isinstance(per_node, int):
@@ -276,7 +287,7 @@ def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr
     return sympy.Piecewise(
         (0, sympy.Eq(g, 1)),  # a degree of 1 moves nothing, on any tier
         (fastest(sympy.Integer(1), node.bandwidth * cluster.node_share(g)), inside),
-        (fastest(g / per_node, _network_bandwidth(row, per_node, cluster)), True))
+        (fastest(g / per_node, _network_bandwidth(row, g / per_node, per_node, cluster)), True))
 
 
 def lines(kind: str, group_size: int, cluster: Cluster,
@@ -290,7 +301,7 @@ def lines(kind: str, group_size: int, cluster: Cluster,
         return ((0.0, 0.0),)  # a group of one, or Megatron's f, moves nothing
     nodes, per_node = cluster.placement(group_size, stride)
     node, network = cluster.tiers
-    bandwidth = (_network_bandwidth(row, per_node, cluster) if nodes > 1
+    bandwidth = (_network_bandwidth(row, nodes, per_node, cluster) if nodes > 1
                  else cluster.tier_for(group_size, stride).bandwidth)
     found = [_ring_line(row, group_size, nodes, node, network, bandwidth)]
     if row.tree:

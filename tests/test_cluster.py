@@ -1,6 +1,7 @@
 """The cluster catalog against its datasheets, the tier rule, and users' own cluster files."""
 
 import json
+import math
 
 import pytest
 
@@ -197,3 +198,58 @@ def test_hardware_clusters_lists_the_catalog(cli):
     # the datasheets' figures, per GPU per direction: NVLink 4 is 900 GB/s both ways
     assert listed["dgx-h100"]["tiers"][0]["bandwidth_bytes_per_s"] == 900e9 / 2
     assert listed["dgx-h100"]["tiers"][1]["bandwidth_bytes_per_s"] == 400e9 / 8
+
+
+# The Ultrascale Playbook's median bus bandwidth against node count, 256 MB messages
+# (/work/shared/validation/network_playbook.json; HF Ultrascale Playbook, pp_comm_bandwidth.html)
+PLAYBOOK_NODES = [1, 2, 4, 8, 16, 32, 64]
+PLAYBOOK = {
+    "all-reduce": [435.97, 361.75, 160.14, 99.56, 84.74, 64.93, 32.94],
+    "all-gather": [249.85, 184.61, 118.97, 69.0, 54.97, 27.97, 11.04],
+    "reduce-scatter": [249.73, 181.55, 115.76, 68.55, 54.52, 27.94, 11.07],
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLAYBOOK))
+def test_the_playbook_table_at_and_between_its_points(kind):
+    net = cluster.get("hf-ultrascale-h100").tiers[1]
+    values = [v * GB for v in PLAYBOOK[kind]]
+    for nodes, value in zip(PLAYBOOK_NODES, values):  # at the points: the figures themselves
+        assert net.measured_bandwidth(kind, nodes) == pytest.approx(value)
+    # between them: a straight line in log(nodes), log(bandwidth)
+    for (n0, w0), (n1, w1), nodes in (((2, values[1]), (4, values[2]), 3),
+                                      ((16, values[4]), (32, values[5]), 24)):
+        t = math.log(nodes / n0) / math.log(n1 / n0)
+        assert net.measured_bandwidth(kind, nodes) == pytest.approx(
+            math.exp(math.log(w0) + t * (math.log(w1) - math.log(w0))))
+        assert min(w0, w1) < net.measured_bandwidth(kind, nodes) < max(w0, w1)
+    assert net.measured_bandwidth(kind, 1024) == pytest.approx(values[-1])  # clamped
+    assert net.measured_bandwidth("all-to-all", 4) is None  # not measured: the NIC model
+
+
+def test_the_playbook_figures_are_bus_bandwidth():
+    # the argument in cluster.toml: read as algorithm bandwidth, the 1-node all-reduce would be a
+    # bus bandwidth of 2(n-1)/n x 436 GB/s, above NVLink 4's 450 GB/s per direction
+    c = cluster.get("hf-ultrascale-h100")
+    one_node = c.tiers[1].measured_bandwidth("all-reduce", 1)
+    assert 2 * 7 / 8 * one_node > c.tiers[0].bandwidth > one_node
+    # and the 2-node one above the 3200 Gb/s of EFA a p5 node has (400 GB/s), unless it is bus
+    two_nodes, efa = c.tiers[1].measured_bandwidth("all-reduce", 2), c.nics * 100 * GBIT
+    assert 2 * 15 / 16 * two_nodes > efa > two_nodes
+    assert c.tiers[1].bandwidth == efa / 8  # a GPU's share of the node's 32 EFA NICs
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nodes = [2, 1]\nall-reduce = [1, 2]\n", "ascending"),
+    ("nodes = []\nall-reduce = []\n", "ascending"),
+    ("nodes = [1, 2]\nall-reduce = [1]\n", "must list 2 bandwidths"),
+    ("nodes = [1, 2]\nall-reduce = [1, -2]\n", "above 0"),
+    ("nodes = [1, 2]\nall-to-all = [1, 2]\n", "unknown key 'all-to-all'"),
+    ("nodes = [1, 2]\n", "give at least one of"),
+])
+def test_bad_measured_tables(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(GOOD + "[mine.network.measured]\n" + text)
+    with pytest.raises(OpgraphError, match=message) as err:
+        cluster.get(str(path))
+    assert "\n" not in str(err.value)

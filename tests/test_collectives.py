@@ -292,3 +292,25 @@ def test_mesh_bandwidth_in_formulas_and_numbers():
         assert float(col.on_cluster("all-reduce", 1e9, t, c).subs(t, k)) == pytest.approx(
             expected)
         assert isinstance(c.tier_for(k, 1).bandwidth, float)
+
+
+def test_a_measured_table_sets_the_network_bandwidth_by_nodes():
+    c = get("hf-ultrascale-h100")
+    net = c.tiers[1]
+    # DP 16, no TP: two full nodes at the playbook's 2-node all-reduce, 361.75 GB/s bus
+    (_, ring), (_, tree) = col.lines("all-reduce", 16, c)
+    assert ring == pytest.approx(2 * 15 / 16 / 361.75e9)
+    assert tree == pytest.approx(2 / (0.92 * 361.75e9))
+    # DP 8 outside TP 4: 2 members in each of 4 nodes get 2/8 of the 4-node figure
+    (_, per_byte), = col.lines("all-gather", 8, c, stride=4)
+    assert per_byte == pytest.approx(7 / 8 / (118.97e9 * 2 / 8))
+    # 3 nodes of 8: between the 2- and 4-node figures, log-log
+    (_, per_byte), = col.lines("reduce-scatter", 24, c)
+    assert per_byte == pytest.approx(23 / 24 / net.measured_bandwidth("reduce-scatter", 3))
+    # all-to-all is not in the table: a GPU's share of the 32 x 100 Gb/s EFA NICs
+    (_, per_byte), = col.lines("all-to-all", 16, c)
+    assert per_byte == pytest.approx(15 / 16 / 50e9)
+    # inside a node the datasheet's NVLink, not the table's 1-node column
+    assert col.lines("all-gather", 8, c)[0][1] == pytest.approx(7 / 8 / 450e9)
+    with pytest.raises(OpgraphError, match="measured bandwidth table"):
+        col.on_cluster("all-reduce", M, sympy.Symbol("t", positive=True, integer=True), c)
