@@ -48,6 +48,7 @@ def format_catalog(parts: list[Hardware]) -> str:
 def cluster_json(c) -> dict:
     """One cluster as `--clusters --json` lists it: bytes/s per GPU per direction, seconds."""
     return {"id": c.id, "name": c.name, "gpus_per_node": c.gpus_per_node, "source": c.source,
+            "nics_per_node": c.nics,
             "tiers": [{"name": t.name, "bandwidth_bytes_per_s": t.bandwidth,
                        "latency_s": t.latency_s, "topology": t.topology, "source": t.source}
                       for t in c.tiers]}
@@ -55,12 +56,13 @@ def cluster_json(c) -> dict:
 
 def format_clusters(found: list) -> str:
     """The `opgraph hardware --clusters` table, then each cluster's source."""
-    lines = [(f"{'id':<10} {'GPUs/node':>9} {'node GB/s':>9} {'latency us':>10} "
+    w = max([10, *(len(c.id) for c in found)])
+    lines = [(f"{'id':<{w}} {'GPUs/node':>9} {'node GB/s':>9} {'latency us':>10} "
              f"{'network GB/s':>12} {'latency us':>10}"),
-             f"{'':<10} {'':>9} {'per GPU, each way':>20}"]
+             f"{'':<{w}} {'':>9} {'per GPU, each way':>20}"]
     for c in found:
         node, net = c.tiers
-        lines.append(f"{c.id:<10} {c.gpus_per_node:>9} {node.bandwidth / 1e9:>9g} "
+        lines.append(f"{c.id:<{w}} {c.gpus_per_node:>9} {node.bandwidth / 1e9:>9g} "
                      f"{node.latency_s * 1e6:>10g} {net.bandwidth / 1e9:>12g} "
                      f"{net.latency_s * 1e6:>10g}")
     lines += ["", "sources:"] + [f"  {c.id}: {c.source or '(none given)'}" for c in found]
