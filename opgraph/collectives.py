@@ -7,13 +7,19 @@ nccl-tests size it), the message of a send/recv. Each kind has one row in `COLLE
 - `volume(n)`: the bytes each GPU sends (and receives) over its link, as a fraction of M, for the
   bandwidth-optimal algorithm NCCL uses on large buffers (ring; pairwise exchange for all-to-all);
 - `steps(n)`: the latency steps of that algorithm, each costing the tier's alpha;
+- `inter_steps(n, nodes)`: of those, the steps between nodes when the group spans `nodes`;
 - `backward`: the kind its vector-Jacobian product runs, for `derive_backward`.
 
-Time = steps(n) * alpha + volume(n) * M / W, with alpha (s per step) and W (bytes/s per GPU per
-direction) from the slowest tier the group spans (`Cluster.tier_for`). Sources: Thakur,
-Rabenseifner & Gropp, "Optimization of Collective Communication Operations in MPICH" (IJHPCA
-2005) for the ring and pairwise-exchange algorithms; NCCL's PERFORMANCE.md (nccl-tests) for the
-same factors as its bus-bandwidth convention. docs/collectives.md has the derivations.
+`time` is the plain formula, steps(n) * alpha + volume(n) * M / W, on one tier. `seconds` (and
+`lines`, `on_cluster`) follow NCCL's own cost model (src/graph/tuning.cc, ncclTopoTuneModel):
+a base latency per call, each step at the latency of the hop it takes (NVLink inside a node,
+the network between nodes), an all-reduce the faster of NCCL's ring and tree, and W the
+slowest tier's bandwidth per GPU per direction: NVLink inside a node; across nodes a GPU's
+share of its node's NICs, pooled by a ring's members in each node (`_network_bandwidth`), or
+a measured table's figure for the nodes spanned. Sources: Thakur, Rabenseifner & Gropp,
+"Optimization of Collective Communication Operations in MPICH" (IJHPCA 2005) for the ring and
+pairwise-exchange algorithms; NCCL's PERFORMANCE.md (nccl-tests) for the same factors as its
+bus-bandwidth convention. docs/collectives.md has the derivations.
 
 Backward pairing (Megatron-LM's f and g operators, Shoeybi et al. 2019, section 3):
 - all-gather <-> reduce-scatter: the gradient of gathering shards is scattering the summed
