@@ -1,8 +1,9 @@
-"""Fit a generation's efficiencies to measured runs: `opgraph calibrate --fit CASES.json`.
+"""Fit the calibrated model's efficiencies to measured runs: `opgraph calibrate --fit CASES.json`.
 
-For each hardware generation with cases, the efficiencies its table names as `fitted` are set
-to minimise the mean squared log error of the predicted step time, `mean(log(predicted /
-measured)^2)`, over that generation's cases; the others keep their values. The search is
+The efficiencies the generations' tables name as `fitted` are set, ONE value per name shared by
+every generation that fits it, to minimise the mean squared log error of the predicted step
+time, `mean(log(predicted / measured)^2)`, averaged per family of runs and then over families;
+the others keep their values. The search is
 Nelder and Mead's simplex (1965) in unbounded coordinates (a fraction f as log(f / (1 - f)), a
 FLOP count as log(1 + F / 1e9)), from the fixed starting values `START` (not from the file's
 current values), with a fixed number of steps: the same cases give the same result on any
@@ -30,7 +31,7 @@ from .errors import OpgraphError
 # Where every fit starts (so that a fit does not depend on the file it rewrites).
 START = {"matmul": 0.7, "matmul_half_flops": 1e10, "attention": 0.5, "bandwidth": 0.85,
          "launch_s": 2e-6, "node": 0.8, "network": 0.9, "overlap_slowdown": 0.1}
-STEPS = 120  # simplex iterations per generation: converged well before on the shipped cases
+STEPS = 60  # simplex iterations: one or two shared parameters converge well before
 _GFLOP = 1e9
 
 
@@ -116,36 +117,48 @@ def compile_cases(cases: list[Case]) -> list[tuple[Case, Job]]:
 def fit(cases: list[Case], table: dict[str, Efficiencies], *,
         steps: int = STEPS) -> Fitted:
     """Fit each generation's `fitted` efficiencies to its cases (see the module)."""
-    jobs = compile_cases(cases)
-    by_generation: dict[str, list] = {}
+    return fit_jobs(compile_cases(cases), table, steps=steps)
+
+
+def fit_jobs(jobs: list[tuple[Case, Job]], table: dict[str, Efficiencies], *,
+             steps: int = STEPS, judged: list[tuple[Case, Job]] | None = None) -> Fitted:
+    """`fit` of cases compiled once (`compile_cases`), its errors those of `judged` (default:
+    the fitted cases themselves, in-sample).
+
+    A fitted efficiency is ONE value shared by every generation that names it in `fitted`: it
+    describes kernels or software (how close cuBLAS comes to the peak, how much of a link NCCL
+    reaches), not a site, so the runs of one generation inform the others, and a generation
+    with no run of its own is predicted from the rest. The loss weighs each family (a paper's
+    table, a framework's benchmark: `Case.family`) equally, so a sweep of many runs of one
+    source does not outvote the others. Generations that fit nothing keep their values."""
     for case, job in jobs:
-        generation = job.hardware.generation
-        if generation not in table:
+        if job.hardware.generation not in table:
             raise OpgraphError(f"case {case.id}: its hardware {job.hardware.id} has no "
                                "calibrated generation to fit")
-        by_generation.setdefault(generation, []).append((case, job))
-    out = dict(table)
-    for generation, mine in by_generation.items():
-        names = table[generation].fitted
-        if not names:
-            continue
+    names = sorted({n for e in table.values() for n in e.fitted})
 
-        def efficiencies(x, generation=generation, names=names) -> Efficiencies:
-            values = {n: _from_free(n, v) for n, v in zip(names, x, strict=True)}
-            return attrs.evolve(table[generation], **values)
+    def tables(x) -> dict[str, Efficiencies]:
+        values = {n: _from_free(n, v) for n, v in zip(names, x, strict=True)}
+        return {g: attrs.evolve(e, **{n: values[n] for n in e.fitted})
+                for g, e in table.items()}
 
-        def loss(x, generation=generation, mine=mine) -> float:
-            model = CalibratedCostModel(table={**out, generation: efficiencies(x)})
-            return float(np.mean([math.log(step_figures(job, model).step_time_s
-                                           / case.measured_step_time_s) ** 2
-                                  for case, job in mine]))
+    families: dict[str, list] = {}
+    for case, job in jobs:
+        families.setdefault(case.family or case.id, []).append((case, job))
 
-        x0 = np.array([_to_free(n, START[n]) for n in names])
-        out[generation] = efficiencies(nelder_mead(loss, x0, steps))
+    def loss(x) -> float:
+        model = CalibratedCostModel(table=tables(x))
+        return float(np.mean([np.mean([math.log(step_figures(job, model).step_time_s
+                                                / case.measured_step_time_s) ** 2
+                                       for case, job in members])
+                              for members in families.values()]))
+
+    x0 = np.array([_to_free(n, START[n]) for n in names])
+    out = tables(nelder_mead(loss, x0, steps, tolerance=1e-6) if names and jobs else x0)
     model = CalibratedCostModel(table=out)
     errors = tuple((case.id, job.hardware.generation,
                     step_figures(job, model).step_time_s / case.measured_step_time_s - 1)
-                   for case, job in jobs)
+                   for case, job in (jobs if judged is None else judged))
     return Fitted(out, errors)
 
 
