@@ -274,8 +274,9 @@ def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr
     all-reduce takes the Min of its ring and its tree.
     """
     row = rule(kind)
-    if isinstance(group, int) and isinstance(stride, int):
-        return sympy.Float(seconds(kind, size, group, cluster, stride))
+    if isinstance(group, int) and isinstance(stride, int):  # the size may still be a symbol
+        return sympy.Min(*(sympy.Float(latency) + sympy.Float(per_byte) * _sym(size)
+                           for latency, per_byte in lines(kind, group, cluster, stride)))
     if row.steps(n) == 0:
         return sympy.Integer(0)
     node, network = cluster.tiers

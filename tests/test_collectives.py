@@ -274,6 +274,12 @@ def test_on_cluster_with_a_symbolic_degree_picks_the_tier_per_value():
     for tv, dv in ((2, 4), (4, 2), (2, 8), (4, 4), (8, 2), (3, 8), (16, 2), (16, 1)):
         assert float(dp.subs({t: tv, d: dv})) == pytest.approx(
             col.seconds("all-reduce", 2**30, tv, c, stride=dv))
+    # a fixed group with a symbolic buffer: NCCL's lines as a formula in M
+    for kind, group in (("all-gather", 8), ("all-reduce", 64), ("send-recv", 2)):
+        fixed = col.on_cluster(kind, M, group, c, 8 if kind == "send-recv" else 1)
+        for size in (0.0, 1e6, 1e9):
+            assert float(fixed.subs(M, size)) == pytest.approx(
+                col.seconds(kind, size, group, c, 8 if kind == "send-recv" else 1))
     # lambdify (as sweeps do) gives the same numbers
     f = sympy.lambdify([t], col.on_cluster("all-reduce", 2**30, t, c))
     for tv in (2, 3, 4, 8, 16, 64):
