@@ -4,9 +4,11 @@
     python3 docs/regenerate.py --check    # rewrite nothing; exit status 1 if anything is stale
 
 An example is a fenced block whose first line is `$ opgraph ...`; a block may hold several,
-each `$` line followed by what that command prints on stdout. A block with a `...` line shows an
-excerpt: it is never rewritten, and each of its other lines that the command does not print
-(stdout and stderr together) is reported, for a person to choose the new excerpt. Commands run
+each `$` line followed by what that command prints on stdout. A block introduced by "on
+stderr ...:" shows what the page's previous command prints on stderr. The README's Python
+example is rerun and what it prints rewritten too. A block with a `...` line shows an excerpt:
+it is never rewritten, and each of its other lines that the command does not print (stdout and
+stderr together) is reported, for a person to choose the new excerpt. Commands run
 in process, from a scratch folder (every path a page shows must work from any folder); a
 command that names `../shared` reads the folder beside the repository, and is left alone, with
 a note, where that folder is absent. tests/test_readme.py checks the pages with the same parser
@@ -123,6 +125,39 @@ def run(args: tuple[str, ...]) -> tuple[int, str, str]:
         unshare, "../shared")
 
 
+STDERR = re.compile(r"on stderr[^`]*?:\n\n```\n(?P<shown>.*?)```", re.DOTALL)
+
+
+def stderr_blocks(page: Path) -> list[tuple[re.Match, str]]:
+    """Each block of a page that shows a command's stderr, with that command: the page's last
+    `$ opgraph` line above it."""
+    text = page.read_text()
+    found = []
+    for m in STDERR.finditer(text):
+        commands = re.findall(r"^\$ (opgraph .*)$", text[:m.start()], re.MULTILINE)
+        found.append((m, commands[-1]))
+    return found
+
+
+PYTHON = re.compile(r"## In Python\n.*?```python\n(?P<code>.*?)```\n\nprints\n\n```\n"
+                    r"(?P<printed>.*?)```", re.DOTALL)
+
+
+def python_example(text: str) -> re.Match:
+    """The README's Python example: `code`, and `printed`, what the README says it prints."""
+    return PYTHON.search(text)
+
+
+def run_python(code: str) -> str:
+    """What a page's Python code prints, run in a fresh namespace with the checkout's opgraph."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    return out.getvalue()
+
+
 def missing(example: Example, out: str, err: str) -> list[str]:
     """The lines of an excerpt that the command did not print."""
     printed = out + err
@@ -169,6 +204,25 @@ def main(argv_: list[str]) -> int:
                 outputs[(ex.block, ex.command)] = out.rstrip("\n")
         if outputs and not check:
             page.write_text(_rewrite(page, outputs))
+        for m, command in reversed(stderr_blocks(page)):
+            _, _, err = run(argv(command))
+            if err != m["shown"]:
+                print(f"{page.relative_to(ROOT)}: {command}: stderr "
+                      f"{'differs' if check else 'rewritten'}")
+                stale += 1
+                if not check:
+                    text = page.read_text()
+                    page.write_text(text[:m.start("shown")] + err + text[m.end("shown"):])
+    readme = ROOT / "README.md"
+    example = python_example(readme.read_text())
+    printed = run_python(example["code"])
+    if printed != example["printed"]:
+        print(f"README.md: the Python example's output {'differs' if check else 'rewritten'}")
+        stale += 1
+        if not check:
+            text = readme.read_text()
+            readme.write_text(text[:example.start("printed")] + printed
+                              + text[example.end("printed"):])
     print(f"{stale} stale" if stale else "every example prints what its page shows")
     return 1 if needs_a_person or (check and stale) else 0
 

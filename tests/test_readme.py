@@ -3,9 +3,7 @@ example prints what the page shows, the README's Python example prints what it s
 to a file in the repository leads somewhere, and no page tells the project's history (commit
 messages keep it)."""
 
-import contextlib
 import importlib.util
-import io
 import re
 import sys
 from pathlib import Path
@@ -25,20 +23,27 @@ PAGES = regenerate.pages()
 EXAMPLES = [ex for page in PAGES for ex in regenerate.examples(page)]
 
 
-def _section(text: str, title: str) -> str:
-    start = text.index(f"## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else None]
-
-
 def test_the_in_python_example_prints_what_it_says():
-    section = _section(README.read_text(), "In Python")
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    printed = re.search(r"\nprints\n\n```\n(.*?)```", section, re.DOTALL).group(1)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
-    assert out.getvalue() == printed
+    example = regenerate.python_example(README.read_text())
+    assert "import" in example["code"] and example["printed"]
+    assert regenerate.run_python(example["code"]) == example["printed"]
+
+
+STDERR = [(page, m, command) for page in PAGES for m, command in regenerate.stderr_blocks(page)]
+
+
+@pytest.mark.parametrize("page, block, command", STDERR,
+                         ids=[f"{p.name}: {c}" for p, _, c in STDERR])
+def test_every_stderr_block_is_what_its_command_warns(page, block, command):
+    """A block introduced as what goes to stderr is the stderr of the page's command above it
+    (the README's and profile.md's warning that the plate's step needs more than 80 GB)."""
+    code, _, err = regenerate.run(regenerate.argv(command))
+    assert code == 0 and err == block["shown"]
+
+
+def test_the_stderr_blocks_are_found():
+    assert {(p.name, c) for p, _, c in STDERR} >= {("README.md", "opgraph profile"),
+                                                    ("profile.md", "opgraph profile")}
 
 
 def test_every_page_shows_examples():
