@@ -72,6 +72,23 @@ def test_every_example_prints_what_its_page_shows(example):
         assert out.rstrip("\n") == example.shown
 
 
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_regenerating_what_a_page_shows_gives_the_page_back(page):
+    """docs/regenerate.py rewrites a block from its commands' outputs: given the outputs the
+    page shows, it writes the page back byte for byte (blank lines, fences, neighbours)."""
+    shown = {(ex.block, ex.command): ex.shown for ex in regenerate.examples(page)}
+    assert regenerate._rewrite(page, shown) == page.read_text()
+
+
+def test_regenerating_changes_only_the_output():
+    """A changed output replaces that command's lines and nothing else."""
+    page = ROOT / "docs" / "formulas.md"
+    first = regenerate.examples(page)[0]
+    text = regenerate._rewrite(page, {(first.block, first.command): "new output"})
+    assert text.replace(f"$ {first.command}\nnew output", f"$ {first.command}\n{first.shown}",
+                        1) == page.read_text()
+
+
 def test_the_readme_is_a_front_door():
     """A newcomer reads it through: a few hundred lines, Python's version, the two commands as
     .ci/run runs them, and a link to every topic page."""
