@@ -113,9 +113,10 @@ def test_every_link_to_a_file_leads_somewhere(page):
     assert not broken
 
 
-# Words that tell how the project got here rather than what it does. Each is checked on the
-# pages today as a whole word or phrase, so a page can still say "not", "before the backward"
-# or "the issue of memory" is avoided by wording, not by exception.
+# Words that tell how the project got here rather than what it does ("the issue asked for",
+# "no longer", "now", "still to come", timings "before" a change). Whole words and phrases, so
+# "known", "before the backward" or "fused to" do not match; a page says what is true today,
+# and the commit messages keep how it came to be.
 HISTORY = (
     r"the issue\b", r"\bissue #?\d", r"\bissues? (asked|said|wanted)", r"\bused to\b",
     r"\bbefore this\b", r"\bno longer\b", r"\bnow\b", r"\bpreviously\b", r"\bstill to come\b",
