@@ -15,6 +15,7 @@ The error the fit reports is IN-SAMPLE: measured on the runs it was fitted to.
 
 from __future__ import annotations
 
+import json
 import math
 
 import attrs
@@ -101,16 +102,24 @@ class Fitted:
     errors: tuple[tuple[str, str, float], ...]
 
 
+# Compiled cases by their case-file form: a Job holds no efficiency (the fit re-costs it at
+# each step), so a case compiled once serves every later fit or subset of it in the process.
+_COMPILED: dict[str, Job] = {}
+
+
 def compile_cases(cases: list[Case]) -> list[tuple[Case, Job]]:
     """Each case compiled once, as `opgraph validate` would predict it."""
     from .validate import case_options
 
     out = []
     for c in cases:
-        part = hw.get(c.hardware)
-        cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
-        out.append((c, prepare(c.forward(), part, c.parallel, cluster=cluster,
-                               values={"S": c.seq_len}, **case_options(c))))
+        key = json.dumps(c.to_json(), sort_keys=True)
+        if key not in _COMPILED:
+            part = hw.get(c.hardware)
+            cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
+            _COMPILED[key] = prepare(c.forward(), part, c.parallel, cluster=cluster,
+                                     values={"S": c.seq_len}, **case_options(c))
+        out.append((c, _COMPILED[key]))
     return out
 
 
