@@ -15,6 +15,7 @@ The error the fit reports is IN-SAMPLE: measured on the runs it was fitted to.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -102,25 +103,24 @@ class Fitted:
     errors: tuple[tuple[str, str, float], ...]
 
 
-# Compiled cases by their case-file form: a Job holds no efficiency (the fit re-costs it at
-# each step), so a case compiled once serves every later fit or subset of it in the process.
-_COMPILED: dict[str, Job] = {}
-
-
 def compile_cases(cases: list[Case]) -> list[tuple[Case, Job]]:
-    """Each case compiled once, as `opgraph validate` would predict it."""
+    """Each case compiled once, as `opgraph validate` would predict it. A Job holds no
+    efficiency (the fit re-costs it at each step), so a case compiled once serves every later
+    fit or subset of it in the process: `_compiled` keeps the last few hundred, keyed by the
+    case's whole case-file form."""
+    return [(c, _compiled(json.dumps(c.to_json(), sort_keys=True))) for c in cases]
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(key: str) -> Job:
+    from .cases import read_case
     from .validate import case_options
 
-    out = []
-    for c in cases:
-        key = json.dumps(c.to_json(), sort_keys=True)
-        if key not in _COMPILED:
-            part = hw.get(c.hardware)
-            cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
-            _COMPILED[key] = prepare(c.forward(), part, c.parallel, cluster=cluster,
-                                     values={"S": c.seq_len}, **case_options(c))
-        out.append((c, _COMPILED[key]))
-    return out
+    c = read_case(json.loads(key))
+    part = hw.get(c.hardware)
+    cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
+    return prepare(c.forward(), part, c.parallel, cluster=cluster, values={"S": c.seq_len},
+                   **case_options(c))
 
 
 def fit(cases: list[Case], table: dict[str, Efficiencies], *,
