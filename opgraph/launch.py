@@ -118,6 +118,18 @@ class Launch:
         return (llama.build if isinstance(self.model, LlamaConfig) else gpt2.build)(self.model)
 
 
+def check_emittable(model: str, framework: str) -> None:
+    """Raise a one-line OpgraphError, before any search, where `framework`'s writer
+    ("torchtitan" or "megatron") has no form for the model named `model`."""
+    if framework == "torchtitan":
+        if model not in TORCHTITAN_MODELS.values():
+            raise OpgraphError(f"--emit torchtitan writes torchtitan's llama3 flavors "
+                               f"({', '.join(TORCHTITAN_MODELS.values())}); {model} is not one")
+    elif model not in PRESET_CONFIGS:
+        raise OpgraphError(f"--emit megatron writes a Llama- or GPT-2-shaped preset "
+                           f"({', '.join(PRESET_CONFIGS)}); {model} is not one")
+
+
 def _config(model: str | LlamaConfig | GPT2Config, what: str) -> LlamaConfig | GPT2Config:
     """The configuration behind a launch's model, for writers that need its dimensions."""
     if not isinstance(model, str):

@@ -3,6 +3,7 @@ second per GPU, and hand back the best as the config a run launches with."""
 
 from __future__ import annotations
 
+import math
 import sys
 
 from ..errors import OpgraphError
@@ -125,10 +126,16 @@ def run(args) -> int:
         raise OpgraphError("--emit prints the config alone; give --emit or --rank, not both")
     if args.emit and len(sizes) > 1:
         raise OpgraphError("--emit writes one job's config: give one --gpus")
+    if args.rank and len(sizes) > 1:
+        raise OpgraphError("--rank places one job's layout: give one --gpus")
     from .. import hardware as hw
 
     part = hw.get(args.hardware)
     forward = load_forward(args)
+    if args.emit:
+        from ..launch import check_emittable
+
+        check_emittable(forward.name, args.emit)  # before the search, not after it
     seq = args.seq_len or forward.seq_len
     if seq is None:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
@@ -140,11 +147,13 @@ def run(args) -> int:
     if cost.name == "calibrated":
         cost.efficiencies(part)  # a part without a generation: said now, in one line
     cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
-    searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost)
     spaces = [_space(args, n, batch) for n in sizes]  # every constraint checked up front
-    if args.rank and len(sizes) > 1:
-        raise OpgraphError("--rank places one job's layout: give one --gpus")
+    resident = _resident_bytes(forward, seq, spaces[0])
+    hopeless = {n: _hopeless(resident, n, part, forward) for n in sizes}
+    searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost)
     if len(sizes) == 1:
+        if hopeless[sizes[0]]:
+            raise OpgraphError(hopeless[sizes[0]])
         found = searcher.search(spaces[0], args.top)
         _no_fit(found, forward, part, sizes[0])
         ranking = _ranking(searcher, spaces[0], found) if args.rank else None
@@ -153,6 +162,9 @@ def run(args) -> int:
         return _one(args, found, forward, part, cluster, seq, batch, ranking)
     curve = []
     for n, space in zip(sizes, spaces):
+        if hopeless[n]:  # a gap in the curve, found without a search
+            curve.append((n, hopeless[n]))
+            continue
         try:
             curve.append((n, searcher.search(space, args.top)))
         except OpgraphError as e:  # a size no layout divides: a gap in the curve
@@ -161,6 +173,41 @@ def run(args) -> int:
         raise OpgraphError(f"no layout of {forward.name} fits or divides at any of "
                            f"{args.gpus} GPUs; add GPUs, recompute or shard further")
     return _curve(args, curve, forward, part, cluster, seq, batch)
+
+
+def _resident_bytes(forward, seq: int, space) -> float:
+    """The bytes of the model's weights, gradients and optimizer states, unsharded: the least
+    over the precisions the search tries (a step compiled on one GPU, as `profile` compiles it;
+    recomputation changes none of them)."""
+    import sympy
+
+    from ..memory import RESIDENT, footprint
+    from ..passes.evaluate import resolve
+    from ..passes.precision import PRECISIONS as ALL_PRECISIONS
+    from ..pipeline import compile_step
+
+    least = None
+    for precision in space.precision or ALL_PRECISIONS:
+        step = compile_step(forward, check=False, precision=precision)
+        parts = footprint(step).parts()
+        values = resolve(step, {"S": seq})
+        total = sum(float(sympy.sympify(parts[name]).xreplace(values)) for name in RESIDENT)
+        least = total if least is None else min(least, total)
+    return least
+
+
+def _hopeless(resident: float, gpus: int, part, forward) -> str | None:
+    """Why no layout on `gpus` GPUs can fit, before any is searched, or None: the resident
+    parts sharded over every GPU (tp x pp x cp x dp, ZeRO-3) are a floor under each GPU's
+    memory, as every byte of them is held somewhere."""
+    capacity = part.memory_bytes
+    if not capacity or resident / gpus <= capacity:
+        return None
+    return (f"no layout of {forward.name} on {gpus:,} x {part.id} fits in memory: its weights, "
+            f"gradients and optimizer states alone are {resident / 1e9:,.1f} GB, "
+            f"{resident / gpus / 1e9:,.1f} GB per GPU even sharded over all {gpus:,} GPUs "
+            f"(ZeRO-3), of {capacity / 1e9:,.1f} GB; add GPUs (at least "
+            f"{math.ceil(resident / capacity):,} to hold them)")
 
 
 def _no_fit(found, forward, part, gpus: int) -> None:
@@ -252,10 +299,7 @@ def _emit(args, found, forward, seq: int, searcher, space) -> int:
     """The best layout `--emit`'s format can express, as that format: the search goes on down
     the ranking (ten times deeper each time, to EMIT_TOP) until one can be written."""
     from ..launch import to_megatron, to_torchtitan
-    from ..models import PRESETS
 
-    if forward.name not in PRESETS:
-        raise OpgraphError(f"--emit writes a preset's config; {forward.name} is not one")
     write = to_torchtitan if args.emit == "torchtitan" else to_megatron
     reasons, tried, top = [], 0, args.top
     while True:
