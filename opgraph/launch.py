@@ -14,8 +14,9 @@ set to something opgraph does not model (a GPipe schedule, CPU offload, HSDP), i
 in for at all (activation checkpointing of every second layer, fp32 training) is a one-line
 OpgraphError that names it.
 
-A Launch holds its layout resolved (`dp`, `gpus` and the global batch explicit; ZeRO stage 0 with
-one data-parallel rank, where sharding has nothing to shard over), so two Launches of one job
+A Launch holds its layout resolved (`dp`, `gpus` and the global batch explicit; ZeRO stage 0 where
+the ranks that hold the same weights, dp x cp, are one, so sharding has nothing to shard over),
+so two Launches of one job
 compare equal however they were written. `source` and `unknown` say where a Launch came from, not
 what it is, and take no part in equality: `read_torchtitan(f)` of the file `to_torchtitan(l)`
 wrote equals `l`, and so does `read_megatron(to_megatron(l), gpus=l.parallel.gpus)` (Megatron's
@@ -46,24 +47,32 @@ FUSE = (None, "elementwise")
 MEGATRON_SOURCE = "megatron arguments"
 MEGATRON_MODEL = "megatron-model"  # the name of a model read from Megatron's dimensions
 
+
+
+def _preset_configs() -> dict[str, LlamaConfig | GPT2Config]:
+    """Every preset of the model registry (`opgraph.models.PRESETS`) whose configuration is a
+    Llama or a GPT-2 one, the shapes Megatron's flags describe, in the registry's order; the
+    others (Gemma 2's soft-capping and local attention, DeepSeek's latent attention, BERT's
+    encoder) have no launch form."""
+    configs = {c.name: c for module in (llama, gpt2) for c in vars(module).values()
+               if isinstance(c, LlamaConfig | GPT2Config)}
+    return {name: configs[name] for name in PRESETS if name in configs}
+
+
 # The configurations behind the presets a launch config can name or be written as.
-PRESET_CONFIGS: dict[str, LlamaConfig | GPT2Config] = {
-    "llama3-8b": llama.LLAMA3_8B, "llama3-70b": llama.LLAMA3_70B,
-    "llama3.1-405b": llama.LLAMA3_1_405B, "llama3.2-1b": llama.LLAMA3_2_1B,
-    "mixtral-8x7b": llama.MIXTRAL_8X7B, "qwen2-7b": llama.QWEN2_7B,
-    "gpt2": gpt2.GPT2, "gpt3-175b": gpt2.GPT3_175B,
-}
+PRESET_CONFIGS: dict[str, LlamaConfig | GPT2Config] = _preset_configs()
 
 
 # --- the record -----------------------------------------------------------------------------------
 def _resolved(layout: Parallel) -> Parallel:
-    """The layout with dp, gpus and the global batch explicit; ZeRO 0 with one data-parallel
-    rank (a stage of sharding over one rank shards nothing)."""
+    """The layout with dp, gpus and the global batch explicit; ZeRO 0 where the sharding group
+    (`Parallel.size("dp")`: dp x cp, the ranks that hold the same weights) is one rank, which
+    a stage of sharding shards nothing over."""
     if not isinstance(layout, Parallel):
         raise OpgraphError(f"launch parallel {layout!r} is not an opgraph.parallel.Parallel")
-    dp = layout.dp_degree
-    return attrs.evolve(layout, dp=dp, gpus=layout.world, global_batch=layout.batch,
-                        zero=layout.zero if dp > 1 else 0)
+    return attrs.evolve(layout, dp=layout.dp_degree, gpus=layout.world,
+                        global_batch=layout.batch,
+                        zero=layout.zero if layout.size("dp") > 1 else 0)
 
 
 def _one_of(choices: tuple):
@@ -241,8 +250,8 @@ def read_torchtitan(path: str | Path, gpus: int | None = None) -> Launch:
     (ZeRO 0). Both above one is HSDP: read as FSDP over all shard x replicate ranks (sharding
     within the shard group and all-reducing across the replicas is not modelled separately) and
     listed in `unknown`. With context parallelism torchtitan's FSDP shards over the cp ranks
-    too; opgraph's ZeRO stage counts the data-parallel ranks only. FSDP reduces gradients in
-    `mixed_precision_reduce` (float32). Tensor parallelism always shards the sequence.
+    too (ZeRO 3 over dp x cp, opgraph's sharding group, even where the shard degree is 1).
+    FSDP reduces gradients in `mixed_precision_reduce` (float32). Tensor parallelism always shards the sequence.
 
     Batches: the local batch (`batch_size`, later `local_batch_size`: sequences per
     data-parallel rank per step) is the micro-batch; with a pipeline it is cut into micro-batches
@@ -395,9 +404,11 @@ def _tt_virtual_stages(keys: dict, model: str, pp: int, unknown: list[str]) -> i
     return stages // pp
 
 
-def _tt_data_parallel(keys: dict, model_ranks: int, gpus: int | None,
+def _tt_data_parallel(keys: dict, model_ranks: int, cp: int, gpus: int | None,
                       unknown: list[str]) -> tuple[int, int]:
-    """The data-parallel degree and ZeRO stage: FSDP over the shard ranks, DDP over replicas."""
+    """The data-parallel degree and ZeRO stage: FSDP over the shard and context-parallel ranks
+    (torchtitan's `dp_shard_cp` mesh: its ParallelDims.fsdp_enabled is dp_shard > 1 or
+    cp > 1, torchtitan/distributed/parallel_dims.py), DDP over the replicas."""
     replicate = _tt_whole(keys, "parallelism.data_parallel_replicate_degree", 1)
     shard = keys.get("parallelism.data_parallel_shard_degree", -1)
     if shard == -1:
@@ -414,10 +425,11 @@ def _tt_data_parallel(keys: dict, model_ranks: int, gpus: int | None,
     if gpus is not None and replicate * shard * model_ranks != gpus:
         raise OpgraphError(f"torchtitan config's degrees (replicate x shard x tp x cp x pp) "
                            f"make {replicate * shard * model_ranks} GPUs, not --gpus {gpus}")
-    if shard > 1 and replicate > 1:
+    fsdp = shard * cp > 1
+    if fsdp and replicate > 1:
         unknown.append(f"data_parallel_replicate_degree = {replicate} with shard degree {shard} "
-                       f"(HSDP, read as FSDP over {replicate * shard} ranks)")
-    return replicate * shard, 3 if shard > 1 else 0
+                       f"and cp {cp} (HSDP, read as FSDP over {replicate * shard * cp} ranks)")
+    return replicate * shard, 3 if fsdp else 0
 
 
 def _tt_batches(keys: dict, dp: int, pp: int, legacy: bool) -> tuple[int, int]:
@@ -453,7 +465,7 @@ def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
     pp = _tt_whole(keys, "parallelism.pipeline_parallel_degree", 1)
     cp = _tt_whole(keys, "parallelism.context_parallel_degree", 1)
     ep = _tt_whole(keys, "parallelism.expert_parallel_degree", 1)
-    dp, zero = _tt_data_parallel(keys, tp * cp * pp, gpus, unknown)
+    dp, zero = _tt_data_parallel(keys, tp * cp * pp, cp, gpus, unknown)
     micro, total = _tt_batches(keys, dp, pp, legacy)
     reduce = keys.get("training.mixed_precision_reduce", "float32")
     if reduce not in ("float32", "bfloat16"):
@@ -501,7 +513,8 @@ def _tt_layers_per_stage(layers: int, stages: int) -> int:
 def to_torchtitan(launch: Launch) -> str:
     """The torchtitan job TOML (2025 layout) of a launch: the inverse of `read_torchtitan`.
 
-    Only what torchtitan can say is written: a llama3 preset; FSDP (ZeRO 3) or DDP (ZeRO 0);
+    Only what torchtitan can say is written: a llama3 preset; FSDP (ZeRO 3, over dp x cp) or
+    DDP (ZeRO 0, without context parallelism);
     tensor parallelism with sequence parallelism; selective-op, full or no recomputation; an
     even pipeline split. Anything else is a one-line OpgraphError naming it.
 
@@ -516,9 +529,13 @@ def to_torchtitan(launch: Launch) -> str:
                            f"{', '.join(by_preset)}")
     name, flavor = by_preset[launch.model]
     p = launch.parallel
-    if p.dp > 1 and p.zero not in (0, 3):
+    if p.size("dp") > 1 and p.zero not in (0, 3):
         raise OpgraphError(f"torchtitan has no ZeRO stage {p.zero}: it runs FSDP (zero 3) or "
                            "DDP (zero 0)")
+    if p.zero == 0 and p.cp > 1:
+        raise OpgraphError("torchtitan shards the weights over the context-parallel ranks "
+                           "(FSDP over dp x cp): ZeRO stage 0 with cp above 1 has no "
+                           "torchtitan form")
     if p.tp > 1 and not p.sequence_parallel:
         raise OpgraphError("torchtitan's tensor parallelism always shards the sequence: give "
                            "sequence parallelism with tp above 1")

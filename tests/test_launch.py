@@ -488,7 +488,13 @@ TORCHTITAN_LAUNCHES = [
                              sequence_parallel=True, async_tp=True, zero=3)),
     Launch(model="llama3-70b", seq_len=4096, recompute="none",
            parallel=Parallel(pp=4, cp=2, gpus=64, micro_batch=2, global_batch=256,
-                             virtual_stages=3, zero=0)),
+                             virtual_stages=3, zero=3)),
+    # torchtitan's FSDP shards over the context-parallel ranks even with one data-parallel
+    # rank (its dp_shard_cp mesh): ZeRO 3 over dp x cp = 8, not ZeRO 0
+    Launch(model="llama3-70b", seq_len=32768, recompute="full",
+           parallel=Parallel(tp=4, cp=8, pp=8, gpus=256, micro_batch=1, global_batch=128,
+                             sequence_parallel=True, zero=3)),
+    Launch(model="llama3-8b", seq_len=8192, parallel=Parallel(gpus=16, micro_batch=1, zero=0)),
     Launch(model="llama3-70b", seq_len=8192, recompute="full",
            parallel=Parallel(tp=8, gpus=256, micro_batch=1, global_batch=512,
                              sequence_parallel=True, zero=3)),
@@ -510,6 +516,9 @@ def test_torchtitan_round_trip_of_a_read_file(toml):
 @pytest.mark.parametrize("launch, words", [
     (Launch(model="gpt3-175b", seq_len=2048), ("gpt3-175b", "torchtitan")),
     (Launch(model="llama3-8b", parallel=Parallel(gpus=8, zero=1)), ("ZeRO stage 1",)),
+    # ZeRO-1 over the context-parallel ranks alone (dp 1): still a stage torchtitan lacks
+    (Launch(model="llama3-8b", parallel=Parallel(cp=8, gpus=8, zero=1)), ("ZeRO stage 1",)),
+    (Launch(model="llama3-8b", parallel=Parallel(cp=2, gpus=8, zero=0)), ("context",)),
     (Launch(model="llama3-8b", parallel=Parallel(tp=8, gpus=8)), ("sequence",)),
     (Launch(model="llama3-8b", recompute="selective"), ("selective",)),
     (Launch(model="llama3-8b", parallel=Parallel(pp=4, first_stage_layers=5)), ("uneven",)),
@@ -576,6 +585,9 @@ def test_launch_holds_its_layout_resolved():
     launch = Launch(model="llama3-8b", parallel=Parallel(tp=2, gpus=16, zero=3))
     assert launch.parallel == Parallel(tp=2, dp=8, gpus=16, global_batch=8, zero=3)
     assert Launch(model="gpt2", parallel=Parallel(zero=3)).parallel.zero == 0  # one DP rank
+    # the sharding group is dp x cp (`Parallel.size("dp")`): with cp 8 and dp 1 ZeRO stays
+    assert Launch(model="llama3-70b", parallel=Parallel(
+        tp=4, cp=8, pp=8, gpus=256, zero=1)).parallel.zero == 1
 
 
 @pytest.mark.parametrize("fields, word", [

@@ -63,3 +63,67 @@ def test_options_that_cannot_work_fail_before_the_search(cli, monkeypatch, argv,
     _no_search(monkeypatch)
     code, out, err = cli("plan", "--gpus", "8", "--global-batch", "8", *argv)
     assert code == 2 and out == "" and words in err
+
+
+# --- --emit round trips ------------------------------------------------------------------------
+# One small space per preset the emitters write (the degrees mostly fixed, so each search takes
+# seconds): the layout --emit writes, read back by `profile --torchtitan` / `--megatron-args`,
+# gives the plan's figures. The 70B case is the one a newcomer hit: tp4 cp8 pp8 dp1, where the
+# sharding group is cp = 8 although dp is 1.
+EMITTED = [
+    ("torchtitan", "llama3-8b", "16", ("--tp", "2", "--pp", "2")),
+    ("torchtitan", "llama3-70b", "256", ("--tp", "4", "--cp", "8", "--pp", "8",
+                                         "--seq-len", "32768")),
+    ("torchtitan", "llama3.1-405b", "512", ("--tp", "8", "--pp", "2", "--cp", "1", "--zero", "3")),
+    ("megatron", "llama3-8b", "16", ("--tp", "2", "--cp", "2")),
+    ("megatron", "llama3-70b", "256", ("--tp", "4", "--cp", "8", "--pp", "8",
+                                       "--seq-len", "32768")),
+    ("megatron", "llama3.1-405b", "512", ("--tp", "8", "--pp", "16", "--cp", "1")),
+    ("megatron", "llama3.2-1b", "8", ("--tp", "1", "--pp", "2")),
+    ("megatron", "mixtral-8x7b", "16", ("--tp", "2", "--pp", "1", "--cp", "1")),
+    ("megatron", "qwen2-7b", "16", ("--tp", "2", "--pp", "2", "--cp", "1")),
+    ("megatron", "gpt2", "4", ("--tp", "1", "--pp", "1")),
+    ("megatron", "gpt3-175b", "256", ("--tp", "1", "--pp", "16", "--cp", "1")),  # 50,257 rows: tp 1
+]
+
+
+def test_every_preset_an_emitter_writes_has_a_round_trip():
+    from opgraph.launch import PRESET_CONFIGS, TORCHTITAN_MODELS
+
+    tried = {(framework, model) for framework, model, _, _ in EMITTED}
+    assert tried == ({("megatron", m) for m in PRESET_CONFIGS}
+                     | {("torchtitan", m) for m in TORCHTITAN_MODELS.values()})
+
+
+@pytest.mark.parametrize("framework, model, gpus, constraints", EMITTED,
+                         ids=[f"{f}-{m}" for f, m, _, _ in EMITTED])
+def test_the_emitted_layout_reads_back_to_the_plans_figures(cli, monkeypatch, tmp_path,
+                                                            framework, model, gpus, constraints):
+    import json
+
+    from opgraph.commands import plan
+
+    written = []  # the layouts --emit turned into configs, the last one the one it wrote
+    launch_of = plan._launch
+    monkeypatch.setattr(plan, "_launch", lambda ranked, *a: (written.append(ranked),
+                                                             launch_of(ranked, *a))[1])
+    code, text, err = cli("plan", "--model", model, "--gpus", gpus, "--global-batch",
+                          str(2 * int(gpus)), "--max-micro-batch", "1", "--recompute", "full",
+                          "--precision", "bf16", "--top", "3", *constraints, "--emit", framework)
+    assert code == 0, err
+    ranked = written[-1]
+    assert f"wrote layout #{len(written)} for {framework}: " in err  # says which it wrote
+    assert f"{ranked.result.memory.total / 1e9:.1f} GB per GPU" in err
+    path = tmp_path / ("job.toml" if framework == "torchtitan" else "args.txt")
+    path.write_text(text)
+    source = ("--torchtitan", str(path)) if framework == "torchtitan" else (
+        "--megatron-args", f"@{path}", "--gpus", gpus)
+    code, out, err = cli("profile", *source, "--cost", "calibrated", "--json")
+    assert code == 0, err
+    back = json.loads(out)
+    layout = ranked.layout
+    assert {k: back["parallel"][k] for k in ("tp", "cp", "pp", "dp", "ep", "zero")} == {
+        "tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "dp": layout.dp_degree,
+        "ep": layout.ep, "zero": layout.zero}
+    assert back["step_time_s"] == pytest.approx(ranked.step_time_s, rel=1e-9)
+    assert back["memory"]["total"] == pytest.approx(ranked.result.memory.total, rel=1e-9)

@@ -149,11 +149,12 @@ def run(args) -> int:
     cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
     spaces = [_space(args, n, batch) for n in sizes]  # every constraint checked up front
     resident = _resident_bytes(forward, seq, spaces[0])
-    hopeless = {n: _hopeless(resident, n, part, forward) for n in sizes}
+    hopeless = {n: _hopeless(resident, n, part) for n in sizes}
     searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost)
     if len(sizes) == 1:
         if hopeless[sizes[0]]:
-            raise OpgraphError(hopeless[sizes[0]])
+            raise OpgraphError(f"no layout of {forward.name} on {sizes[0]:,} x {part.id} fits "
+                               f"in memory: {hopeless[sizes[0]]}")
         found = searcher.search(spaces[0], args.top)
         _no_fit(found, forward, part, sizes[0])
         ranking = _ranking(searcher, spaces[0], found) if args.rank else None
@@ -163,7 +164,8 @@ def run(args) -> int:
     curve = []
     for n, space in zip(sizes, spaces):
         if hopeless[n]:  # a gap in the curve, found without a search
-            curve.append((n, hopeless[n]))
+            curve.append((n, f"none fits: weights, gradients and optimizer states alone "
+                             f"need {resident / n / 1e9:,.1f} GB per GPU"))
             continue
         try:
             curve.append((n, searcher.search(space, args.top)))
@@ -196,15 +198,14 @@ def _resident_bytes(forward, seq: int, space) -> float:
     return least
 
 
-def _hopeless(resident: float, gpus: int, part, forward) -> str | None:
+def _hopeless(resident: float, gpus: int, part) -> str | None:
     """Why no layout on `gpus` GPUs can fit, before any is searched, or None: the resident
     parts sharded over every GPU (tp x pp x cp x dp, ZeRO-3) are a floor under each GPU's
     memory, as every byte of them is held somewhere."""
     capacity = part.memory_bytes
     if not capacity or resident / gpus <= capacity:
         return None
-    return (f"no layout of {forward.name} on {gpus:,} x {part.id} fits in memory: its weights, "
-            f"gradients and optimizer states alone are {resident / 1e9:,.1f} GB, "
+    return (f"its weights, gradients and optimizer states alone are {resident / 1e9:,.1f} GB, "
             f"{resident / gpus / 1e9:,.1f} GB per GPU even sharded over all {gpus:,} GPUs "
             f"(ZeRO-3), of {capacity / 1e9:,.1f} GB; add GPUs (at least "
             f"{math.ceil(resident / capacity):,} to hold them)")
@@ -312,6 +313,8 @@ def _emit(args, found, forward, seq: int, searcher, space) -> int:
             if rank > 1:
                 print(f"opgraph: note: the best {rank - 1} layouts cannot be written for "
                       f"{args.emit} ({reasons[0]}); this is #{rank}", file=sys.stderr)
+            print(f"opgraph: wrote layout #{rank} for {args.emit}: {_figures(ranked)}",
+                  file=sys.stderr)
             print(text)
             return 0
         tried = len(found.best)
@@ -321,6 +324,16 @@ def _emit(args, found, forward, seq: int, searcher, space) -> int:
         found = searcher.search(space, top)
     raise OpgraphError(f"none of the best {tried:,} layouts can be written for {args.emit} "
                        f"({reasons[0]}); constrain the search to what {args.emit} runs")
+
+
+def _figures(ranked) -> str:
+    """A layout and its figures in one line, as the plan's table gives them (GB = 1e9 bytes)."""
+    from ..outputs.report import layout_text
+
+    r = ranked.result
+    return (f"{layout_text(ranked.layout, ranked.candidate.recompute, ranked.candidate.precision)}"
+            f", step {r.step_time_s:.4f} s, {r.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
+            f"MFU {r.mfu * 100:.1f}%, {r.memory.total / 1e9:.1f} GB per GPU")
 
 
 def _curve(args, curve, forward, part, cluster, seq, batch) -> int:
