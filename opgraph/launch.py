@@ -7,12 +7,15 @@ back again.
     launch = read_megatron("--num-layers 96 --hidden-size 12288 ...", gpus=64)
     text = to_megatron(launch)                              # the arguments again, one line
 
-Nothing a file says is dropped in silence. A key or flag the reader does not know, or a known one
-set to something opgraph does not model (a GPipe schedule, CPU offload, HSDP), is listed in
-`Launch.unknown`, which the CLI prints as a warning; keys that do not change the step's time
-(paths, logging, checkpoints, learning rates) are known and quiet. A setting opgraph cannot stand
-in for at all (activation checkpointing of every second layer, fp32 training) is a one-line
-OpgraphError that names it.
+Nothing a file says is dropped in silence. A key or flag the framework itself does not have (a
+misspelling: `tensor_paralel_degree`) is a one-line OpgraphError with the nearest real name, as
+the framework's own parser would refuse it (the names: opgraph/data/launch_keys.json). A real
+key or flag opgraph does not model, or a known one set to something opgraph does not model (a
+GPipe schedule, CPU offload, HSDP), is listed in `Launch.unknown`, which the CLI prints as a
+warning naming it; keys that do not change the step's time (paths, logging, checkpoints,
+learning rates) are known and quiet. A setting opgraph cannot stand in for at all (activation
+checkpointing of every second layer, fp32 training) is a one-line OpgraphError that names it,
+and says so where it is the framework's default rather than what the file wrote.
 
 A Launch holds its layout resolved (`dp`, `gpus` and the global batch explicit; ZeRO stage 0 where
 the ranks that hold the same weights, dp x cp, are one, so sharding has nothing to shard over),
@@ -25,6 +28,9 @@ arguments do not carry the world size: the launcher does).
 
 from __future__ import annotations
 
+import difflib
+import functools
+import json
 import math
 import shlex
 import tomllib
@@ -148,6 +154,22 @@ def _config(model: str | LlamaConfig | GPT2Config, what: str) -> LlamaConfig | G
     except KeyError:
         raise OpgraphError(f"model {model!r} has no {what} form; opgraph writes "
                            f"{', '.join(PRESET_CONFIGS)} or a LlamaConfig / GPT2Config") from None
+
+
+@functools.cache
+def _real_names() -> dict:
+    """The keys and flags the frameworks have (opgraph/data/launch_keys.json, with its
+    sources): torchtitan's sections and the keys of the sections opgraph reads, Megatron-LM's
+    flags."""
+    return json.loads((Path(__file__).with_name("data") / "launch_keys.json").read_text())
+
+
+def _not_real(what: str, kind: str, name: str, real) -> OpgraphError:
+    """The error for a `kind` ("key", "flag", "section") called `name` that `what` (torchtitan,
+    Megatron) does not have, with the nearest real name where one is close (difflib)."""
+    near = difflib.get_close_matches(name, sorted(real), n=1, cutoff=0.75)
+    hint = f"did you mean {near[0]}?" if near else "fix or remove it"
+    return OpgraphError(f"{what} has no {kind} {name}; {hint}")
 
 
 def _whole_text(text: str, what: str, maximum: int = MAX_DIM) -> int:
@@ -303,6 +325,7 @@ def _tt_keys(data: dict) -> tuple[dict[str, object], list[str], bool]:
     unknown: list[str] = []
     legacy = False
     for key, value in _flatten(data).items():
+        _tt_check_real(key)
         name = _TT_RENAMED.get(key, key)
         legacy |= name != key or key == "experimental.pipeline_parallel_microbatches"
         if name in keys and keys[name] != value:
@@ -317,6 +340,20 @@ def _tt_keys(data: dict) -> tuple[dict[str, object], list[str], bool]:
         elif not _tt_is_quiet(name):
             unknown.append(key)
     return keys, unknown, legacy
+
+
+def _tt_check_real(key: str) -> None:
+    """Raise where torchtitan has no such section, or no such key in a section opgraph reads
+    (the others change no step time; their keys are not checked)."""
+    real = _real_names()["torchtitan"]
+    section, _, rest = key.partition(".")
+    if section not in real["sections"]:
+        raise _not_real(f"torchtitan's job config (at {key})", "section", f"[{section}]",
+                        [f"[{s}]" for s in real["sections"]])
+    keys = real["keys"].get(section)
+    if keys is not None and rest.split(".")[0] not in keys and not _tt_is_quiet(key):
+        raise _not_real("torchtitan's job config", "key", key,
+                        [f"{s}.{k}" for s, ks in real["keys"].items() for k in ks])
 
 
 def _tt_whole(keys: dict, key: str, default: int, lowest: int = 1) -> int:
@@ -344,6 +381,13 @@ def _tt_model(keys: dict) -> str:
                            "opgraph reads llama3 flavors 8B, 70B and 405B") from None
 
 
+# torchtitan's activation checkpointing when a file does not say: torchtitan/config/job_config.py
+# ActivationCheckpoint (mode "selective", selective_ac_option "2": every second layer), as in the
+# late-2024 config_manager.py
+_TT_AC_DEFAULTS = {"activation_checkpoint.mode": "selective",
+                   "activation_checkpoint.selective_ac_option": "2"}
+
+
 def _tt_recompute(keys: dict) -> str:
     """torchtitan's activation checkpointing as a recompute policy (defaults: selective, "2")."""
     mode = keys.get("activation_checkpoint.mode", "selective")
@@ -357,6 +401,14 @@ def _tt_recompute(keys: dict) -> str:
         return "selective-op"
     if str(option) == "1":
         return "full"  # a checkpoint every layer is full recomputation
+    if "activation_checkpoint.selective_ac_option" not in keys:  # torchtitan's, not the file's
+        said = " and ".join(f"{k.split('.')[1]} = {v!r}"
+                            for k, v in _TT_AC_DEFAULTS.items() if k not in keys)
+        raise OpgraphError(
+            f"the file leaves activation checkpointing to torchtitan's default ({said}: a "
+            "checkpoint every second layer), which opgraph does not model; say what the run "
+            "does in [activation_checkpoint]: mode = 'none' or 'full', or selective_ac_option "
+            "= 'op'")
     raise OpgraphError(f"torchtitan activation_checkpoint.selective_ac_option {option!r} "
                        "(checkpoint every Nth layer) is not modelled; opgraph recomputes every "
                        "layer or none: give 'op', '1' or mode 'full'")
@@ -760,6 +812,10 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
         raise OpgraphError("Megatron trains in fp32 without --bf16 or --fp16; opgraph models "
                            "bf16 and fp8: add --bf16")
     fused = not any([flags.switch(f) for f in _MG_NO_FUSION])  # noqa: C419 - consume them all
+    real = set(_real_names()["megatron"]) | flags.read | _MG_QUIET
+    for flag in flags.leftover():
+        if flag not in real:
+            raise _not_real("Megatron-LM", "flag", flag, real)
     unknown = [*stray, *flags.leftover()]
     return Launch(model=model, seq_len=seq_len, parallel=layout, recompute=recompute,
                   precision=precision, fuse="elementwise" if fused else None,

@@ -342,18 +342,46 @@ def test_torchtitan_hsdp_is_reported(toml):
     assert any("HSDP" in entry for entry in launch.unknown)
 
 
-def test_torchtitan_unknown_keys_are_reported(toml):
-    text = TORCHTITAN_405B.replace("[compile]", "frobnicate = 3\n\n[compile]").replace(
-        '"Interleaved1F1B"', '"ZBVZeroBubble"').replace('name = "AdamW"', 'name = "Muon"')
+def test_torchtitan_real_keys_opgraph_does_not_model_are_reported(toml):
+    # enable_compiled_autograd is a key of torchtitan's [parallelism] (job_config.py, 2025)
+    text = TORCHTITAN_405B.replace("[compile]", "enable_compiled_autograd = true\n\n[compile]"
+                                   ).replace('"Interleaved1F1B"', '"ZBVZeroBubble"').replace(
+        'name = "AdamW"', 'name = "Muon"')
     launch = read_torchtitan(toml(text), gpus=512)
-    assert "parallelism.frobnicate" in launch.unknown
+    assert "parallelism.enable_compiled_autograd" in launch.unknown
     assert any(e.startswith("pipeline_parallel_schedule = 'ZBVZeroBubble'")
                for e in launch.unknown)
     assert any(e.startswith("optimizer.name = 'Muon'") for e in launch.unknown)
     assert len(launch.unknown) == 3
-    # An unknown whole section is reported key by key; known quiet sections are not.
-    launch = read_torchtitan(toml(TORCHTITAN_8B + "\n[mystery]\nknob = 1\n"), gpus=8)
-    assert launch.unknown == ("mystery.knob",)
+
+
+@pytest.mark.parametrize("edit, words", [
+    # a misspelt key would leave the run at tp 1 without a word: refused, with the real name
+    (("[compile]", "tensor_paralel_degree = 8\n\n[compile]"),
+     ("parallelism.tensor_paralel_degree", "did you mean parallelism.tensor_parallel_degree?")),
+    (("[compile]", "frobnicate = 3\n\n[compile]"), ("parallelism.frobnicate", "remove it")),
+    (("[activation_checkpoint]", "[activation_checkpont]"),
+     ("section [activation_checkpont]", "did you mean [activation_checkpoint]?")),
+    (("[job]", "[mystery]"), ("[mystery]",)),
+])
+def test_torchtitan_keys_torchtitan_lacks_are_refused(toml, edit, words):
+    old, new = edit
+    assert old in TORCHTITAN_405B
+    message = one_line_error(read_torchtitan, toml(TORCHTITAN_405B.replace(old, new)), gpus=512)
+    for word in words:
+        assert word in message
+
+
+def test_torchtitan_default_checkpointing_is_not_blamed_on_the_file(toml):
+    """A file without [activation_checkpoint] gets torchtitan's default (selective, every 2nd
+    layer: torchtitan/config/job_config.py ActivationCheckpoint), which opgraph cannot model;
+    the error says the default is torchtitan's, and what to write."""
+    start, end = TORCHTITAN_405B.index("[activation_checkpoint]"), TORCHTITAN_405B.index(
+        "[quantize")
+    text = TORCHTITAN_405B[:start] + TORCHTITAN_405B[end:]
+    message = one_line_error(read_torchtitan, toml(text), gpus=512)
+    assert "torchtitan's default" in message and "mode = 'selective'" in message
+    assert "selective_ac_option = '2'" in message and "[activation_checkpoint]" in message
 
 
 @pytest.mark.parametrize("option, verdict", [("'op'", "selective-op"), ("'1'", "full"),
@@ -441,9 +469,18 @@ def test_megatron_llama_model():
     assert launch.unknown == ()
 
 
-def test_megatron_unknown_flags_are_reported():
-    launch = read_megatron(MEGATRON_175B + " --frobnicate 3 --no-such-switch", gpus=64)
-    assert launch.unknown == ("--frobnicate", "--no-such-switch")
+def test_megatron_unknown_flags_are_refused_and_real_ones_reported():
+    # flags Megatron-LM has (megatron/training/arguments.py) that change nothing opgraph models
+    launch = read_megatron(MEGATRON_175B + " --moe-aux-loss-coeff 0.01 --empty-unused-memory-level 1",
+                           gpus=64)
+    assert launch.unknown == ("--moe-aux-loss-coeff", "--empty-unused-memory-level")
+    for flags, words in ((" --frobnicate 3", ("--frobnicate", "remove it")),
+                         (" --tensor-model-paralel-size 2",
+                          ("--tensor-model-paralel-size",
+                           "did you mean --tensor-model-parallel-size?"))):
+        message = one_line_error(read_megatron, MEGATRON_175B + flags, gpus=64)
+        for word in words:
+            assert word in message
     # GPT-2 has biases; Megatron's --disable-bias-linear is not modelled for it.
     launch = read_megatron(MEGATRON_175B + " --disable-bias-linear")
     assert "--disable-bias-linear" in launch.unknown
