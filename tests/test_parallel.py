@@ -264,7 +264,7 @@ def test_profile_json_over_many_gpus(cli, tmp_path):
     trace = tmp_path / "rank.json"
     code, out, _ = cli("profile", "--model", "llama3-70b", "--gpus", "64", "--tp", "8",
                        "--pp", "2", "--global-batch", "64", "--sequence-parallel", "--zero", "1",
-                       "--json", "--trace", str(trace), "--rank", "63")
+                       "--json", "--trace", str(trace), "--trace-rank", "63")
     assert code == 0
     o = json.loads(out)
     assert o["gpus"] == 64

@@ -14,6 +14,10 @@ from ..parallel import ZERO_STAGES as ZERO
 from .args import check_command_outputs, json_text, whole
 
 EMITS = ("torchtitan", "megatron")
+# The degrees a constraint fixes (--tp 8) or bounds (--max-tp 4), as the help names them.
+FIXED = {"tp": "tensor-parallel degree", "cp": "context-parallel degree",
+         "ep": "expert-parallel degree", "pp": "pipeline-parallel degree",
+         "dp": "data-parallel degree"}
 
 
 def register(subparsers) -> None:
@@ -50,17 +54,26 @@ def register(subparsers) -> None:
 
     add_cost_args(g, default="calibrated")
     c = p.add_argument_group("constraints", "fix a degree or an option, or bound one")
-    for flag in ("tp", "cp", "ep", "pp", "dp"):
-        c.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N")
-    for flag in ("max-tp", "max-cp", "max-pp"):
-        c.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N")
+    for flag, text in FIXED.items():
+        c.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N",
+                       help=f"only layouts with this {text} (default: every one that divides)")
+    for flag, text in FIXED.items():
+        if flag in ("tp", "cp", "pp"):
+            c.add_argument(f"--max-{flag}", type=whole(MAX_DIM), metavar="N",
+                           help=f"the largest {text} tried")
     c.add_argument("--max-micro-batch", type=whole(MAX_DIM), default=16, metavar="N",
                    help="largest micro-batch tried (default 16)")
     c.add_argument("--max-virtual-stages", type=whole(MAX_DIM), default=8, metavar="N",
                    help="most interleaved chunks per GPU tried (default 8)")
-    c.add_argument("--zero", type=int, choices=ZERO, metavar="{0,1,2,3}")
-    c.add_argument("--micro-batch", type=whole(MAX_DIM), metavar="N")
-    c.add_argument("--virtual-stages", type=whole(MAX_DIM), metavar="N")
+    c.add_argument("--zero", type=int, choices=ZERO, metavar="{0,1,2,3}",
+                   help="only this data-parallel sharding: 0 none, 1 optimizer states, 2 and "
+                        "gradients, 3 and parameters (FSDP) (default: every one)")
+    c.add_argument("--micro-batch", type=whole(MAX_DIM), metavar="N",
+                   help="only this micro-batch, in sequences (default: up to "
+                        "--max-micro-batch)")
+    c.add_argument("--virtual-stages", type=whole(MAX_DIM), metavar="N",
+                   help="only this many interleaved pipeline chunks per GPU (default: up to "
+                        "--max-virtual-stages)")
     sp = c.add_mutually_exclusive_group()
     sp.add_argument("--sequence-parallel", action="store_true", default=None,
                     help="only layouts with sequence parallelism")
@@ -341,7 +354,8 @@ def _curve(args, curve, forward, part, cluster, seq, batch) -> int:
         from ..outputs.plot import plot_scaling
 
         plot_scaling([(n, f.best[0]) for n, f in curve if not isinstance(f, str) and f.best],
-                     f"{forward.name} on {part.id}, {batch:,} x {seq:,} tokens per step",
+                     f"{forward.name} on {part.id}, {batch:,} x {seq:,} tokens per step; "
+                     f"{args.cost} cost model",
                      args.plot)
     if args.json:
         print(json_text({"hardware": part.id, "cluster": cluster.id, "seq_len": seq,
