@@ -44,3 +44,12 @@ def test_the_helper_counts_on_a_terminal_only(monkeypatch):
         bar.update()
         bar.set_postfix_str("x")
     assert plain.getvalue() == ""
+
+
+def test_a_terminal_gets_the_validate_progress(monkeypatch):
+    from opgraph.cli import main
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["validate", "--select", "korthikanti22_tab5_22B_full"]) == 0
+    assert "validate: cases" in terminal.getvalue()

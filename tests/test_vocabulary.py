@@ -86,3 +86,11 @@ def test_the_many_gpu_plot_names_the_cost_model_it_used(cli, tmp_path):
     assert code == 0, err
     text = figure.read_text()
     assert "calibrated, scheduled over 4 GPUs" in text and "roofline" not in text
+
+
+def test_plan_says_when_its_best_layout_has_a_zero_stage_that_does_nothing(cli):
+    code, out, err = cli("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8",
+                         "--global-batch", "8", "--tp", "8", "--zero", "3", "--top", "1",
+                         "--recompute", "none", "--precision", "bf16")
+    assert code == 0 and "dp1" in out and "zero3" in out
+    assert err.count("\n") == 1 and err.startswith("opgraph: warning: #1: --zero 3 does nothing")

@@ -174,8 +174,10 @@ def run(args) -> int:
         if args.emit:
             return _emit(args, found, forward, seq, searcher, spaces[0])
         return _one(args, found, forward, part, cluster, seq, batch, ranking)
+    from ..outputs.progress import progressed
+
     curve = []
-    for n, space in zip(sizes, spaces):
+    for n, space in progressed(list(zip(sizes, spaces)), "plan: sizes", unit="size"):
         if hopeless[n]:  # a gap in the curve, found without a search
             curve.append((n, f"none fits: weights, gradients and optimizer states alone "
                              f"need {resident / n / 1e9:,.1f} GB per GPU"))
@@ -274,6 +276,7 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
         print(json_text(out))
         return 0
     from ..outputs.report import format_plan, layout_text
+    from .layout import layout_warnings
 
     print(_header(forward, part, cluster, seq, batch, args.cost))
     print(_counts(found))
@@ -286,6 +289,8 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
               f"{ranking['slower_than_best'] * 100:.1f}% slower than the best, "
               f"{layout_text(b.layout, b.candidate.recompute, b.candidate.precision)} at "
               f"{b.step_time_s:.3f} s per step")
+    for line in layout_warnings(found.best[0].layout):  # what the constraints made idle
+        print(f"opgraph: warning: #1: {line}", file=sys.stderr)
     return 0
 
 
