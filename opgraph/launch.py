@@ -273,7 +273,8 @@ def read_torchtitan(path: str | Path, gpus: int | None = None) -> Launch:
     within the shard group and all-reducing across the replicas is not modelled separately) and
     listed in `unknown`. With context parallelism torchtitan's FSDP shards over the cp ranks
     too (ZeRO 3 over dp x cp, opgraph's sharding group, even where the shard degree is 1).
-    FSDP reduces gradients in `mixed_precision_reduce` (float32). Tensor parallelism always shards the sequence.
+    FSDP reduces gradients in `mixed_precision_reduce` (float32). Tensor parallelism always
+    shards the sequence.
 
     Batches: the local batch (`batch_size`, later `local_batch_size`: sequences per
     data-parallel rank per step) is the micro-batch; with a pipeline it is cut into micro-batches

@@ -471,8 +471,8 @@ def test_megatron_llama_model():
 
 def test_megatron_unknown_flags_are_refused_and_real_ones_reported():
     # flags Megatron-LM has (megatron/training/arguments.py) that change nothing opgraph models
-    launch = read_megatron(MEGATRON_175B + " --moe-aux-loss-coeff 0.01 --empty-unused-memory-level 1",
-                           gpus=64)
+    launch = read_megatron(MEGATRON_175B + " --moe-aux-loss-coeff 0.01 "
+                           "--empty-unused-memory-level 1", gpus=64)
     assert launch.unknown == ("--moe-aux-loss-coeff", "--empty-unused-memory-level")
     for flags, words in ((" --frobnicate 3", ("--frobnicate", "remove it")),
                          (" --tensor-model-paralel-size 2",

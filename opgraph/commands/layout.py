@@ -143,4 +143,3 @@ def layout_warnings(layout: Parallel) -> list[str]:
                    f"(v x m + pp - 1) = {(p - 1) / (v * m + p - 1):.0%} of the step; raise "
                    "--global-batch or lower --micro-batch")
     return out
-

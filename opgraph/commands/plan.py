@@ -192,10 +192,11 @@ def run(args) -> int:
     return _curve(args, curve, forward, part, cluster, seq, batch)
 
 
-def _resident_bytes(forward, seq: int, space) -> float:
+def _resident_bytes(forward, seq: int, space) -> float | None:
     """The bytes of the model's weights, gradients and optimizer states, unsharded: the least
     over the precisions the search tries (a step compiled on one GPU, as `profile` compiles it;
-    recomputation changes none of them)."""
+    recomputation changes none of them); None where a model of one's own leaves them a
+    formula of more than the sequence length (the search then finds what fits)."""
     import sympy
 
     from ..memory import RESIDENT, footprint
@@ -208,17 +209,20 @@ def _resident_bytes(forward, seq: int, space) -> float:
         step = compile_step(forward, check=False, precision=precision)
         parts = footprint(step).parts()
         values = resolve(step, {"S": seq})
-        total = sum(float(sympy.sympify(parts[name]).xreplace(values)) for name in RESIDENT)
+        total = sympy.sympify(sum(parts[name] for name in RESIDENT)).xreplace(values)
+        if not total.is_number:
+            return None
+        total = float(total)
         least = total if least is None else min(least, total)
     return least
 
 
-def _hopeless(resident: float, gpus: int, part) -> str | None:
+def _hopeless(resident: float | None, gpus: int, part) -> str | None:
     """Why no layout on `gpus` GPUs can fit, before any is searched, or None: the resident
     parts sharded over every GPU (tp x pp x cp x dp, ZeRO-3) are a floor under each GPU's
     memory, as every byte of them is held somewhere."""
     capacity = part.memory_bytes
-    if not capacity or resident / gpus <= capacity:
+    if not capacity or resident is None or resident / gpus <= capacity:
         return None
     return (f"its weights, gradients and optimizer states alone are {resident / 1e9:,.1f} GB, "
             f"{resident / gpus / 1e9:,.1f} GB per GPU even sharded over all {gpus:,} GPUs "
