@@ -326,7 +326,6 @@ def _tt_keys(data: dict) -> tuple[dict[str, object], list[str], bool]:
     unknown: list[str] = []
     legacy = False
     for key, value in _flatten(data).items():
-        _tt_check_real(key)
         name = _TT_RENAMED.get(key, key)
         legacy |= name != key or key == "experimental.pipeline_parallel_microbatches"
         if name in keys and keys[name] != value:
@@ -512,6 +511,8 @@ def _tt_batches(keys: dict, dp: int, pp: int, legacy: bool) -> tuple[int, int]:
 
 
 def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
+    for key in _flatten(data):  # a key torchtitan lacks is refused before any is read
+        _tt_check_real(key)
     keys, unknown, legacy = _tt_keys(data)
     model = _tt_model(keys)
     tp = _tt_whole(keys, "parallelism.tensor_parallel_degree", 1)
