@@ -108,7 +108,7 @@ def compile_cases(cases: list[Case]) -> list[tuple[Case, Job]]:
     from .validate import case_options
 
     out = []
-    for c in progressed(cases, "compiling cases", unit="case"):
+    for c in cases:
         part = hw.get(c.hardware)
         cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
         out.append((c, prepare(c.forward(), part, c.parallel, cluster=cluster,
