@@ -97,6 +97,7 @@ from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import RESIDENT, Memory, liveness, resident_tensors, saved
+from .outputs.progress import progress, progressed
 from .parallel import ZERO_STAGES, Parallel, cp, dp, edp, ep, pp, stage_layers, tp
 from .passes.evaluate import mfu_parameters, resolve
 from .passes.precision import PRECISIONS
@@ -1394,7 +1395,8 @@ class Searcher:
             by_compute.setdefault(compute_key(r), []).append(i)
         floor = np.empty(len(found))
         capacity = self.hardware.memory_bytes
-        for members in by_compute.values():
+        for members in progressed(list(by_compute.values()), "plan: bounding layouts",
+                                  unit="key"):
             group = [found[i] for i in members]
             step, memory = _compute_bound(self.compute(group[0]), group, self.layers,
                                           self.hardware, self.cost, self._line)
@@ -1424,6 +1426,8 @@ class Searcher:
         heapq.heapify(heap)
         best: list[tuple[float, int, Ranked]] = []
         scheduled = 0
+        bar = progress("plan: structures compiled", total=len(pending.members),
+                       unit="structure")
         while heap:
             bound, si, col = heapq.heappop(heap)
             if len(best) >= top and bound >= best[-1][0]:
@@ -1434,12 +1438,15 @@ class Searcher:
                 for c in self._fits(g):
                     heapq.heappush(heap, (max(float(g.bound[c]),
                                               float(pending.floor[members[c]])), si, int(c)))
+                bar.update()
                 continue
             ranked = self.exact(g, col)
             scheduled += 1
+            bar.set_postfix_str(f"{scheduled:,} layouts scheduled", refresh=False)
             best.append((ranked.step_time_s, int(pending.members[si][col]), ranked))
             best.sort(key=lambda item: item[:2])  # ties: in the order the space lists them
             del best[top:]
+        bar.close()
         elapsed = time.perf_counter() - t0
         spent = self.compile_s - compiled
         groups = pending.groups.values()
@@ -1454,7 +1461,8 @@ class Searcher:
         whose bounds are below it is scheduled exactly."""
         pending = self._space(space)
         faster = 0
-        for si, members in enumerate(pending.members):
+        for si, members in progressed(list(enumerate(pending.members)), "plan: ranking",
+                                      unit="structure"):
             if pending.floor[members].min() >= step_time_s:
                 continue
             g = self._group(pending, si)

@@ -267,15 +267,16 @@ class ParallelSetup:
     profile: object  # a Profile with `.parallel`
     hardware: Hardware
     echo: dict  # the step options used, as `echoed` names them
+    warnings: tuple[str, ...] = ()  # options the layout makes do nothing (`layout_warnings`)
 
 
 def parallel_setup(args) -> ParallelSetup:
     """The many-GPU profile the options ask for: the layout from the flags over what
     `--torchtitan` or `--megatron-args` said (`opgraph.launch`), on `--cluster` (default: the
-    part's), with `--rank`'s timeline."""
+    part's), with `--trace-rank`'s timeline."""
     from .. import cluster as clusters
     from ..distributed import profile_parallel
-    from .layout import layout_from
+    from .layout import layout_from, layout_warnings
 
     base, options = None, step_options(args)
     launch = _launch(args)
@@ -304,9 +305,9 @@ def parallel_setup(args) -> ParallelSetup:
     part = load_hardware(args)
     cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
     profile = profile_parallel(forward, part, layout, cluster=cluster, values={"S": seq},
-                               cost=cost_model(args), rank=args.rank, **options)
+                               cost=cost_model(args), rank=args.trace_rank, **options)
     echo = echoed(args) | {k: options[k] for k in ("recompute", "precision") if k in options}
-    return ParallelSetup(forward, profile, part, echo)
+    return ParallelSetup(forward, profile, part, echo, tuple(layout_warnings(layout)))
 
 
 def _launch(args):

@@ -45,6 +45,7 @@ def run(args) -> int:
     from .. import calibration
     from ..cases import load_cases, load_unmodelled, select
     from ..errors import OpgraphError
+    from ..outputs.progress import progress
     from ..validate import (cross_validate, format_cross_validation, format_rank, format_report,
                             rank, rank_summary, validate)
     from .common import cost_model
@@ -67,7 +68,8 @@ def run(args) -> int:
         return 0
     cost = cost_model(args)
     unmodelled = [] if args.select else load_unmodelled(args.cases)
-    report = validate(cases, cost, unmodelled)
+    with progress("validate: cases", total=len(cases), unit="case") as bar:
+        report = validate(cases, cost, unmodelled, progress=bar.update)
     if args.rank:
         from .. import hardware as hw
 
