@@ -57,7 +57,9 @@ def run(args) -> int:
     cases = select(load_cases(args.cases), args.select)
     if args.cv:
         table = calibration.load(args.calibration) if args.calibration else calibration.catalog()
-        scores = cross_validate(cases, table)
+        families = len({c.family or c.id for c in cases})
+        with progress("validate --cv: fits", total=families + 1, unit="fit") as bar:
+            scores = cross_validate(cases, table, progress=bar.update)
         if args.json:
             left = sum(s.left_out_mape for s in scores) / len(scores)
             print(json_text({"families": [s.to_json() for s in scores], "left_out_mape": left,
