@@ -346,10 +346,23 @@ class CostModel:
         """Hardware FLOPs utilisation: counted FLOPs / (step time x peak), every FLOP run
         (a re-run op's, `passes.recompute`, and FlashAttention's recomputed QK^T under the
         "derived" convention included). FP8 FLOPs come in weighted by peak / FP8 peak (the
-        caller's `flops`), so this is the share of the step the arithmetic units are busy. The
-        step is at least its FLOPs over the peak, so this is at most 1; `minimum` keeps
-        rounding from saying more (`min` for numbers, `np.minimum` for arrays)."""
+        caller's `flops`, a sum of `busy_flops`), so this is the share of the step the
+        arithmetic units are busy. The step is at least its FLOPs over the peak, so this is at
+        most 1; `minimum` keeps rounding from saying more (`min` for numbers, `np.minimum` for
+        arrays)."""
         return minimum(flops / (step_time * peak), 1.0)
+
+    @staticmethod
+    def busy_flops(flops, op_peak, peak):
+        """`flops` run at `op_peak` as `hfu` counts them: as the FLOPs that would keep the
+        arithmetic units busy as long at `peak` (the BF16 peak), i.e. times `peak / op_peak`.
+        One FP8 FLOP on an H100 counts as 989 / 1979 of a BF16 one; a BF16 FLOP as itself,
+        exactly. Numbers or numpy arrays alike (`opgraph.sweep`).
+
+            >>> CostModel.busy_flops(2e12, op_peak=2e15, peak=1e15)
+            1000000000000.0
+        """
+        return flops * (peak / op_peak)
 
 
 DEFAULT = CostModel()

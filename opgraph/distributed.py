@@ -24,7 +24,9 @@ once: 1F1B's stage i keeps up to `p - i` in flight, the interleaved schedule `(p
 1) / (p v))` (Korthikanti et al. 2022, section 4.2.3, for the first stage).
 
 MFU follows the plate's convention per GPU: 6 N tokens per step / (step time x peak x GPUs),
-N the whole model's (not a shard's) MFU parameters.
+N the whole model's (not a shard's) MFU parameters. HFU is the first stage's FLOPs over one
+step, each weighted as `evaluate` weighs it (`CostModel.busy_flops`: an FP8 FLOP as BF16 peak /
+FP8 peak of one), / (step time x peak), by the cost model's one definition (`CostModel.hfu`).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class ParallelResult:
     memory_stage: int = 0  # the pipeline stage whose GPUs need the most memory (`memory`)
     events: tuple[Event, ...] = ()  # the timeline of the rank asked for
     cost: str = "roofline"  # the cost model's name
+    hfu: float = 0.0  # the first stage's, `CostModel.hfu` (FP8 FLOPs weighted as `evaluate`)
 
     def to_json(self) -> dict:
         return {"cost": self.cost, "gpus": self.layout.world, "cluster": self.cluster.id,
@@ -293,6 +296,8 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
     fullest = max(job.stages, key=lambda st: st.memory.total)  # the GPU closest to its limit
     peak = job.hardware.peak_flops
     mfu = cost.mfu(job.mfu_parameters, job.tokens, step_time, peak) / layout.world
+    busy = sum(cost.busy_flops(o.flops * (1 if o.once else m), o.peak, peak)
+               for o in first.stage.ops if o.flops)
     events = ()
     if drawn is not None:
         events = _timeline(per_stage[drawn], m, max(0.0, span - m * per_micro[drawn]))
@@ -302,7 +307,7 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
         exposed_communication_s=exposed + max(tails) - tails[0], communication=transfers,
         memory=fullest.memory, memory_stage=fullest.index, stage_times_s=tuple(per_micro),
         in_flight=in_flight(layout, fullest.index),
-        events=events, cost=cost.name)
+        events=events, cost=cost.name, hfu=cost.hfu(busy, step_time, peak))
     return result, first
 
 
@@ -335,7 +340,7 @@ def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
         job.stages[0].profile, ops=tuple(rows), categories=categories,
         step_time_s=result.step_time_s, flops=flops, bytes=sum(r.bytes for r in rows),
         tokens=job.tokens, mfu_parameters=job.mfu_parameters, mfu_ceiling=result.mfu,
-        hfu_ceiling=min(1.0, flops / (result.step_time_s * hardware.peak_flops)),
+        hfu_ceiling=result.hfu,
         memory=result.memory, parallel=result, cost=cost.name)
 
 

@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# the checkout this file is in, not whichever opgraph is installed: run as a script, the
+# script's folder (not the working directory) heads sys.path
+sys.path.insert(0, str(HERE.parent.parent))
 
 # name -> the `opgraph profile` arguments it records.
 CASES = {
