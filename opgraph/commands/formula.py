@@ -44,7 +44,7 @@ def run(args) -> int:
 
     from .. import formula as fm
 
-    s = setup(args, calibrated=False, layout=_layout(args))
+    s = setup(args, layout=_layout(args))  # a calibrated time: the library decides
     numeric = args.quantity == "time" and args.numeric_hardware
     expr = fm.formula(s.step, args.quantity, op=args.op, category=args.category,
                       hardware=s.hardware if numeric else None, cost=s.cost)
