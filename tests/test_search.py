@@ -378,6 +378,8 @@ def test_a_steady_state_stack_is_what_running_every_layer_gives(model, seq, cons
                     assert fast.comm_s[name] == pytest.approx(seconds, rel=1e-9, abs=1e-15)
                     assert fast.exposed_s[name] == pytest.approx(every.exposed_s[name],
                                                                  rel=1e-9, abs=1e-15), name
+                    assert fast.queued_s[name] == pytest.approx(every.queued_s[name],
+                                                                rel=1e-9, abs=1e-15), name
     assert sum(stepped) > 20 * 4  # most layers were stepped over, not run
 
 
