@@ -409,6 +409,6 @@ def test_a_pass_added_to_the_pipeline_runs_in_plan(cli, monkeypatch):
     assert [x["step_time_s"] for x in json.loads(out)["layouts"]] == before
     # a layout's degrees are symbols of the sharded graph: only which exceed 1 makes a new key
     key = pipeline.pass_key
-    shard = pipeline.STRUCTURE["shard"]["layout"]
+    shard = pipeline.STRUCTURE[pipeline.shard_pass]["layout"]
     assert shard(Parallel(tp=2, dp=4)) == shard(Parallel(tp=4, dp=2)) != shard(Parallel(dp=8))
     assert key(functools.partial(note_it, note="a")) != key(functools.partial(note_it, note="b"))
