@@ -18,7 +18,9 @@ def register(subparsers) -> None:
                     "summed) of one training step, as a sympy expression of the model's "
                     "dimensions. Time keeps the hardware as the symbols peak (FLOP/s) and "
                     "bandwidth (bytes/s) unless --numeric-hardware. The value printed beside it "
-                    "puts in the preset's dimensions and the part's figures.")
+                    "puts in the preset's dimensions and the part's figures. With --cost "
+                    "calibrated, time is each kernel's launch plus its roofline at the part's "
+                    "efficiencies, which needs --numeric-hardware.")
     add_model_args(p)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--op", metavar="NAME", help="one op, e.g. layers.q_proj (see "
