@@ -101,6 +101,9 @@ class ParallelResult:
     hfu: float = 0.0  # the first stage's, `CostModel.hfu` (FP8 FLOPs weighted as `evaluate`)
     # of the exposed communication, the part waited before the awaited collective began
     queued_communication_s: float = 0.0
+    # and the part a later pipeline stage's last micro-batch runs on after rank 0's (its
+    # gradient reductions, its optimizer), which the step waits for
+    later_stage_tail_s: float = 0.0
 
     def to_json(self) -> dict:
         return {"cost": self.cost, "gpus": self.layout.world, "cluster": self.cluster.id,
@@ -109,6 +112,7 @@ class ParallelResult:
                 "bubble_s": self.bubble_s,
                 "exposed_communication_s": self.exposed_communication_s,
                 "queued_communication_s": self.queued_communication_s,
+                "later_stage_tail_s": self.later_stage_tail_s,
                 "stage_times_s": list(self.stage_times_s),
                 "activations_in_flight": self.in_flight, "memory_stage": self.memory_stage,
                 "communication": [t.to_json() for t in self.communication]}
@@ -321,6 +325,7 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
         tokens_per_s_per_gpu=job.tokens / step_time / layout.world, mfu=mfu, bubble_s=bubble,
         exposed_communication_s=exposed + max(tails) - tails[0], communication=transfers,
         queued_communication_s=sum(q for _, q in waited.values()),
+        later_stage_tail_s=max(tails) - tails[0],
         memory=fullest.memory, memory_stage=fullest.index, stage_times_s=tuple(per_micro),
         in_flight=in_flight(layout, fullest.index),
         events=events, cost=cost.name, hfu=cost.hfu(busy, step_time, peak))

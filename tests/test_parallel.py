@@ -563,14 +563,22 @@ def test_no_collective_is_exposed_longer_than_it_runs(model, layout, cost):
     assert r.queued_communication_s >= sum(t.queued_s for t in r.communication) * (1 - 1e-12)
 
 
-def test_the_table_shows_the_queueing_on_a_line_of_its_own(cli):
-    code, out, _ = cli("profile", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2",
-                       "--ep", "8", "--global-batch", "64")
+@pytest.mark.parametrize("argv", [
+    ("--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "8", "--global-batch", "64"),
+    # a pipeline: the last stage's tail (its optimizer after rank 0's) is waited for too
+    ("--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--global-batch", "64",
+     "--sequence-parallel", "--zero", "1"),
+])
+def test_the_table_shows_the_queueing_on_a_line_of_its_own(cli, argv):
+    """The communication table's exposed column adds up to the exposed communication: each
+    collective's, the queueing and a later stage's longer tail each on a line of its own."""
+    code, out, _ = cli("profile", *argv)
     assert code == 0
     lines = out.splitlines()
     table = lines[next(i for i, line in enumerate(lines) if "tier" in line):]
-    queued = [line for line in table if line.startswith("queued")]
-    assert len(queued) == 1
+    assert len([line for line in table if line.startswith("queued")]) == 1
+    if "--pp" in argv:
+        assert len([line for line in table if line.startswith("a later stage")]) == 1
     exposed = [float(line.split()[-1]) for line in table[1:]]
     total = float(out.split("exposed comm ")[1].split(" ms")[0].replace(",", ""))
     assert sum(exposed) == pytest.approx(total, abs=0.05)  # the lines add up, to rounding
