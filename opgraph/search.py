@@ -91,6 +91,7 @@ import numpy as np
 import sympy
 
 from . import cluster as clusters
+from . import pipeline
 from .costmodel import DEFAULT, CostModel
 from .distributed import Job, ParallelResult, Stage, StageOp, check_layout, step_figures
 from .errors import OpgraphError
@@ -108,7 +109,6 @@ from .passes.shard import shard
 from .passes.split_stages import FIRST as FIRST_END
 from .passes.split_stages import LAST as LAST_END
 from .passes.split_stages import STACK, ends, layer_stack, split_stages
-from .pipeline import step_passes
 from .rules import COLLECTIVE_KINDS
 from .schedule import once_per_step, plan
 from .symbols import B
@@ -736,17 +736,6 @@ def _representative(r: Row, layers: int) -> Parallel:
                     sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp)
 
 
-_PASS_OPTIONS = {  # what each pass of `pipeline.step_passes` depends on, for sharing prefixes
-    "fuse_attention": lambda r: (),
-    "shard": lambda r: (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel),
-    "derive_backward": lambda r: (),
-    "apply_precision": lambda r: (r.precision,),
-    "recompute": lambda r: (r.recompute,),
-    "attach_adamw": lambda r: (),
-    "replicate": lambda r: (r.zero, r.dp_group > 1, r.edp_group > 1),
-}
-
-
 def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True
           ) -> Graph:
     """`distributed.compile_parallel`'s step for `r`'s structure, each pass's result kept in
@@ -754,12 +743,11 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool
     the checks ran when the row was enumerated, the verifier when `profile` compiles it.
     Not `replicated`: the passes before `replicate` (a compute key's ops, `compute_key`)."""
     graph, key = forward, ()
-    for run in step_passes(recompute=r.recompute, precision=r.precision,
-                           shard=functools.partial(shard, layout=layout),
-                           extra_passes=[functools.partial(replicate, layout=layout)]
-                           if replicated else []):
-        name = getattr(run, "func", run).__name__
-        key += ((name, *_PASS_OPTIONS[name](r)),)
+    for run in pipeline.step_passes(recompute=r.recompute, precision=r.precision,
+                                    shard=functools.partial(shard, layout=layout),
+                                    extra_passes=[functools.partial(replicate, layout=layout)]
+                                    if replicated else []):
+        key += (pipeline.pass_key(run),)  # the pipeline's own declaration of what it reads
         if key not in memo:
             memo[key] = run(graph)
         graph = memo[key]

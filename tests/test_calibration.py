@@ -75,7 +75,7 @@ def test_a_bad_calibration_file_is_one_line(tmp_path, text, says):
 
 
 def test_the_cli_refuses_what_it_cannot_do(cli, tmp_path):
-    code, _, err = cli("formula", "--cost", "calibrated")
+    code, _, err = cli("solve", "--cost", "calibrated", "--op", "layers.q_proj", "--ridge")
     assert code == 2 and "roofline's formulas" in err
     code, _, err = cli("profile", "--calibration", "x.toml")
     assert code == 2 and "--cost calibrated" in err

@@ -197,20 +197,23 @@ def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dic
 def cost_model(args, calibrated: bool = True) -> CostModel:
     """The cost model the options ask for: `--cost` (roofline or calibrated, with
     `--calibration`'s file), `--backward-traffic` its backward convention. Commands whose
-    engines are formulas (formula, solve) pass `calibrated=False`: they take the roofline."""
+    engines are the roofline's formulas alone (solve) pass `calibrated=False`: a calibrated
+    model is then refused as the library refuses it (`formula.roofline_only`)."""
     name = getattr(args, "cost", "roofline")
     path = getattr(args, "calibration", None)
     if path is not None and name != "calibrated":
         raise OpgraphError("--calibration gives efficiencies for --cost calibrated; add it")
-    if name == "calibrated" and not calibrated:
-        raise OpgraphError(f"opgraph {args.command} works on the roofline's formulas; "
-                           "--cost calibrated is for profile, sweep, diff, compare and validate")
     table = None
     if path is not None:
         from .. import calibration
 
         table = calibration.load(path)
-    return make_cost_model(name, getattr(args, "backward_traffic", "plate"), table)
+    cost = make_cost_model(name, getattr(args, "backward_traffic", "plate"), table)
+    if not calibrated:
+        from ..formula import roofline_only
+
+        roofline_only(cost, f"opgraph {args.command}")
+    return cost
 
 
 def extra_passes(args) -> list:
