@@ -370,6 +370,11 @@ def _case(table, file: str, index: int) -> Case:
     return case
 
 
+def read_case(table: dict, where: str = "case") -> Case:
+    """One case from its case-file form (`Case.to_json`), checked as a file's cases are."""
+    return _case(table, where, 0)
+
+
 def _check_model(case: Case, file: str, built: dict) -> None:
     """The case's model builds, takes its seq_len, and its layers split over the pipeline
     stages. `built` keeps each distinct model's graph, so a file builds each model once."""

@@ -15,6 +15,8 @@ The error the fit reports is IN-SAMPLE: measured on the runs it was fitted to.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 
 import attrs
@@ -27,6 +29,7 @@ from .cases import Case
 from .costmodel import CalibratedCostModel
 from .distributed import Job, prepare, step_figures
 from .errors import OpgraphError
+from .outputs.progress import progressed
 
 # Where every fit starts (so that a fit does not depend on the file it rewrites).
 START = {"matmul": 0.7, "matmul_half_flops": 1e10, "attention": 0.5, "bandwidth": 0.85,
@@ -53,10 +56,11 @@ def _from_free(name: str, x: float) -> float:
 
 
 def nelder_mead(f, x0: np.ndarray, steps: int, scale: float = 0.3,
-                tolerance: float = 1e-10) -> np.ndarray:
+                tolerance: float = 1e-10, desc: str = "fit") -> np.ndarray:
     """The minimum of `f` near `x0` by Nelder and Mead's simplex (reflection 1, expansion 2,
     contraction 0.5, shrink 0.5), at most `steps` steps, fewer once the simplex's values agree
-    to `tolerance` (relative).
+    to `tolerance` (relative); the steps are counted on a progress bar named `desc` where
+    stderr is a terminal.
 
         >>> x = nelder_mead(lambda v: float(((v - 3) ** 2).sum()), np.zeros(2), 200)
         >>> bool(np.allclose(x, 3, atol=1e-4))
@@ -65,7 +69,7 @@ def nelder_mead(f, x0: np.ndarray, steps: int, scale: float = 0.3,
     n = len(x0)
     simplex = [x0] + [x0 + scale * np.eye(n)[i] for i in range(n)]
     values = [f(x) for x in simplex]
-    for _ in range(steps):
+    for _ in progressed(range(steps), desc, unit="step"):
         order = np.argsort(values, kind="stable")
         simplex = [simplex[i] for i in order]
         values = [values[i] for i in order]
@@ -102,16 +106,23 @@ class Fitted:
 
 
 def compile_cases(cases: list[Case]) -> list[tuple[Case, Job]]:
-    """Each case compiled once, as `opgraph validate` would predict it."""
+    """Each case compiled once, as `opgraph validate` would predict it. A Job holds no
+    efficiency (the fit re-costs it at each step), so a case compiled once serves every later
+    fit or subset of it in the process: `_compiled` keeps the last few hundred, keyed by the
+    case's whole case-file form."""
+    return [(c, _compiled(json.dumps(c.to_json(), sort_keys=True))) for c in cases]
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(key: str) -> Job:
+    from .cases import read_case
     from .validate import case_options
 
-    out = []
-    for c in cases:
-        part = hw.get(c.hardware)
-        cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
-        out.append((c, prepare(c.forward(), part, c.parallel, cluster=cluster,
-                               values={"S": c.seq_len}, **case_options(c))))
-    return out
+    c = read_case(json.loads(key))
+    part = hw.get(c.hardware)
+    cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
+    return prepare(c.forward(), part, c.parallel, cluster=cluster, values={"S": c.seq_len},
+                   **case_options(c))
 
 
 def fit(cases: list[Case], table: dict[str, Efficiencies], *,
@@ -154,7 +165,8 @@ def fit_jobs(jobs: list[tuple[Case, Job]], table: dict[str, Efficiencies], *,
                               for members in families.values()]))
 
     x0 = np.array([_to_free(n, START[n]) for n in names])
-    out = tables(nelder_mead(loss, x0, steps, tolerance=1e-6) if names and jobs else x0)
+    out = tables(nelder_mead(loss, x0, steps, tolerance=1e-6, desc="fitting efficiencies")
+                 if names and jobs else x0)
     model = CalibratedCostModel(table=out)
     errors = tuple((case.id, job.hardware.generation,
                     step_figures(job, model).step_time_s / case.measured_step_time_s - 1)

@@ -45,6 +45,7 @@ def run(args) -> int:
     from .. import calibration
     from ..cases import load_cases, load_unmodelled, select
     from ..errors import OpgraphError
+    from ..outputs.progress import progress
     from ..validate import (cross_validate, format_cross_validation, format_rank, format_report,
                             rank, rank_summary, validate)
     from .common import cost_model
@@ -56,7 +57,9 @@ def run(args) -> int:
     cases = select(load_cases(args.cases), args.select)
     if args.cv:
         table = calibration.load(args.calibration) if args.calibration else calibration.catalog()
-        scores = cross_validate(cases, table)
+        families = len({c.family or c.id for c in cases})
+        with progress("validate --cv: fits", total=families + 1, unit="fit") as bar:
+            scores = cross_validate(cases, table, progress=bar.update)
         if args.json:
             left = sum(s.left_out_mape for s in scores) / len(scores)
             print(json_text({"families": [s.to_json() for s in scores], "left_out_mape": left,
@@ -67,7 +70,8 @@ def run(args) -> int:
         return 0
     cost = cost_model(args)
     unmodelled = [] if args.select else load_unmodelled(args.cases)
-    report = validate(cases, cost, unmodelled)
+    with progress("validate: cases", total=len(cases), unit="case") as bar:
+        report = validate(cases, cost, unmodelled, progress=bar.update)
     if args.rank:
         from .. import hardware as hw
 
