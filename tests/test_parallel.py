@@ -547,7 +547,9 @@ def test_a_reshape_on_a_sequence_shard_keeps_context_parallelism_once():
 @pytest.mark.parametrize("model, layout", [
     ("mixtral-8x7b", Parallel(gpus=64, tp=2, ep=8, global_batch=64)),
     ("mixtral-8x7b", Parallel(gpus=16, ep=8, zero=3, global_batch=16)),
-    ("llama3-8b", Parallel(gpus=16, tp=2, zero=1, global_batch=64)),
+    # ZeRO-3: ZeRO-1's one gradient all-reduce no longer queues since a ring across nodes runs
+    # at its members' pooled NIC shares (4 per node here: 200 GB/s); ZeRO-3's gathers still do
+    ("llama3-8b", Parallel(gpus=16, tp=2, zero=3, global_batch=64)),
 ])
 @pytest.mark.parametrize("cost", ["roofline", "calibrated"])
 def test_no_collective_is_exposed_longer_than_it_runs(model, layout, cost):
