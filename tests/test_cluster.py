@@ -198,6 +198,9 @@ def test_hardware_clusters_lists_the_catalog(cli):
     # the datasheets' figures, per GPU per direction: NVLink 4 is 900 GB/s both ways
     assert listed["dgx-h100"]["tiers"][0]["bandwidth_bytes_per_s"] == 900e9 / 2
     assert listed["dgx-h100"]["tiers"][1]["bandwidth_bytes_per_s"] == 400e9 / 8
+    # the NICs that share comes from: DGX H100's 8 x ConnectX-7, AWS p5's 32 x 100 Gb/s EFA
+    assert (listed["dgx-h100"]["nics_per_node"], listed["hf-ultrascale-h100"]["nics_per_node"]) \
+        == (8, 32)
 
 
 # The Ultrascale Playbook's median bus bandwidth against node count, 256 MB messages
