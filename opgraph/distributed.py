@@ -9,11 +9,12 @@
     p.parallel.step_time_s, p.parallel.mfu, p.parallel.memory.total
 
 The passes: `fuse_attention`, then `shard` (tensor, sequence, context, expert parallel) on the
-forward, `derive_backward`, precision and recomputation, `attach_adamw`, `replicate` (data
-parallel, ZeRO), then `split_stages` for each pipeline stage. Each stage's step is evaluated
-op by op (the roofline, collectives on the cluster's tiers: `CostModel.comm_time`) and
-scheduled (`opgraph.schedule`): the micro-batches, the pipeline's span and its bubble, what the
-communication hides and exposes. The profile returned is the first stage's (rank 0's), over one
+forward, `derive_backward`, precision and recomputation, `attach_adamw`, `regather_inputs` (a
+framework's sequence-parallel re-gathers), `replicate` (data parallel, ZeRO), then
+`split_stages` for each pipeline stage. Each stage's step is evaluated op by op (the roofline,
+collectives on the cluster's tiers: `CostModel.comm_time`) and scheduled (`opgraph.schedule`):
+the micro-batches, the pipeline's span and its bubble, what the communication hides and
+exposes. The profile returned is the first stage's (rank 0's), over one
 optimizer step; `Profile.parallel` holds the job's figures. `profile_parallel` is `prepare`
 (compile once: a `Job`) then `schedule` (cost and schedule it under a cost model), which a fit
 (`opgraph.fit`) calls many times without compiling again.
@@ -37,11 +38,13 @@ import sympy
 from . import cluster as clusters
 from .costmodel import DEFAULT, CostModel
 from .errors import OpgraphError
+from .frameworks import defers_grad_reduce
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory
 from .parallel import Parallel, stage_layers
 from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
+from .passes.regather_inputs import regather_inputs
 from .passes.replicate import replicate
 from .passes.shard import check_divides, shard
 from .passes.split_stages import layer_stack, split_stages
@@ -124,8 +127,14 @@ def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None
     check_layout(forward, layout, seq)
     extra = list(options.pop("extra_passes", ()))
     return compile_step(forward, shard=functools.partial(shard, layout=layout),
-                        extra_passes=[functools.partial(replicate, layout=layout), *extra],
-                        **options)
+                        extra_passes=[*layout_passes(layout), *extra], **options)
+
+
+def layout_passes(layout: Parallel) -> list:
+    """The passes a layout adds after `attach_adamw`: a framework's sequence-parallel
+    re-gathers (`regather_inputs`), then the data-parallel replicas (`replicate`)."""
+    return [functools.partial(regather_inputs, layout=layout),
+            functools.partial(replicate, layout=layout)]
 
 
 def in_flight(layout: Parallel, stage: int = 0) -> float:
@@ -266,7 +275,7 @@ def step_figures(job: Job, cost: CostModel = DEFAULT) -> ParallelResult:
 
 def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResult, _Timed]:
     layout = job.layout
-    deferred = () if layout.overlap_grad_reduce else ("dp", "edp")
+    deferred = ("dp", "edp") if defers_grad_reduce(layout) else ()
     drawn = None if rank is None else layout.rank_stage(rank)
     timed = []
     for i, stage in enumerate(job.stages):

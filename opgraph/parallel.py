@@ -118,6 +118,12 @@ class Parallel:
             raise OpgraphError("--async-tp needs tensor parallelism (--tp 2 or more)")
         if (self.first_stage_layers or self.last_stage_layers) and self.pp == 1:
             raise OpgraphError("uneven first or last stages need --pp 2 or more")
+        if self.framework == "deepspeed" and self.pp > 1 and self.zero >= 2:
+            # deepspeed/runtime/pipe/engine.py asserts it: "ZeRO-2 and ZeRO-3 are incompatible
+            # with pipeline parallelism"
+            raise OpgraphError(f"--framework deepspeed runs --pp {self.pp} with ZeRO 0 or 1 "
+                               f"only (its pipeline engine refuses ZeRO-{self.zero}); give "
+                               "--zero 0 or 1")
 
     # --- derived ----------------------------------------------------------------------------------
     @property
