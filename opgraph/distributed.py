@@ -42,7 +42,7 @@ from .frameworks import defers_grad_reduce
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory
-from .parallel import Parallel, stage_layers
+from .parallel import Parallel, chunk_layers, stage_layers
 from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
 from .passes.regather_inputs import regather_inputs
 from .passes.replicate import replicate
@@ -51,7 +51,8 @@ from .passes.split_stages import layer_stack, split_stages
 from .pipeline import compile_step
 from .profile import OpCost, Profile
 from .rules import COLLECTIVE_KINDS
-from .schedule import Event, Plan, Run, once_per_step, pipeline_span, plan, simulate
+from .schedule import (Event, Plan, Run, interleaved_span, once_per_step, pipeline_span, plan,
+                       simulate)
 from .symbols import S
 
 
@@ -190,6 +191,9 @@ class Job:
     kinds: tuple[int, ...]  # stage index -> index into `stages`
     tokens: int
     mfu_parameters: int
+    # layers in each stage's model chunks where interleaved chunks differ in size (uneven end
+    # stages, `parallel.chunk_layers`); None: the span's formula holds
+    chunks: tuple[tuple[int, ...], ...] | None = None
 
 
 def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
@@ -214,7 +218,32 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
     subs = resolve(forward, {k: v for k, v in values.items() if k != "B"})
     return Job(forward, hardware, cluster, layout, stages,
                tuple(distinct.index(k) for k in kinds), layout.batch * int(subs[S]),
-               int(mfu_parameters(forward).xreplace(subs)))
+               int(mfu_parameters(forward).xreplace(subs)), _unequal_chunks(forward, layout))
+
+
+def _unequal_chunks(forward: Graph, layout: Parallel):
+    """`chunk_layers` where interleaving cuts stages into chunks of unequal size, else None."""
+    if layout.virtual_stages == 1 or layout.pp < 3:  # two stages: no middle one to time a layer
+        return None
+    layers = int(sympy.sympify(layer_stack(forward).count).xreplace(forward.dims))
+    chunks = chunk_layers(layers, layout)
+    if len({n for stage in chunks for n in stage}) == 1:
+        return None
+    return tuple(map(tuple, chunks))
+
+
+def chunk_times(stage_times: list[float], chunks) -> list[list[float]]:
+    """Each chunk's time per micro-batch from its stage's (`stage_times`) and its layers: a
+    layer takes what a middle stage's layer takes (a middle stage runs layers alone), and what
+    an end stage takes beyond its layers (the embedding; the head and the loss) runs in its
+    outer chunk, where `chunk_layers` puts it."""
+    p = len(chunks)
+    middle = p // 2  # `chunk_layers` gives uneven interleaving a middle stage
+    per_layer = stage_times[middle] / sum(chunks[middle])
+    out = [[per_layer * n for n in stage] for stage in chunks]
+    out[0][0] += stage_times[0] - per_layer * sum(chunks[0])
+    out[-1][-1] += stage_times[-1] - per_layer * sum(chunks[-1])
+    return out
 
 
 def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: dict,
@@ -290,6 +319,8 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
     m, v = layout.micro_batches, layout.virtual_stages
     per_micro = [t.plain.time_s for t in per_stage]
     span = pipeline_span(per_micro, m, v)
+    if job.chunks is not None:  # interleaved chunks of unequal size: the schedule simulated
+        span = interleaved_span(chunk_times(per_micro, job.chunks), m) or span
     tails = [t.last.time_s - t.plain.time_s for t in per_stage]
     step_time = span + max(tails)
     first = per_stage[0]
