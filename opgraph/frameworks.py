@@ -3,7 +3,8 @@
 `Parallel.framework` names a row of `FRAMEWORKS`; the passes read its traits (`traits(layout)`),
 never the name. None is opgraph's generic model, which every trait's default keeps as it was:
 gradients reduced in FP32, ZeRO-3 weights gathered again for a recomputation, the gathered input
-of a sequence-parallel column matmul kept for its backward, gradients reduced under the backward.
+of a sequence-parallel column matmul kept for its backward, gradients reduced under the
+backward.
 
     traits(Parallel(framework="deepspeed")).grad_reduce_dtype  # "bf16"
     reduce_dtype(Parallel(framework="deepspeed", grad_reduce_dtype="fp32"))  # "fp32"
@@ -35,9 +36,12 @@ Each trait, with where each framework's code says so:
   (`megatron/core/tensor_parallel/layers.py`, `LinearWithGradAccumulationAndAsyncCommunication`:
   forward saves `input`, backward all-gathers it again before the weight gradient). torchtitan's
   sequence parallelism is a DTensor redistribution before `nn.Linear`, whose autograd saves the
-  gathered input, so it keeps ~S x D per matmul input (`torchtitan/models/llama3/infra/parallelize.py`,
-  `SequenceParallel` + `ColwiseParallel`); nanotron's REDUCE_SCATTER mode and DeepSpeed are left
-  at the generic (kept) model.
+  gathered input, so it keeps S x D per matmul input
+  (`torchtitan/models/llama3/infra/parallelize.py`, `SequenceParallel` + `ColwiseParallel`).
+  nanotron does as Megatron in its REDUCE_SCATTER mode with `tp_recompute_allgather` (its
+  default: `src/nanotron/parallel/tensor_parallel/functional.py`, `column_linear`, whose
+  backward "allgathers the inputs again"). DeepSpeed has no sequence parallelism of this kind
+  (Ulysses splits attention heads instead): the generic model.
 - `reduce_after_flush`: with pipeline parallelism, whether the gradient reduction waits for the
   pipeline to drain rather than running under the backward. DeepSpeed's pipeline engine issues
   `ReduceGrads` after the last micro-batch's backward (`deepspeed/runtime/pipe/schedule.py`,
@@ -69,7 +73,7 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "torchtitan": Traits(regather_in_recompute=False),
     "megatron": Traits(sp_saves_shard=True),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True),
-    "nanotron": Traits(),
+    "nanotron": Traits(sp_saves_shard=True),
 }
 
 

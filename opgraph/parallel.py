@@ -55,13 +55,16 @@ class Parallel:
 
     `zero` is the data-parallel sharding: 0 plain (gradients all-reduced), 1 optimizer states
     sharded (Megatron's distributed optimizer), 2 and gradients, 3 and parameters (FSDP,
-    torchtitan's default); gradients are reduced in their FP32 buffer's dtype, as torchtitan's
-    FSDP and Megatron-LM do by default.
+    torchtitan's default); gradients are reduced in `grad_reduce_dtype`, else the framework's
+    default (`opgraph.frameworks.reduce_dtype`: FP32 but for DeepSpeed's BF16).
     `first_stage_layers` / `last_stage_layers` make the end stages uneven (Megatron's
-    `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages.
+    `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages, and
+    with virtual stages into chunks as `chunk_layers` cuts them.
     `overlap_grad_reduce` runs the gradient reduction under the backward (PyTorch DDP, FSDP,
     Megatron-LM's `--overlap-grad-reduce`); without it the reduction waits for the backward to
-    end (Megatron-LM's default).
+    end (Megatron-LM's default; DeepSpeed's pipeline engine's whatever this says).
+    `framework` names whose behaviour the passes follow where frameworks differ
+    (`opgraph.frameworks`: FSDP2's gathers, Megatron's sequence-parallel inputs, ...).
     """
 
     tp: int = 1

@@ -10,7 +10,10 @@ only until the forward matmul has read it: a layer saves S/tp x D of the matmul'
 S x D (Korthikanti et al. 2022, section 4.2.2: "we store only the sequence-parallel sharded
 input ... and perform an extra all-gather in the backward pass"; Megatron-LM's
 `LinearWithGradAccumulationAndAsyncCommunication`, `megatron/core/tensor_parallel/layers.py`).
-The extra all-gather moves the forward's bytes again, once per layer per micro-batch.
+The extra all-gather moves the forward's bytes again, once per layer per micro-batch. Megatron
+issues it as the matmul's backward begins and hides it under the input-gradient GEMM; the
+schedule (`opgraph.schedule`) starts a collective as soon as its input is written, so it runs on
+the tp stream under the forward's compute instead: hidden either way while a GEMM outlasts it.
 
 Which frameworks do it is `frameworks.Traits.sp_saves_shard`; for the others (and for layouts
 without sequence parallelism) the pass returns its input. A gather a recomputation policy already

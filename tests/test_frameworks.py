@@ -116,17 +116,19 @@ def _saved_per_token_per_layer(framework):
     return sympy.simplify(sympy.Add(*(t.nbytes for t in layer)) / (B * S)), step
 
 
-def test_megatron_saves_the_sharded_input_of_column_parallel_matmuls():
+@pytest.mark.parametrize("framework", ["megatron", "nanotron"])  # nanotron: tp_recompute_allgather
+def test_the_sharded_input_of_column_parallel_matmuls_is_saved(framework):
     """Korthikanti et al. 2022, section 4.2.2: with sequence parallelism every activation the
     layer saves outside the tensor-parallel regions is S/t of the sequence, the column matmuls'
     inputs included (all-gathered again in the backward): the layer's 34 sbh / t of their GPT
     layer becomes, for a Llama layer with FlashAttention in BF16, per token,
     2 (4 D + 3 F + 2 H d_h + 2 H_kv d_h) / t bytes: the two norms' inputs (the residuals) and
     outputs, the SwiGLU's gate, up and product, Q and the attention output, K and V."""
-    megatron, step = _saved_per_token_per_layer("megatron")
+    megatron, step = _saved_per_token_per_layer(framework)
     assert sympy.simplify(megatron - 2 * (4 * D + 3 * F + 2 * H * d_h + 2 * H_kv * d_h) / tp) == 0
     # the generic model keeps the two gathered norm outputs, S x D each: 2 D (2 - 2 / t) more
     generic, _ = _saved_per_token_per_layer(None)
+    assert _saved_per_token_per_layer("torchtitan")[0] == generic  # DTensor keeps the gathered
     assert sympy.simplify(generic - megatron - 2 * 2 * D * (1 - 1 / tp)) == 0
     # Llama 3 70B at TP 8: about 4.2 D bytes per token per layer against 7.7 D
     subs = resolve(step)
