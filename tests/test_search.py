@@ -312,6 +312,8 @@ def test_rank_of_a_constrained_layout(cli):
     (("--gpus", "8:32:x2", "--global-batch", "32", "--emit", "megatron"), "one --gpus"),
     (("--gpus", "8", "--global-batch", "32", "--emit", "megatron", "--json"), "not both"),
     (("--gpus", "8", "--global-batch", "32", "--emit", "megatron", "--rank"), "not both"),
+    (("--gpus", "8", "--global-batch", "32", "--emit", "megatron", "--framework", "deepspeed"),
+     "--framework deepspeed"),
     (("--gpus", "8", "--global-batch", "32", "--micro-batch", "32"), "contradicts"),
     (("--gpus", "8", "--global-batch", "32", "--precision", "fp8", "--hardware", "a100-sxm-80gb"),
      "FP8"),

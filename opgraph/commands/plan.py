@@ -127,6 +127,10 @@ def run(args) -> int:
         raise OpgraphError("--emit prints the config alone; give --emit or --json, not both")
     if args.emit and args.rank:
         raise OpgraphError("--emit prints the config alone; give --emit or --rank, not both")
+    if args.emit and args.framework not in (None, args.emit):
+        raise OpgraphError(f"--emit {args.emit} writes a {args.emit} config, but the layouts "
+                           f"follow --framework {args.framework}; give the same one, or leave "
+                           "one out")
     if args.emit and len(sizes) > 1:
         raise OpgraphError("--emit writes one job's config: give one --gpus")
     from .. import hardware as hw
