@@ -38,7 +38,7 @@ import sympy
 from . import cluster as clusters
 from .costmodel import DEFAULT, CostModel
 from .errors import OpgraphError
-from .frameworks import defers_grad_reduce
+from .frameworks import defers_grad_reduce, sharding
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory
@@ -259,10 +259,10 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
                        cost.peak(hardware, costs[op.name].compute),
                        op.param("group") if collective else None,
                        float(costs[op.name].message.xreplace(subs)) if collective else 0.0,
-                       op.phase is Phase.OPTIMIZER or once_per_step(op, layout.zero)))
+                       op.phase is Phase.OPTIMIZER or once_per_step(op, sharding(layout))))
     ordered = graph.ops()
     per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
-                 and not once_per_step(op, layout.zero)]
+                 and not once_per_step(op, sharding(layout))]
     return Stage(graph, tuple(ops), plan(graph, per_micro, subs), plan(graph, ordered, subs),
                  profile, _memory(profile.memory, layout, index), index)
 

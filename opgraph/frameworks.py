@@ -42,6 +42,16 @@ Each trait, with where each framework's code says so:
   default: `src/nanotron/parallel/tensor_parallel/functional.py`, `column_linear`, whose
   backward "allgathers the inputs again"). DeepSpeed has no sequence parallelism of this kind
   (Ulysses splits attention heads instead): the generic model.
+- `unshards_once_with_pp`: with pipeline parallelism, whether FSDP (ZeRO-3) gathers a stage's
+  parameters once per step and reduce-scatters its gradients once, rather than per
+  micro-batch. torchtitan does: its default `reshard_after_forward = not pp_enabled`
+  (`torchtitan/models/llama3/infra/parallelize.py`, `apply_fsdp`: "do not reshard after forward
+  to avoid per-microbatch all-gathers"), and PyTorch's pipeline stage turns off resharding after
+  backward and gradient sync for every backward but the last
+  (`torch/distributed/pipelining/stage.py`, `set_reshard_after_backward(False)`,
+  `set_requires_gradient_sync(False)`). A stage then holds its full BF16 parameters and
+  gradients and shards the optimizer: ZeRO-1's memory and traffic (`sharding`), the gather
+  placed after the update rather than under the next step's first forward.
 - `reduce_after_flush`: with pipeline parallelism, whether the gradient reduction waits for the
   pipeline to drain rather than running under the backward. DeepSpeed's pipeline engine issues
   `ReduceGrads` after the last micro-batch's backward (`deepspeed/runtime/pipe/schedule.py`,
@@ -65,12 +75,13 @@ class Traits:
     grad_reduce_dtype: str = "fp32"
     regather_in_recompute: bool = True
     sp_saves_shard: bool = False
+    unshards_once_with_pp: bool = False
     reduce_after_flush: bool = False
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
-    "torchtitan": Traits(regather_in_recompute=False),
+    "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True),
     "megatron": Traits(sp_saves_shard=True),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True),
     "nanotron": Traits(sp_saves_shard=True),
@@ -96,3 +107,16 @@ def defers_grad_reduce(layout: Parallel) -> bool:
     """Whether the gradient reduction waits for the backward to end: the layout says so
     (`overlap_grad_reduce` off), or its framework reduces after the pipeline's flush."""
     return not layout.overlap_grad_reduce or (layout.pp > 1 and traits(layout).reduce_after_flush)
+
+
+def sharding(layout: Parallel) -> int:
+    """The ZeRO stage the job runs: the layout's, but 1 where the framework keeps FSDP's
+    parameters gathered over a pipeline's micro-batches (`Traits.unshards_once_with_pp`)."""
+    return run_zero(layout.zero, layout.pp, layout.framework)
+
+
+def run_zero(zero: int, stages: int, framework: str | None) -> int:
+    """`sharding` from the three fields it reads (the search holds rows, not layouts)."""
+    if zero == 3 and stages > 1 and FRAMEWORKS[framework].unshards_once_with_pp:
+        return 1
+    return zero

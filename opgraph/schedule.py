@@ -450,10 +450,11 @@ def interleaved_span(chunks: list[list[float]], micro_batches: int,
     stages, as Megatron-LM requires for interleaving).
 
     Each stage runs its chunks' forwards and backwards in Megatron's order
-    (`megatron/core/pipeline_parallel/schedules.py`, `forward_backward_pipelining_with_interleaving`):
-    micro-batches in groups of p through chunk 0, then chunk 1, ...; `(p - i - 1) x 2 + (v - 1)
-    x p` warm-up forwards on stage i (all of them where m = p), then one forward and one
-    backward alternately, then the remaining backwards, backwards taking the chunks in reverse.
+    (`megatron/core/pipeline_parallel/schedules.py`,
+    `forward_backward_pipelining_with_interleaving`): micro-batches in groups of p through
+    chunk 0, then chunk 1, ...; `(p - i - 1) x 2 + (v - 1) x p` warm-up forwards on stage i
+    (all of them where m = p), then one forward and one backward alternately, then the
+    remaining backwards, backwards taking the chunks in reverse.
     A chunk's forward of a micro-batch waits for the previous chunk's (the previous stage's, or
     the last stage's previous chunk), its backward for the next chunk's backward; the
     point-to-point transfers take no time here (the stages' own sends are in their times). A

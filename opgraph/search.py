@@ -95,7 +95,7 @@ from .costmodel import DEFAULT, CostModel
 from .distributed import (Job, ParallelResult, Stage, StageOp, check_layout, layout_passes,
                           step_figures)
 from .errors import OpgraphError
-from .frameworks import FRAMEWORKS, Traits
+from .frameworks import FRAMEWORKS, Traits, run_zero
 from .hardware import Hardware
 from .ir import DTYPES, Graph, Phase
 from .memory import RESIDENT, Memory, liveness, resident_tensors, saved
@@ -272,6 +272,11 @@ class Row(NamedTuple):
     @property
     def traits(self) -> Traits:
         return FRAMEWORKS[self.framework]
+
+    @property
+    def zero_run(self) -> int:
+        """The ZeRO stage the job runs (`frameworks.sharding`)."""
+        return run_zero(self.zero, self.pp, self.framework)
 
     @property
     def wire(self) -> str:
@@ -777,7 +782,7 @@ _PASS_OPTIONS = {  # what each pass of `pipeline.step_passes` depends on, for sh
     "recompute": lambda r: (r.recompute,),
     "attach_adamw": lambda r: (),
     "regather_inputs": lambda r: (r.regathers_sp,),
-    "replicate": lambda r: (r.zero, r.dp_group > 1, r.edp_group > 1,
+    "replicate": lambda r: (r.zero_run, r.dp_group > 1, r.edp_group > 1,
                             r.wire, r.traits.regather_in_recompute),
 }
 
@@ -807,7 +812,7 @@ def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r
     step = _step(forward, r, layout, passes)
     costs = cost.op_costs(step)
     return _Structure(structure(r), {
-        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero,
+        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero_run,
                              layers, costs, formulas, program)
         for role, i in _roles(layout.pp)})
 
@@ -1118,7 +1123,8 @@ def _columns(rows_: list[Row], layers: int | None) -> _Columns:
         column([r.edp_group for r in rows_]), column([r.micro_batch for r in rows_]))))
     per_row = [_stage_layers(r, layers) for r in rows_]
     return _Columns(env, column([r.pp for r in rows_]), column([r.micro_batches for r in rows_]),
-                    column([r.virtual_stages for r in rows_]), column([r.zero for r in rows_]),
+                    column([r.virtual_stages for r in rows_]),
+                    column([r.zero_run for r in rows_]),
                     {role: column([x.get(role, 0) for x in per_row]) for role in ROLES})
 
 
@@ -1324,7 +1330,7 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
                             float(nums.flops[k, col]), float(nums.bytes[k, col]), f.peaks[k],
                             f.groups[k], float(nums.messages[k, col]), f.once[k])
                     for k in range(f.n_ops))
-        plain, last = _plans(f, counts[role], r.zero, values)
+        plain, last = _plans(f, counts[role], r.zero_run, values)
         degrees = dict(zip(DEGREES, map(sympy.Integer, (
             r.tp, r.cp, r.ep, r.dp_group, r.edp_group, counts[role], r.micro_batch))))
         memory = g.peaks[role].memory(f, col, degrees, float(g.held[role][col]), capacity)

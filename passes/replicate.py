@@ -24,8 +24,10 @@ keeps the gradient's dtype. FSDP (ZeRO-3) gathers a weight for the forward and a
 backward; a recomputation of the layer reads a gather of its own where the framework gathers
 again (`Traits.regather_in_recompute`: DeepSpeed, the generic model) and the backward's where it
 does not (FSDP2, torchtitan: the backward's unshard is made before the layer's recomputation
-and serves it). When a data-parallel reduction runs (each micro-batch or once per step) and what
-it overlaps is the schedule's business (`opgraph.schedule`).
+and serves it). The stage is the framework's (`frameworks.sharding`): torchtitan's FSDP over
+pipeline stages keeps the parameters gathered for the step, ZeRO-1's shape. When a
+data-parallel reduction runs (each micro-batch or once per step) and what it overlaps is the
+schedule's business (`opgraph.schedule`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import attrs
 import sympy
 
 from opgraph import rules
-from opgraph.frameworks import reduce_dtype, traits
+from opgraph.frameworks import reduce_dtype, sharding, traits
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.parallel import Parallel, dp, edp, ep
 
@@ -87,7 +89,7 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     order = None if traits(layout).regather_in_recompute else {
         op.name: i for i, op in enumerate(graph.ops())}
     for update in [op for op in graph.ops() if op.kind == "adamw"]:
-        _replicate_update(out, update, layout.zero, wire, order)
+        _replicate_update(out, update, sharding(layout), wire, order)
     return out
 
 

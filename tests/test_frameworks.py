@@ -107,6 +107,26 @@ def test_fsdp2_recomputation_moves_a_third_less_than_deepspeed():
     assert sent["torchtitan"] == pytest.approx(sent["deepspeed"] * 2 / 3)
 
 
+def test_torchtitan_fsdp_over_pipeline_stages_gathers_once_a_step():
+    """torchtitan with pipeline parallelism: reshard_after_forward off and the pipeline stage's
+    gradient sync on the last backward only, so a stage gathers each weight once a step and
+    reduce-scatters each gradient once: ZeRO-1's collectives and memory; without a pipeline,
+    FSDP's per-micro-batch gathers (ZeRO-3)."""
+    f = preset("llama3.2-1b")
+    fsdp = Parallel(pp=2, dp=4, zero=3, global_batch=16, framework="torchtitan")
+    as_zero1 = attrs.evolve(fsdp, zero=1)
+    steps = [compile_parallel(f, layout) for layout in (fsdp, as_zero1)]
+    assert [op.name for op in steps[0].ops()] == [op.name for op in steps[1].ops()]
+    gathers = Counter(op.inputs[0].split(".")[0] for op in steps[0].ops()
+                      if op.kind == "all_gather" and op.param("group") == "dp")
+    assert gathers and all(op.phase is Phase.OPTIMIZER for op in steps[0].ops()
+                           if op.kind == "all_gather" and op.param("group") == "dp")
+    a, b = (profile_parallel(f, H100, layout).parallel for layout in (fsdp, as_zero1))
+    assert a.step_time_s == b.step_time_s and a.memory == b.memory
+    alone = compile_parallel(f, attrs.evolve(fsdp, pp=1, global_batch=8))
+    assert any(op.kind == "all_gather" and op.phase is Phase.FORWARD for op in alone.ops())
+
+
 # --- Megatron-LM: the sequence-parallel input saved as its shard ---------------------------------
 
 def _saved_per_token_per_layer(framework):
@@ -194,6 +214,7 @@ def test_profile_takes_the_framework_flags(cli):
 
 @pytest.mark.parametrize("framework, constraints", [
     ("torchtitan", {"zero": 3, "pp": 1, "recompute": ("full",)}),
+    ("torchtitan", {"zero": 3, "pp": 2, "recompute": ("none",)}),  # gathered once a step
     ("megatron", {"tp": 8, "sequence_parallel": True, "zero": 1, "recompute": ("none",)}),
     ("deepspeed", {"pp": 2, "tp": 4, "zero": 1, "recompute": ("selective",)}),
 ])

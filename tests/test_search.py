@@ -136,6 +136,9 @@ def test_branch_and_bound_returns_the_fastest():
     ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 1, "zero": 3, "framework": "torchtitan",
                            "recompute": ("full", "selective-op")}),
     ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 1, "framework": "deepspeed"}),
+    # torchtitan's FSDP over pipeline stages runs as ZeRO-1
+    ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 2, "zero": 3,
+                           "framework": "torchtitan"}),
 ])
 def test_the_compute_bound_is_below_the_bound_and_the_memory(model, seq, constraints):
     """What the search knows of a row before its structure is compiled (`_compute_bound`,
