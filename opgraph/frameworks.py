@@ -56,6 +56,11 @@ Each trait, with where each framework's code says so:
   pipeline to drain rather than running under the backward. DeepSpeed's pipeline engine issues
   `ReduceGrads` after the last micro-batch's backward (`deepspeed/runtime/pipe/schedule.py`,
   `TrainSchedule.steps`; `deepspeed/runtime/pipe/engine.py`, `_exec_reduce_grads`).
+- `overlaps_reduce_from_zero`: the least ZeRO stage at which the gradient reduction runs under
+  the backward by default. DeepSpeed's `zero_optimization.overlap_comm` defaults to True at
+  stage 3 only (`deepspeed/runtime/zero/config.py`, `DeepSpeedZeroConfig.overlap_comm_valid`);
+  below it the reduction runs after the backward (stage 0: the engine's `allreduce_gradients`)
+  or blocks it bucket by bucket (stages 1-2): exposed whole either way.
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -77,13 +82,15 @@ class Traits:
     sp_saves_shard: bool = False
     unshards_once_with_pp: bool = False
     reduce_after_flush: bool = False
+    overlaps_reduce_from_zero: int = 0
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True),
     "megatron": Traits(sp_saves_shard=True),
-    "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True),
+    "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
+                        overlaps_reduce_from_zero=3),
     "nanotron": Traits(sp_saves_shard=True),
 }
 
@@ -105,8 +112,11 @@ def reduce_dtype(layout: Parallel) -> str:
 
 def defers_grad_reduce(layout: Parallel) -> bool:
     """Whether the gradient reduction waits for the backward to end: the layout says so
-    (`overlap_grad_reduce` off), or its framework reduces after the pipeline's flush."""
-    return not layout.overlap_grad_reduce or (layout.pp > 1 and traits(layout).reduce_after_flush)
+    (`overlap_grad_reduce` off), or its framework reduces after the pipeline's flush, or does
+    not overlap it at the layout's ZeRO stage."""
+    t = traits(layout)
+    return (not layout.overlap_grad_reduce or (layout.pp > 1 and t.reduce_after_flush)
+            or layout.zero < t.overlaps_reduce_from_zero)
 
 
 def sharding(layout: Parallel) -> int:

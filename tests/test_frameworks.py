@@ -194,6 +194,18 @@ def test_deepspeed_pipeline_reduces_gradients_after_the_flush():
     assert deepspeed.step_time_s > overlaps.step_time_s
 
 
+@pytest.mark.parametrize("zero, overlapped", [(0, False), (1, False), (2, False), (3, True)])
+def test_deepspeed_overlaps_the_reduction_at_zero_3_only(zero, overlapped):
+    """DeepSpeed's overlap_comm defaults to True at ZeRO stage 3 only: below it the step is a
+    layout's whose reduction waits for the backward; at 3, one that overlaps it."""
+    f = preset("llama3.2-1b")
+    base = Parallel(dp=8, zero=zero, global_batch=16)
+    deepspeed = profile_parallel(f, H100, attrs.evolve(base, framework="deepspeed",
+                                                       grad_reduce_dtype="fp32")).parallel
+    generic = profile_parallel(f, H100, attrs.evolve(base, overlap_grad_reduce=overlapped))
+    assert deepspeed.step_time_s == pytest.approx(generic.parallel.step_time_s, rel=1e-12)
+
+
 def test_deepspeed_refuses_zero_2_and_3_with_pipelines():
     with pytest.raises(OpgraphError, match="ZeRO 0 or 1"):
         Parallel(pp=2, zero=2, framework="deepspeed")
