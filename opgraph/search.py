@@ -91,6 +91,7 @@ import numpy as np
 import sympy
 
 from . import cluster as clusters
+from . import pipeline
 from .costmodel import DEFAULT, CostModel
 from .distributed import (Job, ParallelResult, Stage, StageOp, check_layout, layout_passes,
                           step_figures)
@@ -99,6 +100,7 @@ from .frameworks import FRAMEWORKS, Traits, run_zero
 from .hardware import Hardware
 from .ir import DTYPES, Graph, Phase
 from .memory import RESIDENT, Memory, liveness, resident_tensors, saved
+from .outputs.progress import progress, progressed
 from .parallel import ZERO_STAGES, Parallel, cp, dp, edp, ep, pp, stage_layers, tp
 from .passes.evaluate import mfu_parameters, resolve
 from .passes.precision import PRECISIONS
@@ -108,7 +110,6 @@ from .passes.shard import shard
 from .passes.split_stages import FIRST as FIRST_END
 from .passes.split_stages import LAST as LAST_END
 from .passes.split_stages import STACK, ends, layer_stack, split_stages
-from .pipeline import step_passes
 from .rules import COLLECTIVE_KINDS
 from .schedule import once_per_step, plan
 from .symbols import B
@@ -774,19 +775,6 @@ def _representative(r: Row, layers: int) -> Parallel:
                     framework=r.framework, grad_reduce_dtype=r.grad_reduce_dtype)
 
 
-_PASS_OPTIONS = {  # what each pass of `pipeline.step_passes` depends on, for sharing prefixes
-    "fuse_attention": lambda r: (),
-    "shard": lambda r: (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel),
-    "derive_backward": lambda r: (),
-    "apply_precision": lambda r: (r.precision,),
-    "recompute": lambda r: (r.recompute,),
-    "attach_adamw": lambda r: (),
-    "regather_inputs": lambda r: (r.regathers_sp,),
-    "replicate": lambda r: (r.zero_run, r.dp_group > 1, r.edp_group > 1,
-                            r.wire, r.traits.regather_in_recompute),
-}
-
-
 def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True
           ) -> Graph:
     """`distributed.compile_parallel`'s step for `r`'s structure, each pass's result kept in
@@ -794,11 +782,11 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool
     the checks ran when the row was enumerated, the verifier when `profile` compiles it.
     Not `replicated`: the passes before `replicate` (a compute key's ops, `compute_key`)."""
     graph, key = forward, ()
-    for run in step_passes(recompute=r.recompute, precision=r.precision,
-                           shard=functools.partial(shard, layout=layout),
-                           extra_passes=layout_passes(layout)[:None if replicated else 1]):
-        name = getattr(run, "func", run).__name__
-        key += ((name, *_PASS_OPTIONS[name](r)),)
+    for run in pipeline.step_passes(recompute=r.recompute, precision=r.precision,
+                                    shard=functools.partial(shard, layout=layout),
+                                    extra_passes=layout_passes(layout)[:None if replicated
+                                                                       else 1]):
+        key += (pipeline.pass_key(run),)  # the pipeline's own declaration of what it reads
         if key not in memo:
             memo[key] = run(graph)
         graph = memo[key]
@@ -1441,7 +1429,8 @@ class Searcher:
             by_compute.setdefault(compute_key(r), []).append(i)
         floor = np.empty(len(found))
         capacity = self.hardware.memory_bytes
-        for members in by_compute.values():
+        for members in progressed(list(by_compute.values()), "plan: bounding layouts",
+                                  unit="key"):
             group = [found[i] for i in members]
             step, memory = _compute_bound(self.compute(group[0]), group, self.layers,
                                           self.hardware, self.cost, self._line)
@@ -1471,6 +1460,8 @@ class Searcher:
         heapq.heapify(heap)
         best: list[tuple[float, int, Ranked]] = []
         scheduled = 0
+        bar = progress("plan: structures compiled", total=len(pending.members),
+                       unit="structure")
         while heap:
             bound, si, col = heapq.heappop(heap)
             if len(best) >= top and bound >= best[-1][0]:
@@ -1481,12 +1472,15 @@ class Searcher:
                 for c in self._fits(g):
                     heapq.heappush(heap, (max(float(g.bound[c]),
                                               float(pending.floor[members[c]])), si, int(c)))
+                bar.update()
                 continue
             ranked = self.exact(g, col)
             scheduled += 1
+            bar.set_postfix_str(f"{scheduled:,} layouts scheduled", refresh=False)
             best.append((ranked.step_time_s, int(pending.members[si][col]), ranked))
             best.sort(key=lambda item: item[:2])  # ties: in the order the space lists them
             del best[top:]
+        bar.close()
         elapsed = time.perf_counter() - t0
         spent = self.compile_s - compiled
         groups = pending.groups.values()
@@ -1501,7 +1495,8 @@ class Searcher:
         whose bounds are below it is scheduled exactly."""
         pending = self._space(space)
         faster = 0
-        for si, members in enumerate(pending.members):
+        for si, members in progressed(list(enumerate(pending.members)), "plan: ranking",
+                                      unit="structure"):
             if pending.floor[members].min() >= step_time_s:
                 continue
             g = self._group(pending, si)

@@ -133,7 +133,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         flops = float(_number(costs[op.name].flops * op.count, subs, f"op {op.name}'s FLOPs"))
         nbytes = float(_number(costs[op.name].bytes * op.count, subs, f"op {op.name}'s bytes"))
         at = cost.peak(hardware, costs[op.name].compute)  # its compute dtype's peak
-        at_peak += flops if at == peak else flops * peak / at
+        at_peak += cost.busy_flops(flops, at, peak)
         rows.append(OpCost(op.name, op.kind, op.category, op.phase.value, count, flops, nbytes,
                            cost.op_time(hardware, op.kind, flops, nbytes, count, at),
                            cost.bound(flops, nbytes, at, bandwidth)))
