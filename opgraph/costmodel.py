@@ -45,7 +45,7 @@ import sympy
 
 from . import rules
 from .errors import OpgraphError
-from .ir import Graph, Op, Phase
+from .ir import DTYPES, Graph, Op, Phase
 
 BACKWARD_MODES = ("plate", "tensors", "derived")
 
@@ -127,7 +127,9 @@ def message_bytes(graph: Graph, op: Op) -> sympy.Expr:
     if op.kind == "identity":
         return sympy.Integer(0)
     t = graph.tensor(op.outputs[0] if op.kind == "all_gather" else op.inputs[0])
-    return t.nbytes * sympy.sympify(op.param("fanout", 1))
+    wire = op.param("dtype")  # a message cast for the wire (a gradient reduced in BF16)
+    size = t.nbytes if wire is None else t.numel * DTYPES[wire].itemsize
+    return size * sympy.sympify(op.param("fanout", 1))
 
 
 def _own(graph: Graph, op: Op) -> Cost:

@@ -9,11 +9,12 @@
     p.parallel.step_time_s, p.parallel.mfu, p.parallel.memory.total
 
 The passes: `fuse_attention`, then `shard` (tensor, sequence, context, expert parallel) on the
-forward, `derive_backward`, precision and recomputation, `attach_adamw`, `replicate` (data
-parallel, ZeRO), then `split_stages` for each pipeline stage. Each stage's step is evaluated
-op by op (the roofline, collectives on the cluster's tiers: `CostModel.comm_time`) and
-scheduled (`opgraph.schedule`): the micro-batches, the pipeline's span and its bubble, what the
-communication hides and exposes. The profile returned is the first stage's (rank 0's), over one
+forward, `derive_backward`, precision and recomputation, `attach_adamw`, `regather_inputs` (a
+framework's sequence-parallel re-gathers), `replicate` (data parallel, ZeRO), then
+`split_stages` for each pipeline stage. Each stage's step is evaluated op by op (the roofline,
+collectives on the cluster's tiers: `CostModel.comm_time`) and scheduled (`opgraph.schedule`):
+the micro-batches, the pipeline's span and its bubble, what the communication hides and
+exposes. The profile returned is the first stage's (rank 0's), over one
 optimizer step; `Profile.parallel` holds the job's figures. `profile_parallel` is `prepare`
 (compile once: a `Job`) then `schedule` (cost and schedule it under a cost model), which a fit
 (`opgraph.fit`) calls many times without compiling again.
@@ -39,18 +40,21 @@ import sympy
 from . import cluster as clusters
 from .costmodel import DEFAULT, CostModel
 from .errors import OpgraphError
+from .frameworks import defers_grad_reduce, sharding
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory
-from .parallel import Parallel, stage_layers
+from .parallel import Parallel, chunk_layers, stage_layers
 from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
+from .passes.regather_inputs import regather_inputs
 from .passes.replicate import replicate
 from .passes.shard import check_divides, shard
 from .passes.split_stages import layer_stack, split_stages
 from .pipeline import compile_step
 from .profile import OpCost, Profile
 from .rules import COLLECTIVE_KINDS
-from .schedule import Event, Plan, Run, once_per_step, pipeline_span, plan, simulate
+from .schedule import (Event, Plan, Run, interleaved_span, once_per_step, pipeline_span, plan,
+                       simulate)
 from .symbols import S
 
 
@@ -137,8 +141,14 @@ def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None
     check_layout(forward, layout, seq)
     extra = list(options.pop("extra_passes", ()))
     return compile_step(forward, shard=functools.partial(shard, layout=layout),
-                        extra_passes=[functools.partial(replicate, layout=layout), *extra],
-                        **options)
+                        extra_passes=[*layout_passes(layout), *extra], **options)
+
+
+def layout_passes(layout: Parallel) -> list:
+    """The passes a layout adds after `attach_adamw`: a framework's sequence-parallel
+    re-gathers (`regather_inputs`), then the data-parallel replicas (`replicate`)."""
+    return [functools.partial(regather_inputs, layout=layout),
+            functools.partial(replicate, layout=layout)]
 
 
 def in_flight(layout: Parallel, stage: int = 0) -> float:
@@ -194,6 +204,9 @@ class Job:
     kinds: tuple[int, ...]  # stage index -> index into `stages`
     tokens: int
     mfu_parameters: int
+    # layers in each stage's model chunks where interleaved chunks differ in size (uneven end
+    # stages, `parallel.chunk_layers`); None: the span's formula holds
+    chunks: tuple[tuple[int, ...], ...] | None = None
 
 
 def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
@@ -218,7 +231,32 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
     subs = resolve(forward, {k: v for k, v in values.items() if k != "B"})
     return Job(forward, hardware, cluster, layout, stages,
                tuple(distinct.index(k) for k in kinds), layout.batch * int(subs[S]),
-               int(mfu_parameters(forward).xreplace(subs)))
+               int(mfu_parameters(forward).xreplace(subs)), _unequal_chunks(forward, layout))
+
+
+def _unequal_chunks(forward: Graph, layout: Parallel):
+    """`chunk_layers` where interleaving cuts stages into chunks of unequal size, else None."""
+    if layout.virtual_stages == 1 or layout.pp < 3:  # two stages: no middle one to time a layer
+        return None
+    layers = int(sympy.sympify(layer_stack(forward).count).xreplace(forward.dims))
+    chunks = chunk_layers(layers, layout)
+    if len({n for stage in chunks for n in stage}) == 1:
+        return None
+    return tuple(map(tuple, chunks))
+
+
+def chunk_times(stage_times: list[float], chunks) -> list[list[float]]:
+    """Each chunk's time per micro-batch from its stage's (`stage_times`) and its layers: a
+    layer takes what a middle stage's layer takes (a middle stage runs layers alone), and what
+    an end stage takes beyond its layers (the embedding; the head and the loss) runs in its
+    outer chunk, where `chunk_layers` puts it."""
+    p = len(chunks)
+    middle = p // 2  # `chunk_layers` gives uneven interleaving a middle stage
+    per_layer = stage_times[middle] / sum(chunks[middle])
+    out = [[per_layer * n for n in stage] for stage in chunks]
+    out[0][0] += stage_times[0] - per_layer * sum(chunks[0])
+    out[-1][-1] += stage_times[-1] - per_layer * sum(chunks[-1])
+    return out
 
 
 def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: dict,
@@ -234,10 +272,10 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
                        cost.peak(hardware, costs[op.name].compute),
                        op.param("group") if collective else None,
                        float(costs[op.name].message.xreplace(subs)) if collective else 0.0,
-                       op.phase is Phase.OPTIMIZER or once_per_step(op, layout.zero)))
+                       op.phase is Phase.OPTIMIZER or once_per_step(op, sharding(layout))))
     ordered = graph.ops()
     per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
-                 and not once_per_step(op, layout.zero)]
+                 and not once_per_step(op, sharding(layout))]
     return Stage(graph, tuple(ops), plan(graph, per_micro, subs), plan(graph, ordered, subs),
                  profile, _memory(profile.memory, layout, index), index)
 
@@ -280,7 +318,7 @@ def step_figures(job: Job, cost: CostModel = DEFAULT) -> ParallelResult:
 
 def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResult, _Timed]:
     layout = job.layout
-    deferred = () if layout.overlap_grad_reduce else ("dp", "edp")
+    deferred = ("dp", "edp") if defers_grad_reduce(layout) else ()
     drawn = None if rank is None else layout.rank_stage(rank)
     timed = []
     for i, stage in enumerate(job.stages):
@@ -299,6 +337,8 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
     m, v = layout.micro_batches, layout.virtual_stages
     per_micro = [t.plain.time_s for t in per_stage]
     span = pipeline_span(per_micro, m, v)
+    if job.chunks is not None:  # interleaved chunks of unequal size: the schedule simulated
+        span = interleaved_span(chunk_times(per_micro, job.chunks), m) or span
     tails = [t.last.time_s - t.plain.time_s for t in per_stage]
     step_time = span + max(tails)
     first = per_stage[0]

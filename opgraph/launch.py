@@ -45,6 +45,7 @@ from opgraph.models.llama import LlamaConfig
 from .datafile import read_small
 from .errors import OpgraphError
 from .limits import MAX_DIGITS, MAX_DIM, check_whole
+from .frameworks import reduce_dtype
 from .parallel import Parallel
 
 RECOMPUTE = ("none", "selective", "selective-op", "full")  # passes/recompute.py POLICIES
@@ -273,8 +274,8 @@ def read_torchtitan(path: str | Path, gpus: int | None = None) -> Launch:
     within the shard group and all-reducing across the replicas is not modelled separately) and
     listed in `unknown`. With context parallelism torchtitan's FSDP shards over the cp ranks
     too (ZeRO 3 over dp x cp, opgraph's sharding group, even where the shard degree is 1).
-    FSDP reduces gradients in `mixed_precision_reduce` (float32). Tensor parallelism always
-    shards the sequence.
+    FSDP reduces gradients in `mixed_precision_reduce` (float32; bfloat16 is the layout's
+    `grad_reduce_dtype`). Tensor parallelism always shards the sequence.
 
     Batches: the local batch (`batch_size`, later `local_batch_size`: sequences per
     data-parallel rank per step) is the micro-batch; with a pipeline it is cut into micro-batches
@@ -533,10 +534,8 @@ def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
         tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, gpus=gpus, micro_batch=micro, global_batch=total,
         virtual_stages=_tt_virtual_stages(keys, model, pp, unknown),
         sequence_parallel=tp > 1, zero=zero,
-        async_tp=_tt_flag(keys, "parallelism.enable_async_tensor_parallel"))
-    if reduce == "bfloat16":
-        unknown.append("training.mixed_precision_reduce = bfloat16 (opgraph reduces gradients "
-                       "in FP32)")
+        async_tp=_tt_flag(keys, "parallelism.enable_async_tensor_parallel"),
+        grad_reduce_dtype="bf16" if reduce == "bfloat16" else None)
     return Launch(model=model, seq_len=_tt_whole(keys, "training.seq_len", 2048),
                   parallel=layout, recompute=_tt_recompute(keys),
                   precision=_tt_precision(keys, unknown),
@@ -605,8 +604,11 @@ def to_torchtitan(launch: Launch) -> str:
     model = {"name": name, "flavor": flavor}
     if launch.precision == "fp8":
         model["converters"] = ["quantize.linear.float8"]
+    wire = reduce_dtype(p)
+    if wire == "fp16":
+        raise OpgraphError("torchtitan reduces gradients in float32 or bfloat16, not fp16")
     training = {"local_batch_size": local, "seq_len": launch.seq_len or config.seq_len,
-                "mixed_precision_reduce": "float32"}
+                "mixed_precision_reduce": "bfloat16" if wire == "bf16" else "float32"}
     if p.global_batch != local * p.dp:
         training["global_batch_size"] = p.global_batch
     parallelism = {"data_parallel_replicate_degree": replicate,
@@ -777,7 +779,8 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     (--nproc-per-node x --nnodes) at the head of the text. --use-distributed-optimizer is ZeRO 1;
     Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by --data-parallel-sharding-strategy;
     --tp-comm-overlap async tensor parallelism; --overlap-grad-reduce the gradient reduction
-    under the backward (without it, Megatron's default, after it).
+    under the backward (without it, Megatron's default, after it); --grad-reduce-in-bf16 the
+    reduction in BF16 (the layout's `grad_reduce_dtype`; without it FP32).
     Recomputation: selective (--recompute-activations, or --recompute-granularity selective), or
     full with --recompute-method uniform --recompute-num-layers 1 (every layer; other methods are
     an error). Precision: --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
@@ -930,6 +933,7 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None) -> Paralle
         sequence_parallel=flags.switch("--sequence-parallel"), zero=_mg_zero(flags),
         async_tp=flags.switch("--tp-comm-overlap"),
         overlap_grad_reduce=flags.switch("--overlap-grad-reduce"),
+        grad_reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else None,
         first_stage_layers=flags.whole("--decoder-first-pipeline-num-layers"),
         last_stage_layers=flags.whole("--decoder-last-pipeline-num-layers"))
 
@@ -999,7 +1003,11 @@ def to_megatron(launch: Launch) -> str:
             args += [flag, str(value)]
     args += [flag for flag, on in (("--sequence-parallel", p.sequence_parallel),
                                    ("--tp-comm-overlap", p.async_tp),
-                                   ("--overlap-grad-reduce", p.overlap_grad_reduce)) if on]
+                                   ("--overlap-grad-reduce", p.overlap_grad_reduce),
+                                   ("--grad-reduce-in-bf16", reduce_dtype(p) == "bf16")) if on]
+    if reduce_dtype(p) == "fp16":
+        raise OpgraphError("Megatron-LM trained in bf16 reduces gradients in fp32 or bf16 "
+                           "(--grad-reduce-in-bf16), not fp16")
     args += _mg_zero_args(p.zero) + _mg_recompute_args(launch.recompute) + ["--bf16"]
     if launch.precision == "fp8":
         args += ["--fp8-format", "hybrid"]

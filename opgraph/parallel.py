@@ -55,13 +55,16 @@ class Parallel:
 
     `zero` is the data-parallel sharding: 0 plain (gradients all-reduced), 1 optimizer states
     sharded (Megatron's distributed optimizer), 2 and gradients, 3 and parameters (FSDP,
-    torchtitan's default); gradients are reduced in their FP32 buffer's dtype, as torchtitan's
-    FSDP and Megatron-LM do by default.
+    torchtitan's default); gradients are reduced in `grad_reduce_dtype`, else the framework's
+    default (`opgraph.frameworks.reduce_dtype`: FP32 but for DeepSpeed's BF16).
     `first_stage_layers` / `last_stage_layers` make the end stages uneven (Megatron's
-    `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages.
+    `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages, and
+    with virtual stages into chunks as `chunk_layers` cuts them.
     `overlap_grad_reduce` runs the gradient reduction under the backward (PyTorch DDP, FSDP,
     Megatron-LM's `--overlap-grad-reduce`); without it the reduction waits for the backward to
-    end (Megatron-LM's default).
+    end (Megatron-LM's default; DeepSpeed's pipeline engine's whatever this says).
+    `framework` names whose behaviour the passes follow where frameworks differ
+    (`opgraph.frameworks`: FSDP2's gathers, Megatron's sequence-parallel inputs, ...).
     """
 
     tp: int = 1
@@ -118,6 +121,12 @@ class Parallel:
             raise OpgraphError("--async-tp needs tensor parallelism (--tp 2 or more)")
         if (self.first_stage_layers or self.last_stage_layers) and self.pp == 1:
             raise OpgraphError("uneven first or last stages need --pp 2 or more")
+        if self.framework == "deepspeed" and self.pp > 1 and self.zero >= 2:
+            # deepspeed/runtime/pipe/engine.py asserts it: "ZeRO-2 and ZeRO-3 are incompatible
+            # with pipeline parallelism"
+            raise OpgraphError(f"--framework deepspeed runs --pp {self.pp} with ZeRO 0 or 1 "
+                               f"only (its pipeline engine refuses ZeRO-{self.zero}); give "
+                               "--zero 0 or 1")
 
     # --- derived ----------------------------------------------------------------------------------
     @property
@@ -184,10 +193,28 @@ def stage_layers(layers: int, layout: Parallel) -> list[int]:
     """Layers on each pipeline stage (all its virtual stages together), first to last.
 
     Even: `layers / pp` each, and `layers` must divide by pp x virtual stages. Uneven ends take
-    `first_stage_layers` / `last_stage_layers`; the middle stages split the rest evenly.
+    `first_stage_layers` / `last_stage_layers`; the middle stages split the rest evenly (with
+    virtual stages, as `chunk_layers` cuts them).
 
         >>> stage_layers(126, Parallel(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
         [7, 8, 8]
+    """
+    return [sum(chunks) for chunks in chunk_layers(layers, layout)]
+
+
+def chunk_layers(layers: int, layout: Parallel) -> list[list[int]]:
+    """Layers in each model chunk (virtual stage) of each pipeline stage, first to last.
+
+    Even: `layers / (pp x v)` in every chunk. With uneven ends and v virtual stages (the Llama 3
+    paper, section 3.3.2: 126 layers on 16 stages, one layer fewer on the first and the last,
+    interleaved): the middle stages' chunks hold `c = middle / v` layers each, and an end
+    stage's outer chunk (the first stage's first, where the embedding runs; the last stage's
+    last, where the head and the loss run) holds what the end stage lacks of `v c`, down to
+    none ("the first model chunk on the first stage has only the embedding").
+
+        >>> chunk_layers(126, Parallel(pp=16, virtual_stages=8, first_stage_layers=7,
+        ...                            last_stage_layers=7))[0]
+        [0, 1, 1, 1, 1, 1, 1, 1]
     """
     p, v = layout.pp, layout.virtual_stages
     first, last = layout.first_stage_layers, layout.last_stage_layers
@@ -195,9 +222,7 @@ def stage_layers(layers: int, layout: Parallel) -> list[int]:
         if layers % (p * v):
             raise OpgraphError(f"{layers} layers do not divide into pp x virtual stages = "
                                f"{p} x {v} = {p * v} equal chunks; pick degrees that divide it")
-        return [layers // p] * p
-    if v > 1:
-        raise OpgraphError("uneven first or last stages cannot be combined with virtual stages")
+        return [[layers // (p * v)] * v for _ in range(p)]
     ends = (first or 0) + (last or 0)
     middle = p - (first is not None) - (last is not None)
     rest = layers - ends
@@ -205,5 +230,22 @@ def stage_layers(layers: int, layout: Parallel) -> list[int]:
         raise OpgraphError(f"{layers} layers: the first and last stages take {ends}, and the "
                            f"{rest} left do not split evenly over {middle} middle stages")
     each = rest // middle if middle else 0
-    return ([first] if first is not None else []) + [each] * middle + (
-        [last] if last is not None else [])
+    if v == 1:
+        return [[n] for n in ([first] if first is not None else []) + [each] * middle + (
+            [last] if last is not None else [])]
+    if not middle or each % v:
+        raise OpgraphError(f"uneven end stages with --virtual-stages {v}: the middle stages' "
+                           f"{each} layers must split into {v} equal chunks (and a middle "
+                           "stage must exist); pick virtual stages that divide them")
+    chunk = each // v
+    for name, n in (("first", first), ("last", last)):
+        if n is not None and not chunk * (v - 1) <= n <= chunk * v:
+            raise OpgraphError(f"the {name} stage's {n} layers with --virtual-stages {v}: its "
+                               f"outer chunk takes what it lacks of {v} x {chunk}, so give "
+                               f"{chunk * (v - 1)} to {chunk * v} layers")
+    out = [[chunk] * v for _ in range(p)]
+    if first is not None:
+        out[0][0] = first - chunk * (v - 1)
+    if last is not None:
+        out[-1][-1] = last - chunk * (v - 1)
+    return out

@@ -14,12 +14,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
+from .frameworks import reduce_dtype, sharding, traits
 from .ir import Graph
 from .passes.attach_adamw import AdamW, attach_adamw
 from .passes.derive_backward import derive_backward
 from .passes.fuse_attention import fuse_attention
 from .passes.precision import apply_precision
 from .passes.recompute import recompute as recompute_pass
+from .passes.regather_inputs import regather_inputs
 from .passes.replicate import replicate
 from .passes.shard import shard as shard_pass
 from .verify import verify
@@ -56,7 +58,10 @@ def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW,
 # graph. Every other argument counts whole (`pass_key`).
 STRUCTURE: dict[Callable, dict[str, Callable]] = {
     shard_pass: {"layout": lambda p: (p.tp > 1, p.cp > 1, p.ep > 1, p.sequence_parallel)},
-    replicate: {"layout": lambda p: (p.zero, p.size("dp") > 1, p.size("edp") > 1)},
+    # the framework's traits (`opgraph.frameworks`) decide what the layout passes insert
+    regather_inputs: {"layout": lambda p: (p.sequence_parallel and traits(p).sp_saves_shard,)},
+    replicate: {"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
+                                     reduce_dtype(p), traits(p).regather_in_recompute)},
 }
 
 

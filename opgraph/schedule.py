@@ -35,8 +35,10 @@ reduce-scatter every micro-batch, since the full gradient is freed. With `p` sta
 taking `T_i` per micro-batch (forward and backward) and `v` virtual stages per GPU, 1F1B's span
 is `m x max_i T_i + (sum_i T_i - max_i T_i) / v` (Narayanan et al. 2021: for even stages the
 bubble is `(p - 1) / (v m)` of the ideal `m T`); the step adds the last micro-batch's exposed
-data-parallel tail and the optimizer. The bubble reported is the span less `m` x the first
-stage's own micro-batch time.
+data-parallel tail and the optimizer. Where interleaved chunks differ in size (uneven end
+stages with virtual stages, as Llama 3 405B ran), the span is `interleaved_span`'s, Megatron's
+interleaved schedule simulated chunk by chunk (with equal chunks it is the formula above). The
+bubble reported is the span less `m` x the first stage's own micro-batch time.
 """
 
 from __future__ import annotations
@@ -452,3 +454,76 @@ def pipeline_span(stage_times: list[float], micro_batches: int, virtual: int) ->
     """
     slowest = max(stage_times)
     return micro_batches * slowest + (sum(stage_times) - slowest) / virtual
+
+
+def interleaved_span(chunks: list[list[float]], micro_batches: int,
+                     forward_share: float = 1 / 3) -> float | None:
+    """The span of Megatron-LM's interleaved 1F1B schedule, simulated op by op, where
+    `chunks[i][k]` is one micro-batch's time (forward and backward) through model chunk k of
+    stage i; None where the schedule is not defined (`micro_batches` not a multiple of the
+    stages, as Megatron-LM requires for interleaving).
+
+    Each stage runs its chunks' forwards and backwards in Megatron's order
+    (`megatron/core/pipeline_parallel/schedules.py`,
+    `forward_backward_pipelining_with_interleaving`): micro-batches in groups of p through
+    chunk 0, then chunk 1, ...; `(p - i - 1) x 2 + (v - 1) x p` warm-up forwards on stage i
+    (all of them where m = p), then one forward and one backward alternately, then the
+    remaining backwards, backwards taking the chunks in reverse.
+    A chunk's forward of a micro-batch waits for the previous chunk's (the previous stage's, or
+    the last stage's previous chunk), its backward for the next chunk's backward; the
+    point-to-point transfers take no time here (the stages' own sends are in their times). A
+    chunk's forward is `forward_share` of its time (the plate's backward of twice the forward).
+    With equal chunks it gives Narayanan et al. 2021's `m T + (p - 1) T / v`; with unequal ones
+    (Llama 3's end stages one layer short) the fill and drain run through the chunks as they are.
+
+        >>> round(interleaved_span([[0.5, 0.5]] * 4, 8), 9)  # m T + (p - 1) T / v
+        9.5
+    """
+    p, v, m = len(chunks), len(chunks[0]), micro_batches
+    if m % p:
+        return None
+    total, width = m * v, p * v
+
+    def chunk_of(n: int, forward: bool) -> int:
+        k = (n % width) // p
+        return k if forward else v - 1 - k
+
+    def micro_of(n: int) -> int:
+        return (n // width) * p + n % p
+
+    orders = []
+    for i in range(p):
+        warm = total if m == p else min(total, (p - i - 1) * 2 + (v - 1) * p)
+        order = [(True, n) for n in range(warm)]
+        f, b = warm, 0
+        while f < total:
+            order += [(True, f), (False, b)]
+            f, b = f + 1, b + 1
+        order += [(False, n) for n in range(b, total)]
+        orders.append(order)
+    done: dict[tuple[bool, int, int], float] = {}  # (forward, micro-batch, global chunk) -> end
+    free = [0.0] * p
+    at = [0] * p
+    left = sum(map(len, orders))
+    while left:
+        progressed = False
+        for i in range(p):
+            while at[i] < len(orders[i]):
+                forward, n = orders[i][at[i]]
+                k, j = chunk_of(n, forward), micro_of(n)
+                g = k * p + i
+                if forward:
+                    dep = (True, j, g - 1) if g else None
+                else:
+                    dep = (False, j, g + 1) if g < width - 1 else (True, j, g)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[i], done[dep] if dep is not None else 0.0)
+                share = forward_share if forward else 1 - forward_share
+                free[i] = done[(forward, j, g)] = start + chunks[i][k] * share
+                at[i] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("the interleaved schedule deadlocked")  # a bug, not an input
+    return max(free)

@@ -93,10 +93,12 @@ import sympy
 from . import cluster as clusters
 from . import pipeline
 from .costmodel import DEFAULT, CostModel
-from .distributed import Job, ParallelResult, Stage, StageOp, check_layout, step_figures
+from .distributed import (Job, ParallelResult, Stage, StageOp, check_layout, layout_passes,
+                          step_figures)
 from .errors import OpgraphError
+from .frameworks import FRAMEWORKS, Traits, run_zero
 from .hardware import Hardware
-from .ir import Graph, Phase
+from .ir import DTYPES, Graph, Phase
 from .memory import RESIDENT, Memory, liveness, resident_tensors, saved
 from .outputs.progress import progress, progressed
 from .parallel import ZERO_STAGES, Parallel, cp, dp, edp, ep, pp, stage_layers, tp
@@ -104,7 +106,6 @@ from .passes.evaluate import mfu_parameters, resolve
 from .passes.precision import PRECISIONS
 from .passes.recompute import POLICIES
 from .passes.replicate import group_of as replicate_group
-from .passes.replicate import replicate
 from .passes.shard import shard
 from .passes.split_stages import FIRST as FIRST_END
 from .passes.split_stages import LAST as LAST_END
@@ -149,6 +150,8 @@ class Space:
     max_micro_batch: int = 16
     max_virtual_stages: int = 8
     async_tp: bool = False
+    framework: str | None = None  # whose behaviour every layout follows (`opgraph.frameworks`)
+    grad_reduce_dtype: str | None = None
 
     def __attrs_post_init__(self):
         for name in ("gpus", "batch", "max_micro_batch", "max_virtual_stages"):
@@ -172,6 +175,8 @@ class Space:
                                "interleaving needs pipeline stages")
         if self.zero is not None and self.zero not in ZERO_STAGES:
             raise OpgraphError(f"--zero {self.zero}: give 0, 1, 2 or 3")
+        # the framework's names and its combinations, checked as a layout checks them
+        Parallel(framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype)
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             for value in getattr(self, name) or ():
                 if value not in allowed:
@@ -254,13 +259,36 @@ class Row(NamedTuple):
     precision: str
     batch: int
     async_tp: bool
+    framework: str | None = None
+    grad_reduce_dtype: str | None = None
 
     def layout(self) -> Parallel:
         return Parallel(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp,
                         micro_batch=self.micro_batch, global_batch=self.batch,
                         virtual_stages=self.virtual_stages, zero=self.zero,
                         sequence_parallel=self.sequence_parallel, async_tp=self.async_tp,
-                        first_stage_layers=self.first, last_stage_layers=self.last)
+                        first_stage_layers=self.first, last_stage_layers=self.last,
+                        framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype)
+
+    @property
+    def traits(self) -> Traits:
+        return FRAMEWORKS[self.framework]
+
+    @property
+    def zero_run(self) -> int:
+        """The ZeRO stage the job runs (`frameworks.sharding`)."""
+        return run_zero(self.zero, self.pp, self.framework)
+
+    @property
+    def wire(self) -> str:
+        """The dtype gradients are reduced in (`frameworks.reduce_dtype`)."""
+        return self.grad_reduce_dtype or self.traits.grad_reduce_dtype
+
+    @property
+    def regathers_sp(self) -> bool:
+        """Whether the framework all-gathers a sequence-parallel input again in the backward
+        (`passes.regather_inputs`)."""
+        return self.sequence_parallel and self.traits.sp_saves_shard
 
     def candidate(self) -> Candidate:
         return Candidate(self.layout(), self.recompute, self.precision)
@@ -282,7 +310,8 @@ def row_of(c: Candidate) -> Row:
     lay = c.layout
     return Row(lay.tp, lay.cp, lay.ep, lay.pp, lay.dp_degree, lay.micro_batch,
                lay.virtual_stages, lay.zero, lay.sequence_parallel, lay.first_stage_layers,
-               lay.last_stage_layers, c.recompute, c.precision, lay.batch, lay.async_tp)
+               lay.last_stage_layers, c.recompute, c.precision, lay.batch, lay.async_tp,
+               lay.framework, lay.grad_reduce_dtype)
 
 
 def _layers(forward: Graph) -> int | None:
@@ -358,9 +387,17 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                         continue
                     for v in _virtual(space, layers, p, first, per_rank // mb):
                         out += [Row(t, c, e, p, d, mb, v, z, sp_, first, last, r, pr,
-                                    space.batch, space.async_tp and t > 1)
-                                for z, r, pr in (options if d * c > 1 else alone)]
+                                    space.batch, space.async_tp and t > 1, space.framework,
+                                    space.grad_reduce_dtype)
+                                for z, r, pr in (options if d * c > 1 else alone)
+                                if not _refused(space, p, z)]
     return out
+
+
+def _refused(space: Space, stages: int, zero: int) -> bool:
+    """Whether the framework cannot run ZeRO stage `zero` on `stages` pipeline stages (as
+    `Parallel` checks it: DeepSpeed's pipeline engine takes ZeRO 0 and 1 only)."""
+    return space.framework == "deepspeed" and stages > 1 and zero >= 2
 
 
 def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict) -> bool:
@@ -403,7 +440,8 @@ def structure(r: Row) -> tuple:
     """What decides a row's ops and collectives (see the module); rows of one structure
     differ only in numbers."""
     return (r.tp > 1, r.cp > 1, r.ep > 1, r.dp_group > 1, r.edp_group > 1, r.sequence_parallel,
-            r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3))
+            r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3), r.framework,
+            r.grad_reduce_dtype)
 
 
 FIRST, MIDDLE, LAST = ROLES = "first", "middle", "last"
@@ -735,7 +773,8 @@ def _representative(r: Row, layers: int) -> Parallel:
     pp layers, which `LAYERS` replaces): any split of the same stage count reads the same."""
     stages = r.pp if r.pp < 3 else next(p for p in range(3, layers + 1) if layers % p == 0)
     return Parallel(tp=r.tp, cp=r.cp, ep=r.ep, pp=stages, dp=r.dp,
-                    sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp)
+                    sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp,
+                    framework=r.framework, grad_reduce_dtype=r.grad_reduce_dtype)
 
 
 def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True
@@ -747,8 +786,8 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool
     graph, key = forward, ()
     for run in pipeline.step_passes(recompute=r.recompute, precision=r.precision,
                                     shard=functools.partial(shard, layout=layout),
-                                    extra_passes=[functools.partial(replicate, layout=layout)]
-                                    if replicated else []):
+                                    extra_passes=layout_passes(layout)[:None if replicated
+                                                                       else 1]):
         key += (pipeline.pass_key(run),)  # the pipeline's own declaration of what it reads
         if key not in memo:
             memo[key] = run(graph)
@@ -763,7 +802,7 @@ def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r
     step = _step(forward, r, layout, passes)
     costs = cost.op_costs(step)
     return _Structure(structure(r), {
-        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero,
+        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero_run,
                              layers, costs, formulas, program)
         for role, i in _roles(layout.pp)})
 
@@ -774,7 +813,8 @@ def compute_key(r: Row) -> tuple:
     """What decides a row's compute ops: its structure less data parallelism, the ZeRO stage
     (they add collectives, shard the optimizer and the resident memory, and leave every
     forward and backward op as it is) and the pipeline stages (they cut the same ops apart)."""
-    return (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel, r.recompute, r.precision)
+    return (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel, r.recompute, r.precision,
+            r.regathers_sp, r.traits.regather_in_recompute, r.wire)
 
 
 @attrs.frozen
@@ -795,10 +835,11 @@ class _ComputeFormulas:
 
 
 def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
-                     layers: int | None, fixed_memo: dict, program: _Program
+                     layers: int | None, fixed_memo: dict, program: _Program, r: Row
                      ) -> _ComputeFormulas:
-    """`graph` is a compute key's step before `replicate`; `fixed_memo` is kept apart from the
-    stages' (here the stack's count, not its share per stage, becomes `LAYERS`)."""
+    """`graph` is a compute key's step before `replicate` (`r` one of its rows); `fixed_memo`
+    is kept apart from the stages' (here the stack's count, not its share per stage, becomes
+    `LAYERS`)."""
     fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES}
     side = None
     if layers is not None:
@@ -819,7 +860,8 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     places = tuple(np.array([not c and place in where for where, c in zip(runs, collective)],
                             dtype=float) for place in (STACK, FIRST_END, LAST_END))
     stack = layer_stack(graph).count if layers is not None else None
-    formulas += _held(graph, stack) + _moved(graph, stack)
+    formulas += _held(graph, stack) + _moved(graph, stack, r.traits.regather_in_recompute,
+                                             DTYPES[r.wire].itemsize)
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     return _ComputeFormulas(
         tuple(op.kind for op in ops),
@@ -849,11 +891,13 @@ def _held(graph: Graph, stack) -> list:
     return out
 
 
-def _moved(graph: Graph, stack) -> list:
+def _moved(graph: Graph, stack, regather: bool = True, wire: int = 4) -> list:
     """What ZeRO-3 and ZeRO-2 move every micro-batch, as formulas (`replicate`): for the layer
     stack (one layer) and then the ends, per group (data-parallel, expert data-parallel), the
-    all-gathers of each weight, one per phase that reads it (gathered bytes, collectives),
-    then the reduce-scatters of each gradient the update reads (bytes, collectives)."""
+    all-gathers of each weight, one per phase that reads it (the recomputation's served by the
+    backward's unless the framework `regather`s; gathered bytes, collectives), then the
+    reduce-scatters of each gradient the update reads, `wire` bytes an element (bytes,
+    collectives)."""
     out = []
     for in_stack in (True, False):
         for group in ("dp", "edp"):
@@ -865,11 +909,12 @@ def _moved(graph: Graph, stack) -> list:
                 w = graph.tensor(grad.grad_of)
                 if replicate_group(w) != group or (stack in w.count.free_symbols) != in_stack:
                     continue
-                phases = len({op.phase for op in graph.consumers(w.name)
+                merged = {} if regather else {Phase.RECOMPUTE: Phase.BACKWARD}
+                phases = len({merged.get(op.phase, op.phase) for op in graph.consumers(w.name)
                               if op.phase is not Phase.OPTIMIZER})
                 gathered.append(w.nbytes * w.count * phases)
                 gathers.append(w.count * phases)
-                reduced.append(grad.nbytes * update.count)
+                reduced.append(grad.numel * wire * update.count)
                 reductions.append(update.count)
             out += [sympy.Add(*terms) for terms in (gathered, gathers, reduced, reductions)]
     return out
@@ -1069,7 +1114,8 @@ def _columns(rows_: list[Row], layers: int | None) -> _Columns:
         column([r.edp_group for r in rows_]), column([r.micro_batch for r in rows_]))))
     per_row = [_stage_layers(r, layers) for r in rows_]
     return _Columns(env, column([r.pp for r in rows_]), column([r.micro_batches for r in rows_]),
-                    column([r.virtual_stages for r in rows_]), column([r.zero for r in rows_]),
+                    column([r.virtual_stages for r in rows_]),
+                    column([r.zero_run for r in rows_]),
                     {role: column([x.get(role, 0) for x in per_row]) for role in ROLES})
 
 
@@ -1275,7 +1321,7 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
                             float(nums.flops[k, col]), float(nums.bytes[k, col]), f.peaks[k],
                             f.groups[k], float(nums.messages[k, col]), f.once[k])
                     for k in range(f.n_ops))
-        plain, last = _plans(f, counts[role], r.zero, values)
+        plain, last = _plans(f, counts[role], r.zero_run, values)
         degrees = dict(zip(DEGREES, map(sympy.Integer, (
             r.tp, r.cp, r.ep, r.dp_group, r.edp_group, counts[role], r.micro_batch))))
         memory = g.peaks[role].memory(f, col, degrees, float(g.held[role][col]), capacity)
@@ -1333,7 +1379,7 @@ class Searcher:
                           replicated=False)
             self.computes[key] = _compile_compute(graph, self.hardware, self.cost, self.values,
                                                   self.layers, self.compute_formulas,
-                                                  self.program)
+                                                  self.program, r)
             self.compile_s += time.perf_counter() - t0
         return self.computes[key]
 

@@ -17,9 +17,17 @@ Shards split a tensor's first dimension (FSDP's dim-0 sharding). The group is ev
 holds the same weight: the data-parallel ranks and the context-parallel ones (they hold the same
 weights too), `dp` x `cp` GPUs, the symbol `dp` in the formulas; an expert-parallel weight's is
 the expert data-parallel group, dp x cp / ep, the symbol `edp`.
-the gradient reduction runs in the gradient's dtype (FP32: Megatron-LM's main gradients and
-torchtitan's FSDP reduce dtype). When a data-parallel reduction runs (each micro-batch or once
-per step) and what it overlaps is the schedule's business (`opgraph.schedule`).
+The gradient reduction's message travels in `frameworks.reduce_dtype(layout)` (FP32 by default:
+Megatron-LM's main gradients, torchtitan's FSDP reduce dtype; BF16 under DeepSpeed), its
+collective's `dtype` parameter (`costmodel.message_bytes` sizes it so); the reduced gradient
+keeps the gradient's dtype. FSDP (ZeRO-3) gathers a weight for the forward and again for the
+backward; a recomputation of the layer reads a gather of its own where the framework gathers
+again (`Traits.regather_in_recompute`: DeepSpeed, the generic model) and the backward's where it
+does not (FSDP2, torchtitan: the backward's unshard is made before the layer's recomputation
+and serves it). The stage is the framework's (`frameworks.sharding`): torchtitan's FSDP over
+pipeline stages keeps the parameters gathered for the step, ZeRO-1's shape. When a
+data-parallel reduction runs (each micro-batch or once per step) and what it overlaps is the
+schedule's business (`opgraph.schedule`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import attrs
 import sympy
 
 from opgraph import rules
+from opgraph.frameworks import reduce_dtype, sharding, traits
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.parallel import Parallel, dp, edp, ep
 
@@ -50,10 +59,13 @@ def _shard(t: Tensor, group: str) -> Tensor:
 
 def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase, region,
                 count, group: str, role: Role = Role.ACTIVATION, grad_of: str | None = None,
-                forward: str | None = None, before: str | None = None) -> str:
+                forward: str | None = None, before: str | None = None,
+                dtype: str | None = None) -> str:
     t = graph.tensor(source)
     params = {"group": group, "axis": AXIS, "size": GROUPS[group]} if kind != "all_reduce" \
         else {"group": group}
+    if dtype is not None and dtype != t.dtype.name:  # the message travels cast (a gradient's)
+        params["dtype"] = dtype
     (shape,) = rules.infer_shapes(kind, [t], params)
     graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region),
                      before=before)
@@ -71,30 +83,37 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     out.dims = {**out.dims, dp: layout.size("dp")}
     if layout.ep > 1:
         out.dims[edp] = layout.size("edp")
+    wire = reduce_dtype(layout)
+    # where the backward's gather serves the recomputation too, it goes before whichever runs
+    # first: the ops' place in the order, which no insertion here changes
+    order = None if traits(layout).regather_in_recompute else {
+        op.name: i for i, op in enumerate(graph.ops())}
     for update in [op for op in graph.ops() if op.kind == "adamw"]:
-        _replicate_update(out, update, layout.zero)
+        _replicate_update(out, update, sharding(layout), wire, order)
     return out
 
 
-def _replicate_update(out: Graph, update: Op, zero: int) -> None:
+def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
+                      order: dict | None) -> None:
     grad = out.tensor(update.inputs[0])
     w = out.tensor(grad.grad_of)
     group = group_of(w)
     where = {"region": update.region, "count": update.count, "group": group}
     if zero == 0:
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
-                              phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name, **where)
+                              phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,
+                              dtype=wire, **where)
         out.replace_op(attrs.evolve(update, inputs=(reduced, *update.inputs[1:])))
         out.replace_tensor(attrs.evolve(grad, grad_of=None))
         return
     if zero == 3:
-        _gather_weight(out, w, group)
+        _gather_weight(out, w, group, order)
     # ZeRO-1 keeps the full gradient buffer (the shard is a view of it); ZeRO-2/3 keep only the
     # shard, the full gradient a per-layer transient
     full = [t for t in out.tensors() if t.grad_of == w.name]
     shard = _collective(out, grad.name, "reduce_scatter", f"{grad.name}@dp",
                         phase=Phase.BACKWARD, role=Role.GRADIENT,
-                        grad_of=w.name if zero >= 2 else None, **where)
+                        grad_of=w.name if zero >= 2 else None, dtype=wire, **where)
     if zero >= 2:
         for t in full:
             out.replace_tensor(attrs.evolve(t, grad_of=None))
@@ -107,12 +126,20 @@ def _replicate_update(out: Graph, update: Op, zero: int) -> None:
                     **where)
 
 
-def _gather_weight(out: Graph, w: Tensor, group: str) -> None:
-    """FSDP: `w` becomes its shard; each phase's readers read a copy gathered for them."""
+def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None) -> None:
+    """FSDP: `w` becomes its shard; each phase's readers read a copy gathered for them. With
+    `order` (each op's place in the order), the recomputation and the backward share one,
+    gathered before the first of them (FSDP2)."""
     readers = [op for op in out.consumers(w.name) if op.phase is not Phase.OPTIMIZER]
     out.replace_tensor(_shard(w, group))
-    for phase in (Phase.FORWARD, Phase.RECOMPUTE, Phase.BACKWARD):
-        mine = [op for op in readers if op.phase is phase]
+    if order is None:
+        phases = {phase: (phase,) for phase in (Phase.FORWARD, Phase.RECOMPUTE, Phase.BACKWARD)}
+    else:
+        phases = {Phase.FORWARD: (Phase.FORWARD,),
+                  Phase.BACKWARD: (Phase.RECOMPUTE, Phase.BACKWARD)}
+        readers.sort(key=lambda op: order[op.name])
+    for phase, served in phases.items():
+        mine = [op for op in readers if op.phase in served]
         if not mine:
             continue
         # placed just before its first reader: appended, it would hold that reader back

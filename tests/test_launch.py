@@ -535,6 +535,9 @@ TORCHTITAN_LAUNCHES = [
     Launch(model="llama3-70b", seq_len=8192, recompute="full",
            parallel=Parallel(tp=8, gpus=256, micro_batch=1, global_batch=512,
                              sequence_parallel=True, zero=3)),
+    # training.mixed_precision_reduce = "bfloat16"
+    Launch(model="llama3-8b", seq_len=8192,
+           parallel=Parallel(gpus=8, zero=3, grad_reduce_dtype="bf16")),
 ]
 
 
@@ -590,6 +593,9 @@ MEGATRON_LAUNCHES = [
            parallel=Parallel(gpus=16, micro_batch=4, zero=2)),
     Launch(model=megatron_named(llama.LLAMA3_2_1B, 2048), seq_len=2048,
            parallel=Parallel(gpus=1)),
+    # --grad-reduce-in-bf16
+    Launch(model=megatron_named(llama.LLAMA3_2_1B, 2048), seq_len=2048,
+           parallel=Parallel(gpus=8, zero=1, grad_reduce_dtype="bf16")),
 ]
 
 
@@ -598,6 +604,13 @@ def test_megatron_round_trip(launch):
     again = read_megatron(to_megatron(launch), gpus=launch.parallel.gpus)
     assert again == launch
     assert again.unknown == ()
+
+
+def test_a_reduce_dtype_neither_framework_runs_is_refused():
+    launch = Launch(model="llama3-8b", seq_len=8192,
+                    parallel=Parallel(gpus=8, zero=3, grad_reduce_dtype="fp16"))
+    assert "not fp16" in one_line_error(to_torchtitan, launch)
+    assert "not fp16" in one_line_error(to_megatron, launch)
 
 
 def test_megatron_round_trip_of_the_175b_run():

@@ -15,12 +15,12 @@ from opgraph.passes.shard import shard
 from opgraph import collectives, compile_step, hardware
 from opgraph.cluster import get as get_cluster
 from opgraph.costmodel import DEFAULT, message_bytes
-from opgraph.distributed import compile_parallel, in_flight, profile_parallel
+from opgraph.distributed import chunk_times, compile_parallel, in_flight, profile_parallel
 from opgraph.errors import OpgraphError
 from opgraph.ir import Phase, Role
 from opgraph.memory import figures, peak
-from opgraph.parallel import Parallel, cp, ep, stage_layers, tp
-from opgraph.schedule import pipeline_span
+from opgraph.parallel import Parallel, chunk_layers, cp, ep, stage_layers, tp
+from opgraph.schedule import interleaved_span, pipeline_span
 from opgraph.symbols import B, D, K, S
 from opgraph.verify import verify
 
@@ -208,6 +208,67 @@ def test_uneven_stages():
         7] + [8] * 14 + [7]
     with pytest.raises(OpgraphError, match="do not split evenly"):
         stage_layers(32, Parallel(pp=3, first_stage_layers=5))
+
+
+@pytest.mark.parametrize("p, v, m", [(4, 2, 8), (8, 3, 24), (16, 8, 32), (4, 2, 4), (8, 1, 16)])
+def test_the_simulated_interleaved_schedule_has_narayanans_bubble(p, v, m):
+    """Narayanan et al. 2021, section 2.2.2: with v equal chunks per stage of T / v each, the
+    interleaved 1F1B schedule's span is m T + (p - 1) T / v, whatever the forward's share."""
+    t = 1.0
+    for share in (1 / 3, 1 / 2):
+        span = interleaved_span([[t / v] * v] * p, m, share)
+        assert span - m * t == pytest.approx((p - 1) / (v * m) * m * t)
+    assert interleaved_span([[t / v] * v] * p, m + 1) is None  # Megatron needs m % p == 0
+
+
+def test_llama3_interleaved_chunks_with_lighter_end_stages():
+    """The Llama 3 paper, section 3.3.2: 126 layers on 16 stages, one layer fewer on the first
+    and the last, interleaved; with 8 virtual stages (one layer a chunk) the first model chunk
+    on the first stage holds only the embedding, the last on the last only the head."""
+    layout = Parallel(pp=16, virtual_stages=8, first_stage_layers=7, last_stage_layers=7)
+    chunks = chunk_layers(126, layout)
+    assert chunks[0] == [0] + [1] * 7
+    assert chunks[-1] == [1] * 7 + [0]
+    assert chunks[1:-1] == [[1] * 8] * 14
+    assert stage_layers(126, layout) == [7] + [8] * 14 + [7]
+    assert chunk_layers(126, attrs.evolve(layout, virtual_stages=2))[0] == [3, 4]
+    assert chunk_layers(126, attrs.evolve(layout, virtual_stages=4))[-1] == [2, 2, 2, 1]
+    with pytest.raises(OpgraphError, match="equal chunks"):
+        chunk_layers(126, attrs.evolve(layout, virtual_stages=3))
+    with pytest.raises(OpgraphError, match="outer chunk"):
+        chunk_layers(126, attrs.evolve(layout, virtual_stages=2, first_stage_layers=2,
+                                       last_stage_layers=12))
+
+
+def test_lighter_end_chunks_shorten_the_interleaved_bubble():
+    """Stages of 7, 8 x 14, 7 layers (a layer T_l), v = 8: the end stages' outer chunks are
+    empty. The fill and drain cross p - 1 chunks each way (Narayanan's (p - 1) / (v m) of the
+    ideal m x 8 T_l); the two empty chunks each lie on that path once, forward and backward,
+    so they can shorten it by at most one chunk time T / v each: the bubble lies between
+    (p - 3) / (v m) and (p - 1) / (v m) of the ideal."""
+    p, v, m, layer = 16, 8, 32, 1.0
+    layout = Parallel(pp=p, virtual_stages=v, first_stage_layers=7, last_stage_layers=7)
+    chunks = [[layer * n for n in stage] for stage in chunk_layers(126, layout)]
+    ideal = m * 8 * layer
+    bubble = (interleaved_span(chunks, m) - ideal) / ideal
+    assert (p - 3) / (v * m) - 1e-12 <= bubble < (p - 1) / (v * m)
+
+
+def test_uneven_interleaved_profiles_with_the_simulated_span():
+    """`profile` of uneven interleaved stages: the span is the simulated schedule's over the
+    chunks' times, each layer a middle stage's share and the ends' extra on their outer
+    chunks."""
+    f = preset("llama3.2-1b")  # 16 layers: 5, 6, 5 on 3 stages, 2 chunks each
+    layout = Parallel(pp=3, virtual_stages=2, first_stage_layers=5, last_stage_layers=5,
+                      global_batch=6)
+    r = profile_parallel(f, H100, layout).parallel
+    t = r.stage_times_s
+    chunks = chunk_layers(16, layout)
+    assert chunks == [[2, 3], [3, 3], [3, 2]]
+    times = chunk_times(list(t), chunks)
+    assert sum(times[0]) == pytest.approx(t[0]) and sum(times[-1]) == pytest.approx(t[-1])
+    span = interleaved_span(times, layout.micro_batches)
+    assert r.bubble_s == pytest.approx(span - layout.micro_batches * t[0], rel=1e-12)
 
 
 def test_in_flight_micro_batches():

@@ -131,6 +131,14 @@ def test_branch_and_bound_returns_the_fastest():
     # one buffer of it, not a copy each
     ("llama3.1-405b", 8192, {"gpus": 1024, "batch": 256, "tp": 2, "cp": 1, "pp": 4, "zero": 1,
                              "precision": ("fp8",), "recompute": ("none",)}),
+    # FSDP2 gathers a weight twice with recomputation, not three times; DeepSpeed reduces in
+    # BF16: the ZeRO moves the bound charges follow the framework
+    ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 1, "zero": 3, "framework": "torchtitan",
+                           "recompute": ("full", "selective-op")}),
+    ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 1, "framework": "deepspeed"}),
+    # torchtitan's FSDP over pipeline stages runs as ZeRO-1
+    ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 2, "zero": 3,
+                           "framework": "torchtitan"}),
 ])
 def test_the_compute_bound_is_below_the_bound_and_the_memory(model, seq, constraints):
     """What the search knows of a row before its structure is compiled (`_compute_bound`,
@@ -307,6 +315,8 @@ def test_rank_of_a_constrained_layout(cli):
     (("--gpus", "8:32:x2", "--global-batch", "32", "--emit", "megatron"), "one --gpus"),
     (("--gpus", "8", "--global-batch", "32", "--emit", "megatron", "--json"), "not both"),
     (("--gpus", "8", "--global-batch", "32", "--emit", "megatron", "--rank"), "not both"),
+    (("--gpus", "8", "--global-batch", "32", "--emit", "megatron", "--framework", "deepspeed"),
+     "--framework deepspeed"),
     (("--gpus", "8", "--global-batch", "32", "--micro-batch", "32"), "contradicts"),
     (("--gpus", "8", "--global-batch", "32", "--precision", "fp8", "--hardware", "a100-sxm-80gb"),
      "FP8"),

@@ -10,7 +10,7 @@ import attrs
 
 from ..errors import OpgraphError
 from ..limits import MAX_DIM
-from ..parallel import ZERO_STAGES, Parallel
+from ..parallel import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES, Parallel
 from .args import whole
 
 SHARDING_FLAGS = (("tp", "tensor-parallel degree (Megatron-LM; heads, MLP width, vocabulary split)"),
@@ -37,6 +37,20 @@ def add_sharding_args(group) -> None:
                        help="data-parallel sharding: 0 none (default), 1 optimizer states "
                             "(Megatron's distributed optimizer), 2 and gradients, 3 and "
                             "parameters (FSDP)")
+    add_framework_args(group)
+
+
+def add_framework_args(group) -> None:
+    """`--framework` and `--grad-reduce-dtype` (`opgraph.frameworks`): what profile and plan
+    follow beyond the degrees."""
+    group.add_argument("--framework", choices=FRAMEWORKS,
+                       help="follow this framework's behaviour (opgraph.frameworks): FSDP2's "
+                            "gathers (torchtitan), Megatron-LM's sequence-parallel inputs, "
+                            "DeepSpeed's reductions after the pipeline flush, each one's "
+                            "gradient-reduction dtype (default: a generic FSDP-like model)")
+    group.add_argument("--grad-reduce-dtype", choices=GRAD_REDUCE_DTYPES,
+                       help="the dtype gradients are reduced in across data-parallel ranks "
+                            "(default: the framework's; fp32 without one)")
 
 
 class _OldRank(argparse.Action):
@@ -84,7 +98,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
 
 # The flags that set a `Parallel` field of the same name; --no-overlap-grad-reduce clears one.
 FIELDS = ("gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "virtual_stages",
-          "sequence_parallel", "zero", "async_tp", "first_stage_layers", "last_stage_layers")
+          "sequence_parallel", "zero", "async_tp", "first_stage_layers", "last_stage_layers",
+          "framework", "grad_reduce_dtype")
 
 
 def given_layout(args) -> dict:

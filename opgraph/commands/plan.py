@@ -86,6 +86,9 @@ def register(subparsers) -> None:
                         "part has an FP8 peak)")
     c.add_argument("--async-tp", action="store_true",
                    help="overlap tensor-parallel communication with its matmul")
+    from .layout import add_framework_args
+
+    add_framework_args(c)
     o = p.add_argument_group("output")
     o.add_argument("--top", type=whole(10_000), default=10, metavar="K",
                    help="how many layouts to print (default 10)")
@@ -114,7 +117,8 @@ def _space(args, gpus: int, batch: int):
                  precision=tuple(args.precision) if args.precision else None,
                  max_tp=args.max_tp, max_cp=args.max_cp, max_pp=args.max_pp,
                  max_micro_batch=args.max_micro_batch,
-                 max_virtual_stages=args.max_virtual_stages, async_tp=args.async_tp)
+                 max_virtual_stages=args.max_virtual_stages, async_tp=args.async_tp,
+                 framework=args.framework, grad_reduce_dtype=args.grad_reduce_dtype)
 
 
 def _sizes(text: str) -> list[int]:
@@ -137,6 +141,10 @@ def run(args) -> int:
         raise OpgraphError("--emit prints the config alone; give --emit or --json, not both")
     if args.emit and args.rank:
         raise OpgraphError("--emit prints the config alone; give --emit or --rank, not both")
+    if args.emit and args.framework not in (None, args.emit):
+        raise OpgraphError(f"--emit {args.emit} writes a {args.emit} config, but the layouts "
+                           f"follow --framework {args.framework}; give the same one, or leave "
+                           "one out")
     if args.emit and len(sizes) > 1:
         raise OpgraphError("--emit writes one job's config: give one --gpus")
     if args.rank and len(sizes) > 1:

@@ -1,0 +1,132 @@
+"""What each training framework does differently when it runs a layout, as one table.
+
+`Parallel.framework` names a row of `FRAMEWORKS`; the passes read its traits (`traits(layout)`),
+never the name. None is opgraph's generic model, which every trait's default keeps as it was:
+gradients reduced in FP32, ZeRO-3 weights gathered again for a recomputation, the gathered input
+of a sequence-parallel column matmul kept for its backward, gradients reduced under the
+backward.
+
+    traits(Parallel(framework="deepspeed")).grad_reduce_dtype  # "bf16"
+    reduce_dtype(Parallel(framework="deepspeed", grad_reduce_dtype="fp32"))  # "fp32"
+
+Each trait, with where each framework's code says so:
+
+- `grad_reduce_dtype`: the dtype of the data-parallel gradient reduction's message.
+  torchtitan: `mixed_precision_reduce = "float32"` (`torchtitan/config/job_config.py`, handed
+  to FSDP2's `MixedPrecisionPolicy(reduce_dtype=...)`). Megatron-LM: BF16 training sets
+  `accumulate_allreduce_grads_in_fp32 = True` unless `--grad-reduce-in-bf16`
+  (`megatron/training/arguments.py`), the gradient buffer then FP32
+  (`megatron/core/distributed/param_and_grad_buffer.py`). DeepSpeed: `communication_data_type`
+  falls back to FP16 or BF16 when either is enabled (`deepspeed/runtime/engine.py`), so a BF16
+  run reduces in BF16. nanotron: `OptimizerArgs.accumulate_grad_in_fp32`
+  (`src/nanotron/config/config.py`; its examples set it True, `examples/config_tiny_llama.py`),
+  the all-reduce then runs on the FP32 accumulation buffers
+  (`src/nanotron/optim/gradient_accumulator.py`).
+- `regather_in_recompute`: whether a ZeRO-3 / FSDP weight is all-gathered again for the
+  recomputation of its layer. FSDP2 (torchtitan) does not: its pre-forward hook returns at once
+  while the module's state is PRE_BACKWARD, "the pre-backward hook is responsible for the
+  unshard" (`torch/distributed/fsdp/_fully_shard/_fsdp_state.py`, `_pre_forward`), so the
+  recomputation reads the backward's gathered copy. DeepSpeed ZeRO-3 does: its pre-forward
+  module hook fetches the sub-module's parameters whenever the forward runs, the checkpointed
+  re-run included (`deepspeed/runtime/zero/parameter_offload.py`, `_pre_forward_module_hook`
+  -> `PartitionedParameterCoordinator.fetch_sub_module`).
+- `sp_saves_shard`: under sequence parallelism, whether the column-parallel matmul saves its
+  sequence-sharded input and all-gathers it again in the backward (Korthikanti et al. 2022,
+  section 4.2.2) instead of keeping the gathered one. Megatron-LM does
+  (`megatron/core/tensor_parallel/layers.py`, `LinearWithGradAccumulationAndAsyncCommunication`:
+  forward saves `input`, backward all-gathers it again before the weight gradient). torchtitan's
+  sequence parallelism is a DTensor redistribution before `nn.Linear`, whose autograd saves the
+  gathered input, so it keeps S x D per matmul input
+  (`torchtitan/models/llama3/infra/parallelize.py`, `SequenceParallel` + `ColwiseParallel`).
+  nanotron does as Megatron in its REDUCE_SCATTER mode with `tp_recompute_allgather` (its
+  default: `src/nanotron/parallel/tensor_parallel/functional.py`, `column_linear`, whose
+  backward "allgathers the inputs again"). DeepSpeed has no sequence parallelism of this kind
+  (Ulysses splits attention heads instead): the generic model.
+- `unshards_once_with_pp`: with pipeline parallelism, whether FSDP (ZeRO-3) gathers a stage's
+  parameters once per step and reduce-scatters its gradients once, rather than per
+  micro-batch. torchtitan does: its default `reshard_after_forward = not pp_enabled`
+  (`torchtitan/models/llama3/infra/parallelize.py`, `apply_fsdp`: "do not reshard after forward
+  to avoid per-microbatch all-gathers"), and PyTorch's pipeline stage turns off resharding after
+  backward and gradient sync for every backward but the last
+  (`torch/distributed/pipelining/stage.py`, `set_reshard_after_backward(False)`,
+  `set_requires_gradient_sync(False)`). A stage then holds its full BF16 parameters and
+  gradients and shards the optimizer: ZeRO-1's memory and traffic (`sharding`), the gather
+  placed after the update rather than under the next step's first forward.
+- `reduce_after_flush`: with pipeline parallelism, whether the gradient reduction waits for the
+  pipeline to drain rather than running under the backward. DeepSpeed's pipeline engine issues
+  `ReduceGrads` after the last micro-batch's backward (`deepspeed/runtime/pipe/schedule.py`,
+  `TrainSchedule.steps`; `deepspeed/runtime/pipe/engine.py`, `_exec_reduce_grads`).
+- `overlaps_reduce_from_zero`: the least ZeRO stage at which the gradient reduction runs under
+  the backward by default. DeepSpeed's `zero_optimization.overlap_comm` defaults to True at
+  stage 3 only (`deepspeed/runtime/zero/config.py`, `DeepSpeedZeroConfig.overlap_comm_valid`);
+  below it the reduction runs after the backward (stage 0: the engine's `allreduce_gradients`)
+  or blocks it bucket by bucket (stages 1-2): exposed whole either way.
+
+Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
+`overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
+the table holds what no field says.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import OpgraphError
+from .parallel import Parallel
+
+
+@attrs.frozen
+class Traits:
+    grad_reduce_dtype: str = "fp32"
+    regather_in_recompute: bool = True
+    sp_saves_shard: bool = False
+    unshards_once_with_pp: bool = False
+    reduce_after_flush: bool = False
+    overlaps_reduce_from_zero: int = 0
+
+
+FRAMEWORKS: dict[str | None, Traits] = {
+    None: Traits(),
+    "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True),
+    "megatron": Traits(sp_saves_shard=True),
+    "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
+                        overlaps_reduce_from_zero=3),
+    "nanotron": Traits(sp_saves_shard=True),
+}
+
+
+def traits(layout: Parallel) -> Traits:
+    """The traits of `layout`'s framework (see the module)."""
+    try:
+        return FRAMEWORKS[layout.framework]
+    except KeyError:
+        raise OpgraphError(f"framework {layout.framework!r}: choose one of "
+                           f"{', '.join(k for k in FRAMEWORKS if k)}") from None
+
+
+def reduce_dtype(layout: Parallel) -> str:
+    """The dtype data-parallel gradients travel in: the layout's `grad_reduce_dtype`, else its
+    framework's default."""
+    return layout.grad_reduce_dtype or traits(layout).grad_reduce_dtype
+
+
+def defers_grad_reduce(layout: Parallel) -> bool:
+    """Whether the gradient reduction waits for the backward to end: the layout says so
+    (`overlap_grad_reduce` off), or its framework reduces after the pipeline's flush, or does
+    not overlap it at the layout's ZeRO stage."""
+    t = traits(layout)
+    return (not layout.overlap_grad_reduce or (layout.pp > 1 and t.reduce_after_flush)
+            or layout.zero < t.overlaps_reduce_from_zero)
+
+
+def sharding(layout: Parallel) -> int:
+    """The ZeRO stage the job runs: the layout's, but 1 where the framework keeps FSDP's
+    parameters gathered over a pipeline's micro-batches (`Traits.unshards_once_with_pp`)."""
+    return run_zero(layout.zero, layout.pp, layout.framework)
+
+
+def run_zero(zero: int, stages: int, framework: str | None) -> int:
+    """`sharding` from the three fields it reads (the search holds rows, not layouts)."""
+    if zero == 3 and stages > 1 and FRAMEWORKS[framework].unshards_once_with_pp:
+        return 1
+    return zero

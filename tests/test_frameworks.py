@@ -1,0 +1,250 @@
+"""Frameworks as they run (`opgraph.frameworks`): the gradient-reduction dtype, FSDP2's gathers
+with recomputation, Megatron-LM's sequence-parallel inputs, DeepSpeed's pipeline reductions,
+and `plan` agreeing with `profile` for each. Expected values are the frameworks' own rules
+written as formulas (the source of each rule is in `opgraph/frameworks.py`)."""
+
+import json
+from collections import Counter
+
+import attrs
+import pytest
+import sympy
+from opgraph.models import preset
+from opgraph.passes.evaluate import resolve
+from opgraph.passes.replicate import replicate
+
+from opgraph import compile_step, hardware
+from opgraph.costmodel import cost_model, message_bytes
+from opgraph.distributed import compile_parallel, profile_parallel
+from opgraph.errors import OpgraphError
+from opgraph.ir import Phase
+from opgraph.memory import saved
+from opgraph.parallel import Parallel, tp
+from opgraph.search import Searcher, Space, rows
+from opgraph.symbols import B, D, F, H, H_kv, S, d_h
+
+H100 = hardware.get("h100-sxm")
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+# --- the gradient-reduction dtype ------------------------------------------------------------
+
+@pytest.mark.parametrize("framework, override, dtype", [
+    (None, None, "fp32"),  # opgraph's generic model: the FP32 gradient buffer
+    ("torchtitan", None, "fp32"),  # mixed_precision_reduce = "float32"
+    ("megatron", None, "fp32"),  # bf16 sets accumulate_allreduce_grads_in_fp32
+    ("nanotron", None, "fp32"),  # accumulate_grad_in_fp32
+    ("deepspeed", None, "bf16"),  # communication_data_type: the training dtype
+    ("deepspeed", "fp32", "fp32"),  # the override wins
+    ("megatron", "bf16", "bf16"),  # --grad-reduce-in-bf16
+    (None, "fp16", "fp16"),
+])
+@pytest.mark.parametrize("zero", [0, 1])
+def test_gradient_messages_are_the_parameters_times_the_reduce_dtype(framework, override,
+                                                                     dtype, zero):
+    """Every weight's gradient crosses once per step in the framework's reduce dtype: the
+    messages sum to Psi x bytes(dtype), an all-reduce under ZeRO-0, a reduce-scatter under
+    ZeRO-1 (Megatron's distributed optimizer)."""
+    step = replicate(compile_step(preset("llama3.2-1b")),
+                     Parallel(dp=8, zero=zero, framework=framework, grad_reduce_dtype=override))
+    reduced = [op for op in step.ops()
+               if op.param("group") == "dp" and op.kind in ("all_reduce", "reduce_scatter")]
+    assert {op.kind for op in reduced} == {"reduce_scatter" if zero else "all_reduce"}
+    subs = resolve(step)
+    sent = sum(float((message_bytes(step, op) * op.count).xreplace(subs)) for op in reduced)
+    psi = float(preset("llama3.2-1b").parameters().xreplace(subs))
+    assert sent == pytest.approx(BYTES[dtype] * psi)
+    # the reduced gradient stays in its buffer's dtype (FP32): only the message is cast
+    assert {step.tensor(op.outputs[0]).dtype.name for op in reduced} == {"fp32"}
+
+
+# --- FSDP2 (torchtitan) and DeepSpeed ZeRO-3 with recomputation --------------------------------
+
+@pytest.mark.parametrize("framework, policy, per_weight", [
+    ("torchtitan", "none", 2),  # reshard after forward: forward + backward
+    ("torchtitan", "full", 2),  # the recomputation reads the backward's unshard
+    ("torchtitan", "selective-op", 2),
+    ("deepspeed", "none", 2),
+    ("deepspeed", "full", 3),  # its pre-forward hook fetches again in the re-run
+    (None, "full", 3),  # the generic model, as before
+])
+def test_fsdp_all_gathers_per_weight(framework, policy, per_weight):
+    step = compile_parallel(preset("llama3.2-1b"),
+                            Parallel(dp=8, zero=3, framework=framework), recompute=policy)
+    gathers = Counter(op.inputs[0] for op in step.ops()
+                      if op.kind == "all_gather" and op.param("group") == "dp")
+    layer = [w.name for w in step.weights() if w.region is not None]
+    assert {gathers[w] for w in layer} == {per_weight}
+
+
+def test_fsdp2_gathers_before_the_recomputation_and_the_backward_reads_the_same_copy():
+    """FSDP2's pre-backward unshard comes before the layer's recomputation; every re-run op
+    and backward kernel reading a weight reads that one gathered copy."""
+    step = compile_parallel(preset("llama3.2-1b"), Parallel(dp=8, zero=3, framework="torchtitan"),
+                            recompute="full")
+    order = [op.name for op in step.ops()]
+    w = "layers.q_proj.weight"
+    (gather,) = [op for op in step.ops() if op.kind == "all_gather" and op.inputs[0] == w
+                 and op.phase is not Phase.FORWARD]
+    readers = [op for op in step.consumers(gather.outputs[0])]
+    assert {op.phase for op in readers} == {Phase.RECOMPUTE, Phase.BACKWARD}
+    assert order.index(gather.name) < min(order.index(op.name) for op in readers)
+    assert order.index(gather.name) < order.index("layers.q_proj.re")
+
+
+def test_fsdp2_recomputation_moves_a_third_less_than_deepspeed():
+    """Per step, ZeRO-3's weight gathers with full recomputation: 2 Psi (FSDP2) against 3 Psi
+    (DeepSpeed ZeRO-3), in BF16, the layers' weights."""
+    sent = {}
+    for framework in ("torchtitan", "deepspeed"):
+        step = compile_parallel(preset("llama3.2-1b"), Parallel(dp=8, zero=3,
+                                                                 framework=framework),
+                                recompute="full")
+        subs = resolve(step)
+        sent[framework] = sum(float((message_bytes(step, op) * op.count).xreplace(subs))
+                              for op in step.ops()
+                              if op.kind == "all_gather" and op.region is not None)
+    assert sent["torchtitan"] == pytest.approx(sent["deepspeed"] * 2 / 3)
+
+
+def test_torchtitan_fsdp_over_pipeline_stages_gathers_once_a_step():
+    """torchtitan with pipeline parallelism: reshard_after_forward off and the pipeline stage's
+    gradient sync on the last backward only, so a stage gathers each weight once a step and
+    reduce-scatters each gradient once: ZeRO-1's collectives and memory; without a pipeline,
+    FSDP's per-micro-batch gathers (ZeRO-3)."""
+    f = preset("llama3.2-1b")
+    fsdp = Parallel(pp=2, dp=4, zero=3, global_batch=16, framework="torchtitan")
+    as_zero1 = attrs.evolve(fsdp, zero=1)
+    steps = [compile_parallel(f, layout) for layout in (fsdp, as_zero1)]
+    assert [op.name for op in steps[0].ops()] == [op.name for op in steps[1].ops()]
+    gathers = Counter(op.inputs[0].split(".")[0] for op in steps[0].ops()
+                      if op.kind == "all_gather" and op.param("group") == "dp")
+    assert gathers and all(op.phase is Phase.OPTIMIZER for op in steps[0].ops()
+                           if op.kind == "all_gather" and op.param("group") == "dp")
+    a, b = (profile_parallel(f, H100, layout).parallel for layout in (fsdp, as_zero1))
+    assert a.step_time_s == b.step_time_s and a.memory == b.memory
+    alone = compile_parallel(f, attrs.evolve(fsdp, pp=1, global_batch=8))
+    assert any(op.kind == "all_gather" and op.phase is Phase.FORWARD for op in alone.ops())
+
+
+# --- Megatron-LM: the sequence-parallel input saved as its shard ---------------------------------
+
+def _saved_per_token_per_layer(framework):
+    step = compile_parallel(preset("llama3-70b"), Parallel(tp=8, sequence_parallel=True,
+                                                           framework=framework))
+    layer = [t for t in saved(step) if t.region == "layers"]
+    return sympy.simplify(sympy.Add(*(t.nbytes for t in layer)) / (B * S)), step
+
+
+@pytest.mark.parametrize("framework", ["megatron", "nanotron"])  # nanotron: tp_recompute_allgather
+def test_the_sharded_input_of_column_parallel_matmuls_is_saved(framework):
+    """Korthikanti et al. 2022, section 4.2.2: with sequence parallelism every activation the
+    layer saves outside the tensor-parallel regions is S/t of the sequence, the column matmuls'
+    inputs included (all-gathered again in the backward): the layer's 34 sbh / t of their GPT
+    layer becomes, for a Llama layer with FlashAttention in BF16, per token,
+    2 (4 D + 3 F + 2 H d_h + 2 H_kv d_h) / t bytes: the two norms' inputs (the residuals) and
+    outputs, the SwiGLU's gate, up and product, Q and the attention output, K and V."""
+    megatron, step = _saved_per_token_per_layer(framework)
+    assert sympy.simplify(megatron - 2 * (4 * D + 3 * F + 2 * H * d_h + 2 * H_kv * d_h) / tp) == 0
+    # the generic model keeps the two gathered norm outputs, S x D each: 2 D (2 - 2 / t) more
+    generic, _ = _saved_per_token_per_layer(None)
+    assert _saved_per_token_per_layer("torchtitan")[0] == generic  # DTensor keeps the gathered
+    assert sympy.simplify(generic - megatron - 2 * 2 * D * (1 - 1 / tp)) == 0
+    # Llama 3 70B at TP 8: about 4.2 D bytes per token per layer against 7.7 D
+    subs = resolve(step)
+    assert float((megatron / D).xreplace(subs)) == pytest.approx(4.1875)
+    assert float((generic / D).xreplace(subs)) == pytest.approx(7.6875)
+    # and the gathers run again in the backward: one per column-parallel input per layer
+    again = [op for op in step.ops() if op.phase is Phase.RECOMPUTE and op.kind == "all_gather"]
+    assert sorted(op.forward for op in again) == ["layers.attn_norm.all_gather.tp",
+                                                  "layers.mlp_norm.all_gather.tp"]
+
+
+def test_megatron_sequence_parallel_memory_per_gpu_falls_by_the_gathered_inputs():
+    """The profiled activations fall by 2 x 2 D (1 - 1/t) bytes per token per layer."""
+    f = preset("llama3-70b")
+    memory = {fw: profile_parallel(f, H100, Parallel(tp=8, sequence_parallel=True,
+                                                     framework=fw)).parallel.memory
+              for fw in (None, "megatron")}
+    tokens, layers, d, t = 8192, 80, 8192, 8
+    assert memory[None].activations - memory["megatron"].activations == pytest.approx(
+        tokens * layers * 2 * 2 * d * (1 - 1 / t), rel=1e-6)
+
+
+def test_full_recomputation_already_regathers():
+    """Under full recomputation the gathers are re-run anyway: Megatron's rule adds nothing."""
+    f = preset("llama3.2-1b")
+    steps = [compile_parallel(f, Parallel(tp=8, sequence_parallel=True, framework=fw),
+                              recompute="full") for fw in (None, "megatron")]
+    assert [op.name for op in steps[0].ops()] == [op.name for op in steps[1].ops()]
+
+
+# --- DeepSpeed: the pipeline engine reduces after the flush ------------------------------------
+
+def test_deepspeed_pipeline_reduces_gradients_after_the_flush():
+    """DeepSpeed's TrainSchedule issues ReduceGrads after the last backward: the same step as
+    a layout whose reduction waits for the backward (in FP32, to compare like with like)."""
+    f = preset("llama3.2-1b")
+    base = Parallel(pp=2, dp=4, global_batch=16)
+    deepspeed = profile_parallel(f, H100, attrs.evolve(base, framework="deepspeed",
+                                                       grad_reduce_dtype="fp32")).parallel
+    waits = profile_parallel(f, H100, attrs.evolve(base, overlap_grad_reduce=False)).parallel
+    overlaps = profile_parallel(f, H100, base).parallel
+    assert deepspeed.step_time_s == pytest.approx(waits.step_time_s, rel=1e-12)
+    assert deepspeed.step_time_s > overlaps.step_time_s
+
+
+@pytest.mark.parametrize("zero, overlapped", [(0, False), (1, False), (2, False), (3, True)])
+def test_deepspeed_overlaps_the_reduction_at_zero_3_only(zero, overlapped):
+    """DeepSpeed's overlap_comm defaults to True at ZeRO stage 3 only: below it the step is a
+    layout's whose reduction waits for the backward; at 3, one that overlaps it."""
+    f = preset("llama3.2-1b")
+    base = Parallel(dp=8, zero=zero, global_batch=16)
+    deepspeed = profile_parallel(f, H100, attrs.evolve(base, framework="deepspeed",
+                                                       grad_reduce_dtype="fp32")).parallel
+    generic = profile_parallel(f, H100, attrs.evolve(base, overlap_grad_reduce=overlapped))
+    assert deepspeed.step_time_s == pytest.approx(generic.parallel.step_time_s, rel=1e-12)
+
+
+def test_deepspeed_refuses_zero_2_and_3_with_pipelines():
+    with pytest.raises(OpgraphError, match="ZeRO 0 or 1"):
+        Parallel(pp=2, zero=2, framework="deepspeed")
+    Parallel(pp=1, zero=3, framework="deepspeed")
+
+
+# --- the command line, and `plan` agreeing with `profile` --------------------------------------
+
+def test_profile_takes_the_framework_flags(cli):
+    code, out, _ = cli("profile", "--model", "llama3.2-1b", "--dp", "8", "--zero", "3",
+                       "--framework", "torchtitan", "--grad-reduce-dtype", "bf16", "--json")
+    assert code == 0
+    p = json.loads(out)["parallel"]
+    assert (p["framework"], p["grad_reduce_dtype"]) == ("torchtitan", "bf16")
+    code, _, err = cli("profile", "--framework", "chainer", "--dp", "8")
+    assert code == 2 and "chainer" in err
+
+
+@pytest.mark.parametrize("framework, constraints", [
+    ("torchtitan", {"zero": 3, "pp": 1, "recompute": ("full",)}),
+    ("torchtitan", {"zero": 3, "pp": 2, "recompute": ("none",)}),  # gathered once a step
+    ("megatron", {"tp": 8, "sequence_parallel": True, "zero": 1, "recompute": ("none",)}),
+    ("deepspeed", {"pp": 2, "tp": 4, "zero": 1, "recompute": ("selective",)}),
+])
+def test_plan_figures_are_profiles_for_each_framework(framework, constraints):
+    forward, cost = preset("llama3.2-1b"), cost_model("calibrated")
+    searcher = Searcher(forward, H100, seq_len=4096, cost=cost)
+    space = Space(gpus=16, batch=64, framework=framework, precision=("bf16",), micro_batch=1,
+                  **constraints)
+    found = rows(forward, H100, space, 4096, searcher.cluster)
+    assert found
+    for row in found[:2]:
+        candidate = row.candidate()
+        assert candidate.layout.framework == framework
+        mine = searcher.one(candidate).result
+        theirs = profile_parallel(forward, H100, candidate.layout, values={"S": 4096},
+                                  cost=cost, recompute=candidate.recompute,
+                                  precision=candidate.precision).parallel
+        for name in ("step_time_s", "mfu", "bubble_s", "exposed_communication_s"):
+            assert getattr(mine, name) == pytest.approx(getattr(theirs, name), rel=1e-9,
+                                                        abs=1e-12), (name, candidate)
+        assert mine.memory == theirs.memory
