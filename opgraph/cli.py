@@ -73,3 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: the user knows why; one line, the shell's 128 + SIGINT
+        print("opgraph: interrupted", file=sys.stderr)
+        return 130

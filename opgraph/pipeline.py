@@ -20,7 +20,7 @@ from .passes.derive_backward import derive_backward
 from .passes.fuse_attention import fuse_attention
 from .passes.precision import apply_precision
 from .passes.recompute import recompute as recompute_pass
-from .verify import verify
+from .verify import check_dims, verify
 
 DEFAULT_ADAMW = AdamW()
 
@@ -62,10 +62,12 @@ def fusion_passes(policy: str | None) -> list:
 def compile_step(forward: Graph, *, check: bool = True, **options) -> Graph:
     """Run `step_passes(**options)` over `forward`, verifying the result (`check=False` to
     skip; it is cheap). How the step's ops cost is the cost model's business, when it is
-    evaluated (`opgraph.costmodel`)."""
-    graph = forward
+    evaluated (`opgraph.costmodel`). Every pass's dimensions are checked as it returns (a
+    pass such as `shard` or `replicate` binds new ones): a value out of range is a VerifyError
+    naming it, not a profile of negative bytes."""
+    graph = check_dims(forward)
     for run in step_passes(**options):
-        graph = run(graph)
+        graph = check_dims(run(graph))
     if check:
         verify(graph)
     return graph
