@@ -184,7 +184,8 @@ def stage_layers(layers: int, layout: Parallel) -> list[int]:
     """Layers on each pipeline stage (all its virtual stages together), first to last.
 
     Even: `layers / pp` each, and `layers` must divide by pp x virtual stages. Uneven ends take
-    `first_stage_layers` / `last_stage_layers`; the middle stages split the rest evenly.
+    `first_stage_layers` / `last_stage_layers`; the middle stages split the rest evenly. Every
+    stage holds at least one layer (as Megatron-LM asks of its middle stages).
 
         >>> stage_layers(126, Parallel(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
         [7, 8, 8]
@@ -201,9 +202,16 @@ def stage_layers(layers: int, layout: Parallel) -> list[int]:
     ends = (first or 0) + (last or 0)
     middle = p - (first is not None) - (last is not None)
     rest = layers - ends
+    ends_take = {(True, True): "the first and last stages take",
+                 (True, False): "the first stage takes",
+                 (False, True): "the last stage takes"}[first is not None, last is not None]
     if rest < 0 or (middle and rest % middle) or (not middle and rest):
-        raise OpgraphError(f"{layers} layers: the first and last stages take {ends}, and the "
-                           f"{rest} left do not split evenly over {middle} middle stages")
+        raise OpgraphError(f"{layers} layers: {ends_take} {ends}, and the {rest} left do not "
+                           f"split evenly over {middle} middle stages")
     each = rest // middle if middle else 0
+    if middle and each < 1:  # the ends are whole numbers from 1 (`Parallel` checks them)
+        raise OpgraphError(f"{layers} layers over {p} pipeline stages: {ends_take} {ends}, "
+                           f"leaving {rest} for {middle} middle stage{'s' * (middle != 1)}; "
+                           "every stage needs at least one layer")
     return ([first] if first is not None else []) + [each] * middle + (
         [last] if last is not None else [])

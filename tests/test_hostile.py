@@ -106,3 +106,72 @@ def test_ctrl_c_in_a_model_stops_the_program_in_one_line(cli, tmp_path):
     spec = _model(tmp_path, "def build():\n    raise KeyboardInterrupt\n")
     code, out, err = cli("profile", "--model", spec)
     _one_line_error(code, out, err, status=130)  # 128 + SIGINT, as a shell reports it
+
+
+# --- launch configs and layouts with impossible values ---------------------------------------------
+# Llama 3 8B as Megatron-LM's arguments (arXiv:2407.21783 Table 3: 32 layers, 4,096 wide, 32 heads).
+LLAMA_ARGS = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 "
+              "--vocab-size 128256 --micro-batch-size 1 --bf16 --swiglu --normalization RMSNorm "
+              "--position-embedding-type rope --group-query-attention --num-query-groups 8")
+
+
+@pytest.mark.parametrize("edit, says", [
+    # heads are split into whole groups (Megatron's attention divides heads by groups)
+    (("--num-query-groups 8", "--num-query-groups 5"),
+     "--num-attention-heads 32 is not a multiple of --num-query-groups 5"),
+    (("--num-query-groups 8", "--num-query-groups 64"),
+     "--num-attention-heads 32 is not a multiple of --num-query-groups 64"),
+    # Megatron's TransformerConfig: moe_router_topk <= num_moe_experts
+    (("--bf16", "--bf16 --num-experts 8 --moe-router-topk 9"),
+     "--moe-router-topk 9 is more than --num-experts 8"),
+    (("--bf16", f"--bf16 --make-vocab-size-divisible-by {2**30}"),
+     "--make-vocab-size-divisible-by 1,073,741,824"),
+    # 16 + 16 of 32 layers on the ends of 4 stages leave 0 for the 2 middle ones
+    (("--bf16", "--bf16 --pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 16 "
+                "--decoder-last-pipeline-num-layers 16"),
+     "leaving 0 for 2 middle stages; every stage needs at least one layer"),
+    (("--bf16", "--bf16 --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 32"),
+     "the first stage takes 32, leaving 0 for 1 middle stage"),
+])
+def test_impossible_megatron_arguments_are_refused(cli, edit, says):
+    old, new = edit
+    assert old in LLAMA_ARGS
+    code, out, err = cli("profile", "--megatron-args", LLAMA_ARGS.replace(old, new), "--gpus", "8")
+    _one_line_error(code, out, err)
+    assert says in err
+
+
+def test_the_megatron_control_runs(cli):
+    code, _out, err = cli("profile", "--megatron-args", LLAMA_ARGS, "--gpus", "8", "--json")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--pp", "4", "--first-stage-layers", "16", "--last-stage-layers", "16", "--gpus", "4"),
+     "leaving 0 for 2 middle stages"),
+    (("--pp", "2", "--first-stage-layers", "32", "--gpus", "2"), "leaving 0 for 1 middle stage"),
+    (("--pp", "2", "--last-stage-layers", "32", "--gpus", "2"), "the last stage takes 32, leaving 0"),
+    (("--pp", "2", "--last-stage-layers", "40", "--gpus", "2"), "the last stage takes 40, and the -8"),
+])
+def test_a_pipeline_stage_without_layers_is_refused_from_flags(cli, flags, says):
+    code, out, err = cli("profile", *flags)  # Llama 3 8B: 32 layers
+    _one_line_error(code, out, err)
+    assert says in err
+
+
+def test_stage_layers_keeps_one_layer_per_stage():
+    from opgraph.errors import OpgraphError
+    from opgraph.parallel import Parallel, stage_layers
+
+    assert stage_layers(32, Parallel(pp=2, first_stage_layers=16, last_stage_layers=16)) == [16, 16]
+    assert stage_layers(32, Parallel(pp=3, first_stage_layers=30)) == [30, 1, 1]
+    with pytest.raises(OpgraphError, match="at least one layer"):
+        stage_layers(32, Parallel(pp=3, first_stage_layers=32))
+
+
+def test_a_torchtitan_table_where_a_value_goes_is_refused(cli, tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("[parallelism]\ntensor_parallel_degree = { a = 1 }\n")
+    code, out, err = cli("profile", "--torchtitan", str(path), "--gpus", "8")
+    _one_line_error(code, out, err)
+    assert "parallelism.tensor_parallel_degree is a table" in err
