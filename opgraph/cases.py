@@ -384,8 +384,11 @@ def _parse(text: str, path: Path) -> dict:
     return data
 
 
-def load_cases(path: str | Path | None = None) -> list[Case]:
-    """The cases of a case file, in its order; None: the shipped validation set.
+def load_cases(path: str | Path | None = None, *, most: tuple[int, str] | None = None,
+               pattern: str | None = None) -> list[Case]:
+    """The cases of a case file, in its order; None: the shipped validation set. `most`,
+    (a bound, what it bounds), refuses a file with more cases than the bound (those whose id
+    contains `pattern`, if given) before any is built.
 
         >>> cases = load_cases()
         >>> len(cases), cases[0].parallel.tp, cases[0].measured_step_time_s
@@ -395,6 +398,14 @@ def load_cases(path: str | Path | None = None) -> list[Case]:
     if not str(path).strip():
         raise OpgraphError("the case file name is empty; give the path of a .json case file")
     data = _parse(read_small(path, "case file", CASES_MAX_BYTES), path)
+    if most is not None:
+        bound, what = most
+        count = sum(pattern is None or pattern in str(t.get("id", "")) if isinstance(t, dict)
+                    else 1 for t in data["cases"])
+        if count > bound:
+            raise OpgraphError(f"case file {path}: {count:,} cases, more than opgraph's bound "
+                               f"of {bound:,} for {what}; pick some with --select or split "
+                               "the file")
     cases, ids, built = [], set(), {}
     for i, table in enumerate(data["cases"]):
         case = _case(table, str(path), i)

@@ -22,7 +22,7 @@ import attrs
 import sympy
 
 from .errors import OpgraphError
-from .limits import MAX_DIM, check_whole
+from .limits import MAX_DIM, MAX_MICRO_BATCHES, check_whole
 
 _DEG = {"positive": True, "integer": True}
 # The degrees as symbols, like the model's dimensions: formulas show them, sweeps vary them.
@@ -110,6 +110,12 @@ class Parallel:
             raise OpgraphError(f"global batch {self.global_batch} is not divisible by dp x "
                                f"micro-batch = {self.dp_degree} x {self.micro_batch}; give a "
                                f"multiple of {self.dp_degree * self.micro_batch}")
+        if self.micro_batches > MAX_MICRO_BATCHES:
+            raise OpgraphError(f"global batch {self.batch:,} is {self.micro_batches:,} "
+                               f"micro-batches per data-parallel rank (dp {self.dp_degree:,} x "
+                               f"micro-batch {self.micro_batch:,}), more than opgraph's bound of "
+                               f"{MAX_MICRO_BATCHES:,}; give a smaller global batch, a larger "
+                               "micro-batch or more data parallelism")
         if self.virtual_stages > 1 and self.pp == 1:
             raise OpgraphError("--virtual-stages needs pipeline parallelism (--pp 2 or more)")
         if self.sequence_parallel and self.tp == 1:

@@ -175,3 +175,96 @@ def test_a_torchtitan_table_where_a_value_goes_is_refused(cli, tmp_path):
     code, out, err = cli("profile", "--torchtitan", str(path), "--gpus", "8")
     _one_line_error(code, out, err)
     assert "parallelism.tensor_parallel_degree is a table" in err
+
+
+# --- bounded work: counts that grow the work are refused up front ---------------------------------
+def test_too_many_micro_batches_are_refused_from_flags(cli):
+    from opgraph.limits import MAX_MICRO_BATCHES
+
+    # 8 GPUs, micro-batch 1: dp 8, so 8 x (MAX + 1) sequences is one micro-batch too many
+    code, out, err = cli("profile", "--gpus", "8", "--global-batch", str(8 * (MAX_MICRO_BATCHES + 1)))
+    _one_line_error(code, out, err)
+    assert f"{MAX_MICRO_BATCHES + 1:,} micro-batches per data-parallel rank" in err
+    assert f"bound of {MAX_MICRO_BATCHES:,}" in err
+    code, out, err = cli("profile", "--gpus", "8", "--global-batch", str(2**30))
+    _one_line_error(code, out, err)
+    assert f"{2**30 // 8:,} micro-batches" in err
+
+
+def test_too_many_micro_batches_are_refused_from_torchtitan(cli, tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n'
+                    "[parallelism]\ndata_parallel_shard_degree = 8\n"
+                    f"[training]\nlocal_batch_size = 1\nglobal_batch_size = {2**30}\n")
+    code, out, err = cli("profile", "--torchtitan", str(path), "--gpus", "8")
+    _one_line_error(code, out, err)
+    assert "micro-batches per data-parallel rank" in err
+
+
+def test_plan_skips_layouts_beyond_the_micro_batch_bound():
+    import opgraph.cluster as clusters
+    import opgraph.hardware as hw
+    from opgraph.limits import MAX_MICRO_BATCHES
+    from opgraph.models import preset
+    from opgraph.search import Space, rows
+
+    part = hw.get("h100-sxm")
+    space = Space(gpus=8, batch=8 * 2 * MAX_MICRO_BATCHES, tp=1, cp=1, pp=1)  # dp = 8
+    found = rows(preset("llama3-8b"), part, space, 8192, clusters.for_hardware(part))
+    assert found and all(r.micro_batches <= MAX_MICRO_BATCHES for r in found)
+    assert min(r.micro_batch for r in found) == 2  # micro-batch 1 would be 2 x the bound
+
+
+@pytest.mark.parametrize("gpus", ["1:10000000:+1", "1:65:+1", ",".join(["8"] * 65)])
+def test_plan_refuses_more_sizes_than_its_bound(cli, gpus):
+    from opgraph.limits import MAX_PLAN_SIZES
+
+    code, out, err = cli("plan", "--gpus", gpus, "--global-batch", "1024")
+    _one_line_error(code, out, err)
+    assert f"points, more than {MAX_PLAN_SIZES} (opgraph's bound)" in err
+
+
+def test_the_bounds_are_said_in_help(capsys):
+    from opgraph.cli import main
+    from opgraph.limits import MAX_FIT_CASES, MAX_MICRO_BATCHES, MAX_PLAN_SIZES
+
+    for command, words in (("profile", f"at most {MAX_MICRO_BATCHES:,} micro-batches"),
+                           ("plan", f"at most {MAX_PLAN_SIZES} sizes"),
+                           ("calibrate", f"at most {MAX_FIT_CASES} cases")):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert words in " ".join(capsys.readouterr().out.split())  # whatever the wrapping
+
+
+def _case_file(tmp_path, count: int):
+    import json
+
+    from opgraph.cases import SHIPPED
+
+    data = json.loads(SHIPPED.read_text())
+    shipped = data["cases"]
+    data["cases"] = [shipped[i % len(shipped)] | {"id": f"case_{i}"} for i in range(count)]
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_calibrate_fit_refuses_more_cases_than_its_bound(cli, tmp_path):
+    from opgraph.limits import MAX_FIT_CASES
+
+    path = _case_file(tmp_path, MAX_FIT_CASES + 1)
+    out_file = tmp_path / "fit.toml"
+    code, out, err = cli("calibrate", "--fit", str(path), "--out", str(out_file))
+    _one_line_error(code, out, err)
+    assert f"{MAX_FIT_CASES + 1:,} cases, more than opgraph's bound of {MAX_FIT_CASES:,}" in err
+    assert not out_file.exists()
+
+
+def test_the_fit_bound_counts_the_selected_cases(tmp_path):
+    from opgraph.cases import load_cases
+    from opgraph.limits import MAX_FIT_CASES
+
+    path = _case_file(tmp_path, MAX_FIT_CASES + 1)
+    # case_5, case_50..59, case_500: 12 cases, under the bound
+    assert len(load_cases(path, most=(MAX_FIT_CASES, "a fit"), pattern="case_5")) == \
+        MAX_FIT_CASES + 1

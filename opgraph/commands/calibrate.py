@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..limits import MAX_FIT_CASES
 from ..outputs.atomic import outputs
 from .args import check_command_outputs, json_text, positive_int
 from .common import add_model_args
@@ -28,7 +29,7 @@ def register(subparsers) -> None:
                    help="a Kineto trace (.json or .json.gz) of the step --model describes")
     p.add_argument("--fit", metavar="CASES.json",
                    help="fit to the runs of a case file (opgraph/data/validation.json: the "
-                        "shipped published runs)")
+                        f"shipped published runs; at most {MAX_FIT_CASES} cases)")
     p.add_argument("--select", metavar="TEXT",
                    help="with --fit: only the cases whose id contains TEXT (fit on some runs, "
                         "validate on the others)")
@@ -73,7 +74,8 @@ def _fit_cases(args, base):
     from ..cases import load_cases, select
     from ..fit import fit
 
-    result = fit(select(load_cases(args.fit), args.select), base)
+    cases = load_cases(args.fit, most=(MAX_FIT_CASES, "a fit"), pattern=args.select)
+    result = fit(select(cases, args.select), base)
     errors = [e for _, _, e in result.errors]
     mape = sum(map(abs, errors)) / len(errors)
     lines = ["fitted (in-sample: the errors below are on the runs the fit used)"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import OpgraphError
-from ..limits import MAX_DIM, MAX_TOKENS
+from ..limits import MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
 from ..passes.precision import PRECISIONS
 from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
 from ..parallel import ZERO_STAGES as ZERO
@@ -37,7 +37,7 @@ def register(subparsers) -> None:
                    help="the cluster (default: the part's; see `opgraph hardware --clusters`)")
     g.add_argument("--gpus", required=True, metavar="N|RANGE",
                    help="GPUs in the job; a range (8:16384:x2) searches each size and prints "
-                        "the scaling curve")
+                        f"the scaling curve (at most {MAX_PLAN_SIZES} sizes)")
     batch = g.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=whole(MAX_DIM), metavar="SEQUENCES",
                        help="sequences per optimizer step")
@@ -106,7 +106,7 @@ def _space(args, gpus: int, batch: int):
 def _sizes(text: str) -> list[int]:
     from ..sweep.ranges import parse_range
 
-    return [int(n) for n in parse_range(text, "--gpus")]
+    return [int(n) for n in parse_range(text, "--gpus", points=MAX_PLAN_SIZES)]
 
 
 def run(args) -> int:
