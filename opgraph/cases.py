@@ -236,6 +236,24 @@ def _positive(value, where: str, key: str) -> float:
     return number
 
 
+def _within(low: float, high: float, unit: str):
+    """A reader for a positive number from `low` to `high` (`_positive`, then the range): a
+    measurement outside it is a typo or a unit slip, and would throw a fit off by 1e300."""
+    def read(value, where: str, key: str) -> float:
+        number = _positive(value, where, key)
+        if not low <= number <= high:
+            raise OpgraphError(f"{where}: {key} is {_shown(value)}, outside {low:g} to "
+                               f"{high:g} {unit}; give the measured value in {unit}")
+        return number
+    return read
+
+
+# What a measurement may be: a step from 1 us to 1e6 s (11.6 days; published steps take
+# seconds), a GPU's rate from 1e-3 to 1e9 tokens/s, a GPU's memory up to 1e6 GiB.
+STEP_TIME_S = (1e-6, 1e6)
+_measured_step = _within(*STEP_TIME_S, "s")
+
+
 def _choice(choices: Callable[[], tuple[str, ...]], what: str):
     """A reader for one of a list of names, saying the names when it is not one."""
     def read(value, where: str, key: str) -> str:
@@ -283,7 +301,8 @@ READERS: dict[str, Callable] = {
     "micro_batch": _whole, "global_batch": _whole, "virtual_stages": _whole,
     "zero": _zero, "sequence_parallel": _flag, "async_tp": _flag, "overlap_grad_reduce": _flag,
     # measured
-    "step_time_s": _positive, "tokens_per_s_per_gpu": _positive, "peak_memory_gib": _positive,
+    "step_time_s": _measured_step, "tokens_per_s_per_gpu": _within(1e-3, 1e9, "tokens/s"),
+    "peak_memory_gib": _within(1e-6, 1e6, "GiB"),
 }
 
 
@@ -324,8 +343,9 @@ def _case(table, file: str, index: int) -> Case:
     # dp and the global batch as numbers, not "what the others imply": one layout, one record
     parallel = attrs.evolve(parallel, dp=parallel.dp_degree, global_batch=parallel.batch)
     tps = measured.get("tokens_per_s_per_gpu")
-    step = measured.get("step_time_s") or (
-        parallel.batch * fields["seq_len"] / (tps * fields["gpus"]))
+    step = measured.get("step_time_s") or _measured_step(
+        parallel.batch * fields["seq_len"] / (tps * fields["gpus"]), where,
+        "the step time its tokens_per_s_per_gpu implies")
     case = Case(**{**DEFAULTS, **fields}, parallel=parallel, measured_step_time_s=step,
                 measured_tokens_per_s_per_gpu=tps,
                 measured_peak_memory_gib=measured.get("peak_memory_gib"))

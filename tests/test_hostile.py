@@ -1,6 +1,12 @@
 """Hostile and careless input (issue 25): each class is refused in one line and exit status 2
 (130 for Ctrl-C), within the limits of `opgraph.limits`, never a traceback or a wrong profile."""
 
+import json
+import os
+import signal
+import subprocess
+import sys
+
 import pytest
 
 # A 2-layer MLP language model, as a user writes it (tests/test_user_model.py's, in short).
@@ -237,8 +243,6 @@ def test_the_bounds_are_said_in_help(capsys):
 
 
 def _case_file(tmp_path, count: int):
-    import json
-
     from opgraph.cases import SHIPPED
 
     data = json.loads(SHIPPED.read_text())
@@ -268,3 +272,114 @@ def test_the_fit_bound_counts_the_selected_cases(tmp_path):
     # case_5, case_50..59, case_500: 12 cases, under the bound
     assert len(load_cases(path, most=(MAX_FIT_CASES, "a fit"), pattern="case_5")) == \
         MAX_FIT_CASES + 1
+
+
+# --- output and interrupts that fail cleanly ---------------------------------------------------------
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("argv", [["profile", "--ops"], ["validate"]])
+def test_a_full_disk_on_stdout_is_one_line_and_status_2(argv):
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "opgraph", *argv], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.endswith("opgraph: error: cannot write the output: No space left on "
+                                "device\n")
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    # the reader takes one line and closes the pipe; opgraph has 2.6 MB (20,000 rows) to write,
+    # far more than a pipe's buffer, so its writes fail
+    err = tmp_path / "err.txt"
+    done = subprocess.run(f"{sys.executable} -m opgraph sweep --batch 1:20000:+1 --rows 20000 "
+                          f"2>{err} | head -1; echo ${{PIPESTATUS[0]}}", shell=True,
+                          executable="/bin/bash", capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[0].startswith("llama3-8b")
+    assert done.stdout.splitlines()[1] == "0"
+    assert "Traceback" not in err.read_text() and "Exception ignored" not in err.read_text()
+
+
+def test_sigterm_while_writing_leaves_no_temp_file(tmp_path):
+    from opgraph.cli import _signals_raise, _Terminated
+    from opgraph.outputs.atomic import write_atomic
+
+    def write_then_get_killed(f):
+        f.write("half of a file")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(_Terminated), _signals_raise():
+        write_atomic(tmp_path / "out.json", write_then_get_killed)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sigterm_is_one_line_and_128_plus_the_signal(cli, monkeypatch):
+    import opgraph.commands.common as common
+
+    monkeypatch.setattr(common, "load_forward",
+                        lambda args: os.kill(os.getpid(), signal.SIGTERM))
+    code, out, err = cli("profile")
+    _one_line_error(code, out, err, status=128 + signal.SIGTERM)
+    assert err == "opgraph: stopped by SIGTERM\n"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+
+
+def test_calibrate_out_may_not_be_one_of_its_inputs(cli, tmp_path):
+    from opgraph.calibration import CATALOG
+    from opgraph.cases import SHIPPED
+
+    calibration = tmp_path / "cal.toml"
+    calibration.write_text(CATALOG.read_text())
+    code, out, err = cli("calibrate", "--fit", str(SHIPPED), "--calibration",
+                         str(calibration), "--out", str(calibration))
+    _one_line_error(code, out, err)
+    assert "is an input of this command" in err
+    assert calibration.read_text() == CATALOG.read_text()
+    cases = tmp_path / "cases.toml"  # a case file named .toml, to get past the suffix check
+    cases.write_text(SHIPPED.read_text())
+    code, out, err = cli("calibrate", "--fit", str(cases), "--out", str(cases))
+    _one_line_error(code, out, err)
+    assert "is an input of this command" in err
+
+
+@pytest.mark.parametrize("measured", ['"step_time_s": 1e300', '"tokens_per_s_per_gpu": 1e-300',
+                                      '"peak_memory_gib": 1e300, "step_time_s": 1.4'])
+def test_an_absurd_measurement_is_one_line_and_writes_nothing(cli, tmp_path, measured):
+    from opgraph.cases import SHIPPED
+
+    data = json.loads(SHIPPED.read_text())
+    data["cases"] = data["cases"][:1]
+    data["cases"][0]["measured"] = json.loads("{" + measured + "}")
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(data))
+    out_file = tmp_path / "fit.toml"
+    code, out, err = cli("calibrate", "--fit", str(path), "--out", str(out_file))
+    _one_line_error(code, out, err)
+    assert "outside" in err
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_calibration_file_with_odd_names_and_sources_reads_back(tmp_path):
+    import attrs
+
+    from opgraph import calibration
+    from opgraph.fit import to_toml
+
+    generation, e = next(iter(calibration.catalog().items()))
+    source = 'two\nlines, a "quote", a \\ and a \x01'
+    odd = attrs.evolve(e, sources=tuple((name, source) for name, _ in e.sources))
+    path = tmp_path / "cal.toml"
+    path.write_text(to_toml({"my generation": odd, generation: e}, "# test"))
+    table = calibration.load(path)
+    assert list(table) == ["my generation", generation]
+    assert dict(table["my generation"].sources) == {name: source for name, _ in e.sources}
+    assert table["my generation"].values() == e.values()
+
+
+def test_plan_warns_that_memory_is_unchecked_on_a_part_without_it(cli, tmp_path):
+    path = tmp_path / "nomem.toml"
+    path.write_text('[nomem]\nname = "No memory"\nbf16_tflops = 989\nbandwidth_tbs = 3.35\n'
+                    'source = "a test part"\ncluster = "dgx-h100"\ngeneration = "hopper"\n')
+    code, out, err = cli("plan", "--hardware", str(path), "--gpus", "8", "--global-batch", "64")
+    assert code == 0
+    warnings = [line for line in err.splitlines() if "memory is unchecked" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("opgraph: warning: nomem gives no")

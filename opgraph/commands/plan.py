@@ -128,6 +128,12 @@ def run(args) -> int:
     from .. import hardware as hw
 
     part = hw.get(args.hardware)
+    if part.memory_bytes is None:
+        # Warned, not refused: the ranking by speed still holds, and a part's sheet may give no
+        # memory (a what-if of a future part); but nothing is ruled out for its size.
+        print(f"opgraph: warning: {part.id} gives no memory_gb, so memory is unchecked: every "
+              "layout counts as fitting; add memory_gb to its file to rule out those that do "
+              "not", file=sys.stderr)
     forward = load_forward(args)
     seq = args.seq_len or forward.seq_len
     if seq is None:
