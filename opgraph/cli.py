@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `opgraph plan --json | head -1`: the reader has all it wants
         _stdout_gone()
         return 0
-    except OSError as e:  # writing stdout failed (a full disk, an I/O error)
+    except OSError as e:  # writing stdout failed (a full disk, an I/O error), or a file did
+        if e.filename is not None:
+            print(f"opgraph: error: {_one_line(str(e.filename))}: {e.strerror or e}",
+                  file=sys.stderr)
+            return 2
         _stdout_gone()
         print(f"opgraph: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
         return 2

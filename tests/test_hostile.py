@@ -383,3 +383,15 @@ def test_plan_warns_that_memory_is_unchecked_on_a_part_without_it(cli, tmp_path)
     assert code == 0
     warnings = [line for line in err.splitlines() if "memory is unchecked" in line]
     assert len(warnings) == 1 and warnings[0].startswith("opgraph: warning: nomem gives no")
+
+
+def test_an_os_error_naming_a_file_says_the_file(cli, monkeypatch):
+    import opgraph.commands.common as common
+
+    def unreadable(args):
+        raise PermissionError(13, "Permission denied", "/data/model.py")
+
+    monkeypatch.setattr(common, "load_forward", unreadable)
+    code, out, err = cli("profile")
+    _one_line_error(code, out, err)
+    assert err == "opgraph: error: /data/model.py: Permission denied\n"
