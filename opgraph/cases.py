@@ -57,7 +57,7 @@ CASES_MAX_BYTES = 8 << 20  # a few hundred cases with notes; the shipped file is
 
 SWEEP = Path(__file__).with_name("data") / "playbook_sweep.json"
 # Case files known by name, so a command finds them from any directory.
-NAMED = {"dev": SHIPPED, "playbook-sweep": SWEEP}
+NAMED = {"dev": SHIPPED, "shipped": SHIPPED, "playbook-sweep": SWEEP}
 TOP_KEYS = ("about", "cases", "unmodelled")
 CASE_KEYS = ("id", "family", "source", "model", "hardware", "cluster", "gpus", "parallel",
              "seq_len", "recompute", "precision", "fuse", "fused_attention", "measured", "notes")
@@ -261,6 +261,24 @@ def _positive(value, where: str, key: str) -> float:
     return number
 
 
+def _within(low: float, high: float, unit: str):
+    """A reader for a positive number from `low` to `high` (`_positive`, then the range): a
+    measurement outside it is a typo or a unit slip, and would throw a fit off by 1e300."""
+    def read(value, where: str, key: str) -> float:
+        number = _positive(value, where, key)
+        if not low <= number <= high:
+            raise OpgraphError(f"{where}: {key} is {_shown(value)}, outside {low:g} to "
+                               f"{high:g} {unit}; give the measured value in {unit}")
+        return number
+    return read
+
+
+# What a measurement may be: a step from 1 us to 1e6 s (11.6 days; published steps take
+# seconds), a GPU's rate from 1e-3 to 1e9 tokens/s, a GPU's memory up to 1e6 GiB.
+STEP_TIME_S = (1e-6, 1e6)
+_measured_step = _within(*STEP_TIME_S, "s")
+
+
 def _choice(choices: Callable[[], tuple[str, ...]], what: str):
     """A reader for one of a list of names, saying the names when it is not one."""
     def read(value, where: str, key: str) -> str:
@@ -313,8 +331,8 @@ READERS: dict[str, Callable] = {
     "framework": _choice(lambda: FRAMEWORKS, "a framework"),
     "grad_reduce_dtype": _choice(lambda: GRAD_REDUCE_DTYPES, "a gradient-reduction dtype"),
     # measured
-    "step_time_s": _positive, "tokens_per_s_per_gpu": _positive, "peak_memory_gib": _positive,
-    "peak_memory_gb": _positive,
+    "step_time_s": _measured_step, "tokens_per_s_per_gpu": _within(1e-3, 1e9, "tokens/s"),
+    "peak_memory_gib": _within(1e-6, 1e6, "GiB"), "peak_memory_gb": _within(1e-6, 1e6, "GB"),
 }
 
 
@@ -355,8 +373,9 @@ def _case(table, file: str, index: int) -> Case:
     # dp and the global batch as numbers, not "what the others imply": one layout, one record
     parallel = attrs.evolve(parallel, dp=parallel.dp_degree, global_batch=parallel.batch)
     tps = measured.get("tokens_per_s_per_gpu")
-    step = measured.get("step_time_s") or (
-        parallel.batch * fields["seq_len"] / (tps * fields["gpus"]))
+    step = measured.get("step_time_s") or _measured_step(
+        parallel.batch * fields["seq_len"] / (tps * fields["gpus"]), where,
+        "the step time its tokens_per_s_per_gpu implies")
     if "peak_memory_gib" in measured and "peak_memory_gb" in measured:
         raise OpgraphError(f"{where}: measured gives peak_memory_gib and peak_memory_gb; give "
                            "the one unit the source used")
@@ -437,8 +456,11 @@ def resolve(path: str | Path | None) -> Path:
     return Path(path)
 
 
-def load_cases(path: str | Path | None = None) -> list[Case]:
+def load_cases(path: str | Path | None = None, *, most: tuple[int, str] | None = None,
+               pattern: str | None = None) -> list[Case]:
     """The cases of a case file, in its order; None: the shipped validation set (see NAMED).
+    `most`, (a bound, what it bounds), refuses a file with more cases than the bound (those
+    whose id contains `pattern`, if given) before any is built.
 
         >>> cases = load_cases()
         >>> len(cases), cases[0].parallel.tp, cases[0].measured_step_time_s
@@ -446,6 +468,14 @@ def load_cases(path: str | Path | None = None) -> list[Case]:
     """
     path = resolve(path)
     data = _parse(read_small(path, "case file", CASES_MAX_BYTES), path)
+    if most is not None:
+        bound, what = most
+        count = sum(pattern is None or pattern in str(t.get("id", "")) if isinstance(t, dict)
+                    else 1 for t in data["cases"])
+        if count > bound:
+            raise OpgraphError(f"case file {path}: {count:,} cases, more than opgraph's bound "
+                               f"of {bound:,} for {what}; pick some with --select or split "
+                               "the file")
     cases, ids, built = [], set(), {}
     for i, table in enumerate(data["cases"]):
         case = _case(table, str(path), i)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import os
+import signal
 import sys
+import threading
 
 from .errors import OpgraphError
 
@@ -65,6 +69,46 @@ def _one_line(message: str) -> str:
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
 
 
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised where the program is, so that what it was writing is cleaned up
+    on the way out (`outputs.atomic` removes its temp files on any exception)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, _frame):
+    raise _Terminated(signum)
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    """SIGTERM and SIGHUP raise `_Terminated` inside the block (where a handler can be set:
+    the main thread); the previous handlers come back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    names = [n for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)]
+    before = {n: signal.signal(getattr(signal, n), _raise_terminated) for n in names}
+    try:
+        yield
+    finally:
+        for n, handler in before.items():
+            signal.signal(getattr(signal, n), handler)
+
+
+def _stdout_gone() -> None:
+    """Point stdout at /dev/null: what is still buffered for a closed pipe or a full disk
+    would fail again at exit, with Python's two-line "Exception ignored" (and status 120)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass  # not a real file (a test's capture): nothing is flushed at exit
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # numpy's BLAS threads gain nothing on opgraph's small matrices (`plan`'s run no faster
@@ -76,16 +120,35 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["profile", *argv]  # `opgraph` alone, or `opgraph --json`, profiles
     try:
-        parser = build_parser()
-        args, extra = parser.parse_known_args(argv)
-        if args.command is None:
-            raise OpgraphError("give a command, e.g. `opgraph profile` (see `opgraph --help`)")
-        if extra:
-            raise OpgraphError(_unrecognized(parser, args.command, extra))
-        _no_empty_strings(parser, args)
-        return args.func(args)
+        with _signals_raise():
+            parser = build_parser()
+            args, extra = parser.parse_known_args(argv)
+            if args.command is None:
+                raise OpgraphError("give a command, e.g. `opgraph profile` (see `opgraph "
+                                   "--help`)")
+            if extra:
+                raise OpgraphError(_unrecognized(parser, args.command, extra))
+            _no_empty_strings(parser, args)
+            code = args.func(args)
+            sys.stdout.flush()  # a full disk is found now, in here, not at exit
+            return code
     except OpgraphError as e:
         print(f"opgraph: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
-    except BrokenPipeError:
+    except BrokenPipeError:  # `opgraph plan --json | head -1`: the reader has all it wants
+        _stdout_gone()
         return 0
+    except OSError as e:  # writing stdout failed (a full disk, an I/O error), or a file did
+        if e.filename is not None:
+            print(f"opgraph: error: {_one_line(str(e.filename))}: {e.strerror or e}",
+                  file=sys.stderr)
+            return 2
+        _stdout_gone()
+        print(f"opgraph: error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C: the user knows why; one line, the shell's 128 + SIGINT
+        print("opgraph: interrupted", file=sys.stderr)
+        return 130
+    except _Terminated as e:  # files being written were removed on the way here
+        print(f"opgraph: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
+        return 128 + e.signum

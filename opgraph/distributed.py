@@ -56,6 +56,7 @@ from .rules import COLLECTIVE_KINDS
 from .schedule import (Event, Plan, Run, interleaved_span, once_per_step, pipeline_span, plan,
                        simulate)
 from .symbols import S
+from .verify import check_dims
 
 
 @attrs.frozen
@@ -226,8 +227,9 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
     if drawn is not None:
         kinds[drawn] = drawn
     distinct = sorted(set(kinds))
-    stages = tuple(_prepare_stage(split_stages(step, layout, i), hardware, layout, values, cost,
-                                  i) for i in distinct)
+    # split_stages binds pp among the dimensions: checked as every pipeline pass is
+    stages = tuple(_prepare_stage(check_dims(split_stages(step, layout, i)), hardware, layout,
+                                  values, cost, i) for i in distinct)
     subs = resolve(forward, {k: v for k, v in values.items() if k != "B"})
     return Job(forward, hardware, cluster, layout, stages,
                tuple(distinct.index(k) for k in kinds), layout.batch * int(subs[S]),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 
 import attrs
 import numpy as np
@@ -178,16 +179,27 @@ def to_toml(table: dict[str, Efficiencies], header: str) -> str:
     """A calibration file with `table`'s values (12 significant digits), sources and fits."""
     lines = [header.rstrip(), ""]
     for generation, e in table.items():
-        lines.append(f"[{generation}]")
+        lines.append(f"[{_key(generation)}]")
         for name, value in e.values().items():
             lines.append(f"{name} = {value:.12g}")
         lines.append("fitted = [" + ", ".join(f'"{n}"' for n in e.fitted) + "]")
         if e.sources:
-            lines += ["", f"[{generation}.sources]"]
-            lines += [f"{name} = {_quoted(text)}" for name, text in e.sources]
+            lines += ["", f"[{_key(generation)}.sources]"]
+            lines += [f"{_key(name)} = {_quoted(text)}" for name, text in e.sources]
         lines.append("")
     return "\n".join(lines)
 
 
 def _quoted(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A TOML basic string: backslash and quote escaped, and every control character (a
+    newline in a source) as \\uXXXX, which TOML 1.0 reads back (it allows no raw ones)."""
+    body = "".join(
+        "\\\\" if c == "\\" else '\\"' if c == '"'
+        else f"\\u{ord(c):04X}" if ord(c) < 0x20 or ord(c) == 0x7F else c
+        for c in text)
+    return f'"{body}"'
+
+
+def _key(name: str) -> str:
+    """A TOML key: bare where TOML allows it (letters, digits, - and _), else quoted."""
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else _quoted(name)

@@ -315,6 +315,12 @@ def _flatten(table: dict, prefix: str = "") -> dict[str, object]:
     return leaves
 
 
+def _prefixes(key: str) -> list[str]:
+    """The dotted keys above `key`: "a.b.c" -> ["a", "a.b"]."""
+    parts = key.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def _tt_is_quiet(key: str) -> bool:
     return (key in _TT_QUIET or key.split(".")[0] in _TT_QUIET_SECTIONS
             or key.startswith(_TT_QUIET_PREFIXES))
@@ -328,6 +334,11 @@ def _tt_keys(data: dict) -> tuple[dict[str, object], list[str], bool]:
     legacy = False
     for key, value in _flatten(data).items():
         name = _TT_RENAMED.get(key, key)
+        table = next((part for part in _prefixes(name) if part in _TT_READ or part in _TT_ASSUMED),
+                     None)
+        if table is not None:  # `tensor_parallel_degree = {a = 1}`: a table where a value goes
+            raise OpgraphError(f"torchtitan config: {table} is a table ({key} = {value!r}); "
+                               "give it a single value")
         legacy |= name != key or key == "experimental.pipeline_parallel_microbatches"
         if name in keys and keys[name] != value:
             raise OpgraphError(f"torchtitan config gives {name} twice ({keys[name]!r} and "
@@ -830,12 +841,23 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
 def _mg_vocab(flags: _Flags, tp: int) -> int | None:
     padded = flags.whole("--padded-vocab-size")
     vocab = flags.whole("--vocab-size")
-    multiple = flags.whole("--make-vocab-size-divisible-by", 128) * tp
+    divisor = flags.whole("--make-vocab-size-divisible-by", 128)
+    multiple = divisor * tp
     if padded is not None:
         return padded
     if vocab is None and flags.text("--tokenizer-type") == "GPT2BPETokenizer":
         vocab = GPT2_BPE_VOCAB
-    return None if vocab is None else math.ceil(vocab / multiple) * multiple
+    if vocab is None:
+        return None
+    # Megatron pads for the GEMMs' sake (its default 128 x tp); a multiple beyond both that
+    # and the vocabulary itself would make most of the output head padding.
+    if multiple > max(vocab, 128 * tp):
+        raise OpgraphError(f"Megatron --make-vocab-size-divisible-by {divisor:,} x tp {tp} "
+                           f"= {multiple:,} is more than the vocabulary of {vocab:,}: most of "
+                           "the output head would be padding; give 128 (Megatron's default) "
+                           "or another multiple below the vocabulary")
+    return check_whole(math.ceil(vocab / multiple) * multiple, "Megatron's padded vocabulary",
+                       MAX_DIM)
 
 
 def _mg_model(flags: _Flags, tp: int) -> tuple[LlamaConfig | GPT2Config, int]:
@@ -861,6 +883,17 @@ def _mg_model(flags: _Flags, tp: int) -> tuple[LlamaConfig | GPT2Config, int]:
     gqa = flags.switch("--group-query-attention")
     groups = flags.whole("--num-query-groups", 1)  # Megatron's default with GQA
     head_dim = flags.whole("--kv-channels")
+    # As Megatron-LM checks them: each query group holds whole heads
+    # (megatron/core/transformer/attention.py divides heads by groups), and a token's top-k
+    # experts are among the experts (megatron/core/transformer/transformer_config.py,
+    # "moe_router_topk ... should be less than or equal to num_moe_experts").
+    if gqa and heads % groups:
+        raise OpgraphError(f"Megatron --num-attention-heads {heads} is not a multiple of "
+                           f"--num-query-groups {groups}; give a number of groups that divides "
+                           "the heads")
+    if experts and topk > experts:
+        raise OpgraphError(f"Megatron --moe-router-topk {topk} is more than --num-experts "
+                           f"{experts}; a token is routed to at most every expert")
     if all(llama_parts.values()):
         if hidden % heads and head_dim is None:
             raise OpgraphError(f"Megatron --hidden-size {hidden} is not divisible by "

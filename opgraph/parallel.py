@@ -22,7 +22,7 @@ import attrs
 import sympy
 
 from .errors import OpgraphError
-from .limits import MAX_DIM, check_whole
+from .limits import MAX_DIM, MAX_MICRO_BATCHES, check_whole
 
 _DEG = {"positive": True, "integer": True}
 # The degrees as symbols, like the model's dimensions: formulas show them, sweeps vary them.
@@ -113,6 +113,12 @@ class Parallel:
             raise OpgraphError(f"global batch {self.global_batch} is not divisible by dp x "
                                f"micro-batch = {self.dp_degree} x {self.micro_batch}; give a "
                                f"multiple of {self.dp_degree * self.micro_batch}")
+        if self.micro_batches > MAX_MICRO_BATCHES:
+            raise OpgraphError(f"global batch {self.batch:,} is {self.micro_batches:,} "
+                               f"micro-batches per data-parallel rank (dp {self.dp_degree:,} x "
+                               f"micro-batch {self.micro_batch:,}), more than opgraph's bound of "
+                               f"{MAX_MICRO_BATCHES:,}; give a smaller global batch, a larger "
+                               "micro-batch or more data parallelism")
         if self.virtual_stages > 1 and self.pp == 1:
             raise OpgraphError("--virtual-stages needs pipeline parallelism (--pp 2 or more)")
         if self.sequence_parallel and self.tp == 1:
@@ -194,7 +200,8 @@ def stage_layers(layers: int, layout: Parallel) -> list[int]:
 
     Even: `layers / pp` each, and `layers` must divide by pp x virtual stages. Uneven ends take
     `first_stage_layers` / `last_stage_layers`; the middle stages split the rest evenly (with
-    virtual stages, as `chunk_layers` cuts them).
+    virtual stages, as `chunk_layers` cuts them). Every stage holds at least one layer (as
+    Megatron-LM asks of its middle stages).
 
         >>> stage_layers(126, Parallel(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
         [7, 8, 8]
@@ -226,10 +233,17 @@ def chunk_layers(layers: int, layout: Parallel) -> list[list[int]]:
     ends = (first or 0) + (last or 0)
     middle = p - (first is not None) - (last is not None)
     rest = layers - ends
+    ends_take = {(True, True): "the first and last stages take",
+                 (True, False): "the first stage takes",
+                 (False, True): "the last stage takes"}[first is not None, last is not None]
     if rest < 0 or (middle and rest % middle) or (not middle and rest):
-        raise OpgraphError(f"{layers} layers: the first and last stages take {ends}, and the "
-                           f"{rest} left do not split evenly over {middle} middle stages")
+        raise OpgraphError(f"{layers} layers: {ends_take} {ends}, and the {rest} left do not "
+                           f"split evenly over {middle} middle stages")
     each = rest // middle if middle else 0
+    if middle and each < 1:  # the ends are whole numbers from 1 (`Parallel` checks them)
+        raise OpgraphError(f"{layers} layers over {p} pipeline stages: {ends_take} {ends}, "
+                           f"leaving {rest} for {middle} middle stage{'s' * (middle != 1)}; "
+                           "every stage needs at least one layer")
     if v == 1:
         return [[n] for n in ([first] if first is not None else []) + [each] * middle + (
             [last] if last is not None else [])]

@@ -24,7 +24,7 @@ from .passes.recompute import recompute as recompute_pass
 from .passes.regather_inputs import regather_inputs
 from .passes.replicate import replicate
 from .passes.shard import shard as shard_pass
-from .verify import verify
+from .verify import check_dims, verify
 
 DEFAULT_ADAMW = AdamW()
 
@@ -96,10 +96,12 @@ def fusion_passes(policy: str | None) -> list:
 def compile_step(forward: Graph, *, check: bool = True, **options) -> Graph:
     """Run `step_passes(**options)` over `forward`, verifying the result (`check=False` to
     skip; it is cheap). How the step's ops cost is the cost model's business, when it is
-    evaluated (`opgraph.costmodel`)."""
-    graph = forward
+    evaluated (`opgraph.costmodel`). Every pass's dimensions are checked as it returns (a
+    pass such as `shard` or `replicate` binds new ones): a value out of range is a VerifyError
+    naming it, not a profile of negative bytes."""
+    graph = check_dims(forward)
     for run in step_passes(**options):
-        graph = run(graph)
+        graph = check_dims(run(graph))
     if check:
         verify(graph)
     return graph

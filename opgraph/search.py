@@ -99,6 +99,7 @@ from .errors import OpgraphError
 from .frameworks import FRAMEWORKS, Traits, run_zero
 from .hardware import Hardware
 from .ir import DTYPES, Graph, Phase
+from .limits import MAX_MICRO_BATCHES
 from .memory import RESIDENT, Memory, liveness, resident_tensors, saved
 from .outputs.progress import progress, progressed
 from .parallel import ZERO_STAGES, Parallel, cp, dp, edp, ep, pp, stage_layers, tp
@@ -383,7 +384,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                     continue
                 for mb in ([space.micro_batch] if space.micro_batch else
                            _divisors(per_rank, space.max_micro_batch)):
-                    if per_rank % mb:
+                    if per_rank % mb or per_rank // mb > MAX_MICRO_BATCHES:  # `Parallel`'s bound
                         continue
                     for v in _virtual(space, layers, p, first, per_rank // mb):
                         out += [Row(t, c, e, p, d, mb, v, z, sp_, first, last, r, pr,
@@ -1424,7 +1425,8 @@ class Searcher:
         if not found:
             raise OpgraphError(f"no layout of {self.forward.name} divides {space.gpus:,} GPUs "
                                f"and {space.batch:,} sequences per step within the "
-                               "constraints; change --gpus, the batch or the constraints")
+                               f"constraints (at most {MAX_MICRO_BATCHES:,} micro-batches per "
+                               "rank); change --gpus, the batch or the constraints")
         by_key: dict[tuple, list[int]] = {}
         by_compute: dict[tuple, list[int]] = {}
         for i, r in enumerate(found):

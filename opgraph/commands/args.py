@@ -62,8 +62,19 @@ def positive_float(text: str) -> float:
 
 def input_files(args: argparse.Namespace) -> list[str]:
     """Every file a command reads, from its options: a config.json (or its folder's), hardware
-    TOML files, a rules file."""
-    files = []
+    TOML files, a rules file, a case file (`--fit`, validate's cases), a calibration file, a
+    trace, a job config (`--torchtitan`, `--megatron-args @FILE`), a cluster file, a model file
+    (`--model FILE.py:build`)."""
+    files = [getattr(args, name, None) for name in ("fit", "calibration", "cases",
+                                                     "torchtitan", "cluster")]
+    if getattr(args, "command", None) != "profile":  # profile's --trace is what it writes
+        files.append(getattr(args, "trace", None))
+    megatron = getattr(args, "megatron_args", None)
+    if isinstance(megatron, str) and megatron.startswith("@"):
+        files.append(megatron[1:])
+    model = getattr(args, "model", None)
+    if isinstance(model, str) and ".py" in model:
+        files.append(model if model.endswith(".py") else model.rpartition(":")[0])
     config = getattr(args, "config", None)
     if config:
         files += [config, os.path.join(config, "config.json")]
@@ -71,7 +82,7 @@ def input_files(args: argparse.Namespace) -> list[str]:
         if part.strip().endswith(".toml") or "/" in part:
             files.append(part.strip())
     files.append(getattr(args, "rules", None))
-    return [f for f in files if f]
+    return [f for f in files if isinstance(f, str) and f]
 
 
 def check_command_outputs(args: argparse.Namespace, outputs: dict[str, str | None],

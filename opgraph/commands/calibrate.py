@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..limits import MAX_FIT_CASES
 from ..outputs.atomic import outputs
 from .args import check_command_outputs, json_text, positive_int
 from .common import add_model_args
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--fit", metavar="CASES.json",
                    help="fit to the runs of a case file; `--fit shipped`: the published runs "
                         "installed with opgraph (opgraph/data/validation.json), from any "
-                        "directory")
+                        f"directory; at most {MAX_FIT_CASES} cases")
     p.add_argument("--select", metavar="TEXT",
                    help="with --fit: only the cases whose id contains TEXT (fit on some runs, "
                         "validate on the others)")
@@ -75,7 +76,8 @@ def _fit_cases(args, base):
     from ..fit import fit
 
     path = None if args.fit == SHIPPED_CASES else args.fit
-    result = fit(select(load_cases(path), args.select), base)
+    cases = load_cases(path, most=(MAX_FIT_CASES, "a fit"), pattern=args.select)
+    result = fit(select(cases, args.select), base)
     errors = [e for _, _, e in result.errors]
     mape = sum(map(abs, errors)) / len(errors)
     lines = ["fitted (in-sample: the errors below are on the runs the fit used)"]

@@ -122,7 +122,7 @@ def _user_model(path: str, function: str) -> Graph:
     from hashlib import sha1
     from pathlib import Path
 
-    from ..verify import VerifyError, verify
+    from ..verify import VerifyError, check_model
 
     where = f"--model {path}:{function}"
     file = Path(path)
@@ -133,9 +133,11 @@ def _user_model(path: str, function: str) -> Graph:
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and attrs in the file look their module up
+    # The user's code: any error is theirs, in one line; so is a `sys.exit()` in it, which
+    # must not end opgraph silently. Ctrl-C (KeyboardInterrupt) still stops the program.
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's code: any error is theirs, in one line
+    except (Exception, SystemExit) as e:  # noqa: BLE001
         del sys.modules[name]
         raise OpgraphError(f"{where}: importing {path} failed: {_one_line(e)}") from None
     build = getattr(module, function, None)
@@ -146,16 +148,16 @@ def _user_model(path: str, function: str) -> Graph:
         raise OpgraphError(f"{where}: {path} has no function {function!r}{have}")
     try:
         graph = build()
-    except Exception as e:  # noqa: BLE001 - the same
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the same
         raise OpgraphError(f"{where}: {function}() raised {_one_line(e)}") from None
     if not isinstance(graph, Graph):
         raise OpgraphError(f"{where}: {function}() returned {type(graph).__name__}, not a "
                            "forward Graph; end it with `return g.build()` on an "
                            "opgraph.GraphBuilder")
     try:
-        verify(graph)
+        check_model(graph)  # after build(): its dims may have changed since the builder's check
     except VerifyError as e:
-        raise OpgraphError(f"{where}: the graph is malformed: {_one_line(e)}") from None
+        raise OpgraphError(f"{where}: the graph cannot be profiled: {_one_line(e)}") from None
     from ..symbols import S
 
     if graph.seq_len is None and S in graph.dims:  # its S is its default length
@@ -164,7 +166,9 @@ def _user_model(path: str, function: str) -> Graph:
     return graph
 
 
-def _one_line(e: Exception) -> str:
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, SystemExit):  # its str() is the bare exit status
+        return f"SystemExit({e.code!r}): a model file must not exit the program"
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 

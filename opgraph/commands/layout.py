@@ -9,7 +9,7 @@ import sys
 import attrs
 
 from ..errors import OpgraphError
-from ..limits import MAX_DIM
+from ..limits import MAX_DIM, MAX_MICRO_BATCHES
 from ..parallel import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES, Parallel
 from .args import whole
 
@@ -21,7 +21,8 @@ JOB_FLAGS = (("gpus", "GPUs in the job"),
              ("pp", "pipeline stages"),
              ("micro-batch", "sequences per micro-batch (default 1)"),
              ("global-batch", ("sequences per optimizer step over the job (default: one "
-                              "micro-batch per data-parallel rank)")),
+                              "micro-batch per data-parallel rank; at most "
+                              f"{MAX_MICRO_BATCHES:,} micro-batches per rank)")),
              ("virtual-stages", "interleaved pipeline: model chunks per GPU (default 1)"))
 
 

@@ -7,7 +7,7 @@ import math
 import sys
 
 from ..errors import OpgraphError
-from ..limits import MAX_DIM, MAX_TOKENS
+from ..limits import MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
 from ..passes.precision import PRECISIONS
 from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
 from ..parallel import ZERO_STAGES as ZERO
@@ -42,7 +42,7 @@ def register(subparsers) -> None:
                    help="the cluster (default: the part's; see `opgraph hardware --clusters`)")
     g.add_argument("--gpus", required=True, metavar="N|RANGE",
                    help="GPUs in the job; a range (8:16384:x2) searches each size and prints "
-                        "the scaling curve")
+                        f"the scaling curve (at most {MAX_PLAN_SIZES} sizes)")
     batch = g.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=whole(MAX_DIM), metavar="SEQUENCES",
                        help="sequences per optimizer step")
@@ -124,7 +124,7 @@ def _space(args, gpus: int, batch: int):
 def _sizes(text: str) -> list[int]:
     from ..sweep.ranges import parse_range
 
-    return [int(n) for n in parse_range(text, "--gpus")]
+    return [int(n) for n in parse_range(text, "--gpus", points=MAX_PLAN_SIZES)]
 
 
 def run(args) -> int:
@@ -152,6 +152,12 @@ def run(args) -> int:
     from .. import hardware as hw
 
     part = hw.get(args.hardware)
+    if part.memory_bytes is None:
+        # Warned, not refused: the ranking by speed still holds, and a part's sheet may give no
+        # memory (a what-if of a future part); but nothing is ruled out for its size.
+        print(f"opgraph: warning: {part.id} gives no memory_gb, so memory is unchecked: every "
+              "layout counts as fitting; add memory_gb to its file to rule out those that do "
+              "not", file=sys.stderr)
     forward = load_forward(args)
     if args.emit:
         from ..launch import check_emittable

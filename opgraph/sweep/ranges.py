@@ -27,11 +27,13 @@ def _whole(text: str, what: str, maximum: int) -> int:
     return int(digits)
 
 
-def parse_range(text: str, what: str = "range", maximum: int = MAX_DIM) -> np.ndarray:
-    """The whole numbers a range names, each at most `maximum`: `parse_range("1024:8192:x2")` is
-    1024, 2048, 4096, 8192."""
+def parse_range(text: str, what: str = "range", maximum: int = MAX_DIM,
+                points: int = MAX_POINTS) -> np.ndarray:
+    """The whole numbers a range names, each at most `maximum`, at most `points` of them:
+    `parse_range("1024:8192:x2")` is 1024, 2048, 4096, 8192."""
     text = text.strip()
     if re.fullmatch(rf"{_NUMBER}(?:,{_NUMBER})*", text):
+        _check_count(text.count(",") + 1, what, text, points)
         values = [_whole(v, what, maximum) for v in text.split(",")]
         if min(values) <= 0:
             raise OpgraphError(f"{what} {text}: values must be positive")
@@ -51,7 +53,7 @@ def parse_range(text: str, what: str = "range", maximum: int = MAX_DIM) -> np.nd
         if increment <= 0:
             raise OpgraphError(f"{what} {text}: the step {step} must be positive, e.g. +1")
         count = (stop - start) // increment + 1
-        _check_count(count, what, text)
+        _check_count(count, what, text, points)
         return np.arange(count, dtype=np.int64) * increment + start
     if step[:1] in ("x", "X"):
         factor = step[1:]
@@ -62,11 +64,12 @@ def parse_range(text: str, what: str = "range", maximum: int = MAX_DIM) -> np.nd
         while v <= stop:
             values.append(v)
             v *= int(factor)
+        _check_count(len(values), what, text, points)
         return np.array(values, dtype=np.int64)
     raise OpgraphError(f"{what} {text}: the step {step!r} is neither +STEP nor xFACTOR")
 
 
-def _check_count(count: int, what: str, text: str) -> None:
-    if count > MAX_POINTS:
-        raise OpgraphError(f"{what} {text} has {count:,} points, more than {MAX_POINTS:,}; "
-                           "take a coarser step")
+def _check_count(count: int, what: str, text: str, points: int = MAX_POINTS) -> None:
+    if count > points:
+        raise OpgraphError(f"{what} {text} has {count:,} points, more than {points:,} "
+                           "(opgraph's bound); take a coarser step")
