@@ -3,11 +3,12 @@ formulas of the papers they follow (Shoeybi et al. 2019, Korthikanti et al. 2022
 al. 2021, Rajbhandari et al. 2020), never against the program's own output."""
 
 import json
+from fractions import Fraction
 
 import attrs
 import pytest
 import sympy
-from opgraph.models import preset
+from opgraph.models import gemma2, preset
 from opgraph.passes.evaluate import evaluate, resolve
 from opgraph.passes.replicate import replicate
 from opgraph.passes.shard import shard
@@ -104,6 +105,50 @@ def test_context_parallel_gathers_keys_and_values_and_splits_the_attention():
     one = compile_step(preset("llama3-8b"))
     attention = DEFAULT.op_costs(step)["layers.attn.flash"].flops
     assert sympy.simplify(attention - DEFAULT.op_costs(one)["layers.attn.flash"].flops / cp) == 0
+
+
+def _band_pairs(queries, window: int) -> Fraction:
+    """Causal (query, key) pairs inside a sliding window of `window` keys (query i sees keys
+    i - window + 1 .. i), counted one by one over `queries`. The plate counts a causal S x S
+    product as S^2 / 2, the diagonal's pairs at one half; the window's far edge is counted the
+    same way (key i - window at one half, its neighbour inside at one), so a query past the
+    window's reach scores `window` pairs and the count is the band's area."""
+    pairs = Fraction(0)
+    for i in queries:
+        for j in range(i + 1):
+            if i - window < j < i:
+                pairs += 1
+            elif j == i or j == i - window:
+                pairs += Fraction(1, 2)
+    return pairs
+
+
+@pytest.mark.parametrize("seq, c", [(24, 1), (24, 2), (24, 3), (48, 4)])
+def test_windowed_attention_under_context_parallelism_is_the_busiest_ranks_band(seq, c):
+    """Ring attention cuts the sequence into 2 cp chunks and gives rank r chunks r and
+    2 cp - 1 - r (Megatron-LM's `get_batch_on_this_cp_rank`). A sliding window makes the
+    ranks' work differ; the step waits for the busiest, so a GPU's attention FLOPs are its
+    pairs: the most of any rank's, counted pair by pair. Gemma 2's global layers stay
+    balanced (every rank S/cp x S/2). Before, the local layer's count ignored where the
+    chunks sit and went to 0 or below as cp grew."""
+    chunk = seq // (2 * c)
+    ranks = [[*range(r * chunk, (r + 1) * chunk),
+              *range((2 * c - 1 - r) * chunk, (2 * c - r) * chunk)] for r in range(c)]
+    d_h, heads = 16, 2
+    for window in (1, 3, chunk, seq // 2 + 1, seq - 1, seq, seq + 8):
+        config = gemma2.Gemma2Config("tiny", d_model=64, layers=2, heads=heads, kv_heads=1,
+                                     head_dim=d_h, d_ff=128, vocab=256, window=window,
+                                     seq_len=seq)
+        step = compile_parallel(gemma2.build(config), Parallel(cp=c))
+        subs, costs = resolve(step), DEFAULT.op_costs(step)
+        for layer, w in (("local", window), ("global", seq)):
+            pairs = max(_band_pairs(queries, w) for queries in ranks)
+            # QK^T and P.V (2 d_h each per pair) and the soft-cap (3 per score): `_flash_flops`
+            expected = heads * pairs * (2 * d_h + 2 * d_h + 3)
+            got = costs[f"layers.{layer}.attn.flash"].flops.xreplace(subs)
+            assert got == expected, (layer, window)
+        if window >= seq:  # the window covers the sequence: balanced again, 1/cp of one GPU's
+            assert len({_band_pairs(queries, window) for queries in ranks}) == 1
 
 
 def test_expert_parallel_dispatches_k_copies_of_each_token():
