@@ -16,8 +16,10 @@ weight `w` with gradient `g` and `dp` ranks (Rajbhandari et al. 2020, ZeRO; PyTo
 Shards split a tensor's first dimension (FSDP's dim-0 sharding). The group is every rank that
 holds the same weight: the data-parallel ranks and the context-parallel ones (they hold the same
 weights too), `dp` x `cp` GPUs, the symbol `dp` in the formulas; an expert-parallel weight's is
-the expert data-parallel group, dp x cp / ep, the symbol `edp`.
-the gradient reduction runs in the gradient's dtype (FP32: Megatron-LM's main gradients and
+the expert data-parallel group, dp x cp / ep, the symbol `edp`. A weight whose group is one GPU
+(the experts when ep = dp x cp) is left as one GPU holds it: no collective, no transient copy
+beside a "shard" that is the whole tensor.
+The gradient reduction runs in the gradient's dtype (FP32: Megatron-LM's main gradients and
 torchtitan's FSDP reduce dtype). When a data-parallel reduction runs (each micro-batch or once
 per step) and what it overlaps is the schedule's business (`opgraph.schedule`).
 """
@@ -72,7 +74,9 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     if layout.ep > 1:
         out.dims[edp] = layout.size("edp")
     for update in [op for op in graph.ops() if op.kind == "adamw"]:
-        _replicate_update(out, update, layout.zero)
+        w = graph.tensor(graph.tensor(update.inputs[0]).grad_of)
+        if layout.size(group_of(w)) > 1:  # a group of one GPU has nothing to reduce or shard
+            _replicate_update(out, update, layout.zero)
     return out
 
 

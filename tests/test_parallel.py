@@ -8,7 +8,7 @@ from fractions import Fraction
 import attrs
 import pytest
 import sympy
-from opgraph.models import gemma2, preset
+from opgraph.models import gemma2, llama, preset
 from opgraph.passes.evaluate import evaluate, resolve
 from opgraph.passes.replicate import replicate
 from opgraph.passes.shard import shard
@@ -206,6 +206,32 @@ def test_fsdp_gathers_each_weight_in_forward_and_again_in_backward():
     weights = {w.name for w in step.weights()}
     assert {op.inputs[0] for op in gathers} == weights
     assert all(step.tensor(op.outputs[0]).role is Role.ACTIVATION for op in gathers)
+
+
+TINY_MOE = llama.LlamaConfig("tiny-moe", d_model=64, layers=2, heads=4, kv_heads=2, d_ff=96,
+                             vocab=128, experts=8, experts_per_token=2, seq_len=64)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_a_group_of_one_gpu_neither_reduces_nor_shards(zero):
+    """ep = dp x cp puts each expert on one GPU of the data-parallel group: the expert data-
+    parallel group is that GPU alone, so its experts' gradients are reduced with nobody and
+    sharded into one piece. They stay as one GPU holds them: no collective, and their FP32
+    gradients counted once, whole, resident (before, a full transient copy sat beside a
+    "shard" as large as the whole, and ZeRO-2 needed more memory than ZeRO-1)."""
+    n = 4
+    forward = llama.build(TINY_MOE)
+    plain = compile_parallel(forward, Parallel(ep=n, dp=n))
+    subs = resolve(plain)
+    psi = {True: 0, False: 0}  # parameters per GPU: the experts' (E/ep of them), the rest
+    for w in plain.weights():
+        psi[ep in sympy.Add(*w.shape).free_symbols] += int((w.numel * w.count).xreplace(subs))
+    assert psi[True] == 2 * 8 // n * 3 * 64 * 96  # 2 layers of E/ep experts' gate, up, down
+    step = compile_parallel(forward, Parallel(ep=n, dp=n, zero=zero))
+    verify(step)
+    assert not [op.name for op in step.ops() if op.param("group") == "edp"]
+    m = figures(peak(step, resolve(step)), resolve(step), None)
+    assert m.gradients == 4 * psi[True] + 4 * psi[False] // (n if zero >= 2 else 1)
 
 
 @pytest.mark.parametrize("policy", ["full", "selective-op"])
