@@ -28,7 +28,9 @@ at each op the bytes live are the weights, gradient buffers and optimizer states
 step), the saved activations of every layer that has run its forward and not yet its backward
 (a layer region's saved tensor counts `count` copies inside its lifetime, `count - 1` elsewhere
 in the region: the other layers'), and the transient working set: every other tensor from the
-op that writes it to the last op that reads it, one copy (one layer at a time). The peak is the
+op that writes it to the last op that reads it, one copy (one layer at a time); a partial
+gradient ends where the kernel that accumulates into it begins (the sum is written in its
+buffer: one copy, as the resident gradient buffers count the partials of a weight). The peak is the
 op where that is largest; each part there stays a formula.
 """
 
@@ -165,12 +167,19 @@ class Liveness:
             if _resident_tensor(graph, t):
                 continue
             writer = graph.producer(t.name)
-            readers = [at[op.name] for op in graph.consumers(t.name)]
+            consumers = graph.consumers(t.name)
+            readers = [at[op.name] for op in consumers]
+            # a kernel that accumulates into a partial gradient writes the sum in its buffer:
+            # the partial ends where that kernel begins, and its output is the one copy there
+            ends = [at[op.name] - 1 if t.name in _partials(op) else at[op.name]
+                    for op in consumers]
             if writer is not None:
                 start = at[writer.name]
             else:  # fed to the step; the loss's seed gradient only when the backward starts
                 start = min(readers, default=0) if t.role is Role.GRADIENT else 0
-            self.lives.append(_Life(t, start, max([start, *readers]), t.name in kept, t.region))
+            end = max([start, *ends]) if writer is not None or not ends else max(ends)
+            if end >= start:  # else a partial fed to the step and only accumulated into
+                self.lives.append(_Life(t, start, end, t.name in kept, t.region))
 
     def copies(self, life: _Life, i: int, count=None):
         """How many instances of `life`'s tensor are live while op `i` runs: a saved tensor
@@ -233,6 +242,12 @@ class Liveness:
         return [resident + sum(size * self.copies(life, i, count)
                                for life, size, count in zip(self.lives, sizes, counts))
                 for i in range(len(self.ops))]
+
+
+def _partials(op) -> tuple[str, ...]:
+    """The partial gradients `op` accumulates into (`rules`: its last `accumulate` inputs)."""
+    n = int(op.param("accumulate") or 0)
+    return tuple(op.inputs[len(op.inputs) - n:]) if n else ()
 
 
 def _resident_tensor(graph: Graph, t: Tensor) -> bool:

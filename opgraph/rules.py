@@ -294,16 +294,38 @@ def _density(params: dict) -> sympy.Expr:
     return sympy.Rational(1, 2) if params.get("causal") else sympy.Integer(1)
 
 
+def _band_rows(t, window) -> sympy.Expr:
+    """Causal (query, key) pairs inside a sliding window of W keys over the first t queries of
+    a sequence: query x sees min(x, W) keys, so the area under min(x, W) from 0 to t, which is
+    m t - m^2 / 2 with m = min(t, W) (t^2 / 2 while the window covers them all)."""
+    m = sympy.Min(t, window)
+    return m * t - m**2 / 2
+
+
 def _score_pairs(s_q, s_k, params: dict) -> sympy.Expr:
     """(query, key) pairs one head scores in one sequence: all S x S_k; causal, the lower
     triangle (half, the plate's convention). With a sliding `window` W each query sees at most
     w = min(S_k, W) keys: S x w, and causal the band below the diagonal, S x w - w^2 / 2 (the
-    first w queries see fewer), which is S^2 / 2 again when the window covers the sequence."""
+    first w queries see fewer), which is S^2 / 2 again when the window covers the sequence.
+
+    Fewer queries than keys (s_q < s_k) is context parallelism: the GPU holds s_q = S/cp of the
+    sequence's queries and sees all S keys. Ring attention splits the sequence into 2 cp chunks
+    and gives rank r chunks r and 2 cp - 1 - r (Megatron-LM, `get_batch_on_this_cp_rank` in
+    megatron/training/utils.py), which balances plain causal work exactly: s_q x s_k / 2 on
+    every rank. A window breaks the balance: the early chunks see fewer keys. The rank whose
+    work the step waits for holds the middle two chunks (queries (s_k - s_q)/2 to (s_k + s_q)/2;
+    the band's per-query width min(x, W) grows and is concave, so the pair of chunks closest
+    to each other has the most), and its pairs are the band's area over those rows."""
     window = params.get("window")
     if window is None:
         return s_q * s_k * _density(params)
     w = sympy.Min(s_k, window)
-    return s_q * w - w**2 / 2 if params.get("causal") else s_q * w
+    if not params.get("causal"):
+        return s_q * w
+    first = (s_k - s_q) / 2  # 0 unless context parallel
+    if first == 0:
+        return s_q * w - w**2 / 2
+    return _band_rows(first + s_q, window) - _band_rows(first, window)
 
 
 # Logit soft-capping, cap x tanh(s / cap) on each score (Gemma 2): divide, tanh, multiply

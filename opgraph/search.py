@@ -317,10 +317,13 @@ def row_of(c: Candidate) -> Row:
 
 def _layers(forward: Graph) -> int | None:
     """The layers of the model's one layer stack; None where it has several (DeepSeek's dense
-    and expert layers), which pipeline parallelism does not split."""
+    and expert layers) or one whose trip count is not one dimension (Gemma 2's L / 2 pairs of
+    layers), which pipeline parallelism does not split (`split_stages`)."""
     try:
         region = layer_stack(forward)
     except OpgraphError:
+        return None
+    if not isinstance(region.count, sympy.Symbol):
         return None
     return int(sympy.sympify(region.count).xreplace(forward.dims))
 

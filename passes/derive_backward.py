@@ -250,7 +250,8 @@ def backward_kernels(graph: Graph, op: Op, *, output_grads: dict[str, str],
 def gradient_of(graph: Graph, name: str) -> Tensor | None:
     """The final gradient of tensor `name`: the last of its partial gradients."""
     grads = [t for t in graph.tensors() if t.grad_of == name]
-    partials = {n for t in grads for op in graph.consumers(t.name)
-                for n in op.outputs if graph.tensor(n).grad_of == name}
-    final = [t for t in grads if t.name not in partials]
+    # a partial that a kernel reads to write a later partial of the same tensor is not final
+    accumulated = {t.name for t in grads for op in graph.consumers(t.name)
+                   if any(graph.tensor(n).grad_of == name for n in op.outputs)}
+    final = [t for t in grads if t.name not in accumulated]
     return final[-1] if final else None

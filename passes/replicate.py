@@ -16,7 +16,9 @@ weight `w` with gradient `g` and `dp` ranks (Rajbhandari et al. 2020, ZeRO; PyTo
 Shards split a tensor's first dimension (FSDP's dim-0 sharding). The group is every rank that
 holds the same weight: the data-parallel ranks and the context-parallel ones (they hold the same
 weights too), `dp` x `cp` GPUs, the symbol `dp` in the formulas; an expert-parallel weight's is
-the expert data-parallel group, dp x cp / ep, the symbol `edp`.
+the expert data-parallel group, dp x cp / ep, the symbol `edp`. A weight whose group is one GPU
+(the experts when ep = dp x cp) is left as one GPU holds it: no collective, no transient copy
+beside a "shard" that is the whole tensor.
 The gradient reduction's message travels in `frameworks.reduce_dtype(layout)` (FP32 by default:
 Megatron-LM's main gradients, torchtitan's FSDP reduce dtype; BF16 under DeepSpeed), its
 collective's `dtype` parameter (`costmodel.message_bytes` sizes it so); the reduced gradient
@@ -89,7 +91,9 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     order = None if traits(layout).regather_in_recompute else {
         op.name: i for i, op in enumerate(graph.ops())}
     for update in [op for op in graph.ops() if op.kind == "adamw"]:
-        _replicate_update(out, update, sharding(layout), wire, order)
+        w = graph.tensor(graph.tensor(update.inputs[0]).grad_of)
+        if layout.size(group_of(w)) > 1:  # a group of one GPU has nothing to reduce or shard
+            _replicate_update(out, update, sharding(layout), wire, order)
     return out
 
 

@@ -195,3 +195,26 @@ def test_copy_matrices_are_copies(recompute):
     for i in range(len(live.ops)):
         for j, life in enumerate(live.lives):
             assert one[i, j] + many[i, j] * count == live.copies(life, i, count), (i, j)
+
+
+@pytest.mark.parametrize("zero", [0, 2, 3])
+def test_a_partial_gradient_and_the_sum_written_into_it_are_one_buffer(zero):
+    """GPT-2 ties its embedding to the head: the head's weight gradient is the first partial,
+    and the embedding's backward accumulates into it, writing the sum in that buffer. Where
+    the full gradient is not the resident buffer (plain data parallelism before its
+    all-reduce, ZeRO-2/3 before the reduce-scatter) it is one transient: one V x D x 4 bytes
+    while the embedding's backward runs, not the partial and the sum side by side."""
+    from opgraph.distributed import compile_parallel
+    from opgraph.memory import liveness
+    from opgraph.models import gpt2
+    from opgraph.parallel import Parallel
+
+    config = gpt2.GPT2Config("tiny", d_model=32, layers=2, heads=2, vocab=96, positions=16)
+    step = compile_parallel(gpt2.build(config), Parallel(dp=2, zero=zero))
+    live = liveness(step)
+    at = [op.name for op in live.ops].index("wte.grad")
+    assert step.op("wte.grad").param("accumulate") == 1
+    subs = resolve(step)
+    full = [life.tensor.name for life in live.lives if live.copies(life, at)
+            and life.tensor.nbytes.xreplace(subs) == 96 * 32 * 4]
+    assert len(full) == 1, full

@@ -3,11 +3,12 @@ formulas of the papers they follow (Shoeybi et al. 2019, Korthikanti et al. 2022
 al. 2021, Rajbhandari et al. 2020), never against the program's own output."""
 
 import json
+from fractions import Fraction
 
 import attrs
 import pytest
 import sympy
-from opgraph.models import preset
+from opgraph.models import gemma2, llama, preset
 from opgraph.passes.evaluate import evaluate, resolve
 from opgraph.passes.replicate import replicate
 from opgraph.passes.shard import shard
@@ -106,6 +107,50 @@ def test_context_parallel_gathers_keys_and_values_and_splits_the_attention():
     assert sympy.simplify(attention - DEFAULT.op_costs(one)["layers.attn.flash"].flops / cp) == 0
 
 
+def _band_pairs(queries, window: int) -> Fraction:
+    """Causal (query, key) pairs inside a sliding window of `window` keys (query i sees keys
+    i - window + 1 .. i), counted one by one over `queries`. The plate counts a causal S x S
+    product as S^2 / 2, the diagonal's pairs at one half; the window's far edge is counted the
+    same way (key i - window at one half, its neighbour inside at one), so a query past the
+    window's reach scores `window` pairs and the count is the band's area."""
+    pairs = Fraction(0)
+    for i in queries:
+        for j in range(i + 1):
+            if i - window < j < i:
+                pairs += 1
+            elif j == i or j == i - window:
+                pairs += Fraction(1, 2)
+    return pairs
+
+
+@pytest.mark.parametrize("seq, c", [(24, 1), (24, 2), (24, 3), (48, 4)])
+def test_windowed_attention_under_context_parallelism_is_the_busiest_ranks_band(seq, c):
+    """Ring attention cuts the sequence into 2 cp chunks and gives rank r chunks r and
+    2 cp - 1 - r (Megatron-LM's `get_batch_on_this_cp_rank`). A sliding window makes the
+    ranks' work differ; the step waits for the busiest, so a GPU's attention FLOPs are its
+    pairs: the most of any rank's, counted pair by pair. Gemma 2's global layers stay
+    balanced (every rank S/cp x S/2). Before, the local layer's count ignored where the
+    chunks sit and went to 0 or below as cp grew."""
+    chunk = seq // (2 * c)
+    ranks = [[*range(r * chunk, (r + 1) * chunk),
+              *range((2 * c - 1 - r) * chunk, (2 * c - r) * chunk)] for r in range(c)]
+    d_h, heads = 16, 2
+    for window in (1, 3, chunk, seq // 2 + 1, seq - 1, seq, seq + 8):
+        config = gemma2.Gemma2Config("tiny", d_model=64, layers=2, heads=heads, kv_heads=1,
+                                     head_dim=d_h, d_ff=128, vocab=256, window=window,
+                                     seq_len=seq)
+        step = compile_parallel(gemma2.build(config), Parallel(cp=c))
+        subs, costs = resolve(step), DEFAULT.op_costs(step)
+        for layer, w in (("local", window), ("global", seq)):
+            pairs = max(_band_pairs(queries, w) for queries in ranks)
+            # QK^T and P.V (2 d_h each per pair) and the soft-cap (3 per score): `_flash_flops`
+            expected = heads * pairs * (2 * d_h + 2 * d_h + 3)
+            got = costs[f"layers.{layer}.attn.flash"].flops.xreplace(subs)
+            assert got == expected, (layer, window)
+        if window >= seq:  # the window covers the sequence: balanced again, 1/cp of one GPU's
+            assert len({_band_pairs(queries, window) for queries in ranks}) == 1
+
+
 def test_expert_parallel_dispatches_k_copies_of_each_token():
     """Each token goes to its K experts and comes back: two all-to-alls of K x B x S x D in
     forward, two in backward; each GPU holds E/ep experts' weights."""
@@ -161,6 +206,32 @@ def test_fsdp_gathers_each_weight_in_forward_and_again_in_backward():
     weights = {w.name for w in step.weights()}
     assert {op.inputs[0] for op in gathers} == weights
     assert all(step.tensor(op.outputs[0]).role is Role.ACTIVATION for op in gathers)
+
+
+TINY_MOE = llama.LlamaConfig("tiny-moe", d_model=64, layers=2, heads=4, kv_heads=2, d_ff=96,
+                             vocab=128, experts=8, experts_per_token=2, seq_len=64)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_a_group_of_one_gpu_neither_reduces_nor_shards(zero):
+    """ep = dp x cp puts each expert on one GPU of the data-parallel group: the expert data-
+    parallel group is that GPU alone, so its experts' gradients are reduced with nobody and
+    sharded into one piece. They stay as one GPU holds them: no collective, and their FP32
+    gradients counted once, whole, resident (before, a full transient copy sat beside a
+    "shard" as large as the whole, and ZeRO-2 needed more memory than ZeRO-1)."""
+    n = 4
+    forward = llama.build(TINY_MOE)
+    plain = compile_parallel(forward, Parallel(ep=n, dp=n))
+    subs = resolve(plain)
+    psi = {True: 0, False: 0}  # parameters per GPU: the experts' (E/ep of them), the rest
+    for w in plain.weights():
+        psi[ep in sympy.Add(*w.shape).free_symbols] += int((w.numel * w.count).xreplace(subs))
+    assert psi[True] == 2 * 8 // n * 3 * 64 * 96  # 2 layers of E/ep experts' gate, up, down
+    step = compile_parallel(forward, Parallel(ep=n, dp=n, zero=zero))
+    verify(step)
+    assert not [op.name for op in step.ops() if op.param("group") == "edp"]
+    m = figures(peak(step, resolve(step)), resolve(step), None)
+    assert m.gradients == 4 * psi[True] + 4 * psi[False] // (n if zero >= 2 else 1)
 
 
 @pytest.mark.parametrize("policy", ["full", "selective-op"])
