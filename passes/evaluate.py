@@ -134,8 +134,10 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         nbytes = float(_number(costs[op.name].bytes * op.count, subs, f"op {op.name}'s bytes"))
         at = cost.peak(hardware, costs[op.name].compute)  # its compute dtype's peak
         at_peak += flops if at == peak else flops * peak / at
+        grid = tuple(float(_number(g, subs, f"op {op.name}'s matrix shape"))
+                     for g in costs[op.name].grid)
         rows.append(OpCost(op.name, op.kind, op.category, op.phase.value, count, flops, nbytes,
-                           cost.op_time(hardware, op.kind, flops, nbytes, count, at),
+                           cost.op_time(hardware, op.kind, flops, nbytes, count, at, grid),
                            cost.bound(flops, nbytes, at, bandwidth)))
     step = sum(r.time_s for r in rows)
     total_flops = sum(r.flops for r in rows)
