@@ -407,9 +407,7 @@ class CalibratedCostModel(CostModel):
         if count == 0:
             return 0.0
         e = self.efficiencies(hardware)
-        quantum = 1.0
-        if grid and all(grid) and e.matmul_tile_m and e.matmul_tile_n and hardware.sms:
-            quantum = wave_quantum(*grid, hardware.sms, e.matmul_tile_m, e.matmul_tile_n)
+        quantum = waves_of(grid, hardware, e)
         return self.scaled_time(flops, nbytes, count, peak * hardware.clock_ratio,
                                 hardware.bandwidth,
                                 rate=getattr(e, EFFICIENCY.get(kind, "matmul")),
@@ -475,6 +473,15 @@ def wave_quantum(count, m, n, sms, tile_m, tile_n, ceil: Callable = math.ceil):
     return ceil(tiles / sms) * sms * tile_m * tile_n / (count * m * n)
 
 
+def waves_of(grid: tuple, hardware, e) -> float:
+    """`wave_quantum` of an op's `grid` (GEMMs, M, N, as numbers) on `hardware` with the tiles
+    of its efficiencies `e`; 1 for an op without a grid, a part without an SM count, or a
+    generation without tiles."""
+    if grid and all(grid) and e.matmul_tile_m and e.matmul_tile_n and hardware.sms:
+        return wave_quantum(*grid, hardware.sms, e.matmul_tile_m, e.matmul_tile_n)
+    return 1.0
+
+
 def wave_quanta(grids, sms, tile_m, tile_n):
     """`wave_quantum` over numpy arrays: `grids` (3, ops, cases) of (GEMMs, M, N); 1 where an
     op has no grid (zeros) or the part no SM count or the generation no tile (0)."""
@@ -531,4 +538,5 @@ __all__ = [
     "scaled_flops",
     "wave_quanta",
     "wave_quantum",
+    "waves_of",
 ]
