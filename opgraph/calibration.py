@@ -27,6 +27,11 @@ term makes small matrix multiplies run below the large ones' rate: a kernel of F
 `matmul x F / (F + matmul_half_flops)` of the peak (half of `matmul`'s rate at F =
 `matmul_half_flops`); equivalently it costs `matmul_half_flops / (matmul x peak)` seconds more,
 a K-independent prologue and epilogue (filling the pipeline, writing the last tiles).
+`attention` is FlashAttention's fraction of the peak at head dims 128 + 128, where it is
+published; a kernel of other head dims has more or fewer FLOPs per softmax exponential, each
+taking `attention_exp_ratio` tensor FLOPs' time, and scales by `costmodel.exp_factor` (head
+dim 64 runs at 3/4 of `attention` on an H100, 256 at 6/5).
+
 A collective runs at `node` (or `network`) x the tier's bandwidth, and pays `launch_s` too;
 communication running beside compute slows it by `overlap_slowdown` x its hidden time
 (`opgraph.schedule`).
@@ -54,6 +59,7 @@ FIELDS = {
     "matmul_half_flops": "FLOPs at which a kernel reaches half of `matmul`'s rate",
     "matmul_tile_m": "rows of the output tile a GEMM kernel computes per SM (0: no waves)",
     "matmul_tile_n": "columns of that tile",
+    "attention_exp_ratio": "tensor FLOPs one exponential's time holds (0: none counted)",
     "attention": "fraction of the dense peak FlashAttention's kernels reach",
     "bandwidth": "fraction of the HBM bandwidth a memory-bound kernel reaches",
     "launch_s": "seconds each kernel adds (launch and tail)",
@@ -74,6 +80,7 @@ class Efficiencies:
     matmul_half_flops: float = 0.0
     matmul_tile_m: float = 0.0
     matmul_tile_n: float = 0.0
+    attention_exp_ratio: float = 0.0
     attention: float = 1.0
     bandwidth: float = 1.0
     launch_s: float = 0.0

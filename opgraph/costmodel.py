@@ -60,8 +60,9 @@ class Cost:
     bytes: sympy.Expr
     compute: str | None = None
     message: sympy.Expr = sympy.S.Zero  # a collective's buffer per GPU (`collectives`' M)
-    # a matrix multiply's (GEMMs, M, N) per instance (`rules.gemm_grid`), what the calibrated
-    # model's waves tile; () for any other kernel
+    # the shape the calibrated model's kernel efficiency reads, per instance: a matrix
+    # multiply's (GEMMs, M, N) (`rules.gemm_grid`), which its waves tile; an attention kernel's
+    # (scores, d_qk + d_v, 0) (`rules.attention_scores`), its exponentials; () otherwise
     grid: tuple = attrs.field(default=(), converter=tuple)
 
 
@@ -156,8 +157,10 @@ def _own_cost(graph: Graph, op: Op) -> Cost:
         return Cost(sympy.Integer(0), sympy.Integer(0), None, message_bytes(graph, op))
     ins = [graph.tensor(n) for n in op.inputs]
     outs = [graph.tensor(n) for n in op.outputs]
+    params = dict(op.params)
     return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op),
-                grid=rules.gemm_grid(op.kind, ins, outs, dict(op.params)))
+                grid=(rules.gemm_grid(op.kind, ins, outs, params)
+                      or rules.attention_scores(op.kind, ins, outs, params)))
 
 
 # A fused forward kernel (`opgraph.passes.fuse_elementwise`, kind `fused`, not a forward kind of
@@ -407,7 +410,7 @@ class CalibratedCostModel(CostModel):
         if count == 0:
             return 0.0
         e = self.efficiencies(hardware)
-        quantum = waves_of(grid, hardware, e)
+        quantum = shape_factor(kind, grid, flops / count, hardware, e)
         return self.scaled_time(flops, nbytes, count, peak * hardware.clock_ratio,
                                 hardware.bandwidth,
                                 rate=getattr(e, EFFICIENCY.get(kind, "matmul")),
@@ -419,9 +422,10 @@ class CalibratedCostModel(CostModel):
 
         e = self.efficiencies(hardware)
         rate = np.array([getattr(e, EFFICIENCY.get(kind, "matmul")) for kind in kinds])[:, None]
-        quantum = 1.0 if grids is None else wave_quanta(grids, hardware.sms or 0,
-                                                        e.matmul_tile_m, e.matmul_tile_n)
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
+            quantum = 1.0 if grids is None else shape_factors(
+                np.array([kind in ATTENTION_KINDS for kind in kinds]), grids, flops / counts,
+                hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio)
             t = self.scaled_time(flops, nbytes, counts, peaks * hardware.clock_ratio,
                                  hardware.bandwidth, rate=rate,
                                  half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
@@ -433,8 +437,8 @@ class CalibratedCostModel(CostModel):
                     launch, quantum=1.0, maximum: Callable = _number_max):
         """`count` kernels doing `flops` and moving `nbytes` between them: each `launch +
         maximum((FLOPs x quantum + half) / (rate x peak), bytes / (bandwidth_share x
-        bandwidth))`, a kernel without arithmetic paying no `half`; `quantum` the waves' share
-        of idle tile slots (`wave_quantum`, 1 for a kernel that is no matrix multiply).
+        bandwidth))`, a kernel without arithmetic paying no `half`; `quantum` its shape's
+        factor (`shape_factor`: a GEMM's waves, an attention kernel's exponentials; else 1).
         Numbers or numpy arrays alike (`sweep`).
 
             >>> CalibratedCostModel.scaled_time(2e12, 0, 2, 1e12, 1e12, rate=0.5, half=1e12,
@@ -471,6 +475,54 @@ def wave_quantum(count, m, n, sms, tile_m, tile_n, ceil: Callable = math.ceil):
     """
     tiles = count * ceil(m / tile_m) * ceil(n / tile_n)
     return ceil(tiles / sms) * sms * tile_m * tile_n / (count * m * n)
+
+
+# The head dims the published attention efficiencies are measured at (d_qk + d_v = 128 + 128):
+# `attention` is FlashAttention's fraction of the peak there.
+REFERENCE_HEAD_DIMS = 256
+ATTENTION_KINDS = frozenset(rules.ATTENTION_SCORES)
+
+
+def exp_factor(flops, scores, head_dims, ratio):
+    """How much longer an attention kernel doing `flops` over `scores` softmax scores (one
+    exponential each) takes than one with the same FLOPs per head dim at head dims 128 + 128.
+    An exponential takes `ratio` tensor-core FLOPs' time (the dense peak over the special-
+    function rate: on an H100 SXM 989 over 3.9 TFLOP/s, 16 per SM per clock; Shah et al. 2024,
+    FlashAttention-3, section 3.2, where at head dim 128 the exponentials take 50% of the
+    matmuls' cycles), run beside the matmuls, not under them (FlashAttention-2):
+
+        (1 + ratio / F) / (1 + ratio x head_dims / (256 x F)),  F = flops / scores,
+
+    the second the same kernel's FLOPs per score at 128 + 128 (F x 256 / head_dims).
+
+    1 at head dims 128 + 128 or `ratio` 0; a smaller head dim has fewer FLOPs per exponential.
+
+        >>> exp_factor(256 * 100, 100, 128, 256)  # head dim 64, forward (4 d per score): 4/3
+        1.3333333333333333
+    """
+    per_score = flops / scores
+    return (1 + ratio / per_score) / (1 + ratio * head_dims / (REFERENCE_HEAD_DIMS * per_score))
+
+
+def shape_factor(kind: str, grid: tuple, flops: float, hardware, e) -> float:
+    """The factor on one instance's FLOPs (`flops`) its shape gives (see `scaled_time`): an
+    attention kernel's `exp_factor`, a matrix multiply's waves (`waves_of`); 1 without a grid."""
+    if kind in ATTENTION_KINDS:
+        return exp_factor(flops, grid[0], grid[1], e.attention_exp_ratio) if grid else 1.0
+    return waves_of(grid, hardware, e)
+
+
+def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio):
+    """`shape_factor` over numpy arrays: `attention` (ops,) whether each row is an attention
+    kernel, `grids` (3, ops, cases), `flops` (ops, cases) per instance."""
+    import numpy as np
+
+    scores, widths = np.asarray(grids[0], dtype=float), np.asarray(grids[1], dtype=float)
+    ok = scores > 0
+    exps = np.where(ok, exp_factor(np.where(ok, flops, 1.0), np.where(ok, scores, 1.0),
+                                   np.where(ok, widths, 1.0), ratio), 1.0)
+    return np.where(np.asarray(attention)[:, None], exps,
+                    wave_quanta(grids, sms, tile_m, tile_n))
 
 
 def waves_of(grid: tuple, hardware, e) -> float:
@@ -536,6 +588,10 @@ __all__ = [
     "rule_flops",
     "scaled",
     "scaled_flops",
+    "ATTENTION_KINDS",
+    "exp_factor",
+    "shape_factor",
+    "shape_factors",
     "wave_quanta",
     "wave_quantum",
     "waves_of",

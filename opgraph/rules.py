@@ -902,6 +902,36 @@ def infer_shapes(kind: str, ins: list[Tensor], params: dict) -> list[Shape]:
 GEMM_GRIDS: dict[str, Callable] = {"matmul": _matmul_grid, "expert_matmul": _expert_matmul_grid}
 
 
+def _flash_scores(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """FlashAttention's forward: (scores computed, d_qk + d_v, 0): one exponential per score
+    beside its tensor-core FLOPs."""
+    q, k, v = ins
+    return (_attention_products(q, k, params),
+            _head_dim(q, params["heads"]) + _head_dim(v, params["kv_heads"]), 0)
+
+
+def _flash_backward_scores(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """FlashAttention's backward: the forward's scores, their exponentials recomputed."""
+    _, saved, _ = _saved(ins, params)
+    return _flash_scores(list(saved), outs, params)
+
+
+# Kind -> (scores, d_qk + d_v, 0) of one instance of an attention kernel (`attention_scores`):
+# how many exponentials its softmax takes beside its FLOPs.
+ATTENTION_SCORES: dict[str, Callable] = {"flash_attention": _flash_scores,
+                                         "flash_attention_backward": _flash_backward_scores}
+
+
+def attention_scores(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """`(scores, d_qk + d_v, 0)` of one instance of an attention kernel of `kind`, sympy
+    expressions; `()` for another kind."""
+    rule = ATTENTION_SCORES.get(kind)
+    if rule is None:
+        return ()
+    own, _ = _partials(ins, params)
+    return tuple(sympy.sympify(e) for e in rule(own, outs, params))
+
+
 def gemm_grid(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
     """`(count, M, N)`: one instance of an op of `kind` as `count` GEMMs of an M x N output,
     sympy expressions of the dimensions; `()` for a kind that is not a matrix multiply.
@@ -922,7 +952,8 @@ def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
     return FLOP_RULES[kind](own, outs, params) + sympy.Add(*(t.numel for t in partials))
 
 
-__all__ = ["BACKWARD_KINDS", "COLLECTIVE_KINDS", "FLOP_RULES", "FORWARD_KINDS", "GEMM_GRIDS",
+__all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "FLOP_RULES",
+           "FORWARD_KINDS", "GEMM_GRIDS", "attention_scores",
            "PRECISION_KINDS", "SHAPE_RULES",
            "VIEWS", "ShapeError", "backward_shape", "count_flops", "gemm_grid", "infer_shapes",
            "is_view",

@@ -96,6 +96,45 @@ def test_a_tensor_parallel_shard_runs_slower_per_flop():
     assert per_flop[8] / per_flop[1] == pytest.approx((528 / 448) / (3696 / 3584), rel=1e-9)
 
 
+def test_attention_scales_by_its_exponentials_against_head_dim_128():
+    """An exponential takes 256 tensor FLOPs' time on an H100 (FlashAttention-3, section 3.2:
+    989 over 3.9 TFLOP/s). The forward does 2 (d_qk + d_v) FLOPs per score: at head dim 128
+    the exponentials add 256 / 512 to it, at 64 256 / 256, at 256 256 / 1024; the published
+    `attention` is at 128, so 64 costs (1 + 1) / (1 + 1/2) as much per FLOP, 256 (1 + 1/4) /
+    (1 + 1/2). The plate's backward, twice the forward's FLOPs over the same exponentials,
+    at 64: (1 + 1/2) / (1 + 1/4)."""
+    from opgraph.costmodel import exp_factor
+
+    assert HOPPER.attention_exp_ratio == 256
+    scores = 1e6
+    assert exp_factor(512 * scores, scores, 256, 256) == 1.0
+    assert exp_factor(256 * scores, scores, 128, 256) == pytest.approx(2 / 1.5)
+    assert exp_factor(1024 * scores, scores, 512, 256) == pytest.approx(1.25 / 1.5)
+    assert exp_factor(512 * scores, scores, 128, 256) == pytest.approx(1.5 / 1.25)
+    assert exp_factor(256 * scores, scores, 128, 0) == 1.0  # no exponential rate: no scaling
+
+
+def test_a_small_head_dim_runs_attention_slower_per_flop():
+    """Llama 3 8B (head dim 128) keeps the shipped `attention`; the same model with 64 heads of
+    64 does the same attention FLOPs more slowly, by the exponentials' share (4/3 forward,
+    6/5 the plate's backward)."""
+    from opgraph.symbols import H, H_kv, d_h
+
+    model = CalibratedCostModel(table={"hopper": attrs.evolve(HOPPER, launch_s=0)})
+    rows = {}
+    for heads, dim in ((32, 128), (64, 64)):
+        step = compile_step(preset("llama3-8b"))
+        values = {"S": 8192, H: heads, H_kv: heads // 4, d_h: dim}
+        roofline = {o.name: o for o in evaluate(step, H100, values).ops}
+        calibrated = {o.name: o for o in evaluate(step, H100, values, cost=model).ops}
+        rows[dim] = {n: calibrated[n].time_s / roofline[n].time_s
+                     for n in ("layers.attn.flash", "layers.attn.flash.grad")}
+    assert rows[64] and rows[64].keys() == rows[128].keys()
+    forward, backward = sorted(rows[64], key=len)
+    assert rows[64][forward] / rows[128][forward] == pytest.approx(2 / 1.5, rel=1e-9)
+    assert rows[64][backward] / rows[128][backward] == pytest.approx(1.5 / 1.25, rel=1e-9)
+
+
 def test_a_power_cap_slows_compute_by_the_clock_and_not_memory():
     """At 500 W of 700 the clock is (5/7)^(1/3) of the peak's: a compute-bound kernel takes
     that much longer, a memory-bound one as long (HBM keeps its clock); the roofline is the

@@ -343,11 +343,17 @@ def test_every_matmul_has_a_grid_that_covers_its_output(name, fused):
     """Each matrix multiply's grid (`rules.gemm_grid`: GEMMs x M x N) is its output's
     elements (dV per head: each of the H heads' K x d, summed into the G groups' outputs; an
     expert dX over the K slots, each its GEMM row, summed into the token's), and
-    2 x grid x K its FLOPs for a K of its dimensions; no other kernel has a grid."""
+    2 x grid x K its FLOPs for a K of its dimensions; FlashAttention's (scores, d_qk + d_v)
+    give its FLOPs as 2 x scores x (d_qk + d_v); no other kernel has a grid."""
     step = compile_step(preset(name), fused_attention=fused)
     costs = CostModel(backward="derived").op_costs(step)
     for op in step.ops():
         grid = costs[op.name].grid
+        if op.kind in rules.ATTENTION_SCORES:  # (scores, d_qk + d_v, 0): 2 x each FLOPs each
+            scores, dims, _ = grid
+            if op.kind == "flash_attention":
+                assert sympy.simplify(2 * scores * dims - costs[op.name].flops) == 0, op.name
+            continue
         if op.kind not in rules.GEMM_GRIDS:
             assert grid == (), op.name
             continue

@@ -12,7 +12,7 @@ import sympy
 
 from opgraph.passes.evaluate import mfu_parameters, resolve
 
-from ..costmodel import DEFAULT, EFFICIENCY, CostModel, wave_quanta
+from ..costmodel import ATTENTION_KINDS, DEFAULT, EFFICIENCY, CostModel, shape_factors
 from ..errors import OpgraphError
 from ..ir import Graph
 from ..profile import CATEGORIES
@@ -34,6 +34,7 @@ class Sweep:
     cost: CostModel = DEFAULT
     fp8: np.ndarray | None = None  # per term: whether it runs at the FP8 peak; None: none does
     rates: tuple[str, ...] = ()  # per term: the efficiency its arithmetic runs at (calibrated)
+    attention: tuple[bool, ...] = ()  # per term: an attention kernel (its grid: its scores)
 
     @property
     def terms(self) -> int:
@@ -84,8 +85,10 @@ class Sweep:
             time = self.cost.time(flops, nbytes, peaks, bandwidth, np.maximum)
         else:  # each term at its efficiency: the calibrated cost model's formula, on arrays
             rate = np.stack([eff[r] for r in self.rates])
-            quantum = wave_quanta(values[3 * k:rows].reshape(3, k, m), eff["sms"],
-                                  eff["matmul_tile_m"], eff["matmul_tile_n"])
+            with np.errstate(divide="ignore", invalid="ignore"):  # a term of no kernels
+                quantum = shape_factors(self.attention, values[3 * k:rows].reshape(3, k, m),
+                                        flops / counts, eff["sms"], eff["matmul_tile_m"],
+                                        eff["matmul_tile_n"], eff["attention_exp_ratio"])
             time = self.cost.scaled_time(flops, nbytes, counts, peaks * eff["clock"], bandwidth,
                                          rate=rate, quantum=quantum,
                                          half=eff["matmul_half_flops"],
@@ -120,7 +123,8 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
         # count (a launch each), the efficiency its arithmetic runs at and its GEMM grid
         grid = tuple(sympy.sympify(g).xreplace(fixed) for g in costs[op.name].grid) or (0,) * 3
         per_kernel = ((sympy.sympify(op.count).xreplace(fixed), EFFICIENCY.get(op.kind, "matmul"),
-                       grid) if cost.name == "calibrated" else (sympy.Integer(1), "matmul", ()))
+                       grid, op.kind in ATTENTION_KINDS)
+                      if cost.name == "calibrated" else (sympy.Integer(1), "matmul", (), False))
         key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
                (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute,
                *per_kernel)
@@ -145,7 +149,8 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     fp8 = np.array([key[3] is not None for key in terms])
     return Sweep(step.name, tuple(free), categories, function,
                  np.array(list(terms.values()), dtype=float), membership, cost,
-                 fp8 if fp8.any() else None, tuple(key[5] for key in terms))
+                 fp8 if fp8.any() else None, tuple(key[5] for key in terms),
+                 tuple(key[7] for key in terms))
 
 
 def _arithmetic(expr) -> bool:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import attrs
 
 from ..calibration import FIELDS, Efficiencies
-from ..costmodel import waves_of
+from ..costmodel import shape_factor
 from ..errors import OpgraphError
 from .compare import Comparison, Row
 
@@ -105,14 +105,16 @@ def _check_roofline(comparison: Comparison) -> None:
                                "the roofline profile (--cost roofline), not a calibrated one")
 
 
-def _with_waves(comparison: Comparison, rows: list[Row], base: Efficiencies) -> float:
-    """The rows' roofline time with each compute-bound matrix multiply's waves
-    (`costmodel.waves_of` its grid at `base`'s tiles): the time `matmul` divides in the
-    calibrated model, so the fit inverts it (a memory-bound op kept as it is)."""
+def _with_shapes(comparison: Comparison, rows: list[Row], base: Efficiencies) -> float:
+    """The rows' roofline time with each compute-bound kernel's shape factor
+    (`costmodel.shape_factor`: a GEMM's waves, an attention kernel's exponentials, at `base`'s
+    tiles and ratio): the time `matmul` or `attention` divides in the calibrated model, so the
+    fit inverts it (a memory-bound op kept as it is)."""
     p = comparison.profile
     categories = {c for r in rows for c in r.roofline_categories}
-    return sum(op.time_s * (waves_of(p.grids.get(op.name, ()), p.hardware, base)
-                            if op.bound == "compute" else 1.0)
+    return sum(op.time_s * (shape_factor(op.kind, p.grids.get(op.name, ()),
+                                         op.flops / op.count, p.hardware, base)
+                            if op.bound == "compute" and op.count else 1.0)
                for op in p.ops if op.category in categories)
 
 
@@ -160,11 +162,11 @@ def fit_trace(comparison: Comparison, base: Efficiencies) -> TraceFit:
             notes.append(f"{name}: nothing measured to fit it; kept at {getattr(base, name):g} "
                          f"({base.generation})")
             continue
-        waved = _with_waves(comparison, rows, base) if name == "matmul" else None
-        values[name] = _ratio(name, rows, trace, waved)
+        shaped = _with_shapes(comparison, rows, base) if name != "bandwidth" else None
+        values[name] = _ratio(name, rows, trace, shaped)
         sources[name] = (f"fitted on {trace or 'a trace'}: roofline / measured time of the "
                          f"{' + '.join(r.name for r in rows)} kernels"
-                         + (" (each GEMM's waves counted)" if name == "matmul" else ""))
+                         + (" (each kernel's shape counted)" if name != "bandwidth" else ""))
     if "matmul" in values and comparison.profile.attention == "unfused attention":
         notes.append("the roofline's attention is unfused: its matrix multiplies run as GEMM "
                      "kernels, measured under matmul but not in its roofline time, so matmul is "
@@ -172,16 +174,17 @@ def fit_trace(comparison: Comparison, base: Efficiencies) -> TraceFit:
     fitted = tuple(f for f in FIELDS if f in values)
     efficiencies = attrs.evolve(base, **values, fitted=fitted,
                                 sources=tuple(sorted(sources.items())))
-    # the roofline time each efficiency divides: for matmul's rows, with each GEMM's waves
-    per_category = [(r.name, _with_waves(comparison, [r], base) if name == "matmul"
+    # the roofline time each efficiency divides: with each GEMM's waves, each attention
+    # kernel's exponentials
+    per_category = [(r.name, _with_shapes(comparison, [r], base) if name != "bandwidth"
                      else r.roofline_s, r.measured_s)
                     for name, rows in groups.items() for r in rows]
     return TraceFit(efficiencies, per_category, notes)
 
 
 def format_trace_fit(fit: TraceFit) -> str:
-    """The `opgraph calibrate TRACE` table: per kernel category its roofline (matmul's: with
-    each GEMM's waves) and measured time per step and their ratio, then each efficiency (fitted, or kept with the base's value), then
+    """The `opgraph calibrate TRACE` table: per kernel category its roofline (with each GEMM's
+    waves and each attention kernel's exponentials) and measured time per step and their ratio, then each efficiency (fitted, or kept with the base's value), then
     the notes."""
     lines = [f"{'kernels':<14} {'roofline ms':>11} {'measured ms':>11} {'efficiency':>10}"]
     for name, roofline, measured in fit.per_category:
