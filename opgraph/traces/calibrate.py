@@ -184,8 +184,8 @@ def fit_trace(comparison: Comparison, base: Efficiencies) -> TraceFit:
 
 def format_trace_fit(fit: TraceFit) -> str:
     """The `opgraph calibrate TRACE` table: per kernel category its roofline (with each GEMM's
-    waves and each attention kernel's exponentials) and measured time per step and their ratio, then each efficiency (fitted, or kept with the base's value), then
-    the notes."""
+    waves and each attention kernel's exponentials) and measured time per step and their
+    ratio, then each efficiency (fitted, or kept with the base's value), then the notes."""
     lines = [f"{'kernels':<14} {'roofline ms':>11} {'measured ms':>11} {'efficiency':>10}"]
     for name, roofline, measured in fit.per_category:
         lines.append(f"{name:<14} {roofline * 1e3:>11.3f} {measured * 1e3:>11.3f} "
