@@ -1,4 +1,4 @@
-"""Draw the README's figures: `python docs/make_figures.py` writes docs/plate.png and
+"""Draw the figures of docs/profile.md: `python docs/make_figures.py` writes docs/plate.png and
 docs/sweep.png (Llama 3 8B on one H100 SXM, the plate's conventions).
 
 plate.png is what `opgraph profile --plot docs/plate.png` draws. sweep.png is `plot_sweep` over

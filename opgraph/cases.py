@@ -47,7 +47,7 @@ from .errors import OpgraphError
 from .fusion import POLICIES as FUSION_POLICIES
 from .ir import Graph
 from .limits import MAX_DIM, check_whole
-from .parallel import Parallel, stage_layers
+from .parallel import FRAMEWORKS, GRAD_REDUCE_DTYPES, Parallel, stage_layers
 from .passes.precision import PRECISIONS
 from .passes.recompute import POLICIES as RECOMPUTE_POLICIES
 from .symbols import L, S
@@ -55,13 +55,18 @@ from .symbols import L, S
 SHIPPED = Path(__file__).with_name("data") / "validation.json"
 CASES_MAX_BYTES = 8 << 20  # a few hundred cases with notes; the shipped file is about 50 KiB
 
-TOP_KEYS = ("about", "cases")
-CASE_KEYS = ("id", "source", "model", "hardware", "cluster", "gpus", "parallel", "seq_len",
-             "recompute", "precision", "fuse", "fused_attention", "measured", "notes")
+SWEEP = Path(__file__).with_name("data") / "playbook_sweep.json"
+# Case files known by name, so a command finds them from any directory.
+NAMED = {"dev": SHIPPED, "playbook-sweep": SWEEP}
+TOP_KEYS = ("about", "cases", "unmodelled")
+CASE_KEYS = ("id", "family", "source", "model", "hardware", "cluster", "gpus", "parallel",
+             "seq_len", "recompute", "precision", "fuse", "fused_attention", "measured", "notes")
 REQUIRED = ("id", "source", "model", "gpus", "seq_len", "measured")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "dp", "zero", "micro_batch", "global_batch",
-                 "virtual_stages", "sequence_parallel", "async_tp", "overlap_grad_reduce")
-MEASURED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib")
+                 "virtual_stages", "sequence_parallel", "async_tp", "overlap_grad_reduce",
+                 "first_stage_layers", "last_stage_layers", "framework", "grad_reduce_dtype")
+MEASURED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib", "peak_memory_gb")
+UNMODELLED_KEYS = ("id", "family", "source", "reason")
 TIMINGS = ("step_time_s", "tokens_per_s_per_gpu")  # exactly one of them
 
 # What an absent key means: the CLI's defaults. cluster None: the hardware part's own cluster.
@@ -98,6 +103,7 @@ class Case:
 
     id: str
     source: str
+    family: str = ""  # the source the run belongs to (a paper's table, a framework's benchmark)
     model: str | types.MappingProxyType = attrs.field(converter=_freeze)
     hardware: str = DEFAULTS["hardware"]
     cluster: str | None = None
@@ -111,7 +117,17 @@ class Case:
     measured_step_time_s: float
     measured_tokens_per_s_per_gpu: float | None = None  # where the run published a throughput
     measured_peak_memory_gib: float | None = None
+    measured_peak_memory_gb: float | None = None  # where the source gave GB (1e9 bytes)
     notes: str = ""
+
+    @property
+    def measured_peak_memory_bytes(self) -> float | None:
+        """The measured peak memory per GPU in bytes, from whichever unit the source gave."""
+        if self.measured_peak_memory_gib is not None:
+            return self.measured_peak_memory_gib * 2**30
+        if self.measured_peak_memory_gb is not None:
+            return self.measured_peak_memory_gb * 1e9
+        return None
 
     @property
     def tokens_per_step(self) -> int:
@@ -125,18 +141,25 @@ class Case:
     def to_json(self) -> dict:
         """The case in the case-file form: `load_cases` reads it back to an equal Case."""
         p = self.parallel
-        out = {"id": self.id, "source": self.source, "model": _thaw(self.model),
+        out = {"id": self.id, "family": self.family, "source": self.source,
+               "model": _thaw(self.model),
                "hardware": self.hardware, "cluster": self.cluster, "gpus": self.gpus,
                "parallel": {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "dp": p.dp_degree,
                             "zero": p.zero, "micro_batch": p.micro_batch,
                             "global_batch": p.batch, "virtual_stages": p.virtual_stages,
                             "sequence_parallel": p.sequence_parallel, "async_tp": p.async_tp,
-                            "overlap_grad_reduce": p.overlap_grad_reduce},
+                            "overlap_grad_reduce": p.overlap_grad_reduce,
+                            "first_stage_layers": p.first_stage_layers,
+                            "last_stage_layers": p.last_stage_layers,
+                            "framework": p.framework, "grad_reduce_dtype": p.grad_reduce_dtype},
                "seq_len": self.seq_len, "recompute": self.recompute,
                "precision": self.precision, "fuse": self.fuse,
                "fused_attention": self.fused_attention, "measured": {}, "notes": self.notes}
         if self.cluster is None:
             del out["cluster"]
+        if not self.family:
+            del out["family"]
+        out["parallel"] = {k: v for k, v in out["parallel"].items() if v is not None}
         measured = out["measured"]
         if self.measured_tokens_per_s_per_gpu is None:
             measured["step_time_s"] = self.measured_step_time_s
@@ -144,6 +167,8 @@ class Case:
             measured["tokens_per_s_per_gpu"] = self.measured_tokens_per_s_per_gpu
         if self.measured_peak_memory_gib is not None:
             measured["peak_memory_gib"] = self.measured_peak_memory_gib
+        if self.measured_peak_memory_gb is not None:
+            measured["peak_memory_gb"] = self.measured_peak_memory_gb
         return out
 
 
@@ -266,7 +291,9 @@ def _model(value, where: str, key: str):
 # key -> reader(value, where, key); every key of a case, its parallel and its measured block
 READERS: dict[str, Callable] = {
     "id": _case_id,
+    "family": _case_id,
     "source": _text,
+    "reason": _text,
     "notes": _note,
     "model": _model,
     "hardware": _choice(lambda: tuple(parts.catalog()), "a catalog part"),
@@ -282,8 +309,12 @@ READERS: dict[str, Callable] = {
     "tp": _whole, "pp": _whole, "cp": _whole, "ep": _whole, "dp": _whole,
     "micro_batch": _whole, "global_batch": _whole, "virtual_stages": _whole,
     "zero": _zero, "sequence_parallel": _flag, "async_tp": _flag, "overlap_grad_reduce": _flag,
+    "first_stage_layers": _whole, "last_stage_layers": _whole,
+    "framework": _choice(lambda: FRAMEWORKS, "a framework"),
+    "grad_reduce_dtype": _choice(lambda: GRAD_REDUCE_DTYPES, "a gradient-reduction dtype"),
     # measured
     "step_time_s": _positive, "tokens_per_s_per_gpu": _positive, "peak_memory_gib": _positive,
+    "peak_memory_gb": _positive,
 }
 
 
@@ -326,13 +357,22 @@ def _case(table, file: str, index: int) -> Case:
     tps = measured.get("tokens_per_s_per_gpu")
     step = measured.get("step_time_s") or (
         parallel.batch * fields["seq_len"] / (tps * fields["gpus"]))
+    if "peak_memory_gib" in measured and "peak_memory_gb" in measured:
+        raise OpgraphError(f"{where}: measured gives peak_memory_gib and peak_memory_gb; give "
+                           "the one unit the source used")
     case = Case(**{**DEFAULTS, **fields}, parallel=parallel, measured_step_time_s=step,
                 measured_tokens_per_s_per_gpu=tps,
-                measured_peak_memory_gib=measured.get("peak_memory_gib"))
+                measured_peak_memory_gib=measured.get("peak_memory_gib"),
+                measured_peak_memory_gb=measured.get("peak_memory_gb"))
     if case.precision == "fp8" and parts.get(case.hardware).fp8_flops is None:
         raise OpgraphError(f"{where}: precision fp8 on {case.hardware}, which has no FP8 tensor "
                            "cores; give precision bf16 or another part")
     return case
+
+
+def read_case(table: dict, where: str = "case") -> Case:
+    """One case from its case-file form (`Case.to_json`), checked as a file's cases are."""
+    return _case(table, where, 0)
 
 
 def _check_model(case: Case, file: str, built: dict) -> None:
@@ -384,16 +424,27 @@ def _parse(text: str, path: Path) -> dict:
     return data
 
 
+def resolve(path: str | Path | None) -> Path:
+    """A case file's path: None for the shipped development set, a name of NAMED ("dev",
+    "playbook-sweep") for a shipped file wherever the command runs, else the path given."""
+    if path is None:
+        return SHIPPED
+    if isinstance(path, str) and path in NAMED:
+        return NAMED[path]
+    if not str(path).strip():
+        raise OpgraphError("the case file name is empty; give the path of a .json case file or "
+                           f"one of {', '.join(NAMED)}")
+    return Path(path)
+
+
 def load_cases(path: str | Path | None = None) -> list[Case]:
-    """The cases of a case file, in its order; None: the shipped validation set.
+    """The cases of a case file, in its order; None: the shipped validation set (see NAMED).
 
         >>> cases = load_cases()
         >>> len(cases), cases[0].parallel.tp, cases[0].measured_step_time_s
-        (21, 8, 1.42)
+        (80, 8, 1.42)
     """
-    path = SHIPPED if path is None else Path(path)
-    if not str(path).strip():
-        raise OpgraphError("the case file name is empty; give the path of a .json case file")
+    path = resolve(path)
     data = _parse(read_small(path, "case file", CASES_MAX_BYTES), path)
     cases, ids, built = [], set(), {}
     for i, table in enumerate(data["cases"]):
@@ -404,11 +455,50 @@ def load_cases(path: str | Path | None = None) -> list[Case]:
         ids.add(case.id)
         _check_model(case, str(path), built)
         cases.append(case)
+    for record in load_unmodelled(path, data):
+        if record.id in ids:
+            raise OpgraphError(f"{path}: case {record.id} is both a case and unmodelled; keep one")
     return cases
 
 
-__all__ = ["CASE_KEYS", "DEFAULTS", "MEASURED_KEYS", "PARALLEL_KEYS", "SHIPPED", "Case",
-           "load_cases"]
+@attrs.frozen(kw_only=True)
+class Unmodelled:
+    """A published run the file records but opgraph cannot predict, and why (a layout the source
+    does not give, a part or a feature opgraph does not model): listed and counted by
+    `opgraph validate`, never silently dropped."""
+
+    id: str
+    source: str
+    reason: str
+    family: str = ""
+
+
+def load_unmodelled(path: str | Path | None = None, data: dict | None = None) -> list[Unmodelled]:
+    """The file's "unmodelled" records (none where it has no such list)."""
+    path = resolve(path)
+    if data is None:
+        data = _parse(read_small(path, "case file", CASES_MAX_BYTES), path)
+    records = data.get("unmodelled", [])
+    if not isinstance(records, list):
+        raise OpgraphError(f"case file {path}: \"unmodelled\" is {_shown(records)}; give a list "
+                           'of {"id", "source", "reason"} objects')
+    out, ids = [], set()
+    for i, table in enumerate(records):
+        where = f"{path}: unmodelled[{i}]"
+        fields = _block(table, UNMODELLED_KEYS, where, "the case")
+        missing = [k for k in ("id", "source", "reason") if k not in fields]
+        if missing:
+            raise OpgraphError(f"{where}: missing key {missing[0]!r}; an unmodelled run needs "
+                               "id, source and reason")
+        if fields["id"] in ids:
+            raise OpgraphError(f"{where}: the id {fields['id']} is used twice; keep one")
+        ids.add(fields["id"])
+        out.append(Unmodelled(**fields))
+    return out
+
+
+__all__ = ["CASE_KEYS", "DEFAULTS", "MEASURED_KEYS", "NAMED", "PARALLEL_KEYS", "SHIPPED", "SWEEP",
+           "Case", "Unmodelled", "load_cases", "load_unmodelled", "resolve"]
 
 
 def select(cases: list[Case], pattern: str | None) -> list[Case]:

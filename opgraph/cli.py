@@ -46,6 +46,20 @@ def _no_empty_strings(parser: argparse.ArgumentParser, args: argparse.Namespace)
                                    f"(see `opgraph {args.command} --help`)")
 
 
+def _unrecognized(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> str:
+    """What argparse says of arguments no option takes, pointing at the command's own help, with
+    the nearest flag of that command where one is close."""
+    import difflib
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = [f for a in sub.choices[command]._actions if a.help != argparse.SUPPRESS
+             for f in a.option_strings]
+    near = difflib.get_close_matches(extra[0].split("=")[0], flags, n=1, cutoff=0.75)
+    hint = f"; did you mean {near[0]}?" if near and extra[0].startswith("-") else ""
+    return (f"unrecognized arguments: {' '.join(extra)}{hint} "
+            f"(see `opgraph {command} --help`)")
+
+
 def _one_line(message: str) -> str:
     """A message with a newline or a control character in it (from a file name) escaped."""
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
@@ -63,9 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["profile", *argv]  # `opgraph` alone, or `opgraph --json`, profiles
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
         if args.command is None:
             raise OpgraphError("give a command, e.g. `opgraph profile` (see `opgraph --help`)")
+        if extra:
+            raise OpgraphError(_unrecognized(parser, args.command, extra))
         _no_empty_strings(parser, args)
         return args.func(args)
     except OpgraphError as e:

@@ -135,21 +135,33 @@ def message_bytes(graph: Graph, op: Op) -> sympy.Expr:
     return t.nbytes * sympy.sympify(op.param("fanout", 1))
 
 
-_OWN: dict = {}  # (op, its tensors) -> Cost: the same op recurs across a search's graphs
-
-
 def _own(graph: Graph, op: Op) -> Cost:
     """`op`'s cost by its own rule and tensors; a collective's by its message, on the network
-    (it moves no HBM bytes on the compute stream). A function of the op and its tensors
-    alone (a fused op's of its members too, so it is not kept), so it is kept by them."""
+    (it moves no HBM bytes on the compute stream). A fused op's depends on its members too, so
+    it is costed each time; any other's is a function of the op and its tensors alone
+    (`_own_of`), which recur across a search's graphs."""
     if op.kind == "fused":
         return _own_cost(graph, op)
-    key = (op, tuple(graph.tensor(n) for n in (*op.inputs, *op.outputs)))
-    if key not in _OWN:
-        if len(_OWN) > 200_000:
-            _OWN.clear()
-        _OWN[key] = _own_cost(graph, op)
-    return _OWN[key]
+    return _own_of(op, tuple(graph.tensor(n) for n in dict.fromkeys((*op.inputs, *op.outputs))))
+
+
+@functools.lru_cache(maxsize=200_000)  # bounded: a search's distinct ops fit many times over
+def _own_of(op: Op, tensors: tuple) -> Cost:
+    """`_own_cost` of `op` as a pure function of the op and its tensors (hashable, frozen), so
+    that a cache of it holds no graph and cannot go stale."""
+    return _own_cost(_Tensors({t.name: t for t in tensors}), op)
+
+
+@attrs.frozen
+class _Tensors:
+    """The part of a Graph the cost of one op reads: its tensors by name, and `op_bytes`."""
+
+    by_name: dict
+
+    def tensor(self, name: str):
+        return self.by_name[name]
+
+    op_bytes = Graph.op_bytes
 
 
 def _own_cost(graph: Graph, op: Op) -> Cost:
@@ -360,10 +372,23 @@ class CostModel:
         """Hardware FLOPs utilisation: counted FLOPs / (step time x peak), every FLOP run
         (a re-run op's, `passes.recompute`, and FlashAttention's recomputed QK^T under the
         "derived" convention included). FP8 FLOPs come in weighted by peak / FP8 peak (the
-        caller's `flops`), so this is the share of the step the arithmetic units are busy. The
-        step is at least its FLOPs over the peak, so this is at most 1; `minimum` keeps
-        rounding from saying more (`min` for numbers, `np.minimum` for arrays)."""
+        caller's `flops`, a sum of `busy_flops`), so this is the share of the step the
+        arithmetic units are busy. The step is at least its FLOPs over the peak, so this is at
+        most 1; `minimum` keeps rounding from saying more (`min` for numbers, `np.minimum` for
+        arrays)."""
         return minimum(flops / (step_time * peak), 1.0)
+
+    @staticmethod
+    def busy_flops(flops, op_peak, peak):
+        """`flops` run at `op_peak` as `hfu` counts them: as the FLOPs that would keep the
+        arithmetic units busy as long at `peak` (the BF16 peak), i.e. times `peak / op_peak`.
+        One FP8 FLOP on an H100 counts as 989 / 1979 of a BF16 one; a BF16 FLOP as itself,
+        exactly. Numbers or numpy arrays alike (`opgraph.sweep`).
+
+            >>> CostModel.busy_flops(2e12, op_peak=2e15, peak=1e15)
+            1000000000000.0
+        """
+        return flops * (peak / op_peak)
 
 
 DEFAULT = CostModel()

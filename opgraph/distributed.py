@@ -24,7 +24,9 @@ once: 1F1B's stage i keeps up to `p - i` in flight, the interleaved schedule `(p
 1) / (p v))` (Korthikanti et al. 2022, section 4.2.3, for the first stage).
 
 MFU follows the plate's convention per GPU: 6 N tokens per step / (step time x peak x GPUs),
-N the whole model's (not a shard's) MFU parameters.
+N the whole model's (not a shard's) MFU parameters. HFU is the first stage's FLOPs over one
+step, each weighted as `evaluate` weighs it (`CostModel.busy_flops`: an FP8 FLOP as BF16 peak /
+FP8 peak of one), / (step time x peak), by the cost model's one definition (`CostModel.hfu`).
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ from .symbols import S
 @attrs.frozen
 class Transfer:
     """One collective of the first stage, over one optimizer step: its message per GPU per
-    instance (`bytes`), the instances the step runs (`count`), their time and the part of it the
-    compute stream waited for (`exposed_s`)."""
+    instance (`bytes`), the instances the step runs (`count`), their time, the part of it the
+    compute stream waited for (`exposed_s`, at most `time_s`) and how long the compute stream
+    waited for it before it began (`queued_s`: behind other collectives on its stream, or the
+    one its input comes from; `opgraph.schedule`)."""
 
     name: str
     collective: str
@@ -67,12 +71,13 @@ class Transfer:
     time_s: float
     exposed_s: float
     tier: str
+    queued_s: float = 0.0
 
     def to_json(self) -> dict:
         return {"name": self.name, "collective": self.collective.replace("_", "-"),
                 "group": self.group, "group_size": self.group_size, "bytes": self.bytes,
                 "count": self.count, "time_s": self.time_s, "exposed_s": self.exposed_s,
-                "tier": self.tier}
+                "queued_s": self.queued_s, "tier": self.tier}
 
 
 @attrs.frozen
@@ -93,6 +98,12 @@ class ParallelResult:
     memory_stage: int = 0  # the pipeline stage whose GPUs need the most memory (`memory`)
     events: tuple[Event, ...] = ()  # the timeline of the rank asked for
     cost: str = "roofline"  # the cost model's name
+    hfu: float = 0.0  # the first stage's, `CostModel.hfu` (FP8 FLOPs weighted as `evaluate`)
+    # of the exposed communication, the part waited before the awaited collective began
+    queued_communication_s: float = 0.0
+    # and the part a later pipeline stage's last micro-batch runs on after rank 0's (its
+    # gradient reductions, its optimizer), which the step waits for
+    later_stage_tail_s: float = 0.0
 
     def to_json(self) -> dict:
         return {"cost": self.cost, "gpus": self.layout.world, "cluster": self.cluster.id,
@@ -100,6 +111,8 @@ class ParallelResult:
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
                 "bubble_s": self.bubble_s,
                 "exposed_communication_s": self.exposed_communication_s,
+                "queued_communication_s": self.queued_communication_s,
+                "later_stage_tail_s": self.later_stage_tail_s,
                 "stage_times_s": list(self.stage_times_s),
                 "activations_in_flight": self.in_flight, "memory_stage": self.memory_stage,
                 "communication": [t.to_json() for t in self.communication]}
@@ -250,6 +263,7 @@ class _Timed:
     times: dict
     plain: Run
     last: Run
+    drawn: Run | None = None  # a plain micro-batch again with its events, for a timeline
 
 
 def schedule(job: Job, cost: CostModel = DEFAULT, *, rank: int | None = None
@@ -274,11 +288,15 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
     for i, stage in enumerate(job.stages):
         times = _times(stage, job, cost)
         keep = drawn is not None and job.kinds[drawn] == i
+        # the figures from runs that add a layer stack's steady layers at once; a drawn stage's
+        # plain micro-batch is run once more, every op on its own, for its events
         timed.append(_Timed(stage, times,
                             simulate(stage.plain, times, async_tp=layout.async_tp,
                                      deferred=deferred, keep_events=False),
                             simulate(stage.last, times, async_tp=layout.async_tp,
-                                     deferred=deferred, keep_events=keep)))
+                                     deferred=deferred, keep_events=keep),
+                            simulate(stage.plain, times, async_tp=layout.async_tp,
+                                     deferred=deferred) if keep else None))
     per_stage = [timed[k] for k in job.kinds]
     m, v = layout.micro_batches, layout.virtual_stages
     per_micro = [t.plain.time_s for t in per_stage]
@@ -287,14 +305,20 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
     step_time = span + max(tails)
     first = per_stage[0]
     bubble = max(0.0, span - m * per_micro[0])
-    exposed = sum((m - 1) * first.plain.exposed_s.get(n, 0.0) + first.last.exposed_s[n]
-                  for n in first.last.exposed_s)
-    transfers = tuple(_transfers(first, job, m))
-    hidden = sum(t.time_s - min(t.exposed_s, t.time_s) for t in transfers)
+    waited = _waited(first, m)
+    transfers = tuple(_transfers(first, job, m, waited))
+    # what the compute stream waited for, while a collective ran or before it began (a
+    # zero-time one too: Megatron's f waits its turn on the tensor-parallel stream)
+    exposed = sum(e + q for e, q in waited.values())
+    # the slowdown's share is the time the compute stream did not wait through (as it was
+    # before exposed and queued time were told apart: calibrated steps and fits unchanged)
+    hidden = sum(t.time_s - min(t.exposed_s + t.queued_s, t.time_s) for t in transfers)
     step_time += cost.slowdown(job.hardware) * hidden  # compute slowed beside communication
     fullest = max(job.stages, key=lambda st: st.memory.total)  # the GPU closest to its limit
     peak = job.hardware.peak_flops
     mfu = cost.mfu(job.mfu_parameters, job.tokens, step_time, peak) / layout.world
+    busy = sum(cost.busy_flops(o.flops * (1 if o.once else m), o.peak, peak)
+               for o in first.stage.ops if o.flops)
     events = ()
     if drawn is not None:
         events = _timeline(per_stage[drawn], m, max(0.0, span - m * per_micro[drawn]))
@@ -302,9 +326,11 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
         layout=layout, cluster=job.cluster, step_time_s=step_time,
         tokens_per_s_per_gpu=job.tokens / step_time / layout.world, mfu=mfu, bubble_s=bubble,
         exposed_communication_s=exposed + max(tails) - tails[0], communication=transfers,
+        queued_communication_s=sum(q for _, q in waited.values()),
+        later_stage_tail_s=max(tails) - tails[0],
         memory=fullest.memory, memory_stage=fullest.index, stage_times_s=tuple(per_micro),
         in_flight=in_flight(layout, fullest.index),
-        events=events, cost=cost.name)
+        events=events, cost=cost.name, hfu=cost.hfu(busy, step_time, peak))
     return result, first
 
 
@@ -337,22 +363,35 @@ def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
         job.stages[0].profile, ops=tuple(rows), categories=categories,
         step_time_s=result.step_time_s, flops=flops, bytes=sum(r.bytes for r in rows),
         tokens=job.tokens, mfu_parameters=job.mfu_parameters, mfu_ceiling=result.mfu,
-        hfu_ceiling=min(1.0, flops / (result.step_time_s * hardware.peak_flops)),
+        hfu_ceiling=result.hfu,
         memory=result.memory, parallel=result, cost=cost.name)
 
 
-def _transfers(first: _Timed, job: Job, m: int):
+def _waited(first: _Timed, m: int) -> dict[str, tuple[float, float]]:
+    """Each collective's exposed and queued seconds over the step (`opgraph.schedule`): the
+    last micro-batch's, and m - 1 plain ones' unless it runs once per step."""
+    out = {}
+    for o in first.stage.ops:
+        if o.group is None:
+            continue
+        plain = 0 if o.once else m - 1
+        out[o.name] = tuple(getattr(first.last, f).get(o.name, 0.0)
+                            + plain * getattr(first.plain, f).get(o.name, 0.0)
+                            for f in ("exposed_s", "queued_s"))
+    return out
+
+
+def _transfers(first: _Timed, job: Job, m: int, waited: dict):
     layout, cluster = job.layout, job.cluster
     for o in first.stage.ops:
         if o.group is None or o.kind == "identity":
             continue
         k = 1 if o.once else m
-        exposed = first.last.exposed_s.get(o.name, 0.0) + (
-            0.0 if o.once else (m - 1) * first.plain.exposed_s.get(o.name, 0.0))
         size = layout.size(o.group)
         tier = cluster.tier_for(size, layout.stride(o.group)).name if size > 1 else "none"
+        exposed, queued = waited[o.name]
         yield Transfer(o.name, o.kind, o.group, size, o.message, o.count * k,
-                       first.times[o.name] * o.count * k, exposed, tier)
+                       first.times[o.name] * o.count * k, exposed, tier, queued)
 
 
 def _memory(one: Memory, layout: Parallel, stage: int) -> Memory:
@@ -362,19 +401,18 @@ def _memory(one: Memory, layout: Parallel, stage: int) -> Memory:
 
 
 def _timeline(first: _Timed, m: int, bubble: float) -> tuple[Event, ...]:
-    """Rank 0's step: the pipeline's fill as one bubble, then its micro-batches (each as the
-    simulated one), the last with the optimizer, then the drain."""
+    """The drawn rank's step: the pipeline's fill as one bubble, then its micro-batches, each
+    as the schedule ran it (the plain one's events, without what runs once per step: ZeRO-0/1's
+    gradient reductions, the optimizer), the last with the optimizer, then the drain. So each
+    track's events add up to the step's figures: the compute stream to the ops' time and the
+    bubble, each group's stream to its collectives' time."""
     out: list[Event] = []
     t = bubble / 2 if bubble else 0.0
     if bubble:
         out.append(Event("bubble (fill)", "compute", 0.0, t, "bubble", "bubble"))
-    plain = first.last  # events were kept for the last run only; earlier ones drop its tail
     for i in range(m):
         last = i == m - 1
-        for e in plain.events:
-            if not last and (e.phase == "optimizer" or (e.track in ("dp", "edp")
-                                                         and e.end_s > first.plain.time_s)):
-                continue
+        for e in (first.last if last else first.drawn).events:
             out.append(attrs.evolve(e, name=f"{e.name} [mb {i}]", start_s=e.start_s + t,
                                     end_s=e.end_s + t))
         t += first.plain.time_s if not last else first.last.time_s

@@ -1,8 +1,9 @@
-"""Fit a generation's efficiencies to measured runs: `opgraph calibrate --fit CASES.json`.
+"""Fit the calibrated model's efficiencies to measured runs: `opgraph calibrate --fit CASES.json`.
 
-For each hardware generation with cases, the efficiencies its table names as `fitted` are set
-to minimise the mean squared log error of the predicted step time, `mean(log(predicted /
-measured)^2)`, over that generation's cases; the others keep their values. The search is
+The efficiencies the generations' tables name as `fitted` are set, ONE value per name shared by
+every generation that fits it, to minimise the mean squared log error of the predicted step
+time, `mean(log(predicted / measured)^2)`, averaged per family of runs and then over families;
+the others keep their values. The search is
 Nelder and Mead's simplex (1965) in unbounded coordinates (a fraction f as log(f / (1 - f)), a
 FLOP count as log(1 + F / 1e9)), from the fixed starting values `START` (not from the file's
 current values), with a fixed number of steps: the same cases give the same result on any
@@ -14,6 +15,8 @@ The error the fit reports is IN-SAMPLE: measured on the runs it was fitted to.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 
 import attrs
@@ -26,11 +29,12 @@ from .cases import Case
 from .costmodel import CalibratedCostModel
 from .distributed import Job, prepare, step_figures
 from .errors import OpgraphError
+from .outputs.progress import progressed
 
 # Where every fit starts (so that a fit does not depend on the file it rewrites).
 START = {"matmul": 0.7, "matmul_half_flops": 1e10, "attention": 0.5, "bandwidth": 0.85,
          "launch_s": 2e-6, "node": 0.8, "network": 0.9, "overlap_slowdown": 0.1}
-STEPS = 120  # simplex iterations per generation: converged well before on the shipped cases
+STEPS = 60  # simplex iterations: one or two shared parameters converge well before
 _GFLOP = 1e9
 
 
@@ -52,10 +56,11 @@ def _from_free(name: str, x: float) -> float:
 
 
 def nelder_mead(f, x0: np.ndarray, steps: int, scale: float = 0.3,
-                tolerance: float = 1e-10) -> np.ndarray:
+                tolerance: float = 1e-10, desc: str = "fit") -> np.ndarray:
     """The minimum of `f` near `x0` by Nelder and Mead's simplex (reflection 1, expansion 2,
     contraction 0.5, shrink 0.5), at most `steps` steps, fewer once the simplex's values agree
-    to `tolerance` (relative).
+    to `tolerance` (relative); the steps are counted on a progress bar named `desc` where
+    stderr is a terminal.
 
         >>> x = nelder_mead(lambda v: float(((v - 3) ** 2).sum()), np.zeros(2), 200)
         >>> bool(np.allclose(x, 3, atol=1e-4))
@@ -64,7 +69,7 @@ def nelder_mead(f, x0: np.ndarray, steps: int, scale: float = 0.3,
     n = len(x0)
     simplex = [x0] + [x0 + scale * np.eye(n)[i] for i in range(n)]
     values = [f(x) for x in simplex]
-    for _ in range(steps):
+    for _ in progressed(range(steps), desc, unit="step"):
         order = np.argsort(values, kind="stable")
         simplex = [simplex[i] for i in order]
         values = [values[i] for i in order]
@@ -101,51 +106,71 @@ class Fitted:
 
 
 def compile_cases(cases: list[Case]) -> list[tuple[Case, Job]]:
-    """Each case compiled once, as `opgraph validate` would predict it."""
+    """Each case compiled once, as `opgraph validate` would predict it. A Job holds no
+    efficiency (the fit re-costs it at each step), so a case compiled once serves every later
+    fit or subset of it in the process: `_compiled` keeps the last few hundred, keyed by the
+    case's whole case-file form."""
+    return [(c, _compiled(json.dumps(c.to_json(), sort_keys=True))) for c in cases]
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(key: str) -> Job:
+    from .cases import read_case
     from .validate import case_options
 
-    out = []
-    for c in cases:
-        part = hw.get(c.hardware)
-        cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
-        out.append((c, prepare(c.forward(), part, c.parallel, cluster=cluster,
-                               values={"S": c.seq_len}, **case_options(c))))
-    return out
+    c = read_case(json.loads(key))
+    part = hw.get(c.hardware)
+    cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
+    return prepare(c.forward(), part, c.parallel, cluster=cluster, values={"S": c.seq_len},
+                   **case_options(c))
 
 
 def fit(cases: list[Case], table: dict[str, Efficiencies], *,
         steps: int = STEPS) -> Fitted:
     """Fit each generation's `fitted` efficiencies to its cases (see the module)."""
-    jobs = compile_cases(cases)
-    by_generation: dict[str, list] = {}
+    return fit_jobs(compile_cases(cases), table, steps=steps)
+
+
+def fit_jobs(jobs: list[tuple[Case, Job]], table: dict[str, Efficiencies], *,
+             steps: int = STEPS, judged: list[tuple[Case, Job]] | None = None) -> Fitted:
+    """`fit` of cases compiled once (`compile_cases`), its errors those of `judged` (default:
+    the fitted cases themselves, in-sample).
+
+    A fitted efficiency is ONE value shared by every generation that names it in `fitted`: it
+    describes kernels or software (how close cuBLAS comes to the peak, how much of a link NCCL
+    reaches), not a site, so the runs of one generation inform the others, and a generation
+    with no run of its own is predicted from the rest. The loss weighs each family (a paper's
+    table, a framework's benchmark: `Case.family`) equally, so a sweep of many runs of one
+    source does not outvote the others. Generations that fit nothing keep their values."""
     for case, job in jobs:
-        generation = job.hardware.generation
-        if generation not in table:
+        if job.hardware.generation not in table:
             raise OpgraphError(f"case {case.id}: its hardware {job.hardware.id} has no "
                                "calibrated generation to fit")
-        by_generation.setdefault(generation, []).append((case, job))
-    out = dict(table)
-    for generation, mine in by_generation.items():
-        names = table[generation].fitted
-        if not names:
-            continue
+    names = sorted({n for e in table.values() for n in e.fitted})
 
-        def efficiencies(x, generation=generation, names=names) -> Efficiencies:
-            values = {n: _from_free(n, v) for n, v in zip(names, x, strict=True)}
-            return attrs.evolve(table[generation], **values)
+    def tables(x) -> dict[str, Efficiencies]:
+        values = {n: _from_free(n, v) for n, v in zip(names, x, strict=True)}
+        return {g: attrs.evolve(e, **{n: values[n] for n in e.fitted})
+                for g, e in table.items()}
 
-        def loss(x, generation=generation, mine=mine) -> float:
-            model = CalibratedCostModel(table={**out, generation: efficiencies(x)})
-            return float(np.mean([math.log(step_figures(job, model).step_time_s
-                                           / case.measured_step_time_s) ** 2
-                                  for case, job in mine]))
+    families: dict[str, list] = {}
+    for case, job in jobs:
+        families.setdefault(case.family or case.id, []).append((case, job))
 
-        x0 = np.array([_to_free(n, START[n]) for n in names])
-        out[generation] = efficiencies(nelder_mead(loss, x0, steps))
+    def loss(x) -> float:
+        model = CalibratedCostModel(table=tables(x))
+        return float(np.mean([np.mean([math.log(step_figures(job, model).step_time_s
+                                                / case.measured_step_time_s) ** 2
+                                       for case, job in members])
+                              for members in families.values()]))
+
+    x0 = np.array([_to_free(n, START[n]) for n in names])
+    out = tables(nelder_mead(loss, x0, steps, tolerance=1e-6, desc="fitting efficiencies")
+                 if names and jobs else x0)
     model = CalibratedCostModel(table=out)
     errors = tuple((case.id, job.hardware.generation,
                     step_figures(job, model).step_time_s / case.measured_step_time_s - 1)
-                   for case, job in jobs)
+                   for case, job in (jobs if judged is None else judged))
     return Fitted(out, errors)
 
 

@@ -13,6 +13,13 @@ values gives `evaluate`'s figure. Time is per op the cost model's `time` with `s
 as two symbols, `peak` (dense FLOP/s) and `bandwidth` (HBM bytes/s), or, given a `Hardware`, as
 its exact numbers.
 
+Under the calibrated cost model (`CalibratedCostModel`) a kernel's time is its formula, `count
+* (launch_s + Max((flops + matmul_half_flops) / (efficiency * peak), bytes / (bandwidth_share *
+bandwidth)))`, with the efficiencies of the part's generation (`opgraph.calibration`) as exact
+numbers; so a calibrated time formula needs the part (`hardware`), and without one it is an
+error, never the roofline's formula in its place. `time_rates` is the one place that decides
+which cost models have formulas: `formula`, `op_time`, `opgraph.solve` and the CLI ask it.
+
 Tidying only regroups, it never approximates: terms are collected on the layer counts and each
 coefficient is factored; a roofline's common factor is pulled out of its Max
 (`2*B*D*S*Max(6/bandwidth, 1/peak)`), which shows the two intensities side by side.
@@ -26,7 +33,7 @@ from collections.abc import Callable
 
 import sympy
 
-from .costmodel import DEFAULT, Cost, CostModel
+from .costmodel import DEFAULT, EFFICIENCY, CalibratedCostModel, Cost, CostModel
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Op
@@ -66,6 +73,42 @@ def _factored_max(common):
     return maximum
 
 
+def time_rates(cost: CostModel, hardware: Hardware | None = None):
+    """The efficiencies a time formula under `cost` is written with: None for the roofline
+    (none); for the calibrated model those of `hardware`'s generation (`Efficiencies`), an
+    error without a part. The one place that decides which cost models have time formulas."""
+    if not isinstance(cost, CalibratedCostModel):
+        return None
+    if hardware is None:
+        raise OpgraphError("a calibrated time formula takes its part's efficiencies: give the "
+                           "part (formula(..., hardware=part); opgraph formula "
+                           "--numeric-hardware), or use the roofline")
+    return cost.efficiencies(hardware)
+
+
+def roofline_only(cost: CostModel, what: str) -> None:
+    """An error where `what` (an engine written on the roofline's formulas alone: solve's
+    crossings and ridges) is asked for under another cost model."""
+    if isinstance(cost, CalibratedCostModel):
+        raise OpgraphError(f"{what} works on the roofline's formulas; --cost calibrated is for "
+                           "profile, sweep, diff, compare, validate and formula")
+
+
+def _exact(number: float) -> sympy.Rational:
+    return sympy.Rational(repr(float(number)))
+
+
+def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
+    """One kernel's time under the calibrated cost model with efficiencies `rates`:
+    `launch_s + Max((flops + matmul_half_flops) / (efficiency * peak), bytes /
+    (bandwidth_share * bandwidth))`, a kernel without arithmetic paying no half
+    (`CalibratedCostModel.scaled_time`)."""
+    rate = _exact(getattr(rates, EFFICIENCY.get(kind, "matmul")))
+    half = _exact(rates.matmul_half_flops) if c.flops != 0 else 0
+    return _exact(rates.launch_s) + roofline(c.flops + half, c.bytes, rate * peak,
+                                             _exact(rates.bandwidth) * bandwidth)
+
+
 def _cost(graph: Graph, op: Op, cost: CostModel, costs: dict | None) -> Cost:
     return costs[op.name] if costs is not None else cost.op_cost(graph, op)
 
@@ -81,10 +124,13 @@ def op_bytes(graph: Graph, op: Op, cost: CostModel = DEFAULT, costs: dict | None
 
 
 def op_time(graph: Graph, op: Op, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
-            costs: dict | None = None, peaks: dict | None = None) -> sympy.Expr:
+            costs: dict | None = None, peaks: dict | None = None, rates=None) -> sympy.Expr:
     """The count is positive, so `count * Max(a, b) == Max(count*a, count*b)`. `costs`: the
     cost model's `op_costs(graph)`, when many ops are asked for. An op whose arithmetic runs
-    in FP8 takes `peak_fp8` (with numbers: `peaks["fp8"]`)."""
+    in FP8 takes `peak_fp8` (with numbers: `peaks["fp8"]`). Under the calibrated cost model
+    `rates` are its part's efficiencies (`time_rates`), each kernel `calibrated_time`."""
+    if rates is None:
+        rates = time_rates(cost)  # the roofline: None; calibrated without a part: an error
     c = _cost(graph, op, cost, costs)
     if c.compute is not None:  # an FP8 matmul: its own peak (a number given with `peak`)
         if isinstance(peak, sympy.Symbol):
@@ -94,14 +140,18 @@ def op_time(graph: Graph, op: Op, peak=PEAK, bandwidth=BANDWIDTH, cost: CostMode
                                f"dense {c.compute.upper()} peak; give one that has")
         else:
             peak = peaks[c.compute]
-    return op.count * roofline(c.flops, c.bytes, peak, bandwidth, cost)
+    if rates is None:
+        return op.count * roofline(c.flops, c.bytes, peak, bandwidth, cost)
+    return op.count * calibrated_time(op.kind, c, peak, bandwidth, rates)
 
 
 def step_time(graph: Graph, ops, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
-              peaks: dict | None = None) -> sympy.Expr:
-    """The summed time of `ops` (a list of the graph's ops); `peaks` as `op_time`'s."""
+              peaks: dict | None = None, rates=None) -> sympy.Expr:
+    """The summed time of `ops` (a list of the graph's ops); `peaks` and `rates` as
+    `op_time`'s."""
     costs = cost.op_costs(graph)
-    return sympy.Add(*(op_time(graph, op, peak, bandwidth, cost, costs, peaks) for op in ops))
+    return sympy.Add(*(op_time(graph, op, peak, bandwidth, cost, costs, peaks, rates)
+                       for op in ops))
 
 
 # The quantities a formula can be of: (graph, op, cost, costs) -> that op's share of the step.
@@ -148,15 +198,21 @@ def formula(graph: Graph, quantity: str, *, op: str | None = None, category: str
             hardware: Hardware | None = None, cost: CostModel = DEFAULT) -> sympy.Expr:
     """The tidied sum of `quantity` ("flops", "bytes" or "time") over the selected ops, under
     the cost model `cost`. For time, `hardware` puts in that part's numbers; without it `peak`
-    and `bandwidth` stay symbols."""
+    and `bandwidth` stay symbols. A calibrated time needs `hardware` (`time_rates`):
+
+        formula(step, "time", hardware=h100, cost=CalibratedCostModel())  # = evaluate's
+    """
     if quantity not in QUANTITIES:
         raise OpgraphError(f"unknown quantity {quantity!r}; choose one of {', '.join(QUANTITIES)}")
     ops = select(graph, op=op, category=category)
     rule = QUANTITIES[quantity]
-    if quantity == "time" and hardware is not None:
-        hw = hardware_values(hardware)
-        rule = functools.partial(op_time, peak=hw[PEAK], bandwidth=hw[BANDWIDTH],
-                                 peaks={"fp8": hw.get(PEAK_FP8)})
+    if quantity == "time":
+        rates = time_rates(cost, hardware)
+        rule = functools.partial(op_time, rates=rates)
+        if hardware is not None:
+            hw = hardware_values(hardware)
+            rule = functools.partial(op_time, peak=hw[PEAK], bandwidth=hw[BANDWIDTH],
+                                     peaks={"fp8": hw.get(PEAK_FP8)}, rates=rates)
     costs = cost.op_costs(graph)
     return tidy(sympy.Add(*(rule(graph, o, cost=cost, costs=costs) for o in ops)),
                 depth_symbols(graph))
@@ -226,4 +282,5 @@ def _plain(number) -> int | float:
 
 __all__ = ["BANDWIDTH", "HARDWARE_SYMBOLS", "PEAK", "PEAK_FP8", "PEAK_SYMBOLS", "QUANTITIES", "depth_symbols", "formula",
            "hardware_values", "latex", "op_bytes", "op_flops", "op_time", "roofline", "select",
-           "step_time", "symbol_values", "tidy", "value"]
+           "step_time", "symbol_values", "tidy", "value", "time_rates", "roofline_only",
+           "calibrated_time"]

@@ -7,15 +7,19 @@ back again.
     launch = read_megatron("--num-layers 96 --hidden-size 12288 ...", gpus=64)
     text = to_megatron(launch)                              # the arguments again, one line
 
-Nothing a file says is dropped in silence. A key or flag the reader does not know, or a known one
-set to something opgraph does not model (a GPipe schedule, CPU offload, HSDP), is listed in
-`Launch.unknown`, which the CLI prints as a warning; keys that do not change the step's time
-(paths, logging, checkpoints, learning rates) are known and quiet. A setting opgraph cannot stand
-in for at all (activation checkpointing of every second layer, fp32 training) is a one-line
-OpgraphError that names it.
+Nothing a file says is dropped in silence. A key or flag the framework itself does not have (a
+misspelling: `tensor_paralel_degree`) is a one-line OpgraphError with the nearest real name, as
+the framework's own parser would refuse it (the names: opgraph/data/launch_keys.json). A real
+key or flag opgraph does not model, or a known one set to something opgraph does not model (a
+GPipe schedule, CPU offload, HSDP), is listed in `Launch.unknown`, which the CLI prints as a
+warning naming it; keys that do not change the step's time (paths, logging, checkpoints,
+learning rates) are known and quiet. A setting opgraph cannot stand in for at all (activation
+checkpointing of every second layer, fp32 training) is a one-line OpgraphError that names it,
+and says so where it is the framework's default rather than what the file wrote.
 
-A Launch holds its layout resolved (`dp`, `gpus` and the global batch explicit; ZeRO stage 0 with
-one data-parallel rank, where sharding has nothing to shard over), so two Launches of one job
+A Launch holds its layout resolved (`dp`, `gpus` and the global batch explicit; ZeRO stage 0 where
+the ranks that hold the same weights, dp x cp, are one, so sharding has nothing to shard over),
+so two Launches of one job
 compare equal however they were written. `source` and `unknown` say where a Launch came from, not
 what it is, and take no part in equality: `read_torchtitan(f)` of the file `to_torchtitan(l)`
 wrote equals `l`, and so does `read_megatron(to_megatron(l), gpus=l.parallel.gpus)` (Megatron's
@@ -24,6 +28,9 @@ arguments do not carry the world size: the launcher does).
 
 from __future__ import annotations
 
+import difflib
+import functools
+import json
 import math
 import shlex
 import tomllib
@@ -46,24 +53,32 @@ FUSE = (None, "elementwise")
 MEGATRON_SOURCE = "megatron arguments"
 MEGATRON_MODEL = "megatron-model"  # the name of a model read from Megatron's dimensions
 
+
+
+def _preset_configs() -> dict[str, LlamaConfig | GPT2Config]:
+    """Every preset of the model registry (`opgraph.models.PRESETS`) whose configuration is a
+    Llama or a GPT-2 one, the shapes Megatron's flags describe, in the registry's order; the
+    others (Gemma 2's soft-capping and local attention, DeepSeek's latent attention, BERT's
+    encoder) have no launch form."""
+    configs = {c.name: c for module in (llama, gpt2) for c in vars(module).values()
+               if isinstance(c, LlamaConfig | GPT2Config)}
+    return {name: configs[name] for name in PRESETS if name in configs}
+
+
 # The configurations behind the presets a launch config can name or be written as.
-PRESET_CONFIGS: dict[str, LlamaConfig | GPT2Config] = {
-    "llama3-8b": llama.LLAMA3_8B, "llama3-70b": llama.LLAMA3_70B,
-    "llama3.1-405b": llama.LLAMA3_1_405B, "llama3.2-1b": llama.LLAMA3_2_1B,
-    "mixtral-8x7b": llama.MIXTRAL_8X7B, "qwen2-7b": llama.QWEN2_7B,
-    "gpt2": gpt2.GPT2, "gpt3-175b": gpt2.GPT3_175B,
-}
+PRESET_CONFIGS: dict[str, LlamaConfig | GPT2Config] = _preset_configs()
 
 
 # --- the record -----------------------------------------------------------------------------------
 def _resolved(layout: Parallel) -> Parallel:
-    """The layout with dp, gpus and the global batch explicit; ZeRO 0 with one data-parallel
-    rank (a stage of sharding over one rank shards nothing)."""
+    """The layout with dp, gpus and the global batch explicit; ZeRO 0 where the sharding group
+    (`Parallel.size("dp")`: dp x cp, the ranks that hold the same weights) is one rank, which
+    a stage of sharding shards nothing over."""
     if not isinstance(layout, Parallel):
         raise OpgraphError(f"launch parallel {layout!r} is not an opgraph.parallel.Parallel")
-    dp = layout.dp_degree
-    return attrs.evolve(layout, dp=dp, gpus=layout.world, global_batch=layout.batch,
-                        zero=layout.zero if dp > 1 else 0)
+    return attrs.evolve(layout, dp=layout.dp_degree, gpus=layout.world,
+                        global_batch=layout.batch,
+                        zero=layout.zero if layout.size("dp") > 1 else 0)
 
 
 def _one_of(choices: tuple):
@@ -118,6 +133,18 @@ class Launch:
         return (llama.build if isinstance(self.model, LlamaConfig) else gpt2.build)(self.model)
 
 
+def check_emittable(model: str, framework: str) -> None:
+    """Raise a one-line OpgraphError, before any search, where `framework`'s writer
+    ("torchtitan" or "megatron") has no form for the model named `model`."""
+    if framework == "torchtitan":
+        if model not in TORCHTITAN_MODELS.values():
+            raise OpgraphError(f"--emit torchtitan writes torchtitan's llama3 flavors "
+                               f"({', '.join(TORCHTITAN_MODELS.values())}); {model} is not one")
+    elif model not in PRESET_CONFIGS:
+        raise OpgraphError(f"--emit megatron writes a Llama- or GPT-2-shaped preset "
+                           f"({', '.join(PRESET_CONFIGS)}); {model} is not one")
+
+
 def _config(model: str | LlamaConfig | GPT2Config, what: str) -> LlamaConfig | GPT2Config:
     """The configuration behind a launch's model, for writers that need its dimensions."""
     if not isinstance(model, str):
@@ -127,6 +154,22 @@ def _config(model: str | LlamaConfig | GPT2Config, what: str) -> LlamaConfig | G
     except KeyError:
         raise OpgraphError(f"model {model!r} has no {what} form; opgraph writes "
                            f"{', '.join(PRESET_CONFIGS)} or a LlamaConfig / GPT2Config") from None
+
+
+@functools.cache
+def _real_names() -> dict:
+    """The keys and flags the frameworks have (opgraph/data/launch_keys.json, with its
+    sources): torchtitan's sections and the keys of the sections opgraph reads, Megatron-LM's
+    flags."""
+    return json.loads((Path(__file__).with_name("data") / "launch_keys.json").read_text())
+
+
+def _not_real(what: str, kind: str, name: str, real) -> OpgraphError:
+    """The error for a `kind` ("key", "flag", "section") called `name` that `what` (torchtitan,
+    Megatron) does not have, with the nearest real name where one is close (difflib)."""
+    near = difflib.get_close_matches(name, sorted(real), n=1, cutoff=0.75)
+    hint = f"did you mean {near[0]}?" if near else "fix or remove it"
+    return OpgraphError(f"{what} has no {kind} {name}; {hint}")
 
 
 def _whole_text(text: str, what: str, maximum: int = MAX_DIM) -> int:
@@ -229,8 +272,9 @@ def read_torchtitan(path: str | Path, gpus: int | None = None) -> Launch:
     (ZeRO 0). Both above one is HSDP: read as FSDP over all shard x replicate ranks (sharding
     within the shard group and all-reducing across the replicas is not modelled separately) and
     listed in `unknown`. With context parallelism torchtitan's FSDP shards over the cp ranks
-    too; opgraph's ZeRO stage counts the data-parallel ranks only. FSDP reduces gradients in
-    `mixed_precision_reduce` (float32). Tensor parallelism always shards the sequence.
+    too (ZeRO 3 over dp x cp, opgraph's sharding group, even where the shard degree is 1).
+    FSDP reduces gradients in `mixed_precision_reduce` (float32). Tensor parallelism always
+    shards the sequence.
 
     Batches: the local batch (`batch_size`, later `local_batch_size`: sequences per
     data-parallel rank per step) is the micro-batch; with a pipeline it is cut into micro-batches
@@ -298,6 +342,20 @@ def _tt_keys(data: dict) -> tuple[dict[str, object], list[str], bool]:
     return keys, unknown, legacy
 
 
+def _tt_check_real(key: str) -> None:
+    """Raise where torchtitan has no such section, or no such key in a section opgraph reads
+    (the others change no step time; their keys are not checked)."""
+    real = _real_names()["torchtitan"]
+    section, _, rest = key.partition(".")
+    if section not in real["sections"]:
+        raise _not_real(f"torchtitan's job config (at {key})", "section", f"[{section}]",
+                        [f"[{s}]" for s in real["sections"]])
+    keys = real["keys"].get(section)
+    if keys is not None and rest.split(".")[0] not in keys and not _tt_is_quiet(key):
+        raise _not_real("torchtitan's job config", "key", key,
+                        [f"{s}.{k}" for s, ks in real["keys"].items() for k in ks])
+
+
 def _tt_whole(keys: dict, key: str, default: int, lowest: int = 1) -> int:
     value = keys.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < lowest or (
@@ -323,6 +381,13 @@ def _tt_model(keys: dict) -> str:
                            "opgraph reads llama3 flavors 8B, 70B and 405B") from None
 
 
+# torchtitan's activation checkpointing when a file does not say: torchtitan/config/job_config.py
+# ActivationCheckpoint (mode "selective", selective_ac_option "2": every second layer), as in the
+# late-2024 config_manager.py
+_TT_AC_DEFAULTS = {"activation_checkpoint.mode": "selective",
+                   "activation_checkpoint.selective_ac_option": "2"}
+
+
 def _tt_recompute(keys: dict) -> str:
     """torchtitan's activation checkpointing as a recompute policy (defaults: selective, "2")."""
     mode = keys.get("activation_checkpoint.mode", "selective")
@@ -336,6 +401,14 @@ def _tt_recompute(keys: dict) -> str:
         return "selective-op"
     if str(option) == "1":
         return "full"  # a checkpoint every layer is full recomputation
+    if "activation_checkpoint.selective_ac_option" not in keys:  # torchtitan's, not the file's
+        said = " and ".join(f"{k.split('.')[1]} = {v!r}"
+                            for k, v in _TT_AC_DEFAULTS.items() if k not in keys)
+        raise OpgraphError(
+            f"the file leaves activation checkpointing to torchtitan's default ({said}: a "
+            "checkpoint every second layer), which opgraph does not model; say what the run "
+            "does in [activation_checkpoint]: mode = 'none' or 'full', or selective_ac_option "
+            "= 'op'")
     raise OpgraphError(f"torchtitan activation_checkpoint.selective_ac_option {option!r} "
                        "(checkpoint every Nth layer) is not modelled; opgraph recomputes every "
                        "layer or none: give 'op', '1' or mode 'full'")
@@ -383,9 +456,11 @@ def _tt_virtual_stages(keys: dict, model: str, pp: int, unknown: list[str]) -> i
     return stages // pp
 
 
-def _tt_data_parallel(keys: dict, model_ranks: int, gpus: int | None,
+def _tt_data_parallel(keys: dict, model_ranks: int, cp: int, gpus: int | None,
                       unknown: list[str]) -> tuple[int, int]:
-    """The data-parallel degree and ZeRO stage: FSDP over the shard ranks, DDP over replicas."""
+    """The data-parallel degree and ZeRO stage: FSDP over the shard and context-parallel ranks
+    (torchtitan's `dp_shard_cp` mesh: its ParallelDims.fsdp_enabled is dp_shard > 1 or
+    cp > 1, torchtitan/distributed/parallel_dims.py), DDP over the replicas."""
     replicate = _tt_whole(keys, "parallelism.data_parallel_replicate_degree", 1)
     shard = keys.get("parallelism.data_parallel_shard_degree", -1)
     if shard == -1:
@@ -402,10 +477,11 @@ def _tt_data_parallel(keys: dict, model_ranks: int, gpus: int | None,
     if gpus is not None and replicate * shard * model_ranks != gpus:
         raise OpgraphError(f"torchtitan config's degrees (replicate x shard x tp x cp x pp) "
                            f"make {replicate * shard * model_ranks} GPUs, not --gpus {gpus}")
-    if shard > 1 and replicate > 1:
+    fsdp = shard * cp > 1
+    if fsdp and replicate > 1:
         unknown.append(f"data_parallel_replicate_degree = {replicate} with shard degree {shard} "
-                       f"(HSDP, read as FSDP over {replicate * shard} ranks)")
-    return replicate * shard, 3 if shard > 1 else 0
+                       f"and cp {cp} (HSDP, read as FSDP over {replicate * shard * cp} ranks)")
+    return replicate * shard, 3 if fsdp else 0
 
 
 def _tt_batches(keys: dict, dp: int, pp: int, legacy: bool) -> tuple[int, int]:
@@ -435,13 +511,15 @@ def _tt_batches(keys: dict, dp: int, pp: int, legacy: bool) -> tuple[int, int]:
 
 
 def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
+    for key in _flatten(data):  # a key torchtitan lacks is refused before any is read
+        _tt_check_real(key)
     keys, unknown, legacy = _tt_keys(data)
     model = _tt_model(keys)
     tp = _tt_whole(keys, "parallelism.tensor_parallel_degree", 1)
     pp = _tt_whole(keys, "parallelism.pipeline_parallel_degree", 1)
     cp = _tt_whole(keys, "parallelism.context_parallel_degree", 1)
     ep = _tt_whole(keys, "parallelism.expert_parallel_degree", 1)
-    dp, zero = _tt_data_parallel(keys, tp * cp * pp, gpus, unknown)
+    dp, zero = _tt_data_parallel(keys, tp * cp * pp, cp, gpus, unknown)
     micro, total = _tt_batches(keys, dp, pp, legacy)
     reduce = keys.get("training.mixed_precision_reduce", "float32")
     if reduce not in ("float32", "bfloat16"):
@@ -489,7 +567,8 @@ def _tt_layers_per_stage(layers: int, stages: int) -> int:
 def to_torchtitan(launch: Launch) -> str:
     """The torchtitan job TOML (2025 layout) of a launch: the inverse of `read_torchtitan`.
 
-    Only what torchtitan can say is written: a llama3 preset; FSDP (ZeRO 3) or DDP (ZeRO 0);
+    Only what torchtitan can say is written: a llama3 preset; FSDP (ZeRO 3, over dp x cp) or
+    DDP (ZeRO 0, without context parallelism);
     tensor parallelism with sequence parallelism; selective-op, full or no recomputation; an
     even pipeline split. Anything else is a one-line OpgraphError naming it.
 
@@ -504,9 +583,13 @@ def to_torchtitan(launch: Launch) -> str:
                            f"{', '.join(by_preset)}")
     name, flavor = by_preset[launch.model]
     p = launch.parallel
-    if p.dp > 1 and p.zero not in (0, 3):
+    if p.size("dp") > 1 and p.zero not in (0, 3):
         raise OpgraphError(f"torchtitan has no ZeRO stage {p.zero}: it runs FSDP (zero 3) or "
                            "DDP (zero 0)")
+    if p.zero == 0 and p.cp > 1:
+        raise OpgraphError("torchtitan shards the weights over the context-parallel ranks "
+                           "(FSDP over dp x cp): ZeRO stage 0 with cp above 1 has no "
+                           "torchtitan form")
     if p.tp > 1 and not p.sequence_parallel:
         raise OpgraphError("torchtitan's tensor parallelism always shards the sequence: give "
                            "sequence parallelism with tp above 1")
@@ -731,6 +814,10 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
         raise OpgraphError("Megatron trains in fp32 without --bf16 or --fp16; opgraph models "
                            "bf16 and fp8: add --bf16")
     fused = not any([flags.switch(f) for f in _MG_NO_FUSION])  # noqa: C419 - consume them all
+    real = set(_real_names()["megatron"]) | flags.read | _MG_QUIET
+    for flag in flags.leftover():
+        if flag not in real:
+            raise _not_real("Megatron-LM", "flag", flag, real)
     unknown = [*stray, *flags.leftover()]
     return Launch(model=model, seq_len=seq_len, parallel=layout, recompute=recompute,
                   precision=precision, fuse="elementwise" if fused else None,

@@ -20,6 +20,8 @@ from .passes.derive_backward import derive_backward
 from .passes.fuse_attention import fuse_attention
 from .passes.precision import apply_precision
 from .passes.recompute import recompute as recompute_pass
+from .passes.replicate import replicate
+from .passes.shard import shard as shard_pass
 from .verify import verify
 
 DEFAULT_ADAMW = AdamW()
@@ -46,6 +48,33 @@ def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW,
     passes.append(functools.partial(attach_adamw, adamw=adamw))
     passes.extend(extra_passes)
     return passes
+
+
+# What of its arguments decides the ops and tensors a pass makes (its structure), where that is
+# less than the argument itself: a sharded or replicated graph holds the degrees as symbols, so
+# the layout's values change only the dimensions' values (which a search replaces), not the
+# graph. Every other argument counts whole (`pass_key`).
+STRUCTURE: dict[Callable, dict[str, Callable]] = {
+    shard_pass: {"layout": lambda p: (p.tp > 1, p.cp > 1, p.ep > 1, p.sequence_parallel)},
+    replicate: {"layout": lambda p: (p.zero, p.size("dp") > 1, p.size("edp") > 1)},
+}
+
+
+def pass_key(run: Callable) -> tuple:
+    """What a pass of `step_passes` computes its result from besides its input graph, as a
+    hashable key, for caches of pass results (`opgraph.search` shares a prefix of passes
+    between structures): its function and its bound arguments, each through `STRUCTURE` where
+    declared. A pass added to the list needs no entry anywhere else.
+
+        pass_key(functools.partial(apply_precision, precision="fp8"))
+        # (apply_precision, (), (("precision", "fp8"),))
+    """
+    func = getattr(run, "func", run)
+    if run is func:
+        return (func, (), ())
+    reads = STRUCTURE.get(func, {})
+    return (func, tuple(run.args), tuple((k, reads[k](v) if k in reads else v)
+                                         for k, v in sorted(run.keywords.items())))
 
 
 def fusion_passes(policy: str | None) -> list:

@@ -21,7 +21,10 @@ A `Plan` indexes a stage's ops once; runs of ops that wait on no collective and 
 advance the compute stream by their sum at once, and a layer stack's layers, once two run
 alike, are added at once (`simulate`).
 
-What the compute stream waits for is the collective's *exposed* time; the rest ran under
+What the compute stream waits for is charged to the collective it waits for, split in two:
+while that collective runs, its *exposed* time (never more than its own time); before it starts
+(behind other collectives on its stream, or behind the collective its input comes from), its
+*queued* time, reported on a line of its own. The rest of a collective's time ran under
 compute. Communication beside compute may slow it (SMs and HBM shared): the cost model's
 `overlap_slowdown` (0 for the roofline) adds that fraction of the hidden time.
 
@@ -65,8 +68,9 @@ class Run:
     time_s: float
     compute_s: float
     comm_s: dict  # collective op name -> seconds over the run
-    exposed_s: dict  # collective op name -> seconds the compute stream waited for it
+    exposed_s: dict  # collective op name -> seconds the compute stream waited while it ran
     events: tuple[Event, ...]
+    queued_s: dict = attrs.field(factory=dict)  # name -> seconds waited before it started
 
 
 def overlapped(group: str, async_tp: bool) -> bool:
@@ -188,6 +192,7 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
     free = dict.fromkeys(GROUPS, 0.0)
     comm_s = dict.fromkeys(comms, 0.0)
     exposed = dict.fromkeys(comms, 0.0)
+    queued = dict.fromkeys(comms, 0.0)
     events: list[Event] = []
     spans: list[tuple[str, float, float]] = []
     started: dict[tuple[str, int], float] = {}  # (compute op, i) -> start
@@ -240,10 +245,19 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
         start, end = ready.get((name, j), (0.0, 0.0))
         return start, end, None
 
-    def expose(name: str, seconds_: float) -> None:
-        exposed[name] += seconds_
+    def expose(name: str, seconds_: float, kind: int = _EXPOSED) -> None:
+        (exposed if kind == _EXPOSED else queued)[name] += seconds_
         if log is not None:
-            log.append((_EXPOSED, name, seconds_, 0.0))
+            log.append((kind, name, seconds_, 0.0))
+
+    def wait(name: str, now: float, until: float, began: float) -> None:
+        """The compute stream waited from `now` to `until` for collective `name`, which
+        began at `began`: queued until it began, exposed while it ran."""
+        ran = max(now, min(began, until))
+        if ran > now:
+            expose(name, ran - now, _QUEUED)
+        if until > ran:
+            expose(name, until - ran)
 
     if keep_events:  # every op on its own, to draw it
         segments = [tuple(o for item in seg for o in (item.ops if isinstance(item, _Block)
@@ -275,16 +289,16 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
                     state["now"] = now + lengths[id(op)]
                     continue
                 phase_start.setdefault(op.phase, now)
-                start, floor, waited_on = now, 0.0, None
+                start, floor, waited_on, began = now, 0.0, None, now
                 for name in op.waits_on:
                     s, e, comm = need(name, i, op)
                     if comm is not None and overlapped(comms[comm].group, async_tp):
                         floor = max(floor, e)
                         e = s
                     if e > start:
-                        start, waited_on = e, comm
+                        start, waited_on, began = e, comm, s
                 if waited_on is not None:
-                    expose(waited_on, start - now)
+                    wait(waited_on, now, start, began)
                 started[(op.name, i)] = start
                 if log is not None:
                     log.append((_STARTED, (op.name, i), start, 0.0))
@@ -323,7 +337,7 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
                     and max(held_until, trip.fixed, previous.fixed) <= previous.start
                     and trip.repeats(previous)):
                 busy = _repeat(trip, trips - 1 - i, ready, spans, free, comm_s, exposed,
-                               state, busy)
+                               queued, state, busy)
                 break
             previous = trip
             i += 1
@@ -335,12 +349,12 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
         if end > t:
             exposed[name] += end - max(t, start)
             t = tail = end
-    return Run(tail, busy, comm_s, exposed, tuple(events))
+    return Run(tail, busy, comm_s, exposed, tuple(events), queued)
 
 
-# what a layer's log records: a collective's output, a compute op's, an op's start, a wait,
-# another layer's collective read
-_READY, _WROTE, _STARTED, _EXPOSED, _FIXED = range(5)
+# what a layer's log records: a collective's output, a compute op's, an op's start, a wait
+# while a collective ran and one before it began, another layer's collective read
+_READY, _WROTE, _STARTED, _EXPOSED, _QUEUED, _FIXED = range(6)
 
 
 @attrs.frozen
@@ -384,7 +398,7 @@ def _trip(i: int, start: float, end: float, busy: float, log: list, spans: list,
         if kind == _FIXED:
             fixed = max(fixed, s)
             continue
-        if kind == _EXPOSED:
+        if kind in (_EXPOSED, _QUEUED):
             entries.append((kind, key, s, 0.0))
             continue
         if key[1] != i:
@@ -397,7 +411,7 @@ def _trip(i: int, start: float, end: float, busy: float, log: list, spans: list,
 
 
 def _repeat(trip: _Trip, left: int, ready: dict, spans: list, free: dict, comm_s: dict,
-            exposed: dict, state: dict, busy: float) -> float:
+            exposed: dict, queued: dict, state: dict, busy: float) -> float:
     """The `left` layers after `trip`, each `trip` shifted by its length: their collectives'
     outputs and spans recorded as `simulate` would have, their costs added, the streams moved
     on. (What a compute op wrote can hold nothing back, the compute stream running in order,
@@ -411,8 +425,8 @@ def _repeat(trip: _Trip, left: int, ready: dict, spans: list, free: dict, comm_s
             ready[(name, instance)] = (start + s, start + e)
         spans.extend((name, start + s, start + e) for name, s, e in trip.spans)
     for kind, name, seconds_, _ in trip.log:
-        if kind == _EXPOSED:
-            exposed[name] += left * seconds_
+        if kind in (_EXPOSED, _QUEUED):
+            (exposed if kind == _EXPOSED else queued)[name] += left * seconds_
     for name, s, e in trip.spans:
         comm_s[name] += left * (e - s)
     for g, _ in trip.ahead:

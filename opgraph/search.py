@@ -91,12 +91,14 @@ import numpy as np
 import sympy
 
 from . import cluster as clusters
+from . import pipeline
 from .costmodel import DEFAULT, CostModel
 from .distributed import Job, ParallelResult, Stage, StageOp, check_layout, step_figures
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import RESIDENT, Memory, liveness, resident_tensors, saved
+from .outputs.progress import progress, progressed
 from .parallel import ZERO_STAGES, Parallel, cp, dp, edp, ep, pp, stage_layers, tp
 from .passes.evaluate import mfu_parameters, resolve
 from .passes.precision import PRECISIONS
@@ -107,7 +109,6 @@ from .passes.shard import shard
 from .passes.split_stages import FIRST as FIRST_END
 from .passes.split_stages import LAST as LAST_END
 from .passes.split_stages import STACK, ends, layer_stack, split_stages
-from .pipeline import step_passes
 from .rules import COLLECTIVE_KINDS
 from .schedule import once_per_step, plan
 from .symbols import B
@@ -743,17 +744,6 @@ def _representative(r: Row, layers: int) -> Parallel:
                     sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp)
 
 
-_PASS_OPTIONS = {  # what each pass of `pipeline.step_passes` depends on, for sharing prefixes
-    "fuse_attention": lambda r: (),
-    "shard": lambda r: (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel),
-    "derive_backward": lambda r: (),
-    "apply_precision": lambda r: (r.precision,),
-    "recompute": lambda r: (r.recompute,),
-    "attach_adamw": lambda r: (),
-    "replicate": lambda r: (r.zero, r.dp_group > 1, r.edp_group > 1),
-}
-
-
 def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True
           ) -> Graph:
     """`distributed.compile_parallel`'s step for `r`'s structure, each pass's result kept in
@@ -761,12 +751,11 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool
     the checks ran when the row was enumerated, the verifier when `profile` compiles it.
     Not `replicated`: the passes before `replicate` (a compute key's ops, `compute_key`)."""
     graph, key = forward, ()
-    for run in step_passes(recompute=r.recompute, precision=r.precision,
-                           shard=functools.partial(shard, layout=layout),
-                           extra_passes=[functools.partial(replicate, layout=layout)]
-                           if replicated else []):
-        name = getattr(run, "func", run).__name__
-        key += ((name, *_PASS_OPTIONS[name](r)),)
+    for run in pipeline.step_passes(recompute=r.recompute, precision=r.precision,
+                                    shard=functools.partial(shard, layout=layout),
+                                    extra_passes=[functools.partial(replicate, layout=layout)]
+                                    if replicated else []):
+        key += (pipeline.pass_key(run),)  # the pipeline's own declaration of what it reads
         if key not in memo:
             memo[key] = run(graph)
         graph = memo[key]
@@ -1414,7 +1403,8 @@ class Searcher:
             by_compute.setdefault(compute_key(r), []).append(i)
         floor = np.empty(len(found))
         capacity = self.hardware.memory_bytes
-        for members in by_compute.values():
+        for members in progressed(list(by_compute.values()), "plan: bounding layouts",
+                                  unit="key"):
             group = [found[i] for i in members]
             step, memory = _compute_bound(self.compute(group[0]), group, self.layers,
                                           self.hardware, self.cost, self._line)
@@ -1444,6 +1434,8 @@ class Searcher:
         heapq.heapify(heap)
         best: list[tuple[float, int, Ranked]] = []
         scheduled = 0
+        bar = progress("plan: structures compiled", total=len(pending.members),
+                       unit="structure")
         while heap:
             bound, si, col = heapq.heappop(heap)
             if len(best) >= top and bound >= best[-1][0]:
@@ -1454,12 +1446,15 @@ class Searcher:
                 for c in self._fits(g):
                     heapq.heappush(heap, (max(float(g.bound[c]),
                                               float(pending.floor[members[c]])), si, int(c)))
+                bar.update()
                 continue
             ranked = self.exact(g, col)
             scheduled += 1
+            bar.set_postfix_str(f"{scheduled:,} layouts scheduled", refresh=False)
             best.append((ranked.step_time_s, int(pending.members[si][col]), ranked))
             best.sort(key=lambda item: item[:2])  # ties: in the order the space lists them
             del best[top:]
+        bar.close()
         elapsed = time.perf_counter() - t0
         spent = self.compile_s - compiled
         groups = pending.groups.values()
@@ -1474,7 +1469,8 @@ class Searcher:
         whose bounds are below it is scheduled exactly."""
         pending = self._space(space)
         faster = 0
-        for si, members in enumerate(pending.members):
+        for si, members in progressed(list(enumerate(pending.members)), "plan: ranking",
+                                      unit="structure"):
             if pending.floor[members].min() >= step_time_s:
                 continue
             g = self._group(pending, si)

@@ -193,6 +193,7 @@ def max_share(graph: Graph, hardware: Hardware, category: str | None = None, sha
     """Where the selected ops take at most `share` of the step's time: the batch (dim "tokens",
     at the given seq_len) or the seq_len (at the given batch) from which it holds, or up to
     which it holds where the share rises (`ShareAnswer.holds`)."""
+    fm.roofline_only(cost, "solve")
     if not 0 < share < 1:
         raise OpgraphError(f"--max-share {share}: give a fraction between 0 and 1, e.g. 0.02")
     if dim not in DIMS:
@@ -266,6 +267,7 @@ def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
           values: dict | None = None, cost: CostModel = DEFAULT) -> RidgeAnswer:
     """The tokens per step (at the given seq_len; dim "tokens") or the seq_len (at the given
     batch) above which `op` is compute-bound: `ridge(step, h100, "layers.q_proj")`."""
+    fm.roofline_only(cost, "solve")
     if dim not in DIMS:
         raise OpgraphError(f"unknown dimension {dim!r} to solve for; choose one of {DIMS}")
     (node,) = fm.select(graph, op=op)

@@ -133,7 +133,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         flops = float(_number(costs[op.name].flops * op.count, subs, f"op {op.name}'s FLOPs"))
         nbytes = float(_number(costs[op.name].bytes * op.count, subs, f"op {op.name}'s bytes"))
         at = cost.peak(hardware, costs[op.name].compute)  # its compute dtype's peak
-        at_peak += flops if at == peak else flops * peak / at
+        at_peak += cost.busy_flops(flops, at, peak)
         grid = tuple(float(_number(g, subs, f"op {op.name}'s matrix shape"))
                      for g in costs[op.name].grid)
         if grid:

@@ -7,9 +7,11 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 @pytest.fixture
 def shared() -> Path:
-    """`../shared` beside the repo; tests that need it skip where it is absent."""
+    """`../shared` beside the repo, with the real traces and the raw records of the published
+    runs; the tests that read them skip, saying so, where it is absent."""
     if not SHARED.is_dir():
-        pytest.skip("../shared is not beside the repo")
+        pytest.skip("reads ../shared's real traces or raw records; ../shared is not beside the "
+                    "repo")
     return SHARED
 
 
@@ -24,3 +26,21 @@ def cli(capsys):
         return code, out, err
 
     return run
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say why each test skipped, grouped by reason, even without `-rs`: on a fresh clone the
+    only skips are tests that read ../shared's real traces and records."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped or "s" in terminalreporter.reportchars.lower():
+        return
+    reasons: dict[str, list[str]] = {}
+    for report in skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(
+            report.longrepr)
+        reasons.setdefault(reason.removeprefix("Skipped: "), []).append(report.nodeid)
+    terminalreporter.section("skipped, and why")
+    for reason, nodeids in sorted(reasons.items()):
+        terminalreporter.line(f"{len(nodeids)} skipped: {reason}")
+        for nodeid in nodeids:
+            terminalreporter.line(f"    {nodeid}")

@@ -275,3 +275,43 @@ def test_an_op_with_a_count_outside_any_region_still_runs_count_times():
     p = evaluate(g, H100)
     names = [e["name"] for e in kernel_events(chrome_trace(p, g))]
     assert names == ["scale [0]", "scale [1]", "scale [2]"]
+
+
+# --- a many-GPU timeline adds up to the table (issue 21) ----------------------------------------
+
+MANY_GPU_JOBS = {
+    # ZeRO-1 reduces gradients once per step: drawn in every micro-batch, the dp track was 1.9 x
+    # the table's dp time
+    "8b-zero1": ("--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--zero", "1",
+                 "--global-batch", "64"),
+    # a pipeline: the bubble on the compute track
+    "8b-pp2": ("--model", "llama3-8b", "--gpus", "8", "--tp", "2", "--pp", "2", "--zero", "1",
+               "--global-batch", "8"),
+    # experts: the ep and edp tracks, ZeRO-0's all-reduce once per step
+    "mixtral-ep": ("--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "8",
+                   "--global-batch", "64"),
+}
+
+
+@pytest.mark.parametrize("job", sorted(MANY_GPU_JOBS))
+def test_every_track_of_a_many_gpu_timeline_sums_to_the_table(job, tmp_path, capsys):
+    """The compute track's kernels are the ops' time over the step (the table's categories but
+    communication) and its bubble events the bubble; each group's track is that group's
+    collectives' time over the step (the communication table)."""
+    path = tmp_path / "rank0.json"
+    assert main(["profile", *MANY_GPU_JOBS[job], "--json", "--ops", "--trace", str(path)]) == 0
+    o = json.loads(capsys.readouterr().out)
+    events = json.loads(path.read_text())["traceEvents"]
+    track = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    drawn: dict = {}
+    for e in events:
+        if e.get("ph") == "X":
+            key = "bubble" if e["args"]["kind"] == "bubble" else track[e["tid"]]
+            drawn[key] = drawn.get(key, 0.0) + e["dur"] / 1e6
+    compute = sum(r["time_s"] for r in o["ops"] if r["category"] != "communication")
+    assert drawn.pop("compute stream") == pytest.approx(compute, rel=1e-9)
+    assert drawn.pop("bubble", 0.0) == pytest.approx(o["bubble_s"], rel=1e-9, abs=1e-12)
+    groups: dict = {}
+    for c in o["communication"]:
+        groups[c["group"]] = groups.get(c["group"], 0.0) + c["time_s"]
+    assert drawn == pytest.approx({f"{g} communication": t for g, t in groups.items() if t})

@@ -153,3 +153,70 @@ def test_cli_bad_input(cli, argv, says):
     code, out, err = cli("formula", *argv)
     assert code == 2 and out == ""
     assert says in err and err.count("\n") == 1
+
+
+# --- the calibrated cost model's formulas (issue 21: it used to give the roofline's) ------------
+
+A100 = hardware.get("a100-sxm-80gb")  # ampere: the one generation with a fitted half-rate term
+
+
+@pytest.mark.parametrize("part", [H100, A100], ids=lambda h: h.id)
+def test_a_calibrated_time_formula_is_evaluates_time(step, part):
+    from opgraph.costmodel import CalibratedCostModel
+
+    cost = CalibratedCostModel()
+    expr = formula(step, "time", hardware=part, cost=cost)
+    p = evaluate(step, part, cost=cost)
+    assert float(value(expr, dict(step.dims))) == pytest.approx(p.step_time_s, rel=1e-9)
+    roof = evaluate(step, part)
+    assert p.step_time_s > 1.05 * roof.step_time_s  # not the roofline's in its place
+
+
+def test_a_calibrated_op_time_is_launch_plus_the_scaled_roofline(step):
+    """`CalibratedCostModel`'s kernel: launch_s + Max((FLOPs + matmul_half_flops) / (matmul x
+    peak), bytes / (bandwidth x HBM bandwidth)), per instance, times the layer count."""
+    from opgraph.calibration import for_hardware
+    from opgraph.costmodel import CalibratedCostModel
+
+    e = for_hardware(A100)
+    got = formula(step, "time", op="layers.q_proj", hardware=A100,
+                  cost=CalibratedCostModel())
+    flops = 2 * B * S * D * H * d_h  # per layer (Megatron's 2 x tokens x weights)
+    nbytes = formula(step, "bytes", op="layers.q_proj") / L
+    exact = sympy.Rational
+    want = L * (exact(repr(e.launch_s)) + sympy.Max(
+        (flops + exact(repr(e.matmul_half_flops))) / (exact(repr(e.matmul))
+                                                      * exact(repr(A100.peak_flops))),
+        nbytes / (exact(repr(e.bandwidth)) * exact(repr(A100.bandwidth)))))
+    for seq in (64, 8192):  # memory- and compute-bound
+        at = dict(step.dims) | {S: seq}
+        assert float(got.xreplace(at)) == pytest.approx(float(want.xreplace(at)), rel=1e-12)
+
+
+def test_a_calibrated_formula_without_a_part_is_one_line(step, cli):
+    from opgraph.costmodel import CalibratedCostModel
+    from opgraph.errors import OpgraphError
+    from opgraph.formula import op_time, step_time
+    from opgraph.solve import max_share
+
+    cost = CalibratedCostModel()
+    for call in (lambda: formula(step, "time", cost=cost),
+                 lambda: op_time(step, step.op("layers.q_proj"), cost=cost),
+                 lambda: step_time(step, step.ops(), cost=cost)):
+        with pytest.raises(OpgraphError, match="calibrated time formula") as e:
+            call()
+        assert "\n" not in str(e.value)
+    # FLOPs and bytes are the calibrated model's too: the roofline's
+    assert same(formula(step, "flops", cost=cost), formula(step, "flops"))
+    with pytest.raises(OpgraphError, match="roofline's formulas"):
+        max_share(step, H100, "optimizer", cost=cost)
+    code, out, err = cli("formula", "--cost", "calibrated", "--quantity", "time")
+    assert code == 2 and out == "" and "calibrated time formula" in err
+    code, out, err = cli("solve", "--cost", "calibrated", "--category", "optimizer",
+                         "--max-share", "0.02")
+    assert code == 2 and out == "" and "roofline's formulas" in err
+    code, out, _ = cli("formula", "--cost", "calibrated", "--quantity", "time",
+                       "--numeric-hardware", "--json")
+    assert code == 0
+    assert json.loads(out)["value"] == pytest.approx(
+        evaluate(step, H100, cost=cost).step_time_s, rel=1e-9)

@@ -342,18 +342,46 @@ def test_torchtitan_hsdp_is_reported(toml):
     assert any("HSDP" in entry for entry in launch.unknown)
 
 
-def test_torchtitan_unknown_keys_are_reported(toml):
-    text = TORCHTITAN_405B.replace("[compile]", "frobnicate = 3\n\n[compile]").replace(
-        '"Interleaved1F1B"', '"ZBVZeroBubble"').replace('name = "AdamW"', 'name = "Muon"')
+def test_torchtitan_real_keys_opgraph_does_not_model_are_reported(toml):
+    # enable_compiled_autograd is a key of torchtitan's [parallelism] (job_config.py, 2025)
+    text = TORCHTITAN_405B.replace("[compile]", "enable_compiled_autograd = true\n\n[compile]"
+                                   ).replace('"Interleaved1F1B"', '"ZBVZeroBubble"').replace(
+        'name = "AdamW"', 'name = "Muon"')
     launch = read_torchtitan(toml(text), gpus=512)
-    assert "parallelism.frobnicate" in launch.unknown
+    assert "parallelism.enable_compiled_autograd" in launch.unknown
     assert any(e.startswith("pipeline_parallel_schedule = 'ZBVZeroBubble'")
                for e in launch.unknown)
     assert any(e.startswith("optimizer.name = 'Muon'") for e in launch.unknown)
     assert len(launch.unknown) == 3
-    # An unknown whole section is reported key by key; known quiet sections are not.
-    launch = read_torchtitan(toml(TORCHTITAN_8B + "\n[mystery]\nknob = 1\n"), gpus=8)
-    assert launch.unknown == ("mystery.knob",)
+
+
+@pytest.mark.parametrize("edit, words", [
+    # a misspelt key would leave the run at tp 1 without a word: refused, with the real name
+    (("[compile]", "tensor_paralel_degree = 8\n\n[compile]"),
+     ("parallelism.tensor_paralel_degree", "did you mean parallelism.tensor_parallel_degree?")),
+    (("[compile]", "frobnicate = 3\n\n[compile]"), ("parallelism.frobnicate", "remove it")),
+    (("[activation_checkpoint]", "[activation_checkpont]"),
+     ("section [activation_checkpont]", "did you mean [activation_checkpoint]?")),
+    (("[job]", "[mystery]"), ("[mystery]",)),
+])
+def test_torchtitan_keys_torchtitan_lacks_are_refused(toml, edit, words):
+    old, new = edit
+    assert old in TORCHTITAN_405B
+    message = one_line_error(read_torchtitan, toml(TORCHTITAN_405B.replace(old, new)), gpus=512)
+    for word in words:
+        assert word in message
+
+
+def test_torchtitan_default_checkpointing_is_not_blamed_on_the_file(toml):
+    """A file without [activation_checkpoint] gets torchtitan's default (selective, every 2nd
+    layer: torchtitan/config/job_config.py ActivationCheckpoint), which opgraph cannot model;
+    the error says the default is torchtitan's, and what to write."""
+    start, end = TORCHTITAN_405B.index("[activation_checkpoint]"), TORCHTITAN_405B.index(
+        "[quantize")
+    text = TORCHTITAN_405B[:start] + TORCHTITAN_405B[end:]
+    message = one_line_error(read_torchtitan, toml(text), gpus=512)
+    assert "torchtitan's default" in message and "mode = 'selective'" in message
+    assert "selective_ac_option = '2'" in message and "[activation_checkpoint]" in message
 
 
 @pytest.mark.parametrize("option, verdict", [("'op'", "selective-op"), ("'1'", "full"),
@@ -441,9 +469,18 @@ def test_megatron_llama_model():
     assert launch.unknown == ()
 
 
-def test_megatron_unknown_flags_are_reported():
-    launch = read_megatron(MEGATRON_175B + " --frobnicate 3 --no-such-switch", gpus=64)
-    assert launch.unknown == ("--frobnicate", "--no-such-switch")
+def test_megatron_unknown_flags_are_refused_and_real_ones_reported():
+    # flags Megatron-LM has (megatron/training/arguments.py) that change nothing opgraph models
+    launch = read_megatron(MEGATRON_175B + " --moe-aux-loss-coeff 0.01 "
+                           "--empty-unused-memory-level 1", gpus=64)
+    assert launch.unknown == ("--moe-aux-loss-coeff", "--empty-unused-memory-level")
+    for flags, words in ((" --frobnicate 3", ("--frobnicate", "remove it")),
+                         (" --tensor-model-paralel-size 2",
+                          ("--tensor-model-paralel-size",
+                           "did you mean --tensor-model-parallel-size?"))):
+        message = one_line_error(read_megatron, MEGATRON_175B + flags, gpus=64)
+        for word in words:
+            assert word in message
     # GPT-2 has biases; Megatron's --disable-bias-linear is not modelled for it.
     launch = read_megatron(MEGATRON_175B + " --disable-bias-linear")
     assert "--disable-bias-linear" in launch.unknown
@@ -488,7 +525,13 @@ TORCHTITAN_LAUNCHES = [
                              sequence_parallel=True, async_tp=True, zero=3)),
     Launch(model="llama3-70b", seq_len=4096, recompute="none",
            parallel=Parallel(pp=4, cp=2, gpus=64, micro_batch=2, global_batch=256,
-                             virtual_stages=3, zero=0)),
+                             virtual_stages=3, zero=3)),
+    # torchtitan's FSDP shards over the context-parallel ranks even with one data-parallel
+    # rank (its dp_shard_cp mesh): ZeRO 3 over dp x cp = 8, not ZeRO 0
+    Launch(model="llama3-70b", seq_len=32768, recompute="full",
+           parallel=Parallel(tp=4, cp=8, pp=8, gpus=256, micro_batch=1, global_batch=128,
+                             sequence_parallel=True, zero=3)),
+    Launch(model="llama3-8b", seq_len=8192, parallel=Parallel(gpus=16, micro_batch=1, zero=0)),
     Launch(model="llama3-70b", seq_len=8192, recompute="full",
            parallel=Parallel(tp=8, gpus=256, micro_batch=1, global_batch=512,
                              sequence_parallel=True, zero=3)),
@@ -510,6 +553,9 @@ def test_torchtitan_round_trip_of_a_read_file(toml):
 @pytest.mark.parametrize("launch, words", [
     (Launch(model="gpt3-175b", seq_len=2048), ("gpt3-175b", "torchtitan")),
     (Launch(model="llama3-8b", parallel=Parallel(gpus=8, zero=1)), ("ZeRO stage 1",)),
+    # ZeRO-1 over the context-parallel ranks alone (dp 1): still a stage torchtitan lacks
+    (Launch(model="llama3-8b", parallel=Parallel(cp=8, gpus=8, zero=1)), ("ZeRO stage 1",)),
+    (Launch(model="llama3-8b", parallel=Parallel(cp=2, gpus=8, zero=0)), ("context",)),
     (Launch(model="llama3-8b", parallel=Parallel(tp=8, gpus=8)), ("sequence",)),
     (Launch(model="llama3-8b", recompute="selective"), ("selective",)),
     (Launch(model="llama3-8b", parallel=Parallel(pp=4, first_stage_layers=5)), ("uneven",)),
@@ -576,6 +622,9 @@ def test_launch_holds_its_layout_resolved():
     launch = Launch(model="llama3-8b", parallel=Parallel(tp=2, gpus=16, zero=3))
     assert launch.parallel == Parallel(tp=2, dp=8, gpus=16, global_batch=8, zero=3)
     assert Launch(model="gpt2", parallel=Parallel(zero=3)).parallel.zero == 0  # one DP rank
+    # the sharding group is dp x cp (`Parallel.size("dp")`): with cp 8 and dp 1 ZeRO stays
+    assert Launch(model="llama3-70b", parallel=Parallel(
+        tp=4, cp=8, pp=8, gpus=256, zero=1)).parallel.zero == 1
 
 
 @pytest.mark.parametrize("fields, word", [

@@ -154,3 +154,30 @@ def test_solve_turns_an_fp8_matmul_at_the_fp8_peak(fp8, bf16):
     assert fast.ridge_intensity == pytest.approx(H100.fp8_flops / H100.bandwidth)
     assert slow.ridge_intensity == pytest.approx(H100.peak_flops / H100.bandwidth)
     assert "peak_fp8" in fast.expression and "peak_fp8" not in slow.expression
+
+
+def test_one_gpu_and_many_gpu_profiles_count_fp8_flops_alike(fp8, cli):
+    """HFU has one definition (`CostModel.hfu` over `CostModel.busy_flops`): `profile
+    --precision fp8` and the same step through the many-GPU path (`--gpus 1`) report the same
+    figure, each FP8 FLOP counted as BF16 peak / FP8 peak of one (the many-GPU path used to
+    count it whole, and clamp at 100%)."""
+    import json
+
+    runs = {}
+    for extra in ((), ("--gpus", "1")):
+        code, out, _ = cli("profile", "--precision", "fp8", "--json", *extra)
+        assert code == 0
+        runs[extra] = json.loads(out)
+    one, many = runs[()], runs[("--gpus", "1")]
+    assert many["step_time_s"] == pytest.approx(one["step_time_s"], rel=1e-12)
+    assert many["mfu_ceiling"] == pytest.approx(one["mfu_ceiling"], rel=1e-12)
+    assert many["hfu_ceiling"] == pytest.approx(one["hfu_ceiling"], rel=1e-12)
+    # the figure itself, from the op costs: BF16 FLOPs whole, FP8 FLOPs x peak / FP8 peak
+    costs, subs = DEFAULT.op_costs(fp8), dict(fp8.dims)
+    busy = 0.0
+    for op in fp8.ops():
+        flops = float((costs[op.name].flops * op.count).xreplace(subs))
+        fp8_op = costs[op.name].compute == "fp8"
+        busy += flops * H100.peak_flops / H100.fp8_flops if fp8_op else flops
+    expected = busy / (one["step_time_s"] * H100.peak_flops)
+    assert expected < 1 and many["hfu_ceiling"] == pytest.approx(expected, rel=1e-9)

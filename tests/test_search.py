@@ -378,4 +378,37 @@ def test_a_steady_state_stack_is_what_running_every_layer_gives(model, seq, cons
                     assert fast.comm_s[name] == pytest.approx(seconds, rel=1e-9, abs=1e-15)
                     assert fast.exposed_s[name] == pytest.approx(every.exposed_s[name],
                                                                  rel=1e-9, abs=1e-15), name
+                    assert fast.queued_s[name] == pytest.approx(every.queued_s[name],
+                                                                rel=1e-9, abs=1e-15), name
     assert sum(stepped) > 20 * 4  # most layers were stepped over, not run
+
+
+def test_a_pass_added_to_the_pipeline_runs_in_plan(cli, monkeypatch):
+    """The search keys its shared passes by the pipeline's own declarations
+    (`pipeline.pass_key`), not by a list of its own: a pass added to `step_passes` runs in
+    `plan` (it used to raise KeyError) and, changing nothing, leaves its answer as it was."""
+    import functools
+
+    from opgraph import pipeline
+    from opgraph.parallel import Parallel
+
+    _, out, _ = _plan(cli, "--gpus", "8", "--global-batch", "8", "--top", "2", "--json")
+    before = [x["step_time_s"] for x in json.loads(out)["layouts"]]
+    seen = []
+
+    def note_it(graph, note):  # a pure pass in all but its note that it ran
+        seen.append(note)
+        return graph
+
+    original = pipeline.step_passes
+    monkeypatch.setattr(pipeline, "step_passes", lambda **options: [
+        *original(**options), functools.partial(note_it, note="ran")])
+    code, out, err = _plan(cli, "--gpus", "8", "--global-batch", "8", "--top", "2", "--json")
+    assert code == 0, err
+    assert seen and set(seen) == {"ran"}
+    assert [x["step_time_s"] for x in json.loads(out)["layouts"]] == before
+    # a layout's degrees are symbols of the sharded graph: only which exceed 1 makes a new key
+    key = pipeline.pass_key
+    shard = pipeline.STRUCTURE[pipeline.shard_pass]["layout"]
+    assert shard(Parallel(tp=2, dp=4)) == shard(Parallel(tp=4, dp=2)) != shard(Parallel(dp=8))
+    assert key(functools.partial(note_it, note="a")) != key(functools.partial(note_it, note="b"))

@@ -11,8 +11,8 @@ from .args import check_command_outputs, json_text, positive_int
 from .common import add_model_args
 from .trace_breakdown import add_trace_args
 
-SHIPPED_COMMAND = ("opgraph calibrate --fit opgraph/data/validation.json "
-                   "--out opgraph/calibration.toml")
+SHIPPED_COMMAND = "opgraph calibrate --fit shipped --out opgraph/calibration.toml"
+SHIPPED_CASES = "shipped"  # `--fit shipped`: the published runs installed with the package
 
 
 def register(subparsers) -> None:
@@ -27,8 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("trace", nargs="?", metavar="TRACE",
                    help="a Kineto trace (.json or .json.gz) of the step --model describes")
     p.add_argument("--fit", metavar="CASES.json",
-                   help="fit to the runs of a case file (opgraph/data/validation.json: the "
-                        "shipped published runs)")
+                   help="fit to the runs of a case file; `--fit shipped`: the published runs "
+                        "installed with opgraph (opgraph/data/validation.json), from any "
+                        "directory")
     p.add_argument("--select", metavar="TEXT",
                    help="with --fit: only the cases whose id contains TEXT (fit on some runs, "
                         "validate on the others)")
@@ -73,7 +74,8 @@ def _fit_cases(args, base):
     from ..cases import load_cases, select
     from ..fit import fit
 
-    result = fit(select(load_cases(args.fit), args.select), base)
+    path = None if args.fit == SHIPPED_CASES else args.fit
+    result = fit(select(load_cases(path), args.select), base)
     errors = [e for _, _, e in result.errors]
     mape = sum(map(abs, errors)) / len(errors)
     lines = ["fitted (in-sample: the errors below are on the runs the fit used)"]

@@ -197,20 +197,23 @@ def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dic
 def cost_model(args, calibrated: bool = True) -> CostModel:
     """The cost model the options ask for: `--cost` (roofline or calibrated, with
     `--calibration`'s file), `--backward-traffic` its backward convention. Commands whose
-    engines are formulas (formula, solve) pass `calibrated=False`: they take the roofline."""
+    engines are the roofline's formulas alone (solve) pass `calibrated=False`: a calibrated
+    model is then refused as the library refuses it (`formula.roofline_only`)."""
     name = getattr(args, "cost", "roofline")
     path = getattr(args, "calibration", None)
     if path is not None and name != "calibrated":
         raise OpgraphError("--calibration gives efficiencies for --cost calibrated; add it")
-    if name == "calibrated" and not calibrated:
-        raise OpgraphError(f"opgraph {args.command} works on the roofline's formulas; "
-                           "--cost calibrated is for profile, sweep, diff, compare and validate")
     table = None
     if path is not None:
         from .. import calibration
 
         table = calibration.load(path)
-    return make_cost_model(name, getattr(args, "backward_traffic", "plate"), table)
+    cost = make_cost_model(name, getattr(args, "backward_traffic", "plate"), table)
+    if not calibrated:
+        from ..formula import roofline_only
+
+        roofline_only(cost, f"opgraph {args.command}")
+    return cost
 
 
 def extra_passes(args) -> list:
@@ -267,15 +270,16 @@ class ParallelSetup:
     profile: object  # a Profile with `.parallel`
     hardware: Hardware
     echo: dict  # the step options used, as `echoed` names them
+    warnings: tuple[str, ...] = ()  # options the layout makes do nothing (`layout_warnings`)
 
 
 def parallel_setup(args) -> ParallelSetup:
     """The many-GPU profile the options ask for: the layout from the flags over what
     `--torchtitan` or `--megatron-args` said (`opgraph.launch`), on `--cluster` (default: the
-    part's), with `--rank`'s timeline."""
+    part's), with `--trace-rank`'s timeline."""
     from .. import cluster as clusters
     from ..distributed import profile_parallel
-    from .layout import layout_from
+    from .layout import layout_from, layout_warnings
 
     base, options = None, step_options(args)
     launch = _launch(args)
@@ -304,9 +308,9 @@ def parallel_setup(args) -> ParallelSetup:
     part = load_hardware(args)
     cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
     profile = profile_parallel(forward, part, layout, cluster=cluster, values={"S": seq},
-                               cost=cost_model(args), rank=args.rank, **options)
+                               cost=cost_model(args), rank=args.trace_rank, **options)
     echo = echoed(args) | {k: options[k] for k in ("recompute", "precision") if k in options}
-    return ParallelSetup(forward, profile, part, echo)
+    return ParallelSetup(forward, profile, part, echo, tuple(layout_warnings(layout)))
 
 
 def _launch(args):

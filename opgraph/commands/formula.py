@@ -18,7 +18,9 @@ def register(subparsers) -> None:
                     "summed) of one training step, as a sympy expression of the model's "
                     "dimensions. Time keeps the hardware as the symbols peak (FLOP/s) and "
                     "bandwidth (bytes/s) unless --numeric-hardware. The value printed beside it "
-                    "puts in the preset's dimensions and the part's figures.")
+                    "puts in the preset's dimensions and the part's figures. With --cost "
+                    "calibrated, time is each kernel's launch plus its roofline at the part's "
+                    "efficiencies, which needs --numeric-hardware.")
     add_model_args(p)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--op", metavar="NAME", help="one op, e.g. layers.q_proj (see "
@@ -44,7 +46,7 @@ def run(args) -> int:
 
     from .. import formula as fm
 
-    s = setup(args, calibrated=False, layout=_layout(args))
+    s = setup(args, layout=_layout(args))  # a calibrated time: the library decides
     numeric = args.quantity == "time" and args.numeric_hardware
     expr = fm.formula(s.step, args.quantity, op=args.op, category=args.category,
                       hardware=s.hardware if numeric else None, cost=s.cost)

@@ -4,6 +4,7 @@ timeline is drawn, and the job configs users launch with (`--torchtitan`, `--meg
 from __future__ import annotations
 
 import argparse
+import sys
 
 import attrs
 
@@ -38,10 +39,21 @@ def add_sharding_args(group) -> None:
                             "parameters (FSDP)")
 
 
+class _OldRank(argparse.Action):
+    """`profile --rank R`, read as `--trace-rank R` with one warning on stderr."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not getattr(namespace, "_warned_rank", False):
+            print("opgraph: warning: profile --rank is now --trace-rank (plan's --rank ranks a "
+                  "layout); read as --trace-rank", file=sys.stderr)
+            namespace._warned_rank = True
+        setattr(namespace, self.dest, values)
+
+
 def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group(
         "many GPUs", "a training job over many GPUs: the step of one GPU (rank 0 unless "
-                     "--rank), scheduled over micro-batches and pipeline stages")
+                     "--trace-rank), scheduled over micro-batches and pipeline stages")
     add_sharding_args(g)
     for flag, text in JOB_FLAGS:
         g.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N", help=text)
@@ -57,8 +69,12 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cluster", metavar="NAME|FILE",
                    help="the cluster (see `opgraph hardware --clusters`): a catalog id or a "
                         ".toml file (default: the hardware part's)")
-    g.add_argument("--rank", type=int, default=0, metavar="R",
+    g.add_argument("--trace-rank", type=int, default=0, metavar="R",
                    help="the GPU whose timeline --trace draws (default 0)")
+    # the flag's old name, still read (a script's command line keeps working), with a warning:
+    # `plan --rank` ranks a layout, so one name must not mean a GPU here
+    g.add_argument("--rank", type=int, dest="trace_rank", action=_OldRank,
+                   help=argparse.SUPPRESS)
     g.add_argument("--torchtitan", metavar="TRAIN_TOML",
                    help="read the model, batch, degrees and options from a torchtitan job file")
     g.add_argument("--megatron-args", metavar="ARGS|@FILE",
@@ -82,7 +98,8 @@ def given_layout(args) -> dict:
 
 def wants_layout(args) -> bool:
     """Whether any many-GPU option was given (else `profile` is the one-GPU step, as ever)."""
-    return bool(given_layout(args) or getattr(args, "cluster", None) or getattr(args, "rank", 0))
+    return bool(given_layout(args) or getattr(args, "cluster", None)
+                or getattr(args, "trace_rank", 0))
 
 
 def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
@@ -103,7 +120,26 @@ def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
         if "gpus" in given and "dp" not in given and base.dp is not None:
             given["dp"] = None  # the GPUs decide the data-parallel degree again
         layout = attrs.evolve(base, **given)
-    if layout.rank_stage(args.rank) is None:
-        raise OpgraphError(f"--rank {args.rank} is not a GPU of the job; give 0 to "
+    if layout.rank_stage(args.trace_rank) is None:
+        raise OpgraphError(f"--trace-rank {args.trace_rank} is not a GPU of the job; give 0 to "
                            f"{layout.world - 1}")
     return layout
+
+
+def layout_warnings(layout: Parallel) -> list[str]:
+    """One line for each option the layout makes do nothing, or nearly: a ZeRO stage with no
+    ranks to shard over (dp x cp = 1, `Parallel.size("dp")`), a pipeline with fewer
+    micro-batches per step than stages (its bubble is (pp - 1) / (v x m) of the busy time,
+    Narayanan et al. 2021: each stage idles (pp - 1) / (v x m + pp - 1) of the step)."""
+    out = []
+    if layout.zero and layout.size("dp") == 1:
+        out.append(f"--zero {layout.zero} does nothing here: no other rank holds the same "
+                   "weights to shard them with (dp x cp = 1); add data or context parallelism, "
+                   "or leave out --zero")
+    m, p, v = layout.micro_batches, layout.pp, layout.virtual_stages
+    if p > 1 and m < p:
+        out.append(f"{m} micro-batch{'es' if m > 1 else ''} per step through {p} pipeline "
+                   f"stages: fewer micro-batches than stages, so each stage idles (pp - 1) / "
+                   f"(v x m + pp - 1) = {(p - 1) / (v * m + p - 1):.0%} of the step; raise "
+                   "--global-batch or lower --micro-batch")
+    return out

@@ -3,6 +3,7 @@ second per GPU, and hand back the best as the config a run launches with."""
 
 from __future__ import annotations
 
+import math
 import sys
 
 from ..errors import OpgraphError
@@ -13,6 +14,10 @@ from ..parallel import ZERO_STAGES as ZERO
 from .args import check_command_outputs, json_text, whole
 
 EMITS = ("torchtitan", "megatron")
+# The degrees a constraint fixes (--tp 8) or bounds (--max-tp 4), as the help names them.
+FIXED = {"tp": "tensor-parallel degree", "cp": "context-parallel degree",
+         "ep": "expert-parallel degree", "pp": "pipeline-parallel degree",
+         "dp": "data-parallel degree"}
 
 
 def register(subparsers) -> None:
@@ -49,17 +54,26 @@ def register(subparsers) -> None:
 
     add_cost_args(g, default="calibrated")
     c = p.add_argument_group("constraints", "fix a degree or an option, or bound one")
-    for flag in ("tp", "cp", "ep", "pp", "dp"):
-        c.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N")
-    for flag in ("max-tp", "max-cp", "max-pp"):
-        c.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N")
+    for flag, text in FIXED.items():
+        c.add_argument(f"--{flag}", type=whole(MAX_DIM), metavar="N",
+                       help=f"only layouts with this {text} (default: every one that divides)")
+    for flag, text in FIXED.items():
+        if flag in ("tp", "cp", "pp"):
+            c.add_argument(f"--max-{flag}", type=whole(MAX_DIM), metavar="N",
+                           help=f"the largest {text} tried")
     c.add_argument("--max-micro-batch", type=whole(MAX_DIM), default=16, metavar="N",
                    help="largest micro-batch tried (default 16)")
     c.add_argument("--max-virtual-stages", type=whole(MAX_DIM), default=8, metavar="N",
                    help="most interleaved chunks per GPU tried (default 8)")
-    c.add_argument("--zero", type=int, choices=ZERO, metavar="{0,1,2,3}")
-    c.add_argument("--micro-batch", type=whole(MAX_DIM), metavar="N")
-    c.add_argument("--virtual-stages", type=whole(MAX_DIM), metavar="N")
+    c.add_argument("--zero", type=int, choices=ZERO, metavar="{0,1,2,3}",
+                   help="only this data-parallel sharding: 0 none, 1 optimizer states, 2 and "
+                        "gradients, 3 and parameters (FSDP) (default: every one)")
+    c.add_argument("--micro-batch", type=whole(MAX_DIM), metavar="N",
+                   help="only this micro-batch, in sequences (default: up to "
+                        "--max-micro-batch)")
+    c.add_argument("--virtual-stages", type=whole(MAX_DIM), metavar="N",
+                   help="only this many interleaved pipeline chunks per GPU (default: up to "
+                        "--max-virtual-stages)")
     sp = c.add_mutually_exclusive_group()
     sp.add_argument("--sequence-parallel", action="store_true", default=None,
                     help="only layouts with sequence parallelism")
@@ -125,10 +139,16 @@ def run(args) -> int:
         raise OpgraphError("--emit prints the config alone; give --emit or --rank, not both")
     if args.emit and len(sizes) > 1:
         raise OpgraphError("--emit writes one job's config: give one --gpus")
+    if args.rank and len(sizes) > 1:
+        raise OpgraphError("--rank places one job's layout: give one --gpus")
     from .. import hardware as hw
 
     part = hw.get(args.hardware)
     forward = load_forward(args)
+    if args.emit:
+        from ..launch import check_emittable
+
+        check_emittable(forward.name, args.emit)  # before the search, not after it
     seq = args.seq_len or forward.seq_len
     if seq is None:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
@@ -140,19 +160,28 @@ def run(args) -> int:
     if cost.name == "calibrated":
         cost.efficiencies(part)  # a part without a generation: said now, in one line
     cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
-    searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost)
     spaces = [_space(args, n, batch) for n in sizes]  # every constraint checked up front
-    if args.rank and len(sizes) > 1:
-        raise OpgraphError("--rank places one job's layout: give one --gpus")
+    resident = _resident_bytes(forward, seq, spaces[0])
+    hopeless = {n: _hopeless(resident, n, part) for n in sizes}
+    searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost)
     if len(sizes) == 1:
+        if hopeless[sizes[0]]:
+            raise OpgraphError(f"no layout of {forward.name} on {sizes[0]:,} x {part.id} fits "
+                               f"in memory: {hopeless[sizes[0]]}")
         found = searcher.search(spaces[0], args.top)
         _no_fit(found, forward, part, sizes[0])
         ranking = _ranking(searcher, spaces[0], found) if args.rank else None
         if args.emit:
             return _emit(args, found, forward, seq, searcher, spaces[0])
         return _one(args, found, forward, part, cluster, seq, batch, ranking)
+    from ..outputs.progress import progressed
+
     curve = []
-    for n, space in zip(sizes, spaces):
+    for n, space in progressed(list(zip(sizes, spaces)), "plan: sizes", unit="size"):
+        if hopeless[n]:  # a gap in the curve, found without a search
+            curve.append((n, f"none fits: weights, gradients and optimizer states alone "
+                             f"need {resident / n / 1e9:,.1f} GB per GPU"))
+            continue
         try:
             curve.append((n, searcher.search(space, args.top)))
         except OpgraphError as e:  # a size no layout divides: a gap in the curve
@@ -161,6 +190,44 @@ def run(args) -> int:
         raise OpgraphError(f"no layout of {forward.name} fits or divides at any of "
                            f"{args.gpus} GPUs; add GPUs, recompute or shard further")
     return _curve(args, curve, forward, part, cluster, seq, batch)
+
+
+def _resident_bytes(forward, seq: int, space) -> float | None:
+    """The bytes of the model's weights, gradients and optimizer states, unsharded: the least
+    over the precisions the search tries (a step compiled on one GPU, as `profile` compiles it;
+    recomputation changes none of them); None where a model of one's own leaves them a
+    formula of more than the sequence length (the search then finds what fits)."""
+    import sympy
+
+    from ..memory import RESIDENT, footprint
+    from ..passes.evaluate import resolve
+    from ..passes.precision import PRECISIONS as ALL_PRECISIONS
+    from ..pipeline import compile_step
+
+    least = None
+    for precision in space.precision or ALL_PRECISIONS:
+        step = compile_step(forward, check=False, precision=precision)
+        parts = footprint(step).parts()
+        values = resolve(step, {"S": seq})
+        total = sympy.sympify(sum(parts[name] for name in RESIDENT)).xreplace(values)
+        if not total.is_number:
+            return None
+        total = float(total)
+        least = total if least is None else min(least, total)
+    return least
+
+
+def _hopeless(resident: float | None, gpus: int, part) -> str | None:
+    """Why no layout on `gpus` GPUs can fit, before any is searched, or None: the resident
+    parts sharded over every GPU (tp x pp x cp x dp, ZeRO-3) are a floor under each GPU's
+    memory, as every byte of them is held somewhere."""
+    capacity = part.memory_bytes
+    if not capacity or resident is None or resident / gpus <= capacity:
+        return None
+    return (f"its weights, gradients and optimizer states alone are {resident / 1e9:,.1f} GB, "
+            f"{resident / gpus / 1e9:,.1f} GB per GPU even sharded over all {gpus:,} GPUs "
+            f"(ZeRO-3), of {capacity / 1e9:,.1f} GB; add GPUs (at least "
+            f"{math.ceil(resident / capacity):,} to hold them)")
 
 
 def _no_fit(found, forward, part, gpus: int) -> None:
@@ -213,6 +280,7 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
         print(json_text(out))
         return 0
     from ..outputs.report import format_plan, layout_text
+    from .layout import layout_warnings
 
     print(_header(forward, part, cluster, seq, batch, args.cost))
     print(_counts(found))
@@ -225,6 +293,8 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
               f"{ranking['slower_than_best'] * 100:.1f}% slower than the best, "
               f"{layout_text(b.layout, b.candidate.recompute, b.candidate.precision)} at "
               f"{b.step_time_s:.3f} s per step")
+    for line in layout_warnings(found.best[0].layout):  # what the constraints made idle
+        print(f"opgraph: warning: #1: {line}", file=sys.stderr)
     return 0
 
 
@@ -252,10 +322,7 @@ def _emit(args, found, forward, seq: int, searcher, space) -> int:
     """The best layout `--emit`'s format can express, as that format: the search goes on down
     the ranking (ten times deeper each time, to EMIT_TOP) until one can be written."""
     from ..launch import to_megatron, to_torchtitan
-    from ..models import PRESETS
 
-    if forward.name not in PRESETS:
-        raise OpgraphError(f"--emit writes a preset's config; {forward.name} is not one")
     write = to_torchtitan if args.emit == "torchtitan" else to_megatron
     reasons, tried, top = [], 0, args.top
     while True:
@@ -268,6 +335,8 @@ def _emit(args, found, forward, seq: int, searcher, space) -> int:
             if rank > 1:
                 print(f"opgraph: note: the best {rank - 1} layouts cannot be written for "
                       f"{args.emit} ({reasons[0]}); this is #{rank}", file=sys.stderr)
+            print(f"opgraph: wrote layout #{rank} for {args.emit}: {_figures(ranked)}",
+                  file=sys.stderr)
             print(text)
             return 0
         tried = len(found.best)
@@ -279,12 +348,23 @@ def _emit(args, found, forward, seq: int, searcher, space) -> int:
                        f"({reasons[0]}); constrain the search to what {args.emit} runs")
 
 
+def _figures(ranked) -> str:
+    """A layout and its figures in one line, as the plan's table gives them (GB = 1e9 bytes)."""
+    from ..outputs.report import layout_text
+
+    r = ranked.result
+    return (f"{layout_text(ranked.layout, ranked.candidate.recompute, ranked.candidate.precision)}"
+            f", step {r.step_time_s:.4f} s, {r.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
+            f"MFU {r.mfu * 100:.1f}%, {r.memory.total / 1e9:.1f} GB per GPU")
+
+
 def _curve(args, curve, forward, part, cluster, seq, batch) -> int:
     if args.plot:
         from ..outputs.plot import plot_scaling
 
         plot_scaling([(n, f.best[0]) for n, f in curve if not isinstance(f, str) and f.best],
-                     f"{forward.name} on {part.id}, {batch:,} x {seq:,} tokens per step",
+                     f"{forward.name} on {part.id}, {batch:,} x {seq:,} tokens per step; "
+                     f"{args.cost} cost model",
                      args.plot)
     if args.json:
         print(json_text({"hardware": part.id, "cluster": cluster.id, "seq_len": seq,

@@ -48,21 +48,23 @@ def run(args) -> int:
         if args.trace and profile.parallel is not None:
             from ..outputs.chrome_trace import write_timeline
 
-            write_timeline(profile, args.rank, args.trace)
+            write_timeline(profile, args.trace_rank, args.trace)
         elif args.trace:
             from ..outputs.chrome_trace import write_chrome_trace
 
             write_chrome_trace(profile, s.step, args.trace)
     warning = memory_warning(profile)
+    warnings = [*getattr(s, "warnings", ()),
+                *([warning.removeprefix("opgraph: warning: ")] if warning else [])]
     options = s.echo if profile.parallel is not None else echoed(args)
     if args.json:  # the JSON says it (memory.fits, warnings): stdout and stderr stay parseable
         out = profile.to_json(ops=args.ops) | options
-        out["warnings"] = [warning.removeprefix("opgraph: warning: ")] if warning else []
+        out["warnings"] = warnings
         print(json_text(out))
         return 0
     print(format_profile(profile, ops=args.ops))
     if options != echoed(None):
         print("step options " + ", ".join(f"--{k} {v}" for k, v in options.items()))
-    if warning:
-        print(warning, file=sys.stderr)
+    for line in warnings:
+        print(f"opgraph: warning: {line}", file=sys.stderr)
     return 0

@@ -221,7 +221,9 @@ TRACKS = ("compute", "tp", "cp", "ep", "dp", "edp", "pp")  # a many-GPU timeline
 def timeline(profile: Profile, rank: int) -> dict:
     """GPU `rank`'s step of a job over many GPUs (`Profile.parallel.events`): the compute
     stream and each group's communication stream on their own tracks, micro-batches and the
-    pipeline's bubble as they were scheduled (`opgraph.schedule`), times in µs."""
+    pipeline's bubble as they were scheduled (`opgraph.schedule`), times in µs. Each track's
+    events add up to the report's figures: the compute stream's kernels to the ops' time, its
+    bubble events to the bubble, each group's to its collectives' time."""
     r = profile.parallel
     events = [*_metadata("process_name", PID, f"opgraph: {profile.model}, rank {rank} of "
                                               f"{r.layout.world}")]
@@ -239,6 +241,7 @@ def timeline(profile: Profile, rank: int) -> dict:
                           "model": profile.model, "rank": rank,
                           "step_time_s": r.step_time_s, "bubble_s": r.bubble_s,
                           "exposed_communication_s": r.exposed_communication_s,
+                          "queued_communication_s": r.queued_communication_s,
                           "parallel": r.layout.to_json()}}
 
 

@@ -63,13 +63,19 @@ def _pct(x: float) -> str:
 
 
 def profile_title(profile: Profile) -> str:
-    """Two lines: model, hardware, tokens (batch x seq_len), fused or not; step time, MFU."""
+    """Two lines: model, hardware, tokens (batch x seq_len), fused or not; step time under
+    the cost model the profile used (one GPU: its ops one after another; many: the schedule
+    over the job's GPUs), MFU."""
     batch = profile.tokens // profile.seq_len
     attention = "fused" if profile.fused_attention else "unfused"
+    job = profile.parallel
+    how = ("no overlap" if job is None else
+           f"scheduled over {job.layout.world:,} GPUs, communication overlapped")
+    mfu = (f"MFU ceiling {profile.mfu_ceiling * 100:.1f}%" if job is None else
+           f"MFU {job.mfu * 100:.1f}%")
     return (f"{profile.model} on {profile.hardware.name}: {profile.tokens:,} tokens per step "
             f"({batch} x {profile.seq_len:,}), {attention} attention\n"
-            f"step time {profile.step_time_s * 1e3:.1f} ms (roofline, no overlap), "
-            f"MFU ceiling {profile.mfu_ceiling * 100:.1f}%")
+            f"step time {profile.step_time_s * 1e3:.1f} ms ({profile.cost}, {how}), {mfu}")
 
 
 def plot_profile(profile: Profile, path: str | os.PathLike) -> None:

@@ -120,6 +120,12 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
     for (group, kind), (size, tier, count, time, exposed) in groups.items():
         lines.append(f"{group + ' ' + kind:<28} {size:>5}  {tier[:28]:<28} {count:>6,} "
                      f"{time * 1e3:>10.2f} {exposed * 1e3:>9.2f}")
+    # the rest of the exposed time, each on a line of its own: waits for a collective that had
+    # not begun, and a later pipeline stage's longer tail
+    for label, seconds in (("queued (before it began)", r.queued_communication_s),
+                           ("a later stage's longer tail", r.later_stage_tail_s)):
+        if seconds:
+            lines.append(f"{label:<28} {'':>5}  {'':<28} {'':>6} {'':>10} {seconds * 1e3:>9.2f}")
     if ops:
         lines += ["", (f"{'op':<44} {'phase':<9} {'kind':<24} {'x':>5} {'time (ms)':>10} "
                        f"{'GFLOP':>10} {'bytes':>10}")]

@@ -97,7 +97,8 @@ class Sweep:
         step = self.multiplicity @ time
         shares = (self.membership * self.multiplicity) @ time / step
         total_flops = self.multiplicity @ flops
-        at_peak = total_flops if self.fp8 is None else self.multiplicity @ (flops * peak / peaks)
+        at_peak = (total_flops if self.fp8 is None
+                   else self.multiplicity @ self.cost.busy_flops(flops, peaks, peak))
         cols = {"step_time_s": step, "flops": total_flops, "bytes": self.multiplicity @ nbytes,
                 "mfu_ceiling": self.cost.mfu(n_mfu, tokens, step, peak),
                 "hfu_ceiling": self.cost.hfu(at_peak, step, peak, np.minimum)}

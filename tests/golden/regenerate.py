@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# the checkout this file is in, not whichever opgraph is installed: run as a script, the
+# script's folder (not the working directory) heads sys.path
+sys.path.insert(0, str(HERE.parent.parent))
 
 # name -> the `opgraph profile` arguments it records.
 CASES = {
@@ -17,16 +20,32 @@ CASES = {
     "llama3-8b-unfused": ["--model", "llama3-8b", "--no-fused-attention"],
     "mixtral-8x7b": ["--model", "mixtral-8x7b"],
     "gpt2": ["--model", "gpt2"],
+    # many GPUs (issue 21): recorded before the lowered step's defects were fixed
+    "llama3-8b-tp2-pp2-dp2-zero1": ["--model", "llama3-8b", "--gpus", "8", "--tp", "2",
+                                    "--pp", "2", "--zero", "1", "--global-batch", "8"],
+    "mixtral-8x7b-tp2-ep8": ["--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2",
+                             "--ep", "8", "--global-batch", "64"],
+    "llama3-8b-tp2-dp8-zero1-calibrated": ["--model", "llama3-8b", "--gpus", "16", "--tp", "2",
+                                           "--zero", "1", "--global-batch", "16",
+                                           "--cost", "calibrated"],
+    "llama3-8b-tp2-dp4-zero1-fp8": ["--model", "llama3-8b", "--gpus", "8", "--tp", "2",
+                                    "--zero", "1", "--global-batch", "8",
+                                    "--precision", "fp8"],
 }
 
 
 def step_text(argv: list[str]) -> str:
-    """The compiled step's textual form for the CLI arguments `argv`."""
+    """The compiled step's textual form for the CLI arguments `argv`: with many-GPU flags, the
+    step one data-parallel rank runs, every pipeline stage together (`compile_parallel`)."""
     from opgraph.cli import build_parser
-    from opgraph.commands.common import setup
+    from opgraph.commands.common import load_forward, setup
+    from opgraph.commands.layout import layout_from, wants_layout
 
     args = build_parser().parse_args(["profile", *argv])
-    return str(setup(args).step) + "\n"
+    layout = None
+    if wants_layout(args):
+        layout = layout_from(args, args.seq_len or load_forward(args).seq_len)
+    return str(setup(args, layout=layout).step) + "\n"
 
 
 def profile_json(argv: list[str]) -> str:

@@ -1,0 +1,124 @@
+"""How far opgraph's predictions of real multi-GPU runs hold: `python benchmarks/bench_physics.py`.
+
+Prints, against the targets of the physics work:
+
+(a) leave one family out: for each family of the shipped dev runs, the calibrated model's
+    fitted parameters refitted on every other family, this one predicted (mean absolute error
+    of the step time), beside the in-sample error of a fit on all; target <= 12% averaged over
+    families, no family above 20%
+(b) the roofline at or below the measured step on every dev run (it is a ceiling)
+(c) predicted peak memory within 10% of the measured GPU memory on >= 90% of the playbook
+    sweep's rows
+(d) on the playbook sweep, grouped by model and node count: median Spearman >= 0.85 of
+    predicted and measured throughput, mean regret <= 5% of the first choice
+(e) Llama 3.1 405B at the Llama 3 paper's layout (8,192 H100s, 16 M tokens, TP 8, PP 16 with
+    the uneven 7/8.../7 split; the paper reports 38-43% MFU): the predicted MFU
+(f) the plate unchanged: `opgraph profile` (roofline, one H100): 555.1 ms, MFU ceiling 67.2%
+
+Several minutes on two cores: (a) refits the model once per family. `--quick` skips (a).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str]) -> int:
+    from opgraph import calibration
+    from opgraph import hardware as hw
+    from opgraph.cases import load_cases
+    from opgraph.costmodel import cost_model
+    from opgraph.validate import (cross_validate, format_cross_validation, rank,
+                                  rank_summary, validate)
+
+    quick = "--quick" in argv
+    dev = load_cases()
+    if not quick:
+        start = time.perf_counter()
+        scores = cross_validate(dev, calibration.catalog())
+        print("(a) leave one family out (calibrated; target: mean <= 12%, none above 20%)")
+        print(format_cross_validation(scores))
+        print(f"    {time.perf_counter() - start:.0f} s\n")
+
+    roofline = validate(dev, cost_model("roofline"))
+    above = [p for p in roofline.predictions if p.error > 0]
+    print(f"(b) the roofline above the measured step on {len(above)} of "
+          f"{len(roofline.predictions)} dev runs (target 0)")
+    for p in sorted(above, key=lambda p: -p.error):
+        print(f"    {p.case.id}: {p.error * 100:+.1f}%")
+
+    sweep = validate(load_cases("playbook-sweep"), cost_model("calibrated"))
+    errors = [p.memory_error for p in sweep.predictions if p.memory_error is not None]
+    within = sum(abs(e) <= 0.10 for e in errors)
+    print(f"\n(c) peak memory within 10% of the measured on {within} of {len(errors)} playbook "
+          f"sweep rows ({within / len(errors) * 100:.0f}%; target >= 90%); median error "
+          f"{sorted(errors)[len(errors) // 2] * 100:+.1f}%")
+
+    capacity = {c.hardware: hw.get(c.hardware).memory_bytes for c in sweep_cases(sweep)}
+    summary = rank_summary(rank(sweep, capacity))
+    print(f"\n(d) playbook sweep by model and node count ({len(summary['groups'])} groups): "
+          f"median Spearman {summary['median_spearman']:.2f} (target >= 0.85), mean regret "
+          f"{summary['mean_regret'] * 100:.1f}% (target <= 5%)")
+
+    print("\n(e) " + llama3_405b())
+    print("\n(f) " + plate())
+    return 0
+
+
+def sweep_cases(report):
+    return [p.case for p in report.predictions]
+
+
+def llama3_405b() -> str:
+    """The Llama 3 paper's layout, as `opgraph profile` predicts it."""
+    from opgraph import cluster as clusters
+    from opgraph import hardware as hw
+    from opgraph.costmodel import cost_model
+    from opgraph.distributed import profile_parallel
+    from opgraph.errors import OpgraphError
+    from opgraph.models import preset
+    from opgraph.parallel import Parallel
+
+    part = hw.get("h100-sxm")
+    layouts = {"interleaved, v 2 (uneven ends)": dict(virtual_stages=2),
+               "1F1B (uneven ends)": {}}
+    lines = ["Llama 3.1 405B, 8,192 H100s, 2,048 x 8,192 tokens, TP 8 PP 16 DP 64, first and "
+             "last stage 7 layers (paper: 38-43% MFU)"]
+    for name, extra in layouts.items():
+        try:
+            layout = Parallel(tp=8, pp=16, gpus=8192, global_batch=2048, micro_batch=1,
+                              sequence_parallel=True, zero=1, first_stage_layers=7,
+                              last_stage_layers=7, **extra)
+            r = profile_parallel(preset("llama3.1-405b"), part, layout,
+                                 cluster=clusters.for_hardware(part), values={"S": 8192},
+                                 cost=cost_model("calibrated"), recompute="none").parallel
+            lines.append(f"    {name}: step {r.step_time_s:.2f} s, MFU {r.mfu * 100:.1f}%, "
+                         f"memory {r.memory.total / 1e9:.1f} GB")
+        except OpgraphError as e:
+            lines.append(f"    {name}: not modelled: {e}")
+    return "\n".join(lines)
+
+
+def plate() -> str:
+    from opgraph.cli import main as cli
+
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli(["profile", "--json"])
+    import json
+
+    data = json.loads(out.getvalue())
+    return (f"the plate: step {data['step_time_s'] * 1e3:.1f} ms, MFU ceiling "
+            f"{data['mfu_ceiling'] * 100:.1f}% (target 555.1 ms, 67.2%)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
