@@ -163,7 +163,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
             rules.VIEWS[backward] = _view_rule(backward_view)
         rules.BACKWARD_KINDS = (*rules.BACKWARD_KINDS, backward)
     _DEFINED[name] = record
-    costmodel._OWN.clear()  # costs kept by op were made by the rules before
+    costmodel._own_of.cache_clear()  # costs kept by op were made by the rules before
     return record
 
 
@@ -185,7 +185,7 @@ def remove_kind(name: str) -> None:
             table.pop(record.backward, None)
     rules.FORWARD_KINDS = tuple(k for k in rules.FORWARD_KINDS if k != name)
     rules.BACKWARD_KINDS = tuple(k for k in rules.BACKWARD_KINDS if k != record.backward)
-    costmodel._OWN.clear()
+    costmodel._own_of.cache_clear()
 
 
 def kind(name: str) -> Kind:
