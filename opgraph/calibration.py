@@ -5,14 +5,33 @@ and scales each term by an efficiency of the hardware generation (`Efficiencies`
 `calibration.toml` beside this file (or a file of the user's, `--calibration FILE`):
 
     kernel time = launch_s + max(compute, memory)
-    compute     = (FLOPs + matmul_half_flops) / (efficiency(kind) x peak)
+    compute     = (FLOPs x waves + matmul_half_flops) / (efficiency(kind) x clock x peak)
     memory      = bytes / (bandwidth x HBM bandwidth)
+
+`clock` is the part's sustained clock over the one its peak assumes (`Hardware.clock_ratio`:
+1, or (P / TDP)^(1/3) when power-capped at P), so a power limit is not folded into an
+efficiency. `waves` is a matrix multiply's wave quantisation (`costmodel.wave_quantum`): its
+M x N output is cut into `matmul_tile_m` x `matmul_tile_n` tiles, one per SM at a time, and
+it runs ceil(tiles / SMs) full waves; `waves` is the slots paid for over those filled (1 for
+any other kernel, for a part without an SM count, or a generation whose tiles are 0). So
+`matmul` is the sustained rate of a large GEMM's full waves, and a tensor-parallel shard, with
+fewer tiles to fill its waves, runs below it. Measured on its best shapes, cuBLAS BF16 reaches
+0.803 of the dense peak on an H100 SXM (794.5 of 989 TFLOP/s), 0.869 on an A100 SXM (271.2 of
+312): S. Bekman, *Machine Learning Engineering*, compute/accelerator/README.md, "Maximum
+Achievable Matmul FLOPS comparison table" (mamf-finder.py, torch 2.6-2.7). A fitted `matmul`
+far below these says the cases' steps lose time this model does not hold.
 
 `efficiency(kind)` is `matmul` for matrix multiplies (and fused kernels around one), `attention`
 for FlashAttention's kernels and the unfused attention core, `matmul` otherwise. The saturating
 term makes small matrix multiplies run below the large ones' rate: a kernel of F FLOPs runs at
 `matmul x F / (F + matmul_half_flops)` of the peak (half of `matmul`'s rate at F =
-`matmul_half_flops`); equivalently it costs `matmul_half_flops / (matmul x peak)` seconds more.
+`matmul_half_flops`); equivalently it costs `matmul_half_flops / (matmul x peak)` seconds more,
+a K-independent prologue and epilogue (filling the pipeline, writing the last tiles).
+`attention` is FlashAttention's fraction of the peak at head dims 128 + 128, where it is
+published; a kernel of other head dims has more or fewer FLOPs per softmax exponential, each
+taking `attention_exp_ratio` tensor FLOPs' time, and scales by `costmodel.exp_factor` (head
+dim 64 runs at 3/4 of `attention` on an H100, 256 at 6/5).
+
 A collective runs at `node` (or `network`) x the tier's bandwidth, and pays `launch_s` too;
 communication running beside compute slows it by `overlap_slowdown` x its hidden time
 (`opgraph.schedule`).
@@ -38,6 +57,9 @@ CATALOG = Path(__file__).with_name("calibration.toml")
 FIELDS = {
     "matmul": "fraction of the dense peak a large matrix multiply reaches",
     "matmul_half_flops": "FLOPs at which a kernel reaches half of `matmul`'s rate",
+    "matmul_tile_m": "rows of the output tile a GEMM kernel computes per SM (0: no waves)",
+    "matmul_tile_n": "columns of that tile",
+    "attention_exp_ratio": "tensor FLOPs one exponential's time holds (0: none counted)",
     "attention": "fraction of the dense peak FlashAttention's kernels reach",
     "bandwidth": "fraction of the HBM bandwidth a memory-bound kernel reaches",
     "launch_s": "seconds each kernel adds (launch and tail)",
@@ -56,6 +78,9 @@ class Efficiencies:
     generation: str
     matmul: float = 1.0
     matmul_half_flops: float = 0.0
+    matmul_tile_m: float = 0.0
+    matmul_tile_n: float = 0.0
+    attention_exp_ratio: float = 0.0
     attention: float = 1.0
     bandwidth: float = 1.0
     launch_s: float = 0.0

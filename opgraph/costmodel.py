@@ -38,6 +38,7 @@ Later work plugs in here (efficiencies, communication): a subclass or an
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 
 import attrs
@@ -59,6 +60,10 @@ class Cost:
     bytes: sympy.Expr
     compute: str | None = None
     message: sympy.Expr = sympy.S.Zero  # a collective's buffer per GPU (`collectives`' M)
+    # the shape the calibrated model's kernel efficiency reads, per instance: a matrix
+    # multiply's (GEMMs, M, N) (`rules.gemm_grid`), which its waves tile; an attention kernel's
+    # (scores, d_qk + d_v, 0) (`rules.attention_scores`), its exponentials; () otherwise
+    grid: tuple = attrs.field(default=(), converter=tuple)
 
 
 # --- the peak an op runs at: a matrix multiply whose operands are all FP8 runs at the part's
@@ -164,7 +169,12 @@ class _Tensors:
 def _own_cost(graph: Graph, op: Op) -> Cost:
     if op.kind in rules.COLLECTIVE_KINDS:
         return Cost(sympy.Integer(0), sympy.Integer(0), None, message_bytes(graph, op))
-    return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op))
+    ins = [graph.tensor(n) for n in op.inputs]
+    outs = [graph.tensor(n) for n in op.outputs]
+    params = dict(op.params)
+    return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op),
+                grid=(rules.gemm_grid(op.kind, ins, outs, params)
+                      or rules.attention_scores(op.kind, ins, outs, params)))
 
 
 # A fused forward kernel (`opgraph.passes.fuse_elementwise`, kind `fused`, not a forward kind of
@@ -271,7 +281,8 @@ class CostModel:
         nbytes = self.factor * own[fwd.name].bytes / n
         rule = FUSED_BACKWARD_COST if fwd.kind == "fused" else BACKWARD_COST[fwd.kind]
         flops, nbytes = rule(flops, nbytes, mine.bytes)
-        return Cost(flops, nbytes if self.backward == "plate" else mine.bytes, mine.compute)
+        return Cost(flops, nbytes if self.backward == "plate" else mine.bytes, mine.compute,
+                    grid=mine.grid)
 
     def _member_share(self, graph: Graph, op: Op, fwd: Op, own: dict, kernels: dict) -> Cost:
         """A backward kernel of fused op `fwd` that names the members it differentiates: the
@@ -283,12 +294,12 @@ class CostModel:
         flops = sympy.Add(*(self.factor * members[m].flops / kernels[(fwd.name, m)]
                             for m in members_of(op)))
         if self.backward != "plate":
-            return Cost(flops, own[op.name].bytes, own[op.name].compute)
+            return Cost(flops, own[op.name].bytes, own[op.name].compute, grid=own[op.name].grid)
         saved = sympy.Add(*(c.bytes for c in members.values())) - own[fwd.name].bytes
         nbytes = sympy.Add(*(self.factor * members[m].bytes / kernels[(fwd.name, m)]
                              for m in members_of(op)))
         return Cost(flops, nbytes - self.factor * saved / kernels[fwd.name],
-                    own[op.name].compute)
+                    own[op.name].compute, grid=own[op.name].grid)
 
     # --- time and utilisation ---------------------------------------------------------------
     def peak(self, hardware, compute: str | None = None) -> float:
@@ -318,15 +329,18 @@ class CostModel:
     name = "roofline"
 
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
-                peak: float) -> float:
+                peak: float, grid: tuple = ()) -> float:
         """Seconds of `count` instances of an op of `kind` doing `flops` and moving `nbytes`
         between them, its arithmetic at `peak`: the roofline, `time(flops, nbytes, peak,
-        hardware.bandwidth)`. The calibrated model scales it (`CalibratedCostModel`)."""
+        hardware.bandwidth)`. The calibrated model scales it (`CalibratedCostModel`), and
+        reads `grid`, a matrix multiply's (GEMMs, M, N) per instance as numbers (`Cost.grid`
+        evaluated); the roofline does not."""
         return self.time(flops, nbytes, peak, hardware.bandwidth)
 
-    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks):
+    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None):
         """`op_time` over numpy arrays: a row per op (of `kinds`, at the column `peaks`), a
-        column per case (`opgraph.search`'s layouts)."""
+        column per case (`opgraph.search`'s layouts); `grids` (3, ops, cases), each op's
+        `grid` (zeros for an op without one), or None."""
         import numpy as np
 
         return self.time(flops, nbytes, peaks, hardware.bandwidth, np.maximum)
@@ -401,9 +415,12 @@ def _shipped_efficiencies() -> dict:
 @attrs.frozen
 class CalibratedCostModel(CostModel):
     """The roofline scaled by each hardware generation's efficiencies (`opgraph.calibration`):
-    per kernel `launch_s + max((FLOPs + matmul_half_flops) / (efficiency x peak), bytes /
-    (bandwidth x HBM bandwidth))`; each collective at the tier's bandwidth times `node` or
-    `network`; `overlap_slowdown` for compute beside communication."""
+    per kernel `launch_s + max((FLOPs x waves + matmul_half_flops) / (efficiency x clock x
+    peak), bytes / (bandwidth x HBM bandwidth))`, `clock` the part's sustained clock over its
+    peak's (`Hardware.clock_ratio`: (P / TDP)^(1/3) power-capped at P, else 1), `waves` a
+    matrix multiply's wave quantisation (`wave_quantum` of its `Cost.grid`); each collective
+    at the tier's bandwidth times `node` or `network`; `overlap_slowdown` for compute beside
+    communication."""
 
     table: dict = attrs.field(factory=_shipped_efficiencies, eq=False)  # generation -> them
     name = "calibrated"
@@ -413,39 +430,55 @@ class CalibratedCostModel(CostModel):
 
         return calibration.for_hardware(hardware, self.table)
 
+    def figures(self, hardware) -> dict[str, float]:
+        """What the calibrated time of an op on `hardware` reads besides the op: its
+        generation's efficiencies (`Efficiencies.values`), and the part's `clock` (its
+        sustained clock over its peak's, `Hardware.clock_ratio`: below 1 when power-capped)
+        and `sms` (0 where unknown). `opgraph.sweep` takes them as arrays, a part per point."""
+        return self.efficiencies(hardware).values() | {"clock": hardware.clock_ratio,
+                                                        "sms": float(hardware.sms or 0)}
+
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
-                peak: float) -> float:
+                peak: float, grid: tuple = ()) -> float:
         if count == 0:
             return 0.0
         e = self.efficiencies(hardware)
-        return self.scaled_time(flops, nbytes, count, peak, hardware.bandwidth,
+        quantum = shape_factor(kind, grid, flops / count, hardware, e)
+        return self.scaled_time(flops, nbytes, count, peak * hardware.clock_ratio,
+                                hardware.bandwidth,
                                 rate=getattr(e, EFFICIENCY.get(kind, "matmul")),
                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
-                                launch=e.launch_s)
+                                launch=e.launch_s, quantum=quantum)
 
-    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks):
+    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None):
         import numpy as np
 
         e = self.efficiencies(hardware)
         rate = np.array([getattr(e, EFFICIENCY.get(kind, "matmul")) for kind in kinds])[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
-            t = self.scaled_time(flops, nbytes, counts, peaks, hardware.bandwidth, rate=rate,
+            quantum = 1.0 if grids is None else shape_factors(
+                np.array([kind in ATTENTION_KINDS for kind in kinds]), grids, flops / counts,
+                hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio)
+            t = self.scaled_time(flops, nbytes, counts, peaks * hardware.clock_ratio,
+                                 hardware.bandwidth, rate=rate,
                                  half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
-                                 launch=e.launch_s, maximum=np.maximum)
+                                 launch=e.launch_s, quantum=quantum, maximum=np.maximum)
         return np.where(counts > 0, t, 0.0)
 
     @staticmethod
     def scaled_time(flops, nbytes, count, peak, bandwidth, *, rate, half, bandwidth_share,
-                    launch, maximum: Callable = _number_max):
+                    launch, quantum=1.0, maximum: Callable = _number_max):
         """`count` kernels doing `flops` and moving `nbytes` between them: each `launch +
-        maximum((FLOPs + half) / (rate x peak), bytes / (bandwidth_share x bandwidth))`, a
-        kernel without arithmetic paying no `half`. Numbers or numpy arrays alike (`sweep`).
+        maximum((FLOPs x quantum + half) / (rate x peak), bytes / (bandwidth_share x
+        bandwidth))`, a kernel without arithmetic paying no `half`; `quantum` its shape's
+        factor (`shape_factor`: a GEMM's waves, an attention kernel's exponentials; else 1).
+        Numbers or numpy arrays alike (`sweep`).
 
             >>> CalibratedCostModel.scaled_time(2e12, 0, 2, 1e12, 1e12, rate=0.5, half=1e12,
             ...                                  bandwidth_share=1, launch=0)  # 2 x (1 + 1) / 0.5
             8.0
         """
-        compute = (flops / count + half * (flops > 0)) / (rate * peak)
+        compute = (flops / count * quantum + half * (flops > 0)) / (rate * peak)
         return count * (launch + maximum(compute, nbytes / count / (bandwidth_share * bandwidth)))
 
     def comm_lines(self, kind: str, group: int, cluster, stride: int = 1,
@@ -458,6 +491,92 @@ class CalibratedCostModel(CostModel):
 
     def slowdown(self, hardware) -> float:
         return self.efficiencies(hardware).overlap_slowdown
+
+
+def wave_quantum(count, m, n, sms, tile_m, tile_n, ceil: Callable = math.ceil):
+    """How much longer `count` GEMMs of an M x N output take than their FLOPs at the sustained
+    per-SM rate say, by wave quantisation: the kernel cuts each output into tiles of tile_m x
+    tile_n, one tile per SM at a time, so it runs `waves = ceil(tiles / sms)` waves, each as
+    long as a full one (a tile's K loop); the slots it pays for over the ones it fills,
+
+        waves x sms x tile_m x tile_n / (count x M x N)  >= 1.
+
+    `ceil` is `math.ceil` for numbers, `np.ceil` for arrays, `sympy.ceiling` for formulas.
+
+        >>> wave_quantum(1, 8192, 8192, 132, 128, 256)  # 2,048 tiles: 16 waves of 132
+        1.03125
+    """
+    tiles = count * ceil(m / tile_m) * ceil(n / tile_n)
+    return ceil(tiles / sms) * sms * tile_m * tile_n / (count * m * n)
+
+
+# The head dims the published attention efficiencies are measured at (d_qk + d_v = 128 + 128):
+# `attention` is FlashAttention's fraction of the peak there.
+REFERENCE_HEAD_DIMS = 256
+ATTENTION_KINDS = frozenset(rules.ATTENTION_SCORES)
+
+
+def exp_factor(flops, scores, head_dims, ratio):
+    """How much longer an attention kernel doing `flops` over `scores` softmax scores (one
+    exponential each) takes than one with the same FLOPs per head dim at head dims 128 + 128.
+    An exponential takes `ratio` tensor-core FLOPs' time (the dense peak over the special-
+    function rate: on an H100 SXM 989 over 3.9 TFLOP/s, 16 per SM per clock; Shah et al. 2024,
+    FlashAttention-3, section 3.2, where at head dim 128 the exponentials take 50% of the
+    matmuls' cycles), run beside the matmuls, not under them (FlashAttention-2):
+
+        (1 + ratio / F) / (1 + ratio x head_dims / (256 x F)),  F = flops / scores,
+
+    the second the same kernel's FLOPs per score at 128 + 128 (F x 256 / head_dims).
+
+    1 at head dims 128 + 128 or `ratio` 0; a smaller head dim has fewer FLOPs per exponential.
+
+        >>> exp_factor(256 * 100, 100, 128, 256)  # head dim 64, forward (4 d per score): 4/3
+        1.3333333333333333
+    """
+    per_score = flops / scores
+    return (1 + ratio / per_score) / (1 + ratio * head_dims / (REFERENCE_HEAD_DIMS * per_score))
+
+
+def shape_factor(kind: str, grid: tuple, flops: float, hardware, e) -> float:
+    """The factor on one instance's FLOPs (`flops`) its shape gives (see `scaled_time`): an
+    attention kernel's `exp_factor`, a matrix multiply's waves (`waves_of`); 1 without a grid."""
+    if kind in ATTENTION_KINDS:
+        return exp_factor(flops, grid[0], grid[1], e.attention_exp_ratio) if grid else 1.0
+    return waves_of(grid, hardware, e)
+
+
+def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio):
+    """`shape_factor` over numpy arrays: `attention` (ops,) whether each row is an attention
+    kernel, `grids` (3, ops, cases), `flops` (ops, cases) per instance."""
+    import numpy as np
+
+    scores, widths = np.asarray(grids[0], dtype=float), np.asarray(grids[1], dtype=float)
+    ok = scores > 0
+    exps = np.where(ok, exp_factor(np.where(ok, flops, 1.0), np.where(ok, scores, 1.0),
+                                   np.where(ok, widths, 1.0), ratio), 1.0)
+    return np.where(np.asarray(attention)[:, None], exps,
+                    wave_quanta(grids, sms, tile_m, tile_n))
+
+
+def waves_of(grid: tuple, hardware, e) -> float:
+    """`wave_quantum` of an op's `grid` (GEMMs, M, N, as numbers) on `hardware` with the tiles
+    of its efficiencies `e`; 1 for an op without a grid, a part without an SM count, or a
+    generation without tiles."""
+    if grid and all(grid) and e.matmul_tile_m and e.matmul_tile_n and hardware.sms:
+        return wave_quantum(*grid, hardware.sms, e.matmul_tile_m, e.matmul_tile_n)
+    return 1.0
+
+
+def wave_quanta(grids, sms, tile_m, tile_n):
+    """`wave_quantum` over numpy arrays: `grids` (3, ops, cases) of (GEMMs, M, N); 1 where an
+    op has no grid (zeros) or the part no SM count or the generation no tile (0)."""
+    import numpy as np
+
+    count, m, n = (np.asarray(g, dtype=float) for g in grids)
+    ok = (count * m * n > 0) & (np.asarray(sms) > 0) & (np.asarray(tile_m) > 0) & (
+        np.asarray(tile_n) > 0)
+    one = [np.where(ok, x, 1.0) for x in (count, m, n, sms, tile_m, tile_n)]
+    return np.where(ok, wave_quantum(*one, ceil=np.ceil), 1.0)
 
 
 @functools.lru_cache(maxsize=64)
@@ -502,4 +621,11 @@ __all__ = [
     "rule_flops",
     "scaled",
     "scaled_flops",
+    "ATTENTION_KINDS",
+    "exp_factor",
+    "shape_factor",
+    "shape_factors",
+    "wave_quanta",
+    "wave_quantum",
+    "waves_of",
 ]

@@ -175,6 +175,7 @@ class StageOp:
     group: str | None  # a collective's group
     message: float  # a collective's buffer per GPU
     once: bool  # runs once per step (the optimizer, ZeRO-0/1's reductions), not per micro-batch
+    grid: tuple = ()  # a matrix multiply's (GEMMs, M, N) per instance (`costmodel.Cost.grid`)
 
 
 @attrs.frozen
@@ -274,7 +275,8 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
                        cost.peak(hardware, costs[op.name].compute),
                        op.param("group") if collective else None,
                        float(costs[op.name].message.xreplace(subs)) if collective else 0.0,
-                       op.phase is Phase.OPTIMIZER or once_per_step(op, sharding(layout))))
+                       op.phase is Phase.OPTIMIZER or once_per_step(op, sharding(layout)),
+                       tuple(float(g.xreplace(subs)) for g in costs[op.name].grid)))
     ordered = graph.ops()
     per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
                  and not once_per_step(op, sharding(layout))]
@@ -290,8 +292,8 @@ def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
             out[o.name] = cost.comm_time(o.kind, o.message, layout.size(o.group), job.cluster,
                                          layout.stride(o.group), job.hardware)
         else:
-            out[o.name] = (cost.op_time(job.hardware, o.kind, o.flops, o.bytes, o.count, o.peak)
-                           / o.count if o.count else 0.0)
+            out[o.name] = (cost.op_time(job.hardware, o.kind, o.flops, o.bytes, o.count, o.peak,
+                                        o.grid) / o.count if o.count else 0.0)
     return out
 
 

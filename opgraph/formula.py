@@ -33,7 +33,8 @@ from collections.abc import Callable
 
 import sympy
 
-from .costmodel import DEFAULT, EFFICIENCY, CalibratedCostModel, Cost, CostModel
+from .costmodel import (ATTENTION_KINDS, DEFAULT, EFFICIENCY, CalibratedCostModel, Cost, CostModel,
+                        exp_factor, wave_quantum)
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Op
@@ -83,7 +84,7 @@ def time_rates(cost: CostModel, hardware: Hardware | None = None):
         raise OpgraphError("a calibrated time formula takes its part's efficiencies: give the "
                            "part (formula(..., hardware=part); opgraph formula "
                            "--numeric-hardware), or use the roofline")
-    return cost.efficiencies(hardware)
+    return cost.figures(hardware)  # its efficiencies, clock ratio and SMs, by name
 
 
 def roofline_only(cost: CostModel, what: str) -> None:
@@ -99,14 +100,28 @@ def _exact(number: float) -> sympy.Rational:
 
 
 def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
-    """One kernel's time under the calibrated cost model with efficiencies `rates`:
-    `launch_s + Max((flops + matmul_half_flops) / (efficiency * peak), bytes /
-    (bandwidth_share * bandwidth))`, a kernel without arithmetic paying no half
-    (`CalibratedCostModel.scaled_time`)."""
-    rate = _exact(getattr(rates, EFFICIENCY.get(kind, "matmul")))
-    half = _exact(rates.matmul_half_flops) if c.flops != 0 else 0
-    return _exact(rates.launch_s) + roofline(c.flops + half, c.bytes, rate * peak,
-                                             _exact(rates.bandwidth) * bandwidth)
+    """One kernel's time under the calibrated cost model with figures `rates` (`time_rates`):
+    `launch_s + Max((flops x shape + matmul_half_flops) / (efficiency * clock * peak), bytes /
+    (bandwidth_share * bandwidth))`, a kernel without arithmetic paying no half, `shape` its
+    waves or exponentials (`_shape`) (`CalibratedCostModel.scaled_time`)."""
+    rate = _exact(rates[EFFICIENCY.get(kind, "matmul")]) * _exact(rates["clock"])
+    half = _exact(rates["matmul_half_flops"]) if c.flops != 0 else 0
+    return _exact(rates["launch_s"]) + roofline(c.flops * _shape(kind, c, rates) + half, c.bytes,
+                                                rate * peak, _exact(rates["bandwidth"]) * bandwidth)
+
+
+def _shape(kind: str, c: Cost, rates: dict) -> sympy.Expr:
+    """`costmodel.shape_factor` as a formula: an attention kernel's `exp_factor`, a matrix
+    multiply's `wave_quantum` with `sympy.ceiling`; 1 where the op, the part or the generation
+    has none."""
+    if not c.grid or c.flops == 0:
+        return sympy.Integer(1)
+    if kind in ATTENTION_KINDS:
+        return exp_factor(c.flops, c.grid[0], c.grid[1], _exact(rates["attention_exp_ratio"]))
+    tiles = [rates["sms"], rates["matmul_tile_m"], rates["matmul_tile_n"]]
+    if not all(tiles):
+        return sympy.Integer(1)
+    return wave_quantum(*c.grid, *(sympy.Integer(int(t)) for t in tiles), ceil=sympy.ceiling)
 
 
 def _cost(graph: Graph, op: Op, cost: CostModel, costs: dict | None) -> Cost:

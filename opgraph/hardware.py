@@ -2,6 +2,18 @@
 
 The catalog is `hardware.toml` beside this file; a user's own part is a TOML file of the same
 form (one table, or several).
+
+A part may also say how its peak is made (`sms` streaming multiprocessors at `boost_mhz`, the
+clock its datasheet's dense peak assumes) and its board power (`tdp_w`). A run whose parts are
+power-capped below that (`with_power_limit`: torchtitan's H100s ran at 500 W of 700) sustains a
+lower tensor clock, and the calibrated cost model runs its arithmetic at `clock_ratio` x the
+peak. The roofline stays the datasheet's ceiling.
+
+Under a cap, DVFS lowers clock and voltage together: dynamic power is C V^2 A f (Rabaey,
+*Digital Integrated Circuits*, 1996) and the stable voltage rises about in proportion to the
+clock, so power goes as f^3 and a part capped at P of its TDP sustains about (P / TDP)^(1/3)
+of its clock. That is the physical assumption here, not a measurement: static (leakage) power
+and the voltage floor make the real clock drop somewhat larger.
 """
 
 from __future__ import annotations
@@ -48,6 +60,17 @@ def _in_range(key: str, unit_scale: float):
     return check
 
 
+def _counted(key: str):
+    """An attrs validator: None, or a positive finite number (an SM count, a clock, a power)."""
+    def check(part, attribute, value) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                math.isfinite(value) and 0 < value < 1e7):
+            raise OpgraphError(f"hardware {part.id}: {key} = {value!r} is not a positive number")
+    return check
+
+
 @attrs.frozen
 class Hardware:
     """One accelerator: `Hardware("x", "X", peak_flops=989e12, bandwidth=3.35e12)`."""
@@ -62,10 +85,63 @@ class Hardware:
     source: str = ""
     cluster: str | None = None  # id of the default cluster in cluster.toml (or a .toml path)
     generation: str | None = None  # its calibrated efficiencies' table in calibration.toml
+    sms: int | None = attrs.field(default=None, validator=_counted("sms"))  # SMs (AMD: CUs)
+    boost_mhz: float | None = attrs.field(default=None, validator=_counted("boost_mhz"))
+    tdp_w: float | None = attrs.field(default=None, validator=_counted("tdp_w"))  # board power
+    power_limit_w: float | None = None  # a cap below `tdp_w` (`with_power_limit`); None: none
+    clock_mhz: float | None = None  # a sustained clock below `boost_mhz` (`with_clock`)
+
+    @property
+    def clock_ratio(self) -> float:
+        """The sustained tensor clock over the one the dense peak assumes: (cap / TDP)^(1/3)
+        under a power cap (see the module), 1 without one.
+
+            >>> with_power_limit(get("h100-sxm"), 500).clock_ratio  # (500 / 700) ** (1 / 3)
+            0.8939...
+        """
+        ratio = 1.0
+        if self.power_limit_w is not None and self.tdp_w is not None:
+            ratio = (self.power_limit_w / self.tdp_w) ** (1 / 3)
+        if self.clock_mhz is not None and self.boost_mhz is not None:
+            ratio = min(ratio, self.clock_mhz / self.boost_mhz)
+        return min(1.0, ratio)
 
     def describe(self) -> str:
+        capped = "" if self.power_limit_w is None else f", capped at {self.power_limit_w:g} W"
+        capped += "" if self.clock_mhz is None else f", clock {self.clock_mhz:g} MHz"
         return (f"{self.name} ({self.peak_flops / 1e12:g} TFLOP/s BF16 dense, "
-                f"{self.bandwidth / 1e12:g} TB/s)")
+                f"{self.bandwidth / 1e12:g} TB/s{capped})")
+
+
+def with_power_limit(part: Hardware, watts: float) -> Hardware:
+    """`part` power-capped at `watts` (`nvidia-smi -pl`): its compute runs at `clock_ratio` of
+    the peak's clock under the calibrated cost model. One line if the part has no TDP, or
+    `watts` is not above 0 and at most the TDP.
+
+        with_power_limit(get("h100-sxm"), 500)  # torchtitan's H100s
+    """
+    if part.tdp_w is None:
+        raise OpgraphError(f"hardware {part.id} has no tdp_w, so a power limit cannot scale its "
+                           "clock; add tdp_w = ... (its board power, W) to its table")
+    if isinstance(watts, bool) or not isinstance(watts, int | float) or not (
+            math.isfinite(watts) and 0 < watts <= part.tdp_w):
+        raise OpgraphError(f"hardware {part.id}: power_limit_w = {watts!r} must be above 0 and at "
+                           f"most its TDP, {part.tdp_w:g} W")
+    return attrs.evolve(part, power_limit_w=float(watts))
+
+
+def with_clock(part: Hardware, mhz: float) -> Hardware:
+    """`part` with its tensor clock held at `mhz` (`nvidia-smi -lgc`, or a clock measured in
+    the run): its compute runs at `mhz / boost_mhz` of the peak under the calibrated cost
+    model. One line if the part has no `boost_mhz`, or `mhz` is not above 0 and at most it."""
+    if part.boost_mhz is None:
+        raise OpgraphError(f"hardware {part.id} has no boost_mhz, so a clock cannot scale its "
+                           "peak; add boost_mhz = ... (the clock its dense peak assumes)")
+    if isinstance(mhz, bool) or not isinstance(mhz, int | float) or not (
+            math.isfinite(mhz) and 0 < mhz <= part.boost_mhz):
+        raise OpgraphError(f"hardware {part.id}: clock_mhz = {mhz!r} must be above 0 and at most "
+                           f"its boost clock, {part.boost_mhz:g} MHz")
+    return attrs.evolve(part, clock_mhz=float(mhz))
 
 
 def _number(table: dict, key: str, where: str, required: bool = True) -> float | None:
@@ -92,7 +168,16 @@ def _cluster_id(table: dict, where: str) -> str | None:
 
 
 PART_KEYS = {"name", "source", "cluster", "generation", "bf16_tflops", "fp8_tflops",
-             "bandwidth_tbs", "memory_gb"}
+             "bandwidth_tbs", "memory_gb", "sms", "boost_mhz", "tdp_w"}
+
+
+def _positive(table: dict, key: str, where: str) -> float | None:
+    """An optional positive number of `table` (an SM count, a clock, a power), or one line."""
+    value = table.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                              or not (math.isfinite(value) and 0 < value < 1e7)):
+        raise OpgraphError(f"{where}: {key} = {value!r} is not a positive number")
+    return value
 
 
 def _parse(part_id: str, table: dict, where: str) -> Hardware:
@@ -113,6 +198,9 @@ def _parse(part_id: str, table: dict, where: str) -> Hardware:
         source=str(table.get("source", "")),
         cluster=_cluster_id(table, where),
         generation=_named(table, "generation", where, 'generation = "hopper"'),
+        sms=_positive(table, "sms", where),
+        boost_mhz=_positive(table, "boost_mhz", where),
+        tdp_w=_positive(table, "tdp_w", where),
     )
 
 

@@ -58,6 +58,7 @@ class Kind:
     view: Callable | None = None
     category: str = "elementwise"
     backward_cost: Callable = costmodel.scaled
+    grid: Callable | None = None  # a matrix multiply's (GEMMs, M, N) rule (`rules.GEMM_GRIDS`)
 
     def op(self, g, inputs: Sequence, *, name: str | None = None, category: str | None = None,
            **params) -> Tensor:
@@ -98,7 +99,8 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                 vjp: str | Callable | None = "inputs", backward_flops: Callable | None = None,
                 backward_shape: Callable | None = None, view: bool | Callable = False,
                 backward_view: bool | Callable = False, category: str = "elementwise",
-                backward_cost: Callable | None = None, replace: bool = False) -> Kind:
+                backward_cost: Callable | None = None, grid: Callable | None = None,
+                replace: bool = False) -> Kind:
     """Define op kind `name` in every table; returns its `Kind`.
 
     - `shape`, `flops`: its shape and FLOP rules (`rules.per_element(n)` for n FLOPs per output
@@ -115,6 +117,9 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     - `category`: what `Kind.op` files its ops under; `backward_cost`: how the plate's
       convention charges its backward (default `costmodel.scaled`, twice the forward's FLOPs and
       bytes; for a view `costmodel.scaled_flops`, the backward kernel's own bytes).
+    - `grid`: for a kind that is a matrix multiply, `(inputs, outputs, params) -> (GEMMs, M,
+      N)` of one instance (as `rules.GEMM_GRIDS`' rows), which the calibrated cost model's
+      wave quantisation tiles; None: its time has no waves.
 
     Defining a kind that exists raises OpgraphError unless `replace=True`.
 
@@ -141,13 +146,15 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     view_rule = _view_rule(view)
     if backward_cost is None:
         backward_cost = costmodel.scaled_flops if view_rule is not None else costmodel.scaled
-    record = Kind(name, shape, flops, rule, backward, view_rule, category, backward_cost)
+    record = Kind(name, shape, flops, rule, backward, view_rule, category, backward_cost, grid)
     rules.SHAPE_RULES[name] = shape
     rules.FLOP_RULES[name] = flops
     _backward.VJP_RULES[name] = rule
     costmodel.BACKWARD_COST[name] = backward_cost
     if view_rule is not None:
         rules.VIEWS[name] = view_rule
+    if grid is not None:
+        rules.GEMM_GRIDS[name] = grid
     rules.FORWARD_KINDS = (*rules.FORWARD_KINDS, name)
     if backward is not None:
         rules.SHAPE_RULES[backward] = backward_shape or rules.backward_shape(name)
@@ -156,6 +163,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
             rules.VIEWS[backward] = _view_rule(backward_view)
         rules.BACKWARD_KINDS = (*rules.BACKWARD_KINDS, backward)
     _DEFINED[name] = record
+    costmodel._own_of.cache_clear()  # costs kept by op were made by the rules before
     return record
 
 
@@ -171,12 +179,13 @@ def remove_kind(name: str) -> None:
     if record is None:
         raise OpgraphError(f"op kind {name!r} was not made by define_kind")
     for table in (rules.SHAPE_RULES, rules.FLOP_RULES, rules.VIEWS, _backward.VJP_RULES,
-                  costmodel.BACKWARD_COST):
+                  costmodel.BACKWARD_COST, rules.GEMM_GRIDS):
         table.pop(name, None)
         if record.backward:
             table.pop(record.backward, None)
     rules.FORWARD_KINDS = tuple(k for k in rules.FORWARD_KINDS if k != name)
     rules.BACKWARD_KINDS = tuple(k for k in rules.BACKWARD_KINDS if k != record.backward)
+    costmodel._own_of.cache_clear()
 
 
 def kind(name: str) -> Kind:
@@ -190,7 +199,7 @@ def kind(name: str) -> Kind:
     return Kind(name, rules.SHAPE_RULES[name], rules.FLOP_RULES[name],
                 _backward.VJP_RULES[name], backward if backward in rules.SHAPE_RULES else None,
                 rules.VIEWS.get(name), EXAMPLES[name].category if name in EXAMPLES else
-                "elementwise", costmodel.BACKWARD_COST[name])
+                "elementwise", costmodel.BACKWARD_COST[name], rules.GEMM_GRIDS.get(name))
 
 
 def builtin_kinds() -> tuple[str, ...]:

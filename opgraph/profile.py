@@ -60,6 +60,9 @@ class Profile:
     active_parameters: int | None = None  # parameters a token uses; None for a dense model
     parallel: object | None = None  # a job over many GPUs: `distributed.ParallelResult`
     cost: str = "roofline"  # the cost model's name: "roofline" (a ceiling) or "calibrated"
+    # op name -> its matrix multiply's (GEMMs, M, N) as numbers (`costmodel.Cost.grid`), for
+    # what reads the waves from a profile (`opgraph.traces.calibrate`); not in its JSON
+    grids: dict = attrs.field(factory=dict, eq=False, repr=False)
 
     @property
     def seq_len(self) -> int:

@@ -403,6 +403,39 @@ def _expert_matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) ->
     return 2 * sympy.Mul(*ins[2].shape) * w.shape[1] * w.shape[2]
 
 
+# --- a matrix multiply's output as its kernel tiles it: (GEMMs per instance, M, N) -----------
+
+def _matmul_grid(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """Each form of `_matmul_shape` as independent GEMMs of an M x N output: the weight form
+    one GEMM over every token; the batched form one per batch element; a weight gradient one;
+    per head (`heads`) one per batch element and head, its N a head's width."""
+    a, b = ins[0], ins[1]
+    out = outs[0].shape
+    heads = params.get("heads")
+    if heads is not None:
+        grad = params.get("grad")
+        if grad == "a":  # dP[B, H, M, K] = dO V^T, per head
+            return (out[0] * out[1], out[2], out[3])
+        if grad == "b":  # dV = P^T dO, per head: K x d
+            return (a.shape[0] * heads, a.shape[3], b.shape[2] / heads)
+        return (a.shape[0] * heads, a.shape[2], b.shape[2] / params["kv_heads"])
+    if params.get("contract") == "leading":
+        return (sympy.Integer(1), *out)
+    if len(b.shape) == 2:
+        return (sympy.Integer(1), sympy.Mul(*out[:-1]), out[-1])
+    return (sympy.Mul(*out[:-2]), out[-2], out[-1])
+
+
+def _expert_matmul_grid(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """One GEMM per expert held: the routed token slots spread evenly over the experts (a
+    grouped GEMM of E problems; balance assumed, as the FLOP rule does), or dW per expert."""
+    out = outs[0].shape
+    if params.get("contract") == "leading":
+        return out
+    experts = ins[1].shape[0]
+    return (experts, ins[2].numel / experts, out[-1])
+
+
 def _combine_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """Each expert output element times its gate, then added into the token's sum: 2 each."""
     return 2 * ins[0].numel
@@ -886,6 +919,54 @@ def infer_shapes(kind: str, ins: list[Tensor], params: dict) -> list[Shape]:
     return shapes
 
 
+# Kind -> (GEMMs, M, N) of one instance's matrix multiplies, for the kinds that are one
+# (`gemm_grid`): what the calibrated cost model's wave quantisation tiles.
+GEMM_GRIDS: dict[str, Callable] = {"matmul": _matmul_grid, "expert_matmul": _expert_matmul_grid}
+
+
+def _flash_scores(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """FlashAttention's forward: (scores computed, d_qk + d_v, 0): one exponential per score
+    beside its tensor-core FLOPs."""
+    q, k, v = ins
+    return (_attention_products(q, k, params),
+            _head_dim(q, params["heads"]) + _head_dim(v, params["kv_heads"]), 0)
+
+
+def _flash_backward_scores(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """FlashAttention's backward: the forward's scores, their exponentials recomputed."""
+    _, saved, _ = _saved(ins, params)
+    return _flash_scores(list(saved), outs, params)
+
+
+# Kind -> (scores, d_qk + d_v, 0) of one instance of an attention kernel (`attention_scores`):
+# how many exponentials its softmax takes beside its FLOPs.
+ATTENTION_SCORES: dict[str, Callable] = {"flash_attention": _flash_scores,
+                                         "flash_attention_backward": _flash_backward_scores}
+
+
+def attention_scores(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """`(scores, d_qk + d_v, 0)` of one instance of an attention kernel of `kind`, sympy
+    expressions; `()` for another kind."""
+    rule = ATTENTION_SCORES.get(kind)
+    if rule is None:
+        return ()
+    own, _ = _partials(ins, params)
+    return tuple(sympy.sympify(e) for e in rule(own, outs, params))
+
+
+def gemm_grid(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """`(count, M, N)`: one instance of an op of `kind` as `count` GEMMs of an M x N output,
+    sympy expressions of the dimensions; `()` for a kind that is not a matrix multiply.
+
+        gemm_grid("matmul", [x, w], [y], {})  # x[B, S, D] @ w[D, F]: (1, B*S, F)
+    """
+    rule = GEMM_GRIDS.get(kind)
+    if rule is None:
+        return ()
+    own, _ = _partials(ins, params)
+    return tuple(sympy.sympify(e) for e in rule(own, outs, params))
+
+
 def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """FLOPs of one instance of an op of `kind`; accumulating into a partial gradient adds one
     per element."""
@@ -893,6 +974,9 @@ def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
     return FLOP_RULES[kind](own, outs, params) + sympy.Add(*(t.numel for t in partials))
 
 
-__all__ = ["BACKWARD_KINDS", "COLLECTIVE_KINDS", "FLOP_RULES", "FORWARD_KINDS", "PRECISION_KINDS", "SHAPE_RULES",
-           "VIEWS", "ShapeError", "backward_shape", "count_flops", "infer_shapes", "is_view",
+__all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "FLOP_RULES",
+           "FORWARD_KINDS", "GEMM_GRIDS", "attention_scores",
+           "PRECISION_KINDS", "SHAPE_RULES",
+           "VIEWS", "ShapeError", "backward_shape", "count_flops", "gemm_grid", "infer_shapes",
+           "is_view",
            "per_element", "per_input", "same"]

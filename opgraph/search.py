@@ -503,7 +503,8 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
                 + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)]
                 + [life.tensor.nbytes for life in live.lives]
                 + [life.tensor.count for life in live.lives]
-                + [live.resident[name] for name in RESIDENT])
+                + [live.resident[name] for name in RESIDENT]
+                + _grids(ops, costs))
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     one, many = live.copy_matrices()
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
@@ -520,6 +521,13 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         (_releases(graph, ops, collective, [not o for o in once]),
          _releases(graph, ops, collective, [True] * len(ops))),
         _waits(graph, ops, collective, once))
+
+
+def _grids(ops: list, costs: dict) -> list:
+    """Each op's matrix-multiply grid (`Cost.grid`: GEMMs, M, N), three rows of formulas, the
+    last of a stage's: zeros for an op that is none."""
+    grids = [costs[op.name].grid or (0, 0, 0) for op in ops]
+    return [g[i] for i in range(3) for g in grids]
 
 
 def _fixed(expr, fixed: dict, memo: dict):
@@ -864,8 +872,8 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     places = tuple(np.array([not c and place in where for where, c in zip(runs, collective)],
                             dtype=float) for place in (STACK, FIRST_END, LAST_END))
     stack = layer_stack(graph).count if layers is not None else None
-    formulas += _held(graph, stack) + _moved(graph, stack, r.traits.regather_in_recompute,
-                                             DTYPES[r.wire].itemsize)
+    formulas += (_held(graph, stack) + _moved(graph, stack, r.traits.regather_in_recompute,
+                                              DTYPES[r.wire].itemsize) + _grids(ops, costs))
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     return _ComputeFormulas(
         tuple(op.kind for op in ops),
@@ -967,9 +975,10 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     p = cols.p
     values = f.tape.run(cols.env | {LAYERS: np.ones(n)}, n)  # every count at one layer
     k = f.n_ops
+    grids = values[len(values) - 3 * k:].reshape(3, k, n)
     nums = _Numbers(np.rint(values[:k]), values[k:2 * k], values[2 * k:3 * k],
-                    values[3 * k:4 * k], *(np.zeros((0, n)),) * 3)
-    held, moved = values[4 * k:4 * k + 14], values[4 * k + 14:]
+                    values[3 * k:4 * k], *(np.zeros((0, n)),) * 3, grids)
+    held, moved = values[4 * k:4 * k + 14], values[4 * k + 14:len(values) - 3 * k]
     parts = len(held) // 2
     times = _comm_times(f, nums, rows_, line)
     compute = _op_times(f, nums, hardware, cost)
@@ -1135,6 +1144,7 @@ class _Numbers:
     sizes: np.ndarray
     life_counts: np.ndarray
     resident: np.ndarray  # (3, candidates): weights, gradients, optimizer
+    grids: np.ndarray  # (3, ops, candidates): each op's GEMMs, M, N (`Cost.grid`; 0: none)
 
 
 def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
@@ -1144,9 +1154,11 @@ def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
     # resident parts may not be (a ZeRO shard is 1/dp of a buffer), and for the memory filter
     # a byte either way does not matter (the layouts returned are made whole exactly)
     whole = np.rint
+    end = 4 * k + 2 * m + len(RESIDENT)
     return _Numbers(whole(values[:k]), values[k:2 * k], values[2 * k:3 * k],
                     values[3 * k:4 * k], whole(values[4 * k:4 * k + m]),
-                    whole(values[4 * k + m:4 * k + 2 * m]), whole(values[4 * k + 2 * m:]))
+                    whole(values[4 * k + m:4 * k + 2 * m]), whole(values[4 * k + 2 * m:end]),
+                    values[end:].reshape(3, k, n))
 
 
 @attrs.frozen
@@ -1177,7 +1189,8 @@ class _Peak:
             size = exact(f.exprs[4 * k + j])
             count = exact(f.exprs[4 * k + m + j]) if f.many[at, j] else 0
             parts[bool(f.saved[j])].append(int(f.one[at, j]) * size + count * size)
-        w, g, o = (int(exact(e)) for e in f.exprs[4 * k + 2 * m:])
+        resident = f.exprs[4 * k + 2 * m:4 * k + 2 * m + len(RESIDENT)]
+        w, g, o = (int(exact(e)) for e in resident)
         name, phase = f.moments[at] if f.moments else ("", "")
         return Memory(name, phase, w, g, o, int(int(sympy.Add(*parts[True])) * held),
                       int(sympy.Add(*parts[False])),
@@ -1215,8 +1228,14 @@ def _op_times(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostM
         return out
     peaks = np.array([f.peaks[i] for i in rows_])[:, None]
     out[rows_] = cost.op_times(hardware, [f.kinds[i] for i in rows_], nums.flops[rows_],
-                               nums.bytes[rows_], nums.counts[rows_], peaks)
+                               nums.bytes[rows_], nums.counts[rows_], peaks,
+                               nums.grids[:, rows_])
     return out
+
+
+def _grid(values: np.ndarray) -> tuple:
+    """An op's grid as `distributed.StageOp` holds it: () for none (zeros)."""
+    return tuple(float(v) for v in values) if values.any() else ()
 
 
 def _stage_layers(r: Row, layers: int) -> dict[str, int]:
@@ -1323,7 +1342,8 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
         f, nums = g.structure.stages[role], g.numbers[role]
         ops = tuple(StageOp(f.names[k], f.kinds[k], int(nums.counts[k, col]),
                             float(nums.flops[k, col]), float(nums.bytes[k, col]), f.peaks[k],
-                            f.groups[k], float(nums.messages[k, col]), f.once[k])
+                            f.groups[k], float(nums.messages[k, col]), f.once[k],
+                            _grid(nums.grids[:, k, col]))
                     for k in range(f.n_ops))
         plain, last = _plans(f, counts[role], r.zero_run, values)
         degrees = dict(zip(DEGREES, map(sympy.Integer, (

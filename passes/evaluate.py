@@ -126,7 +126,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
     subs = resolve(graph, values)
     peak, bandwidth = hardware.peak_flops, hardware.bandwidth
     costs = cost.op_costs(graph)
-    rows = []
+    rows, grids = [], {}
     at_peak = 0.0  # the FLOPs as the BF16 peak would see them: FP8 FLOPs scaled to its peak
     for op in graph.ops():
         count = int(_number(op.count, subs, f"op {op.name}'s count"))
@@ -134,8 +134,12 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         nbytes = float(_number(costs[op.name].bytes * op.count, subs, f"op {op.name}'s bytes"))
         at = cost.peak(hardware, costs[op.name].compute)  # its compute dtype's peak
         at_peak += cost.busy_flops(flops, at, peak)
+        grid = tuple(float(_number(g, subs, f"op {op.name}'s matrix shape"))
+                     for g in costs[op.name].grid)
+        if grid:
+            grids[op.name] = grid
         rows.append(OpCost(op.name, op.kind, op.category, op.phase.value, count, flops, nbytes,
-                           cost.op_time(hardware, op.kind, flops, nbytes, count, at),
+                           cost.op_time(hardware, op.kind, flops, nbytes, count, at, grid),
                            cost.bound(flops, nbytes, at, bandwidth)))
     step = sum(r.time_s for r in rows)
     total_flops = sum(r.flops for r in rows)
@@ -155,7 +159,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         hfu_ceiling=cost.hfu(at_peak, step, peak) if step else 0.0,
         fused_attention=any(op.kind == "flash_attention" for op in graph.ops()),
         memory=figures(peak_moment(graph, subs), subs, hardware.memory_bytes),
-        active_parameters=active, cost=cost.name,
+        active_parameters=active, cost=cost.name, grids=grids,
     )
 
 

@@ -35,7 +35,7 @@ def test_every_interpreter_of_a_step_agrees(cost, precision):
 
     one = evaluate(step, H100, point, cost=c)
     time = float(value(formula(step, "time", hardware=H100, cost=c), resolve(step, point)))
-    efficiencies = c.efficiencies(H100).values() if cost == "calibrated" else None
+    efficiencies = c.figures(H100) if cost == "calibrated" else None  # with clock, SMs
     swept = compile_sweep(step, cost=c).run(
         {"B": np.array([float(batch)]), "S": np.array([float(seq)])}, H100.peak_flops,
         H100.bandwidth, H100.fp8_flops, efficiencies)

@@ -323,9 +323,46 @@ def test_op_times_is_op_time_over_arrays(name):
     nbytes = np.array([[1e9, 2e9], [4e9, 0.0], [1e8, 2e8]])
     counts = np.array([[32.0, 32.0], [64.0, 0.0], [1.0, 2.0]])
     peaks = np.array([[part.peak_flops]] * 3)
-    out = cost.op_times(part, kinds, flops, nbytes, counts, peaks)
-    for i, kind in enumerate(kinds):
-        for j in range(2):
-            one = cost.op_time(part, kind, flops[i, j], nbytes[i, j], int(counts[i, j]),
-                               part.peak_flops) if counts[i, j] else 0.0
-            assert out[i, j] == pytest.approx(one, rel=1e-12)
+    # the matmul's GEMM grid (GEMMs, M, N) per layout: a TP-1 and a TP-8 shard; none elsewhere
+    grids = np.zeros((3, 3, 2))
+    grids[:, 0, 0], grids[:, 0, 1] = (1, 8192, 14336), (1, 8192, 14336 / 8)
+    for with_grids in (False, True):
+        out = cost.op_times(part, kinds, flops, nbytes, counts, peaks,
+                            grids if with_grids else None)
+        for i, kind in enumerate(kinds):
+            for j in range(2):
+                grid = tuple(grids[:, i, j]) if with_grids and grids[:, i, j].any() else ()
+                one = cost.op_time(part, kind, flops[i, j], nbytes[i, j], int(counts[i, j]),
+                                   part.peak_flops, grid) if counts[i, j] else 0.0
+                assert out[i, j] == pytest.approx(one, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "mixtral-8x7b", "deepseek-v2-lite"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_every_matmul_has_a_grid_that_covers_its_output(name, fused):
+    """Each matrix multiply's grid (`rules.gemm_grid`: GEMMs x M x N) is its output's
+    elements (dV per head: each of the H heads' K x d, summed into the G groups' outputs; an
+    expert dX over the K slots, each its GEMM row, summed into the token's), and
+    2 x grid x K its FLOPs for a K of its dimensions; FlashAttention's (scores, d_qk + d_v)
+    give its FLOPs as 2 x scores x (d_qk + d_v); no other kernel has a grid."""
+    step = compile_step(preset(name), fused_attention=fused)
+    costs = CostModel(backward="derived").op_costs(step)
+    for op in step.ops():
+        grid = costs[op.name].grid
+        if op.kind in rules.ATTENTION_SCORES:  # (scores, d_qk + d_v, 0): 2 x each FLOPs each
+            scores, dims, _ = grid
+            if op.kind == "flash_attention":
+                assert sympy.simplify(2 * scores * dims - costs[op.name].flops) == 0, op.name
+            continue
+        if op.kind not in rules.GEMM_GRIDS:
+            assert grid == (), op.name
+            continue
+        count, m, n = grid
+        out = step.tensor(op.outputs[0]).numel
+        if op.param("grad") == "b":
+            out = out * op.param("heads") / op.param("kv_heads")
+        if op.param("reduce_slots"):
+            out = out * step.tensor(op.inputs[2]).shape[-1]
+        assert sympy.simplify(count * m * n - out) == 0, op.name
+        k = sympy.cancel(costs[op.name].flops / (2 * count * m * n))
+        assert k.free_symbols <= set(step.dims) and k.is_positive, op.name

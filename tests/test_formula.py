@@ -173,8 +173,9 @@ def test_a_calibrated_time_formula_is_evaluates_time(step, part):
 
 
 def test_a_calibrated_op_time_is_launch_plus_the_scaled_roofline(step):
-    """`CalibratedCostModel`'s kernel: launch_s + Max((FLOPs + matmul_half_flops) / (matmul x
-    peak), bytes / (bandwidth x HBM bandwidth)), per instance, times the layer count."""
+    """`CalibratedCostModel`'s kernel: launch_s + Max((FLOPs x waves + matmul_half_flops) /
+    (matmul x peak), bytes / (bandwidth x HBM bandwidth)), per instance, times the layer count;
+    waves the A100's: 256 x 128 output tiles of the B*S x H*d_h output over 108 SMs."""
     from opgraph.calibration import for_hardware
     from opgraph.costmodel import CalibratedCostModel
 
@@ -184,8 +185,10 @@ def test_a_calibrated_op_time_is_launch_plus_the_scaled_roofline(step):
     flops = 2 * B * S * D * H * d_h  # per layer (Megatron's 2 x tokens x weights)
     nbytes = formula(step, "bytes", op="layers.q_proj") / L
     exact = sympy.Rational
+    tiles = sympy.ceiling(B * S / 256) * sympy.ceiling(H * d_h / 128)
+    waves = sympy.ceiling(tiles / 108) * 108 * 256 * 128 / (B * S * H * d_h)
     want = L * (exact(repr(e.launch_s)) + sympy.Max(
-        (flops + exact(repr(e.matmul_half_flops))) / (exact(repr(e.matmul))
+        (flops * waves + exact(repr(e.matmul_half_flops))) / (exact(repr(e.matmul))
                                                       * exact(repr(A100.peak_flops))),
         nbytes / (exact(repr(e.bandwidth)) * exact(repr(A100.bandwidth)))))
     for seq in (64, 8192):  # memory- and compute-bound

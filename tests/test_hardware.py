@@ -36,6 +36,46 @@ def test_catalog_stores_dense_datasheet_figures(part_id):
     assert "datasheet" in part.source
 
 
+# Dense BF16 FLOP per clock per SM (AMD: per CU): A100 whitepaper, 1,024 FP16 FMA/clock/SM;
+# H100 whitepaper, twice A100's per SM per clock; Ada, 512 FMA; MI300X, 2,048 per CU.
+PER_SM_CLOCK = {"ampere": 2048, "hopper": 4096, "ada": 1024, "cdna3": 2048}
+
+
+@pytest.mark.parametrize("part_id", sorted(DATASHEETS))
+def test_the_peak_is_sms_times_their_rate_at_the_boost_clock(part_id):
+    part = hardware.get(part_id)
+    assert part.sms and part.tdp_w, part_id  # every part can be power-capped
+    if part.boost_mhz is not None:
+        assert part.peak_flops == pytest.approx(
+            part.sms * PER_SM_CLOCK[part.generation] * part.boost_mhz * 1e6, rel=2e-3)
+
+
+def test_a_power_cap_scales_the_clock_as_its_cube_root():
+    """Dynamic power C V^2 f with V ~ f: a part capped at P of its TDP sustains (P / TDP)^(1/3)
+    of its clock; torchtitan's 500 W H100s (TDP 700 W) about 89%."""
+    h100 = hardware.get("h100-sxm")
+    assert h100.clock_ratio == 1.0
+    capped = hardware.with_power_limit(h100, 500)
+    assert capped.clock_ratio == pytest.approx((500 / 700) ** (1 / 3))
+    assert capped.peak_flops == h100.peak_flops  # the datasheet's peak, MFU's denominator
+    assert "capped at 500 W" in capped.describe()
+    assert hardware.with_power_limit(h100, 700).clock_ratio == 1.0
+    assert hardware.with_clock(h100, 1830 / 2).clock_ratio == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda p: hardware.with_power_limit(p, 800), "at most its TDP, 700 W"),
+    (lambda p: hardware.with_power_limit(p, 0), "above 0"),
+    (lambda p: hardware.with_clock(p, 2000), "at most its boost clock, 1830 MHz"),
+])
+def test_a_bad_power_limit_or_clock_is_one_line(call, says):
+    from opgraph.errors import OpgraphError
+
+    with pytest.raises(OpgraphError, match=says) as e:
+        call(hardware.get("h100-sxm"))
+    assert "\n" not in str(e.value)
+
+
 def test_catalog_has_every_part():
     assert set(hardware.catalog()) == set(DATASHEETS)
 

@@ -74,6 +74,39 @@ def test_a_user_kind_is_in_every_table(squared_relu):
     assert "squared_relu" not in kinds.builtin_kinds()
 
 
+def test_a_user_matmul_kind_gets_waves_from_its_grid():
+    """A kind that says its GEMM grid (`grid=`) is tiled like the built-in matmul: its
+    calibrated time carries the same wave quantisation; without it, none."""
+    from opgraph.calibration import Efficiencies
+    from opgraph.costmodel import CalibratedCostModel, wave_quantum
+
+    def outer_shape(ins, params):  # a[M] x b[N] -> [M, N]
+        return [(ins[0].shape[0], ins[1].shape[0])]
+
+    def outer_flops(ins, outs, params):  # as a product over K = 4,096: compute-bound
+        return 2 * outs[0].numel * 4096
+
+    def outer_grid(ins, outs, params):
+        return (1, *outs[0].shape)
+
+    model = CalibratedCostModel(table={"hopper": Efficiencies(
+        "hopper", matmul=0.5, matmul_tile_m=128, matmul_tile_n=256)})
+    times = {}
+    for grid in (outer_grid, None):
+        k = kinds.define_kind("outer", shape=outer_shape, flops=outer_flops, vjp=None, grid=grid)
+        assert kinds.kind("outer").grid is grid
+        g = GraphBuilder("outer", {B: 1, S: 300, D: 300})
+        k.op(g, [g.activation("a", (S,)), g.activation("b", (D,))], name="ab")
+        graph = g.build()
+        (row,) = evaluate(graph, H100, cost=model).ops
+        times[grid] = row.time_s
+        kinds.remove_kind("outer")
+        assert "outer" not in rules.GEMM_GRIDS
+    # 300 x 300: 3 x 2 tiles, one wave of 132 SMs
+    assert times[outer_grid] / times[None] == pytest.approx(
+        wave_quantum(1, 300, 300, 132, 128, 256))
+
+
 def test_a_user_kind_goes_through_the_backward(user_step):
     act = user_step.op("layers.act")
     (grad,) = [op for op in user_step.ops() if op.forward == "layers.act"]

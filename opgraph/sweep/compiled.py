@@ -12,7 +12,7 @@ import sympy
 
 from opgraph.passes.evaluate import mfu_parameters, resolve
 
-from ..costmodel import DEFAULT, EFFICIENCY, CostModel
+from ..costmodel import ATTENTION_KINDS, DEFAULT, EFFICIENCY, CostModel, shape_factors
 from ..errors import OpgraphError
 from ..ir import Graph
 from ..profile import CATEGORIES
@@ -34,6 +34,7 @@ class Sweep:
     cost: CostModel = DEFAULT
     fp8: np.ndarray | None = None  # per term: whether it runs at the FP8 peak; None: none does
     rates: tuple[str, ...] = ()  # per term: the efficiency its arithmetic runs at (calibrated)
+    attention: tuple[bool, ...] = ()  # per term: an attention kernel (its grid: its scores)
 
     @property
     def terms(self) -> int:
@@ -47,8 +48,8 @@ class Sweep:
             efficiencies: dict | None = None) -> dict[str, np.ndarray]:
         """Each column of `columns()` at every point: `dims` maps each free name to an array;
         `peak` and `bandwidth` (and `peak_fp8`, the FP8 terms' peak) are arrays of the same
-        length or numbers; so are, for a calibrated cost model, `efficiencies` (each field
-        of `opgraph.calibration.Efficiencies` by name: each point's part's)."""
+        length or numbers; so are, for a calibrated cost model, `efficiencies` (each point's
+        part's `CalibratedCostModel.figures`: its efficiencies, clock ratio and SMs)."""
         if self.cost.name == "calibrated" and efficiencies is None:
             raise OpgraphError("a calibrated sweep needs each point's efficiencies")
         n = len(next(iter(dims.values()))) if dims else 1
@@ -73,18 +74,23 @@ class Sweep:
 
     def _chunk(self, args, m, peak, bandwidth, peak_fp8, eff) -> dict[str, np.ndarray]:
         k = self.terms
-        rows = 3 * k if eff is not None else 2 * k  # flops, bytes (and kernel counts)
+        rows = 6 * k if eff is not None else 2 * k  # flops, bytes (and counts, grids)
         values = np.empty((rows + 2, m))
         for i, v in enumerate(self.function(*args)):
             values[i] = v  # constants broadcast
-        flops, nbytes, counts = values[:k], values[k:2 * k], values[2 * k:rows]
+        flops, nbytes, counts = values[:k], values[k:2 * k], values[2 * k:3 * k]
         n_mfu, tokens = values[rows], values[rows + 1]
         peaks = peak if self.fp8 is None else np.where(self.fp8[:, None], peak_fp8, peak)
         if eff is None:
             time = self.cost.time(flops, nbytes, peaks, bandwidth, np.maximum)
         else:  # each term at its efficiency: the calibrated cost model's formula, on arrays
             rate = np.stack([eff[r] for r in self.rates])
-            time = self.cost.scaled_time(flops, nbytes, counts, peaks, bandwidth, rate=rate,
+            with np.errstate(divide="ignore", invalid="ignore"):  # a term of no kernels
+                quantum = shape_factors(self.attention, values[3 * k:rows].reshape(3, k, m),
+                                        flops / counts, eff["sms"], eff["matmul_tile_m"],
+                                        eff["matmul_tile_n"], eff["attention_exp_ratio"])
+            time = self.cost.scaled_time(flops, nbytes, counts, peaks * eff["clock"], bandwidth,
+                                         rate=rate, quantum=quantum,
                                          half=eff["matmul_half_flops"],
                                          bandwidth_share=eff["bandwidth"],
                                          launch=eff["launch_s"], maximum=np.maximum)
@@ -115,9 +121,11 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     costs = cost.op_costs(step)
     for op in step.ops():
         # the roofline needs only each term's totals; the calibrated model also its kernel
-        # count (a launch each) and the efficiency its arithmetic runs at
-        per_kernel = ((sympy.sympify(op.count).xreplace(fixed), EFFICIENCY.get(op.kind, "matmul"))
-                      if cost.name == "calibrated" else (sympy.Integer(1), "matmul"))
+        # count (a launch each), the efficiency its arithmetic runs at and its GEMM grid
+        grid = tuple(sympy.sympify(g).xreplace(fixed) for g in costs[op.name].grid) or (0,) * 3
+        per_kernel = ((sympy.sympify(op.count).xreplace(fixed), EFFICIENCY.get(op.kind, "matmul"),
+                       grid, op.kind in ATTENTION_KINDS)
+                      if cost.name == "calibrated" else (sympy.Integer(1), "matmul", (), False))
         key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
                (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute,
                *per_kernel)
@@ -126,8 +134,9 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
     n_mfu = sympy.sympify(mfu_parameters(step)).xreplace(fixed)  # a MoE's active share
     exprs = [key[1] for key in terms] + [key[2] for key in terms]
-    if cost.name == "calibrated":  # kernel counts, for the launches
+    if cost.name == "calibrated":  # kernel counts, for the launches; GEMM grids, for waves
         exprs += [key[4] for key in terms]
+        exprs += [key[6][i] for i in range(3) for key in terms]
     exprs += [n_mfu, (B * S).xreplace(fixed)]
     leftover = set().union(*(sympy.sympify(e).free_symbols for e in exprs)) - set(symbols)
     if leftover:
@@ -141,7 +150,8 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     fp8 = np.array([key[3] is not None for key in terms])
     return Sweep(step.name, tuple(free), categories, function,
                  np.array(list(terms.values()), dtype=float), membership, cost,
-                 fp8 if fp8.any() else None, tuple(key[5] for key in terms))
+                 fp8 if fp8.any() else None, tuple(key[5] for key in terms),
+                 tuple(key[7] for key in terms))
 
 
 def _arithmetic(expr) -> bool:

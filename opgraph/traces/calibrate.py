@@ -36,6 +36,7 @@ from __future__ import annotations
 import attrs
 
 from ..calibration import FIELDS, Efficiencies
+from ..costmodel import shape_factor
 from ..errors import OpgraphError
 from .compare import Comparison, Row
 
@@ -104,9 +105,24 @@ def _check_roofline(comparison: Comparison) -> None:
                                "the roofline profile (--cost roofline), not a calibrated one")
 
 
-def _ratio(name: str, rows: list[Row], trace: str) -> float:
-    """Sum of roofline time over sum of measured time: `name`'s efficiency; an error above 1."""
-    roofline, measured = sum(r.roofline_s for r in rows), sum(r.measured_s for r in rows)
+def _with_shapes(comparison: Comparison, rows: list[Row], base: Efficiencies) -> float:
+    """The rows' roofline time with each compute-bound kernel's shape factor
+    (`costmodel.shape_factor`: a GEMM's waves, an attention kernel's exponentials, at `base`'s
+    tiles and ratio): the time `matmul` or `attention` divides in the calibrated model, so the
+    fit inverts it (a memory-bound op kept as it is)."""
+    p = comparison.profile
+    categories = {c for r in rows for c in r.roofline_categories}
+    return sum(op.time_s * (shape_factor(op.kind, p.grids.get(op.name, ()),
+                                         op.flops / op.count, p.hardware, base)
+                            if op.bound == "compute" and op.count else 1.0)
+               for op in p.ops if op.category in categories)
+
+
+def _ratio(name: str, rows: list[Row], trace: str, roofline: float | None = None) -> float:
+    """Sum of roofline time (or `roofline`) over sum of measured time: `name`'s efficiency; an
+    error above 1."""
+    measured = sum(r.measured_s for r in rows)
+    roofline = sum(r.roofline_s for r in rows) if roofline is None else roofline
     value = roofline / measured
     if value > 1 + _SLACK:
         which = " + ".join(r.name for r in rows)
@@ -146,9 +162,11 @@ def fit_trace(comparison: Comparison, base: Efficiencies) -> TraceFit:
             notes.append(f"{name}: nothing measured to fit it; kept at {getattr(base, name):g} "
                          f"({base.generation})")
             continue
-        values[name] = _ratio(name, rows, trace)
+        shaped = _with_shapes(comparison, rows, base) if name != "bandwidth" else None
+        values[name] = _ratio(name, rows, trace, shaped)
         sources[name] = (f"fitted on {trace or 'a trace'}: roofline / measured time of the "
-                         f"{' + '.join(r.name for r in rows)} kernels")
+                         f"{' + '.join(r.name for r in rows)} kernels"
+                         + (" (each kernel's shape counted)" if name != "bandwidth" else ""))
     if "matmul" in values and comparison.profile.attention == "unfused attention":
         notes.append("the roofline's attention is unfused: its matrix multiplies run as GEMM "
                      "kernels, measured under matmul but not in its roofline time, so matmul is "
@@ -156,14 +174,18 @@ def fit_trace(comparison: Comparison, base: Efficiencies) -> TraceFit:
     fitted = tuple(f for f in FIELDS if f in values)
     efficiencies = attrs.evolve(base, **values, fitted=fitted,
                                 sources=tuple(sorted(sources.items())))
-    per_category = [(r.name, r.roofline_s, r.measured_s) for rows in groups.values() for r in rows]
+    # the roofline time each efficiency divides: with each GEMM's waves, each attention
+    # kernel's exponentials
+    per_category = [(r.name, _with_shapes(comparison, [r], base) if name != "bandwidth"
+                     else r.roofline_s, r.measured_s)
+                    for name, rows in groups.items() for r in rows]
     return TraceFit(efficiencies, per_category, notes)
 
 
 def format_trace_fit(fit: TraceFit) -> str:
-    """The `opgraph calibrate TRACE` table: per kernel category its roofline and measured time
-    per step and their ratio, then each efficiency (fitted, or kept with the base's value), then
-    the notes."""
+    """The `opgraph calibrate TRACE` table: per kernel category its roofline (with each GEMM's
+    waves and each attention kernel's exponentials) and measured time per step and their
+    ratio, then each efficiency (fitted, or kept with the base's value), then the notes."""
     lines = [f"{'kernels':<14} {'roofline ms':>11} {'measured ms':>11} {'efficiency':>10}"]
     for name, roofline, measured in fit.per_category:
         lines.append(f"{name:<14} {roofline * 1e3:>11.3f} {measured * 1e3:>11.3f} "
