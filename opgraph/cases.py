@@ -59,8 +59,9 @@ SWEEP = Path(__file__).with_name("data") / "playbook_sweep.json"
 # Case files known by name, so a command finds them from any directory.
 NAMED = {"dev": SHIPPED, "shipped": SHIPPED, "playbook-sweep": SWEEP}
 TOP_KEYS = ("about", "cases", "unmodelled")
-CASE_KEYS = ("id", "family", "source", "model", "hardware", "cluster", "gpus", "parallel",
-             "seq_len", "recompute", "precision", "fuse", "fused_attention", "measured", "notes")
+CASE_KEYS = ("id", "family", "source", "model", "hardware", "power_limit_w", "cluster", "gpus",
+             "parallel", "seq_len", "recompute", "precision", "fuse", "fused_attention",
+             "measured", "notes")
 REQUIRED = ("id", "source", "model", "gpus", "seq_len", "measured")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "dp", "zero", "micro_batch", "global_batch",
                  "virtual_stages", "sequence_parallel", "async_tp", "overlap_grad_reduce",
@@ -106,6 +107,7 @@ class Case:
     family: str = ""  # the source the run belongs to (a paper's table, a framework's benchmark)
     model: str | types.MappingProxyType = attrs.field(converter=_freeze)
     hardware: str = DEFAULTS["hardware"]
+    power_limit_w: float | None = None  # the parts' power cap (`nvidia-smi -pl`), if below TDP
     cluster: str | None = None
     gpus: int
     parallel: Parallel
@@ -134,6 +136,12 @@ class Case:
         """Tokens of one optimizer step over the whole job: global batch x seq_len."""
         return self.parallel.batch * self.seq_len
 
+    def part(self):
+        """The case's hardware part, power-capped where the case says so."""
+        part = parts.get(self.hardware)
+        return part if self.power_limit_w is None else parts.with_power_limit(
+            part, self.power_limit_w)
+
     def forward(self) -> Graph:
         """The model's forward graph, its default sequence length the case's `seq_len`."""
         return _at_seq_len(_model_graph(self.model, self.id), self)
@@ -159,6 +167,8 @@ class Case:
             del out["cluster"]
         if not self.family:
             del out["family"]
+        if self.power_limit_w is not None:
+            out["power_limit_w"] = self.power_limit_w
         out["parallel"] = {k: v for k, v in out["parallel"].items() if v is not None}
         measured = out["measured"]
         if self.measured_tokens_per_s_per_gpu is None:
@@ -310,6 +320,7 @@ def _model(value, where: str, key: str):
 READERS: dict[str, Callable] = {
     "id": _case_id,
     "family": _case_id,
+    "power_limit_w": _positive,
     "source": _text,
     "reason": _text,
     "notes": _note,

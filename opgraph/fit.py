@@ -120,7 +120,7 @@ def _compiled(key: str) -> Job:
     from .validate import case_options
 
     c = read_case(json.loads(key))
-    part = hw.get(c.hardware)
+    part = c.part()
     cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
     return prepare(c.forward(), part, c.parallel, cluster=cluster, values={"S": c.seq_len},
                    **case_options(c))
@@ -130,6 +130,17 @@ def fit(cases: list[Case], table: dict[str, Efficiencies], *,
         steps: int = STEPS) -> Fitted:
     """Fit each generation's `fitted` efficiencies to its cases (see the module)."""
     return fit_jobs(compile_cases(cases), table, steps=steps)
+
+
+def loss(jobs: list[tuple[Case, Job]], table: dict[str, Efficiencies]) -> float:
+    """What the fit minimises: the mean squared log error of the predicted step time, averaged
+    within each family of runs (`Case.family`), then over the families."""
+    model = CalibratedCostModel(table=table)
+    families: dict[str, list] = {}
+    for case, job in jobs:
+        families.setdefault(case.family or case.id, []).append(
+            math.log(step_figures(job, model).step_time_s / case.measured_step_time_s) ** 2)
+    return float(np.mean([np.mean(errors) for errors in families.values()]))
 
 
 def fit_jobs(jobs: list[tuple[Case, Job]], table: dict[str, Efficiencies], *,
@@ -154,20 +165,9 @@ def fit_jobs(jobs: list[tuple[Case, Job]], table: dict[str, Efficiencies], *,
         return {g: attrs.evolve(e, **{n: values[n] for n in e.fitted})
                 for g, e in table.items()}
 
-    families: dict[str, list] = {}
-    for case, job in jobs:
-        families.setdefault(case.family or case.id, []).append((case, job))
-
-    def loss(x) -> float:
-        model = CalibratedCostModel(table=tables(x))
-        return float(np.mean([np.mean([math.log(step_figures(job, model).step_time_s
-                                                / case.measured_step_time_s) ** 2
-                                       for case, job in members])
-                              for members in families.values()]))
-
     x0 = np.array([_to_free(n, START[n]) for n in names])
-    out = tables(nelder_mead(loss, x0, steps, tolerance=1e-6, desc="fitting efficiencies")
-                 if names and jobs else x0)
+    out = tables(nelder_mead(lambda x: loss(jobs, tables(x)), x0, steps, tolerance=1e-6,
+                             desc="fitting efficiencies") if names and jobs else x0)
     model = CalibratedCostModel(table=out)
     errors = tuple((case.id, job.hardware.generation,
                     step_figures(job, model).step_time_s / case.measured_step_time_s - 1)

@@ -92,7 +92,7 @@ def case_options(case: Case) -> dict:
 
 def predict(case: Case, cost: CostModel = DEFAULT) -> Prediction:
     """One case's prediction, as `opgraph profile` gives it for the case's flags."""
-    part = hw.get(case.hardware)
+    part = case.part()
     cluster = clusters.get(case.cluster) if case.cluster else clusters.for_hardware(part)
     profile = profile_parallel(case.forward(), part, case.parallel, cluster=cluster,
                                values={"S": case.seq_len}, cost=cost, **case_options(case))

