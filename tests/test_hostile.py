@@ -9,23 +9,9 @@ import sys
 
 import pytest
 
-# A 2-layer MLP language model, as a user writes it (tests/test_user_model.py's, in short).
-MLP = '''
-from opgraph import GraphBuilder
-from opgraph.symbols import B, D, F, L, S, V
+# A 2-layer MLP language model, as a user writes it: tests/test_user_model.py's.
+from test_user_model import MLP  # noqa: E402
 
-
-def build():
-    g = GraphBuilder("tiny-mlp", {B: 4, S: 128, D: 256, F: 1024, V: 1000, L: 2})
-    ids, targets = g.input("ids", (B, S)), g.input("targets", (B, S))
-    table = g.weight("embed.weight", (V, D))
-    x = g.embedding(ids, table)
-    with g.repeat(L, "layers"):
-        h = g.gelu(g.matmul(x, g.weight("up", (D, F)), name="up_proj"))
-        x = g.add(x, g.matmul(h, g.weight("down", (F, D)), name="down_proj"), name="residual")
-    g.output_head(x, table, targets)
-    return g.build()
-'''
 # The test's MLP binds D: 256 and L: 2; each case rebinds one dimension as a user might.
 DIMS = "{B: 4, S: 128, D: 256, F: 1024, V: 1000, L: 2}"
 
