@@ -128,7 +128,7 @@ def _compiled(key: str) -> Job:
 
 def fit(cases: list[Case], table: dict[str, Efficiencies], *,
         steps: int = STEPS) -> Fitted:
-    """Fit each generation's `fitted` efficiencies to its cases (see the module)."""
+    """Fit the generations' `fitted` efficiencies to the cases (see the module)."""
     return fit_jobs(compile_cases(cases), table, steps=steps)
 
 

@@ -19,9 +19,10 @@ SHIPPED_CASES = "shipped"  # `--fit shipped`: the published runs installed with 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "calibrate", help="fit the calibrated cost model's efficiencies to runs or a trace",
-        description="--fit CASES.json: fit each hardware generation's efficiencies that the "
-                    "calibration file marks as fitted to the cases' measured step times (least "
-                    "squares on the log error; the errors printed are in-sample). TRACE: fit "
+        description="--fit CASES.json: fit the efficiencies the calibration file marks as "
+                    "fitted (one value per name, shared by the generations that fit it) to the "
+                    "cases' measured step times (least squares on the log error, each family "
+                    "weighted equally; the errors printed are in-sample). TRACE: fit "
                     "matmul, attention and HBM bandwidth efficiencies of the part's generation "
                     "from a PyTorch profiler trace of the --model step. The shipped efficiencies "
                     f"are rebuilt by `{SHIPPED_COMMAND}`.")
