@@ -120,28 +120,30 @@ def with_power_limit(part: Hardware, watts: float) -> Hardware:
 
         with_power_limit(get("h100-sxm"), 500)  # torchtitan's H100s
     """
-    if part.tdp_w is None:
-        raise OpgraphError(f"hardware {part.id} has no tdp_w, so a power limit cannot scale its "
-                           "clock; add tdp_w = ... (its board power, W) to its table")
-    if isinstance(watts, bool) or not isinstance(watts, int | float) or not (
-            math.isfinite(watts) and 0 < watts <= part.tdp_w):
-        raise OpgraphError(f"hardware {part.id}: power_limit_w = {watts!r} must be above 0 and at "
-                           f"most its TDP, {part.tdp_w:g} W")
-    return attrs.evolve(part, power_limit_w=float(watts))
+    return _held(part, "power_limit_w", watts, "tdp_w", "W", "its TDP",
+                 "a power limit cannot scale its clock; add tdp_w = ... (its board power, W)")
 
 
 def with_clock(part: Hardware, mhz: float) -> Hardware:
     """`part` with its tensor clock held at `mhz` (`nvidia-smi -lgc`, or a clock measured in
     the run): its compute runs at `mhz / boost_mhz` of the peak under the calibrated cost
     model. One line if the part has no `boost_mhz`, or `mhz` is not above 0 and at most it."""
-    if part.boost_mhz is None:
-        raise OpgraphError(f"hardware {part.id} has no boost_mhz, so a clock cannot scale its "
-                           "peak; add boost_mhz = ... (the clock its dense peak assumes)")
-    if isinstance(mhz, bool) or not isinstance(mhz, int | float) or not (
-            math.isfinite(mhz) and 0 < mhz <= part.boost_mhz):
-        raise OpgraphError(f"hardware {part.id}: clock_mhz = {mhz!r} must be above 0 and at most "
-                           f"its boost clock, {part.boost_mhz:g} MHz")
-    return attrs.evolve(part, clock_mhz=float(mhz))
+    return _held(part, "clock_mhz", mhz, "boost_mhz", "MHz", "its boost clock",
+                 "a clock cannot scale its peak; add boost_mhz = ... (the clock its dense peak "
+                 "assumes)")
+
+
+def _held(part: Hardware, field: str, value, limit: str, unit: str, what: str,
+          missing: str) -> Hardware:
+    """`part` with `field` set to `value`, a number above 0 and at most the part's `limit`."""
+    most = getattr(part, limit)
+    if most is None:
+        raise OpgraphError(f"hardware {part.id} has no {limit}, so {missing} to its table")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and 0 < value <= most):
+        raise OpgraphError(f"hardware {part.id}: {field} = {value!r} must be above 0 and at most "
+                           f"{what}, {most:g} {unit}")
+    return attrs.evolve(part, **{field: float(value)})
 
 
 def _number(table: dict, key: str, where: str, required: bool = True) -> float | None:

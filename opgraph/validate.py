@@ -23,6 +23,7 @@ Beyond the error of each run:
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 
 import attrs
@@ -231,15 +232,22 @@ def cross_validate(cases: list[Case], table: dict, *, steps: int | None = None,
     return tuple(scores)
 
 
+def cross_validation_summary(scores: tuple[FamilyScore, ...]) -> dict:
+    """`--cv family --json`: each family's scores and their means over families."""
+    return {"families": [s.to_json() for s in scores],
+            "left_out_mape": statistics.fmean(s.left_out_mape for s in scores),
+            "in_sample_mape": statistics.fmean(s.in_sample_mape for s in scores)}
+
+
 def format_cross_validation(scores: tuple[FamilyScore, ...]) -> str:
     lines = [f"{'family left out':<28} {'cases':>5} {'in-sample':>10} {'left out':>9}"]
     for s in scores:
         lines.append(f"{s.family:<28} {s.cases:>5} {s.in_sample_mape * 100:>9.1f}% "
                      f"{s.left_out_mape * 100:>8.1f}%")
-    left = sum(s.left_out_mape for s in scores) / len(scores)
-    inside = sum(s.in_sample_mape for s in scores) / len(scores)
-    lines += ["", f"mean over {len(scores)} families: left out {left * 100:.1f}%, in-sample "
-                  f"{inside * 100:.1f}% (mean absolute error of the step time)"]
+    summary = cross_validation_summary(scores)
+    lines += ["", f"mean over {len(scores)} families: left out "
+                  f"{summary['left_out_mape'] * 100:.1f}%, in-sample "
+                  f"{summary['in_sample_mape'] * 100:.1f}% (mean absolute error of the step time)"]
     return "\n".join(lines)
 
 
@@ -311,9 +319,8 @@ def rank(report: Report, capacity: dict[str, float] | None = None) -> tuple[Rank
     for key, ps in groups.items():
         if len(ps) < 2:
             continue
-        measured = [p.case.measured_step_time_s for p in ps]
-        measured_tps = [p.case.tokens_per_step / (m * p.case.gpus) for p, m in zip(ps, measured,
-                                                                                  strict=True)]
+        measured_tps = [p.case.tokens_per_step / (p.case.measured_step_time_s * p.case.gpus)
+                        for p in ps]
         predicted_tps = [p.tokens_per_s_per_gpu for p in ps]
         fits = [p for p in ps if capacity is None or p.predicted_peak_memory_bytes
                 <= capacity.get(p.case.hardware, math.inf)] or ps
@@ -342,18 +349,18 @@ def format_rank(scores: tuple[RankScore, ...]) -> str:
         lines.append(f"{s.group:<48} {s.layouts:>7} {s.spearman:>8.2f} {s.regret * 100:>6.1f}%  "
                      f"{s.choice}")
     if scores:
-        rhos = sorted(s.spearman for s in scores if not math.isnan(s.spearman))
-        median = (rhos[(len(rhos) - 1) // 2] + rhos[len(rhos) // 2]) / 2 if rhos else math.nan
-        regret = sum(s.regret for s in scores) / len(scores)
-        lines += ["", f"over {len(scores)} groups: median Spearman {median:.2f}, mean regret "
-                      f"{regret * 100:.1f}%"]
+        summary = rank_summary(scores)
+        lines += ["", f"over {len(scores)} groups: median Spearman "
+                      f"{summary['median_spearman']:.2f}, mean regret "
+                      f"{summary['mean_regret'] * 100:.1f}%"]
     else:
         lines.append("no group has two layouts or more of one model on one GPU count")
     return "\n".join(lines)
 
 
 def rank_summary(scores: tuple[RankScore, ...]) -> dict:
-    rhos = sorted(s.spearman for s in scores if not math.isnan(s.spearman))
-    median = (rhos[(len(rhos) - 1) // 2] + rhos[len(rhos) // 2]) / 2 if rhos else math.nan
-    return {"groups": [s.to_json() for s in scores], "median_spearman": median,
-            "mean_regret": (sum(s.regret for s in scores) / len(scores)) if scores else math.nan}
+    """`--rank --json`: each group's scores, the median Spearman and the mean regret."""
+    rhos = [s.spearman for s in scores if not math.isnan(s.spearman)]
+    return {"groups": [s.to_json() for s in scores],
+            "median_spearman": statistics.median(rhos) if rhos else math.nan,
+            "mean_regret": statistics.fmean(s.regret for s in scores) if scores else math.nan}

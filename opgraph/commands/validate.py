@@ -46,8 +46,8 @@ def run(args) -> int:
     from ..cases import load_cases, load_unmodelled, select
     from ..errors import OpgraphError
     from ..outputs.progress import progress
-    from ..validate import (cross_validate, format_cross_validation, format_rank, format_report,
-                            rank, rank_summary, validate)
+    from ..validate import (cross_validate, cross_validation_summary, format_cross_validation,
+                            format_rank, format_report, rank, rank_summary, validate)
     from .common import cost_model
 
     if args.cv and args.rank:
@@ -60,13 +60,8 @@ def run(args) -> int:
         families = len({c.family or c.id for c in cases})
         with progress("validate --cv: fits", total=families + 1, unit="fit") as bar:
             scores = cross_validate(cases, table, progress=bar.update)
-        if args.json:
-            left = sum(s.left_out_mape for s in scores) / len(scores)
-            print(json_text({"families": [s.to_json() for s in scores], "left_out_mape": left,
-                             "in_sample_mape": sum(s.in_sample_mape for s in scores)
-                             / len(scores)}))
-        else:
-            print(format_cross_validation(scores))
+        print(json_text(cross_validation_summary(scores)) if args.json
+              else format_cross_validation(scores))
         return 0
     cost = cost_model(args)
     unmodelled = [] if args.select else load_unmodelled(args.cases)

@@ -1,0 +1,89 @@
+"""validate's judgement of the model: runs it cannot model listed with their reason, leave one
+family out without leaking the family into its own fit, and the choice-quality figures of
+`--rank` as Spearman and regret define them."""
+
+import math
+
+import attrs
+import pytest
+
+from opgraph import calibration
+from opgraph import validate as v
+from opgraph.cases import Unmodelled, load_cases
+from opgraph.errors import OpgraphError
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return {c.id: c for c in load_cases()}
+
+
+def test_a_run_that_cannot_be_predicted_is_listed_with_its_reason(shipped, monkeypatch):
+    cases = [shipped["korthikanti22_tab5_22B_full"], shipped["korthikanti22_tab5_22B_seqsel"]]
+    real = v.predict
+
+    def predict(case, cost):
+        if case.id.endswith("seqsel"):
+            raise OpgraphError("a reason")
+        return real(case, cost)
+
+    monkeypatch.setattr(v, "predict", predict)
+    report = v.validate(cases, unmodelled=[Unmodelled(id="x", source="s", reason="no layout")])
+    assert [p.case.id for p in report.predictions] == ["korthikanti22_tab5_22B_full"]
+    assert [(s.id, s.reason) for s in report.skipped] == [
+        ("x", "no layout"), ("korthikanti22_tab5_22B_seqsel", "a reason")]
+    text = v.format_report(report, "roofline")
+    assert "not modelled: 2 runs" in text and "korthikanti22_tab5_22B_seqsel: a reason" in text
+
+
+def test_a_family_left_out_is_predicted_without_its_own_measurements(shipped):
+    """Doubling the measured time of the family left out changes its error only through the
+    measurement: its prediction, fitted on the other family alone, stays put."""
+    one = shipped["korthikanti22_tab5_22B_full"]
+    others = [shipped["narayanan21_tab1_1.7B"], shipped["narayanan21_tab1_3.6B"]]
+    table = calibration.catalog()
+    first = v.cross_validate([one, *others], table, steps=8)
+    doubled = attrs.evolve(one, measured_step_time_s=2 * one.measured_step_time_s)
+    second = v.cross_validate([doubled, *others], table, steps=8)
+    e = first[0].left_out_mape  # |predicted / measured - 1| of the one run
+    assert first[0].family == "korthikanti22_tab5" and first[0].cases == 1
+    assert any(second[0].left_out_mape == pytest.approx(abs((1 + s * e) / 2 - 1), rel=1e-9)
+               for s in (1, -1))
+    # the other family's fold did see the doubled run, so its fit moved
+    assert second[1].left_out_mape != pytest.approx(first[1].left_out_mape, rel=1e-6)
+
+
+def test_leave_one_family_out_needs_two_families(shipped):
+    with pytest.raises(OpgraphError, match="two families"):
+        v.cross_validate([shipped["korthikanti22_tab5_22B_full"]], calibration.catalog())
+
+
+def test_spearman_is_pearson_of_ranks_with_ties_sharing_their_mean_rank():
+    # ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4): Pearson's r of the ranks by hand
+    a, b = [1, 2, 3, 4], [1, 2.5, 2.5, 4]
+    mean = 2.5
+    cov = sum((x - mean) * (y - mean) for x, y in zip(a, b))
+    r = cov / math.sqrt(sum((x - mean) ** 2 for x in a) * sum((y - mean) ** 2 for y in b))
+    assert v.spearman([10, 20, 30, 40], [5, 7, 7, 9]) == pytest.approx(r)
+    assert math.isnan(v.spearman([1, 2, 3], [4, 4, 4]))
+
+
+def test_rank_regret_is_the_measured_best_over_the_first_choices_measured_throughput():
+    """Three layouts of one model on one GPU count; opgraph's first choice is the fastest it
+    predicts among those it predicts fit, the regret how much faster the measured best ran."""
+    sweep = [c for c in load_cases("playbook-sweep") if "_1B_1n_" in c.id][:3]
+    measured = [c.tokens_per_step / (c.measured_step_time_s * c.gpus) for c in sweep]
+    # predicted: the slowest measured predicted fastest, and one predicted not to fit
+    order = sorted(range(3), key=lambda i: measured[i])
+    steps = {order[0]: 1.0, order[1]: 2.0, order[2]: 0.5}
+    memory = {order[0]: 10e9, order[1]: 10e9, order[2]: 500e9}
+    report = v.Report(tuple(v.Prediction(c, steps[i], int(memory[i]), 0.0)
+                            for i, c in enumerate(sweep)))
+    (score,) = v.rank(report, {"h100-sxm": 80e9})
+    assert score.choice == sweep[order[0]].id  # the fastest of the two that fit
+    assert score.best == sweep[order[2]].id
+    assert score.regret == pytest.approx(measured[order[2]] / measured[order[0]] - 1)
+    predicted = [c.tokens_per_step / (steps[i] * c.gpus) for i, c in enumerate(sweep)]
+    assert score.spearman == pytest.approx(v.spearman(predicted, measured))
+    summary = v.rank_summary((score,))
+    assert summary["mean_regret"] == score.regret and summary["median_spearman"] == score.spearman
