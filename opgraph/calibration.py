@@ -18,8 +18,11 @@ any other kernel, for a part without an SM count, or a generation whose tiles ar
 fewer tiles to fill its waves, runs below it. Measured on its best shapes, cuBLAS BF16 reaches
 0.803 of the dense peak on an H100 SXM (794.5 of 989 TFLOP/s), 0.869 on an A100 SXM (271.2 of
 312): S. Bekman, *Machine Learning Engineering*, compute/accelerator/README.md, "Maximum
-Achievable Matmul FLOPS comparison table" (mamf-finder.py, torch 2.6-2.7). A fitted `matmul`
-far below these says the cases' steps lose time this model does not hold.
+Achievable Matmul FLOPS comparison table" (mamf-finder.py, torch 2.6-2.7). Such a measured
+ceiling is a generation's `matmul_ceiling`, and where it has one a fit sets `matmul` as a share
+of it, one share for every generation (`opgraph.fit`): how close a training step's GEMMs come to
+the part's best GEMM is a property of kernels and shapes, while the ceilings differ by part (an
+H100 loses more of its peak to its power limit than an A100 does).
 
 `efficiency(kind)` is `matmul` for matrix multiplies (and fused kernels around one), `attention`
 for FlashAttention's kernels and the unfused attention core, `matmul` otherwise. The saturating
@@ -56,6 +59,8 @@ CATALOG = Path(__file__).with_name("calibration.toml")
 # times and FLOPs.
 FIELDS = {
     "matmul": "fraction of the dense peak a large matrix multiply reaches",
+    "matmul_ceiling": "fraction of the dense peak the part's best GEMM reaches in a published "
+                      "microbenchmark (0: none; a fit then sets `matmul` itself)",
     "matmul_half_flops": "FLOPs at which a kernel reaches half of `matmul`'s rate",
     "matmul_tile_m": "rows of the output tile a GEMM kernel computes per SM (0: no waves)",
     "matmul_tile_n": "columns of that tile",
@@ -67,7 +72,7 @@ FIELDS = {
     "network": "fraction of the network's bandwidth a collective reaches",
     "overlap_slowdown": "share of a hidden collective's time it adds to the compute beside it",
 }
-FRACTIONS = ("matmul", "attention", "bandwidth", "node", "network")
+FRACTIONS = ("matmul", "attention", "bandwidth", "node", "network")  # and matmul_ceiling, or 0
 _KEYS = {*FIELDS, "fitted", "sources"}
 
 
@@ -77,6 +82,7 @@ class Efficiencies:
 
     generation: str
     matmul: float = 1.0
+    matmul_ceiling: float = 0.0
     matmul_half_flops: float = 0.0
     matmul_tile_m: float = 0.0
     matmul_tile_n: float = 0.0
@@ -99,9 +105,11 @@ def _number(table: dict, key: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise OpgraphError(f"{where}: {key} = {value!r} must be a finite number")
     value = float(value)
+    if key == "matmul_ceiling" and not 0 <= value <= 1:
+        raise OpgraphError(f"{where}: {key} = {value:g} must be 0 (none) or a fraction at most 1")
     if key in FRACTIONS and not 0 < value <= 1:
         raise OpgraphError(f"{where}: {key} = {value:g} must be a fraction above 0 and at most 1")
-    if key not in FRACTIONS and not 0 <= value < 1e15:
+    if key not in FRACTIONS and key != "matmul_ceiling" and not 0 <= value < 1e15:
         raise OpgraphError(f"{where}: {key} = {value:g} must be 0 or more")
     return value
 

@@ -1,7 +1,8 @@
 """Fit the calibrated model's efficiencies to measured runs: `opgraph calibrate --fit CASES.json`.
 
 The efficiencies the generations' tables name as `fitted` are set, ONE value per name shared by
-every generation that fits it, to minimise the mean squared log error of the predicted step
+every generation that fits it (`matmul` as a share of each generation's measured
+`matmul_ceiling`, where it has one), to minimise the mean squared log error of the predicted step
 time, `mean(log(predicted / measured)^2)`, averaged per family of runs and then over families;
 the others keep their values. The search is
 Nelder and Mead's simplex (1965) in unbounded coordinates (a fraction f as log(f / (1 - f)), a
@@ -148,7 +149,8 @@ def fit_jobs(jobs: list[tuple[Case, Job]], table: dict[str, Efficiencies], *,
     """`fit` of cases compiled once (`compile_cases`), its errors those of `judged` (default:
     the fitted cases themselves, in-sample).
 
-    A fitted efficiency is ONE value shared by every generation that names it in `fitted`: it
+    A fitted efficiency is ONE value shared by every generation that names it in `fitted` (for
+    `matmul`, a share of each generation's measured `matmul_ceiling` where it has one): it
     describes kernels or software (how close cuBLAS comes to the peak, how much of a link NCCL
     reaches), not a site, so the runs of one generation inform the others, and a generation
     with no run of its own is predicted from the rest. The loss weighs each family (a paper's
@@ -162,7 +164,7 @@ def fit_jobs(jobs: list[tuple[Case, Job]], table: dict[str, Efficiencies], *,
 
     def tables(x) -> dict[str, Efficiencies]:
         values = {n: _from_free(n, v) for n, v in zip(names, x, strict=True)}
-        return {g: attrs.evolve(e, **{n: values[n] for n in e.fitted})
+        return {g: attrs.evolve(e, **{n: _scaled(n, values[n], e) for n in e.fitted})
                 for g, e in table.items()}
 
     x0 = np.array([_to_free(n, START[n]) for n in names])
@@ -173,6 +175,12 @@ def fit_jobs(jobs: list[tuple[Case, Job]], table: dict[str, Efficiencies], *,
                     step_figures(job, model).step_time_s / case.measured_step_time_s - 1)
                    for case, job in (jobs if judged is None else judged))
     return Fitted(out, errors)
+
+
+def _scaled(name: str, value: float, e: Efficiencies) -> float:
+    """A shared fitted value as generation `e` reads it: `matmul` as that share of the
+    generation's measured `matmul_ceiling` where it has one, any other value as it is."""
+    return value * e.matmul_ceiling if name == "matmul" and e.matmul_ceiling else value
 
 
 def to_toml(table: dict[str, Efficiencies], header: str) -> str:
