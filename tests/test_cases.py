@@ -57,6 +57,18 @@ def test_the_shipped_file_loads_80_cases_of_seven_families(shipped):
         assert c.parallel.framework in ("megatron", "deepspeed", "torchtitan", "nanotron")
 
 
+def test_each_run_names_the_framework_its_source_ran():
+    """The framework decides passes (gradient dtype, regathers, when reductions run), so each
+    case names the one its source used: the Ultrascale Playbook ran nanotron, Narayanan et al.
+    Table 2's ZeRO-3 rows DeepSpeed, torchtitan's table torchtitan, every other family
+    Megatron-LM (Megatron-Core's table, SimuMax's B200 runs and the two Megatron papers)."""
+    expected = {"ultrascale_playbook": "nanotron", "torchtitan_h100": "torchtitan"}
+    for c in cases_module.load_cases(cases_module.SHIPPED):
+        want = ("deepspeed" if c.family == "narayanan21_tab2" and c.parallel.zero == 3
+                else expected.get(c.family, "megatron"))
+        assert c.parallel.framework == want, c.id
+
+
 def test_the_shipped_file_says_where_it_comes_from():
     data = json.loads(cases_module.SHIPPED.read_text())
     assert set(data) == {"about", "cases", "unmodelled"}
