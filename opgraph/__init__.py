@@ -5,32 +5,71 @@
     step = compile_step(preset("llama3-8b"))
     profile = evaluate(step, hardware.get("h100-sxm"))
     print(profile.step_time_s, profile.mfu_ceiling)
+
+The names below load on first use (PEP 562), so that `opgraph --help` and a mistyped flag
+return before sympy, networkx and numpy are imported; `from opgraph import evaluate` reads
+exactly as before.
 """
 
+import importlib as _importlib
+import sys as _sys
+import types as _types
 from pathlib import Path as _Path
 
 from . import _checkout
 
 _checkout.install(_Path(__file__).resolve().parent)
 
-from . import hardware, symbols
-from .builder import GraphBuilder
-from .costmodel import CostModel
-from .errors import OpgraphError
-from .ir import BF16, FP32, Graph, Op, Phase, Role, Tensor
-from .passes.attach_adamw import AdamW, attach_adamw
-from .passes.derive_backward import derive_backward
-from .passes.evaluate import evaluate
-from .passes.fuse_attention import fuse_attention
-from .passes.fuse_elementwise import fuse_elementwise
-from .passes.precision import apply_precision
-from .passes.recompute import recompute
-from .pipeline import compile_step, step_passes
-from .verify import VerifyError, verify
-
 __version__ = "0.2.0"
+
+# Each public name and the module that defines it.
+_EXPORTS = {
+    "BF16": ".ir", "FP32": ".ir", "Graph": ".ir", "Op": ".ir", "Phase": ".ir", "Role": ".ir",
+    "Tensor": ".ir",
+    "AdamW": ".passes.attach_adamw", "attach_adamw": ".passes.attach_adamw",
+    "CostModel": ".costmodel",
+    "GraphBuilder": ".builder",
+    "OpgraphError": ".errors",
+    "VerifyError": ".verify", "verify": ".verify",
+    "apply_precision": ".passes.precision",
+    "compile_step": ".pipeline", "step_passes": ".pipeline",
+    "derive_backward": ".passes.derive_backward",
+    "evaluate": ".passes.evaluate",
+    "fuse_attention": ".passes.fuse_attention",
+    "fuse_elementwise": ".passes.fuse_elementwise",
+    "recompute": ".passes.recompute",
+}
+_SUBMODULES = ("hardware", "symbols")
 
 __all__ = ["BF16", "FP32", "AdamW", "CostModel", "Graph", "GraphBuilder", "Op", "OpgraphError", "Phase", "Role",
            "Tensor", "VerifyError", "__version__", "apply_precision", "attach_adamw",
            "compile_step", "derive_backward", "evaluate", "fuse_attention", "fuse_elementwise",
            "hardware", "recompute", "step_passes", "symbols", "verify"]
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return _importlib.import_module(f".{name}", __name__)
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(_types.ModuleType):
+    """`opgraph.verify` is the function, as `from opgraph import verify` has always given: the
+    import of the submodule `opgraph.verify` (by the pipeline, say) must not bind its name over
+    it. The submodule stays in `sys.modules` for `from opgraph.verify import ...`."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _EXPORTS and isinstance(value, _types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

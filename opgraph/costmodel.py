@@ -45,10 +45,9 @@ import attrs
 import sympy
 
 from . import rules
+from .choices import BACKWARD_MODES, COST_MODELS
 from .errors import OpgraphError
 from .ir import DTYPES, Graph, Op, Phase
-
-BACKWARD_MODES = ("plate", "tensors", "derived")
 
 
 @attrs.frozen
@@ -597,8 +596,6 @@ def cost_model(name: str, backward: str = "plate", table: dict | None = None) ->
         return CalibratedCostModel(backward=backward, table=table or _shipped_efficiencies())
     raise OpgraphError(f"unknown cost model {name!r}; choose roofline or calibrated")
 
-
-COST_MODELS = ("roofline", "calibrated")
 
 __all__ = [
     "BACKWARD_COST",

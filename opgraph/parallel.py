@@ -21,6 +21,7 @@ from __future__ import annotations
 import attrs
 import sympy
 
+from .choices import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
 from .errors import OpgraphError
 from .limits import MAX_DIM, MAX_MICRO_BATCHES, check_whole
 
@@ -35,13 +36,9 @@ dp = sympy.Symbol("dp", **_DEG)  # data parallel (plain, ZeRO-1/2/3, FSDP)
 # (Megatron-LM's expert data-parallel group).
 edp = sympy.Symbol("edp", **_DEG)
 
-ZERO_STAGES = (0, 1, 2, 3)
 SCHEDULES = ("1f1b", "interleaved")
-# The training framework whose behaviour the passes follow (how it shards, gathers, reduces and
-# recomputes); None: opgraph's generic data parallelism (FSDP-like, gradients reduced in FP32).
-FRAMEWORKS = ("megatron", "deepspeed", "torchtitan", "nanotron")
-# The dtype gradients are reduced in across data-parallel ranks; None: the framework's default.
-GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+# ZERO_STAGES, FRAMEWORKS (the training framework the passes follow) and GRAD_REDUCE_DTYPES are
+# the command line's names, in `opgraph.choices`.
 
 
 def _whole(value, name):

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import attrs
 
+from opgraph.choices import PRECISIONS
 from opgraph.errors import OpgraphError
 from opgraph.ir import FP8, FP32, Graph, Op, Phase, Role, Tensor
-
-PRECISIONS = ("bf16", "fp8")
-
 
 def fp8_matmuls(graph: Graph) -> list[Op]:
     """The forward matmuls the FP8 recipe covers: inside a region, by a 2-D weight."""

@@ -9,7 +9,7 @@ import sys
 from ..limits import MAX_FIT_CASES
 from ..outputs.atomic import outputs
 from .args import check_command_outputs, json_text, positive_int
-from .common import add_model_args
+from .options import add_model_args
 from .trace_breakdown import add_trace_args
 
 SHIPPED_COMMAND = "opgraph calibrate --fit shipped --out opgraph/calibration.toml"

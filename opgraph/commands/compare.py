@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .args import json_text, positive_int
-from .common import add_model_args, setup
+from .options import add_model_args
 from .trace_breakdown import add_trace_args, read_breakdown
 
 
@@ -30,6 +30,7 @@ def run(args) -> int:
     from opgraph.passes.evaluate import evaluate
 
     from ..traces.compare import compare, format_comparison
+    from .common import setup
 
     s = setup(args)  # bad model options fail before a large trace is read
     measured = read_breakdown(args)

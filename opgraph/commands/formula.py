@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from ..errors import OpgraphError
-from .common import add_model_args, setup
 from .layout import add_sharding_args, given_layout
+from .options import add_model_args
 
 UNITS = {"flops": "FLOPs", "bytes": "bytes", "time": "s"}
 
@@ -45,6 +45,7 @@ def run(args) -> int:
     from opgraph.passes.evaluate import resolve
 
     from .. import formula as fm
+    from .common import setup
 
     s = setup(args, layout=_layout(args))  # a calibrated time: the library decides
     numeric = args.quantity == "time" and args.numeric_hardware

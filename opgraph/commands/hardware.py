@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from .. import hardware as hw
-from ..hardware import Hardware
+from typing import TYPE_CHECKING
+
 from .args import json_text
+
+if TYPE_CHECKING:
+    from ..hardware import Hardware
 
 
 def register(subparsers) -> None:
@@ -77,6 +80,8 @@ def run(args) -> int:
         print(json_text([cluster_json(c) for c in found]) if args.json
               else format_clusters(found))
         return 0
+    from .. import hardware as hw
+
     parts = list((hw.load(args.file) if args.file else hw.catalog()).values())
     if args.json:
         print(json_text([part_json(p) for p in parts]))

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-import attrs
-
+from ..choices import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
 from ..errors import OpgraphError
 from ..limits import MAX_DIM, MAX_MICRO_BATCHES
-from ..parallel import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES, Parallel
 from .args import whole
+
+if TYPE_CHECKING:  # the record (with sympy) loads when a layout is made, not for --help
+    from ..parallel import Parallel
 
 SHARDING_FLAGS = (("tp", "tensor-parallel degree (Megatron-LM; heads, MLP width, vocabulary split)"),
                   ("cp", "context-parallel degree (ring attention)"),
@@ -121,6 +123,10 @@ def wants_layout(args) -> bool:
 def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
     """The layout the flags give, over `base` (what a job config said); `--tokens` per step
     sets the global batch in sequences."""
+    import attrs
+
+    from ..parallel import Parallel
+
     given = given_layout(args)
     tokens = getattr(args, "tokens", None)
     if tokens is not None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 import sys
 
+from ..choices import PRECISIONS, RECOMPUTE_POLICIES
+from ..choices import ZERO_STAGES as ZERO
 from ..errors import OpgraphError
 from ..limits import MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
-from ..passes.precision import PRECISIONS
-from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
-from ..parallel import ZERO_STAGES as ZERO
 from .args import check_command_outputs, json_text, whole
 
 EMITS = ("torchtitan", "megatron")
@@ -50,7 +49,7 @@ def register(subparsers) -> None:
                        help="tokens per optimizer step (a multiple of --seq-len)")
     g.add_argument("--seq-len", type=whole(MAX_DIM),
                    help="sequence length (default: the model's)")
-    from .common import add_cost_args
+    from .options import add_cost_args
 
     add_cost_args(g, default="calibrated")
     c = p.add_argument_group("constraints", "fix a degree or an option, or bound one")

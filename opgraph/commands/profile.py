@@ -5,10 +5,9 @@ from __future__ import annotations
 import sys
 
 from ..outputs.atomic import outputs
-from ..outputs.report import format_profile, memory_warning
 from .args import check_command_outputs, json_text
-from .common import add_model_args, echoed, setup
 from .layout import add_parallel_args, wants_layout
+from .options import add_model_args
 
 
 def register(subparsers) -> None:
@@ -29,6 +28,9 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from opgraph.passes.evaluate import evaluate
+
+    from ..outputs.report import format_profile, memory_warning
+    from .common import echoed, setup
 
     check_command_outputs(args, {"--plot": args.plot, "--trace": args.trace},
                           {"--plot": (".png", ".svg")})

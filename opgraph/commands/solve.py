@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..limits import MAX_DIM
 from .args import json_text, positive_float, whole
-from .common import add_model_args, setup
+from .options import add_model_args
 
 
 def register(subparsers) -> None:
@@ -40,6 +40,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from ..errors import OpgraphError
     from ..solve import max_share, ridge
+    from .common import setup
 
     if args.tokens is not None:
         raise OpgraphError("--tokens is what solve looks for; fix --seq-len (or, with "

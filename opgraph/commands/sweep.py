@@ -6,14 +6,7 @@ import argparse
 
 from ..outputs.atomic import outputs
 from .args import check_command_outputs, positive_int
-from .common import (
-    add_model_args,
-    cost_model,
-    load_forward,
-    load_hardware,
-    step_options,
-    token_values,
-)
+from .options import add_model_args
 
 
 def register(subparsers) -> None:
@@ -80,6 +73,7 @@ def run(args) -> int:
     from ..errors import OpgraphError
     from ..pipeline import compile_step
     from ..sweep import compile_sweep, make_grid, write
+    from .common import cost_model, load_forward, load_hardware, step_options, token_values
 
     check_command_outputs(args, {"--plot": args.plot, "--out": args.out},
                           {"--plot": (".png", ".svg"), "--out": (".csv", ".json")})

@@ -4,7 +4,7 @@ one family out (`--cv family`); judge the layouts it would choose (`--rank`)."""
 from __future__ import annotations
 
 from .args import json_text
-from .common import add_cost_args
+from .options import add_cost_args
 
 IN_SAMPLE = ("in-sample: the shipped efficiencies were fitted to these runs "
              "(`opgraph calibrate --fit dev`); `--cv family` gives the error on families left "

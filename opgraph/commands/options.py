@@ -1,0 +1,78 @@
+"""The options every model-facing subcommand shares, as argparse declarations: built from light
+modules only (`opgraph.choices`, `opgraph.limits`), so that `--help` and a bad flag import no
+sympy, numpy or pass. What the options resolve to is `opgraph.commands.common`'s."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..choices import (
+    ADAMW_OPTIONS,
+    BACKWARD_MODES,
+    COST_MODELS,
+    FUSION_POLICIES,
+    PRECISIONS,
+    RECOMPUTE_POLICIES,
+)
+from ..limits import MAX_DIM, MAX_TOKENS
+from .args import positive_float, whole
+
+
+def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None:
+    g = parser.add_argument_group("model and hardware")
+    g.add_argument("--model",
+                   help="a preset (see `opgraph models`; default llama3-8b), or a model of "
+                        "your own: path/to/file.py:build")
+    g.add_argument("--config", metavar="CONFIG_JSON",
+                   help="a Hugging Face config.json on disk (Llama, Mistral, Mixtral, Qwen2, "
+                        "GPT-2, Gemma 2, DeepSeek-V2, BERT), instead of --model")
+    g.add_argument("--hardware", default="h100-sxm",
+                   help="a catalog part (see `opgraph hardware`) or a .toml file "
+                        "(default h100-sxm)")
+    g.add_argument("--peak-tflops", type=positive_float, metavar="TFLOPS",
+                   help="override the part's dense BF16 peak, TFLOP/s")
+    g.add_argument("--bandwidth-tbs", type=positive_float, metavar="TBS",
+                   help="override the part's HBM bandwidth, TB/s")
+    if tokens:
+        g.add_argument("--tokens", type=whole(MAX_TOKENS),
+                       help="tokens per step, a multiple of --seq-len (default: one sequence)")
+        g.add_argument("--seq-len", type=whole(MAX_DIM),
+                       help="sequence length (default: the model's, 8192 for Llama 3)")
+    g.add_argument("--no-fused-attention", action="store_true",
+                   help="keep the attention core unfused: the score matrix goes through HBM")
+    g.add_argument("--fuse", choices=FUSION_POLICIES,
+                   metavar="{" + ",".join(FUSION_POLICIES) + "}",
+                   help="also fuse element-wise and norm chains into one kernel each, across "
+                        "the layer boundary too (elementwise: nothing into a library matmul, "
+                        "torch.compile's default; elementwise+matmul: also a matmul's prologue "
+                        "and epilogue)")
+    g.add_argument("--backward-traffic", choices=BACKWARD_MODES, default="plate",
+                   help="backward costs: 2x the forward's FLOPs and bytes (plate, default); "
+                        "FLOPs so, bytes from the tensors each backward kernel touches "
+                        "(tensors); or each kernel's own FLOPs and tensors (derived)")
+    g.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="none",
+                   help="activation recomputation: none (default); selective, Megatron's "
+                        "(the attention core re-run); selective-op, torchtitan's per-op "
+                        "(matmul and attention outputs kept, the rest re-run); full (each "
+                        "layer keeps its input and runs its forward again)")
+    g.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                   help="the layers' matmuls in bf16 (default) or fp8 (tensor-wise scaling, "
+                        "as torchao and Transformer Engine: FP8 operands at the part's FP8 "
+                        "peak, plus their amax and cast kernels)")
+    add_cost_args(g)
+    g.add_argument("--adamw", choices=ADAMW_OPTIONS, default="mixed",
+                   help="AdamW's precisions: mixed (FP32 master and moments, default), "
+                        "bf16-moments, no-master, bf16, 8bit")
+
+
+def add_cost_args(group, default: str = "roofline") -> None:
+    """`--cost` (roofline or calibrated, `default` first) and `--calibration FILE`."""
+    texts = {"roofline": "roofline, the ceiling no run beats",
+             "calibrated": "calibrated, each hardware generation's measured efficiencies "
+                           "(opgraph/calibration.toml): the time a run can expect"}
+    other = next(name for name in COST_MODELS if name != default)
+    group.add_argument("--cost", choices=COST_MODELS, default=default,
+                       help=f"the cost model: {texts[default]} (default); or {texts[other]}")
+    group.add_argument("--calibration", metavar="FILE.toml",
+                       help="with --cost calibrated: efficiencies from this file (written by "
+                            "`opgraph calibrate`) instead of the shipped ones")
