@@ -252,12 +252,14 @@ def test_the_accuracy_on_the_published_runs(jobs):
 def test_the_shipped_efficiencies_are_the_fits_minimum(jobs):
     """`opgraph calibrate --fit shipped` (minutes: benchmarks/bench_physics.py reruns it) gave
     the shipped values: the fit's loss is lower there than with the shared matmul efficiency
-    moved 3% either way, and the value is shared by every generation that fits it."""
+    moved 3% either way, and every generation that fits it reaches the same share of its own
+    measured ceiling (`matmul_ceiling`)."""
     from opgraph.fit import loss
 
     shipped = calibration.catalog()
     fitting = [g for g, e in shipped.items() if "matmul" in e.fitted]
-    assert len({shipped[g].matmul for g in fitting}) == 1 and len(fitting) >= 3
+    shares = [shipped[g].matmul / shipped[g].matmul_ceiling for g in fitting]
+    assert len(fitting) >= 3 and max(shares) == pytest.approx(min(shares), rel=1e-9)
 
     def moved(factor):
         return {g: attrs.evolve(e, matmul=e.matmul * factor) if g in fitting else e
