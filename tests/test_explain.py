@@ -1,16 +1,53 @@
-"""The step's parts (`ParallelResult.parts`) add up to it, each measured on its own."""
+"""A layout as `plan` prints it reads back (`parallel.parse_layout`); the step's parts
+(`ParallelResult.parts`) add up to it, each measured on its own."""
 
 import pytest
 
-from opgraph import hardware
+from opgraph import hardware, search
 from opgraph.costmodel import cost_model
 from opgraph.distributed import profile_parallel
+from opgraph.errors import OpgraphError
 from opgraph.models import preset
-from opgraph.parallel import Parallel
+from opgraph.outputs.report import layout_text
+from opgraph.parallel import Parallel, parse_layout
 from opgraph.schedule import GROUPS
+from opgraph.search import Space, rows
 
 H100 = hardware.get("h100-sxm")
+SMALL = ("llama3.2-1b", 2048)  # 16 layers: pipelines of 2, 4, 8 and uneven ones of 3 (5/6/5)
 
+
+# --- the compact layout ------------------------------------------------------------------------
+
+def test_every_layout_the_plan_prints_reads_back_to_itself():
+    """Each layout of a space (uneven pipelines and sequence parallelism among them), printed
+    as the plan's table prints it, is read back by `parse_layout` to the same layout and
+    options."""
+    model, seq = SMALL
+    forward = preset(model)
+    found = rows(forward, H100, Space(gpus=24, batch=48, max_micro_batch=2), seq,
+                 search.clusters.for_hardware(H100))
+    assert any(r.first is not None for r in found) and any(r.sequence_parallel for r in found)
+    for r in found:
+        fields, options = parse_layout(layout_text(r.layout(), r.recompute, r.precision))
+        assert Parallel(global_batch=r.batch, **fields) == r.layout()
+        assert options == {"recompute": r.recompute, "precision": r.precision}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("tq8", "'tq8' is not a layout word"),
+    ("tp8,tp4", "tp twice"),
+    ("full selective", "recompute twice"),
+    ("zero1(1/.../2)", "not a layout word"),
+    ("", "write it as plan prints one"),
+    ("tp" + "9" * 40, "not a layout word"),
+])
+def test_a_text_that_is_no_layout_is_one_line(text, words):
+    with pytest.raises(OpgraphError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        parse_layout(text)
+
+
+# --- the step's parts --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("model, seq, layout, cost", [
     ("llama3.2-1b", 2048, Parallel(tp=2, pp=4, gpus=16, global_batch=32, zero=1,
