@@ -1,20 +1,38 @@
-"""A layout as `plan` prints it reads back (`parallel.parse_layout`); the step's parts
-(`ParallelResult.parts`) add up to it, each measured on its own."""
+"""`opgraph plan --compare` and `--sensitivity` (`opgraph.explain`): a layout as the plan prints
+it reads back; the step's parts add up to it; a named layout is profiled as `profile` profiles
+it, or gives its reason; the moved cost models really move what they say."""
 
+import json
+
+import attrs
 import pytest
 
 from opgraph import hardware, search
 from opgraph.costmodel import cost_model
-from opgraph.distributed import profile_parallel
+from opgraph.distributed import profile_parallel, step_figures
 from opgraph.errors import OpgraphError
+from opgraph.explain import Perturbed, compare, named, perturb, sensitivity
+from opgraph.launch import Launch, to_megatron, to_torchtitan
 from opgraph.models import preset
 from opgraph.outputs.report import layout_text
 from opgraph.parallel import Parallel, parse_layout
 from opgraph.schedule import GROUPS
-from opgraph.search import Space, rows
+from opgraph.search import Searcher, Space, rows
+from opgraph.validate import LEFT_OUT_ERROR
 
 H100 = hardware.get("h100-sxm")
 SMALL = ("llama3.2-1b", 2048)  # 16 layers: pipelines of 2, 4, 8 and uneven ones of 3 (5/6/5)
+FIGURES = ("step_time_s", "mfu", "bubble_s", "exposed_communication_s", "compute_s",
+           "overlap_slowdown_s", "later_stage_tail_s")
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """One small search, shared: Llama 3.2 1B on 8 H100s, 32 sequences of 2,048 tokens."""
+    model, seq = SMALL
+    searcher = Searcher(preset(model), H100, seq_len=seq, cost=cost_model("calibrated"))
+    space = Space(gpus=8, batch=32, recompute=("none",), precision=("bf16",))
+    return searcher, space, searcher.search(space, 10)
 
 
 # --- the compact layout ------------------------------------------------------------------------
@@ -83,3 +101,209 @@ def test_the_parts_add_up_to_the_step(model, seq, layout, cost):
     assert list(waits) == [g for g in GROUPS if g in waits]  # the schedule's order
     assert {"tp", "dp", "pp"} <= set(waits)
     assert (r.overlap_slowdown_s > 0) == (cost == "calibrated")
+
+
+# --- --compare ---------------------------------------------------------------------------------
+
+def test_a_named_layout_equal_to_the_first_gives_the_first_rows_figures(planned):
+    searcher, space, found = planned
+    first = found.best[0]
+    rows_ = compare(searcher, found.best, [named(layout_text(
+        first.layout, first.candidate.recompute, first.candidate.precision), space)])
+    top, second, mine = rows_
+    assert (top.label, second.label, mine.label) == ("#1", "#2", "named")
+    assert top.result is first.result and second.result is found.best[1].result
+    assert mine.reason is None and mine.candidate.to_json() == first.candidate.to_json()
+    for name in FIGURES:
+        assert getattr(mine.result, name) == pytest.approx(getattr(top.result, name),
+                                                           rel=1e-9, abs=1e-12), name
+    assert dict(mine.result.waited_by_group) == pytest.approx(dict(top.result.waited_by_group),
+                                                              rel=1e-9, abs=1e-12)
+    assert mine.result.memory == top.result.memory
+
+
+def test_a_layout_the_job_cannot_run_gives_its_reason(planned):
+    searcher, space, found = planned
+    rows_ = compare(searcher, found.best, [named("tp3", space), named("tp8,pp2", space),
+                                           named("tp2,mb16", space), named("pp32", space)])
+    reasons = [r.reason for r in rows_[2:]]
+    assert all(r.result is None for r in rows_[2:])
+    assert "not divisible by tp x cp x pp = 3 x 1 x 1" in reasons[0]
+    assert "tp x cp x pp = 8 x 1 x 2 = 16" in reasons[1]
+    # 32 sequences over dp 4: 8 a rank, not a multiple of micro-batches of 16
+    assert "global batch 32 is not divisible by dp x micro-batch = 4 x 16" in reasons[2]
+    assert reasons[3].startswith("pp32: ")
+
+
+def test_a_layout_that_does_not_fit_gives_its_memory(cli):
+    """Llama 3.2 1B, 8 sequences of 8,192 tokens a GPU at once, nothing sharded: more than an
+    H100's 80 GB; the plan's own layouts fit."""
+    code, out, _ = cli("plan", "--model", "llama3.2-1b", "--seq-len", "8192", "--gpus", "8",
+                       "--global-batch", "64", "--recompute", "none", "--precision", "bf16",
+                       "--max-micro-batch", "2", "--top", "1", "--compare", "tp1 mb8 zero0",
+                       "--json")
+    assert code == 0
+    row = json.loads(out)["compare"][-1]
+    assert row["memory_bytes"] > row["capacity_bytes"] == H100.memory_bytes
+    assert f"{row['memory_bytes'] / 1e9:,.1f} GB per GPU" in row["reason"]
+    assert "does not fit" in row["reason"]
+
+
+def test_the_compare_table_and_its_json(cli):
+    argv = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8",
+            "--global-batch", "32", "--recompute", "none", "--precision", "bf16", "--top", "1",
+            "--compare", "tp2,mb2,zero1;tp3", "--compare", "tp4 pp2 full")
+    code, out, _ = cli(*argv)
+    assert code == 0
+    table = out[out.index("why this layout"):].splitlines()
+    assert [line.split()[0] for line in table[2:]] == ["#1", "#2", "named", "named", "named"]
+    assert "tp3: --gpus 8 is not divisible" in table[5]
+    assert out.count("\n  1  ") == 1  # --top 1: the plan's table keeps one row
+    code, out, _ = cli(*argv, "--json")
+    data = json.loads(out)
+    assert len(data["layouts"]) == 1
+    rows_ = data["compare"]
+    assert [r["label"] for r in rows_] == ["#1", "#2", "named", "named", "named"]
+    assert rows_[0]["step_time_s"] == data["layouts"][0]["step_time_s"]
+    for r in rows_[:3] + rows_[4:]:
+        assert sum(r["parts_s"].values()) == pytest.approx(r["step_time_s"], rel=1e-12)
+        assert r["headroom_bytes"] == r["capacity_bytes"] - r["memory_bytes"]
+    assert rows_[4]["recompute"] == "full" and rows_[4]["pp"] == 2
+    assert "reason" in rows_[3] and "step_time_s" not in rows_[3]
+
+
+def test_a_launch_config_is_compared_as_profile_reads_it(cli, tmp_path):
+    """The plan's first layout written as Megatron-LM's arguments, compared: its figures. A
+    torchtitan job of another model gives the reason."""
+    base = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8",
+            "--global-batch", "32", "--recompute", "none", "--precision", "bf16", "--top", "1",
+            "--json")
+    code, out, _ = cli(*base)
+    first = json.loads(out)["layouts"][0]
+    layout = Parallel(**{k: first[k] for k in ("tp", "pp", "cp", "ep", "dp", "micro_batch",
+                                                "global_batch", "virtual_stages", "zero",
+                                                "sequence_parallel")})
+    args = tmp_path / "args.txt"
+    args.write_text(to_megatron(Launch(model="llama3.2-1b", seq_len=2048, parallel=layout)))
+    job = tmp_path / "job.toml"
+    job.write_text(to_torchtitan(Launch(model="llama3-8b", seq_len=2048,
+                                        parallel=Parallel(gpus=8, global_batch=32, zero=3))))
+    code, out, _ = cli(*base, "--compare-config", str(args), "--compare-config", str(job))
+    assert code == 0
+    mine, other = json.loads(out)["compare"][2:]
+    assert mine["label"] == "config" and "reason" not in mine and mine["source"] == str(args)
+    for name in ("step_time_s", "mfu"):
+        assert mine[name] == pytest.approx(first[name], rel=1e-9)
+    assert mine["memory_bytes"] == first["memory"]["total"]
+    assert other["reason"] == f"{job}: it trains llama3-8b, the plan llama3.2-1b; plan the same job"
+
+
+def _no_search(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the search ran")
+    monkeypatch.setattr(search.Searcher, "search", refuse)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--compare", "tq8"), "'tq8' is not a layout word"),
+    (("--compare", "tp2", "--gpus", "8:16:x2"), "--compare explains one job"),
+    (("--sensitivity", "--emit", "megatron"), "give --emit or --sensitivity"),
+    (("--sensitivity", "--cost", "roofline"), "give --cost calibrated"),
+    (("--compare-config", "no-such.toml"), "no-such.toml"),
+])
+def test_what_cannot_be_explained_fails_before_the_search(cli, monkeypatch, argv, words):
+    _no_search(monkeypatch)
+    gpus = () if "--gpus" in argv else ("--gpus", "8")
+    code, out, err = cli("plan", "--model", "llama3-8b", "--global-batch", "32", *gpus, *argv)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err
+
+
+# --- --sensitivity -----------------------------------------------------------------------------
+
+def test_a_moved_model_moves_a_compute_bound_kernel_by_its_factor():
+    """The calibrated time of a compute-bound matmul is `launch + FLOPs / (matmul x clock x
+    peak)` (`CalibratedCostModel.scaled_time`, no waves without a grid, matmul_half_flops 0):
+    the kernels' efficiencies times f make its compute term 1 / f as long. A collective's
+    seconds per byte are 1 / (node x the tier's bandwidth): times f, 1 / f of them."""
+    cost = cost_model("calibrated")
+    e = cost.efficiencies(H100)
+    f = 1 - LEFT_OUT_ERROR
+    slower = perturb(cost, ("matmul", "attention"), f)
+    flops, nbytes = 1e15, 1e6  # far above the ridge point: compute-bound
+    before = cost.op_time(H100, "matmul", flops, nbytes, 1, H100.peak_flops)
+    after = slower.op_time(H100, "matmul", flops, nbytes, 1, H100.peak_flops)
+    assert before - e.launch_s == pytest.approx(flops / (e.matmul * H100.peak_flops))
+    assert after - e.launch_s == pytest.approx((before - e.launch_s) / f, rel=1e-12)
+    assert slower.efficiencies(H100).attention == e.attention * f
+    assert slower.efficiencies(H100).node == e.node  # only what it names
+    cluster = search.clusters.for_hardware(H100)
+    lines = cost.comm_lines("all_reduce", 8, cluster, 1, H100)
+    moved = perturb(cost, ("node", "network"), f).comm_lines("all_reduce", 8, cluster, 1, H100)
+    for (base, slope), (base_, slope_) in zip(lines, moved, strict=True):
+        assert base_ == base and slope_ == pytest.approx(slope / f, rel=1e-12)
+    with pytest.raises(OpgraphError, match="--cost calibrated"):
+        perturb(cost_model("roofline"), ("matmul",), f)
+
+
+def test_sensitivity_reschedules_the_plans_layouts_under_each_moved_model(planned):
+    searcher, _, found = planned
+    best = found.best[:5]
+    # unmoved: the search's own figures, from the same jobs
+    (same, *_) = sensitivity(searcher, best, error=0.0)
+    assert same.steps == tuple(r.step_time_s for r in best) and same.first_rank == 1
+    moved = sensitivity(searcher, best)
+    assert [(p.what, p.factor) for p in moved] == [
+        ("kernels", 1 - LEFT_OUT_ERROR), ("kernels", 1 + LEFT_OUT_ERROR),
+        ("collectives", 1 - LEFT_OUT_ERROR), ("collectives", 1 + LEFT_OUT_ERROR)]
+    f = 1 - LEFT_OUT_ERROR
+    slower, network = (perturb(searcher.cost, names, f) for names in (("matmul", "attention"),
+                                                                       ("node", "network")))
+    for r, kernels_down, network_down in zip(best, moved[0].steps, moved[2].steps):
+        job = searcher.job(r.candidate)
+        assert step_figures(job, searcher.cost) == r.result
+        k = step_figures(job, slower)
+        assert k.step_time_s == kernels_down
+        # compute grows, by at most 1 / f (a memory-bound kernel and a launch do not grow)
+        assert r.result.compute_s < k.compute_s <= r.result.compute_s / f * (1 + 1e-12)
+        n = step_figures(job, network)
+        assert n.step_time_s == network_down
+        assert n.compute_s == pytest.approx(r.result.compute_s, rel=1e-12)  # kernels unmoved
+        comm = sum(t.time_s for t in r.result.communication)
+        assert comm < sum(t.time_s for t in n.communication) <= comm / f * (1 + 1e-12)
+
+
+def test_where_the_first_choice_ranks_under_a_moved_model():
+    p = Perturbed("kernels", ("matmul",), 0.5, (2.0, 1.0, 3.0, 1.0))
+    assert p.first_rank == 3 and p.first == 1  # a tie keeps the plan's order
+    assert Perturbed("kernels", ("matmul",), 0.5, (1.0, 1.0)).first_rank == 1
+
+
+def test_the_sensitivity_lines_and_json(cli):
+    argv = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8",
+            "--global-batch", "32", "--recompute", "none", "--precision", "bf16", "--top", "2",
+            "--sensitivity", "4")
+    code, out, _ = cli(*argv, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert len(data["layouts"]) == 2
+    s = data["sensitivity"]
+    assert s["error"] == LEFT_OUT_ERROR and s["top"] == 4 and len(s["models"]) == 4
+    for m in s["models"]:
+        steps = m["step_times_s"]
+        assert m["first_rank"] == 1 + sum(t < steps[0] for t in steps[1:])
+        assert m["first_now"]["step_time_s"] == min(steps)
+    code, out, _ = cli(*argv)
+    lines = out[out.index("how sure"):].splitlines()
+    assert "25.7%" in lines[0] and len(lines) == 2 + 4 + 1
+    stays = sum(m["first_rank"] == 1 for m in s["models"])
+    assert lines[-1] == f"the first choice stays first in {stays} of the 4 moved models"
+
+
+def test_the_error_constant_is_one_named_figure():
+    """`plan --sensitivity` reads the left-out error from validate, not a copy of its own."""
+    import inspect
+
+    from opgraph.commands import plan
+
+    assert "0.257" not in inspect.getsource(plan)
+    assert attrs.has(Perturbed) and 0 < LEFT_OUT_ERROR < 1
