@@ -223,10 +223,11 @@ def format_compare(rows) -> str:
     seen = {g for row in rows if row.reason is None
             for g, _ in row.result.waited_by_group}
     groups = [g for g in GROUPS if g in seen]
+    width = max([52] + [len(row.text) for row in rows if row.reason is None])
     lines = [("why this layout: each step as rank 0 runs it, in seconds: compute + bubble + "
               "the wait for each group's communication + a later stage's longer tail + the "
               "overlap slowdown = step"),
-             (f"{'':<6} {'layout':<52} {'step (s)':>9} {'MFU':>6} {'compute':>8} {'bubble':>7}"
+             (f"{'':<6} {'layout':<{width}} {'step (s)':>9} {'MFU':>6} {'compute':>8} {'bubble':>7}"
               + "".join(f" {g + ' comm':>9}" for g in groups)
               + f" {'tail':>7} {'slowdown':>8} {'mem/GPU':>9} {'headroom':>9}")]
     for row in rows:
@@ -237,7 +238,7 @@ def format_compare(rows) -> str:
         waited = dict(r.waited_by_group)
         capacity = r.memory.capacity
         headroom = _bytes(capacity - r.memory.total, 1) if capacity else "-"
-        lines.append(f"{row.label:<6} {row.text:<52} {r.step_time_s:>9.3f} {_pct(r.mfu):>6}"
+        lines.append(f"{row.label:<6} {row.text:<{width}} {r.step_time_s:>9.3f} {_pct(r.mfu):>6}"
                      f" {r.compute_s:>8.3f} {r.bubble_s:>7.3f}"
                      + "".join(f" {waited.get(g, 0.0):>9.3f}" for g in groups)
                      + f" {r.later_stage_tail_s:>7.3f} {r.overlap_slowdown_s:>8.3f}"
