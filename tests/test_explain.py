@@ -14,7 +14,7 @@ from opgraph.errors import OpgraphError
 from opgraph.explain import Perturbed, compare, named, perturb, sensitivity
 from opgraph.launch import Launch, to_megatron, to_torchtitan
 from opgraph.models import preset
-from opgraph.outputs.report import layout_text
+from opgraph.outputs.report import format_compare, format_sensitivity, layout_text
 from opgraph.parallel import Parallel, parse_layout
 from opgraph.schedule import GROUPS
 from opgraph.search import Searcher, Space, rows
@@ -135,67 +135,68 @@ def test_a_layout_the_job_cannot_run_gives_its_reason(planned):
     assert reasons[3].startswith("pp32: ")
 
 
-def test_a_layout_that_does_not_fit_gives_its_memory(cli):
-    """Llama 3.2 1B, 8 sequences of 8,192 tokens a GPU at once, nothing sharded: more than an
-    H100's 80 GB; the plan's own layouts fit."""
-    code, out, _ = cli("plan", "--model", "llama3.2-1b", "--seq-len", "8192", "--gpus", "8",
-                       "--global-batch", "64", "--recompute", "none", "--precision", "bf16",
-                       "--max-micro-batch", "2", "--top", "1", "--compare", "tp1 mb8 zero0",
-                       "--json")
-    assert code == 0
-    row = json.loads(out)["compare"][-1]
-    assert row["memory_bytes"] > row["capacity_bytes"] == H100.memory_bytes
-    assert f"{row['memory_bytes'] / 1e9:,.1f} GB per GPU" in row["reason"]
-    assert "does not fit" in row["reason"]
+def test_a_layout_that_does_not_fit_gives_its_memory(planned):
+    """Llama 3.2 1B with nothing sharded holds 18 bytes a parameter (BF16 weights, FP32
+    gradients, AdamW's FP32 master weights and moments), 22 GB, and 4 sequences' activations
+    besides: on a part of the H100's rates but 30 GB it does not fit."""
+    searcher, space, found = planned
+    small = Searcher(searcher.forward, attrs.evolve(H100, memory_bytes=30e9),
+                     seq_len=searcher.seq, cost=searcher.cost)
+    (row,) = compare(small, (), [named("tp1 mb4 zero0", space)])
+    r = row.result
+    assert r.memory.capacity == 30e9 < r.memory.total
+    assert r.memory.weights + r.memory.gradients + r.memory.optimizer > 20e9
+    assert row.reason.endswith(f"does not fit: {r.memory.total / 1e9:,.1f} GB per GPU (pipeline "
+                               "stage 0) of 30.0 GB")
 
 
-def test_the_compare_table_and_its_json(cli):
-    argv = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8",
-            "--global-batch", "32", "--recompute", "none", "--precision", "bf16", "--top", "1",
-            "--compare", "tp2,mb2,zero1;tp3", "--compare", "tp4 pp2 full")
-    code, out, _ = cli(*argv)
-    assert code == 0
-    table = out[out.index("why this layout"):].splitlines()
+# the CLI's plans: a small space (no pipeline or context parallelism), searched in a second
+PLAN = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8", "--global-batch",
+        "32", "--recompute", "none", "--precision", "bf16", "--max-pp", "1", "--max-cp", "1")
+
+
+def test_the_compare_table(planned):
+    searcher, space, found = planned
+    rows_ = compare(searcher, found.best, [named("tp2,mb2,zero1", space), named("tp3", space),
+                                           named("tp4 pp2 full", space)])
+    table = format_compare(rows_).splitlines()
     assert [line.split()[0] for line in table[2:]] == ["#1", "#2", "named", "named", "named"]
-    assert "tp3: --gpus 8 is not divisible" in table[5]
-    assert out.count("\n  1  ") == 1  # --top 1: the plan's table keeps one row
-    code, out, _ = cli(*argv, "--json")
-    data = json.loads(out)
-    assert len(data["layouts"]) == 1
-    rows_ = data["compare"]
-    assert [r["label"] for r in rows_] == ["#1", "#2", "named", "named", "named"]
-    assert rows_[0]["step_time_s"] == data["layouts"][0]["step_time_s"]
-    for r in rows_[:3] + rows_[4:]:
-        assert sum(r["parts_s"].values()) == pytest.approx(r["step_time_s"], rel=1e-12)
-        assert r["headroom_bytes"] == r["capacity_bytes"] - r["memory_bytes"]
-    assert rows_[4]["recompute"] == "full" and rows_[4]["pp"] == 2
-    assert "reason" in rows_[3] and "step_time_s" not in rows_[3]
+    assert table[5].startswith("named  tp3: --gpus 8 is not divisible")
+    groups = [word for word in table[1].split() if word not in ("comm", "(s)")]
+    assert groups[5:-4] == ["tp", "dp", "pp"]  # the groups rank 0 waits on, schedule's order
+    for line, row in zip(table[2:], rows_):
+        if row.reason is None:  # its figures, as the columns print them
+            assert f"{row.result.step_time_s:.3f}" in line and row.text in line
 
 
-def test_a_launch_config_is_compared_as_profile_reads_it(cli, tmp_path):
-    """The plan's first layout written as Megatron-LM's arguments, compared: its figures. A
+def test_the_compare_json(cli, tmp_path):
+    """One plan: named layouts, and a launch config of the same layout (Megatron-LM's
+    arguments, read as `profile --megatron-args` reads them) giving the same figures; a
     torchtitan job of another model gives the reason."""
-    base = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8",
-            "--global-batch", "32", "--recompute", "none", "--precision", "bf16", "--top", "1",
-            "--json")
-    code, out, _ = cli(*base)
-    first = json.loads(out)["layouts"][0]
-    layout = Parallel(**{k: first[k] for k in ("tp", "pp", "cp", "ep", "dp", "micro_batch",
-                                                "global_batch", "virtual_stages", "zero",
-                                                "sequence_parallel")})
+    layout = Parallel(tp=2, dp=4, micro_batch=2, global_batch=32, zero=1)
     args = tmp_path / "args.txt"
     args.write_text(to_megatron(Launch(model="llama3.2-1b", seq_len=2048, parallel=layout)))
     job = tmp_path / "job.toml"
     job.write_text(to_torchtitan(Launch(model="llama3-8b", seq_len=2048,
                                         parallel=Parallel(gpus=8, global_batch=32, zero=3))))
-    code, out, _ = cli(*base, "--compare-config", str(args), "--compare-config", str(job))
+    code, out, _ = cli(*PLAN, "--top", "1", "--compare", "tp2,mb2,zero1;tp3",
+                       "--compare-config", str(args), "--compare-config", str(job), "--json")
     assert code == 0
-    mine, other = json.loads(out)["compare"][2:]
-    assert mine["label"] == "config" and "reason" not in mine and mine["source"] == str(args)
-    for name in ("step_time_s", "mfu"):
-        assert mine[name] == pytest.approx(first[name], rel=1e-9)
-    assert mine["memory_bytes"] == first["memory"]["total"]
-    assert other["reason"] == f"{job}: it trains llama3-8b, the plan llama3.2-1b; plan the same job"
+    data = json.loads(out)
+    assert len(data["layouts"]) == 1  # --top 1: the plan's own list keeps one
+    rows_ = data["compare"]
+    assert [r["label"] for r in rows_] == ["#1", "#2", "named", "named", "config", "config"]
+    assert rows_[0]["step_time_s"] == data["layouts"][0]["step_time_s"]
+    mine, bad, config, other = rows_[2:]
+    for r in rows_[:3] + [config]:
+        assert sum(r["parts_s"].values()) == pytest.approx(r["step_time_s"], rel=1e-12)
+        assert r["headroom_bytes"] == r["capacity_bytes"] - r["memory_bytes"]
+    assert "reason" in bad and "step_time_s" not in bad
+    assert config["source"] == str(args) and "reason" not in config
+    for name in ("step_time_s", "mfu", "memory_bytes"):
+        assert config[name] == pytest.approx(mine[name], rel=1e-12)
+    assert other["reason"] == (f"{job}: it trains llama3-8b, the plan llama3.2-1b; plan the "
+                               "same job")
 
 
 def _no_search(monkeypatch):
@@ -278,11 +279,20 @@ def test_where_the_first_choice_ranks_under_a_moved_model():
     assert Perturbed("kernels", ("matmul",), 0.5, (1.0, 1.0)).first_rank == 1
 
 
-def test_the_sensitivity_lines_and_json(cli):
-    argv = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--gpus", "8",
-            "--global-batch", "32", "--recompute", "none", "--precision", "bf16", "--top", "2",
-            "--sensitivity", "4")
-    code, out, _ = cli(*argv, "--json")
+def test_the_sensitivity_lines(planned):
+    searcher, _, found = planned
+    best = found.best[:4]
+    moved = sensitivity(searcher, best)
+    lines = format_sensitivity(moved, best, LEFT_OUT_ERROR).splitlines()
+    assert "25.7%" in lines[0] and "top 4" in lines[0] and len(lines) == 2 + 4 + 1
+    for line, p in zip(lines[2:6], moved):
+        assert f"{p.first_rank} of 4" in line and f"{p.steps[0]:.3f}" in line
+    stays = sum(p.first_rank == 1 for p in moved)
+    assert lines[-1] == f"the first choice stays first in {stays} of the 4 moved models"
+
+
+def test_the_sensitivity_json(cli):
+    code, out, _ = cli(*PLAN, "--top", "2", "--sensitivity", "4", "--json")
     assert code == 0
     data = json.loads(out)
     assert len(data["layouts"]) == 2
@@ -290,13 +300,9 @@ def test_the_sensitivity_lines_and_json(cli):
     assert s["error"] == LEFT_OUT_ERROR and s["top"] == 4 and len(s["models"]) == 4
     for m in s["models"]:
         steps = m["step_times_s"]
+        assert len(steps) == 4 and steps[0] == m["first_step_time_s"]
         assert m["first_rank"] == 1 + sum(t < steps[0] for t in steps[1:])
         assert m["first_now"]["step_time_s"] == min(steps)
-    code, out, _ = cli(*argv)
-    lines = out[out.index("how sure"):].splitlines()
-    assert "25.7%" in lines[0] and len(lines) == 2 + 4 + 1
-    stays = sum(m["first_rank"] == 1 for m in s["models"])
-    assert lines[-1] == f"the first choice stays first in {stays} of the 4 moved models"
 
 
 def test_the_error_constant_is_one_named_figure():
