@@ -128,9 +128,9 @@ class ParallelResult:
             r.step_time_s == sum(r.parts().values())   # to rounding
         """
         return {"compute": self.compute_s, "bubble": self.bubble_s,
-                **{f"{group} exposed": s for group, s in self.waited_by_group},
-                "later stage tail": self.later_stage_tail_s,
-                "overlap slowdown": self.overlap_slowdown_s}
+                **{f"{group}_exposed": s for group, s in self.waited_by_group},
+                "later_stage_tail": self.later_stage_tail_s,
+                "overlap_slowdown": self.overlap_slowdown_s}
 
     def to_json(self) -> dict:
         return {"cost": self.cost, "gpus": self.layout.world, "cluster": self.cluster.id,

@@ -211,6 +211,7 @@ def _no_search(monkeypatch):
     (("--sensitivity", "--emit", "megatron"), "give --emit or --sensitivity"),
     (("--sensitivity", "--cost", "roofline"), "give --cost calibrated"),
     (("--compare-config", "no-such.toml"), "no-such.toml"),
+    (("--compare", ";".join(["tp2"] * 65)), "more than 64 layouts"),
 ])
 def test_what_cannot_be_explained_fails_before_the_search(cli, monkeypatch, argv, words):
     _no_search(monkeypatch)

@@ -7,7 +7,7 @@ import math
 import sys
 
 from ..errors import OpgraphError
-from ..limits import MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
+from ..limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
 from ..passes.precision import PRECISIONS
 from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
 from ..parallel import ZERO_STAGES as ZERO
@@ -110,7 +110,8 @@ def register(subparsers) -> None:
                         "the table prints a layout (tp8,pp16,dp64,mb1,zero1 full; repeatable): "
                         "each step split into compute, pipeline bubble, exposed communication "
                         "per group, a later stage's tail and the overlap slowdown, and memory "
-                        "per GPU beside its headroom; a layout the job cannot run gives why")
+                        "per GPU beside its headroom; a layout the job cannot run gives why "
+                        f"(at most {MAX_COMPARED} layouts with --compare-config's)")
     w.add_argument("--compare-config", action="append", metavar="PATH",
                    help="compare a launch config's layout so: a torchtitan job .toml, or a "
                         "file of Megatron-LM arguments (repeatable)")
@@ -325,8 +326,12 @@ def _named(args, space, model: str, seq: int) -> list:
         return []
     from ..explain import from_config, named
 
-    out = [named(text.strip(), space) for given in args.compare or ()
-           for text in given.split(";") if text.strip()]
+    texts = [text.strip() for given in args.compare or () for text in given.split(";")
+             if text.strip()]
+    if len(texts) + len(args.compare_config or ()) > MAX_COMPARED:
+        raise OpgraphError(f"--compare and --compare-config name more than {MAX_COMPARED} "
+                           "layouts, each profiled on its own; name fewer")
+    out = [named(text, space) for text in texts]
     for path in args.compare_config or ():
         layout, notes = from_config(path, space, model, seq)
         for note in notes:
