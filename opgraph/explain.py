@@ -36,6 +36,10 @@ from .parallel import Parallel, parse_layout
 from .search import Candidate, Ranked, Searcher, Space
 
 
+def _pairs(given) -> tuple:
+    return tuple(dict(given).items())
+
+
 @attrs.frozen
 class Named:
     """A layout a user names for the job `space` describes: the fields and options its text
@@ -44,7 +48,7 @@ class Named:
 
     label: str
     text: str  # as the user wrote it, or the config's path
-    fields: dict = attrs.field(converter=dict)
+    fields: tuple = attrs.field(converter=_pairs)  # `Parallel`'s keywords, (name, value)
     recompute: str = "none"
     precision: str = "bf16"
     fuse: str | None = None
@@ -148,7 +152,7 @@ def _profiled(searcher: Searcher, n: Named) -> Compared:
     if n.mismatch is not None:
         return Compared(n.label, n.text, reason=n.mismatch, source=source)
     try:
-        layout = Parallel(**n.fields)
+        layout = Parallel(**dict(n.fields))
         profile = profile_parallel(searcher.forward, searcher.hardware, layout,
                                    cluster=searcher.cluster, values={"S": searcher.seq},
                                    cost=searcher.cost, recompute=n.recompute,
