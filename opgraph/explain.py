@@ -19,7 +19,7 @@ ranks among the K, and which comes first. A moved value may pass 1 (a kernel abo
 is measured against): it stands for the model's error, not for a faster part.
 
     found = searcher.search(space, 10)
-    rows = compare(searcher, found, [named("tp2,pp2,zero1", space)], seq)
+    rows = compare(searcher, found.best, [named("tp2,pp2,zero1", space)])
     moved = sensitivity(searcher, found.best)
 """
 
@@ -78,7 +78,9 @@ def from_config(path: str, space: Space, model: str, seq: int) -> tuple[Named, t
     """The layout a launch config gives (a torchtitan job TOML, or Megatron-LM's arguments in
     a file), as `profile --torchtitan` / `--megatron-args` reads it, and the keys it does not
     model (`Launch.unknown`). A config of another job (its model, GPUs, batch or sequence
-    length) is kept with the reason; one that does not read is an OpgraphError now."""
+    length) is kept with the reason; one that does not read is an OpgraphError now. The layout
+    runs the plan's model: a torchtitan job names its preset, checked; Megatron-LM's arguments
+    give dimensions (its vocabulary padded), taken as the plan's model's."""
     from . import launch
 
     if Path(path).suffix == ".toml":
