@@ -53,8 +53,8 @@ from .passes.split_stages import layer_stack, split_stages
 from .pipeline import compile_step
 from .profile import OpCost, Profile
 from .rules import COLLECTIVE_KINDS
-from .schedule import (Event, Plan, Run, interleaved_span, once_per_step, pipeline_span, plan,
-                       simulate)
+from .schedule import (GROUPS, Event, Plan, Run, interleaved_span, once_per_step, pipeline_span,
+                       plan, simulate)
 from .symbols import S
 from .verify import check_dims
 
@@ -109,6 +109,28 @@ class ParallelResult:
     # and the part a later pipeline stage's last micro-batch runs on after rank 0's (its
     # gradient reductions, its optimizer), which the step waits for
     later_stage_tail_s: float = 0.0
+    # rank 0's compute stream over the step: its ops' time, every micro-batch
+    compute_s: float = 0.0
+    # what the compute stream waited for, per group (exposed and queued), GROUPS' order
+    waited_by_group: tuple[tuple[str, float], ...] = ()
+    # the cost model's slowdown of compute beside the communication it hid
+    overlap_slowdown_s: float = 0.0
+
+    def parts(self) -> dict[str, float]:
+        """The step split as the schedule runs rank 0: its compute, the pipeline bubble, the
+        wait for each group's collectives, a later stage's longer tail and the overlap
+        slowdown, in seconds. They add up to the step: a micro-batch's span on a stage is its
+        compute plus its waits (`schedule.simulate`: the stream only runs or waits), the
+        pipeline's span is m of rank 0's micro-batches plus the bubble, and the step adds the
+        longest tail (rank 0's last micro-batch's, and the later stage's excess) and the
+        slowdown.
+
+            r.step_time_s == sum(r.parts().values())   # to rounding
+        """
+        return {"compute": self.compute_s, "bubble": self.bubble_s,
+                **{f"{group}_exposed": s for group, s in self.waited_by_group},
+                "later_stage_tail": self.later_stage_tail_s,
+                "overlap_slowdown": self.overlap_slowdown_s}
 
     def to_json(self) -> dict:
         return {"cost": self.cost, "gpus": self.layout.world, "cluster": self.cluster.id,
@@ -352,10 +374,16 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
     # what the compute stream waited for, while a collective ran or before it began (a
     # zero-time one too: Megatron's f waits its turn on the tensor-parallel stream)
     exposed = sum(e + q for e, q in waited.values())
+    by_group: dict[str, float] = {}
+    for o in first.stage.ops:
+        if o.name in waited:
+            by_group[o.group] = by_group.get(o.group, 0.0) + sum(waited[o.name])
+    by_group = {group: by_group[group] for group in GROUPS if group in by_group}
     # the slowdown's share is the time the compute stream did not wait through (as it was
     # before exposed and queued time were told apart: calibrated steps and fits unchanged)
     hidden = sum(t.time_s - min(t.exposed_s + t.queued_s, t.time_s) for t in transfers)
-    step_time += cost.slowdown(job.hardware) * hidden  # compute slowed beside communication
+    slowdown = cost.slowdown(job.hardware) * hidden  # compute slowed beside communication
+    step_time += slowdown
     fullest = max(job.stages, key=lambda st: st.memory.total)  # the GPU closest to its limit
     peak = job.hardware.peak_flops
     mfu = cost.mfu(job.mfu_parameters, job.tokens, step_time, peak) / layout.world
@@ -370,6 +398,8 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
         exposed_communication_s=exposed + max(tails) - tails[0], communication=transfers,
         queued_communication_s=sum(q for _, q in waited.values()),
         later_stage_tail_s=max(tails) - tails[0],
+        compute_s=(m - 1) * first.plain.compute_s + first.last.compute_s,
+        waited_by_group=tuple(by_group.items()), overlap_slowdown_s=slowdown,
         memory=fullest.memory, memory_stage=fullest.index, stage_times_s=tuple(per_micro),
         in_flight=in_flight(layout, fullest.index),
         events=events, cost=cost.name, hfu=cost.hfu(busy, step_time, peak))

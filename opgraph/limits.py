@@ -26,6 +26,9 @@ CONFIG_MAX_BYTES = 1 << 20  # a config.json, a hardware TOML: a few KiB in pract
 # so 4,096 take about 0.9 GB and 35 s. Llama 3 405B's 2,048 sequences per step (arXiv:2407.21783
 # sec. 3.4) fit on a single data-parallel rank.
 MAX_MICRO_BATCHES = 2**12
+# Layouts one `plan --compare` / `--compare-config` names, each profiled on its own (a compile,
+# up to seconds for the largest models).
+MAX_COMPARED = 64
 # Job sizes one `plan --gpus START:STOP:STEP` searches, each a full search: 64 holds every
 # doubling from 1 to MAX_DIM GPUs (31 sizes) twice over.
 MAX_PLAN_SIZES = 64

@@ -14,9 +14,14 @@ innermost (its groups are consecutive ranks, inside one node), then context, dat
 its collectives cross (`opgraph.cluster.Cluster.tier_for`).
 
 `check` raises a one-line OpgraphError naming the first constraint a layout breaks.
+
+A layout written out is the compact form `plan` prints (`outputs.report.layout_text`):
+`tp8 cp1 pp16(7/.../7) dp64 mb1 v1 zero1 sp full bf16`; `parse_layout` reads it back.
 """
 
 from __future__ import annotations
+
+import re
 
 import attrs
 import sympy
@@ -260,3 +265,61 @@ def chunk_layers(layers: int, layout: Parallel) -> list[list[int]]:
     if last is not None:
         out[-1][-1] = last - chunk * (v - 1)
     return out
+
+
+# The compact form's words (`parse_layout`): a degree's word and its number (tp8), and the
+# `Parallel` field it sets.
+LAYOUT_WORDS = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "mb": "micro_batch",
+                "v": "virtual_stages", "zero": "zero"}
+_NUMBERED = re.compile(r"([a-z]+)([0-9]{1,12})(?:\(([0-9]{1,12}|-)/\.\.\./([0-9]{1,12}|-)\))?")
+MAX_LAYOUT_TEXT = 400  # characters: a layout is a few dozen
+
+
+def parse_layout(text: str) -> tuple[dict, dict]:
+    """The `Parallel` fields and the step's options (`recompute`, `precision`) a layout written
+    as `plan` prints it names: `tp8 cp1 pp16(7/.../7) dp64 mb1 v1 zero1 sp full bf16`, words
+    apart by spaces or commas (`tp8,pp16,dp64,mb1,zero1`), pp's uneven end stages in brackets
+    (first/.../last, - for an even end), `sp` sequence parallelism, a recomputation policy and
+    a precision by name. A word left out sets nothing (dp: the GPUs left); `Parallel` checks
+    what the fields make.
+
+        >>> parse_layout("tp8,pp4 zero1 full")
+        ({'tp': 8, 'pp': 4, 'zero': 1}, {'recompute': 'full'})
+    """
+    from .passes.precision import PRECISIONS
+    from .passes.recompute import POLICIES
+
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    words = text.replace(",", " ").split()
+    if not words or len(text) > MAX_LAYOUT_TEXT:
+        raise OpgraphError(f"layout {shown!r}: write it as plan prints one, e.g. "
+                           "tp8,pp16,dp64,mb1,zero1")
+    fields: dict = {}
+    options: dict = {}
+
+    def put(into: dict, key: str, value, word: str) -> None:
+        if key in into:
+            raise OpgraphError(f"layout {shown!r} says {key.replace('_', '-')} twice "
+                               f"({word!r}); give it once")
+        into[key] = value
+
+    for word in words:
+        found = _NUMBERED.fullmatch(word)
+        if found and found[1] in LAYOUT_WORDS and (found[3] is None or found[1] == "pp"):
+            put(fields, LAYOUT_WORDS[found[1]], int(found[2]), word)
+            for key, end in (("first_stage_layers", found[3]), ("last_stage_layers", found[4])):
+                if end not in (None, "-"):
+                    fields[key] = int(end)
+        elif word == "sp":
+            put(fields, "sequence_parallel", True, word)
+        elif word in POLICIES:
+            put(options, "recompute", word, word)
+        elif word in PRECISIONS:
+            put(options, "precision", word, word)
+        else:
+            raise OpgraphError(
+                f"layout {shown!r}: {word[:20]!r} is not a layout word; write a degree and "
+                f"its number ({', '.join(LAYOUT_WORDS)}: tp8, mb2), pp16(7/.../7) for uneven "
+                f"end stages, sp, a recomputation ({', '.join(POLICIES)}) or a precision "
+                f"({', '.join(PRECISIONS)})")
+    return fields, options

@@ -1428,10 +1428,17 @@ class Searcher:
 
     def exact(self, g: _Group, col: int) -> Ranked:
         """Row `col` of a group, scheduled as `profile` schedules it."""
-        r = g.rows[col]
-        job = _job(g, col, self.forward, self.hardware, self.cluster, r.batch * self.seq,
-                   self.n_mfu, self.values, self.layers)
-        return Ranked(r.candidate(), step_figures(job, self.cost))
+        return Ranked(g.rows[col].candidate(), step_figures(self._job_of(g, col), self.cost))
+
+    def _job_of(self, g: _Group, col: int) -> Job:
+        return _job(g, col, self.forward, self.hardware, self.cluster,
+                    g.rows[col].batch * self.seq, self.n_mfu, self.values, self.layers)
+
+    def job(self, candidate: Candidate) -> Job:
+        """The job `exact` schedules for `candidate`: `distributed.step_figures(job, cost)`
+        schedules it under another cost model of the same backward convention without
+        compiling again (`opgraph.explain.sensitivity`)."""
+        return self._job_of(self.evaluate([row_of(candidate)]), 0)
 
     def one(self, candidate: Candidate) -> Ranked:
         """One candidate by the search's path, fit or not: what a test compares with

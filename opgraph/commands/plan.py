@@ -9,7 +9,7 @@ import sys
 from ..choices import PRECISIONS, RECOMPUTE_POLICIES
 from ..choices import ZERO_STAGES as ZERO
 from ..errors import OpgraphError
-from ..limits import MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
+from ..limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
 from .args import check_command_outputs, json_text, whole
 
 EMITS = ("torchtitan", "megatron")
@@ -103,6 +103,22 @@ def register(subparsers) -> None:
     o.add_argument("--plot", metavar="FILE",
                    help="with a range of --gpus: draw tokens/s per GPU and MFU against GPUs "
                         "(.png or .svg)")
+    w = p.add_argument_group("why this layout, and how sure (opgraph.explain)")
+    w.add_argument("--compare", action="append", metavar="LAYOUT[;LAYOUT...]",
+                   help="also print the first and second layouts beside this one, written as "
+                        "the table prints a layout (tp8,pp16,dp64,mb1,zero1 full; repeatable): "
+                        "each step split into compute, pipeline bubble, exposed communication "
+                        "per group, a later stage's tail and the overlap slowdown, and memory "
+                        "per GPU beside its headroom; a layout the job cannot run gives why "
+                        f"(at most {MAX_COMPARED} layouts with --compare-config's)")
+    w.add_argument("--compare-config", action="append", metavar="PATH",
+                   help="compare a launch config's layout so: a torchtitan job .toml, or a "
+                        "file of Megatron-LM arguments (repeatable)")
+    w.add_argument("--sensitivity", nargs="?", const=10, type=whole(1000), metavar="K",
+                   help="schedule the top K layouts (default 10) again with the calibrated "
+                        "model's kernel efficiencies, then its collective bandwidths, moved "
+                        "down and up by its left-out error (opgraph validate --cv family), and "
+                        "say where the first choice ranks under each")
     p.set_defaults(func=run)
 
 
@@ -148,6 +164,17 @@ def run(args) -> int:
         raise OpgraphError("--emit writes one job's config: give one --gpus")
     if args.rank and len(sizes) > 1:
         raise OpgraphError("--rank places one job's layout: give one --gpus")
+    explained = [flag for flag, given in (("--compare", args.compare),
+                                          ("--compare-config", args.compare_config),
+                                          ("--sensitivity", args.sensitivity)) if given]
+    if explained and len(sizes) > 1:
+        raise OpgraphError(f"{explained[0]} explains one job's layout: give one --gpus")
+    if explained and args.emit:
+        raise OpgraphError(f"--emit prints the config alone; give --emit or {explained[0]}, "
+                           "not both")
+    if args.sensitivity and args.cost != "calibrated":
+        raise OpgraphError("--sensitivity moves the calibrated model's efficiencies by its "
+                           "error; give --cost calibrated (plan's default)")
     from .. import hardware as hw
 
     part = hw.get(args.hardware)
@@ -181,12 +208,18 @@ def run(args) -> int:
         if hopeless[sizes[0]]:
             raise OpgraphError(f"no layout of {forward.name} on {sizes[0]:,} x {part.id} fits "
                                f"in memory: {hopeless[sizes[0]]}")
-        found = searcher.search(spaces[0], args.top)
+        names = _named(args, spaces[0], forward.name, seq)  # a text that is no layout: now
+        deep = max(args.top, 2 if names else 1, args.sensitivity or 1)
+        found = searcher.search(spaces[0], deep)
         _no_fit(found, forward, part, sizes[0])
         ranking = _ranking(searcher, spaces[0], found) if args.rank else None
         if args.emit:
             return _emit(args, found, forward, seq, searcher, spaces[0])
-        return _one(args, found, forward, part, cluster, seq, batch, ranking)
+        why = _why(args, searcher, found, names)
+        import attrs
+
+        found = attrs.evolve(found, best=found.best[:args.top])  # as deep as --top asks
+        return _one(args, found, forward, part, cluster, seq, batch, ranking, why)
     from ..outputs.progress import progressed
 
     curve = []
@@ -285,11 +318,55 @@ def _ranking(searcher, space, found) -> dict:
             "best": whole.best[0]}
 
 
-def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
+def _named(args, space, model: str, seq: int) -> list:
+    """The layouts --compare and --compare-config name (`explain.Named`), read before the
+    search; a config's keys opgraph does not model are warned of, as `profile` warns."""
+    if not (args.compare or args.compare_config):
+        return []
+    from ..explain import from_config, named
+
+    texts = [text.strip() for given in args.compare or () for text in given.split(";")
+             if text.strip()]
+    if len(texts) + len(args.compare_config or ()) > MAX_COMPARED:
+        raise OpgraphError(f"--compare and --compare-config name more than {MAX_COMPARED} "
+                           "layouts, each profiled on its own; name fewer")
+    out = [named(text, space) for text in texts]
+    for path in args.compare_config or ():
+        layout, notes = from_config(path, space, model, seq)
+        for note in notes:
+            print(f"opgraph: warning: {note} is not modelled; ignored", file=sys.stderr)
+        out.append(layout)
+    return out
+
+
+def _why(args, searcher, found, names) -> dict:
+    """--compare's rows and --sensitivity's moved models (`opgraph.explain`)."""
+    why = {}
+    if names:
+        from ..explain import compare
+
+        why["compare"] = compare(searcher, found.best, names)
+    if args.sensitivity:
+        from ..explain import sensitivity
+        from ..validate import LEFT_OUT_ERROR
+
+        best = found.best[:args.sensitivity]
+        why["sensitivity"] = (best, sensitivity(searcher, best, LEFT_OUT_ERROR), LEFT_OUT_ERROR)
+    return why
+
+
+def _one(args, found, forward, part, cluster, seq, batch, ranking=None, why=None) -> int:
+    why = why or {}
     if args.json:
         out = _json(found, part, cluster, seq, args.cost)
         if ranking is not None:
             out["ranking"] = ranking | {"best": ranking["best"].to_json()}
+        if "compare" in why:
+            out["compare"] = [row.to_json() for row in why["compare"]]
+        if "sensitivity" in why:
+            best, moved, error = why["sensitivity"]
+            out["sensitivity"] = {"error": error, "top": len(best),
+                                  "models": [p.to_json(best) for p in moved]}
         print(json_text(out))
         return 0
     from ..outputs.report import format_plan, layout_text
@@ -306,6 +383,17 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None) -> int:
               f"{ranking['slower_than_best'] * 100:.1f}% slower than the best, "
               f"{layout_text(b.layout, b.candidate.recompute, b.candidate.precision)} at "
               f"{b.step_time_s:.3f} s per step")
+    if "compare" in why:
+        from ..outputs.report import format_compare
+
+        print()
+        print(format_compare(why["compare"]))
+    if "sensitivity" in why:
+        from ..outputs.report import format_sensitivity
+
+        best, moved, error = why["sensitivity"]
+        print()
+        print(format_sensitivity(moved, best, error))
     for line in layout_warnings(found.best[0].layout):  # what the constraints made idle
         print(f"opgraph: warning: #1: {line}", file=sys.stderr)
     return 0

@@ -211,3 +211,57 @@ def format_curve(curve) -> str:
                          f"{_pct(r.result.mfu):>6} {r.step_time_s:>9.3f} {found.searched:>9,}  "
                          f"{layout_text(r.layout, r.candidate.recompute, r.candidate.precision)}")
     return "\n".join(lines)
+
+
+def format_compare(rows) -> str:
+    """`opgraph plan --compare`'s table (`explain.compare`): each layout's step split as the
+    schedule runs rank 0 (`ParallelResult.parts`), seconds that add up to the step, and its
+    memory per GPU beside the headroom to the part's capacity; a layout without figures gives
+    its reason."""
+    from ..schedule import GROUPS
+
+    seen = {g for row in rows if row.reason is None
+            for g, _ in row.result.waited_by_group}
+    groups = [g for g in GROUPS if g in seen]
+    width = max([52] + [len(row.text) for row in rows if row.reason is None])
+    lines = [("why this layout: each step as rank 0 runs it, in seconds: compute + bubble + "
+              "the wait for each group's communication + a later stage's longer tail + the "
+              "overlap slowdown = step"),
+             (f"{'':<6} {'layout':<{width}} {'step (s)':>9} {'MFU':>6} {'compute':>8} {'bubble':>7}"
+              + "".join(f" {g + ' comm':>9}" for g in groups)
+              + f" {'tail':>7} {'slowdown':>8} {'mem/GPU':>9} {'headroom':>9}")]
+    for row in rows:
+        if row.reason is not None:
+            lines.append(f"{row.label:<6} {row.reason}")
+            continue
+        r = row.result
+        waited = dict(r.waited_by_group)
+        capacity = r.memory.capacity
+        headroom = _bytes(capacity - r.memory.total, 1) if capacity else "-"
+        lines.append(f"{row.label:<6} {row.text:<{width}} {r.step_time_s:>9.3f} {_pct(r.mfu):>6}"
+                     f" {r.compute_s:>8.3f} {r.bubble_s:>7.3f}"
+                     + "".join(f" {waited.get(g, 0.0):>9.3f}" for g in groups)
+                     + f" {r.later_stage_tail_s:>7.3f} {r.overlap_slowdown_s:>8.3f}"
+                     f" {_bytes(r.memory.total, 1):>9} {headroom:>9}")
+    return "\n".join(lines)
+
+
+def format_sensitivity(moved, best, error: float) -> str:
+    """`opgraph plan --sensitivity`'s lines (`explain.sensitivity`): under each moved cost
+    model, the first choice's step and rank among the top layouts, and which is first now."""
+    base = best[0].step_time_s
+    lines = [(f"how sure: the top {len(best)} scheduled again with the calibrated model moved "
+              f"by its error, {error * 100:.1f}% (opgraph validate --cv family: the mean "
+              "left-out step-time error)"),
+             f"{'moved':<40} {'#1 step (s)':>11} {'change':>7} {'#1 rank':>9}  first now"]
+    for p in moved:
+        what = f"{p.what} x {p.factor:.3f} ({', '.join(p.names)})"
+        now = best[p.first].candidate
+        first = ("#1, the same" if p.first == 0 else
+                 f"#{p.first + 1} {layout_text(now.layout, now.recompute, now.precision)} at "
+                 f"{p.steps[p.first]:.3f} s")
+        lines.append(f"{what:<40} {p.steps[0]:>11.3f} {(p.steps[0] / base - 1) * 100:>+6.1f}%"
+                     f" {f'{p.first_rank} of {len(p.steps)}':>9}  {first}")
+    stays = sum(p.first_rank == 1 for p in moved)
+    lines.append(f"the first choice stays first in {stays} of the {len(moved)} moved models")
+    return "\n".join(lines)
