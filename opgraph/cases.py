@@ -65,7 +65,7 @@ CASE_KEYS = ("id", "family", "source", "model", "hardware", "power_limit_w", "cl
 REQUIRED = ("id", "source", "model", "gpus", "seq_len", "measured")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "dp", "zero", "micro_batch", "global_batch",
                  "virtual_stages", "sequence_parallel", "async_tp", "overlap_grad_reduce",
-                 "first_stage_layers", "last_stage_layers", "framework", "grad_reduce_dtype")
+                 "overlap_param_gather", "first_stage_layers", "last_stage_layers", "framework", "grad_reduce_dtype")
 MEASURED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib", "peak_memory_gb")
 UNMODELLED_KEYS = ("id", "family", "source", "reason")
 TIMINGS = ("step_time_s", "tokens_per_s_per_gpu")  # exactly one of them
@@ -157,6 +157,7 @@ class Case:
                             "global_batch": p.batch, "virtual_stages": p.virtual_stages,
                             "sequence_parallel": p.sequence_parallel, "async_tp": p.async_tp,
                             "overlap_grad_reduce": p.overlap_grad_reduce,
+                            "overlap_param_gather": p.overlap_param_gather,
                             "first_stage_layers": p.first_stage_layers,
                             "last_stage_layers": p.last_stage_layers,
                             "framework": p.framework, "grad_reduce_dtype": p.grad_reduce_dtype},
@@ -338,6 +339,7 @@ READERS: dict[str, Callable] = {
     "tp": _whole, "pp": _whole, "cp": _whole, "ep": _whole, "dp": _whole,
     "micro_batch": _whole, "global_batch": _whole, "virtual_stages": _whole,
     "zero": _zero, "sequence_parallel": _flag, "async_tp": _flag, "overlap_grad_reduce": _flag,
+    "overlap_param_gather": _flag,
     "first_stage_layers": _whole, "last_stage_layers": _whole,
     "framework": _choice(lambda: FRAMEWORKS, "a framework"),
     "grad_reduce_dtype": _choice(lambda: GRAD_REDUCE_DTYPES, "a gradient-reduction dtype"),

@@ -54,7 +54,7 @@ from .pipeline import compile_step
 from .profile import OpCost, Profile
 from .rules import COLLECTIVE_KINDS
 from .schedule import (GROUPS, Event, Plan, Run, interleaved_span, once_per_step, pipeline_span,
-                       plan, simulate)
+                       plan, prefetched_gathers, simulate)
 from .symbols import S
 from .verify import check_dims
 
@@ -204,7 +204,10 @@ class StageOp:
 class Stage:
     """A pipeline stage's step, compiled and evaluated once: its graph, its ops as numbers, the
     schedule's plans of a micro-batch (`plain`) and of the last one with the optimizer
-    (`last`), its roofline profile (for the rows a report prints) and its memory."""
+    (`last`), its roofline profile (for the rows a report prints) and its memory. With
+    `overlap_param_gather`, `first` plans the step's first micro-batch (the last, where it is
+    the only one) with the updated weights' gathers in front of it, each feeding its layer's
+    forward; `last` then leaves them out."""
 
     graph: Graph | None  # None where built from compiled formulas (`opgraph.search`)
     ops: tuple[StageOp, ...]
@@ -213,6 +216,7 @@ class Stage:
     profile: Profile | None  # the rows a report prints; None as `graph`
     memory: Memory  # its peak per GPU, its in-flight micro-batches' activations included
     index: int  # which stage (a middle one stands for all the middle ones)
+    first: Plan | None = None
 
 
 @attrs.frozen
@@ -302,8 +306,15 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
     ordered = graph.ops()
     per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
                  and not once_per_step(op, sharding(layout))]
-    return Stage(graph, tuple(ops), plan(graph, per_micro, subs), plan(graph, ordered, subs),
-                 profile, _memory(profile.memory, layout, index), index)
+    gathers = prefetched_gathers(graph) if layout.overlap_param_gather else {}
+    last = [op for op in ordered if op.name not in gathers]
+    first = None
+    if gathers:
+        ahead = [op for op in ordered if op.name in gathers]
+        first = plan(graph, ahead + (per_micro if layout.micro_batches > 1 else last), subs,
+                     writes=gathers)
+    return Stage(graph, tuple(ops), plan(graph, per_micro, subs), plan(graph, last, subs),
+                 profile, _memory(profile.memory, layout, index), index, first)
 
 
 def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
@@ -326,6 +337,16 @@ class _Timed:
     plain: Run
     last: Run
     drawn: Run | None = None  # a plain micro-batch again with its events, for a timeline
+    # the first micro-batch where it differs (`Stage.first`), and the run it stands in for:
+    # a plain one, or the last where it is the only one
+    first: Run | None = None
+    replaced: Run | None = None
+
+    @property
+    def delay_s(self) -> float:
+        """What the first micro-batch takes beyond the run it stands in for: its waits for the
+        weights gathered under its forward (`Stage.first`); 0 without."""
+        return 0.0 if self.first is None else self.first.time_s - self.replaced.time_s
 
 
 def schedule(job: Job, cost: CostModel = DEFAULT, *, rank: int | None = None
@@ -352,13 +373,17 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
         keep = drawn is not None and job.kinds[drawn] == i
         # the figures from runs that add a layer stack's steady layers at once; a drawn stage's
         # plain micro-batch is run once more, every op on its own, for its events
-        timed.append(_Timed(stage, times,
+        plain = simulate(stage.plain, times, async_tp=layout.async_tp, deferred=deferred,
+                         keep_events=False)
+        last = simulate(stage.last, times, async_tp=layout.async_tp, deferred=deferred,
+                        keep_events=keep)
+        first = None if stage.first is None else simulate(
+            stage.first, times, async_tp=layout.async_tp, deferred=deferred, keep_events=keep)
+        timed.append(_Timed(stage, times, plain, last,
                             simulate(stage.plain, times, async_tp=layout.async_tp,
-                                     deferred=deferred, keep_events=False),
-                            simulate(stage.last, times, async_tp=layout.async_tp,
-                                     deferred=deferred, keep_events=keep),
-                            simulate(stage.plain, times, async_tp=layout.async_tp,
-                                     deferred=deferred) if keep else None))
+                                     deferred=deferred) if keep else None,
+                            first, None if first is None
+                            else plain if layout.micro_batches > 1 else last))
     per_stage = [timed[k] for k in job.kinds]
     m, v = layout.micro_batches, layout.virtual_stages
     per_micro = [t.plain.time_s for t in per_stage]
@@ -366,8 +391,10 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
     if job.chunks is not None:  # interleaved chunks of unequal size: the schedule simulated
         span = interleaved_span(chunk_times(per_micro, job.chunks), m) or span
     tails = [t.last.time_s - t.plain.time_s for t in per_stage]
-    step_time = span + max(tails)
     first = per_stage[0]
+    # the first stage's wait for weights gathered under its first forward holds back the whole
+    # pipeline; a later stage's first micro-batch arrives after the fill, its gathers done
+    step_time = span + max(tails) + first.delay_s
     bubble = max(0.0, span - m * per_micro[0])
     waited = _waited(first, m)
     transfers = tuple(_transfers(first, job, m, waited))
@@ -441,7 +468,8 @@ def profile_parallel(forward: Graph, hardware: Hardware, layout: Parallel, *,
 
 def _waited(first: _Timed, m: int) -> dict[str, tuple[float, float]]:
     """Each collective's exposed and queued seconds over the step (`opgraph.schedule`): the
-    last micro-batch's, and m - 1 plain ones' unless it runs once per step."""
+    last micro-batch's, and m - 1 plain ones' unless it runs once per step; where the first
+    micro-batch differs (`Stage.first`), its own in place of the run it stands in for."""
     out = {}
     for o in first.stage.ops:
         if o.group is None:
@@ -449,6 +477,9 @@ def _waited(first: _Timed, m: int) -> dict[str, tuple[float, float]]:
         plain = 0 if o.once else m - 1
         out[o.name] = tuple(getattr(first.last, f).get(o.name, 0.0)
                             + plain * getattr(first.plain, f).get(o.name, 0.0)
+                            + (0.0 if first.first is None
+                               else getattr(first.first, f).get(o.name, 0.0)
+                               - getattr(first.replaced, f).get(o.name, 0.0))
                             for f in ("exposed_s", "queued_s"))
     return out
 
@@ -475,7 +506,8 @@ def _memory(one: Memory, layout: Parallel, stage: int) -> Memory:
 def _timeline(first: _Timed, m: int, bubble: float) -> tuple[Event, ...]:
     """The drawn rank's step: the pipeline's fill as one bubble, then its micro-batches, each
     as the schedule ran it (the plain one's events, without what runs once per step: ZeRO-0/1's
-    gradient reductions, the optimizer), the last with the optimizer, then the drain. So each
+    gradient reductions, the optimizer), the last with the optimizer, then the drain; the first
+    as its own run where it differs (`Stage.first`: the gathers under its forward). So each
     track's events add up to the step's figures: the compute stream to the ops' time and the
     bubble, each group's stream to its collectives' time."""
     out: list[Event] = []
@@ -484,10 +516,13 @@ def _timeline(first: _Timed, m: int, bubble: float) -> tuple[Event, ...]:
         out.append(Event("bubble (fill)", "compute", 0.0, t, "bubble", "bubble"))
     for i in range(m):
         last = i == m - 1
-        for e in (first.last if last else first.drawn).events:
+        run, took = (first.last, first.last) if last else (first.drawn, first.plain)
+        if i == 0 and first.first is not None:
+            run = took = first.first
+        for e in run.events:
             out.append(attrs.evolve(e, name=f"{e.name} [mb {i}]", start_s=e.start_s + t,
                                     end_s=e.end_s + t))
-        t += first.plain.time_s if not last else first.last.time_s
+        t += took.time_s
         if bubble and i == m - 1:
             out.append(Event("bubble (drain)", "compute", t, t + bubble / 2, "bubble", "bubble"))
     return tuple(out)

@@ -684,7 +684,7 @@ _MG_QUIET = frozenset((
     "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
     "--distributed-backend", "--use-mcore-models", "--transformer-impl", "--use-flash-attn",
     "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32",
-    "--overlap-param-gather", "--manual-gc", "--no-async-tensor-model-parallel-allreduce",
+    "--manual-gc", "--no-async-tensor-model-parallel-allreduce",
     "--no-gradient-accumulation-fusion", "--no-rope-fusion",
 ))  # overlapping DP communication with compute, and flash attention, are what opgraph assumes
 _MG_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
@@ -966,6 +966,7 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None) -> Paralle
         sequence_parallel=flags.switch("--sequence-parallel"), zero=_mg_zero(flags),
         async_tp=flags.switch("--tp-comm-overlap"),
         overlap_grad_reduce=flags.switch("--overlap-grad-reduce"),
+        overlap_param_gather=flags.switch("--overlap-param-gather"),
         grad_reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else None,
         first_stage_layers=flags.whole("--decoder-first-pipeline-num-layers"),
         last_stage_layers=flags.whole("--decoder-last-pipeline-num-layers"))
@@ -1037,6 +1038,7 @@ def to_megatron(launch: Launch) -> str:
     args += [flag for flag, on in (("--sequence-parallel", p.sequence_parallel),
                                    ("--tp-comm-overlap", p.async_tp),
                                    ("--overlap-grad-reduce", p.overlap_grad_reduce),
+                                   ("--overlap-param-gather", p.overlap_param_gather),
                                    ("--grad-reduce-in-bf16", reduce_dtype(p) == "bf16")) if on]
     if reduce_dtype(p) == "fp16":
         raise OpgraphError("Megatron-LM trained in bf16 reduces gradients in fp32 or bf16 "

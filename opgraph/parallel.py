@@ -65,6 +65,9 @@ class Parallel:
     `overlap_grad_reduce` runs the gradient reduction under the backward (PyTorch DDP, FSDP,
     Megatron-LM's `--overlap-grad-reduce`); without it the reduction waits for the backward to
     end (Megatron-LM's default; DeepSpeed's pipeline engine's whatever this says).
+    `overlap_param_gather` gathers the updated weights of ZeRO-1/2 under the next step's first
+    forward, each layer's just before it runs, rather than after the update (Megatron-LM's
+    `--overlap-param-gather`, with its distributed optimizer).
     `framework` names whose behaviour the passes follow where frameworks differ
     (`opgraph.frameworks`: FSDP2's gathers, Megatron's sequence-parallel inputs, ...).
     """
@@ -84,6 +87,7 @@ class Parallel:
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
     overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
     framework: str | None = None
     grad_reduce_dtype: str | None = None
 
@@ -127,6 +131,9 @@ class Parallel:
             raise OpgraphError("--sequence-parallel needs tensor parallelism (--tp 2 or more)")
         if self.async_tp and self.tp == 1:
             raise OpgraphError("--async-tp needs tensor parallelism (--tp 2 or more)")
+        if self.overlap_param_gather and self.zero not in (1, 2):
+            raise OpgraphError(f"--overlap-param-gather needs sharded optimizer states (--zero 1 "
+                               f"or 2, Megatron-LM's distributed optimizer), not ZeRO-{self.zero}")
         if (self.first_stage_layers or self.last_stage_layers) and self.pp == 1:
             raise OpgraphError("uneven first or last stages need --pp 2 or more")
         if self.framework == "deepspeed" and self.pp > 1 and self.zero >= 2:
@@ -194,6 +201,7 @@ class Parallel:
                 "first_stage_layers": self.first_stage_layers,
                 "last_stage_layers": self.last_stage_layers,
                 "overlap_grad_reduce": self.overlap_grad_reduce,
+                "overlap_param_gather": self.overlap_param_gather,
                 "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype}
 
 

@@ -130,13 +130,19 @@ class Plan:
     counts: dict  # op name -> instances
 
 
-def plan(graph: Graph, ops: list[Op], subs: dict) -> Plan:
-    """Index `ops` (a subset of `graph`'s, in its order) for `simulate`."""
+def plan(graph: Graph, ops: list[Op], subs: dict, writes: dict | None = None) -> Plan:
+    """Index `ops` (a subset of `graph`'s, in its order) for `simulate`. `writes` names, for
+    a collective, the tensor its output stands for in this run: a weight gathered from the
+    previous step's update (`prefetched_gathers`), so it reads nothing this run writes and
+    this step's forward reads what it writes."""
+    writes = writes or {}
     counts = {op.name: int(op.count.xreplace(subs)) for op in ops}
-    comms = {op.name: _Comm(op.name, op.param("group"), op.outputs[0], op.inputs,
-                            counts[op.name], op.phase.value, op.kind)
+    comms = {op.name: _Comm(op.name, op.param("group"), writes.get(op.name, op.outputs[0]),
+                            () if op.name in writes else op.inputs, counts[op.name],
+                            op.phase.value, op.kind)
              for op in ops if op.kind in COLLECTIVE_KINDS}
-    writer = {n: op.name for op in ops for n in op.outputs}
+    writer = {n: op.name for op in ops
+              for n in ((writes[op.name],) if op.name in writes else op.outputs)}
     comm_readers: dict[str, list[str]] = {}
     for c in comms.values():
         for n in c.inputs:
@@ -155,6 +161,24 @@ def plan(graph: Graph, ops: list[Op], subs: dict) -> Plan:
             segments.append([item])
     return Plan(tuple(_blocks(segment) for segment in segments), comms, writer,
                 {k: tuple(v) for k, v in comm_readers.items()}, counts)
+
+
+def prefetched_gathers(graph: Graph) -> dict[str, str]:
+    """The all-gathers of updated weights after a sharded optimizer's update (ZeRO-1/2), each
+    with the weight it writes back: under Megatron-LM's `--overlap-param-gather` they run in
+    the next step, each layer's weights gathered just before that layer's forward. The weight
+    is found through the update: it reads the reduced gradient shard, whose `grad_of` (ZeRO-2)
+    or whose full gradient's (ZeRO-1) names it."""
+    out = {}
+    for op in graph.ops():
+        if op.kind != "all_gather" or op.phase is not Phase.OPTIMIZER:
+            continue
+        update = graph.producer(op.inputs[0])
+        shard = graph.tensor(update.inputs[0])
+        weight = shard.grad_of or graph.tensor(graph.producer(shard.name).inputs[0]).grad_of
+        if weight is not None:
+            out[op.name] = weight
+    return out
 
 
 def _blocks(segment: list[_Compute]) -> tuple:

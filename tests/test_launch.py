@@ -586,6 +586,7 @@ MEGATRON_LAUNCHES = [
            precision="fp8",
            parallel=Parallel(tp=8, pp=4, cp=2, gpus=512, micro_batch=2, global_batch=1024,
                              sequence_parallel=True, async_tp=True, zero=1,
+                             overlap_param_gather=True,
                              first_stage_layers=7, last_stage_layers=7)),
     Launch(model=megatron_named(llama.MIXTRAL_8X7B, 4096), seq_len=4096,
            parallel=Parallel(tp=2, ep=8, gpus=64, global_batch=256, zero=3)),

@@ -79,6 +79,9 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="reduce gradients after the backward, not under it (Megatron-LM's "
                         "default without --overlap-grad-reduce)")
+    g.add_argument("--overlap-param-gather", action="store_true",
+                   help="with --zero 1 or 2, gather the updated weights under the next step's "
+                        "first forward, not after the update (Megatron-LM's flag)")
     g.add_argument("--first-stage-layers", type=whole(MAX_DIM), metavar="N",
                    help="layers on the first pipeline stage (the rest split evenly)")
     g.add_argument("--last-stage-layers", type=whole(MAX_DIM), metavar="N",
@@ -101,8 +104,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
 
 # The flags that set a `Parallel` field of the same name; --no-overlap-grad-reduce clears one.
 FIELDS = ("gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "virtual_stages",
-          "sequence_parallel", "zero", "async_tp", "first_stage_layers", "last_stage_layers",
-          "framework", "grad_reduce_dtype")
+          "sequence_parallel", "zero", "async_tp", "overlap_param_gather", "first_stage_layers",
+          "last_stage_layers", "framework", "grad_reduce_dtype")
 
 
 def given_layout(args) -> dict:
