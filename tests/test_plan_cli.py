@@ -118,9 +118,10 @@ def test_the_emitted_layout_reads_back_to_the_plans_figures(cli, monkeypatch, tm
     path.write_text(text)
     source = ("--torchtitan", str(path)) if framework == "torchtitan" else (
         "--megatron-args", f"@{path}", "--gpus", gpus)
-    code, out, err = cli("profile", *source, "--cost", "calibrated", "--json")
+    code, out, err = cli("profile", *source, "--json")  # no flags: one default cost model
     assert code == 0, err
     back = json.loads(out)
+    assert back["cost"] == "calibrated"
     layout = ranked.layout
     assert {k: back["parallel"][k] for k in ("tp", "cp", "pp", "dp", "ep", "zero")} == {
         "tp": layout.tp, "cp": layout.cp, "pp": layout.pp, "dp": layout.dp_degree,

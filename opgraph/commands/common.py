@@ -133,12 +133,26 @@ def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dic
     return {"S": int(subs[S]), "B": int(subs[B])}
 
 
+def cost_name(args) -> str:
+    """`--cost`, or where a command leaves it to the job (`options.add_cost_args`: None),
+    calibrated for a job over many GPUs (a layout flag, --torchtitan or --megatron-args) and
+    roofline for one GPU's step."""
+    name = getattr(args, "cost", "roofline")
+    if name is not None:
+        return name
+    from .layout import wants_layout
+
+    job = wants_layout(args) or getattr(args, "torchtitan", None) or getattr(
+        args, "megatron_args", None)
+    return "calibrated" if job else "roofline"
+
+
 def cost_model(args, calibrated: bool = True) -> CostModel:
     """The cost model the options ask for: `--cost` (roofline or calibrated, with
     `--calibration`'s file), `--backward-traffic` its backward convention. Commands whose
     engines are the roofline's formulas alone (solve) pass `calibrated=False`: a calibrated
     model is then refused as the library refuses it (`formula.roofline_only`)."""
-    name = getattr(args, "cost", "roofline")
+    name = cost_name(args)
     path = getattr(args, "calibration", None)
     if path is not None and name != "calibrated":
         raise OpgraphError("--calibration gives efficiencies for --cost calibrated; add it")

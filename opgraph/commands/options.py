@@ -18,7 +18,8 @@ from ..limits import MAX_DIM, MAX_TOKENS
 from .args import positive_float, whole
 
 
-def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None:
+def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
+                   cost: str | None = "roofline") -> None:
     g = parser.add_argument_group("model and hardware")
     g.add_argument("--model",
                    help="a preset (see `opgraph models`; default llama3-8b), or a model of "
@@ -59,20 +60,28 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True) -> None
                    help="the layers' matmuls in bf16 (default) or fp8 (tensor-wise scaling, "
                         "as torchao and Transformer Engine: FP8 operands at the part's FP8 "
                         "peak, plus their amax and cast kernels)")
-    add_cost_args(g)
+    add_cost_args(g, cost)
     g.add_argument("--adamw", choices=ADAMW_OPTIONS, default="mixed",
                    help="AdamW's precisions: mixed (FP32 master and moments, default), "
                         "bf16-moments, no-master, bf16, 8bit")
 
 
-def add_cost_args(group, default: str = "roofline") -> None:
-    """`--cost` (roofline or calibrated, `default` first) and `--calibration FILE`."""
+def add_cost_args(group, default: str | None = "roofline") -> None:
+    """`--cost` (roofline or calibrated, `default` first) and `--calibration FILE`. A default of
+    None is the job's (`common.cost_model`): calibrated for a job over many GPUs, as `plan` and
+    `validate` predict one, roofline for one GPU's step (the plate)."""
     texts = {"roofline": "roofline, the ceiling no run beats",
              "calibrated": "calibrated, each hardware generation's measured efficiencies "
                            "(opgraph/calibration.toml): the time a run can expect"}
-    other = next(name for name in COST_MODELS if name != default)
-    group.add_argument("--cost", choices=COST_MODELS, default=default,
-                       help=f"the cost model: {texts[default]} (default); or {texts[other]}")
+    if default is None:
+        text = (f"the cost model: {texts['calibrated']}; or {texts['roofline']}. Default: "
+                "calibrated for a job over many GPUs (any layout flag, --torchtitan or "
+                "--megatron-args), as plan and validate predict it; roofline for one GPU's "
+                "step (the plate)")
+    else:
+        other = next(name for name in COST_MODELS if name != default)
+        text = f"the cost model: {texts[default]} (default); or {texts[other]}"
+    group.add_argument("--cost", choices=COST_MODELS, default=default, help=text)
     group.add_argument("--calibration", metavar="FILE.toml",
                        help="with --cost calibrated: efficiencies from this file (written by "
                             "`opgraph calibrate`) instead of the shipped ones")

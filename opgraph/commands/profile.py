@@ -15,7 +15,7 @@ def register(subparsers) -> None:
         "profile", help="the roofline profile of one training step (the default command)",
         description="Each category's share of the step's time beside its share of the FLOPs, "
                     "the step time and the best MFU the step allows.")
-    add_model_args(p)
+    add_model_args(p, cost=None)
     add_parallel_args(p)
     p.add_argument("--ops", action="store_true", help="also list every op")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -30,8 +30,9 @@ def run(args) -> int:
     from opgraph.passes.evaluate import evaluate
 
     from ..outputs.report import format_profile, memory_warning
-    from .common import echoed, setup
+    from .common import cost_name, echoed, setup
 
+    args.cost = cost_name(args)  # the job's default, said in the output as every figure's model
     check_command_outputs(args, {"--plot": args.plot, "--trace": args.trace},
                           {"--plot": (".png", ".svg")})
     if wants_layout(args) or args.torchtitan or args.megatron_args:
@@ -65,7 +66,8 @@ def run(args) -> int:
         print(json_text(out))
         return 0
     print(format_profile(profile, ops=args.ops))
-    if options != echoed(None):
+    # what differs from the defaults, the job's cost model among them (`common.cost_name`)
+    if options != echoed(None) | {"cost": "calibrated" if profile.parallel else "roofline"}:
         print("step options " + ", ".join(f"--{k} {v}" for k, v in options.items()))
     for line in warnings:
         print(f"opgraph: warning: {line}", file=sys.stderr)
