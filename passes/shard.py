@@ -102,11 +102,22 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
                            + (f"2 x --cp {layout.cp} (ring attention balances causal work with "
                               "two chunks per GPU)" if layout.cp > 1 else
                               f"--tp {layout.tp} (sequence parallelism splits it)"))
+    if layout.tp > 1 and not any(set(TENSOR_SPLITS) & sympy.Add(*w.shape).free_symbols
+                                 for w in graph.weights()):
+        # a model built on symbols of its own would otherwise run replicated, silently
+        raise OpgraphError(f"{graph.name}: --tp {layout.tp} splits nothing: tensor parallelism "
+                           "divides the weights' heads, MLP width and vocabulary, the symbols "
+                           f"{', '.join(s.name for s in TENSOR_SPLITS)} of opgraph.symbols, and "
+                           "no weight has one; build the model with them, or leave out --tp")
     experts = dims.get("E")
     if layout.ep > 1 and (experts is None or experts % layout.ep):
         raise OpgraphError(f"{graph.name}: " + (f"E = {experts} experts are not divisible by --ep "
                                                f"{layout.ep}" if experts else
                                                "has no experts to spread; leave out --ep"))
+    if layout.ep > 1 and not any(op.kind == "expert_matmul" for op in graph.ops()):
+        raise OpgraphError(f"{graph.name}: --ep {layout.ep} spreads the weights of expert_matmul "
+                           "ops over GPUs, and the model has none; build its experts with "
+                           "GraphBuilder.expert_matmul, or leave out --ep")
 
 
 def shard(graph: Graph, layout: Parallel) -> Graph:

@@ -771,3 +771,34 @@ def test_the_table_shows_the_queueing_on_a_line_of_its_own(cli, argv):
     exposed = [float(line.split()[-1]) for line in table[1:]]
     total = float(out.split("exposed comm ")[1].split(" ms")[0].replace(",", ""))
     assert sum(exposed) == pytest.approx(total, abs=0.05)  # the lines add up, to rounding
+
+
+def _own_symbols_model(experts: bool = False):
+    """A model built on symbols of its own (W for the MLP width, N for the vocabulary), as a
+    user may write one; with `experts`, E experts declared but run as plain matmuls."""
+    from opgraph import GraphBuilder
+    from opgraph.symbols import E, L
+
+    width = sympy.Symbol("W", positive=True, integer=True)
+    vocab = sympy.Symbol("N", positive=True, integer=True)
+    dims = {D: 256, L: 2, width: 1024, vocab: 1000, S: 128, B: 1} | ({E: 8} if experts else {})
+    g = GraphBuilder("own", dims)
+    tokens, targets = g.input("tokens", (B, S)), g.input("targets", (B, S))
+    x = g.embedding(tokens, g.weight("embed.weight", (vocab, D)), name="embed")
+    with g.repeat(L, "layers"):
+        h = g.matmul(x, g.weight("up.weight", (D, width)), name="up")
+        x = g.add(x, g.matmul(h, g.weight("down.weight", (width, D)), name="down"), name="res")
+    g.output_head(x, "embed.weight", targets)
+    return g.build()
+
+
+def test_a_degree_that_would_split_nothing_is_an_error_not_a_silent_replica():
+    """Tensor parallelism divides the dimensions `shard.TENSOR_SPLITS` names; a model whose
+    weights have none of them would run whole on every GPU under --tp 2, the same time and
+    memory as without it. Likewise --ep where no op is an expert matmul. Each is one line."""
+    with pytest.raises(OpgraphError, match="--tp 2 splits nothing") as e:
+        shard(_own_symbols_model(), Parallel(tp=2))
+    assert "\n" not in str(e.value)
+    with pytest.raises(OpgraphError, match="--ep 2 .* has none"):
+        shard(_own_symbols_model(experts=True), Parallel(ep=2, dp=2))
+    shard(preset("llama3-8b"), Parallel(tp=2))  # a model that declares them is split
