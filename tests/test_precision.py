@@ -165,7 +165,9 @@ def test_one_gpu_and_many_gpu_profiles_count_fp8_flops_alike(fp8, cli):
 
     runs = {}
     for extra in ((), ("--gpus", "1")):
-        code, out, _ = cli("profile", "--precision", "fp8", "--json", *extra)
+        # one cost model for both (a layout flag alone would make the job's default calibrated)
+        code, out, _ = cli("profile", "--precision", "fp8", "--cost", "roofline", "--json",
+                           *extra)
         assert code == 0
         runs[extra] = json.loads(out)
     one, many = runs[()], runs[("--gpus", "1")]
