@@ -5,8 +5,11 @@
     step = compile_step(forward, recompute="full", precision="fp8")
     step = compile_step(forward, extra_passes=[fuse_elementwise])  # run after the built-in ones
 
-It is a plain list of passes; each is a pure function Graph -> Graph. The result is verified
-(`opgraph.verify`: every op of every phase against its kind's shape rule).
+It is a plain list of passes; each is a pure function Graph -> Graph. `run_passes` drives
+them: before each pass it checks the pass's contract (`opgraph.contracts`: what its input must
+hold, declared in the pass's own file), and after it the graph (`opgraph.verify`: every op of
+every phase against its kind's shape rule), so a broken order or a broken pass is named where
+it happens.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
+from . import contracts
 from .frameworks import reduce_dtype, sharding, traits
 from .ir import Graph
 from .passes.attach_adamw import AdamW, attach_adamw
@@ -24,7 +28,7 @@ from .passes.recompute import recompute as recompute_pass
 from .passes.regather_inputs import regather_inputs
 from .passes.replicate import replicate
 from .passes.shard import shard as shard_pass
-from .verify import check_dims, verify
+from .verify import VerifyError, check_dims, verify
 
 DEFAULT_ADAMW = AdamW()
 
@@ -93,15 +97,31 @@ def fusion_passes(policy: str | None) -> list:
     return [functools.partial(fuse_elementwise, policy=POLICIES[policy])]
 
 
-def compile_step(forward: Graph, *, check: bool = True, **options) -> Graph:
-    """Run `step_passes(**options)` over `forward`, verifying the result (`check=False` to
-    skip; it is cheap). How the step's ops cost is the cost model's business, when it is
-    evaluated (`opgraph.costmodel`). Every pass's dimensions are checked as it returns (a
-    pass such as `shard` or `replicate` binds new ones): a value out of range is a VerifyError
-    naming it, not a profile of negative bytes."""
-    graph = check_dims(forward)
-    for run in step_passes(**options):
+def run_passes(graph: Graph, passes: Sequence[Callable[[Graph], Graph]], *,
+               check: bool = True) -> Graph:
+    """Run `passes` in order over `graph`: each pass's contract checked on its input
+    (`contracts.check`: an order that breaks it is a one-line OpgraphError naming the pass),
+    its dimensions as it returns (a pass such as `shard` or `replicate` binds new ones: a value
+    out of range is a VerifyError, not a profile of negative bytes), and with `check` the graph
+    it returns (`verify`, a few milliseconds; a malformed graph is a VerifyError naming the
+    pass that made it)."""
+    graph = check_dims(graph)
+    for run in passes:
+        contracts.check(run, graph)
         graph = check_dims(run(graph))
-    if check:
-        verify(graph)
+        if check:
+            try:
+                verify(graph)
+            except VerifyError as e:
+                raise VerifyError(f"after pass {contracts.name_of(run)}: {e}") from None
     return graph
+
+
+def compile_step(forward: Graph, *, check: bool = True, **options) -> Graph:
+    """Run `step_passes(**options)` over `forward` (`run_passes`: contracts checked, and with
+    `check` the graph verified after each pass; `check=False` to skip, it is cheap). How the
+    step's ops cost is the cost model's business, when it is evaluated
+    (`opgraph.costmodel`)."""
+    if check:
+        verify(forward)
+    return run_passes(forward, step_passes(**options), check=check)

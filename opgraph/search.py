@@ -91,7 +91,7 @@ import numpy as np
 import sympy
 
 from . import cluster as clusters
-from . import pipeline
+from . import contracts, pipeline
 from .costmodel import DEFAULT, CostModel
 from .distributed import (Job, ParallelResult, Stage, StageOp, check_layout, layout_passes,
                           step_figures)
@@ -802,6 +802,7 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool
                                                                        else 1]):
         key += (pipeline.pass_key(run),)  # the pipeline's own declaration of what it reads
         if key not in memo:
+            contracts.check(run, graph)  # as `pipeline.run_passes` drives them
             memo[key] = run(graph)
         graph = memo[key]
     return graph

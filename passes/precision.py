@@ -28,8 +28,10 @@ from __future__ import annotations
 import attrs
 
 from opgraph.choices import PRECISIONS
+from opgraph.contracts import contract
 from opgraph.errors import OpgraphError
 from opgraph.ir import FP8, FP32, Graph, Op, Phase, Role, Tensor
+
 
 def fp8_matmuls(graph: Graph) -> list[Op]:
     """The forward matmuls the FP8 recipe covers: inside a region, by a 2-D weight."""
@@ -71,6 +73,7 @@ class _Casts:
         return copy.name
 
 
+@contract(requires=("backward",), forbids=("recomputed",))
 def apply_precision(graph: Graph, precision: str = "bf16") -> Graph:
     """`graph` (a step with its backward) with the layers' matmuls in `precision`:
     `apply_precision(derive_backward(forward), "fp8")`."""

@@ -39,6 +39,7 @@ from collections.abc import Callable
 
 import attrs
 
+from opgraph.contracts import contract
 from opgraph.errors import OpgraphError
 from opgraph.ir import Graph, Op, Phase
 
@@ -146,6 +147,7 @@ def rewrite_recompute(graph: Graph, policy="none") -> tuple[Graph, Recomputed]:
     return out, Recomputed(tuple(f"{op.name}.re" for op in ops), tuple(sorted(freed)))
 
 
+@contract(requires=("backward",), forbids=("recomputed",))
 def recompute(graph: Graph, policy="none") -> Graph:
     """`graph` (a step with its backward) with `policy`'s ops re-run before the backward
     reads them: `recompute(derive_backward(forward), "full")`. `policy` is a name of

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import attrs
 
+from opgraph.contracts import contract
 from opgraph.frameworks import traits
 from opgraph.ir import Graph, Phase
 from opgraph.parallel import Parallel
 
 
+@contract(requires=("backward",))
 def regather_inputs(graph: Graph, layout: Parallel) -> Graph:
     """`graph` (a step with its backward) with each sequence-parallel gather that a backward
     op reads run again before it (see the module); unchanged where the layout's framework

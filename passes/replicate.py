@@ -38,6 +38,7 @@ import attrs
 import sympy
 
 from opgraph import rules
+from opgraph.contracts import contract
 from opgraph.frameworks import reduce_dtype, sharding, traits
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.parallel import Parallel, dp, edp, ep
@@ -76,6 +77,7 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
     return name
 
 
+@contract(requires=("optimizer",), forbids=("replicated",))
 def replicate(graph: Graph, layout: Parallel) -> Graph:
     """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes
     nothing."""

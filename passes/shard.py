@@ -42,6 +42,7 @@ import attrs
 import sympy
 
 from opgraph import rules
+from opgraph.contracts import contract
 from opgraph.errors import OpgraphError
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.parallel import Parallel, cp, ep, tp
@@ -120,6 +121,7 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
                            "GraphBuilder.expert_matmul, or leave out --ep")
 
 
+@contract(forbids=("backward",))
 def shard(graph: Graph, layout: Parallel) -> Graph:
     """The forward graph one GPU of `layout` runs, its collectives inserted (see the module).
 
