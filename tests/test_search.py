@@ -19,23 +19,6 @@ H100 = hardware.get("h100-sxm")
 FIGURES = ("step_time_s", "mfu", "bubble_s", "exposed_communication_s", "tokens_per_s_per_gpu")
 
 
-@pytest.fixture(scope="module")
-def searcher():
-    """`searcher(model, seq)`: one Searcher per model, sequence length and cost model, shared
-    by this module's tests. What it keeps (compiled structures, pass prefixes, formulas) is a
-    pure function of its keys, so a structure one test compiled serves the next unchanged and
-    the module compiles each once. A test that reads a search's own counts makes its own."""
-    made = {}
-
-    def get(model: str, seq: int, cost: str = "calibrated") -> Searcher:
-        if (model, seq, cost) not in made:
-            made[model, seq, cost] = Searcher(preset(model), H100, seq_len=seq,
-                                              cost=cost_model(cost))
-        return made[model, seq, cost]
-
-    return get
-
-
 def _same_as_profile(searcher: Searcher, row, forward, cost) -> None:
     candidate = row.candidate()
     mine = searcher.one(candidate).result
@@ -67,14 +50,14 @@ def _sampled(searcher: Searcher, space: Space, seed: int, k: int
     ("mixtral-8x7b", 32, 64, 4096, "calibrated"),
     ("deepseek-v2-lite", 8, 16, 1024, "calibrated"),  # two layer stacks: one pipeline stage
 ])
-def test_search_figures_are_profiles_on_a_random_sample(searcher, model, gpus, batch, seq,
-                                                        cost):
+def test_search_figures_are_profiles_on_a_random_sample(model, gpus, batch, seq, cost):
     """A random layout of each of several structures, by the search's compiled formulas and by
     `profile` compiling it on its own: the same figures (relative 1e-9), the same memory."""
-    searcher = searcher(model, seq, cost)
+    forward, c = preset(model), cost_model(cost)
+    searcher = Searcher(forward, H100, seq_len=seq, cost=c)
     rng, sampled = _sampled(searcher, Space(gpus=gpus, batch=batch), 13, 6)
     for group in sampled:
-        _same_as_profile(searcher, rng.choice(group), searcher.forward, searcher.cost)
+        _same_as_profile(searcher, rng.choice(group), forward, c)
 
 
 def test_an_uneven_split_is_profile_too():
@@ -157,13 +140,14 @@ def test_branch_and_bound_returns_the_fastest():
     ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 2, "zero": 3,
                            "framework": "torchtitan"}),
 ])
-def test_the_compute_bound_is_below_the_bound_and_the_memory(searcher, model, seq, constraints):
+def test_the_compute_bound_is_below_the_bound_and_the_memory(model, seq, constraints):
     """What the search knows of a row before its structure is compiled (`_compute_bound`,
     from the step before replication and stages) is at most what the compiled structure
     gives: its step's bound and its memory, on every row of up to 25 random structures of a
     space (every ZeRO stage, recomputation policy and precision where not fixed). The search
     skips a structure on it, so a row it overstates could be lost."""
-    searcher = searcher(model, seq)
+    forward = preset(model)
+    searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
     tight = 0.0
     for group in _sampled(searcher, Space(max_micro_batch=2, **constraints), 11, 25)[1]:
         g = searcher.evaluate(group)
@@ -175,15 +159,16 @@ def test_the_compute_bound_is_below_the_bound_and_the_memory(searcher, model, se
     assert tight > 0.9  # not vacuous
 
 
-def test_the_bound_waits_for_a_chain_of_collectives(searcher):
+def test_the_bound_waits_for_a_chain_of_collectives():
     """Under sequence parallelism a mixture of experts' tokens are all-gathered (tp) and then
     sent to their experts (ep all-to-all) before the experts' matmuls read them, the router
     running in between, and the experts' outputs come back the same way, in the backward too:
     the bound counts each chain whole, less the ops between its writer and its reader, so every
     all-to-all is in a chain of two; and the bound is then within 5% of the step (5.3% under
     while only a collective the very next op reads was counted)."""
-    searcher = searcher("mixtral-8x7b", 4096)
-    group = rows(searcher.forward, H100, Space(gpus=16, batch=32, tp=2, ep=4, pp=1, cp=1, zero=1,
+    forward = preset("mixtral-8x7b")
+    searcher = Searcher(forward, H100, seq_len=4096, cost=cost_model("calibrated"))
+    group = rows(forward, H100, Space(gpus=16, batch=32, tp=2, ep=4, pp=1, cp=1, zero=1,
                                       sequence_parallel=True, recompute=("none",),
                                       precision=("bf16",), max_micro_batch=2),
                  4096, searcher.cluster)
@@ -204,13 +189,14 @@ def test_the_bound_waits_for_a_chain_of_collectives(searcher):
     ("mixtral-8x7b", 16, 32, 4096, 2, 40),  # expert parallelism
     ("deepseek-v2-lite", 16, 32, 4096, None, 15),  # two stacks, shared experts: one stage
 ])
-def test_the_bound_is_below_every_step(searcher, model, gpus, batch, seq, max_pp, k):
+def test_the_bound_is_below_every_step(model, gpus, batch, seq, max_pp, k):
     """A layout's bound (compute, surely-waited collectives, the busiest stream, the
     optimizer's tail) is at most its step, on random layouts of k random structures of a
     space (every ZeRO stage, recomputation, pipeline depth): the branch and bound returns the
     fastest only if so. Its upper bound (every op one at a time) is at least its step: `--rank`
     counts a layout under it as faster unscheduled."""
-    searcher = searcher(model, seq)
+    forward = preset(model)
+    searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
     space = Space(gpus=gpus, batch=batch, precision=("bf16",), recompute=("none", "full"),
                   max_micro_batch=2, max_pp=max_pp)
     rng, sampled = _sampled(searcher, space, 7, k)
@@ -366,8 +352,8 @@ def test_space_rejects_contradictions():
     ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "async_tp": True}),
     ("mixtral-8x7b", 4096, {"gpus": 16, "batch": 32, "max_pp": 2}),
 ])
-def test_a_steady_state_stack_is_what_running_every_layer_gives(searcher, model, seq,
-                                                               constraints, monkeypatch):
+def test_a_steady_state_stack_is_what_running_every_layer_gives(model, seq, constraints,
+                                                               monkeypatch):
     """`schedule.simulate` steps over a layer stack's last layers once two run alike; drawing a
     timeline runs every layer. Both give the same span, compute, communication and waits, on
     both micro-batches of every stage of random layouts of 20 random structures (every ZeRO
@@ -382,8 +368,8 @@ def test_a_steady_state_stack_is_what_running_every_layer_gives(searcher, model,
     monkeypatch.setattr(schedule, "_repeat", lambda trip, left, *a: (
         stepped.append(left), repeat(trip, left, *a))[1])
 
-    searcher = searcher(model, seq)
-    forward = searcher.forward
+    forward = preset(model)
+    searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
     rng, sampled = _sampled(searcher, Space(max_micro_batch=2, precision=("bf16",),
                                             **constraints), 5, 20)
     for group in sampled:
