@@ -20,6 +20,7 @@ as its slowest group); any other group crosses the network, the slowest tier it 
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -309,7 +310,13 @@ def load(path: str | Path) -> dict[str, Cluster]:
 
 
 def catalog() -> dict[str, Cluster]:
-    """The clusters that ship with opgraph, by id."""
+    """The clusters that ship with opgraph, by id; the file is read once a process (it ships with
+    opgraph; a case file names a catalog entry on every run it holds)."""
+    return dict(_catalog())
+
+
+@functools.cache
+def _catalog() -> dict[str, Cluster]:
     return load(CATALOG)
 
 

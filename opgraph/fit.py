@@ -28,7 +28,7 @@ from . import cluster as clusters
 from . import hardware as hw
 from .calibration import FRACTIONS, Efficiencies
 from .cases import Case
-from .costmodel import CalibratedCostModel
+from .costmodel import DEFAULT, CalibratedCostModel, CostModel
 from .distributed import Job, prepare, step_figures
 from .errors import OpgraphError
 from .outputs.progress import progressed
@@ -107,16 +107,18 @@ class Fitted:
     errors: tuple[tuple[str, str, float], ...]
 
 
-def compile_cases(cases: list[Case]) -> list[tuple[Case, Job]]:
-    """Each case compiled once, as `opgraph validate` would predict it. A Job holds no
-    efficiency (the fit re-costs it at each step), so a case compiled once serves every later
-    fit or subset of it in the process: `_compiled` keeps the last few hundred, keyed by the
-    case's whole case-file form."""
-    return [(c, _compiled(json.dumps(c.to_json(), sort_keys=True))) for c in cases]
+def compile_cases(cases: list[Case], cost: CostModel = DEFAULT) -> list[tuple[Case, Job]]:
+    """Each case compiled once, as `opgraph validate` predicts it under `cost`. A Job holds no
+    efficiency (the fit re-costs it at each step); only the backward convention shapes it
+    (`CostModel.backward` and `factor`). So a case compiled once serves every later fit, subset
+    or prediction of it in the process under any cost model of that convention: `_compiled`
+    keeps the last few hundred, keyed by the case's whole case-file form and the convention."""
+    convention = CostModel(backward=cost.backward, factor=cost.factor)
+    return [(c, _compiled(json.dumps(c.to_json(), sort_keys=True), convention)) for c in cases]
 
 
 @functools.lru_cache(maxsize=1024)
-def _compiled(key: str) -> Job:
+def _compiled(key: str, convention: CostModel) -> Job:
     from .cases import read_case
     from .validate import case_options
 
@@ -124,7 +126,7 @@ def _compiled(key: str) -> Job:
     part = c.part()
     cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
     return prepare(c.forward(), part, c.parallel, cluster=cluster, values={"S": c.seq_len},
-                   **case_options(c))
+                   cost=convention, **case_options(c))
 
 
 def fit(cases: list[Case], table: dict[str, Efficiencies], *,

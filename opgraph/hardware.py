@@ -18,6 +18,7 @@ and the voltage floor make the real clock drop somewhat larger.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -216,7 +217,13 @@ def load(path: str | Path) -> dict[str, Hardware]:
 
 
 def catalog() -> dict[str, Hardware]:
-    """The parts that ship with opgraph, by id."""
+    """The parts that ship with opgraph, by id; the file is read once a process (it ships with
+    opgraph; a case file names a catalog entry on every run it holds)."""
+    return dict(_catalog())
+
+
+@functools.cache
+def _catalog() -> dict[str, Hardware]:
     return load(CATALOG)
 
 

@@ -28,11 +28,9 @@ from collections.abc import Iterable
 
 import attrs
 
-from . import cluster as clusters
-from . import hardware as hw
 from .cases import Case, Unmodelled
 from .costmodel import DEFAULT, CostModel
-from .distributed import profile_parallel
+from .distributed import step_figures
 from .errors import OpgraphError
 from .pipeline import fusion_passes
 
@@ -99,12 +97,13 @@ def case_options(case: Case) -> dict:
 
 
 def predict(case: Case, cost: CostModel = DEFAULT) -> Prediction:
-    """One case's prediction, as `opgraph profile` gives it for the case's flags."""
-    part = case.part()
-    cluster = clusters.get(case.cluster) if case.cluster else clusters.for_hardware(part)
-    profile = profile_parallel(case.forward(), part, case.parallel, cluster=cluster,
-                               values={"S": case.seq_len}, cost=cost, **case_options(case))
-    r = profile.parallel
+    """One case's prediction, as `opgraph profile` gives it for the case's flags: the case
+    compiled once a process (`opgraph.fit.compile_cases`, shared with the fit and with other
+    cost models), then scheduled under `cost`."""
+    from .fit import compile_cases
+
+    ((_, job),) = compile_cases([case], cost)
+    r = step_figures(job, cost)
     return Prediction(case, r.step_time_s, r.memory.total, r.mfu)
 
 

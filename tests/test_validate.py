@@ -18,6 +18,32 @@ def shipped():
     return {c.id: c for c in load_cases()}
 
 
+@pytest.mark.parametrize("case_id, backward", [
+    ("korthikanti22_tab5_22B_seqsel", "plate"),  # tensor and sequence parallel, on A100s
+    ("torchtitan_t1_fsdp_compile_fp8_8gpu", "plate"),  # FP8's peak, FSDP, fused element-wise
+    ("simumax_b200_llama3_70b_l12_tp1_pp2_dp4_mbc4_cef", "derived"),  # two pipeline stages
+])
+def test_a_prediction_is_what_profile_gives_under_each_cost_model(shipped, case_id, backward):
+    """`predict` compiles a case once a process (the fit's compiled jobs, shared across cost
+    models of one backward convention) and schedules it under the cost model asked for: the
+    figures `profile_parallel` gives compiling the case under that cost model on its own."""
+    from opgraph import cluster as clusters
+    from opgraph.costmodel import cost_model
+    from opgraph.distributed import profile_parallel
+
+    case = shipped[case_id]
+    part = case.part()
+    cluster = clusters.get(case.cluster) if case.cluster else clusters.for_hardware(part)
+    for name in ("calibrated", "roofline"):
+        cost = cost_model(name, backward)
+        got = v.predict(case, cost)
+        r = profile_parallel(case.forward(), part, case.parallel, cluster=cluster,
+                             values={"S": case.seq_len}, cost=cost,
+                             **v.case_options(case)).parallel
+        assert (got.predicted_step_time_s, got.predicted_peak_memory_bytes, got.mfu) == (
+            r.step_time_s, r.memory.total, r.mfu), name
+
+
 def test_a_run_that_cannot_be_predicted_is_listed_with_its_reason(shipped, monkeypatch):
     cases = [shipped["korthikanti22_tab5_22B_full"], shipped["korthikanti22_tab5_22B_seqsel"]]
     real = v.predict
