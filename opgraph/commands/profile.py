@@ -12,7 +12,8 @@ from .options import add_model_args
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "profile", help="the roofline profile of one training step (the default command)",
+        "profile", help="the profile of one training step (the default command): one GPU's "
+                        "on the roofline, a job over many GPUs on the calibrated model",
         description="Each category's share of the step's time beside its share of the FLOPs, "
                     "the step time and the best MFU the step allows.")
     add_model_args(p, cost=None)
