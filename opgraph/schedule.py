@@ -15,7 +15,10 @@ per parallel degree: tp, cp, ep, dp, pp), in the order it becomes ready:
   its reader (ring attention's K/V passing under the attention; tensor-parallel communication
   under its matmul with `--async-tp`), the reader may start with it and ends no earlier than it;
 - without `overlap_grad_reduce` (Megatron-LM's default) the gradient reductions wait for the
-  backward to end: they start when the optimizer needs them.
+  backward to end: they start when the optimizer needs them;
+- with `overlap_param_gather` (Megatron-LM's flag), ZeRO-1/2's gathers of the updated weights
+  run in the next step's first micro-batch, each prefetched a layer ahead as a weight's gather
+  is (`prefetched_gathers`; `distributed.Stage.first`), not after the update.
 
 A `Plan` indexes a stage's ops once; runs of ops that wait on no collective and feed none
 advance the compute stream by their sum at once, and a layer stack's layers, once two run

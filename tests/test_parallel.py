@@ -635,8 +635,9 @@ def _gathers(result):
     return [t for t in result.communication if t.name.endswith("@updated.all_gather")]
 
 
-@pytest.mark.parametrize("micro_batches", [1, 2])
-def test_overlap_param_gather_moves_the_weight_gathers_under_the_next_forward(micro_batches):
+@pytest.mark.parametrize("micro_batches, zero", [(1, 1), (2, 1), (2, 2)])
+def test_overlap_param_gather_moves_the_weight_gathers_under_the_next_forward(micro_batches,
+                                                                               zero):
     """Megatron-LM's --overlap-param-gather: the distributed optimizer's gathers of updated
     weights run under the next step's first forward, each layer's before that layer runs,
     rather than exposed after the update. They cost what they cost; the step loses what was
@@ -644,7 +645,7 @@ def test_overlap_param_gather_moves_the_weight_gathers_under_the_next_forward(mi
     the gathers the first forward op reads (the embedding's: nothing runs before it), at most
     all of them. The step's parts still add up, and the drawn timeline's dp track still sums
     to the dp collectives' time."""
-    base = Parallel(tp=2, dp=8, zero=1, micro_batch=1, global_batch=8 * micro_batches,
+    base = Parallel(tp=2, dp=8, zero=zero, micro_batch=1, global_batch=8 * micro_batches,
                     framework="megatron")
     after = profile_parallel(preset("llama3-8b"), H100, base).parallel
     under = profile_parallel(preset("llama3-8b"), H100,
