@@ -260,10 +260,10 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
     subs = resolve(forward, {k: v for k, v in values.items() if k != "B"})
     return Job(forward, hardware, cluster, layout, stages,
                tuple(distinct.index(k) for k in kinds), layout.batch * int(subs[S]),
-               int(mfu_parameters(forward).xreplace(subs)), _unequal_chunks(forward, layout))
+               int(mfu_parameters(forward).xreplace(subs)), unequal_chunks(forward, layout))
 
 
-def _unequal_chunks(forward: Graph, layout: Parallel):
+def unequal_chunks(forward: Graph, layout: Parallel):
     """`chunk_layers` where interleaving cuts stages into chunks of unequal size, else None."""
     if layout.virtual_stages == 1 or layout.pp < 3:  # two stages: no middle one to time a layer
         return None

@@ -62,14 +62,18 @@ def test_search_figures_are_profiles_on_a_random_sample(model, gpus, batch, seq,
 
 def test_an_uneven_split_is_profile_too():
     """Llama 3's own split (7, 8 x 14, 7 layers), compiled by the search as an even one with
-    the stages' layers a symbol: `profile`'s figures."""
+    the stages' layers a symbol, without interleaving and interleaved as the paper ran it
+    (a middle stage's 8 layers in 1, 2, 4 or 8 chunks, the end stages' outer chunk one layer
+    short: `schedule.interleaved_span`): `profile`'s figures."""
     forward, c = preset("llama3.1-405b"), cost_model("calibrated")
     searcher = Searcher(forward, H100, seq_len=8192, cost=c)
     found = rows(forward, H100, Space(gpus=256, batch=32, tp=8, pp=16, cp=1, zero=1,
                                       micro_batch=1, recompute=("full",), precision=("bf16",),
                                       sequence_parallel=True), 8192, searcher.cluster)
-    assert [(r.first, r.last) for r in found] == [(7, 7)]
-    _same_as_profile(searcher, found[0], forward, c)
+    assert [(r.first, r.last, r.virtual_stages) for r in found] == [
+        (7, 7, v) for v in (1, 2, 4, 8)]
+    for r in (found[0], found[-1]):
+        _same_as_profile(searcher, r, forward, c)
 
 
 def test_the_space_covers_every_option():
@@ -211,6 +215,35 @@ def test_the_bound_is_below_every_step(model, gpus, batch, seq, max_pp, k):
             tight_upper = min(tight_upper, g.upper[col] / step)
     assert tight > 0.9  # the bound is not vacuous: some layout's is within 10% of its step
     assert tight_upper < 1.5  # nor the upper one
+
+
+def test_interleaving_with_uneven_ends_is_bounded_on_both_sides():
+    """Llama 3.2 1B's 16 layers on 3 or 6 stages split unevenly (5, 6, 5 and 2, 3 x 4, 2),
+    interleaved: the schedule is simulated chunk by chunk (`schedule.interleaved_span`), so the
+    search bounds it by what that simulation cannot beat (each stage's own micro-batches and
+    the fill and drain through chunk 0) and by 1F1B without interleaving. Every such row of
+    the space: the compute bound <= the bound <= the step <= the upper bound, the step
+    `profile`'s."""
+    forward, c = preset("llama3.2-1b"), cost_model("calibrated")
+    searcher = Searcher(forward, H100, seq_len=4096, cost=c)
+    by_structure: dict = {}
+    for r in rows(forward, H100, Space(gpus=12, batch=24, cp=1, tp=1, precision=("bf16",),
+                                       recompute=("none",), zero=1), 4096, searcher.cluster):
+        if r.first is not None and r.virtual_stages > 1:
+            by_structure.setdefault(structure(r), []).append(r)
+    assert {(r.pp, r.first, r.virtual_stages) for g in by_structure.values() for r in g} >= {
+        (3, 5, 2), (3, 5, 3), (3, 5, 6), (6, 2, 3)}
+    tight = 0.0
+    for group in by_structure.values():
+        g = searcher.evaluate(group)
+        floor, _ = _compute_bound(searcher.compute(group[0]), group, searcher.layers, H100,
+                                  searcher.cost, searcher._line)
+        for col in range(len(group)):
+            step = searcher.exact(g, col).step_time_s
+            assert floor[col] <= g.bound[col] <= step <= g.upper[col], group[col]
+            tight = max(tight, g.bound[col] / step)
+    assert tight > 0.8  # not vacuous
+    _same_as_profile(searcher, next(iter(by_structure.values()))[-1], forward, c)
 
 
 def test_memory_filter_keeps_only_layouts_that_fit():
