@@ -182,13 +182,16 @@ def layout_text(layout, recompute: str, precision: str) -> str:
 
 
 def format_plan(best) -> str:
-    """`opgraph plan`'s table: the layouts found (`search.Ranked`), best first."""
-    head = (f"{'#':>3}  {'layout':<52} {'step (s)':>9} {'tok/s/GPU':>10} {'MFU':>6} "
+    """`opgraph plan`'s table: the layouts found (`search.Ranked`), best first; the layout
+    column 52 wide, or as wide as the longest layout."""
+    texts = [layout_text(r.layout, r.candidate.recompute, r.candidate.precision) for r in best]
+    width = max([52, *map(len, texts)])
+    head = (f"{'#':>3}  {'layout':<{width}} {'step (s)':>9} {'tok/s/GPU':>10} {'MFU':>6} "
             f"{'mem/GPU':>9} {'bubble (s)':>10} {'exposed (s)':>11}")
     lines = [head]
-    for i, r in enumerate(best, 1):
+    for i, (r, text) in enumerate(zip(best, texts, strict=True), 1):
         res = r.result
-        lines.append(f"{i:>3}  {layout_text(r.layout, r.candidate.recompute, r.candidate.precision):<52}"
+        lines.append(f"{i:>3}  {text:<{width}}"
                      f" {res.step_time_s:>9.3f} {res.tokens_per_s_per_gpu:>10,.0f}"
                      f" {_pct(res.mfu):>6} {_bytes(res.memory.total, 1):>9}"
                      f" {res.bubble_s:>10.3f} {res.exposed_communication_s:>11.3f}")
