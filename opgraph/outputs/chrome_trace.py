@@ -190,7 +190,7 @@ def chrome_trace(profile: Profile, graph: Graph) -> dict:
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {
-            "source": "opgraph roofline prediction (no overlap: kernels back to back)",
+            "source": f"opgraph {profile.cost} prediction (no overlap: kernels back to back)",
             "model": profile.model, "hardware": profile.hardware.name,
             "tokens": profile.tokens, "batch": batch, "seq_len": profile.seq_len,
             "fused_attention": profile.fused_attention,
@@ -237,7 +237,7 @@ def timeline(profile: Profile, rank: int) -> dict:
                        "dur": (e.end_s - e.start_s) * 1e6,
                        "args": {"phase": e.phase, "kind": e.kind}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"source": "opgraph roofline prediction, scheduled over streams",
+            "otherData": {"source": f"opgraph {r.cost} prediction, scheduled over streams",
                           "model": profile.model, "rank": rank,
                           "step_time_s": r.step_time_s, "bubble_s": r.bubble_s,
                           "exposed_communication_s": r.exposed_communication_s,
