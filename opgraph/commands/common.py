@@ -133,18 +133,19 @@ def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dic
     return {"S": int(subs[S]), "B": int(subs[B])}
 
 
-def cost_name(args) -> str:
-    """`--cost`, or where a command leaves it to the job (`options.add_cost_args`: None),
-    calibrated for a job over many GPUs (a layout flag, --torchtitan or --megatron-args) and
-    roofline for one GPU's step."""
-    name = getattr(args, "cost", "roofline")
-    if name is not None:
-        return name
-    from .layout import wants_layout
+def default_cost(args) -> str:
+    """The cost model a command that leaves `--cost` to the job (`options.add_cost_args`:
+    None) uses: calibrated for a job over many GPUs (`layout.is_job`), as `plan` and
+    `validate` cost one, roofline for one GPU's step."""
+    from .layout import is_job
 
-    job = wants_layout(args) or getattr(args, "torchtitan", None) or getattr(
-        args, "megatron_args", None)
-    return "calibrated" if job else "roofline"
+    return "calibrated" if is_job(args) else "roofline"
+
+
+def cost_name(args) -> str:
+    """`--cost`, or where the command leaves it to the job, `default_cost`."""
+    name = getattr(args, "cost", "roofline")
+    return default_cost(args) if name is None else name
 
 
 def cost_model(args, calibrated: bool = True) -> CostModel:

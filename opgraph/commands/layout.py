@@ -123,6 +123,13 @@ def wants_layout(args) -> bool:
                 or getattr(args, "trace_rank", 0))
 
 
+def is_job(args) -> bool:
+    """Whether the options describe a job over many GPUs: a many-GPU option, or a launch
+    config (`--torchtitan`, `--megatron-args`) to read one from."""
+    return bool(wants_layout(args) or getattr(args, "torchtitan", None)
+                or getattr(args, "megatron_args", None))
+
+
 def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
     """The layout the flags give, over `base` (what a job config said); `--tokens` per step
     sets the global batch in sequences."""

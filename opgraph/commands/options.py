@@ -68,7 +68,7 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
 
 def add_cost_args(group, default: str | None = "roofline") -> None:
     """`--cost` (roofline or calibrated, `default` first) and `--calibration FILE`. A default of
-    None is the job's (`common.cost_model`): calibrated for a job over many GPUs, as `plan` and
+    None is the job's (`common.default_cost`): calibrated for a job over many GPUs, as `plan` and
     `validate` predict one, roofline for one GPU's step (the plate)."""
     texts = {"roofline": "roofline, the ceiling no run beats",
              "calibrated": "calibrated, each hardware generation's measured efficiencies "

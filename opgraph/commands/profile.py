@@ -6,7 +6,7 @@ import sys
 
 from ..outputs.atomic import outputs
 from .args import check_command_outputs, json_text
-from .layout import add_parallel_args, wants_layout
+from .layout import add_parallel_args, is_job
 from .options import add_model_args
 
 
@@ -31,12 +31,12 @@ def run(args) -> int:
     from opgraph.passes.evaluate import evaluate
 
     from ..outputs.report import format_profile, memory_warning
-    from .common import cost_name, echoed, setup
+    from .common import cost_name, default_cost, echoed, setup
 
     args.cost = cost_name(args)  # the job's default, said in the output as every figure's model
     check_command_outputs(args, {"--plot": args.plot, "--trace": args.trace},
                           {"--plot": (".png", ".svg")})
-    if wants_layout(args) or args.torchtitan or args.megatron_args:
+    if is_job(args):
         from .common import parallel_setup
 
         s = parallel_setup(args)
@@ -67,8 +67,8 @@ def run(args) -> int:
         print(json_text(out))
         return 0
     print(format_profile(profile, ops=args.ops))
-    # what differs from the defaults, the job's cost model among them (`common.cost_name`)
-    if options != echoed(None) | {"cost": "calibrated" if profile.parallel else "roofline"}:
+    # what differs from the defaults, the job's cost model among them
+    if options != echoed(None) | {"cost": default_cost(args)}:
         print("step options " + ", ".join(f"--{k} {v}" for k, v in options.items()))
     for line in warnings:
         print(f"opgraph: warning: {line}", file=sys.stderr)
