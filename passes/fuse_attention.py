@@ -23,7 +23,6 @@ import sympy
 
 from opgraph import rules
 from opgraph.builder import GraphBuilder
-from opgraph.contracts import contract
 from opgraph.ir import Graph, Op
 from opgraph.rewrite import Match, Replacement, fused_flops, rewrite
 from opgraph.symbols import B, H, H_kv, S, d_h, dim
@@ -122,7 +121,6 @@ def rewrite_attention(graph: Graph) -> tuple[Graph, list[Fused]]:
     return out, report
 
 
-@contract(forbids=("backward",))
 def fuse_attention(graph: Graph) -> Graph:
     """`graph` with every attention core fused: `fuse_attention(preset("llama3-8b"))`."""
     return rewrite_attention(graph)[0]

@@ -11,7 +11,8 @@ from opgraph.pipeline import run_passes, step_passes
 from opgraph.verify import VerifyError
 from passes.replicate import replicate
 
-from opgraph import OpgraphError, apply_precision, attach_adamw, derive_backward, recompute
+from opgraph import (OpgraphError, apply_precision, attach_adamw, derive_backward,
+                     fuse_attention, recompute)
 
 FORWARD = preset("llama3-8b")
 
@@ -33,6 +34,15 @@ def test_precision_after_recompute_is_refused():
     with pytest.raises(OpgraphError, match="apply_precision runs on a graph without a "
                                            "recomputation; run it before recompute"):
         run_passes(FORWARD, order)
+
+
+def test_a_pass_without_a_contract_runs_where_it_is_put():
+    """`fuse_attention` fuses a step's attention cores before or after the backward is derived
+    (`tests/test_passes.py` compares the two), so it declares nothing and the driver lets it run
+    after `derive_backward`."""
+    assert contract_of(fuse_attention) is None
+    step = run_passes(FORWARD, [derive_backward, fuse_attention, attach_adamw])
+    assert any(op.kind == "flash_attention_backward" for op in step.ops())
 
 
 def test_every_built_in_order_keeps_every_contract():
