@@ -8,7 +8,8 @@ Prints, against the targets of the physics work:
     families, no family above 20%
 (b) the roofline at or below the measured step on every dev run (it is a ceiling)
 (c) predicted peak memory within 10% of the measured GPU memory on >= 90% of the playbook
-    sweep's rows
+    sweep's rows; beside it, where that error lies (per sequence of micro-batch, or fixed),
+    and the same figure on the dev runs whose source says it is the allocated peak
 (d) on the playbook sweep, grouped by model and node count: median Spearman >= 0.85 of
     predicted and measured throughput, mean regret <= 5% of the first choice
 (e) Llama 3.1 405B at the Llama 3 paper's layout (8,192 H100s, 16 M tokens, TP 8, PP 16 with
@@ -60,6 +61,16 @@ def main(argv: list[str]) -> int:
           f"sweep rows ({within / len(errors) * 100:.0f}%; target >= 90%); median error "
           f"{sorted(errors)[len(errors) // 2] * 100:+.1f}%")
 
+    print(memory_split(sweep.predictions))
+    allocated = validate([c for c in dev if c.family in ALLOCATED_MEMORY
+                          and c.measured_peak_memory_bytes], cost_model("calibrated"))
+    errors = sorted(p.memory_error for p in allocated.predictions)
+    within = sum(abs(e) <= 0.10 for e in errors)
+    print(f"    the dev runs whose source gives torch's allocated peak "
+          f"({', '.join(sorted(ALLOCATED_MEMORY))}): within 10% on {within} of {len(errors)}, "
+          f"median error {errors[len(errors) // 2] * 100:+.1f}%, from {errors[0] * 100:+.1f}% to "
+          f"{errors[-1] * 100:+.1f}%")
+
     capacity = {c.hardware: hw.get(c.hardware).memory_bytes for c in sweep_cases(sweep)}
     summary = rank_summary(rank(sweep, capacity))
     print(f"\n(d) playbook sweep by model and node count ({len(summary['groups'])} groups): "
@@ -69,6 +80,54 @@ def main(argv: list[str]) -> int:
     print("\n(e) " + llama3_405b())
     print("\n(f) " + plate())
     return 0
+
+
+# Families whose source states that the memory figure is the PyTorch caching allocator's
+# allocated peak (`torch.cuda.max_memory_allocated`): SimuMax's B200 runs ("peak_alloc_GiB").
+# The playbook's figure is nanotron's allocated or reserved peak, which it does not say.
+ALLOCATED_MEMORY = frozenset({"simumax_b200"})
+
+
+def memory_split(predictions) -> str:
+    """Where the sweep's memory error lies: within each group of rows that differ only in
+    micro-batch size (same model, nodes, TP, PP, DP, ZeRO), the measured and predicted memory
+    as a line in the micro-batch size, its intercept what the step holds whatever the batch
+    (weights, gradients, optimizer states) and its slope what one more sequence per
+    micro-batch adds (the activations a pipeline stage keeps in flight, the loss's logits);
+    the medians over groups of measured over predicted."""
+    import statistics
+
+    groups: dict = {}
+    for p in predictions:
+        c = p.case
+        if c.measured_peak_memory_bytes is None:
+            continue
+        L = c.parallel
+        model = c.model if isinstance(c.model, str) else tuple(sorted(c.model.items()))
+        key = (model, c.seq_len, c.gpus, L.tp, L.pp, L.cp, L.dp, L.zero)
+        groups.setdefault(key, []).append(
+            (c.parallel.micro_batch, c.measured_peak_memory_bytes, p.predicted_peak_memory_bytes))
+    slopes, intercepts = [], []
+    for rows in groups.values():
+        if len({b for b, _, _ in rows}) < 2:
+            continue
+        measured, predicted = _line(rows, 1), _line(rows, 2)
+        if predicted[0] > 0 and predicted[1] > 0:
+            slopes.append(measured[0] / predicted[0])
+            intercepts.append(measured[1] / predicted[1])
+    return (f"    split over {len(slopes)} groups differing only in micro-batch size, measured / "
+            f"predicted (medians): per sequence of micro-batch (activations) "
+            f"{statistics.median(slopes):.2f}, at micro-batch 0 (weights, gradients, optimizer) "
+            f"{statistics.median(intercepts):.2f}")
+
+
+def _line(rows, column: int) -> tuple[float, float]:
+    """Least-squares slope and intercept of `column` of `rows` against their first."""
+    xs = [r[0] for r in rows]
+    ys = [r[column] for r in rows]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx
 
 
 def sweep_cases(report):
