@@ -150,32 +150,38 @@ class GraphBuilder:
                   name: str = "layernorm") -> Tensor:
         return self.op("layernorm", [x, weight, bias], category="norm", name=name)
 
-    def rope(self, x: TensorLike, name: str = "rope") -> Tensor:
-        return self.op("rope", [x], category="elementwise", name=name)
+    def rope(self, x: TensorLike, name: str = "rope", *, rotary=None, heads=None) -> Tensor:
+        """Rotary position embedding on `x[B, S, heads*d]`; `rotary=R, heads=H` rotates only
+        R of each head's d dimensions (GPT-NeoX's partial RoPE), the rest pass through."""
+        params = {} if rotary is None else {"rotary": rotary, "heads": heads}
+        return self.op("rope", [x], category="elementwise", name=name, **params)
 
     def attention_scores(self, q: TensorLike, k: TensorLike, *, heads, kv_heads,
-                         causal: bool = True, window=None, softcap=None,
+                         causal: bool = True, window=None, softcap=None, alibi: bool = False,
                          name: str = "scores") -> Tensor:
         """softmax(mask(QK^T * scale)) per head: `[B, S, H*d], [B, S, G*d] -> [B, H, S, S]`;
         `window=W` lets each query see its last W keys (sliding-window attention: FLOPs count
-        min(S, W) keys per query), `softcap=c` caps the logits, c * tanh(s / c)."""
+        min(S, W) keys per query), `softcap=c` caps the logits, c * tanh(s / c); `alibi=True`
+        adds ALiBi's per-head linear bias to each score (BLOOM) in the same kernel."""
         return self.op("attention_scores", [q, k], category="attention", name=name,
-                       **_attention_params(heads, kv_heads, causal, window, softcap))
+                       **_attention_params(heads, kv_heads, causal, window, softcap, alibi))
 
     def attention(self, q: TensorLike, k: TensorLike, v: TensorLike, *, heads, kv_heads,
-                  causal: bool = True, window=None, softcap=None, name: str = "attn") -> Tensor:
+                  causal: bool = True, window=None, softcap=None, alibi: bool = False,
+                  name: str = "attn") -> Tensor:
         """The unfused attention core: a scores kernel, then P.V (what `fuse_attention` finds).
         The values' head size may differ from the queries' and keys' (DeepSeek's MLA)."""
         p = self.attention_scores(q, k, heads=heads, kv_heads=kv_heads, causal=causal,
-                                  window=window, softcap=softcap, name=f"{name}.scores")
+                                  window=window, softcap=softcap, alibi=alibi,
+                                  name=f"{name}.scores")
         return self.matmul(p, v, name=f"{name}.pv", category="attention",
-                           **_attention_params(heads, kv_heads, causal, window, softcap))
+                           **_attention_params(heads, kv_heads, causal, window, softcap, alibi))
 
     def flash_attention(self, q: TensorLike, k: TensorLike, v: TensorLike, *, heads, kv_heads,
-                        causal: bool = True, window=None, softcap=None,
+                        causal: bool = True, window=None, softcap=None, alibi: bool = False,
                         name: str = "flash_attn") -> Tensor:
         return self.op("flash_attention", [q, k, v], category="attention", name=name,
-                       **_attention_params(heads, kv_heads, causal, window, softcap))
+                       **_attention_params(heads, kv_heads, causal, window, softcap, alibi))
 
     def swiglu(self, gate: TensorLike, up: TensorLike, name: str = "swiglu") -> Tensor:
         """`silu(gate) * up`, one kernel."""
@@ -191,6 +197,10 @@ class GraphBuilder:
         """`gelu(gate) * up`, one kernel (Gemma's MLP)."""
         return self.op("geglu", [gate, up], category="elementwise", name=name,
                        **({} if approximate == "tanh" else {"approximate": approximate}))
+
+    def relu(self, x: TensorLike, name: str = "relu") -> Tensor:
+        """`max(x, 0)` (OPT's MLP)."""
+        return self.op("relu", [x], category="elementwise", name=name)
 
     def mul(self, a: TensorLike, b: TensorLike, name: str = "mul") -> Tensor:
         """An element-wise product of two tensors of one shape."""
@@ -288,13 +298,15 @@ class GraphBuilder:
         return self.graph
 
 
-def _attention_params(heads, kv_heads, causal, window, softcap) -> dict:
-    """An attention op's parameters; a window or a cap only when given."""
+def _attention_params(heads, kv_heads, causal, window, softcap, alibi=False) -> dict:
+    """An attention op's parameters; a window, a cap or ALiBi only when given."""
     params = {"heads": heads, "kv_heads": kv_heads, "causal": causal}
     if window is not None:
         params["window"] = window
     if softcap is not None:
         params["softcap"] = softcap
+    if alibi:
+        params["alibi"] = True
     return params
 
 

@@ -114,6 +114,7 @@ KIND_CLASSES: dict[str, str] = _with_backward({
     "rope": "pointwise",
     "swiglu": "pointwise",
     "gelu": "pointwise",
+    "relu": "pointwise",
     "rmsnorm": "reduction",
     "layernorm": "reduction",
     "cross_entropy": "reduction",

@@ -245,7 +245,7 @@ def _ids(shape, name="ids"):
     return (name, shape, Role.INPUT)
 
 
-M, W = dim("M"), dim("W")
+M, W, R = dim("M"), dim("W"), dim("R")
 _QKV = (_x((B, S, H * d_h), "q"), _x((B, S, H_kv * d_h), "k"))
 _ATTN = {"heads": H, "kv_heads": H_kv, "causal": True}
 
@@ -279,6 +279,7 @@ EXAMPLES: dict[str, Example] = {
     "broadcast": Example((_x((B, S, 1, d_h)),), (("shape", (B, S, H, d_h)),)),
     "reshape": Example((_x((B, S, H * d_h)),), (("shape", (B, S, H, d_h)),)),
     "gather": Example((_x((B, S, D)), _ids((B, M), "positions"))),
+    "relu": Example((_x((B, S, F)),)),
 }
 VARIANTS: tuple[tuple[str, Example], ...] = (
     ("flash_attention", Example(EXAMPLES["flash_attention"].inputs,
@@ -286,6 +287,9 @@ VARIANTS: tuple[tuple[str, Example], ...] = (
     ("flash_attention", Example(EXAMPLES["flash_attention"].inputs,
                                 (*_ATTN.items(), ("softcap", 50)), "attention")),
     ("gelu", Example(EXAMPLES["gelu"].inputs, (("approximate", "none"),))),
+    ("rope", Example(EXAMPLES["rope"].inputs, (("heads", H), ("rotary", R)))),
+    ("flash_attention", Example(EXAMPLES["flash_attention"].inputs,
+                                (*_ATTN.items(), ("alibi", True)), "attention")),
 )
 
 

@@ -342,6 +342,22 @@ def _softcap_scores(q: Tensor, k: Tensor, params: dict, per_score: int) -> sympy
     return per_score * q.shape[0] * params["heads"] * _score_pairs(q.shape[1], k.shape[1], params)
 
 
+# ALiBi (Press et al. 2022, arXiv:2108.12409; BLOOM): a per-head linear bias, slope x key
+# position, added to each score: one add per score forward (inside the scores kernel, or
+# inside FlashAttention's); the gradient passes through it unchanged, and the slopes are fixed,
+# so its backward does no arithmetic. Its bias is made from the head's slope and the key's
+# index, so it reads no score-sized tensor.
+ALIBI_FLOPS = 1
+
+
+def _alibi_scores(q: Tensor, k: Tensor, params: dict) -> sympy.Expr:
+    """ALIBI_FLOPS on each score when the scores carry ALiBi's bias (`alibi=True`), else 0."""
+    if not params.get("alibi"):
+        return sympy.Integer(0)
+    return ALIBI_FLOPS * q.shape[0] * params["heads"] * _score_pairs(q.shape[1], k.shape[1],
+                                                                     params)
+
+
 def _matmul_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """2 FLOPs per multiply-add: 2 x outputs x contraction; a bias adds one per output (and its
     gradient one per summed element)."""
@@ -367,7 +383,8 @@ def _scores_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.
     FLOPs per score against 2d for the product; like the plate, they are not counted."""
     q, k = ins
     return (2 * q.shape[0] * params["heads"] * _score_pairs(q.shape[1], k.shape[1], params)
-            * _head_dim(q, params["heads"]) + _softcap_scores(q, k, params, SOFTCAP_FLOPS))
+            * _head_dim(q, params["heads"]) + _softcap_scores(q, k, params, SOFTCAP_FLOPS)
+            + _alibi_scores(q, k, params))
 
 
 def _attention_products(q: Tensor, k: Tensor, params: dict) -> sympy.Expr:
@@ -381,7 +398,7 @@ def _flash_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.E
     q, k, v = ins
     d_qk, d_v = _head_dim(q, params["heads"]), _head_dim(v, params["kv_heads"])
     return (2 * _attention_products(q, k, params) * (d_qk + d_v)
-            + _softcap_scores(q, k, params, SOFTCAP_FLOPS))
+            + _softcap_scores(q, k, params, SOFTCAP_FLOPS) + _alibi_scores(q, k, params))
 
 
 def _loss_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
@@ -469,7 +486,8 @@ def _scores_backward_flops(ins, outs, params) -> sympy.Expr:
     """dQ = dS K and dK = dS^T Q: each the forward's QK^T product (softmax's backward, a few
     FLOPs per score, is not counted, like its forward)."""
     _, (q, k), (p,) = _saved(ins, params)
-    products = _scores_flops([q, k], [p], params) - _softcap_scores(q, k, params, SOFTCAP_FLOPS)
+    products = (_scores_flops([q, k], [p], params) - _softcap_scores(q, k, params, SOFTCAP_FLOPS)
+                - _alibi_scores(q, k, params))
     return (len(params.get("wrt", (0, 1))) * products
             + _softcap_scores(q, k, params, SOFTCAP_BACKWARD_FLOPS))
 
@@ -477,11 +495,12 @@ def _scores_backward_flops(ins, outs, params) -> sympy.Expr:
 def _flash_backward_flops(ins, outs, params) -> sympy.Expr:
     """FlashAttention's backward as it runs: it recomputes QK^T (2 d_qk per score), then
     dV = P^T dO and dP = dO V^T (2 d_v each), dQ = dS K and dK = dS^T Q (2 d_qk each): 2.5x the
-    forward when the head sizes agree."""
+    forward when the head sizes agree. ALiBi's bias is added again as the scores are
+    recomputed."""
     _, (q, k, v), _ = _saved(ins, params)
     d_qk, d_v = _head_dim(q, params["heads"]), _head_dim(v, params["kv_heads"])
     return (2 * _attention_products(q, k, params) * (3 * d_qk + 2 * d_v)
-            + _softcap_scores(q, k, params, SOFTCAP_BACKWARD_FLOPS))
+            + _softcap_scores(q, k, params, SOFTCAP_BACKWARD_FLOPS) + _alibi_scores(q, k, params))
 
 
 def _loss_backward_flops(ins, outs, params) -> sympy.Expr:
@@ -505,6 +524,40 @@ def _combine_backward_flops(ins, outs, params) -> sympy.Expr:
 
 
 # --- element-wise kinds with a parameter, views, gather -------------------------------------------
+
+# RoPE on a fraction of each head (GPT-NeoX's `rotary_pct`): `rotary=R` of each head's d
+# dimensions are rotated, the rest pass through; one kernel reads and writes the whole tensor
+# (Megatron-LM's `apply_rotary_pos_emb` cuts the rotated part off and joins it back), 3 FLOPs
+# per rotated element forward (x*cos + rotate(x)*sin) and backward (the inverse rotation).
+ROPE_FLOPS = 3
+
+
+def _rotated(t: Tensor, params: dict) -> sympy.Expr:
+    """Elements RoPE rotates in `t[..., heads*d]`: all of them, or `rotary` of each head's d."""
+    if params.get("rotary") is None:
+        return t.numel
+    return t.numel / t.shape[-1] * params["heads"] * params["rotary"]
+
+
+def _rope_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    if params.get("rotary") is not None:
+        _require(params.get("heads") is not None, "rope with `rotary` (dims rotated per head) needs `heads`")
+    return _same_shape(ins, params)
+
+
+def _rope_flops(ins, outs, params) -> sympy.Expr:
+    return ROPE_FLOPS * _rotated(outs[0], params)
+
+
+def _rope_backward_flops(ins, outs, params) -> sympy.Expr:
+    """The inverse rotation, dY*cos - rotate(dY)*sin, on the rotated elements of dY."""
+    return ROPE_FLOPS * _rotated(ins[0], params)
+
+
+# ReLU, max(x, 0): one FLOP per element forward (a max, as IEEE 754's maximumNumber is one
+# operation), and one backward (dY where x > 0, a select).
+RELU_FLOPS = RELU_BACKWARD_FLOPS = 1
+
 
 # GELU, exact (0.5 x (1 + erf(x / sqrt 2))) or its tanh approximation (`approximate="tanh"`,
 # the default, GPT-2's): FLOPs per element forward, and backward (recomputed, its derivative,
@@ -709,7 +762,7 @@ SHAPE_RULES: dict[str, Callable] = {
     "matmul": _matmul_shape,
     "rmsnorm": _norm_shape,
     "layernorm": _norm_shape,
-    "rope": _same_shape,
+    "rope": _rope_shape,
     "attention_scores": _scores_shape,
     "flash_attention": _flash_shape,
     "swiglu": _same_shape,
@@ -729,6 +782,7 @@ SHAPE_RULES: dict[str, Callable] = {
     "broadcast": _broadcast_shape,
     "reshape": _reshape_shape,
     "gather": _gather_shape,
+    "relu": _same_shape,  # max(x, 0)
 }
 
 FORWARD_KINDS = tuple(SHAPE_RULES)
@@ -747,7 +801,7 @@ FLOP_RULES: dict[str, Callable] = {
     "matmul": _matmul_flops,
     "rmsnorm": per_element(4),  # square, mean, scale by 1/rms, scale by weight
     "layernorm": per_element(7),  # mean, subtract, square, mean, scale, weight, bias
-    "rope": per_element(3),  # x*cos + rotate(x)*sin
+    "rope": _rope_flops,  # x*cos + rotate(x)*sin on the rotated elements (ROPE_FLOPS)
     "attention_scores": _scores_flops,
     "flash_attention": _flash_flops,
     "swiglu": per_element(5),  # silu(g) = g*sigmoid(g): ~4; times up: 1
@@ -762,7 +816,7 @@ FLOP_RULES: dict[str, Callable] = {
     # x-hat recomputed (2), dY*w (1), the two row means (4), dX (3), dW's sum of dY*x-hat (2)
     "rmsnorm_backward": per_input(12),
     "layernorm_backward": per_input(16),  # as RMSNorm's, with the mean and the bias's sum
-    "rope_backward": per_input(3),  # the inverse rotation: dY*cos - rotate(dY)*sin
+    "rope_backward": _rope_backward_flops,  # the inverse rotation: dY*cos - rotate(dY)*sin
     "attention_scores_backward": _scores_backward_flops,
     "flash_attention_backward": _flash_backward_flops,
     # sigmoid recomputed (3), silu (1), dUp = dY*silu (1), silu' (4), dGate = dY*up*silu' (2)
@@ -793,6 +847,8 @@ FLOP_RULES: dict[str, Callable] = {
     "broadcast_backward": _broadcast_backward_flops,
     "reshape_backward": _no_backward_flops,
     "gather_backward": _gather_backward_flops,
+    "relu": per_element(RELU_FLOPS),
+    "relu_backward": per_input(RELU_BACKWARD_FLOPS),  # dY where x > 0
     "adamw": _adamw_flops,
 }
 

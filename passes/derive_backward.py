@@ -172,6 +172,7 @@ VJP_RULES: dict[str, Callable] = {
     "flash_attention": flash_attention_backward,
     "swiglu": one_kernel("inputs"),
     "gelu": one_kernel("inputs"),
+    "relu": one_kernel("inputs"),  # dY where x > 0
     "add": one_kernel("none"),
     "cross_entropy": one_kernel("inputs"),  # softmax(logits) - onehot(targets)
     "topk": one_kernel("inputs+outputs"),  # softmax backward from the gates, into the logits

@@ -39,20 +39,24 @@ class Fused:
     replaced: tuple[str, ...]
 
 
-def attention_pattern(window: bool = False, softcap: bool = False) -> Graph:
-    """Scores then P.V, as a model writes them; with a sliding window and soft-capped logits
-    when asked (a pattern op matches ops with its parameters' names)."""
+def attention_pattern(window: bool = False, softcap: bool = False,
+                      alibi: bool = False) -> Graph:
+    """Scores then P.V, as a model writes them; with a sliding window, soft-capped logits and
+    ALiBi's bias when asked (a pattern op matches ops with its parameters' names)."""
     g = GraphBuilder("attention-core")
     q = g.activation("q", (B, S, H * d_h))
     k = g.activation("k", (B, S, H_kv * d_h))
     v = g.activation("v", (B, S, H_kv * d_h))
     g.attention(q, k, v, heads=H, kv_heads=H_kv, name="attn",
-                window=dim("W") if window else None, softcap=1 if softcap else None)
+                window=dim("W") if window else None, softcap=1 if softcap else None,
+                alibi=alibi)
     return g.build()
 
 
-# Every form of the core: plain, windowed, soft-capped, both (Gemma 2's local layers).
-FORMS = ((False, False), (True, False), (False, True), (True, True))
+# Every form of the core: plain, windowed, soft-capped, both (Gemma 2's local layers); then
+# each of those with ALiBi's bias (BLOOM's plain one).
+FORMS = tuple((window, softcap, alibi) for alibi in (False, True)
+              for window, softcap in ((False, False), (True, False), (False, True), (True, True)))
 
 
 def _fused_name(graph: Graph, scores: Op, pv: Op) -> str:
@@ -112,8 +116,8 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
 def rewrite_attention(graph: Graph) -> tuple[Graph, list[Fused]]:
     """The fused graph and a record of each rewrite: `step, fused = rewrite_attention(step)`."""
     out, applied = graph, []
-    for window, softcap in FORMS:
-        out, done = rewrite(out, attention_pattern(window, softcap), _replace,
+    for window, softcap, alibi in FORMS:
+        out, done = rewrite(out, attention_pattern(window, softcap, alibi), _replace,
                             where=_keeps_flops)
         applied += done
     report = [Fused(plan.add_ops[0].name, plan.add_ops[1].name if len(plan.add_ops) > 1 else None,

@@ -197,6 +197,7 @@ def _one_op(kind_method, *shapes, **params):
     ("softcap", {"cap": 30}, 3, 5),
     ("scale", {"factor": 8}, 1, 1),
     ("mul", {}, 1, 2),
+    ("relu", {}, 1, 1),  # max(x, 0); backward dY where x > 0
 ])
 def test_elementwise_flops(method, args, per_element, backward):
     n_in = 2 if method in ("geglu", "mul") else 1
@@ -212,13 +213,14 @@ def test_gelu_takes_only_its_two_forms():
         _one_op("gelu", (B, S, F), approximate="sigmoid")
 
 
-def _attention(window=None, softcap=None, d_v=d_h, fused=False, causal=True):
+def _attention(window=None, softcap=None, d_v=d_h, fused=False, causal=True, alibi=False):
     g = GraphBuilder("t")
     q = g.activation("q", (B, S, H * d_h))
     k = g.activation("k", (B, S, H_kv * d_h))
     v = g.activation("v", (B, S, H_kv * d_v))
     make = g.flash_attention if fused else g.attention
-    make(q, k, v, heads=H, kv_heads=H_kv, causal=causal, window=window, softcap=softcap)
+    make(q, k, v, heads=H, kv_heads=H_kv, causal=causal, window=window, softcap=softcap,
+         alibi=alibi)
     return g.build()
 
 
@@ -264,6 +266,38 @@ def test_soft_capped_logits_add_their_flops_per_score():
     unfused = _attention(softcap=50)
     assert sympy.expand(_flops(unfused) - _flops(capped)) == 0
     assert sympy.expand(_flops(fuse_attention(unfused)) - _flops(capped)) == 0
+
+
+def test_alibi_adds_one_flop_per_score_and_fuses():
+    """ALiBi's bias is one add per score, forward; the gradient passes through it; a fused
+    backward recomputes the scores, so adds it again."""
+    biased, plain = _attention(alibi=True, fused=True), _attention(fused=True)
+    scores = B * H * S**2 / 2
+    assert sympy.expand(_flops(biased) - _flops(plain) - scores) == 0
+    unfused = _attention(alibi=True)
+    assert sympy.expand(_flops(unfused) - _flops(biased)) == 0
+    (op,) = fuse_attention(unfused).ops()
+    assert op.kind == "flash_attention" and op.param("alibi") is True
+
+    def backward(graph):
+        step = compile_step(graph, fused_attention=False)
+        return sympy.Add(*(DERIVED.op_cost(step, o).flops * o.count for o in step.ops()
+                           if o.phase is Phase.BACKWARD))
+    assert sympy.expand(backward(unfused) - backward(_attention())) == 0
+    assert sympy.expand(backward(biased) - backward(plain) - scores) == 0
+
+
+def test_partial_rope_rotates_its_share_of_each_head():
+    R = dim("R")
+    graph, op = _one_op("rope", (B, S, H * d_h), rotary=R, heads=H)
+    assert sympy.expand(DEFAULT.op_cost(graph, op).flops - 3 * B * S * H * R) == 0
+    assert sympy.expand(DEFAULT.op_cost(graph, op).bytes
+                        - DEFAULT.op_cost(*_one_op("rope", (B, S, H * d_h))).bytes) == 0
+    step = compile_step(graph)
+    (bwd,) = [o for o in step.ops() if o.forward == op.name]
+    assert sympy.expand(DERIVED.op_cost(step, bwd).flops - 3 * B * S * H * R) == 0
+    with pytest.raises(rules.ShapeError, match="heads"):
+        _one_op("rope", (B, S, H * d_h), rotary=R)
 
 
 def test_values_may_have_another_head_size():
