@@ -19,7 +19,8 @@ The flags of `GPT2Config`, each off for GPT-2, say how a relative differs:
 - `alibi`: ALiBi's per-head bias on the scores (`attention(..., alibi=True)`).
 - `kv_heads`: grouped-query (or, 1, multi-query) attention, as Llama's.
 - `activation`: the MLP's, "gelu_tanh" (GPT-2's), "gelu" (exact) or "relu" (OPT's).
-- `bias=False`: no bias on the projections (Falcon); LayerNorms keep theirs.
+- `attention_bias=False`, `mlp_bias=False`: no bias on the attention's projections, on the
+  MLP's (Falcon: neither); LayerNorms keep theirs.
 - `parallel`: attention and MLP both read the layer's input (GPT-J's parallel residual:
   x + attn(ln_1(x)) + mlp(ln_2(x)); `shared_norm`: one LayerNorm feeds both, Falcon-7B's).
 - `post_norm`: the LayerNorm after each residual add and no final one (OPT-350M);
@@ -61,7 +62,8 @@ class GPT2Config:
     rotary: int | None = None  # RoPE on this many dims of each head; None: no RoPE
     alibi: bool = False
     activation: str = "gelu_tanh"
-    bias: bool = True
+    attention_bias: bool = True
+    mlp_bias: bool = True
     parallel: bool = False
     shared_norm: bool = False  # parallel: one LayerNorm feeds attention and MLP
     post_norm: bool = False
@@ -145,16 +147,16 @@ def _block(g: GraphBuilder, x, config: GPT2Config):
     kv = H_kv if config.kv_heads is not None else H
     h = x if config.post_norm else layernorm(g, x, "ln_1")
     residual = h if config.residual_from_norm else x
-    q = linear(g, h, "q_proj", D, H * d_h, config.bias)
-    k = linear(g, h, "k_proj", D, kv * d_h, config.bias)
-    v = linear(g, h, "v_proj", D, kv * d_h, config.bias)
+    q = linear(g, h, "q_proj", D, H * d_h, config.attention_bias)
+    k = linear(g, h, "k_proj", D, kv * d_h, config.attention_bias)
+    v = linear(g, h, "v_proj", D, kv * d_h, config.attention_bias)
     if config.rotary is not None:  # on R of each head's dims, or (as Llama's) on all of them
         rotated = R if config.rotary != config.d_model // config.heads else None
         q = g.rope(q, name="q_rope", rotary=rotated, heads=H)
         k = g.rope(k, name="k_rope", rotary=rotated, heads=kv)
     o = g.attention(q, k, v, heads=H, kv_heads=kv, causal=True, alibi=config.alibi,
                     name="attn")
-    attn = linear(g, o, "o_proj", H * d_h, D, config.bias)
+    attn = linear(g, o, "o_proj", H * d_h, D, config.attention_bias)
     if config.parallel:
         h = h if config.shared_norm else layernorm(g, x, "ln_2")
         x = g.add(residual, attn, name="attn_residual")
@@ -170,10 +172,10 @@ def _block(g: GraphBuilder, x, config: GPT2Config):
 
 def _mlp(g: GraphBuilder, h, config: GPT2Config):
     """`proj(act(fc(h)))`, act GELU (tanh or exact) or ReLU."""
-    a = linear(g, h, "fc", D, F, config.bias)
+    a = linear(g, h, "fc", D, F, config.mlp_bias)
     if config.activation == "relu":
         a = g.relu(a, name="relu")
     else:
         a = g.gelu(a, approximate="tanh" if config.activation == "gelu_tanh" else "none",
                    name="gelu")
-    return linear(g, a, "proj", F, D, config.bias)
+    return linear(g, a, "proj", F, D, config.mlp_bias)

@@ -5,7 +5,8 @@
 `model_type` picks the family: `llama`, `mistral`, `mixtral` and `qwen2` build the Llama graph
 (`models.llama`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
 (`models.gemma2`), `deepseek_v2` the DeepSeek-V2 graph (`models.deepseek`) and `bert` the
-BertForMaskedLM graph (`models.bert`). The fields read are the ones that
+BertForMaskedLM graph (`models.bert`); `opt` builds the GPT-2 graph with its flags set
+(`models.gpt2`: learned positions, ReLU, ...). The fields read are the ones that
 shape the cost; the rest (RoPE base, norm epsilon, dropout, dtype, token ids) do not change a
 roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
 model's number:
@@ -20,6 +21,13 @@ model's number:
   Q, K, V and O, `mlp_bias` on the MLP's three projections; GPT-2 has them everywhere.
 - GPT-2: `n_positions` (or the older `n_ctx`) is the position table; `n_inner` null means
   `4 x n_embd`.
+- OPT: the position table has `max_position_embeddings` (absent: 2048) + 2 rows (OPT's
+  offset); `activation_function` absent means "relu" ("gelu" exact, "gelu_new" tanh);
+  `do_layer_norm_before` absent means true (false: post-LN, no final LayerNorm, OPT-350M);
+  `word_embed_proj_dim` absent or equal to `hidden_size` means no projection, else
+  project_in / project_out matrices without bias; `enable_bias` absent means true (all four
+  attention and both MLP projections); `tie_word_embeddings` absent means true.
+  `layer_norm_elementwise_affine` false and `_remove_final_layer_norm` true are refused.
 - Mixtral: `num_local_experts` and `num_experts_per_tok` are required.
 - Gemma 2: `tie_word_embeddings` absent means true; `attn_logit_softcapping` and
   `final_logit_softcapping` absent mean transformers' 50.0 and 30.0, null means no capping;
@@ -242,6 +250,41 @@ def _read_bert(f: _Fields) -> Graph:
     return bert.build(config)
 
 
+# transformers' ACT2FN names of the MLP activations the LayerNorm decoders' graph has.
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
+               "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def _unsupported(f: _Fields, key: str, value, why: str) -> None:
+    """A field whose value the graph cannot express: one line naming it."""
+    if key in f.data and f.data[key] == value:
+        raise OpgraphError(f"{f.path}: field {key!r} is {_shown(value)}; {why}")
+
+
+def _read_opt(f: _Fields) -> Graph:
+    """OPT (transformers' `OPTForCausalLM`): learned positions in a table of
+    `max_position_embeddings + 2` rows (`OPTLearnedPositionalEmbedding`'s offset)."""
+    _unsupported(f, "layer_norm_elementwise_affine", False,
+                 "opgraph's LayerNorm has a weight and a bias; give true")
+    _unsupported(f, "_remove_final_layer_norm", True,
+                 "opgraph reads OPT configs with the final LayerNorm; give false")
+    d_model, heads = f.int("hidden_size"), f.int("num_attention_heads")
+    f.divisible("hidden_size", d_model, "num_attention_heads", heads)
+    positions = f.int("max_position_embeddings", 2048)
+    proj = f.int("word_embed_proj_dim", d_model)
+    bias = f.bool("enable_bias", True)
+    config = gpt2.GPT2Config(
+        f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,
+        vocab=f.int("vocab_size"), positions=positions, position_offset=2,
+        d_ff=f.int("ffn_dim"), seq_len=_seq_len(positions),
+        tie_embeddings=f.bool("tie_word_embeddings", True),
+        activation=f.choice("activation_function", "relu", ACTIVATIONS),
+        attention_bias=bias, mlp_bias=bias,
+        post_norm=not f.bool("do_layer_norm_before", True),
+        embed_proj=proj if proj != d_model else None)
+    return gpt2.build(config)
+
+
 FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "llama": _llama_family("llama"),
     "mistral": _llama_family("mistral"),
@@ -251,6 +294,7 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "gemma2": _read_gemma2,
     "deepseek_v2": _read_deepseek_v2,
     "bert": _read_bert,
+    "opt": _read_opt,
 }
 
 

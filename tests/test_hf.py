@@ -8,7 +8,7 @@ from opgraph.models.hf import from_config
 
 from opgraph import compile_step, evaluate, hardware
 from opgraph.cli import main
-from opgraph.symbols import H, H_kv
+from opgraph.symbols import H, H_kv, dim
 
 H100 = hardware.get("h100-sxm")
 
@@ -93,6 +93,24 @@ BERT_BASE = {  # google-bert/bert-base-uncased
     "position_embedding_type": "absolute", "type_vocab_size": 2, "use_cache": True,
     "vocab_size": 30522,
 }
+
+OPT_125M = {  # facebook/opt-125m
+    "_remove_final_layer_norm": False, "activation_dropout": 0.0, "activation_function": "relu",
+    "architectures": ["OPTForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 2,
+    "do_layer_norm_before": True, "dropout": 0.1, "eos_token_id": 2, "ffn_dim": 3072,
+    "hidden_size": 768, "init_std": 0.02, "layerdrop": 0.0, "max_position_embeddings": 2048,
+    "model_type": "opt", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 1,
+    "prefix": "</s>", "torch_dtype": "float16", "use_cache": True, "vocab_size": 50272,
+    "word_embed_proj_dim": 768,
+}
+# OPT-175B is not on the Hub; arXiv:2205.01068 (OPT), Table 1: 96 layers, 96 heads, width
+# 12288 (FFN 4x), the family's 50272-row vocabulary and 2048 context.
+OPT_175B = OPT_125M | {"ffn_dim": 49152, "hidden_size": 12288, "num_attention_heads": 96,
+                       "num_hidden_layers": 96, "word_embed_proj_dim": 12288}
+# facebook/opt-350m: post-LayerNorm, and a 512-wide token table projected in and out.
+OPT_350M = OPT_125M | {"do_layer_norm_before": False, "ffn_dim": 4096, "hidden_size": 1024,
+                       "num_attention_heads": 16, "num_hidden_layers": 24,
+                       "word_embed_proj_dim": 512}
 
 
 def write(tmp_path, fields, folder="model", text=None):
@@ -194,6 +212,9 @@ def without(fields, key):
     (LLAMA3_8B | {"hidden_size": 4100}, None, ["hidden_size = 4100", "num_attention_heads"]),
     (LLAMA3_8B | {"num_key_value_heads": 5}, None, ["num_key_value_heads = 5"]),
     (MIXTRAL_8X7B | {"num_experts_per_tok": 9}, None, ["num_experts_per_tok"]),
+    (OPT_125M | {"activation_function": "silu"}, None, ["'activation_function'", "'relu'"]),
+    (OPT_125M | {"layer_norm_elementwise_affine": False},
+     None, ["'layer_norm_elementwise_affine'"]),
     (None, '{"model_type": "llama",', ["not valid JSON"]),
     (None, "[1, 2]", ["JSON list"]),
 ])
@@ -231,3 +252,55 @@ def test_gemma2_deepseek_and_bert_options(tmp_path):
     # BERT with the tanh GELU
     tanh = from_config(write(tmp_path, BERT_BASE | {"hidden_act": "gelu_new"}, "d"))
     assert tanh.op("layers.gelu").param("approximate") is None  # the builder's default, tanh
+
+
+# --- the LayerNorm decoders of GPT-2's lineage: OPT, GPT-NeoX, BLOOM, Falcon ----------------------
+
+def parameters(graph):
+    """Every weight's elements, each layer's counted: what a checkpoint holds."""
+    return int(sum(w.numel * w.count for w in graph.weights()).xreplace(graph.dims))
+
+
+def profile_cli(cli, tmp_path, fields, folder):
+    code, out, err = cli("profile", "--config", str(write(tmp_path, fields, folder)), "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def opt_parameters(c):
+    """transformers' OPTForCausalLM: token table [V, D_w] (the head tied to it), positions
+    [P + 2, D], per layer Q, K, V, O with biases, fc1 and fc2 with biases, two LayerNorms; the
+    final LayerNorm (pre-norm only); project_in and project_out where D_w differs from D."""
+    d, f, v, w = c["hidden_size"], c["ffn_dim"], c["vocab_size"], c["word_embed_proj_dim"]
+    layer = 4 * (d * d + d) + 2 * d * f + f + d + 2 * 2 * d
+    return (v * w + (c["max_position_embeddings"] + 2) * d + c["num_hidden_layers"] * layer
+            + (2 * d if c["do_layer_norm_before"] else 0) + (2 * d * w if w != d else 0))
+
+
+@pytest.mark.parametrize("fields, published", [
+    (OPT_125M, 125e6),  # arXiv:2205.01068, Table 1: 125M
+    (OPT_175B, 175e9),  # the same table: 175B
+    (OPT_350M, 331e6),  # facebook/opt-350m's checkpoint: 331M (the paper's "350M")
+])
+def test_opt_parameters_are_the_formula_and_the_published_total(tmp_path, fields, published):
+    graph = from_config(write(tmp_path, fields))
+    assert parameters(graph) == opt_parameters(fields)
+    assert parameters(graph) == pytest.approx(published, rel=0.005)
+
+
+def test_opt_structure(tmp_path):
+    pre = from_config(write(tmp_path, OPT_125M, "a"))
+    assert pre.dims[dim("P")] == 2048 + 2 and pre.max_seq_len == pre.seq_len == 2048
+    assert pre.has_op("layers.relu") and pre.has_op("ln_f") and not pre.has_op("project_in")
+    assert not pre.has_tensor("lm_head.weight")  # tied
+    post = from_config(write(tmp_path, OPT_350M, "b"))
+    assert post.has_op("project_in") and post.has_op("project_out") and not post.has_op("ln_f")
+    unbiased = from_config(write(tmp_path, OPT_125M | {"enable_bias": False}, "c"))
+    assert not any(w.name.startswith("layers.") and w.name.endswith("_proj.bias")
+                   for w in unbiased.weights())
+
+
+def test_opt_profiles_end_to_end(tmp_path, cli):
+    j = profile_cli(cli, tmp_path, OPT_125M, "opt-125m")
+    assert j["model"] == "opt-125m" and j["seq_len"] == 2048
+    assert j["parameters"] == opt_parameters(OPT_125M)
