@@ -5,8 +5,9 @@
 `model_type` picks the family: `llama`, `mistral`, `mixtral` and `qwen2` build the Llama graph
 (`models.llama`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
 (`models.gemma2`), `deepseek_v2` the DeepSeek-V2 graph (`models.deepseek`) and `bert` the
-BertForMaskedLM graph (`models.bert`); `opt` builds the GPT-2 graph with its flags set
-(`models.gpt2`: learned positions, ReLU, ...). The fields read are the ones that
+BertForMaskedLM graph (`models.bert`); `opt` and `gpt_neox` build the GPT-2 graph with its
+flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ...). The fields read are the
+ones that
 shape the cost; the rest (RoPE base, norm epsilon, dropout, dtype, token ids) do not change a
 roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
 model's number:
@@ -22,12 +23,18 @@ model's number:
 - GPT-2: `n_positions` (or the older `n_ctx`) is the position table; `n_inner` null means
   `4 x n_embd`.
 - OPT: the position table has `max_position_embeddings` (absent: 2048) + 2 rows (OPT's
-  offset); `activation_function` absent means "relu" ("gelu" exact, "gelu_new" tanh);
+  offset); `activation_function` absent means "relu" ("gelu" exact; "gelu_new",
+  "gelu_pytorch_tanh" and "gelu_fast" tanh);
   `do_layer_norm_before` absent means true (false: post-LN, no final LayerNorm, OPT-350M);
   `word_embed_proj_dim` absent or equal to `hidden_size` means no projection, else
   project_in / project_out matrices without bias; `enable_bias` absent means true (all four
   attention and both MLP projections); `tie_word_embeddings` absent means true.
   `layer_norm_elementwise_affine` false and `_remove_final_layer_norm` true are refused.
+- GPT-NeoX: RoPE on `int(head size x rotary_pct)` dims of each head (absent: 0.25; it must
+  give an even count); `hidden_act` absent means "gelu" (exact; "gelu_fast" is the tanh
+  form); `use_parallel_residual` absent means true; `attention_bias` absent means true (QKV
+  and dense; the MLP always has biases); `tie_word_embeddings` absent means false;
+  `max_position_embeddings` absent means 2048.
 - Mixtral: `num_local_experts` and `num_experts_per_tok` are required.
 - Gemma 2: `tie_word_embeddings` absent means true; `attn_logit_softcapping` and
   `final_logit_softcapping` absent mean transformers' 50.0 and 30.0, null means no capping;
@@ -252,7 +259,7 @@ def _read_bert(f: _Fields) -> Graph:
 
 # transformers' ACT2FN names of the MLP activations the LayerNorm decoders' graph has.
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
-               "gelu_pytorch_tanh": "gelu_tanh"}
+               "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 
 
 def _unsupported(f: _Fields, key: str, value, why: str) -> None:
@@ -285,6 +292,28 @@ def _read_opt(f: _Fields) -> Graph:
     return gpt2.build(config)
 
 
+def _read_gpt_neox(f: _Fields) -> Graph:
+    """GPT-NeoX (transformers' `GPTNeoXForCausalLM`): RoPE on `int(head size x rotary_pct)`
+    dims of each head, as transformers' `rotary_ndims`."""
+    d_model, heads = f.int("hidden_size"), f.int("num_attention_heads")
+    f.divisible("hidden_size", d_model, "num_attention_heads", heads)
+    pct = f.number("rotary_pct", 0.25)
+    rotary = int(d_model // heads * pct) if pct is not None else 0
+    if pct is None or pct > 1 or rotary == 0 or rotary % 2:
+        raise OpgraphError(f"{f.path}: field 'rotary_pct' is {_shown(f.data.get('rotary_pct'))}"
+                           f"; RoPE needs an even number of a head's {d_model // heads} dims "
+                           "(a fraction in (0, 1])")
+    positions = f.int("max_position_embeddings", 2048)
+    config = gpt2.GPT2Config(
+        f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,
+        vocab=f.int("vocab_size"), positions=None, d_ff=f.int("intermediate_size"),
+        seq_len=_seq_len(positions), tie_embeddings=f.bool("tie_word_embeddings", False),
+        rotary=rotary, activation=f.choice("hidden_act", "gelu", ACTIVATIONS),
+        attention_bias=f.bool("attention_bias", True),
+        parallel=f.bool("use_parallel_residual", True))
+    return gpt2.build(config)
+
+
 FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "llama": _llama_family("llama"),
     "mistral": _llama_family("mistral"),
@@ -295,6 +324,7 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "deepseek_v2": _read_deepseek_v2,
     "bert": _read_bert,
     "opt": _read_opt,
+    "gpt_neox": _read_gpt_neox,
 }
 
 

@@ -112,6 +112,15 @@ OPT_350M = OPT_125M | {"do_layer_norm_before": False, "ffn_dim": 4096, "hidden_s
                        "num_attention_heads": 16, "num_hidden_layers": 24,
                        "word_embed_proj_dim": 512}
 
+GPT_NEOX_20B = {  # EleutherAI/gpt-neox-20b
+    "architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "eos_token_id": 0,
+    "hidden_act": "gelu_fast", "hidden_size": 6144, "initializer_range": 0.02,
+    "intermediate_size": 24576, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+    "model_type": "gpt_neox", "num_attention_heads": 64, "num_hidden_layers": 44,
+    "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False,
+    "torch_dtype": "float16", "use_cache": True, "use_parallel_residual": True,
+    "vocab_size": 50432,
+}
 
 def write(tmp_path, fields, folder="model", text=None):
     path = tmp_path / folder / "config.json"
@@ -215,6 +224,7 @@ def without(fields, key):
     (OPT_125M | {"activation_function": "silu"}, None, ["'activation_function'", "'relu'"]),
     (OPT_125M | {"layer_norm_elementwise_affine": False},
      None, ["'layer_norm_elementwise_affine'"]),
+    (GPT_NEOX_20B | {"rotary_pct": 1.5}, None, ["'rotary_pct'", "96"]),
     (None, '{"model_type": "llama",', ["not valid JSON"]),
     (None, "[1, 2]", ["JSON list"]),
 ])
@@ -304,3 +314,33 @@ def test_opt_profiles_end_to_end(tmp_path, cli):
     j = profile_cli(cli, tmp_path, OPT_125M, "opt-125m")
     assert j["model"] == "opt-125m" and j["seq_len"] == 2048
     assert j["parameters"] == opt_parameters(OPT_125M)
+
+
+def gpt_neox_parameters(c):
+    """transformers' GPTNeoXForCausalLM: embed_in and an untied embed_out, each [V, D]; per
+    layer two LayerNorms, the fused QKV and the dense projection with biases, the MLP with
+    biases; the final LayerNorm."""
+    d, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    layer = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d * f + f + d
+    return 2 * v * d + c["num_hidden_layers"] * layer + 2 * d
+
+
+def test_gpt_neox_20b_parameters_and_partial_rope(tmp_path):
+    graph = from_config(write(tmp_path, GPT_NEOX_20B))
+    assert parameters(graph) == gpt_neox_parameters(GPT_NEOX_20B)
+    # HF EleutherAI/gpt-neox-20b model card: "Num. parameters 20,556,201,984" (20.6B; the
+    # card's figure is 266 x 6144 more than the checkpoint's tensors hold)
+    assert parameters(graph) == pytest.approx(20_556_201_984, rel=1e-4)
+    rope = graph.op("layers.q_rope")
+    assert rope.param("rotary").xreplace(graph.dims) == 6144 // 64 // 4  # rotary_pct 0.25
+    assert graph.has_tensor("lm_head.weight") and not graph.has_tensor("wpe.weight")
+    # the parallel residual reads the layer's input in both norms: same ops, same count
+    serial = from_config(write(tmp_path, GPT_NEOX_20B | {"use_parallel_residual": False}, "s"))
+    assert parameters(serial) == parameters(graph)
+    assert sorted(op.kind for op in serial.ops()) == sorted(op.kind for op in graph.ops())
+
+
+def test_gpt_neox_profiles_end_to_end(tmp_path, cli):
+    j = profile_cli(cli, tmp_path, GPT_NEOX_20B, "gpt-neox-20b")
+    assert j["model"] == "gpt-neox-20b" and j["seq_len"] == 2048
+    assert j["parameters"] == gpt_neox_parameters(GPT_NEOX_20B)
