@@ -6,8 +6,8 @@
 (`models.llama`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
 (`models.gemma2`), `deepseek_v2` the DeepSeek-V2 graph (`models.deepseek`) and `bert` the
 BertForMaskedLM graph (`models.bert`); `opt` and `gpt_neox` build the GPT-2 graph with its
-flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ...). The fields read are the
-ones that
+flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi, ...). The fields read
+are the ones that
 shape the cost; the rest (RoPE base, norm epsilon, dropout, dtype, token ids) do not change a
 roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
 model's number:
@@ -35,6 +35,11 @@ model's number:
   form); `use_parallel_residual` absent means true; `attention_bias` absent means true (QKV
   and dense; the MLP always has biases); `tie_word_embeddings` absent means false;
   `max_position_embeddings` absent means 2048.
+- BLOOM: `n_embed` or `hidden_size`, `n_layer` or `num_hidden_layers`, `n_head` or
+  `num_attention_heads` (transformers' two names of each; two that disagree are an error);
+  the MLP is 4 x hidden whatever `n_inner` says (`BloomMLP`); ALiBi on every layer's scores;
+  `apply_residual_connection_post_layernorm` absent means false; `tie_word_embeddings`
+  absent means true. No field gives the context (ALiBi has no table), so 8192.
 - Mixtral: `num_local_experts` and `num_experts_per_tok` are required.
 - Gemma 2: `tie_word_embeddings` absent means true; `attn_logit_softcapping` and
   `final_logit_softcapping` absent mean transformers' 50.0 and 30.0, null means no capping;
@@ -141,6 +146,17 @@ class _Fields:
             raise OpgraphError(f"{self.path}: field {key!r} is {_shown(value)}; opgraph reads "
                                f"{', '.join(map(repr, choices))}")
         return choices[value]
+
+    def alias(self, *keys: str) -> str:
+        """The one of `keys` (names transformers takes for one field: `n_layer`,
+        `num_hidden_layers`) the config gives, the first when it gives none; two that
+        disagree are an error."""
+        given = [k for k in keys if self.has(k)]
+        if len({json.dumps(self.data[k]) for k in given}) > 1:
+            raise OpgraphError(f"{self.path}: fields {given[0]!r} = {_shown(self.data[given[0]])}"
+                               f" and {given[1]!r} = {_shown(self.data[given[1]])} name one "
+                               "field; give one of them")
+        return given[0] if given else keys[0]
 
     def divisible(self, key: str, value: int, by_key: str, by: int) -> None:
         if value % by:
@@ -314,6 +330,20 @@ def _read_gpt_neox(f: _Fields) -> Graph:
     return gpt2.build(config)
 
 
+def _read_bloom(f: _Fields) -> Graph:
+    """BLOOM (transformers' `BloomForCausalLM`): ALiBi, no position table; a LayerNorm on the
+    word embeddings; the MLP 4 x hidden with the tanh GELU (`BloomGelu`); biases everywhere."""
+    width, heads = f.alias("hidden_size", "n_embed"), f.alias("n_head", "num_attention_heads")
+    d_model, n_heads = f.int(width), f.int(heads)
+    f.divisible(width, d_model, heads, n_heads)
+    config = gpt2.GPT2Config(
+        f.name(), d_model=d_model, layers=f.int(f.alias("n_layer", "num_hidden_layers")),
+        heads=n_heads, vocab=f.int("vocab_size"), positions=None, seq_len=DEFAULT_SEQ_LEN,
+        tie_embeddings=f.bool("tie_word_embeddings", True), alibi=True, embed_norm=True,
+        residual_from_norm=f.bool("apply_residual_connection_post_layernorm", False))
+    return gpt2.build(config)
+
+
 FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "llama": _llama_family("llama"),
     "mistral": _llama_family("mistral"),
@@ -325,6 +355,7 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "bert": _read_bert,
     "opt": _read_opt,
     "gpt_neox": _read_gpt_neox,
+    "bloom": _read_bloom,
 }
 
 

@@ -121,6 +121,18 @@ GPT_NEOX_20B = {  # EleutherAI/gpt-neox-20b
     "torch_dtype": "float16", "use_cache": True, "use_parallel_residual": True,
     "vocab_size": 50432,
 }
+BLOOM_176B = {  # bigscience/bloom
+    "apply_residual_connection_post_layernorm": False, "architectures": ["BloomForCausalLM"],
+    "attention_dropout": 0.0, "attention_softmax_in_fp32": True, "bias_dropout_fusion": True,
+    "bos_token_id": 1, "eos_token_id": 2, "hidden_dropout": 0.0, "hidden_size": 14336,
+    "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "masked_softmax_fusion": True,
+    "model_type": "bloom", "n_head": 112, "n_inner": None, "n_layer": 70, "offset_alibi": 100,
+    "pad_token_id": 3, "pretraining_tp": 4, "skip_bias_add": True, "skip_bias_add_qkv": False,
+    "slow_but_exact": False, "unk_token_id": 0, "use_cache": True, "vocab_size": 250880,
+}
+# bigscience/bloom-560m: the older spelling of the width, n_embed
+BLOOM_560M = {k: v for k, v in BLOOM_176B.items() if k != "hidden_size"} | {
+    "n_embed": 1024, "n_head": 16, "n_layer": 24, "pretraining_tp": 1}
 
 def write(tmp_path, fields, folder="model", text=None):
     path = tmp_path / folder / "config.json"
@@ -225,6 +237,7 @@ def without(fields, key):
     (OPT_125M | {"layer_norm_elementwise_affine": False},
      None, ["'layer_norm_elementwise_affine'"]),
     (GPT_NEOX_20B | {"rotary_pct": 1.5}, None, ["'rotary_pct'", "96"]),
+    (BLOOM_560M | {"num_hidden_layers": 30}, None, ["'n_layer' = 24", "'num_hidden_layers'"]),
     (None, '{"model_type": "llama",', ["not valid JSON"]),
     (None, "[1, 2]", ["JSON list"]),
 ])
@@ -344,3 +357,44 @@ def test_gpt_neox_profiles_end_to_end(tmp_path, cli):
     j = profile_cli(cli, tmp_path, GPT_NEOX_20B, "gpt-neox-20b")
     assert j["model"] == "gpt-neox-20b" and j["seq_len"] == 2048
     assert j["parameters"] == gpt_neox_parameters(GPT_NEOX_20B)
+
+
+def bloom_parameters(d, layers, v):
+    """transformers' BloomForCausalLM: the word table [V, D] (the head tied to it) and its
+    LayerNorm; per layer two LayerNorms, QKV and dense with biases, the 4 x D MLP with biases;
+    the final LayerNorm."""
+    layer = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * 4 * d * d + 4 * d + d
+    return v * d + 2 * d + layers * layer + 2 * d
+
+
+# arXiv:2211.05100 (BLOOM), Table 3, parameters in millions: 176,247 and 559
+@pytest.mark.parametrize("fields, width, published", [
+    (BLOOM_176B, 14336, 176_247e6),
+    (BLOOM_560M, 1024, 559e6),
+])
+def test_bloom_parameters_are_the_formula_and_the_published_total(tmp_path, fields, width,
+                                                                  published):
+    graph = from_config(write(tmp_path, fields))
+    assert parameters(graph) == bloom_parameters(width, fields["n_layer"], 250880)
+    assert parameters(graph) == pytest.approx(published, rel=0.001)
+
+
+def test_bloom_adds_alibi_to_the_scores_and_fuses_it(tmp_path):
+    graph = from_config(write(tmp_path, BLOOM_560M))
+    assert graph.op("layers.attn.scores").param("alibi") is True
+    assert graph.has_op("embed_norm") and not graph.has_tensor("wpe.weight")
+    assert not graph.has_op("layers.q_rope")
+    step = compile_step(graph)
+    (flash,) = [op for op in step.ops() if op.kind == "flash_attention"]
+    assert flash.param("alibi") is True
+    # BLOOM's other residual: from the LayerNorm's output; the same ops
+    other = from_config(write(tmp_path, BLOOM_560M | {
+        "apply_residual_connection_post_layernorm": True}, "r"))
+    assert other.op("layers.attn_residual").inputs[0] == "layers.ln_1"
+    assert graph.op("layers.attn_residual").inputs[0] != "layers.ln_1"
+
+
+def test_bloom_profiles_end_to_end(tmp_path, cli):
+    j = profile_cli(cli, tmp_path, BLOOM_560M, "bloom-560m")
+    assert j["model"] == "bloom-560m" and j["seq_len"] == 8192
+    assert j["parameters"] == bloom_parameters(1024, 24, 250880)
