@@ -5,9 +5,9 @@
 `model_type` picks the family: `llama`, `mistral`, `mixtral` and `qwen2` build the Llama graph
 (`models.llama`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
 (`models.gemma2`), `deepseek_v2` the DeepSeek-V2 graph (`models.deepseek`) and `bert` the
-BertForMaskedLM graph (`models.bert`); `opt` and `gpt_neox` build the GPT-2 graph with its
-flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi, ...). The fields read
-are the ones that
+BertForMaskedLM graph (`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build the
+GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
+grouped-query attention, ...). The fields read are the ones that
 shape the cost; the rest (RoPE base, norm epsilon, dropout, dtype, token ids) do not change a
 roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
 model's number:
@@ -40,6 +40,15 @@ model's number:
   the MLP is 4 x hidden whatever `n_inner` says (`BloomMLP`); ALiBi on every layer's scores;
   `apply_residual_connection_post_layernorm` absent means false; `tie_word_embeddings`
   absent means true. No field gives the context (ALiBi has no table), so 8192.
+- Falcon: `new_decoder_architecture` absent means false. New: `num_kv_heads` (or
+  `n_head_kv`; absent: `num_attention_heads`) KV heads, attention and MLP in parallel,
+  `num_ln_in_parallel_attn` absent means 2 LayerNorms (1: shared); `parallel_attn` false is
+  refused (transformers builds no such layer). Old: one KV head if `multi_query` (absent:
+  true), else as many as the query heads (`num_kv_heads` is not read, as in transformers);
+  `parallel_attn` absent means true, with one shared LayerNorm. `bias` absent means false (no
+  projection has one; the LayerNorms do); `alibi` true replaces RoPE (on whole heads) with
+  ALiBi; `ffn_hidden_size` absent means 4 x hidden; `activation` absent means "gelu" (exact);
+  `max_position_embeddings` absent means 2048; `tie_word_embeddings` absent means true.
 - Mixtral: `num_local_experts` and `num_experts_per_tok` are required.
 - Gemma 2: `tie_word_embeddings` absent means true; `attn_logit_softcapping` and
   `final_logit_softcapping` absent mean transformers' 50.0 and 30.0, null means no capping;
@@ -344,6 +353,45 @@ def _read_bloom(f: _Fields) -> Graph:
     return gpt2.build(config)
 
 
+def _read_falcon(f: _Fields) -> Graph:
+    """Falcon (transformers' `FalconForCausalLM`). The new decoder architecture (Falcon-40B,
+    180B): grouped-query attention over `num_kv_heads`, attention and MLP in parallel, each
+    with its LayerNorm (`num_ln_in_parallel_attn` 2, or 1 shared). The old one (Falcon-7B):
+    one KV head when `multi_query`, parallel with one shared LayerNorm when `parallel_attn`,
+    else sequential. RoPE on whole heads, or ALiBi when `alibi`."""
+    width, heads_key = f.alias("hidden_size", "n_embed"), f.alias("num_attention_heads", "n_head")
+    d_model, heads = f.int(width), f.int(heads_key)
+    f.divisible(width, d_model, heads_key, heads)
+    new = f.bool("new_decoder_architecture", False)
+    parallel = f.bool("parallel_attn", True)
+    norms = f.int("num_ln_in_parallel_attn", 2 if new else None)
+    if new and not parallel:
+        raise OpgraphError(f"{f.path}: new_decoder_architecture with parallel_attn false: "
+                           "transformers builds no such Falcon layer; give parallel_attn true")
+    if parallel and norms not in ((1, 2) if new else (None, 1)):
+        raise OpgraphError(f"{f.path}: field 'num_ln_in_parallel_attn' is {norms}; transformers' "
+                           f"Falcon runs {'1 or 2' if new else '1 (or none)'} with "
+                           f"new_decoder_architecture {str(new).lower()}")
+    if new:
+        kv_key = f.alias("num_kv_heads", "n_head_kv")
+        kv_heads = f.int(kv_key, heads)
+        f.divisible(heads_key, heads, kv_key, kv_heads)
+    else:  # num_kv_heads is not read: the fused QKV is hidden + 2 heads, or 3 x hidden
+        kv_heads = 1 if f.bool("multi_query", True) else heads
+    bias, alibi = f.bool("bias", False), f.bool("alibi", False)
+    config = gpt2.GPT2Config(
+        f.name(), d_model=d_model, layers=f.int(f.alias("num_hidden_layers", "n_layer")),
+        heads=heads, vocab=f.int("vocab_size"), positions=None,
+        d_ff=f.int("ffn_hidden_size", 4 * d_model),
+        seq_len=_seq_len(f.int("max_position_embeddings", 2048)),
+        tie_embeddings=f.bool("tie_word_embeddings", True), kv_heads=kv_heads,
+        rotary=None if alibi else d_model // heads, alibi=alibi,
+        activation=f.choice("activation", "gelu", ACTIVATIONS),
+        attention_bias=bias, mlp_bias=bias, parallel=parallel,
+        shared_norm=parallel and norms != 2)
+    return gpt2.build(config)
+
+
 FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "llama": _llama_family("llama"),
     "mistral": _llama_family("mistral"),
@@ -356,6 +404,7 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "opt": _read_opt,
     "gpt_neox": _read_gpt_neox,
     "bloom": _read_bloom,
+    "falcon": _read_falcon,
 }
 
 

@@ -133,6 +133,19 @@ BLOOM_176B = {  # bigscience/bloom
 # bigscience/bloom-560m: the older spelling of the width, n_embed
 BLOOM_560M = {k: v for k, v in BLOOM_176B.items() if k != "hidden_size"} | {
     "n_embed": 1024, "n_head": 16, "n_layer": 24, "pretraining_tp": 1}
+FALCON_7B = {  # tiiuae/falcon-7b
+    "alibi": False, "apply_residual_connection_post_layernorm": False,
+    "architectures": ["FalconForCausalLM"], "attention_dropout": 0.0, "bias": False,
+    "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0, "hidden_size": 4544,
+    "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "falcon",
+    "multi_query": True, "new_decoder_architecture": False, "num_attention_heads": 71,
+    "num_hidden_layers": 32, "parallel_attn": True, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 65024,
+}
+# tiiuae/falcon-40b: the new decoder architecture, 8 KV heads
+FALCON_40B = FALCON_7B | {"hidden_size": 8192, "new_decoder_architecture": True,
+                          "num_attention_heads": 128, "num_hidden_layers": 60,
+                          "num_kv_heads": 8}
 
 def write(tmp_path, fields, folder="model", text=None):
     path = tmp_path / folder / "config.json"
@@ -238,6 +251,8 @@ def without(fields, key):
      None, ["'layer_norm_elementwise_affine'"]),
     (GPT_NEOX_20B | {"rotary_pct": 1.5}, None, ["'rotary_pct'", "96"]),
     (BLOOM_560M | {"num_hidden_layers": 30}, None, ["'n_layer' = 24", "'num_hidden_layers'"]),
+    (FALCON_40B | {"parallel_attn": False}, None, ["parallel_attn", "new_decoder_architecture"]),
+    (FALCON_7B | {"num_ln_in_parallel_attn": 2}, None, ["'num_ln_in_parallel_attn' is 2"]),
     (None, '{"model_type": "llama",', ["not valid JSON"]),
     (None, "[1, 2]", ["JSON list"]),
 ])
@@ -398,3 +413,56 @@ def test_bloom_profiles_end_to_end(tmp_path, cli):
     j = profile_cli(cli, tmp_path, BLOOM_560M, "bloom-560m")
     assert j["model"] == "bloom-560m" and j["seq_len"] == 8192
     assert j["parameters"] == bloom_parameters(1024, 24, 250880)
+
+
+def falcon_parameters(c, kv_heads, norms):
+    """transformers' FalconForCausalLM without biases: the word table [V, D] (the head tied to
+    it by default), per layer the fused QKV (H + 2 KV heads of D / H), dense, the 4 x D MLP and
+    `norms` LayerNorms; the final LayerNorm."""
+    d, h, v = c["hidden_size"], c["num_attention_heads"], c["vocab_size"]
+    layer = d * (h + 2 * kv_heads) * (d // h) + d * d + 2 * 4 * d * d + norms * 2 * d
+    return v * d + c["num_hidden_layers"] * layer + 2 * d
+
+
+def test_falcon_parameters_are_the_formula_and_the_published_totals(tmp_path):
+    seven = from_config(write(tmp_path, FALCON_7B, "7b"))
+    assert parameters(seven) == falcon_parameters(FALCON_7B, kv_heads=1, norms=1)
+    # HF tiiuae/falcon-7b model card: "a 7B parameters causal decoder-only model"; 6.9B with
+    # the head tied to the embedding, as transformers loads it (FalconConfig's default)
+    assert parameters(seven) == pytest.approx(6.9e9, rel=0.005)
+    forty = from_config(write(tmp_path, FALCON_40B, "40b"))
+    assert parameters(forty) == falcon_parameters(FALCON_40B, kv_heads=8, norms=2)
+    # The Hub's count for tiiuae/falcon-40b, 41.8B, holds lm_head as a [V, D] tensor of its
+    # own; transformers ties it to the embedding by default, 65024 x 8192 fewer (41.3B)
+    untied = from_config(write(tmp_path, FALCON_40B | {"tie_word_embeddings": False}, "u"))
+    assert parameters(untied) - parameters(forty) == 65024 * 8192
+    assert parameters(untied) == pytest.approx(41.8e9, rel=0.001)
+
+
+def test_falcon_architectures(tmp_path):
+    forty = from_config(write(tmp_path, FALCON_40B, "a"))
+    assert (forty.dims[H], forty.dims[H_kv]) == (128, 8)
+    assert forty.has_op("layers.ln_2") and forty.has_op("layers.q_rope")
+    assert forty.op("layers.q_rope").param("rotary") is None  # whole heads
+    assert not any(w.name.endswith("_proj.bias") for w in forty.weights())
+    seven = from_config(write(tmp_path, FALCON_7B, "b"))
+    assert seven.dims[H_kv] == 1 and not seven.has_op("layers.ln_2")  # one shared LayerNorm
+    assert seven.op("layers.fc").inputs[0] == seven.op("layers.q_proj").inputs[0]
+    # num_ln_in_parallel_attn 1: the new architecture with one shared LayerNorm
+    shared = from_config(write(tmp_path, FALCON_40B | {"num_ln_in_parallel_attn": 1}, "c"))
+    assert parameters(shared) == falcon_parameters(FALCON_40B, kv_heads=8, norms=1)
+    # the old architecture, sequential, multi-head, biased, with ALiBi (Falcon-RW's layout)
+    rw = from_config(write(tmp_path, FALCON_7B | {"parallel_attn": False, "multi_query": False,
+                                                  "bias": True, "alibi": True}, "d"))
+    assert rw.dims[H_kv] == 71 and rw.has_op("layers.ln_2") and not rw.has_op("layers.q_rope")
+    assert rw.op("layers.attn.scores").param("alibi") is True
+    assert rw.has_tensor("layers.fc.bias") and rw.has_tensor("layers.q_proj.bias")
+    # ffn_hidden_size, where given, is the MLP's width
+    wide = from_config(write(tmp_path, FALCON_7B | {"ffn_hidden_size": 20000}, "e"))
+    assert wide.dims[dim("F")] == 20000
+
+
+def test_falcon_profiles_end_to_end(tmp_path, cli):
+    j = profile_cli(cli, tmp_path, FALCON_7B, "falcon-7b")
+    assert j["model"] == "falcon-7b" and j["seq_len"] == 2048
+    assert j["parameters"] == falcon_parameters(FALCON_7B, kv_heads=1, norms=1)
