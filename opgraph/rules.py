@@ -541,7 +541,8 @@ def _rotated(t: Tensor, params: dict) -> sympy.Expr:
 
 def _rope_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     if params.get("rotary") is not None:
-        _require(params.get("heads") is not None, "rope with `rotary` (dims rotated per head) needs `heads`")
+        _require(params.get("heads") is not None,
+                 "rope with `rotary` (dims rotated per head) needs `heads`")
     return _same_shape(ins, params)
 
 
