@@ -286,6 +286,13 @@ def test_deepseek_v3_trains_both_losses_over_many_gpus(tmp_path, cli):
     data = json.loads(out)
     assert data["step_time_s"] > 0 and data["parameters"] > 0
     assert any(c["group"] == "ep" for c in data["communication"])  # the experts' all-to-all
+    # a pipeline: 3 dense layers on the first stage, 1 of the 2 expert layers on each, the
+    # prediction module and both losses on the last
+    code, out, err = cli("profile", "--config", str(path), "--seq-len", "1024", "--gpus", "2",
+                         "--pp", "2", "--global-batch", "4", "--json")
+    assert code == 0, err
+    first, last = json.loads(out)["stage_times_s"]
+    assert first > 0 and last > 0
     bad = write(tmp_path, DEEPSEEK_V3 | {"n_routed_experts": None}, "dense")
     code, _, err = cli("profile", "--config", str(bad))
     assert code == 2 and "num_nextn_predict_layers" in err and len(err.strip().splitlines()) == 1
