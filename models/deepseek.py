@@ -50,6 +50,7 @@ class DeepSeekV2Config:
     q_lora_rank: int | None = None  # None: a full-rank query projection (V2-Lite)
     seq_len: int = 8192
     tie_embeddings: bool = False
+    mtp_depth: int = 0  # DeepSeek-V3's multi-token prediction modules (num_nextn_predict_layers)
 
     def dims(self) -> dict:
         dims = {D: self.d_model, L: self.layers, H: self.heads, r_kv: self.kv_lora_rank,
@@ -80,11 +81,39 @@ def build(config: DeepSeekV2Config) -> Graph:
     if config.layers > config.first_dense:
         with g.repeat(L - config.first_dense, "layers"):
             x = _block(g, x, config, moe=True)
-    x = g.rmsnorm(x, g.weight("final_norm.weight", (D,)), name="final_norm")
-    g.output_head(x, embed, targets, tied=config.tie_embeddings)
+    h = g.rmsnorm(x, g.weight("final_norm.weight", (D,)), name="final_norm")
+    head = embed if config.tie_embeddings else g.weight("lm_head.weight", (D, V))
+    _logits_loss(g, h, head, targets, config.tie_embeddings, "")
+    if config.mtp_depth:
+        with g.repeat(config.mtp_depth, "mtp"):
+            x = _mtp(g, x, tokens, embed, head, targets, config)
     graph = g.build()
     graph.seq_len = config.seq_len
     return graph
+
+
+def _logits_loss(g: GraphBuilder, h, head, targets, tied: bool, prefix: str):
+    """The output head (`head`: the embedding table when tied) and the cross-entropy loss."""
+    logits = g.matmul(h, head, name=f"{prefix}lm_head", category="output_head",
+                      **({"transpose_b": True} if tied else {}))
+    return g.cross_entropy(logits, targets, name=f"{prefix}loss")
+
+
+def _mtp(g: GraphBuilder, x, tokens, embed, head, targets, config: DeepSeekV2Config):
+    """One multi-token prediction module (DeepSeek-V3, arXiv:2412.19437, section 2.2): the
+    previous depth's hidden state (RMSNorm'd) and the embedding of the tokens one further ahead
+    (RMSNorm'd, the shared table) concatenated and projected back to D, one Transformer block
+    (a DeepSeekMoE layer, as the released checkpoint's `model.layers.61`), and the shared output
+    head with its own cross-entropy loss. The shifted tokens cost what the tokens do."""
+    e = g.rmsnorm(g.embedding(tokens, embed, name="embed"), g.weight("enorm.weight", (D,)),
+                  name="enorm")
+    h = g.rmsnorm(x, g.weight("hnorm.weight", (D,)), name="hnorm")
+    x = g.matmul(g.concat([e, h], name="concat"), g.weight("eh_proj.weight", (2 * D, D)),
+                 name="eh_proj")
+    x = _block(g, x, config, moe=True)
+    h = g.rmsnorm(x, g.weight("norm.weight", (D,)), name="norm")
+    _logits_loss(g, h, head, targets, config.tie_embeddings, "")
+    return x
 
 
 def _block(g: GraphBuilder, x, config: DeepSeekV2Config, moe: bool):

@@ -4,9 +4,9 @@
 
 `model_type` picks the family: `llama`, `mistral`, `mixtral` and `qwen2` build the Llama graph
 (`models.llama`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
-(`models.gemma2`), `deepseek_v2` the DeepSeek-V2 graph (`models.deepseek`) and `bert` the
-BertForMaskedLM graph (`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build the
-GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
+(`models.gemma2`), `deepseek_v2` and `deepseek_v3` the DeepSeek graph (`models.deepseek`) and
+`bert` the BertForMaskedLM graph (`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build
+the GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
 grouped-query attention, ...). The fields read are the ones that
 shape the cost; the rest (RoPE base, norm epsilon, dropout, dtype, token ids) do not change a
 roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
@@ -54,9 +54,13 @@ model's number:
   `final_logit_softcapping` absent mean transformers' 50.0 and 30.0, null means no capping;
   `head_dim`, `num_key_value_heads` and `sliding_window` are required; the layer count must be
   even (local and global layers alternate).
-- DeepSeek-V2: `q_lora_rank` null means a full-rank query projection; `n_routed_experts` null
-  means every layer is dense; `n_shared_experts` null means none; `first_k_dense_replace` absent
-  means 0; `moe_layer_freq` must be 1 (every later layer a mixture of experts).
+- DeepSeek-V2 and -V3: `q_lora_rank` null means a full-rank query projection; `n_routed_experts`
+  null means every layer is dense; `n_shared_experts` null means none; `first_k_dense_replace`
+  absent means 0; `moe_layer_freq` must be 1 (every later layer a mixture of experts).
+  `num_nextn_predict_layers` (V3; absent: 0) adds that many multi-token prediction modules, each
+  a projection, one mixture-of-experts layer and a second loss through the shared output head.
+  V3's router (sigmoid scores, `n_group` / `topk_group` node-limited choice, a bias for load
+  balance) picks `num_experts_per_tok` experts as V2's does: the same cost.
 - BERT: `hidden_act` absent means "gelu" (exact); "gelu_new" and "gelu_pytorch_tanh" are the
   tanh approximation. The masked-LM head predicts 5/32 of the sequence (20 of 128, 80 of 512,
   BERT's own pre-training).
@@ -238,13 +242,15 @@ def _read_gemma2(f: _Fields) -> Graph:
     return gemma2.build(config)
 
 
-def _read_deepseek_v2(f: _Fields) -> Graph:
+def _read_deepseek(f: _Fields) -> Graph:
+    """DeepSeek-V2 and -V3 (`model_type` deepseek_v2 / deepseek_v3): one graph; V3 adds the
+    multi-token prediction modules (`num_nextn_predict_layers`)."""
     layers = f.int("num_hidden_layers")
     routed = f.int("n_routed_experts", None)
     first_dense = layers if routed is None else min(layers, f.count("first_k_dense_replace"))
     if routed is not None and f.has("moe_layer_freq") and f.int("moe_layer_freq") != 1:
         raise OpgraphError(f"{f.path}: moe_layer_freq = {f.data['moe_layer_freq']}; opgraph "
-                           "reads DeepSeek-V2 configs whose later layers are all experts (1)")
+                           "reads DeepSeek configs whose later layers are all experts (1)")
     moe = {}
     if routed is not None:
         moe = {"routed_experts": routed, "experts_per_token": f.int("num_experts_per_tok"),
@@ -263,7 +269,12 @@ def _read_deepseek_v2(f: _Fields) -> Graph:
         first_dense=first_dense, vocab=f.int("vocab_size"),
         q_lora_rank=f.int("q_lora_rank", None),
         seq_len=_seq_len(f.int("max_position_embeddings", None)),
-        tie_embeddings=f.bool("tie_word_embeddings", False), **moe)
+        tie_embeddings=f.bool("tie_word_embeddings", False),
+        mtp_depth=f.count("num_nextn_predict_layers"), **moe)
+    if config.mtp_depth and routed is None:
+        raise OpgraphError(f"{f.path}: num_nextn_predict_layers = {config.mtp_depth} with no "
+                           "routed experts; opgraph builds DeepSeek-V3's prediction module as a "
+                           "mixture-of-experts layer")
     return deepseek.build(config)
 
 
@@ -399,7 +410,8 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "qwen2": _llama_family("qwen2"),
     "gpt2": _read_gpt2,
     "gemma2": _read_gemma2,
-    "deepseek_v2": _read_deepseek_v2,
+    "deepseek_v2": _read_deepseek,
+    "deepseek_v3": _read_deepseek,
     "bert": _read_bert,
     "opt": _read_opt,
     "gpt_neox": _read_gpt_neox,

@@ -359,7 +359,11 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                                                   space.gpus))
     eps = [space.ep] if space.ep else (_powers(experts) if experts else [1])
     if layers is None and (space.pp or 1) > 1:
-        layer_stack(forward)  # says why, in one line
+        region = layer_stack(forward)  # says why, in one line, where no stack splits
+        raise OpgraphError(f"plan searches pipelines over a model with one layer stack counted "
+                           f"by a dimension; {forward.name}'s is {region.name} "
+                           f"({region.count} layers) beside fixed ones: leave out --pp, or "
+                           "time a pipeline with `opgraph profile --pp`")
     pps = [space.pp] if space.pp else [1] if layers is None else range(
         1, min(space.max_pp or layers, layers) + 1)
     zeros = [space.zero] if space.zero is not None else ZERO_STAGES

@@ -4,7 +4,11 @@ Layers are split into `pp` stages (Narayanan et al. 2021): the layer stack's tri
 becomes the stage's share (`L/pp` for even stages, a number for Megatron's uneven first and
 last stages), the ops before the stack (the embedding) run on the first stage only, the ops after
 it (the final norm, the head, the loss) on the last, each with its backward, its optimizer
-update, its weights and their collectives. Which end an op belongs to follows from the dataflow,
+update, its weights and their collectives. A model with more stacks than one splits the one its
+dimension counts (`layer_stack`); a fixed number of layers before it (DeepSeek's dense-first
+layers) runs on the first stage as the embedding does, and after it (DeepSeek-V3's prediction
+module) on the last, as the head does: `--first-stage-layers` / `--last-stage-layers` give
+those stages fewer of the split stack to balance them. Which end an op belongs to follows from the dataflow,
 not from names: a forward op outside the stack that feeds it is the first stage's, any other the
 last's; a backward op goes with the forward op it differentiates (`forward`); any other op with
 the producers of what it reads, or with the weight it reads (a tied embedding, read at both
@@ -29,12 +33,18 @@ FIRST, LAST, STACK = "first", "last", "stack"
 
 
 def layer_stack(graph: Graph):
-    """The graph's one top-level layer stack (a region), or an error naming how many it has."""
+    """The layer stack pipeline parallelism splits: the graph's one top-level region, or, where
+    it has several, the one whose trip count is a dimension (DeepSeek's `layers`, L - k, beside
+    its k dense-first layers and its prediction modules, fixed numbers); an error otherwise."""
     tops = [r for r in graph.regions() if r.parent is None]
-    if len(tops) != 1:
-        raise OpgraphError(f"{graph.name} has {len(tops)} layer stacks; pipeline parallelism "
-                           "splits one (leave out --pp)")
-    return tops[0]
+    if len(tops) == 1:
+        return tops[0]
+    counted = [r for r in tops if sympy.sympify(r.count).free_symbols]
+    if len(counted) != 1:
+        raise OpgraphError(f"{graph.name} has {len(tops)} layer stacks"
+                           f"{f', {len(counted)} of them counted by a dimension' if counted else ''}"
+                           "; pipeline parallelism splits one (leave out --pp)")
+    return counted[0]
 
 
 def ends(graph: Graph) -> dict[str, set[str]]:
@@ -87,7 +97,7 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
     out = Graph(graph.name, {**graph.dims, pp: layout.pp}, seq_len=graph.seq_len,
                 max_seq_len=graph.max_seq_len)
     share = region.count / pp if even else sympy.Integer(counts[stage])
-    swap = {region.count: share} if isinstance(region.count, sympy.Symbol) else {}
+    swap = {region.count: share} if len(sympy.sympify(region.count).free_symbols) == 1 else {}
     if not swap:
         raise OpgraphError(f"{graph.name}'s layer stack runs {region.count} times; pipeline "
                            "parallelism needs a stack counted by one dimension")
@@ -96,9 +106,11 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
     for t in graph.tensors():
         if t.name in used:
             out.add_tensor(attrs.evolve(t, count=t.count.xreplace(swap)))
-    for r in graph.regions():
-        out.add_region(attrs.evolve(r, count=r.count.xreplace(swap)) if r.name == region.name
-                       else r)
+    held = {op.region for op in keep}
+    for r in graph.regions():  # those the stage runs ops of (a fixed stack at the other end: not)
+        if any(graph.within(h, r.name) for h in held if h is not None):
+            out.add_region(attrs.evolve(r, count=r.count.xreplace(swap))
+                           if r.name == region.name else r)
     for op in keep:
         out.add_op(attrs.evolve(op, count=op.count.xreplace(swap)))
     _sends(out, graph, region, stage, layout.pp)

@@ -35,6 +35,16 @@ def test_catalog_stores_datasheet_figures_per_direction(cluster_id):
     assert "datasheet" in node.source and "datasheet" in c.source
 
 
+def test_h800_cluster_is_nvlink_cut_to_400_bidirectional():
+    """DeepSeek-V3's H800 nodes (arXiv:2412.19437, sections 3.1-3.2.2): NVLink at 400 GB/s
+    bidirectional per GPU (the H100's 900 cut for export), 50 GB/s of InfiniBand per GPU."""
+    c = cluster.for_hardware(hardware.get("h800"))
+    node, network = c.tiers
+    assert c.id == "h800-ib" and c.gpus_per_node == 8
+    assert node.bandwidth == pytest.approx(400 / 2 * GB)
+    assert network.bandwidth == pytest.approx(50 * GB)
+
+
 def test_nic_conversion_in_bytes():
     assert cluster.get("dgx-h100").tiers[1].bandwidth == 50e9  # 400 Gb/s / 8 bits
     assert cluster.get("dgx-a100").tiers[1].bandwidth == 25e9  # 200 Gb/s / 8 bits

@@ -19,6 +19,8 @@ DATASHEETS = {
     "mi300x": (2614.9 / 2, 5229.8 / 2, 5.3, 192),  # AMD Instinct MI300X datasheet
     "l40s": (362.05, 733, 0.864, 48),  # NVIDIA L40S datasheet: 362.05 | 733*, 733 | 1,466*
     "l4": (242 / 2, 485 / 2, 0.3, 24),  # NVIDIA L4 datasheet (GDDR6)
+    # H800: no datasheet; the H100 SXM5's die and figures with NVLink cut (DeepSeek-V3 report)
+    "h800": (1979 / 2, 3958 / 2, 3.35, 80),
 }
 
 

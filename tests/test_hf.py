@@ -2,11 +2,14 @@
 
 import json
 
+import sympy
+
 import pytest
 from opgraph.models import preset
 from opgraph.models.hf import from_config
 
 from opgraph import compile_step, evaluate, hardware
+from opgraph.parameters import active_parameters
 from opgraph.cli import main
 from opgraph.symbols import H, H_kv, dim
 
@@ -83,6 +86,19 @@ DEEPSEEK_V2_LITE = {  # deepseek-ai/DeepSeek-V2-Lite (rope_scaling trimmed: it s
     "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False, "topk_group": 1,
     "topk_method": "greedy", "torch_dtype": "bfloat16", "use_cache": True, "v_head_dim": 128,
     "vocab_size": 102400,
+}
+DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 config.json (rope_scaling and quantization trimmed)
+    "architectures": ["DeepseekV3ForCausalLM"], "first_k_dense_replace": 3,
+    "hidden_act": "silu", "hidden_size": 7168, "intermediate_size": 18432, "kv_lora_rank": 512,
+    "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+    "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+    "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid", "tie_word_embeddings": False, "topk_group": 4,
+    "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "v_head_dim": 128,
+    "vocab_size": 129280,
 }
 BERT_BASE = {  # google-bert/bert-base-uncased
     "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1,
@@ -292,11 +308,60 @@ def test_gemma2_deepseek_and_bert_options(tmp_path):
     assert tanh.op("layers.gelu").param("approximate") is None  # the builder's default, tanh
 
 
+def test_deepseek_v3_is_671b_plus_its_prediction_module(tmp_path):
+    """DeepSeek-V3 (arXiv:2412.19437, section 4.2; its model card): 671 B parameters, 37 B
+    activated per token; the released checkpoint adds a 14 B multi-token prediction module,
+    which holds its own copies of the embedding and the output head (V x D each), shared in
+    training (section 2.2) and so counted once here."""
+    c = DEEPSEEK_V3
+    D, V, E, K = c["hidden_size"], c["vocab_size"], c["n_routed_experts"], c["num_experts_per_tok"]
+    H, r_q, r_kv = c["num_attention_heads"], c["q_lora_rank"], c["kv_lora_rank"]
+    d_qk, d_v = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["v_head_dim"]
+    attention = (D * r_q + r_q + r_q * H * d_qk + D * (r_kv + c["qk_rope_head_dim"]) + r_kv
+                 + r_kv * H * (c["qk_nope_head_dim"] + d_v) + H * d_v * D + 2 * D)
+    expert = 3 * D * c["moe_intermediate_size"]
+    moe = D * E + (E + c["n_shared_experts"]) * expert
+    dense = 3 * D * c["intermediate_size"]
+    first, layers = c["first_k_dense_replace"], c["num_hidden_layers"]
+    main = 2 * V * D + D + first * (attention + dense) + (layers - first) * (attention + moe)
+    module = 3 * D + 2 * D * D + attention + moe  # enorm, hnorm, norm; eh_proj; one MoE layer
+    graph = from_config(write(tmp_path, c))
+    total = int(sympy.sympify(graph.parameters()).xreplace(graph.dims))
+    assert total == main + module
+    assert main == pytest.approx(671e9, rel=1e-3)
+    assert module + 2 * V * D == pytest.approx(14e9, rel=0.05)  # the checkpoint's copies
+    active = int(sympy.sympify(active_parameters(graph)).xreplace(graph.dims))
+    assert active - (module - (E - K) * expert) == pytest.approx(37e9 + V * D, rel=0.02)
+    assert [r.name for r in graph.regions()] == ["dense_layers", "layers", "mtp"]
+    losses = [op.name for op in graph.ops() if op.kind == "cross_entropy"]
+    assert losses == ["loss", "mtp.loss"]  # the main loss and the module's, both trained
+
+
+def test_deepseek_v3_trains_both_losses_over_many_gpus(tmp_path, cli):
+    path = write(tmp_path, DEEPSEEK_V3 | {"num_hidden_layers": 5})
+    code, out, err = cli("profile", "--config", str(path), "--seq-len", "1024", "--gpus", "64",
+                         "--ep", "64", "--zero", "3", "--global-batch", "64", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["step_time_s"] > 0 and data["parameters"] > 0
+    assert any(c["group"] == "ep" for c in data["communication"])  # the experts' all-to-all
+    # a pipeline: 3 dense layers on the first stage, 1 of the 2 expert layers on each, the
+    # prediction module and both losses on the last
+    code, out, err = cli("profile", "--config", str(path), "--seq-len", "1024", "--gpus", "2",
+                         "--pp", "2", "--global-batch", "4", "--json")
+    assert code == 0, err
+    first, last = json.loads(out)["stage_times_s"]
+    assert first > 0 and last > 0
+    bad = write(tmp_path, DEEPSEEK_V3 | {"n_routed_experts": None}, "dense")
+    code, _, err = cli("profile", "--config", str(bad))
+    assert code == 2 and "num_nextn_predict_layers" in err and len(err.strip().splitlines()) == 1
+
+
 # --- the LayerNorm decoders of GPT-2's lineage: OPT, GPT-NeoX, BLOOM, Falcon ----------------------
 
 def parameters(graph):
     """Every weight's elements, each layer's counted: what a checkpoint holds."""
-    return int(sum(w.numel * w.count for w in graph.weights()).xreplace(graph.dims))
+    return int(sympy.sympify(graph.parameters()).xreplace(graph.dims))
 
 
 def profile_cli(cli, tmp_path, fields, folder):

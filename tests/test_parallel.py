@@ -274,6 +274,31 @@ def test_a_pipeline_step_has_the_bubble_of_its_stages():
     assert r.bubble_s == pytest.approx(m * last + (first + sum(middle)) - m * first)
 
 
+def test_a_pipeline_over_dense_first_and_expert_layers():
+    """DeepSeek-V2-Lite: 1 dense layer, then L - 1 = 26 mixture-of-experts layers. The stack its
+    dimension counts is split (13 per stage); the fixed dense layer runs on the first stage,
+    as the embedding does, and every weight lives on exactly one stage."""
+    from opgraph.passes.split_stages import split_stages
+
+    forward = preset("deepseek-v2-lite")
+    layout = Parallel(pp=2, micro_batch=1, global_batch=4)
+    step = compile_parallel(forward, layout)
+    first, last = (split_stages(step, layout, i) for i in range(2))
+    layers = lambda g: {r.name: int(sympy.sympify(r.count).xreplace(g.dims))  # noqa: E731
+                        for r in g.regions()}
+    assert layers(first) == {"dense_layers": 1, "layers": 13}
+    assert layers(last) == {"layers": 13}
+    assert first.has_op("embed") and not first.has_op("loss") and last.has_op("loss")
+    weights = lambda g: {t.name for t in g.tensors() if t.role is Role.WEIGHT}  # noqa: E731
+    assert weights(first) | weights(last) == weights(forward)
+    shared = weights(first) & weights(last)
+    assert all(n.startswith("layers.") for n in shared)  # one stack's weights, on both stages
+    r = profile_parallel(forward, H100, layout).parallel
+    assert r.stage_times_s[0] > 0 and r.stage_times_s[1] > 0
+    with pytest.raises(OpgraphError, match="first and last stages take"):
+        stage_layers(26, Parallel(pp=4, first_stage_layers=1, last_stage_layers=2))
+
+
 def test_uneven_stages():
     assert stage_layers(126, Parallel(pp=16, first_stage_layers=7, last_stage_layers=7)) == [
         7] + [8] * 14 + [7]
