@@ -36,6 +36,7 @@ from __future__ import annotations
 import attrs
 
 from opgraph.builder import GraphBuilder
+from opgraph.errors import OpgraphError
 from opgraph.ir import Graph
 from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h, dim
 
@@ -73,7 +74,8 @@ class GPT2Config:
 
     def __attrs_post_init__(self):
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation {self.activation!r}: choose one of {ACTIVATIONS}")
+            raise OpgraphError(f"GPT2Config {self.name}: activation {self.activation!r}; "
+                               f"choose one of {', '.join(ACTIVATIONS)}")
 
     def dims(self) -> dict:
         dims = {D: self.d_model, L: self.layers, H: self.heads,

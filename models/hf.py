@@ -29,9 +29,10 @@ model's number:
   `word_embed_proj_dim` absent or equal to `hidden_size` means no projection, else
   project_in / project_out matrices without bias; `enable_bias` absent means true (all four
   attention and both MLP projections); `tie_word_embeddings` absent means true.
-  `layer_norm_elementwise_affine` false and `_remove_final_layer_norm` true are refused.
+  `layer_norm_elementwise_affine` false, and `_remove_final_layer_norm` true on a pre-LN
+  config, are refused.
 - GPT-NeoX: RoPE on `int(head size x rotary_pct)` dims of each head (absent: 0.25; it must
-  give an even count); `hidden_act` absent means "gelu" (exact; "gelu_fast" is the tanh
+  give an even count; newer transformers also write it as `partial_rotary_factor`); `hidden_act` absent means "gelu" (exact; "gelu_fast" is the tanh
   form); `use_parallel_residual` absent means true; `attention_bias` absent means true (QKV
   and dense; the MLP always has biases); `tie_word_embeddings` absent means false;
   `max_position_embeddings` absent means 2048.
@@ -309,8 +310,9 @@ def _read_opt(f: _Fields) -> Graph:
     `max_position_embeddings + 2` rows (`OPTLearnedPositionalEmbedding`'s offset)."""
     _unsupported(f, "layer_norm_elementwise_affine", False,
                  "opgraph's LayerNorm has a weight and a bias; give true")
-    _unsupported(f, "_remove_final_layer_norm", True,
-                 "opgraph reads OPT configs with the final LayerNorm; give false")
+    if f.bool("do_layer_norm_before", True):  # post-LN OPT has no final LayerNorm anyway
+        _unsupported(f, "_remove_final_layer_norm", True,
+                     "opgraph reads pre-LN OPT configs with the final LayerNorm; give false")
     d_model, heads = f.int("hidden_size"), f.int("num_attention_heads")
     f.divisible("hidden_size", d_model, "num_attention_heads", heads)
     positions = f.int("max_position_embeddings", 2048)
@@ -333,12 +335,13 @@ def _read_gpt_neox(f: _Fields) -> Graph:
     dims of each head, as transformers' `rotary_ndims`."""
     d_model, heads = f.int("hidden_size"), f.int("num_attention_heads")
     f.divisible("hidden_size", d_model, "num_attention_heads", heads)
-    pct = f.number("rotary_pct", 0.25)
+    key = f.alias("rotary_pct", "partial_rotary_factor")  # newer transformers write both
+    pct = f.number(key, 0.25)
     rotary = int(d_model // heads * pct) if pct is not None else 0
     if pct is None or pct > 1 or rotary == 0 or rotary % 2:
-        raise OpgraphError(f"{f.path}: field 'rotary_pct' is {_shown(f.data.get('rotary_pct'))}"
-                           f"; RoPE needs an even number of a head's {d_model // heads} dims "
-                           "(a fraction in (0, 1])")
+        raise OpgraphError(f"{f.path}: field {key!r} is {_shown(f.data.get(key))}; RoPE needs "
+                           f"an even number of a head's {d_model // heads} dims (a fraction in "
+                           "(0, 1])")
     positions = f.int("max_position_embeddings", 2048)
     config = gpt2.GPT2Config(
         f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,
