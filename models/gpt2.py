@@ -45,6 +45,10 @@ R = dim("R")  # dimensions of each head RoPE rotates (GPT-NeoX's rotary_pct of d
 D_w = dim("D_w")  # the token embedding's width where it differs from D (OPT's projection)
 
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
+# GPT2Config's fields that make another architecture of the lineage (the module docstring)
+VARIANT_FLAGS = ("position_offset", "kv_heads", "rotary", "alibi", "activation",
+                 "attention_bias", "mlp_bias", "parallel", "shared_norm", "post_norm",
+                 "residual_from_norm", "embed_norm", "embed_proj")
 
 
 @attrs.frozen
@@ -76,6 +80,13 @@ class GPT2Config:
         if self.activation not in ACTIVATIONS:
             raise OpgraphError(f"GPT2Config {self.name}: activation {self.activation!r}; "
                                f"choose one of {', '.join(ACTIVATIONS)}")
+
+    def variant_flags(self) -> tuple[str, ...]:
+        """The flags set away from GPT-2's architecture (none for GPT-2 and GPT-3):
+        `("rotary", "parallel")` for GPT-NeoX."""
+        fields = attrs.fields_dict(GPT2Config)
+        flags = tuple(n for n in VARIANT_FLAGS if getattr(self, n) != fields[n].default)
+        return (("positions",) if self.positions is None else ()) + flags
 
     def dims(self) -> dict:
         dims = {D: self.d_model, L: self.layers, H: self.heads,

@@ -91,6 +91,10 @@ def _one_of(choices: tuple):
 
 
 def _check_model(launch, attribute, value) -> None:
+    if isinstance(value, GPT2Config) and value.variant_flags():
+        # Megatron's and torchtitan's GPT-2 form has none of OPT's, NeoX's, BLOOM's or Falcon's
+        raise OpgraphError(f"launch model {value.name}: a launch writes GPT-2 and Llama "
+                           f"models; this GPT2Config sets {', '.join(value.variant_flags())}")
     if isinstance(value, LlamaConfig | GPT2Config):
         return
     if not isinstance(value, str) or value not in PRESETS:
