@@ -7,9 +7,8 @@
 (`models.gemma2`), `deepseek_v2` and `deepseek_v3` the DeepSeek graph (`models.deepseek`) and
 `bert` the BertForMaskedLM graph (`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build
 the GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
-grouped-query attention, ...). The fields read are the ones that
-shape the cost; the rest (RoPE base, norm epsilon, dropout, dtype, token ids) do not change a
-roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
+grouped-query attention, ...). The fields read are the ones that shape the cost; the rest
+(RoPE base, norm epsilon, dropout, dtype, token ids) do not change a roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
 model's number:
 
 - `head_dim`: absent or null means `hidden_size / num_attention_heads`.
@@ -24,16 +23,17 @@ model's number:
   `4 x n_embd`.
 - OPT: the position table has `max_position_embeddings` (absent: 2048) + 2 rows (OPT's
   offset); `activation_function` absent means "relu" ("gelu" exact; "gelu_new",
-  "gelu_pytorch_tanh" and "gelu_fast" tanh);
-  `do_layer_norm_before` absent means true (false: post-LN, no final LayerNorm, OPT-350M);
+  "gelu_pytorch_tanh" and "gelu_fast" tanh); `do_layer_norm_before` absent means true
+  (false: post-LN, no final LayerNorm, OPT-350M);
   `word_embed_proj_dim` absent or equal to `hidden_size` means no projection, else
   project_in / project_out matrices without bias; `enable_bias` absent means true (all four
   attention and both MLP projections); `tie_word_embeddings` absent means true.
   `layer_norm_elementwise_affine` false, and `_remove_final_layer_norm` true on a pre-LN
   config, are refused.
 - GPT-NeoX: RoPE on `int(head size x rotary_pct)` dims of each head (absent: 0.25; it must
-  give an even count; newer transformers also write it as `partial_rotary_factor`); `hidden_act` absent means "gelu" (exact; "gelu_fast" is the tanh
-  form); `use_parallel_residual` absent means true; `attention_bias` absent means true (QKV
+  give an even count; newer transformers also write it as `partial_rotary_factor`);
+  `hidden_act` absent means "gelu" (exact; "gelu_fast" is the tanh form);
+  `use_parallel_residual` absent means true; `attention_bias` absent means true (QKV
   and dense; the MLP always has biases); `tie_word_embeddings` absent means false;
   `max_position_embeddings` absent means 2048.
 - BLOOM: `n_embed` or `hidden_size`, `n_layer` or `num_hidden_layers`, `n_head` or
@@ -68,7 +68,8 @@ model's number:
 
 The profile's default sequence length is the model's context, `max_position_embeddings` (GPT-2:
 `n_positions`), capped at 8192, the plate's: a 128 K context profiled by default would be all
-attention; `--seq-len` asks for longer. Without `max_position_embeddings` it is 8192. Sliding-
+attention; `--seq-len` asks for longer. Without `max_position_embeddings` it is 8192 (OPT,
+GPT-NeoX and Falcon have transformers' default, 2048; BLOOM has none). Sliding-
 window attention (Mistral's `sliding_window`) is profiled as full causal attention.
 
 Bad input (no file, not JSON, an unknown `model_type`, a missing field, a field of the wrong
@@ -299,20 +300,16 @@ ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh",
                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 
 
-def _unsupported(f: _Fields, key: str, value, why: str) -> None:
-    """A field whose value the graph cannot express: one line naming it."""
-    if key in f.data and f.data[key] == value:
-        raise OpgraphError(f"{f.path}: field {key!r} is {_shown(value)}; {why}")
-
-
 def _read_opt(f: _Fields) -> Graph:
     """OPT (transformers' `OPTForCausalLM`): learned positions in a table of
     `max_position_embeddings + 2` rows (`OPTLearnedPositionalEmbedding`'s offset)."""
-    _unsupported(f, "layer_norm_elementwise_affine", False,
-                 "opgraph's LayerNorm has a weight and a bias; give true")
-    if f.bool("do_layer_norm_before", True):  # post-LN OPT has no final LayerNorm anyway
-        _unsupported(f, "_remove_final_layer_norm", True,
-                     "opgraph reads pre-LN OPT configs with the final LayerNorm; give false")
+    if not f.bool("layer_norm_elementwise_affine", True):
+        raise OpgraphError(f"{f.path}: field 'layer_norm_elementwise_affine' is false; "
+                           "opgraph's LayerNorm has a weight and a bias; give true")
+    pre_norm = f.bool("do_layer_norm_before", True)
+    if pre_norm and f.bool("_remove_final_layer_norm", False):  # post-LN has none anyway
+        raise OpgraphError(f"{f.path}: field '_remove_final_layer_norm' is true; opgraph reads "
+                           "pre-LN OPT configs with the final LayerNorm; give false")
     d_model, heads = f.int("hidden_size"), f.int("num_attention_heads")
     f.divisible("hidden_size", d_model, "num_attention_heads", heads)
     positions = f.int("max_position_embeddings", 2048)
@@ -325,7 +322,7 @@ def _read_opt(f: _Fields) -> Graph:
         tie_embeddings=f.bool("tie_word_embeddings", True),
         activation=f.choice("activation_function", "relu", ACTIVATIONS),
         attention_bias=bias, mlp_bias=bias,
-        post_norm=not f.bool("do_layer_norm_before", True),
+        post_norm=not pre_norm,
         embed_proj=proj if proj != d_model else None)
     return gpt2.build(config)
 
