@@ -80,10 +80,13 @@ class GPT2Config:
         if self.activation not in ACTIVATIONS:
             raise OpgraphError(f"GPT2Config {self.name}: activation {self.activation!r}; "
                                f"choose one of {', '.join(ACTIVATIONS)}")
+        if self.positions is None and self.seq_len is None:
+            raise OpgraphError(f"GPT2Config {self.name}: no position table and no seq_len; "
+                               "give seq_len, the default sequence length of a profile")
 
     def variant_flags(self) -> tuple[str, ...]:
         """The flags set away from GPT-2's architecture (none for GPT-2 and GPT-3):
-        `("rotary", "parallel")` for GPT-NeoX."""
+        `("positions", "rotary", "parallel")` for GPT-NeoX (no table, RoPE, parallel)."""
         fields = attrs.fields_dict(GPT2Config)
         flags = tuple(n for n in VARIANT_FLAGS if getattr(self, n) != fields[n].default)
         return (("positions",) if self.positions is None else ()) + flags

@@ -654,7 +654,7 @@ def test_launch_rejects_bad_fields(fields, word):
 def test_a_gpt2_config_of_another_architecture_is_not_launched_as_gpt2():
     """A GPT2Config with OPT's, GPT-NeoX's, BLOOM's or Falcon's flags would be written as plain
     GPT-2 arguments: it is refused, naming the flags."""
-    neox_like = attrs.evolve(gpt2.GPT2, positions=None, rotary=16, parallel=True)
+    neox_like = attrs.evolve(gpt2.GPT2, positions=None, seq_len=1024, rotary=16, parallel=True)
     with pytest.raises(OpgraphError, match="positions, rotary, parallel"):
         Launch(model=neox_like, seq_len=1024, parallel=Parallel(gpus=1))
     assert Launch(model=gpt2.GPT3_175B, seq_len=2048, parallel=Parallel(gpus=8)).model.name == (
