@@ -532,3 +532,10 @@ def test_qwen_moe_spreads_its_experts_over_gpus(tmp_path, cli):
     code, out, err = cli("profile", "--config", str(path), "--gpus", "8", "--ep", "8",
                          "--global-batch", "8")
     assert code == 2 and err.count("\n") == 1 and "E = 60 experts are not divisible" in err
+    # a pipeline splits the sparse stack; the dense layers at its ends go with the first and
+    # the last stage
+    path = write(tmp_path, QWEN3_30B_A3B | {"mlp_only_layers": [0, 47]}, "ends")
+    code, out, err = cli("profile", "--config", str(path), "--gpus", "2", "--pp", "2",
+                         "--global-batch", "4", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["stage_times_s"]) == 2
