@@ -21,7 +21,7 @@ of each head's parts is a copy. Layers are two regions: `dense_layers` and `laye
 from __future__ import annotations
 
 import attrs
-from opgraph.models.llama import moe_mlp
+from opgraph.models.llama import moe_mlp, swiglu_mlp
 
 from opgraph.builder import GraphBuilder
 from opgraph.ir import Graph
@@ -125,10 +125,10 @@ def _block(g: GraphBuilder, x, config: DeepSeekV2Config, moe: bool):
     if moe:
         down = moe_mlp(g, h, F_e)  # the top K of E routed experts, as Mixtral's
         if config.shared_experts:
-            shared = _swiglu(g, h, config.shared_experts * F_e, "shared_experts")
+            shared = swiglu_mlp(g, h, config.shared_experts * F_e, "shared_experts")
             down = g.add(shared, down, name="experts.sum")
     else:
-        down = _swiglu(g, h, F, "mlp")
+        down = swiglu_mlp(g, h, F, "mlp")
     return g.add(x, down, name="mlp_residual")
 
 
@@ -158,9 +158,3 @@ def _mla(g: GraphBuilder, h, config: DeepSeekV2Config):
     v = g.reshape(v, (B, S, H * d_v), name="v_flat")
     return g.attention(q, k, v, heads=H, kv_heads=H, causal=True, name="attn")
 
-
-def _swiglu(g: GraphBuilder, h, width, name: str):
-    gate = g.matmul(h, g.weight(f"{name}.gate_proj.weight", (D, width)), name=f"{name}.gate_proj")
-    up = g.matmul(h, g.weight(f"{name}.up_proj.weight", (D, width)), name=f"{name}.up_proj")
-    a = g.swiglu(gate, up, name=f"{name}.swiglu")
-    return g.matmul(a, g.weight(f"{name}.down_proj.weight", (width, D)), name=f"{name}.down_proj")

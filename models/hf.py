@@ -2,23 +2,37 @@
 
     graph = from_config("Meta-Llama-3-8B/config.json")
 
-`model_type` picks the family: `llama`, `mistral`, `mixtral` and `qwen2` build the Llama graph
-(`models.llama`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
+`model_type` picks the family: `llama`, `mistral`, `mixtral`, `qwen2` and `qwen3` build the
+Llama graph (`models.llama`), `qwen2_moe` and `qwen3_moe` the Qwen mixture-of-experts graph
+(`models.qwen_moe`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
 (`models.gemma2`), `deepseek_v2` and `deepseek_v3` the DeepSeek graph (`models.deepseek`) and
 `bert` the BertForMaskedLM graph (`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build
 the GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
 grouped-query attention, ...). The fields read are the ones that shape the cost; the rest
-(RoPE base, norm epsilon, dropout, dtype, token ids) do not change a roofline and are ignored. Defaults follow `transformers` where it has a rule rather than a
-model's number:
+(RoPE base, norm epsilon, dropout, dtype, token ids) do not change a roofline and are ignored.
+Defaults follow `transformers` where it has a rule rather than a model's number:
 
-- `head_dim`: absent or null means `hidden_size / num_attention_heads`.
+- `head_dim`: absent or null means `hidden_size / num_attention_heads`; Qwen3's transformers
+  default is a particular model's (128), so there it is required.
 - `num_key_value_heads`: Llama's absent means `num_attention_heads` (multi-head attention);
-  Mistral, Mixtral and Qwen2 default to a particular model's count (8, 8, 32), so there it is
-  required.
-- `tie_word_embeddings`: absent means false for Llama, Mistral, Mixtral and Qwen2, true for
-  GPT-2 (transformers' `PretrainedConfig` default).
-- biases: Qwen2 has them on Q, K and V by architecture; Llama's `attention_bias` puts them on
-  Q, K, V and O, `mlp_bias` on the MLP's three projections; GPT-2 has them everywhere.
+  Mistral, Mixtral, Qwen2, Qwen2-MoE and Qwen3-MoE default to a particular model's count (8, 8,
+  32, 16, 4), so there it is required, and for Qwen3 too.
+- `tie_word_embeddings`: absent means false for Llama, Mistral, Mixtral and the Qwen families,
+  true for GPT-2 (transformers' `PretrainedConfig` default).
+- biases: Qwen2 has them on Q, K and V by architecture, Qwen2-MoE unless `qkv_bias` is false;
+  the `attention_bias` of Llama, Qwen3 and Qwen3-MoE (absent: false) puts them on Q, K, V and O;
+  Llama's `mlp_bias` on the MLP's three projections; GPT-2 has them everywhere.
+- Qwen3 and Qwen3-MoE: an RMSNorm on each query and key head (`q_norm`, `k_norm`, a weight of
+  `head_dim`) before RoPE, by architecture.
+- Qwen2-MoE and Qwen3-MoE: `num_experts`, `num_experts_per_tok` and `moe_intermediate_size`
+  are required (transformers' defaults are a particular model's), and Qwen2-MoE's
+  `shared_expert_intermediate_size`; `num_experts` 0 means every layer dense;
+  `decoder_sparse_step` absent means 1; `mlp_only_layers` absent or null means none, indices
+  past the last layer are ignored (as in transformers); `intermediate_size` is read only when
+  some layer is dense. The layout must be one the graph's regions express
+  (`models.qwen_moe.stacks`): the layers `mlp_only_layers` makes dense at the start or the end
+  of the stack, a `decoder_sparse_step` of at most 64; any other is an error.
+  `norm_topk_prob` (the gates renormalised: a few FLOPs a token) is ignored.
 - GPT-2: `n_positions` (or the older `n_ctx`) is the position table; `n_inner` null means
   `4 x n_embd`.
 - OPT: the position table has `max_position_embeddings` (absent: 2048) + 2 rows (OPT's
@@ -69,8 +83,9 @@ model's number:
 The profile's default sequence length is the model's context, `max_position_embeddings` (GPT-2:
 `n_positions`), capped at 8192, the plate's: a 128 K context profiled by default would be all
 attention; `--seq-len` asks for longer. Without `max_position_embeddings` it is 8192 (OPT,
-GPT-NeoX and Falcon have transformers' default, 2048; BLOOM has none). Sliding-
-window attention (Mistral's `sliding_window`) is profiled as full causal attention.
+GPT-NeoX and Falcon have transformers' default, 2048; BLOOM has none). Sliding-window
+attention (Mistral's `sliding_window`, the Qwen families' `use_sliding_window`) is profiled as
+full causal attention.
 
 Bad input (no file, not JSON, an unknown `model_type`, a missing field, a field of the wrong
 type) raises OpgraphError: one line naming the field and the file.
@@ -82,12 +97,14 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import attrs
+
 from opgraph.datafile import read_small
 from opgraph.errors import OpgraphError
 from opgraph.ir import Graph
 from opgraph.limits import MAX_DIM, check_whole
 
-from . import bert, deepseek, gemma2, gpt2, llama
+from . import bert, deepseek, gemma2, gpt2, llama, qwen_moe
 
 DEFAULT_SEQ_LEN = 8192  # the plate's; and the cap on a config's own context
 _REQUIRED = object()
@@ -173,6 +190,18 @@ class _Fields:
                                "field; give one of them")
         return given[0] if given else keys[0]
 
+    def indices(self, key: str) -> tuple[int, ...]:
+        """A list of layer indices (whole numbers from 0); absent or null: none."""
+        value = self.data.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or any(
+                isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_DIM
+                for i in value):
+            raise OpgraphError(f"{self.path}: field {key!r} is {_shown(value)}, not a list of "
+                               "layer indices (whole numbers from 0)")
+        return tuple(sorted(set(value)))
+
     def divisible(self, key: str, value: int, by_key: str, by: int) -> None:
         if value % by:
             raise OpgraphError(f"{self.path}: {key} = {value} is not a multiple of "
@@ -188,28 +217,71 @@ def _llama_family(model_type: str) -> Callable[[_Fields], Graph]:
     def _read(f: _Fields) -> Graph:
         heads = f.int("num_attention_heads")
         d_model = f.int("hidden_size")
-        head_dim = f.int("head_dim", None)
+        head_dim = f.int("head_dim", _REQUIRED if model_type == "qwen3" else None)
         if head_dim is None:
             f.divisible("hidden_size", d_model, "num_attention_heads", heads)
         kv_heads = f.int("num_key_value_heads", heads if model_type == "llama" else _REQUIRED)
         f.divisible("num_attention_heads", heads, "num_key_value_heads", kv_heads)
-        attention_bias = model_type == "llama" and f.bool("attention_bias", False)
+        attention_bias = model_type in ("llama", "qwen3") and f.bool("attention_bias", False)
         experts = {}
         if model_type == "mixtral":
             experts = {"experts": f.int("num_local_experts"),
                        "experts_per_token": f.int("num_experts_per_tok")}
-            if experts["experts_per_token"] > experts["experts"]:
-                raise OpgraphError(f"{f.path}: num_experts_per_tok = "
-                                   f"{experts['experts_per_token']} is more than "
-                                   f"num_local_experts = {experts['experts']}")
+            _check_top_k(f, experts["experts_per_token"], "num_local_experts",
+                         experts["experts"])
         config = llama.LlamaConfig(
             f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,
             kv_heads=kv_heads, d_ff=f.int("intermediate_size"), vocab=f.int("vocab_size"),
             head_dim=head_dim, seq_len=_seq_len(f.int("max_position_embeddings", None)),
             tie_embeddings=f.bool("tie_word_embeddings", False),
             qkv_bias=model_type == "qwen2" or attention_bias, o_bias=attention_bias,
-            mlp_bias=model_type == "llama" and f.bool("mlp_bias", False), **experts)
+            mlp_bias=model_type == "llama" and f.bool("mlp_bias", False),
+            qk_norm=model_type == "qwen3", **experts)
         return llama.build(config)
+    _read.__name__ = f"_read_{model_type}"
+    return _read
+
+
+def _check_top_k(f: _Fields, top_k: int, experts_key: str, experts: int) -> None:
+    if top_k > experts:
+        raise OpgraphError(f"{f.path}: num_experts_per_tok = {top_k} is more than "
+                           f"{experts_key} = {experts}")
+
+
+def _qwen_moe_family(model_type: str) -> Callable[[_Fields], Graph]:
+    """A reader for Qwen2-MoE and Qwen3-MoE (`models.qwen_moe`)."""
+    qwen3 = model_type == "qwen3_moe"
+
+    def _read(f: _Fields) -> Graph:
+        heads, d_model = f.int("num_attention_heads"), f.int("hidden_size")
+        head_dim = f.int("head_dim", None)
+        if head_dim is None:
+            f.divisible("hidden_size", d_model, "num_attention_heads", heads)
+        kv_heads = f.int("num_key_value_heads")
+        f.divisible("num_attention_heads", heads, "num_key_value_heads", kv_heads)
+        zero = type(f.data.get("num_experts")) is int and f.data["num_experts"] == 0
+        experts = 0 if zero else f.int("num_experts")  # transformers: 0 experts, every layer dense
+        moe = {"experts": 0, "experts_per_token": 1, "moe_d_ff": 1}  # the fields shape nothing
+        if experts:
+            moe = {"experts": experts, "experts_per_token": f.int("num_experts_per_tok"),
+                   "moe_d_ff": f.int("moe_intermediate_size"),
+                   "sparse_step": f.int("decoder_sparse_step", 1),
+                   "dense_layers": f.indices("mlp_only_layers")}
+            _check_top_k(f, moe["experts_per_token"], "num_experts", experts)
+            if not qwen3:
+                moe["shared_d_ff"] = f.int("shared_expert_intermediate_size")
+        attention_bias = qwen3 and f.bool("attention_bias", False)
+        config = qwen_moe.QwenMoeConfig(
+            f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,
+            kv_heads=kv_heads, vocab=f.int("vocab_size"), head_dim=head_dim,
+            qkv_bias=attention_bias or (not qwen3 and f.bool("qkv_bias", True)),
+            o_bias=attention_bias, qk_norm=qwen3,
+            seq_len=_seq_len(f.int("max_position_embeddings", None)),
+            tie_embeddings=f.bool("tie_word_embeddings", False), **moe)
+        layout = qwen_moe.stacks(config, where=str(f.path))
+        if any(qwen_moe.DENSE in stack.body for stack in layout):  # only they read its width
+            config = attrs.evolve(config, d_ff=f.int("intermediate_size"))
+        return qwen_moe.build(config)
     _read.__name__ = f"_read_{model_type}"
     return _read
 
@@ -258,9 +330,7 @@ def _read_deepseek(f: _Fields) -> Graph:
         moe = {"routed_experts": routed, "experts_per_token": f.int("num_experts_per_tok"),
                "moe_d_ff": f.int("moe_intermediate_size"),
                "shared_experts": f.count("n_shared_experts")}
-        if moe["experts_per_token"] > routed:
-            raise OpgraphError(f"{f.path}: num_experts_per_tok = {moe['experts_per_token']} is "
-                               f"more than n_routed_experts = {routed}")
+        _check_top_k(f, moe["experts_per_token"], "n_routed_experts", routed)
     else:  # every layer dense: the expert fields shape nothing
         moe = {"routed_experts": 1, "experts_per_token": 1, "moe_d_ff": 1, "shared_experts": 0}
     config = deepseek.DeepSeekV2Config(
@@ -408,6 +478,9 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "mistral": _llama_family("mistral"),
     "mixtral": _llama_family("mixtral"),
     "qwen2": _llama_family("qwen2"),
+    "qwen3": _llama_family("qwen3"),
+    "qwen2_moe": _qwen_moe_family("qwen2_moe"),
+    "qwen3_moe": _qwen_moe_family("qwen3_moe"),
     "gpt2": _read_gpt2,
     "gemma2": _read_gemma2,
     "deepseek_v2": _read_deepseek,

@@ -6,8 +6,9 @@ RMSNorm; gate and up projections; SwiGLU; down projection; residual add. Around 
 embedding lookup, the final RMSNorm, the output head and the cross-entropy loss.
 
 Its relatives are configurations of the same graph: Llama 3 70B; Qwen2 (biases on Q, K and V);
-Mistral (through `models.hf`); Mixtral, whose MLP is a mixture of experts (`moe_mlp`: a router,
-the top K of E SwiGLU experts per token, their gate-weighted sum).
+Qwen3 (each query and key head RMSNorm'd before RoPE, `qk_norm`); Mistral (through
+`models.hf`); Mixtral, whose MLP is a mixture of experts (`moe_mlp`: a router, the top K of E
+SwiGLU experts per token, their gate-weighted sum).
 
 The graph's shapes are symbols (`opgraph.symbols`); the configuration supplies their values.
 """
@@ -36,6 +37,7 @@ class LlamaConfig:
     qkv_bias: bool = False  # Qwen2 puts biases on the Q, K and V projections
     o_bias: bool = False  # a bias on the O projection too (HF Llama's attention_bias)
     mlp_bias: bool = False  # biases on the gate, up and down projections (HF's mlp_bias)
+    qk_norm: bool = False  # an RMSNorm on each query and key head before RoPE (Qwen3)
     experts: int = 0  # a mixture of this many SwiGLU experts per MLP (Mixtral); 0: dense
     experts_per_token: int = 0  # the top-k each token is routed to
 
@@ -89,21 +91,42 @@ def build(config: LlamaConfig) -> Graph:
 def _block(g: GraphBuilder, x, config: LlamaConfig):
     """One decoder layer: pre-norm grouped-query attention, then a pre-norm SwiGLU MLP."""
     h = g.rmsnorm(x, g.weight("attn_norm.weight", (D,)), name="attn_norm")
-
-    def proj(name, width):
-        bias = g.weight(f"{name}.bias", (width,)) if config.qkv_bias else None
-        return g.matmul(h, g.weight(f"{name}.weight", (D, width)), bias, name=name)
-
-    q = g.rope(proj("q_proj", H * d_h), name="q_rope")
-    k = g.rope(proj("k_proj", H_kv * d_h), name="k_rope")
-    v = proj("v_proj", H_kv * d_h)
-    o = g.attention(q, k, v, heads=H, kv_heads=H_kv, causal=True, name="attn")
-    o_bias = g.weight("o_proj.bias", (D,)) if config.o_bias else None
-    o = g.matmul(o, g.weight("o_proj.weight", (H * d_h, D)), o_bias, name="o_proj")
-    x = g.add(x, o, name="attn_residual")
+    x = g.add(x, attention(g, h, config), name="attn_residual")
     h = g.rmsnorm(x, g.weight("mlp_norm.weight", (D,)), name="mlp_norm")
     down = moe_mlp(g, h) if config.experts else _swiglu_mlp(g, h, config.mlp_bias)
     return g.add(x, down, name="mlp_residual")
+
+
+def attention(g: GraphBuilder, h, config, prefix: str = ""):
+    """Grouped-query attention of the normed input `h`, up to its O projection: Q, K and V
+    projections (biases on Q, K, V with `config.qkv_bias`, on O with `config.o_bias`); with
+    `config.qk_norm` each query and key head RMSNorm'd over its `d_h` (Qwen3's `q_norm`,
+    `k_norm`), before RoPE on Q and K; the core. `prefix` names a layer among several in one
+    region's body."""
+    def proj(name, width):
+        bias = g.weight(f"{prefix}{name}.bias", (width,)) if config.qkv_bias else None
+        return g.matmul(h, g.weight(f"{prefix}{name}.weight", (D, width)), bias,
+                        name=f"{prefix}{name}")
+
+    def head_norm(t, heads, name):
+        """RMSNorm of each head over its d_h: the heads are a view, the norm one kernel."""
+        t = g.reshape(t, (B, S, heads, d_h), name=f"{prefix}{name}.heads")
+        t = g.rmsnorm(t, g.weight(f"{prefix}{name}.weight", (d_h,)), name=f"{prefix}{name}")
+        return g.reshape(t, (B, S, heads * d_h), name=f"{prefix}{name}.flat")
+
+    q = proj("q_proj", H * d_h)
+    if config.qk_norm:
+        q = head_norm(q, H, "q_norm")
+    q = g.rope(q, name=f"{prefix}q_rope")
+    k = proj("k_proj", H_kv * d_h)
+    if config.qk_norm:
+        k = head_norm(k, H_kv, "k_norm")
+    k = g.rope(k, name=f"{prefix}k_rope")
+    v = proj("v_proj", H_kv * d_h)
+    o = g.attention(q, k, v, heads=H, kv_heads=H_kv, causal=True, name=f"{prefix}attn")
+    o_bias = g.weight(f"{prefix}o_proj.bias", (D,)) if config.o_bias else None
+    return g.matmul(o, g.weight(f"{prefix}o_proj.weight", (H * d_h, D)), o_bias,
+                    name=f"{prefix}o_proj")
 
 
 def _swiglu_mlp(g: GraphBuilder, h, bias: bool = False):
@@ -121,18 +144,30 @@ def _swiglu_mlp(g: GraphBuilder, h, bias: bool = False):
     return g.matmul(a, w_down, bias_d, name="down_proj")
 
 
-def moe_mlp(g: GraphBuilder, h, width=F):
+def swiglu_mlp(g: GraphBuilder, h, width, name: str):
+    """`down(silu(gate(h)) * up(h))` of hidden width `width`, its ops and weights named under
+    `name` (`mlp`, `shared_experts`): DeepSeek's dense layers and shared experts, Qwen-MoE's."""
+    gate = g.matmul(h, g.weight(f"{name}.gate_proj.weight", (D, width)), name=f"{name}.gate_proj")
+    up = g.matmul(h, g.weight(f"{name}.up_proj.weight", (D, width)), name=f"{name}.up_proj")
+    a = g.swiglu(gate, up, name=f"{name}.swiglu")
+    return g.matmul(a, g.weight(f"{name}.down_proj.weight", (width, D)), name=f"{name}.down_proj")
+
+
+def moe_mlp(g: GraphBuilder, h, width=F, prefix: str = ""):
     """Mixtral's sparse MLP: a router scores the E experts, each token goes through its top K
     SwiGLU experts, and their outputs are summed weighted by the router's gates. Expert weights
     are held as `[E, in, out]` tensors; only the routed experts' FLOPs are counted. `width` is
-    an expert's hidden width (Mixtral's F; DeepSeek's narrower experts, F_e)."""
-    logits = g.matmul(h, g.weight("router.weight", (D, E)), name="router")
-    gates, experts = g.topk(logits, K, name="router_topk")
-    gate = g.expert_matmul(h, g.weight("experts.gate_proj.weight", (E, D, width)),
-                           experts, name="experts.gate_proj")
-    up = g.expert_matmul(h, g.weight("experts.up_proj.weight", (E, D, width)),
-                         experts, name="experts.up_proj")
-    a = g.swiglu(gate, up, name="experts.swiglu")
-    down = g.expert_matmul(a, g.weight("experts.down_proj.weight", (E, width, D)),
-                           experts, name="experts.down_proj")
-    return g.moe_combine(down, gates, name="experts.combine")
+    an expert's hidden width (Mixtral's F; DeepSeek's and Qwen's narrower experts, F_e);
+    `prefix` names a layer among several in one region's body."""
+    logits = g.matmul(h, g.weight(f"{prefix}router.weight", (D, E)), name=f"{prefix}router")
+    gates, experts = g.topk(logits, K, name=f"{prefix}router_topk")
+
+    def expert(x, name, shape):
+        return g.expert_matmul(x, g.weight(f"{prefix}experts.{name}.weight", shape), experts,
+                               name=f"{prefix}experts.{name}")
+
+    gate = expert(h, "gate_proj", (E, D, width))
+    up = expert(h, "up_proj", (E, D, width))
+    a = g.swiglu(gate, up, name=f"{prefix}experts.swiglu")
+    down = expert(a, "down_proj", (E, width, D))
+    return g.moe_combine(down, gates, name=f"{prefix}experts.combine")

@@ -316,14 +316,14 @@ def row_of(c: Candidate) -> Row:
 
 
 def _layers(forward: Graph) -> int | None:
-    """The layers of the model's one layer stack; None where it has several (DeepSeek's dense
-    and expert layers) or one whose trip count is not one dimension (Gemma 2's L / 2 pairs of
-    layers), which pipeline parallelism does not split (`split_stages`)."""
+    """The layers of the layer stack pipeline parallelism splits (`split_stages.layer_stack`:
+    DeepSeek's L - k expert layers beside its fixed ones, Gemma 2's L / 2 pairs); None where
+    no stack splits."""
     try:
         region = layer_stack(forward)
     except OpgraphError:
         return None
-    if not isinstance(region.count, sympy.Symbol):
+    if len(sympy.sympify(region.count).free_symbols) != 1:
         return None
     return int(sympy.sympify(region.count).xreplace(forward.dims))
 
@@ -360,10 +360,9 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     eps = [space.ep] if space.ep else (_powers(experts) if experts else [1])
     if layers is None and (space.pp or 1) > 1:
         region = layer_stack(forward)  # says why, in one line, where no stack splits
-        raise OpgraphError(f"plan searches pipelines over a model with one layer stack counted "
-                           f"by a dimension; {forward.name}'s is {region.name} "
-                           f"({region.count} layers) beside fixed ones: leave out --pp, or "
-                           "time a pipeline with `opgraph profile --pp`")
+        raise OpgraphError(f"{forward.name}'s layer stack {region.name} runs {region.count} "
+                           "times, not a count of one dimension; pipeline parallelism needs "
+                           "one (leave out --pp)")
     pps = [space.pp] if space.pp else [1] if layers is None else range(
         1, min(space.max_pp or layers, layers) + 1)
     zeros = [space.zero] if space.zero is not None else ZERO_STAGES

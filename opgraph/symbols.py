@@ -22,12 +22,14 @@ K = sympy.Symbol("K", **_DIM)  # experts each token is routed to (top-k)
 W = sympy.Symbol("W", **_DIM)  # sliding attention window: keys each query sees at most
 M = sympy.Symbol("M", **_DIM)  # masked positions per sequence (a masked-LM's predictions)
 F_e = sympy.Symbol("F_e", **_DIM)  # one routed expert's MLP width (moe_intermediate_size)
+F_s = sympy.Symbol("F_s", **_DIM)  # a shared expert's MLP width (shared_expert_intermediate_size)
 r_kv = sympy.Symbol("r_kv", **_DIM)  # MLA: the compressed K/V width (kv_lora_rank)
 d_nope = sympy.Symbol("d_nope", **_DIM)  # MLA: each head's query/key part without RoPE
 d_rope = sympy.Symbol("d_rope", **_DIM)  # MLA: each head's query/key part with RoPE
 d_v = sympy.Symbol("d_v", **_DIM)  # a value head's size, where it is not d_h
 
-DIMENSIONS = (B, S, D, L, H, H_kv, d_h, F, V, E, K, W, M, F_e, r_kv, d_nope, d_rope, d_v)
+DIMENSIONS = (B, S, D, L, H, H_kv, d_h, F, V, E, K, W, M, F_e, F_s, r_kv, d_nope, d_rope,
+              d_v)
 BY_NAME = {sym.name: sym for sym in DIMENSIONS}
 
 

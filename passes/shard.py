@@ -46,11 +46,12 @@ from opgraph.contracts import contract
 from opgraph.errors import OpgraphError
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.parallel import Parallel, cp, ep, tp
-from opgraph.symbols import E, F, F_e, H, H_kv, S, V
+from opgraph.symbols import E, F, F_e, F_s, H, H_kv, S, V
 
 # Dimensions tensor parallelism splits, in every weight that has them (Megatron: attention heads,
-# the MLP's and each expert's hidden width, the vocabulary of the embedding and the head).
-TENSOR_SPLITS = (H, H_kv, F, F_e, V)
+# the MLP's, each routed expert's and a shared expert's hidden width, the vocabulary of the
+# embedding and the head).
+TENSOR_SPLITS = (H, H_kv, F, F_e, F_s, V)
 # Kinds whose output sums over a dimension of their inputs: split inputs, unsplit output = partial.
 CONTRACTING = ("matmul", "expert_matmul", "embedding")
 # Kinds a column-parallel split reaches through their weight (the second input).

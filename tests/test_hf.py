@@ -5,7 +5,7 @@ import json
 import sympy
 
 import pytest
-from opgraph.models import preset
+from opgraph.models import preset, qwen_moe
 from opgraph.models.hf import from_config
 
 from opgraph import compile_step, evaluate, hardware
@@ -162,6 +162,47 @@ FALCON_7B = {  # tiiuae/falcon-7b
 FALCON_40B = FALCON_7B | {"hidden_size": 8192, "new_decoder_architecture": True,
                           "num_attention_heads": 128, "num_hidden_layers": 60,
                           "num_kv_heads": 8}
+QWEN3_8B = {  # Qwen/Qwen3-8B
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+    "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+QWEN3_0_6B = QWEN3_8B | {  # Qwen/Qwen3-0.6B: narrower than its heads, tied embeddings
+    "hidden_size": 1024, "intermediate_size": 3072, "max_window_layers": 28,
+    "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+    "tie_word_embeddings": True,
+}
+QWEN1_5_MOE_A2_7B = {  # Qwen/Qwen1.5-MoE-A2.7B
+    "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 5632, "max_position_embeddings": 32768,
+    "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 1408,
+    "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 60,
+    "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 16,
+    "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 5632,
+    "sliding_window": 32768, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+QWEN3_30B_A3B = {  # Qwen/Qwen3-30B-A3B
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+    "output_router_logits": False, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+
 
 def write(tmp_path, fields, folder="model", text=None):
     path = tmp_path / folder / "config.json"
@@ -269,6 +310,18 @@ def without(fields, key):
     (BLOOM_560M | {"num_hidden_layers": 30}, None, ["'n_layer' = 24", "'num_hidden_layers'"]),
     (FALCON_40B | {"parallel_attn": False}, None, ["parallel_attn", "new_decoder_architecture"]),
     (FALCON_7B | {"num_ln_in_parallel_attn": 2}, None, ["'num_ln_in_parallel_attn' is 2"]),
+    (without(QWEN3_8B, "head_dim"), None, ["missing field 'head_dim'"]),
+    (QWEN3_8B | {"attention_bias": "no"}, None, ["'attention_bias'", "true or false"]),
+    (without(QWEN1_5_MOE_A2_7B, "shared_expert_intermediate_size"), None,
+     ["missing field 'shared_expert_intermediate_size'"]),
+    (QWEN1_5_MOE_A2_7B | {"mlp_only_layers": "0"}, None, ["'mlp_only_layers'", "layer indices"]),
+    (QWEN3_30B_A3B | {"mlp_only_layers": [5]}, None,
+     ["mlp_only_layers makes layer 5 dense between", "start or the end"]),
+    (QWEN3_30B_A3B | {"num_experts_per_tok": 129}, None, ["num_experts = 128"]),
+    (QWEN3_30B_A3B | {"decoder_sparse_step": 65, "num_hidden_layers": 130}, None,
+     ["decoder_sparse_step = 65"]),
+    (without(QWEN3_30B_A3B, "num_key_value_heads"), None,
+     ["missing field 'num_key_value_heads'"]),
     (None, '{"model_type": "llama",', ["not valid JSON"]),
     (None, "[1, 2]", ["JSON list"]),
 ])
@@ -531,3 +584,193 @@ def test_falcon_profiles_end_to_end(tmp_path, cli):
     j = profile_cli(cli, tmp_path, FALCON_7B, "falcon-7b")
     assert j["model"] == "falcon-7b" and j["seq_len"] == 2048
     assert j["parameters"] == falcon_parameters(FALCON_7B, kv_heads=1, norms=1)
+
+
+# --- Qwen3, Qwen2-MoE, Qwen3-MoE ---------------------------------------------------------------
+
+def qwen_counts(c: dict) -> tuple[int, int, int]:
+    """(all parameters, those one token uses, the embedding's and the head's) from a Qwen
+    config's fields, by transformers' modules: Qwen3Attention / Qwen2MoeAttention, the RMSNorms,
+    Qwen2MoeSparseMoeBlock (router D x E, E experts, one shared expert and its D -> 1 gate) or a
+    SwiGLU MLP; every layer of these configs is a mixture of experts when there are experts."""
+    d, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    hd = c.get("head_dim") or d // heads
+    attention = d * heads * hd + 2 * d * kv * hd + heads * hd * d  # q, k, v, o
+    if c["model_type"] == "qwen2_moe":
+        attention += heads * hd + 2 * kv * hd  # the Q, K and V biases
+    else:
+        attention += 2 * hd  # q_norm and k_norm, each a weight of head_dim
+
+    def swiglu(width):
+        return 3 * d * width
+
+    if c.get("num_experts"):  # 0: every layer dense
+        experts, top_k = c["num_experts"], c["num_experts_per_tok"]
+        shared = (swiglu(c["shared_expert_intermediate_size"]) + d
+                  if "shared_expert_intermediate_size" in c else 0)
+        mlp = d * experts + experts * swiglu(c["moe_intermediate_size"]) + shared
+        active_mlp = d * experts + top_k * swiglu(c["moe_intermediate_size"]) + shared
+    else:
+        mlp = active_mlp = swiglu(c["intermediate_size"])
+    ends = vocab * d * (1 if c["tie_word_embeddings"] else 2)
+    total = layers * (attention + 2 * d + mlp) + d + ends
+    active = layers * (attention + 2 * d + active_mlp) + d + ends
+    return total, active, ends
+
+
+# Published figures, each within one unit of its last digit shown (rounded or cut):
+# Qwen3-8B: 8.19 B (the Hub's count of its safetensors; the model card's 8.2 B), 6.95 B without
+# the embedding and head (model card). Qwen3-0.6B: 0.6 B, 0.44 B without the tied embedding
+# (model card). Qwen1.5-MoE-A2.7B: 14.3 B in total, 2.7 B activated (model card and the Qwen
+# blog "Qwen1.5-MoE: Matching 7B Model Performance with 1/3 Activated Parameters").
+# Qwen3-30B-A3B: 30.5 B in total, 3.3 B activated, 29.9 B without the embedding and head
+# (model card).
+@pytest.mark.parametrize("fields, total, active, body", [
+    (QWEN3_8B, "8.19", None, "6.95"),
+    (QWEN3_0_6B, "0.6", None, "0.44"),
+    (QWEN1_5_MOE_A2_7B, "14.3", "2.7", None),
+    (QWEN3_30B_A3B, "30.5", "3.3", "29.9"),
+])
+def test_qwen_parameters_are_the_formula_and_the_published_totals(tmp_path, fields, total,
+                                                                   active, body):
+    graph = from_config(write(tmp_path, fields))
+    all_, used, ends = qwen_counts(fields)
+    assert int(graph.parameters().xreplace(graph.dims)) == all_
+    assert int(active_parameters(graph).xreplace(graph.dims)) == used
+
+    def near(count, published):
+        unit = 10.0 ** -len(published.split(".")[1])
+        return abs(count / 1e9 - float(published)) < unit
+
+    assert near(all_, total)
+    assert active is None or near(used, active)
+    assert body is None or near(all_ - ends, body)
+
+
+@pytest.mark.parametrize("fields, config", [
+    (QWEN1_5_MOE_A2_7B, qwen_moe.QWEN1_5_MOE_A2_7B), (QWEN3_30B_A3B, qwen_moe.QWEN3_30B_A3B),
+])
+def test_a_qwen_moe_config_gives_its_models_profile(tmp_path, fields, config):
+    graph, reference = from_config(write(tmp_path, fields)), qwen_moe.build(config)
+    assert profile_json(graph) == profile_json(reference)
+
+
+def test_qwen3_is_the_llama_graph_with_each_query_and_key_head_normed(tmp_path):
+    from opgraph import costmodel
+    from opgraph.symbols import B, S, d_h
+
+    qwen3 = from_config(write(tmp_path, QWEN3_0_6B, "a"))
+    llama = from_config(write(tmp_path, QWEN3_0_6B | {"model_type": "llama"}, "b"))
+    extra = {f"layers.{n}_norm{part}" for n in "qk" for part in (".heads", "", ".flat")}
+    assert {op.name for op in qwen3.ops()} - {op.name for op in llama.ops()} == extra
+    assert {op.name for op in llama.ops()} <= {op.name for op in qwen3.ops()}
+    # head_dim 128 of 16 heads: a query is 2048 wide on a hidden size of 1024
+    assert qwen3.tensor("layers.q_proj.weight").shape[1].xreplace(qwen3.dims) == 16 * 128
+    for t, heads in (("q", H), ("k", H_kv)):
+        norm = qwen3.op(f"layers.{t}_norm")
+        assert qwen3.tensor(f"layers.{t}_norm.weight").shape == (d_h,)
+        assert qwen3.tensor(norm.outputs[0]).shape == (B, S, heads, d_h)
+        # RMSNorm's 4 FLOPs an element, over every head of every token
+        assert costmodel.rule_flops(qwen3, norm) - 4 * B * S * heads * d_h == 0
+        assert qwen3.op(f"layers.{t}_rope").inputs == (f"layers.{t}_norm.flat",)
+    assert not qwen3.has_tensor("lm_head.weight")  # tied, as the small Qwen3 ship
+    assert not any(w.name.endswith(".bias") for w in qwen3.weights())
+    biased = from_config(write(tmp_path, QWEN3_0_6B | {"attention_bias": True}, "c"))
+    assert {w.name for w in biased.weights() if w.name.endswith(".bias")} == {
+        f"layers.{p}.bias" for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+
+
+def test_qwen2_moe_gates_its_shared_expert(tmp_path):
+    from opgraph.symbols import B, D, F_e, F_s, S
+
+    graph = from_config(write(tmp_path, QWEN1_5_MOE_A2_7B))
+    assert graph.dims[F_s] == 5632 and graph.dims[F_e] == 1408
+    assert graph.tensor("layers.shared_expert.up_proj.weight").shape == (D, F_s)
+    assert graph.tensor("layers.shared_expert_gate.weight").shape == (D, 1)
+    gated = graph.op("layers.shared_expert.gated")  # sigmoid(gate(h)) * shared_expert(h)
+    assert gated.kind == "moe_combine"
+    assert [graph.tensor(n).shape for n in gated.inputs] == [(B, S, 1, D), (B, S, 1)]
+    assert graph.op("layers.experts.sum").inputs == ("layers.experts.combine",
+                                                     "layers.shared_expert.gated")
+    # Q, K and V biases (qkv_bias, true unless the config says otherwise), none on O
+    assert {w.name for w in graph.weights() if w.name.endswith(".bias")} == {
+        f"layers.{p}.bias" for p in ("q_proj", "k_proj", "v_proj")}
+    plain = from_config(write(tmp_path, QWEN1_5_MOE_A2_7B | {"qkv_bias": False}, "b"))
+    assert not any(w.name.endswith(".bias") for w in plain.weights())
+
+
+def test_qwen_moe_layouts_are_regions(tmp_path):
+    from opgraph.parameters import is_routed
+    from opgraph.symbols import L
+
+    def regions(**fields):
+        graph = from_config(write(tmp_path, QWEN3_30B_A3B | fields, str(len(fields))))
+        return graph, [(r.name, r.count) for r in graph.regions()]
+
+    assert regions()[1] == [("layers", L)]
+    # layer i is sparse iff (i + 1) % decoder_sparse_step == 0: a dense then a sparse layer, 24x
+    graph, stacks = regions(decoder_sparse_step=2)
+    assert stacks == [("layers", L / 2)]
+    assert graph.has_op("layers.dense.mlp.down_proj") and graph.has_op("layers.moe.router")
+    dense = QWEN3_30B_A3B | {"num_hidden_layers": 24, "num_experts": 0}
+    sparse = QWEN3_30B_A3B | {"num_hidden_layers": 24}
+    assert int(graph.parameters().xreplace(graph.dims)) == (
+        qwen_counts(dense)[0] + qwen_counts(sparse)[0] - qwen_counts(dense)[2]
+        - QWEN3_30B_A3B["hidden_size"])  # the embedding, head and final norm once
+    # 25 layers by 3: 8 of (dense, dense, sparse), then layer 24 dense
+    assert regions(decoder_sparse_step=3, num_hidden_layers=25)[1] == [
+        ("layers", (L - 1) / 3), ("last_dense_layers", 1)]
+    # mlp_only_layers at both ends; an index past the last layer matches none (transformers)
+    assert regions(mlp_only_layers=[0, 1, 47, 99])[1] == [
+        ("dense_layers", 2), ("layers", L - 3), ("last_dense_layers", 1)]
+    graph, stacks = regions(num_experts=0)  # no experts: every layer dense, of intermediate_size
+    assert stacks == [("dense_layers", L)] and not is_routed(graph)
+    assert graph.has_op("dense_layers.mlp.down_proj")
+
+
+@pytest.mark.parametrize("fields, folder", [
+    (QWEN3_8B, "Qwen3-8B"), (QWEN1_5_MOE_A2_7B, "Qwen1.5-MoE-A2.7B"),
+    (QWEN3_30B_A3B, "Qwen3-30B-A3B"),
+])
+def test_qwen_profiles_end_to_end(tmp_path, cli, fields, folder):
+    code, out, _ = cli("profile", "--config", str(write(tmp_path, fields, folder)), "--json")
+    assert code == 0
+    j = json.loads(out)
+    total, active, _ = qwen_counts(fields)
+    assert (j["model"], j["parameters"], j["seq_len"]) == (folder, total, 8192)
+    assert j.get("active_parameters", total) == active
+    assert j["step_time_s"] > 0
+
+
+def test_qwen_moe_spreads_its_experts_over_gpus(tmp_path, cli):
+    path = write(tmp_path, QWEN3_30B_A3B, "Qwen3-30B-A3B")
+    code, out, _ = cli("profile", "--config", str(path), "--gpus", "8", "--ep", "8",
+                       "--global-batch", "8", "--json")
+    assert code == 0
+    j = json.loads(out)
+    c = QWEN3_30B_A3B
+    d, top_k, seq = c["hidden_size"], c["num_experts_per_tok"], j["seq_len"]
+    dispatch = [x for x in j["communication"] if x["collective"] == "all-to-all"]
+    # to the experts and back, forward and backward, once a layer: K copies of each of a
+    # micro-batch's tokens in BF16
+    assert len(dispatch) == 4 and {x["group_size"] for x in dispatch} == {8}
+    assert {x["bytes"] for x in dispatch} == {seq * top_k * d * 2}
+    assert {x["count"] for x in dispatch} == {c["num_hidden_layers"]}
+    experts = c["num_hidden_layers"] * c["num_experts"] * 3 * d * c["moe_intermediate_size"]
+    assert j["parameters"] == qwen_counts(c)[0] - experts * 7 // 8  # an eighth of the experts
+    # Qwen1.5-MoE's 60 experts spread over 4 of the 8 GPUs, not 8
+    path = write(tmp_path, QWEN1_5_MOE_A2_7B, "Qwen1.5-MoE-A2.7B")
+    code, out, _ = cli("profile", "--config", str(path), "--gpus", "8", "--ep", "4",
+                       "--global-batch", "8")
+    assert code == 0 and "ep all-to-all" in out
+    code, out, err = cli("profile", "--config", str(path), "--gpus", "8", "--ep", "8",
+                         "--global-batch", "8")
+    assert code == 2 and err.count("\n") == 1 and "E = 60 experts are not divisible" in err
+    # a pipeline splits the sparse stack; the dense layers at its ends go with the first and
+    # the last stage
+    path = write(tmp_path, QWEN3_30B_A3B | {"mlp_only_layers": [0, 47]}, "ends")
+    code, out, err = cli("profile", "--config", str(path), "--gpus", "2", "--pp", "2",
+                         "--global-batch", "4", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["stage_times_s"]) == 2

@@ -48,7 +48,8 @@ def _sampled(searcher: Searcher, space: Space, seed: int, k: int
     ("llama3.2-1b", 16, 64, 4096, "calibrated"),
     ("llama3-8b", 64, 128, 8192, "roofline"),
     ("mixtral-8x7b", 32, 64, 4096, "calibrated"),
-    ("deepseek-v2-lite", 8, 16, 1024, "calibrated"),  # two layer stacks: one pipeline stage
+    # two layer stacks: pipelines split the expert layers, the dense one on the first stage
+    ("deepseek-v2-lite", 8, 16, 1024, "calibrated"),
 ])
 def test_search_figures_are_profiles_on_a_random_sample(model, gpus, batch, seq, cost):
     """A random layout of each of several structures, by the search's compiled formulas and by
@@ -130,7 +131,7 @@ def test_branch_and_bound_returns_the_fastest():
     # FSDP's streams: the experts' (edp) and the rest's (dp), each its own
     ("mixtral-8x7b", 4096, {"gpus": 16, "batch": 32, "pp": 1, "zero": 3, "cp": 4,
                             "precision": ("bf16",), "recompute": ("none",)}),
-    ("deepseek-v2-lite", 4096, {"gpus": 8, "batch": 16}),  # two layer stacks: one stage
+    ("deepseek-v2-lite", 4096, {"gpus": 8, "batch": 16}),  # the dense layer on stage 0
     # FP8 saves the residual stream the layers carry (31, 32, 32, 31): the most layers hold
     # one buffer of it, not a copy each
     ("llama3.1-405b", 8192, {"gpus": 1024, "batch": 256, "tp": 2, "cp": 1, "pp": 4, "zero": 1,
