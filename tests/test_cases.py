@@ -161,6 +161,13 @@ HARDWARE = {"A100-SXM 80GB": ("a100-sxm-80gb", "dgx-a100"),
             "H100 80GB": ("h100-sxm", "dgx-h100"), "B200": ("b200", "dgx-b200")}
 
 
+def _hardware(hw: dict) -> tuple[str, str]:
+    """The catalog part and cluster a dev record's hardware names: the playbook's runs (AWS
+    EFA between nodes) on the cluster whose collective bandwidth it measured."""
+    part, cluster = HARDWARE[hw["gpu"]]
+    return part, "hf-ultrascale-h100" if "EFA" in (hw.get("inter_node") or "") else cluster
+
+
 def _dev(shared) -> dict:
     return json.loads((shared / "validation" / "dev.json").read_text())
 
@@ -190,6 +197,7 @@ def test_every_playbook_sweep_row_is_shipped_once(shared):
         if case is None:
             continue
         _check_model_dims(case, r["model"])
+        assert (case.hardware, case.cluster) == _hardware(r["hardware"])
         _check_layout(case, r)
         _check_measured(case, r)
 
@@ -309,7 +317,7 @@ def test_conversions_follow_dev_json(shared, by_id):
         _check_model_dims(case, m)
         assert case.seq_len == m["seq_len"]
         assert case.gpus == hw["num_gpus"]
-        assert (case.hardware, case.cluster) == HARDWARE[hw["gpu"]]
+        assert (case.hardware, case.cluster) == _hardware(hw)
         _check_layout(case, dev)
         _check_measured(case, dev)
 
