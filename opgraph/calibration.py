@@ -4,9 +4,14 @@ The roofline is a ceiling. The calibrated cost model (`CalibratedCostModel`) kee
 and scales each term by an efficiency of the hardware generation (`Efficiencies`), read from
 `calibration.toml` beside this file (or a file of the user's, `--calibration FILE`):
 
-    kernel time = launch_s + max(compute, memory)
+    kernel time = max(host_s, launch_s + max(compute, memory))
     compute     = (FLOPs x waves + matmul_half_flops) / (efficiency(kind) x clock x peak)
     memory      = bytes / (bandwidth x HBM bandwidth)
+
+`host_s` is the host's time to issue one kernel: a training step in eager PyTorch launches
+kernels one by one from Python, so a stream of kernels shorter than that runs at the host's
+pace, the GPU idle between them (small models split by tensor parallelism, small micro-batches).
+A kernel doing no work (a view) costs nothing.
 
 `clock` is the part's sustained clock over the one its peak assumes (`Hardware.clock_ratio`:
 1, or (P / TDP)^(1/3) when power-capped at P), so a power limit is not folded into an
@@ -68,6 +73,7 @@ FIELDS = {
     "attention": "fraction of the dense peak FlashAttention's kernels reach",
     "bandwidth": "fraction of the HBM bandwidth a memory-bound kernel reaches",
     "launch_s": "seconds each kernel adds (launch and tail)",
+    "host_s": "seconds the host takes to issue one kernel: no kernel runs shorter",
     "node": "fraction of the node fabric's bandwidth a collective reaches",
     "network": "fraction of the network's bandwidth a collective reaches",
     "overlap_slowdown": "share of a hidden collective's time it adds to the compute beside it",
@@ -90,6 +96,7 @@ class Efficiencies:
     attention: float = 1.0
     bandwidth: float = 1.0
     launch_s: float = 0.0
+    host_s: float = 0.0
     node: float = 1.0
     network: float = 1.0
     overlap_slowdown: float = 0.0

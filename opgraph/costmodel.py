@@ -414,8 +414,9 @@ def _shipped_efficiencies() -> dict:
 @attrs.frozen
 class CalibratedCostModel(CostModel):
     """The roofline scaled by each hardware generation's efficiencies (`opgraph.calibration`):
-    per kernel `launch_s + max((FLOPs x waves + matmul_half_flops) / (efficiency x clock x
-    peak), bytes / (bandwidth x HBM bandwidth))`, `clock` the part's sustained clock over its
+    per kernel `max(host_s, launch_s + max((FLOPs x waves + matmul_half_flops) / (efficiency x
+    clock x peak), bytes / (bandwidth x HBM bandwidth)))` (`host_s` the host's time to issue
+    it), `clock` the part's sustained clock over its
     peak's (`Hardware.clock_ratio`: (P / TDP)^(1/3) power-capped at P, else 1), `waves` a
     matrix multiply's wave quantisation (`wave_quantum` of its `Cost.grid`); each collective
     at the tier's bandwidth times `node` or `network`; `overlap_slowdown` for compute beside
@@ -447,7 +448,7 @@ class CalibratedCostModel(CostModel):
                                 hardware.bandwidth,
                                 rate=getattr(e, EFFICIENCY.get(kind, "matmul")),
                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
-                                launch=e.launch_s, quantum=quantum)
+                                launch=e.launch_s, quantum=quantum, host=e.host_s)
 
     def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None):
         import numpy as np
@@ -461,24 +462,30 @@ class CalibratedCostModel(CostModel):
             t = self.scaled_time(flops, nbytes, counts, peaks * hardware.clock_ratio,
                                  hardware.bandwidth, rate=rate,
                                  half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
-                                 launch=e.launch_s, quantum=quantum, maximum=np.maximum)
+                                 launch=e.launch_s, quantum=quantum, host=e.host_s,
+                                 maximum=np.maximum)
         return np.where(counts > 0, t, 0.0)
 
     @staticmethod
     def scaled_time(flops, nbytes, count, peak, bandwidth, *, rate, half, bandwidth_share,
-                    launch, quantum=1.0, maximum: Callable = _number_max):
-        """`count` kernels doing `flops` and moving `nbytes` between them: each `launch +
-        maximum((FLOPs x quantum + half) / (rate x peak), bytes / (bandwidth_share x
-        bandwidth))`, a kernel without arithmetic paying no `half`; `quantum` its shape's
-        factor (`shape_factor`: a GEMM's waves, an attention kernel's exponentials; else 1).
-        Numbers or numpy arrays alike (`sweep`).
+                    launch, quantum=1.0, host=0.0, maximum: Callable = _number_max):
+        """`count` kernels doing `flops` and moving `nbytes` between them: each `maximum(host,
+        launch + maximum((FLOPs x quantum + half) / (rate x peak), bytes / (bandwidth_share x
+        bandwidth)))`, a kernel without arithmetic paying no `half`, one doing no work (a view)
+        no `host`; `quantum` its shape's factor (`shape_factor`: a GEMM's waves, an attention
+        kernel's exponentials; else 1); `host` the host's time to issue one kernel, which a
+        stream of shorter kernels runs at. Numbers or numpy arrays alike (`sweep`).
 
             >>> CalibratedCostModel.scaled_time(2e12, 0, 2, 1e12, 1e12, rate=0.5, half=1e12,
             ...                                  bandwidth_share=1, launch=0)  # 2 x (1 + 1) / 0.5
             8.0
+            >>> CalibratedCostModel.scaled_time(2e6, 0, 2, 1e12, 1e12, rate=0.5, half=0,
+            ...                                  bandwidth_share=1, launch=0, host=3e-5)  # 2 x 30 us
+            6e-05
         """
         compute = (flops / count * quantum + half * (flops > 0)) / (rate * peak)
-        return count * (launch + maximum(compute, nbytes / count / (bandwidth_share * bandwidth)))
+        kernel = launch + maximum(compute, nbytes / count / (bandwidth_share * bandwidth))
+        return count * maximum(host * ((flops + nbytes) > 0), kernel)
 
     def comm_lines(self, kind: str, group: int, cluster, stride: int = 1,
                    hardware=None) -> tuple[tuple[float, float], ...]:

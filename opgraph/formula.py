@@ -14,8 +14,8 @@ as two symbols, `peak` (dense FLOP/s) and `bandwidth` (HBM bytes/s), or, given a
 its exact numbers.
 
 Under the calibrated cost model (`CalibratedCostModel`) a kernel's time is its formula, `count
-* (launch_s + Max((flops + matmul_half_flops) / (efficiency * peak), bytes / (bandwidth_share *
-bandwidth)))`, with the efficiencies of the part's generation (`opgraph.calibration`) as exact
+* Max(host_s, launch_s + Max((flops + matmul_half_flops) / (efficiency * peak), bytes /
+(bandwidth_share * bandwidth)))`, with the efficiencies of the part's generation (`opgraph.calibration`) as exact
 numbers; so a calibrated time formula needs the part (`hardware`), and without one it is an
 error, never the roofline's formula in its place. `time_rates` is the one place that decides
 which cost models have formulas: `formula`, `op_time`, `opgraph.solve` and the CLI ask it.
@@ -101,13 +101,17 @@ def _exact(number: float) -> sympy.Rational:
 
 def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
     """One kernel's time under the calibrated cost model with figures `rates` (`time_rates`):
-    `launch_s + Max((flops x shape + matmul_half_flops) / (efficiency * clock * peak), bytes /
-    (bandwidth_share * bandwidth))`, a kernel without arithmetic paying no half, `shape` its
-    waves or exponentials (`_shape`) (`CalibratedCostModel.scaled_time`)."""
+    `Max(host_s, launch_s + Max((flops x shape + matmul_half_flops) / (efficiency * clock *
+    peak), bytes / (bandwidth_share * bandwidth)))`, a kernel without arithmetic paying no half,
+    one doing no work no host_s, `shape` its waves or exponentials (`_shape`)
+    (`CalibratedCostModel.scaled_time`)."""
     rate = _exact(rates[EFFICIENCY.get(kind, "matmul")]) * _exact(rates["clock"])
     half = _exact(rates["matmul_half_flops"]) if c.flops != 0 else 0
-    return _exact(rates["launch_s"]) + roofline(c.flops * _shape(kind, c, rates) + half, c.bytes,
-                                                rate * peak, _exact(rates["bandwidth"]) * bandwidth)
+    kernel = _exact(rates["launch_s"]) + roofline(c.flops * _shape(kind, c, rates) + half,
+                                                  c.bytes, rate * peak,
+                                                  _exact(rates["bandwidth"]) * bandwidth)
+    host = _exact(rates["host_s"]) if c.flops != 0 or c.bytes != 0 else 0
+    return sympy.Max(host, kernel) if host else kernel
 
 
 def _shape(kind: str, c: Cost, rates: dict) -> sympy.Expr:

@@ -366,3 +366,21 @@ def test_every_matmul_has_a_grid_that_covers_its_output(name, fused):
         assert sympy.simplify(count * m * n - out) == 0, op.name
         k = sympy.cancel(costs[op.name].flops / (2 * count * m * n))
         assert k.free_symbols <= set(step.dims) and k.is_positive, op.name
+
+
+def test_no_kernel_runs_faster_than_the_host_issues_it():
+    """Eager PyTorch issues kernels one by one from the host: the calibrated time of a kernel is
+    at least `host_s` (the median interval between launches in the real A100 training trace in
+    shared/traces, 33 us), a view costs nothing, and a kernel longer than that is untouched."""
+    from opgraph.costmodel import cost_model
+
+    calibrated = cost_model("calibrated")
+    e = calibrated.efficiencies(H100)
+    assert e.host_s == pytest.approx(33e-6)
+    tiny = calibrated.op_time(H100, "matmul", 2e6, 3e3, 1, H100.peak_flops)  # 2 MFLOP: ~4 ns
+    assert tiny == e.host_s
+    assert calibrated.op_time(H100, "reshape", 0.0, 0.0, 5, H100.peak_flops) < e.host_s  # a view
+    big = 2 * 8192 * 4096 * 4096  # an 8B projection over 8,192 tokens: hundreds of microseconds
+    without = attrs.evolve(calibrated, table={"hopper": attrs.evolve(e, host_s=0.0)})
+    assert calibrated.op_time(H100, "matmul", big, 1e8, 1, H100.peak_flops) == \
+        without.op_time(H100, "matmul", big, 1e8, 1, H100.peak_flops) > 10 * e.host_s

@@ -137,13 +137,13 @@ def test_known_efficiencies_are_recovered(tmp_path, profile, steps):
 
 
 def test_the_fitted_efficiencies_predict_the_trace(tmp_path, profile):
-    """The calibrated model with the fitted values (no launch cost, no small-matmul term) times
-    each category as the trace measured it, where all its ops are bound by the term its
-    efficiency scales: the fit inverts the cost model. The output head is the exception the
+    """The calibrated model with the fitted values (no launch cost, no host floor, no small-matmul
+    term) times each category as the trace measured it, where all its ops are bound by the term
+    its efficiency scales: the fit inverts the cost model. The output head is the exception the
     module names: its loss is memory-bound, so the model runs it at `bandwidth`, faster than the
     head's GEMMs."""
     fit = fit_trace(comparison(tmp_path, profile, kernel_durations(profile)), HOPPER)
-    e = attrs.evolve(fit.efficiencies, launch_s=0.0, matmul_half_flops=0.0)
+    e = attrs.evolve(fit.efficiencies, launch_s=0.0, matmul_half_flops=0.0, host_s=0.0)
     calibrated = evaluate(compile_step(preset("llama3-8b")), H100,
                           cost=cost_model("calibrated", table={"hopper": e}))
     term = {"matmul": "compute", "attention": "compute", "bandwidth": "memory"}

@@ -93,7 +93,8 @@ class Sweep:
                                          rate=rate, quantum=quantum,
                                          half=eff["matmul_half_flops"],
                                          bandwidth_share=eff["bandwidth"],
-                                         launch=eff["launch_s"], maximum=np.maximum)
+                                         launch=eff["launch_s"], host=eff["host_s"],
+                                         maximum=np.maximum)
         step = self.multiplicity @ time
         shares = (self.membership * self.multiplicity) @ time / step
         total_flops = self.multiplicity @ flops

@@ -25,7 +25,7 @@ already divided by efficiencies.
 Invariants: a fitted efficiency is in (0, 1] (a trace faster than the roofline is an error, not a
 fit); a row with no measured or no roofline time is left out of its sum, with a note; an
 efficiency none of whose rows is left keeps `base`'s value, with a note; every other field
-(matmul_half_flops, launch_s, node, network, overlap_slowdown) is `base`'s, because one step's
+(matmul_half_flops, launch_s, host_s, node, network, overlap_slowdown) is `base`'s, because one step's
 category totals cannot separate them: a per-kernel launch cost and a saturating small-matmul
 term are both folded into the measured sums, and a single GPU's trace has no collectives to fit
 `node`, `network` or `overlap_slowdown` against.
