@@ -125,10 +125,10 @@ def _block(g: GraphBuilder, x, config: DeepSeekV2Config, moe: bool):
     if moe:
         down = moe_mlp(g, h, F_e)  # the top K of E routed experts, as Mixtral's
         if config.shared_experts:
-            shared = swiglu_mlp(g, h, config.shared_experts * F_e, "shared_experts")
+            shared = swiglu_mlp(g, h, config.shared_experts * F_e, "shared_experts.")
             down = g.add(shared, down, name="experts.sum")
     else:
-        down = swiglu_mlp(g, h, F, "mlp")
+        down = swiglu_mlp(g, h, F, "mlp.")
     return g.add(x, down, name="mlp_residual")
 
 

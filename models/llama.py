@@ -93,7 +93,7 @@ def _block(g: GraphBuilder, x, config: LlamaConfig):
     h = g.rmsnorm(x, g.weight("attn_norm.weight", (D,)), name="attn_norm")
     x = g.add(x, attention(g, h, config), name="attn_residual")
     h = g.rmsnorm(x, g.weight("mlp_norm.weight", (D,)), name="mlp_norm")
-    down = moe_mlp(g, h) if config.experts else _swiglu_mlp(g, h, config.mlp_bias)
+    down = moe_mlp(g, h) if config.experts else swiglu_mlp(g, h, bias=config.mlp_bias)
     return g.add(x, down, name="mlp_residual")
 
 
@@ -129,28 +129,17 @@ def attention(g: GraphBuilder, h, config, prefix: str = ""):
                     name=f"{prefix}o_proj")
 
 
-def _swiglu_mlp(g: GraphBuilder, h, bias: bool = False):
-    """`down(silu(gate(h)) * up(h))`."""
-    def proj(name, shape):
-        b = g.weight(f"{name}.bias", shape[-1:]) if bias else None
-        return b, g.weight(f"{name}.weight", shape)
-
-    bias_g, w_gate = proj("gate_proj", (D, F))
-    gate = g.matmul(h, w_gate, bias_g, name="gate_proj")
-    bias_u, w_up = proj("up_proj", (D, F))
-    up = g.matmul(h, w_up, bias_u, name="up_proj")
-    a = g.swiglu(gate, up, name="swiglu")
-    bias_d, w_down = proj("down_proj", (F, D))
-    return g.matmul(a, w_down, bias_d, name="down_proj")
-
-
-def swiglu_mlp(g: GraphBuilder, h, width, name: str):
+def swiglu_mlp(g: GraphBuilder, h, width=F, prefix: str = "", bias: bool = False):
     """`down(silu(gate(h)) * up(h))` of hidden width `width`, its ops and weights named under
-    `name` (`mlp`, `shared_experts`): DeepSeek's dense layers and shared experts, Qwen-MoE's."""
-    gate = g.matmul(h, g.weight(f"{name}.gate_proj.weight", (D, width)), name=f"{name}.gate_proj")
-    up = g.matmul(h, g.weight(f"{name}.up_proj.weight", (D, width)), name=f"{name}.up_proj")
-    a = g.swiglu(gate, up, name=f"{name}.swiglu")
-    return g.matmul(a, g.weight(f"{name}.down_proj.weight", (width, D)), name=f"{name}.down_proj")
+    `prefix` (Llama's MLP: none; `mlp.`, `shared_experts.`: DeepSeek's dense layers and shared
+    experts, Qwen-MoE's); `bias` puts a bias on each projection (HF Llama's `mlp_bias`)."""
+    def proj(x, name, shape):
+        b = g.weight(f"{prefix}{name}.bias", shape[-1:]) if bias else None
+        return g.matmul(x, g.weight(f"{prefix}{name}.weight", shape), b, name=f"{prefix}{name}")
+
+    a = g.swiglu(proj(h, "gate_proj", (D, width)), proj(h, "up_proj", (D, width)),
+                 name=f"{prefix}swiglu")
+    return proj(a, "down_proj", (width, D))
 
 
 def moe_mlp(g: GraphBuilder, h, width=F, prefix: str = ""):

@@ -164,7 +164,7 @@ def _layer(g: GraphBuilder, x, config: QwenMoeConfig, kind: str, prefix: str):
     x = g.add(x, attention(g, h, config, prefix), name=f"{prefix}attn_residual")
     h = g.rmsnorm(x, g.weight(f"{prefix}mlp_norm.weight", (D,)), name=f"{prefix}mlp_norm")
     if kind == DENSE:
-        down = swiglu_mlp(g, h, F, f"{prefix}mlp")
+        down = swiglu_mlp(g, h, F, f"{prefix}mlp.")
     else:
         down = moe_mlp(g, h, F_e, prefix)
         if config.shared_d_ff:
@@ -174,7 +174,7 @@ def _layer(g: GraphBuilder, x, config: QwenMoeConfig, kind: str, prefix: str):
 
 def _gated_shared_expert(g: GraphBuilder, h, prefix: str):
     """`sigmoid(shared_expert_gate(h)) * shared_expert(h)`, the product as a one-slot combine."""
-    shared = swiglu_mlp(g, h, F_s, f"{prefix}shared_expert")
+    shared = swiglu_mlp(g, h, F_s, f"{prefix}shared_expert.")
     gate = g.matmul(h, g.weight(f"{prefix}shared_expert_gate.weight", (D, 1)),
                     name=f"{prefix}shared_expert_gate")
     slot = g.reshape(shared, (B, S, 1, D), name=f"{prefix}shared_expert.slot")
