@@ -117,10 +117,16 @@ BACKWARD_COST |= {kind: scaled_flops for kind in rules.VIEWS if kind in rules.FO
 
 def own_bytes(graph: Graph, op: Op) -> sympy.Expr:
     """HBM bytes of one instance of `op` from its own tensors: none for a view (a kind in
-    `rules.VIEWS` whose rule says its output is a view of its input), else `Graph.op_bytes`."""
+    `rules.VIEWS` whose rule says its output is a view of its input); an op marked `eager`
+    (`passes.decompose`) its eager kernels' (`rules.eager_bytes`); else `Graph.op_bytes`."""
     if op.kind in rules.VIEWS and rules.is_view(op.kind, [graph.tensor(n) for n in op.inputs],
                                                 dict(op.params)):
         return sympy.Integer(0)
+    if op.param("eager"):
+        eager = rules.eager_bytes(op.kind, [graph.tensor(n) for n in op.inputs],
+                                  [graph.tensor(n) for n in op.outputs], dict(op.params))
+        if eager is not None:
+            return eager
     return graph.op_bytes(op)
 
 

@@ -46,6 +46,7 @@ from .ir import Graph, Phase
 from .memory import Memory
 from .parallel import Parallel, chunk_layers, stage_layers
 from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
+from .passes.decompose import decompose
 from .passes.regather_inputs import regather_inputs
 from .passes.replicate import replicate
 from .passes.shard import check_divides, shard
@@ -167,11 +168,13 @@ def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None
                         extra_passes=[*layout_passes(layout), *extra], **options)
 
 
-def layout_passes(layout: Parallel) -> list:
+def layout_passes(layout: Parallel, *, replicated: bool = True) -> list:
     """The passes a layout adds after `attach_adamw`: a framework's sequence-parallel
-    re-gathers (`regather_inputs`), then the data-parallel replicas (`replicate`)."""
+    re-gathers (`regather_inputs`) and eager kernels (`decompose`), then the data-parallel
+    replicas (`replicate`; not where `replicated` is False)."""
     return [functools.partial(regather_inputs, layout=layout),
-            functools.partial(replicate, layout=layout)]
+            functools.partial(decompose, layout=layout),
+            *([functools.partial(replicate, layout=layout)] if replicated else [])]
 
 
 def in_flight(layout: Parallel, stage: int = 0) -> float:

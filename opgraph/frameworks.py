@@ -61,6 +61,19 @@ Each trait, with where each framework's code says so:
   stage 3 only (`deepspeed/runtime/zero/config.py`, `DeepSpeedZeroConfig.overlap_comm_valid`);
   below it the reduction runs after the backward (stage 0: the engine's `allreduce_gradients`)
   or blocks it bucket by bucket (stages 1-2): exposed whole either way.
+- `eager`: the op kinds the framework runs as eager PyTorch, each as the several kernels its
+  Python code launches (`rules.EAGER_BYTES`, marked by `passes.decompose`), where the others run
+  one fused kernel. A compiled run (`fuse` "elementwise": torch.compile) generates its own
+  kernels instead (`passes.fuse_elementwise` drops the mark). torchtitan: its default
+  `norm_type = "rmsnorm"` is a Python `RMSNorm` (`torchtitan/models/norms.py`), RoPE is
+  `apply_rotary_emb`'s complex product on an FP32 copy and the MLP is
+  `F.silu(self.w1(x)) * self.w3(x)` (`torchtitan/models/llama/model.py`), all eager unless
+  `compile = true` (`train_configs/llama3_8b.toml`). nanotron: its MLP's `GLUActivation` runs
+  `self.act(gate) * up` in two kernels (`src/nanotron/models/llama.py`); its RMSNorm
+  (`TritonRMSNorm`) and its training RoPE (flash-attn's rotary kernel) are fused. Megatron-LM
+  fuses all three (Transformer Engine's norms; the SwiGLU and RoPE fusions are on unless
+  `--no-bias-swiglu-fusion` or `--no-rope-fusion`, `megatron/training/arguments.py`): the
+  generic model.
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -83,15 +96,17 @@ class Traits:
     unshards_once_with_pp: bool = False
     reduce_after_flush: bool = False
     overlaps_reduce_from_zero: int = 0
+    eager: frozenset[str] = frozenset()
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
-    "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True),
+    "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
+                         eager=frozenset({"rmsnorm", "rope", "swiglu"})),
     "megatron": Traits(sp_saves_shard=True),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                         overlaps_reduce_from_zero=3),
-    "nanotron": Traits(sp_saves_shard=True),
+    "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu"})),
 }
 
 

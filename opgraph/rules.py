@@ -1031,9 +1031,68 @@ def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
     return FLOP_RULES[kind](own, outs, params) + sympy.Add(*(t.numel for t in partials))
 
 
-__all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "FLOP_RULES",
+
+# --- eager PyTorch: a composite op run as the kernels its Python code launches ---------------------
+# Under a framework that runs an op kind in eager PyTorch (`frameworks.Traits.eager`, marked by
+# `passes.decompose`), one op of the plate's granularity is several kernels, each reading and
+# writing a whole tensor, often upcast to FP32. EAGER_BYTES gives the HBM bytes of those kernels
+# from the op's own tensors (x the op's first input, b its bytes per element, N its elements; a
+# row's statistics and the weight are small beside them and counted too). FLOPs are unchanged:
+# the same arithmetic, split over more kernels. The backward, costed from the forward by the
+# plate's convention (twice its bytes), decomposes in proportion, as autograd differentiates
+# each kernel on its own.
+
+_F32 = 4  # bytes per FP32 element, the dtype each upcast writes
+
+
+def _eager_rmsnorm(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """torchtitan's `RMSNorm` (`torchtitan/models/norms.py`, norm_type "rmsnorm", the default of
+    its Llama configs): `(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * w`:
+    the upcast (N x (b + 4)), the square (8N), the row mean (4N), the scale by each row's
+    1/rms (8N), the cast back (N x (4 + b)) and the weight's product (2Nb), six full-tensor
+    kernels, beside a fused kernel's 2Nb; plus the rows' statistics (mean, + eps, rsqrt: 4 bytes
+    each, read and written) and the weight."""
+    x, w = ins[0], ins[1:]
+    n, b, rows = x.numel, x.dtype.itemsize, x.numel / x.shape[-1]
+    full = n * (b + _F32) + 2 * _F32 * n + _F32 * n + 2 * _F32 * n + n * (_F32 + b) + 2 * n * b
+    return full + 7 * _F32 * rows + sympy.Add(*(t.nbytes for t in w))
+
+
+def _eager_rope(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """torchtitan's `apply_rotary_emb` (`torchtitan/models/llama/model.py`): `x.float()` viewed
+    as complex (N x (b + 4)), the complex product with the table (8N, the table itself S x d/2
+    complex64, small beside it), `.type_as(x)` (N x (4 + b))."""
+    x = ins[0]
+    n, b = _rotated(x, params), x.dtype.itemsize
+    return n * (b + _F32) + 2 * _F32 * n + n * (_F32 + b) + (x.numel - n) * 2 * b
+
+
+def _eager_swiglu(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """`silu(gate) * up` as two kernels (torchtitan's `FeedForward.forward`,
+    `F.silu(self.w1(x)) * self.w3(x)`; nanotron's `GLUActivation`, `self.act(gate) * up`): the
+    activation reads and writes the gate (2Nb), the product reads it again with the up
+    projection and writes the output (3Nb), against one kernel's 3Nb."""
+    gate = ins[0]
+    return 5 * gate.numel * gate.dtype.itemsize
+
+
+EAGER_BYTES: dict[str, Callable] = {
+    "rmsnorm": _eager_rmsnorm,
+    "rope": _eager_rope,
+    "swiglu": _eager_swiglu,
+}
+
+
+def eager_bytes(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """HBM bytes of one instance of an op of `kind` run as eager PyTorch's kernels
+    (EAGER_BYTES); a kind without an eager decomposition is one kernel either way: None."""
+    rule = EAGER_BYTES.get(kind)
+    return None if rule is None else sympy.sympify(rule(ins, outs, params))
+
+__all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "EAGER_BYTES", "FLOP_RULES",
            "FORWARD_KINDS", "GEMM_GRIDS", "attention_scores",
            "PRECISION_KINDS", "SHAPE_RULES",
-           "VIEWS", "ShapeError", "backward_shape", "count_flops", "gemm_grid", "infer_shapes",
+           "VIEWS", "ShapeError", "backward_shape", "count_flops", "eager_bytes", "gemm_grid",
+           "infer_shapes",
            "is_view",
            "per_element", "per_input", "same"]

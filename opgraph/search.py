@@ -805,8 +805,8 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool
     graph, key = forward, ()
     for run in pipeline.step_passes(recompute=r.recompute, precision=r.precision,
                                     shard=functools.partial(shard, layout=layout),
-                                    extra_passes=layout_passes(layout)[:None if replicated
-                                                                       else 1]):
+                                    extra_passes=layout_passes(layout,
+                                                               replicated=replicated)):
         key += (pipeline.pass_key(run),)  # the pipeline's own declaration of what it reads
         if key not in memo:
             contracts.check(run, graph)  # as `pipeline.run_passes` drives them
@@ -834,7 +834,7 @@ def compute_key(r: Row) -> tuple:
     (they add collectives, shard the optimizer and the resident memory, and leave every
     forward and backward op as it is) and the pipeline stages (they cut the same ops apart)."""
     return (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel, r.recompute, r.precision,
-            r.regathers_sp, r.traits.regather_in_recompute, r.wire)
+            r.regathers_sp, r.traits.regather_in_recompute, r.traits.eager, r.wire)
 
 
 @attrs.frozen

@@ -307,5 +307,18 @@ def rewrite_elementwise(graph: Graph, policy: FusionPolicy = ELEMENTWISE
 
 def fuse_elementwise(graph: Graph, policy: FusionPolicy = ELEMENTWISE) -> Graph:
     """`graph` with its element-wise and reduction chains fused under `policy`:
-    `compile_step(preset("llama3-8b"), extra_passes=[fuse_elementwise])`."""
-    return rewrite_elementwise(graph, policy)[0]
+    `compile_step(preset("llama3-8b"), extra_passes=[fuse_elementwise])`. A compiler generates
+    the kernels of every kind its policy lists, alone or fused, so an op of such a kind no
+    longer runs eager PyTorch's kernels (`passes.decompose`'s mark is dropped)."""
+    return _compiled(rewrite_elementwise(graph, policy)[0], policy)
+
+
+def _compiled(graph: Graph, policy: FusionPolicy) -> Graph:
+    kinds = dict(policy.kinds)
+    marked = [op for op in graph.ops() if op.param("eager") and op.kind in kinds]
+    if not marked:
+        return graph
+    out = graph.copy()
+    for op in marked:
+        out.replace_op(attrs.evolve(op, params={k: v for k, v in op.params if k != "eager"}))
+    return out

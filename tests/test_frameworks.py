@@ -248,3 +248,78 @@ def test_plan_figures_are_profiles_for_each_framework(framework, constraints):
             assert getattr(mine, name) == pytest.approx(getattr(theirs, name), rel=1e-9,
                                                         abs=1e-12), (name, candidate)
         assert mine.memory == theirs.memory
+
+
+# --- eager PyTorch's kernels (`Traits.eager`, `passes.decompose`) -------------------------------
+
+def _norm_bytes(framework, fuse=None):
+    """The forward attn_norm's bytes, and its backward's, on Llama 3 8B at B=1, S=4096, DP 8."""
+    from opgraph.pipeline import fusion_passes
+
+    g = compile_parallel(preset("llama3-8b"), Parallel(dp=8, zero=3, framework=framework),
+                         extra_passes=fusion_passes(fuse))
+    cost, values = cost_model("roofline"), {B: 1, S: 4096}
+    subs = resolve(g, values)
+    norm = g.op("layers.attn_norm")
+    backward = next(o for o in g.ops() if o.phase is Phase.BACKWARD and o.forward == norm.name)
+    weight = g.tensor(norm.inputs[1]).nbytes.xreplace(subs)
+    return (cost.op_cost(g, norm).bytes.xreplace(subs),
+            cost.op_cost(g, backward).bytes.xreplace(subs), weight)
+
+
+def test_torchtitan_rmsnorm_costs_its_eager_kernels():
+    # torchtitan's RMSNorm (torchtitan/models/norms.py): x.float() (2 read, 4 written per
+    # element), .pow(2) (4 + 4), .mean(-1) (4), x * rsqrt(...) (4 + 4), .type_as(x) (4 + 2),
+    # * weight (2 + 2): 36 bytes per element; each row's mean, + eps, rsqrt: 7 x 4 bytes
+    n, rows = 4096 * 4096, 4096
+    forward, backward, weight = _norm_bytes("torchtitan")
+    assert forward == 36 * n + 7 * 4 * rows + weight
+    assert backward == 2 * forward  # the plate's convention: twice its forward
+
+
+@pytest.mark.parametrize("framework", [None, "megatron", "nanotron"])
+def test_fused_norms_move_their_tensor_once(framework):
+    # one kernel reads x and the weight and writes y: 2 + 2 bytes per element
+    forward, _, weight = _norm_bytes(framework)
+    assert forward == 4 * 4096 * 4096 + weight
+
+
+def test_compiled_torchtitan_runs_no_eager_kernels():
+    from opgraph.pipeline import fusion_passes
+
+    g = compile_parallel(preset("llama3-8b"), Parallel(dp=8, zero=3, framework="torchtitan"),
+                         extra_passes=fusion_passes("elementwise"))
+    assert not [op.name for op in g.ops() if op.param("eager")]
+
+
+def test_eager_kinds_per_framework():
+    def marked(framework):
+        g = compile_parallel(preset("llama3-8b"), Parallel(dp=2, framework=framework))
+        return {op.kind for op in g.ops() if op.param("eager")}
+
+    assert marked("torchtitan") == {"rmsnorm", "rope", "swiglu"}
+    assert marked("nanotron") == {"swiglu"}  # TritonRMSNorm and flash-attn's rotary are fused
+    assert marked("megatron") == marked(None) == set()
+
+
+def test_eager_swiglu_is_two_kernels():
+    # silu(gate): reads and writes F per token; * up: reads both, writes one: 5 x 2 bytes
+    # per element of the gate, against one kernel's 3 x 2
+    g = compile_parallel(preset("llama3-8b"), Parallel(dp=2, framework="nanotron"))
+    subs = resolve(g, {B: 1, S: 4096})
+    cost = cost_model("roofline").op_cost(g, g.op("layers.swiglu")).bytes.xreplace(subs)
+    assert cost == 5 * 2 * 4096 * 14336
+
+
+def test_torchtitan_eager_is_slower_than_compiled_as_measured():
+    # torchtitan's Llama 3.1 8B on 8 H100s: 5,762 tokens/s per GPU eager, 6,667 compiled
+    # (benchmarks/llama3_h100_202412_torchtitan.md): eager 1.157 x slower. The eager
+    # kernels' traffic is most of that, not more
+    from opgraph.cases import load_cases
+    from opgraph.cases import resolve as resolve_cases
+    from opgraph.validate import predict
+
+    cases = {c.id: c for c in load_cases(resolve_cases(None))}
+    eager, compiled = (predict(cases[f"torchtitan_t1_fsdp{run}_8gpu"], cost_model("calibrated"))
+                       .predicted_step_time_s for run in ("", "_compile"))
+    assert 1.08 < eager / compiled < 6667 / 5762

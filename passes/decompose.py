@@ -1,0 +1,46 @@
+"""decompose: the op kinds a framework runs in eager PyTorch cost the kernels eager PyTorch runs.
+
+Invariant established: every forward and re-run op whose kind the layout's framework runs eagerly
+(`frameworks.Traits.eager`) carries `eager=True`, and the cost model charges it the HBM bytes of
+that kind's eager kernels (`rules.EAGER_BYTES`) in place of one kernel's; its backward, costed
+from it, follows. Nothing else changes: the ops, tensors, FLOPs and memory are the same, so the
+pass is a mark rather than a rewrite, and a compiled run's fusion (`fuse_elementwise`) takes the
+mark off the kinds it generates kernels for.
+
+Why it matters: a memory-bound op moves its tensor once in a fused kernel, but torchtitan's
+eager RMSNorm moves it nine times over (an FP32 copy, its square, the scaled copy, the cast
+back, the weight's product), so a run without torch.compile spends a share of its step in HBM
+traffic that a fused model does not see. torchtitan measured Llama 3.1 8B on 8 H100s at 5,762
+tokens/s per GPU eager and 6,667 compiled (`benchmarks/llama3_h100_202412_torchtitan.md`).
+
+    >>> from opgraph.models import preset
+    >>> from opgraph.distributed import compile_parallel
+    >>> g = compile_parallel(preset("llama3-8b"), Parallel(dp=8, zero=3, framework="torchtitan"))
+    >>> g.op("layers.attn_norm").param("eager")
+    True
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from opgraph.contracts import contract
+from opgraph.frameworks import traits
+from opgraph.ir import Graph, Phase
+from opgraph.parallel import Parallel
+
+MARKED = (Phase.FORWARD, Phase.RECOMPUTE)  # a re-run forward op runs the same kernels again
+
+
+@contract(requires=("backward",))
+def decompose(graph: Graph, layout: Parallel) -> Graph:
+    """`graph` with its ops of the layout's framework's eager kinds marked `eager` (see the
+    module); `graph` itself where the framework runs none."""
+    kinds = traits(layout).eager
+    if not kinds:
+        return graph
+    out = graph.copy()
+    for op in graph.ops():
+        if op.kind in kinds and op.phase in MARKED and not op.param("eager"):
+            out.replace_op(attrs.evolve(op, params={**dict(op.params), "eager": True}))
+    return out
