@@ -130,6 +130,15 @@ def own_bytes(graph: Graph, op: Op) -> sympy.Expr:
     return graph.op_bytes(op)
 
 
+def _eager_backward(graph: Graph, fwd: Op) -> sympy.Expr | None:
+    """The bytes of eager forward op `fwd`'s backward kernels together, where its kind's
+    autograd backward has its own rule (`rules.eager_backward_bytes`); else None."""
+    if not fwd.param("eager"):
+        return None
+    return rules.eager_backward_bytes(fwd.kind, [graph.tensor(n) for n in fwd.inputs],
+                                      [graph.tensor(n) for n in fwd.outputs], dict(fwd.params))
+
+
 def message_bytes(graph: Graph, op: Op) -> sympy.Expr:
     """A collective's buffer per GPU, as `opgraph.collectives` sizes it (NCCL's convention): the
     gathered output of an all-gather, else the input (a dispatch's K copies of each token:
@@ -286,6 +295,9 @@ class CostModel:
         nbytes = self.factor * own[fwd.name].bytes / n
         rule = FUSED_BACKWARD_COST if fwd.kind == "fused" else BACKWARD_COST[fwd.kind]
         flops, nbytes = rule(flops, nbytes, mine.bytes)
+        eager = _eager_backward(graph, fwd)
+        if eager is not None:  # autograd's own kernels, not the convention's
+            nbytes = eager / n
         return Cost(flops, nbytes if self.backward == "plate" else mine.bytes, mine.compute,
                     grid=mine.grid)
 

@@ -68,12 +68,22 @@ Each trait, with where each framework's code says so:
   `norm_type = "rmsnorm"` is a Python `RMSNorm` (`torchtitan/models/norms.py`), RoPE is
   `apply_rotary_emb`'s complex product on an FP32 copy and the MLP is
   `F.silu(self.w1(x)) * self.w3(x)` (`torchtitan/models/llama/model.py`), all eager unless
-  `compile = true` (`train_configs/llama3_8b.toml`). nanotron: its MLP's `GLUActivation` runs
-  `self.act(gate) * up` in two kernels (`src/nanotron/models/llama.py`); its RMSNorm
-  (`TritonRMSNorm`) and its training RoPE (flash-attn's rotary kernel) are fused. Megatron-LM
-  fuses all three (Transformer Engine's norms; the SwiGLU and RoPE fusions are on unless
-  `--no-bias-swiglu-fusion` or `--no-rope-fusion`, `megatron/training/arguments.py`): the
-  generic model.
+  `compile = true` (`train_configs/llama3_8b.toml`); its loss is
+  `F.cross_entropy(pred.float(), labels)` (`train.py`, `loss_fn`). nanotron: its MLP's
+  `GLUActivation` runs `self.act(gate) * up` in two kernels (`src/nanotron/models/llama.py`)
+  and its loss is `sharded_cross_entropy(..., dtype=torch.float)`, Megatron's vocab-parallel
+  kernels on FP32 logits; its RMSNorm (`TritonRMSNorm`) and its training RoPE (flash-attn's
+  rotary kernel) are fused. Megatron-LM fuses the norms, SwiGLU and RoPE (Transformer
+  Engine's norms; the SwiGLU and RoPE fusions are on unless `--no-bias-swiglu-fusion` or
+  `--no-rope-fusion`, `megatron/training/arguments.py`): the generic model. Its
+  vocab-parallel cross-entropy is eager too unless `--cross-entropy-loss-fusion`
+  (`megatron/core/tensor_parallel/cross_entropy.py`), but no layout field says which a run
+  used (SimuMax's B200 runs set it), so Megatron's loss is left fused here.
+- `compiles_blocks_only`: torch.compile covers the transformer blocks alone, so the ops outside
+  the layer stack (the final norm, the loss) stay eager in a compiled run. torchtitan:
+  `apply_compile` compiles each `TransformerBlock` (`torchtitan/parallelisms/
+  parallelize_llama.py`), and `train.py` keeps the loss uncompiled ("compiling loss function
+  causes CUDA errors").
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -97,16 +107,18 @@ class Traits:
     reduce_after_flush: bool = False
     overlaps_reduce_from_zero: int = 0
     eager: frozenset[str] = frozenset()
+    compiles_blocks_only: bool = False
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
-                         eager=frozenset({"rmsnorm", "rope", "swiglu"})),
+                         eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
+                         compiles_blocks_only=True),
     "megatron": Traits(sp_saves_shard=True),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                         overlaps_reduce_from_zero=3),
-    "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu"})),
+    "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"})),
 }
 
 

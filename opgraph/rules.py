@@ -1076,10 +1076,48 @@ def _eager_swiglu(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.
     return 5 * gate.numel * gate.dtype.itemsize
 
 
+def _eager_loss(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """Cross-entropy over FP32 logits as Megatron-LM's `_VocabParallelCrossEntropy` runs it
+    (`megatron/core/tensor_parallel/cross_entropy.py`; nanotron's `_ShardedCrossEntropy`,
+    `src/nanotron/parallel/tensor_parallel/functional.py`, is the same, called with
+    `dtype=torch.float`): the upcast (N x (b + 4)), the row max (4N), the max subtracted in
+    place (8N), exp in place (8N), the row sum (4N), the division in place (8N), the softmax
+    kept for the backward; the targets and each row's statistics beside them."""
+    logits, targets = ins
+    n, b = logits.numel, logits.dtype.itemsize
+    return n * (b + _F32) + _F32 * n + 3 * 2 * _F32 * n + _F32 * n + targets.nbytes
+
+
+def _eager_loss_backward(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """Its backward from the kept softmax: the one-hot subtracted (a gather), the product with
+    the loss's gradient in place (8N), then the upcast's backward, FP32 back to the logits'
+    dtype (N x (4 + b)). torchtitan's `F.cross_entropy(pred.float())` splits its kernels
+    otherwise (log_softmax forward, nll_loss and log_softmax backward) but moves the same
+    N x (2b + 44) in all."""
+    logits = ins[0]
+    n, b = logits.numel, logits.dtype.itemsize
+    return 2 * _F32 * n + n * (_F32 + b)
+
+
+def _eager_rope_backward(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """RoPE's autograd backward: the cast of the output's gradient to FP32, the complex
+    product with the conjugate table, the cast back: the forward's kernels once, not twice."""
+    return _eager_rope(ins, outs, params)
+
+
 EAGER_BYTES: dict[str, Callable] = {
     "rmsnorm": _eager_rmsnorm,
     "rope": _eager_rope,
     "swiglu": _eager_swiglu,
+    "cross_entropy": _eager_loss,
+}
+
+# The backward of an eager op, over all its backward kernels, where autograd's kernels move
+# other than the plate's twice the forward (the rest keep the convention: RMSNorm's autograd
+# moves about 2.1 x its forward, SwiGLU's 1.8 x).
+EAGER_BACKWARD_BYTES: dict[str, Callable] = {
+    "rope": _eager_rope_backward,
+    "cross_entropy": _eager_loss_backward,
 }
 
 
@@ -1089,10 +1127,20 @@ def eager_bytes(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
     rule = EAGER_BYTES.get(kind)
     return None if rule is None else sympy.sympify(rule(ins, outs, params))
 
-__all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "EAGER_BYTES", "FLOP_RULES",
+
+def eager_backward_bytes(kind: str, ins: list[Tensor], outs: list[Tensor],
+                         params: dict) -> sympy.Expr | None:
+    """HBM bytes of the backward of one eager op of `kind` (inputs and outputs its forward's),
+    all its kernels together (EAGER_BACKWARD_BYTES); None: the cost model's convention."""
+    rule = EAGER_BACKWARD_BYTES.get(kind)
+    return None if rule is None else sympy.sympify(rule(ins, outs, params))
+
+__all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "EAGER_BACKWARD_BYTES", "EAGER_BYTES",
+           "FLOP_RULES",
            "FORWARD_KINDS", "GEMM_GRIDS", "attention_scores",
            "PRECISION_KINDS", "SHAPE_RULES",
-           "VIEWS", "ShapeError", "backward_shape", "count_flops", "eager_bytes", "gemm_grid",
+           "VIEWS", "ShapeError", "backward_shape", "count_flops", "eager_backward_bytes",
+           "eager_bytes", "gemm_grid",
            "infer_shapes",
            "is_view",
            "per_element", "per_input", "same"]

@@ -5,7 +5,9 @@ Invariant established: every forward and re-run op whose kind the layout's frame
 that kind's eager kernels (`rules.EAGER_BYTES`) in place of one kernel's; its backward, costed
 from it, follows. Nothing else changes: the ops, tensors, FLOPs and memory are the same, so the
 pass is a mark rather than a rewrite, and a compiled run's fusion (`fuse_elementwise`) takes the
-mark off the kinds it generates kernels for.
+mark off the kinds it generates kernels for, except where the framework compiles only the
+transformer blocks and the op lies outside them (`eager="always"`: torchtitan's final norm and
+loss).
 
 Why it matters: a memory-bound op moves its tensor once in a fused kernel, but torchtitan's
 eager RMSNorm moves it nine times over (an FP32 copy, its square, the scaled copy, the cast
@@ -30,17 +32,21 @@ from opgraph.ir import Graph, Phase
 from opgraph.parallel import Parallel
 
 MARKED = (Phase.FORWARD, Phase.RECOMPUTE)  # a re-run forward op runs the same kernels again
+# the mark of an op outside the layer stack where the framework compiles the blocks alone
+# (`Traits.compiles_blocks_only`): eager in a compiled run too, so no fusion takes it
+ALWAYS = "always"
 
 
 @contract(requires=("backward",))
 def decompose(graph: Graph, layout: Parallel) -> Graph:
     """`graph` with its ops of the layout's framework's eager kinds marked `eager` (see the
     module); `graph` itself where the framework runs none."""
-    kinds = traits(layout).eager
-    if not kinds:
+    t = traits(layout)
+    if not t.eager:
         return graph
     out = graph.copy()
     for op in graph.ops():
-        if op.kind in kinds and op.phase in MARKED and not op.param("eager"):
-            out.replace_op(attrs.evolve(op, params={**dict(op.params), "eager": True}))
+        if op.kind in t.eager and op.phase in MARKED and not op.param("eager"):
+            mark = ALWAYS if t.compiles_blocks_only and op.region is None else True
+            out.replace_op(attrs.evolve(op, params={**dict(op.params), "eager": mark}))
     return out

@@ -216,7 +216,8 @@ def _groups(graph: Graph, policy: FusionPolicy, phase: Phase) -> list[list[str]]
     group: dict[str, int] = {}
     members: dict[int, list[str]] = {}
     for i, op in enumerate(order):
-        if op.phase is phase and policy.kind_class(op.kind) is not None:
+        if (op.phase is phase and policy.kind_class(op.kind) is not None
+                and op.param("eager") != "always"):  # outside what the compiler sees
             group[op.name] = i
             members[i] = [op.name]
     for op in order:
@@ -309,13 +310,15 @@ def fuse_elementwise(graph: Graph, policy: FusionPolicy = ELEMENTWISE) -> Graph:
     """`graph` with its element-wise and reduction chains fused under `policy`:
     `compile_step(preset("llama3-8b"), extra_passes=[fuse_elementwise])`. A compiler generates
     the kernels of every kind its policy lists, alone or fused, so an op of such a kind no
-    longer runs eager PyTorch's kernels (`passes.decompose`'s mark is dropped)."""
+    longer runs eager PyTorch's kernels (`passes.decompose`'s mark is dropped), unless the
+    framework leaves it outside the compiled code (`eager="always"`: neither fused nor
+    unmarked)."""
     return _compiled(rewrite_elementwise(graph, policy)[0], policy)
 
 
 def _compiled(graph: Graph, policy: FusionPolicy) -> Graph:
     kinds = dict(policy.kinds)
-    marked = [op for op in graph.ops() if op.param("eager") and op.kind in kinds]
+    marked = [op for op in graph.ops() if op.param("eager") is True and op.kind in kinds]
     if not marked:
         return graph
     out = graph.copy()

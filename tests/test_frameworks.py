@@ -284,21 +284,14 @@ def test_fused_norms_move_their_tensor_once(framework):
     assert forward == 4 * 4096 * 4096 + weight
 
 
-def test_compiled_torchtitan_runs_no_eager_kernels():
-    from opgraph.pipeline import fusion_passes
-
-    g = compile_parallel(preset("llama3-8b"), Parallel(dp=8, zero=3, framework="torchtitan"),
-                         extra_passes=fusion_passes("elementwise"))
-    assert not [op.name for op in g.ops() if op.param("eager")]
-
-
 def test_eager_kinds_per_framework():
     def marked(framework):
         g = compile_parallel(preset("llama3-8b"), Parallel(dp=2, framework=framework))
         return {op.kind for op in g.ops() if op.param("eager")}
 
-    assert marked("torchtitan") == {"rmsnorm", "rope", "swiglu"}
-    assert marked("nanotron") == {"swiglu"}  # TritonRMSNorm and flash-attn's rotary are fused
+    assert marked("torchtitan") == {"rmsnorm", "rope", "swiglu", "cross_entropy"}
+    # TritonRMSNorm and flash-attn's rotary are fused; the loss runs on FP32 logits
+    assert marked("nanotron") == {"swiglu", "cross_entropy"}
     assert marked("megatron") == marked(None) == set()
 
 
@@ -323,3 +316,29 @@ def test_torchtitan_eager_is_slower_than_compiled_as_measured():
     eager, compiled = (predict(cases[f"torchtitan_t1_fsdp{run}_8gpu"], cost_model("calibrated"))
                        .predicted_step_time_s for run in ("", "_compile"))
     assert 1.08 < eager / compiled < 6667 / 5762
+
+
+def test_eager_loss_moves_megatrons_vocab_parallel_kernels():
+    # Megatron's _VocabParallelCrossEntropy, as nanotron runs it on FP32 logits: forward
+    # .float() (2 + 4 per logit), max (4), - max in place (4 + 4), exp in place (4 + 4),
+    # sum (4), / sum in place (4 + 4); backward: * dloss in place (4 + 4), then FP32 back to
+    # BF16 (4 + 2). Logits of Llama 3 8B at B=1, S=4096: 4096 x 128256
+    g = compile_parallel(preset("llama3-8b"), Parallel(dp=2, framework="nanotron"))
+    subs = resolve(g, {B: 1, S: 4096})
+    cost = cost_model("roofline")
+    loss = next(op for op in g.ops() if op.kind == "cross_entropy" and op.phase is Phase.FORWARD)
+    backward = [o for o in g.ops() if o.phase is Phase.BACKWARD and o.forward == loss.name]
+    n, targets = 4096 * 128256, g.tensor(loss.inputs[1]).nbytes.xreplace(subs)
+    assert cost.op_cost(g, loss).bytes.xreplace(subs) == (6 + 4 + 8 + 8 + 4 + 8) * n + targets
+    assert sum(cost.op_cost(g, o).bytes.xreplace(subs) for o in backward) == (8 + 6) * n
+
+
+def test_torchtitan_compiles_its_blocks_only():
+    # apply_compile compiles each TransformerBlock; the final norm and the loss stay eager
+    from opgraph.pipeline import fusion_passes
+
+    g = compile_parallel(preset("llama3-8b"), Parallel(dp=8, zero=3, framework="torchtitan"),
+                         extra_passes=fusion_passes("elementwise"))
+    eager = {op.name for op in g.ops() if op.param("eager")}
+    assert eager == {"final_norm", "loss"}
+    assert not [op for op in g.ops() if op.region is not None and op.param("eager")]
