@@ -65,7 +65,7 @@ STRUCTURE: dict[Callable, dict[str, Callable]] = {
     shard_pass: {"layout": lambda p: (p.tp > 1, p.cp > 1, p.ep > 1, p.sequence_parallel)},
     # the framework's traits (`opgraph.frameworks`) decide what the layout passes insert
     regather_inputs: {"layout": lambda p: (p.sequence_parallel and traits(p).sp_saves_shard,)},
-    decompose: {"layout": lambda p: (traits(p).eager,)},
+    decompose: {"layout": lambda p: (traits(p).eager, traits(p).compiles_blocks_only)},
     replicate: {"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
                                      reduce_dtype(p), traits(p).regather_in_recompute)},
 }

@@ -834,7 +834,8 @@ def compute_key(r: Row) -> tuple:
     (they add collectives, shard the optimizer and the resident memory, and leave every
     forward and backward op as it is) and the pipeline stages (they cut the same ops apart)."""
     return (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel, r.recompute, r.precision,
-            r.regathers_sp, r.traits.regather_in_recompute, r.traits.eager, r.wire)
+            r.regathers_sp, r.traits.regather_in_recompute, r.traits.eager,
+            r.traits.compiles_blocks_only, r.wire)
 
 
 @attrs.frozen
