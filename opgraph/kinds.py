@@ -59,6 +59,8 @@ class Kind:
     category: str = "elementwise"
     backward_cost: Callable = costmodel.scaled
     grid: Callable | None = None  # a matrix multiply's (GEMMs, M, N) rule (`rules.GEMM_GRIDS`)
+    eager: Callable | None = None  # its eager PyTorch kernels' bytes (`rules.EAGER_BYTES`)
+    eager_backward: Callable | None = None  # theirs backward (`rules.EAGER_BACKWARD_BYTES`)
 
     def op(self, g, inputs: Sequence, *, name: str | None = None, category: str | None = None,
            **params) -> Tensor:
@@ -100,6 +102,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                 backward_shape: Callable | None = None, view: bool | Callable = False,
                 backward_view: bool | Callable = False, category: str = "elementwise",
                 backward_cost: Callable | None = None, grid: Callable | None = None,
+                eager: Callable | None = None, eager_backward: Callable | None = None,
                 replace: bool = False) -> Kind:
     """Define op kind `name` in every table; returns its `Kind`.
 
@@ -120,6 +123,10 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     - `grid`: for a kind that is a matrix multiply, `(inputs, outputs, params) -> (GEMMs, M,
       N)` of one instance (as `rules.GEMM_GRIDS`' rows), which the calibrated cost model's
       wave quantisation tiles; None: its time has no waves.
+    - `eager`: `(inputs, outputs, params) -> bytes` of one op of it run as eager PyTorch's
+      kernels (as `rules.EAGER_BYTES`' rows), charged where a framework runs the kind eagerly
+      (`frameworks.Traits.eager`); `eager_backward` those of its backward kernels together
+      (default: the convention's, twice the forward's). None: one kernel either way.
 
     Defining a kind that exists raises OpgraphError unless `replace=True`.
 
@@ -146,7 +153,8 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     view_rule = _view_rule(view)
     if backward_cost is None:
         backward_cost = costmodel.scaled_flops if view_rule is not None else costmodel.scaled
-    record = Kind(name, shape, flops, rule, backward, view_rule, category, backward_cost, grid)
+    record = Kind(name, shape, flops, rule, backward, view_rule, category, backward_cost, grid,
+                  eager, eager_backward)
     rules.SHAPE_RULES[name] = shape
     rules.FLOP_RULES[name] = flops
     _backward.VJP_RULES[name] = rule
@@ -155,6 +163,10 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
         rules.VIEWS[name] = view_rule
     if grid is not None:
         rules.GEMM_GRIDS[name] = grid
+    if eager is not None:
+        rules.EAGER_BYTES[name] = eager
+    if eager_backward is not None:
+        rules.EAGER_BACKWARD_BYTES[name] = eager_backward
     rules.FORWARD_KINDS = (*rules.FORWARD_KINDS, name)
     if backward is not None:
         rules.SHAPE_RULES[backward] = backward_shape or rules.backward_shape(name)
@@ -179,7 +191,8 @@ def remove_kind(name: str) -> None:
     if record is None:
         raise OpgraphError(f"op kind {name!r} was not made by define_kind")
     for table in (rules.SHAPE_RULES, rules.FLOP_RULES, rules.VIEWS, _backward.VJP_RULES,
-                  costmodel.BACKWARD_COST, rules.GEMM_GRIDS):
+                  costmodel.BACKWARD_COST, rules.GEMM_GRIDS, rules.EAGER_BYTES,
+                  rules.EAGER_BACKWARD_BYTES):
         table.pop(name, None)
         if record.backward:
             table.pop(record.backward, None)
@@ -199,7 +212,8 @@ def kind(name: str) -> Kind:
     return Kind(name, rules.SHAPE_RULES[name], rules.FLOP_RULES[name],
                 _backward.VJP_RULES[name], backward if backward in rules.SHAPE_RULES else None,
                 rules.VIEWS.get(name), EXAMPLES[name].category if name in EXAMPLES else
-                "elementwise", costmodel.BACKWARD_COST[name], rules.GEMM_GRIDS.get(name))
+                "elementwise", costmodel.BACKWARD_COST[name], rules.GEMM_GRIDS.get(name),
+                rules.EAGER_BYTES.get(name), rules.EAGER_BACKWARD_BYTES.get(name))
 
 
 def builtin_kinds() -> tuple[str, ...]:

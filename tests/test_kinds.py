@@ -469,3 +469,41 @@ def test_a_user_kind_goes_through_fusion(squared_relu):
     # the forward no longer writes act and reads it back: 2 x BF16 x B*S*F per layer at least
     saved = formula(plain, "bytes") - formula(fused, "bytes")
     assert (saved - 2 * BF16 * B * S * F * L).subs({B: 2, S: 512, D: 256, F: 1024, L: 4}) >= 0
+
+
+def test_a_user_kind_declares_its_eager_kernels(monkeypatch):
+    """`eager=` and `eager_backward=` give a kind's bytes as eager PyTorch runs it (here
+    `relu(x) ** 2` as two kernels: relu reads and writes x, the square reads it and writes
+    the output, 4 x 2 bytes per element; its backward one kernel, 3 x 2), charged wherever a
+    framework runs the kind eagerly."""
+    import attrs
+
+    from opgraph import frameworks
+    from opgraph.costmodel import cost_model
+    from opgraph.distributed import compile_parallel
+    from opgraph.ir import Phase
+    from opgraph.parallel import Parallel
+
+    def two_kernels(ins, outs, params):
+        return 4 * ins[0].nbytes
+
+    def one_kernel(ins, outs, params):
+        return 3 * ins[0].nbytes
+
+    k = kinds.define_kind("relu2", shape=kinds.same_shape, flops=rules.per_element(2),
+                          eager=two_kernels, eager_backward=one_kernel)
+    try:
+        assert kinds.kind("relu2").eager is two_kernels
+        torchtitan = frameworks.FRAMEWORKS["torchtitan"]
+        monkeypatch.setitem(frameworks.FRAMEWORKS, "torchtitan", attrs.evolve(
+            torchtitan, eager=torchtitan.eager | {"relu2"}))
+        g = compile_parallel(user_model(k), Parallel(dp=2, framework="torchtitan"))
+        act = g.op("layers.act")
+        (backward,) = [o for o in g.ops() if o.phase is Phase.BACKWARD and o.forward == act.name]
+        x = g.tensor(act.inputs[0]).nbytes  # B x S x F in BF16
+        cost = cost_model("roofline")
+        assert cost.op_cost(g, act).bytes == 4 * x
+        assert cost.op_cost(g, backward).bytes == 3 * x
+    finally:
+        kinds.remove_kind("relu2")
+    assert "relu2" not in rules.EAGER_BYTES and "relu2" not in rules.EAGER_BACKWARD_BYTES
