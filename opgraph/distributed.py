@@ -40,7 +40,7 @@ import sympy
 from . import cluster as clusters
 from .costmodel import DEFAULT, CostModel
 from .errors import OpgraphError
-from .frameworks import defers_grad_reduce, sharding
+from .frameworks import defers_grad_reduce, sharding, stage_split
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory
@@ -250,6 +250,7 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
         raise OpgraphError("give the batch as the layout's micro and global batch, not tokens")
     cluster = cluster or clusters.for_hardware(hardware)
     values["B"] = layout.micro_batch
+    layout = framework_split(forward, layout)
     step = compile_parallel(forward, layout, seq=values.get("S"), **options)
     # the middle stages hold the same layers and nothing else: one stands for them all
     kinds = [min(i, 1) if i < layout.pp - 1 else i for i in range(layout.pp)]
@@ -264,6 +265,19 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
     return Job(forward, hardware, cluster, layout, stages,
                tuple(distinct.index(k) for k in kinds), layout.batch * int(subs[S]),
                int(mfu_parameters(forward).xreplace(subs)), unequal_chunks(forward, layout))
+
+
+def framework_split(forward: Graph, layout: Parallel) -> Parallel:
+    """`layout` with its pipeline split as its framework makes it where the layout names none
+    (`frameworks.stage_split`: nanotron balances its blocks' costs), an even split
+    interleaved or where the framework's cannot be said."""
+    if (layout.pp == 1 or layout.virtual_stages > 1 or layout.first_stage_layers is not None
+            or layout.last_stage_layers is not None):
+        return layout
+    split = stage_split(forward, layout.pp, layout.framework)
+    if split is None:
+        return layout
+    return attrs.evolve(layout, first_stage_layers=split[0], last_stage_layers=split[1])
 
 
 def unequal_chunks(forward: Graph, layout: Parallel):

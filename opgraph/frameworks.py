@@ -84,6 +84,14 @@ Each trait, with where each framework's code says so:
   `apply_compile` compiles each `TransformerBlock` (`torchtitan/parallelisms/
   parallelize_llama.py`), and `train.py` keeps the loss uncompiled ("compiling loss function
   causes CUDA errors").
+- `balances_stages`: a pipeline's layers are split by the blocks' compute costs rather than
+  evenly. nanotron's `build_model` (`src/nanotron/models/base.py`) sums each pipeline block's
+  cost from `get_block_compute_costs` (a decoder layer: its linear layers' weights,
+  4 h^2 + 3 h F for Llama; the LM head: V h; the rest nothing) and gives stage r the blocks up
+  to the first whose running sum passes (r + 1) / pp of the total, so the stage with the head
+  takes fewer layers (Llama 3.2 1B-sized, 16 layers on 2 stages: 11 and 5). `stage_split`
+  computes it from the graph's matmul weights (for grouped-query attention nanotron's formula
+  counts k and v at q's size; the playbook's models have none).
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -108,6 +116,7 @@ class Traits:
     overlaps_reduce_from_zero: int = 0
     eager: frozenset[str] = frozenset()
     compiles_blocks_only: bool = False
+    balances_stages: bool = False
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
@@ -118,7 +127,8 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "megatron": Traits(sp_saves_shard=True),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                         overlaps_reduce_from_zero=3),
-    "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"})),
+    "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
+                       balances_stages=True),
 }
 
 
@@ -157,3 +167,59 @@ def run_zero(zero: int, stages: int, framework: str | None) -> int:
     if zero == 3 and stages > 1 and FRAMEWORKS[framework].unshards_once_with_pp:
         return 1
     return zero
+
+
+def stage_split(forward, stages: int, framework: str | None
+                ) -> tuple[int | None, int | None] | None:
+    """The end stages' layers, `(first_stage_layers, last_stage_layers)`, where the framework
+    splits a pipeline by its blocks' costs (`Traits.balances_stages`): None where it does not
+    (or `stages` is 1), or where its split leaves the middle stages unequal, which a layout
+    cannot say; None in a pair where an end takes what a middle stage takes."""
+    if stages == 1 or not FRAMEWORKS[framework].balances_stages:
+        return None
+    per_stage = _balanced(*_block_costs(forward), stages)
+    middle = set(per_stage[1:-1])
+    if len(middle) > 1 or 0 in per_stage:
+        return None
+    each = middle.pop() if middle else None
+    first, last = per_stage[0], per_stage[-1]
+    return (None if first == each else first, None if last == each else last)
+
+
+def _block_costs(forward) -> tuple[int, int, int]:
+    """(layers, one layer's cost, the head's cost) as nanotron's `get_block_compute_costs`
+    weighs them: the weights its linear layers hold (matmul kinds' weight operands), inside the
+    layer stack and after it."""
+    import sympy
+
+    from .ir import Phase, Role
+    from .passes.split_stages import layer_stack
+    from .rules import GEMM_GRIDS
+
+    region = layer_stack(forward)
+    layers = int(sympy.sympify(region.count).xreplace(forward.dims))
+    layer = head = 0
+    for op in forward.ops():
+        if op.phase is not Phase.FORWARD or op.kind not in GEMM_GRIDS:
+            continue
+        held = sum(int(t.numel.xreplace(forward.dims)) for t in map(forward.tensor, op.inputs)
+                   if t.role is Role.WEIGHT)
+        if forward.within(op.region, region.name):
+            layer += held
+        else:
+            head += held
+    return layers, layer, head
+
+
+def _balanced(layers: int, layer: int, head: int, stages: int) -> list[int]:
+    """Layers per stage as nanotron assigns its blocks: each to the current stage, which moves
+    on once the running cost passes its share of the total."""
+    total = layers * layer + head
+    out, stage, running = [0] * stages, 0, 0
+    for i in range(layers + 1):  # the layers, then the head
+        running += layer if i < layers else head
+        if i < layers:
+            out[stage] += 1
+        if running * stages > total * (stage + 1) and stage < stages - 1:
+            stage += 1
+    return out

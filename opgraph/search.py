@@ -96,7 +96,7 @@ from .costmodel import DEFAULT, CostModel
 from .distributed import (Job, ParallelResult, Stage, StageOp, check_layout, layout_passes,
                           step_figures, unequal_chunks)
 from .errors import OpgraphError
-from .frameworks import FRAMEWORKS, Traits, run_zero
+from .frameworks import FRAMEWORKS, Traits, run_zero, stage_split
 from .hardware import Hardware
 from .ir import DTYPES, Graph, Phase
 from .limits import MAX_MICRO_BATCHES
@@ -336,10 +336,15 @@ def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def _splits(layers: int, stages: int) -> list[tuple[int | None, int | None]]:
-    """The pipeline splits tried for `stages` stages: even, or (where that does not divide)
-    one layer fewer on each end stage, as Llama 3 405B's 126 layers on 16 stages (7, 8 x 14,
-    7)."""
+def _splits(layers: int, stages: int, forward: Graph | None = None,
+            framework: str | None = None) -> list[tuple[int | None, int | None]]:
+    """The pipeline splits tried for `stages` stages: the framework's own where it makes one
+    (`frameworks.stage_split`, as `distributed.framework_split` gives `profile`); else even,
+    or (where that does not divide) one layer fewer on each end stage, as Llama 3 405B's 126
+    layers on 16 stages (7, 8 x 14, 7)."""
+    own = None if forward is None else stage_split(forward, stages, framework)
+    if own is not None:
+        return [own]
     if stages == 1 or layers % stages == 0:
         return [(None, None)]
     if stages > 2 and (layers + 2) % stages == 0 and (layers + 2) // stages > 1:
@@ -383,7 +388,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         if (space.dp is not None and d != space.dp) or space.batch % d:
             continue
         per_rank = space.batch // d
-        for (first, last), sp_ in itertools.product(_splits(layers, p), _sp(space, t)):
+        for (first, last), sp_ in itertools.product(_splits(layers, p, forward, space.framework),
+                                                    _sp(space, t)):
             for e in eps:
                 if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first,
                                                last, checked):
@@ -392,7 +398,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                            _divisors(per_rank, space.max_micro_batch)):
                     if per_rank % mb or per_rank // mb > MAX_MICRO_BATCHES:  # `Parallel`'s bound
                         continue
-                    for v in _virtual(space, layers, p, first, per_rank // mb):
+                    for v in _virtual(space, layers, p, first, last, per_rank // mb):
                         out += [Row(t, c, e, p, d, mb, v, z, sp_, first, last, r, pr,
                                     space.batch, space.async_tp and t > 1, space.framework,
                                     space.grad_reduce_dtype)
@@ -431,13 +437,15 @@ def _sp(space: Space, t: int) -> list[bool]:
     return [space.sequence_parallel] if space.sequence_parallel is not None else [False, True]
 
 
-def _virtual(space: Space, layers: int, p: int, first, m: int) -> list[int]:
+def _virtual(space: Space, layers: int, p: int, first, last, m: int) -> list[int]:
     """Virtual stages per GPU: the divisors of a stage's layers (with uneven ends, of a middle
     stage's: the end stages' outer chunks hold one layer fewer, as `chunk_layers` cuts them,
-    Llama 3 405B's schedule)."""
-    if p == 1:
+    Llama 3 405B's schedule; two uneven stages have no middle one, and do not interleave)."""
+    uneven = first is not None or last is not None
+    if p == 1 or (p == 2 and uneven):
         return [1] if space.virtual_stages in (None, 1) else []
-    each = layers // p if first is None else (layers - 2 * first) // (p - 2)
+    each = layers // p if not uneven else stage_layers(
+        layers, Parallel(pp=p, first_stage_layers=first, last_stage_layers=last))[1]
     options = [v for v in _divisors(each, space.max_virtual_stages)
                if v == 1 or m % p == 0]  # Megatron: interleaving needs m a multiple of pp
     if space.virtual_stages is not None:
@@ -1142,7 +1150,8 @@ def _columns(rows_: list[Row], layers: int | None) -> _Columns:
                     column([r.virtual_stages for r in rows_]),
                     column([r.zero_run for r in rows_]),
                     {role: column([x.get(role, 0) for x in per_row]) for role in ROLES},
-                    column([r.virtual_stages > 1 and r.first is not None for r in rows_]))
+                    column([r.virtual_stages > 1 and (r.first, r.last) != (None, None)
+                            for r in rows_]))
 
 
 @attrs.frozen

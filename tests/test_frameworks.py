@@ -342,3 +342,48 @@ def test_torchtitan_compiles_its_blocks_only():
     eager = {op.name for op in g.ops() if op.param("eager")}
     assert eager == {"final_norm", "loss"}
     assert not [op for op in g.ops() if op.region is not None and op.param("eager")]
+
+
+# --- nanotron's pipeline split (`Traits.balances_stages`) ----------------------------------------
+
+def _nanotron_split(layers, layer, head, stages):
+    """nanotron's build_model (src/nanotron/models/base.py), written out: blocks in order, each
+    on the current stage, which moves on once the running cost passes (r + 1) / pp of the
+    total; a decoder layer costs its linear weights, the head V x h."""
+    total, out, rank, running = layers * layer + head, [0] * stages, 0, 0
+    for cost in [layer] * layers + [head]:
+        running += cost
+        out[rank] += cost == layer
+        if running > total * (rank + 1) / stages:
+            rank += 1
+    return out
+
+
+def test_nanotron_splits_a_pipeline_by_its_blocks_costs():
+    from opgraph.frameworks import stage_split
+
+    f = preset("llama3.2-1b")  # 16 layers, d 2048, 32 heads of 64, 8 KV heads, F 8192
+    layer = 2048 * 2048 * 2 + 2048 * 512 * 2 + 3 * 2048 * 8192  # q, o; k, v; gate, up, down
+    head = 128256 * 2048
+    assert _nanotron_split(16, layer, head, 2) == [11, 5]
+    assert stage_split(f, 2, "nanotron") == (11, 5)
+    assert stage_split(f, 2, "megatron") is None  # Megatron splits evenly unless told
+    # on 4 stages nanotron leaves the head alone on the last: no layout says that
+    assert _nanotron_split(16, layer, head, 4)[-1] == 0 and stage_split(f, 4, "nanotron") is None
+
+
+def test_nanotron_pipelines_profile_and_plan_with_its_split():
+    forward, cost = preset("llama3.2-1b"), cost_model("calibrated")
+    layout = Parallel(pp=2, dp=4, micro_batch=1, global_batch=32, framework="nanotron")
+    r = profile_parallel(forward, H100, layout, values={"S": 4096}, cost=cost).parallel
+    assert (r.layout.first_stage_layers, r.layout.last_stage_layers) == (11, 5)
+    searcher = Searcher(forward, H100, seq_len=4096, cost=cost)
+    space = Space(gpus=8, batch=32, framework="nanotron", pp=2, precision=("bf16",),
+                  micro_batch=1, recompute=("none",))
+    found = rows(forward, H100, space, 4096, searcher.cluster)
+    assert found and {(row.first, row.last) for row in found} == {(11, 5)}
+    candidate = found[0].candidate()
+    mine = searcher.one(candidate).result
+    theirs = profile_parallel(forward, H100, candidate.layout, values={"S": 4096}, cost=cost,
+                              recompute=candidate.recompute, precision=candidate.precision)
+    assert mine.step_time_s == pytest.approx(theirs.parallel.step_time_s, rel=1e-9)
