@@ -74,6 +74,10 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
     options = [f"micro-batch {lay.micro_batch}",
                (f"global batch {lay.batch:,} ({lay.micro_batches} micro-batch"
                f"{'es' if lay.micro_batches != 1 else ''} per rank)")]
+    ends = [f"the {end} stage {n} layers" for end, n in
+            (("first", lay.first_stage_layers), ("last", lay.last_stage_layers)) if n is not None]
+    if ends:  # the layout's uneven split, or its framework's (`frameworks.stage_split`)
+        options.append(" and ".join(ends))
     if lay.virtual_stages > 1:
         options.append(f"{lay.virtual_stages} virtual stages")
     options += [f"ZeRO-{lay.zero}"] + (["sequence parallel"] if lay.sequence_parallel else []) + (
