@@ -536,9 +536,10 @@ def _timeline(first: _Timed, m: int, bubble: float) -> tuple[Event, ...]:
         run, took = (first.last, first.last) if last else (first.drawn, first.plain)
         if i == 0 and first.first is not None:
             run = took = first.first
-        for e in run.events:
-            out.append(attrs.evolve(e, name=f"{e.name} [mb {i}]", start_s=e.start_s + t,
-                                    end_s=e.end_s + t))
+        # each event made anew rather than by attrs.evolve, which inspects the class on every
+        # call: a timeline is events x micro-batches, over a million for a 405B job
+        out.extend(Event(f"{e.name} [mb {i}]", e.track, e.start_s + t, e.end_s + t, e.phase,
+                         e.kind) for e in run.events)
         t += took.time_s
         if bubble and i == m - 1:
             out.append(Event("bubble (drain)", "compute", t, t + bubble / 2, "bubble", "bubble"))

@@ -239,9 +239,22 @@ class Liveness:
         counts = [float(sympy.sympify(life.tensor.count).xreplace(subs))
                   for life in self.lives]
         resident = float(sympy.Add(*self.resident.values()).xreplace(subs))
-        return [resident + sum(size * self.copies(life, i, count)
-                               for life, size, count in zip(self.lives, sizes, counts))
-                for i in range(len(self.ops))]
+        # life by life over only the ops it is live at (`copies` is 0 elsewhere, and adding
+        # nothing changes no sum), so each op's sum takes the same terms in the same order as
+        # summing over every life at every op, without the ops x lives calls of `copies`
+        live = [0] * len(self.ops)
+        members: dict[str, list[int]] = {}  # region -> the ops within it
+        for life, size, count in zip(self.lives, sizes, counts):
+            for i in range(life.start, life.end + 1):
+                live[i] += size * (count if life.saved else 1)
+            if life.saved and life.region is not None:
+                if life.region not in members:
+                    members[life.region] = [i for i, op in enumerate(self.ops)
+                                            if self.graph.within(op.region, life.region)]
+                for i in members[life.region]:
+                    if not life.start <= i <= life.end:
+                        live[i] += size * (count - 1)
+        return [resident + total for total in live]
 
 
 def _partials(op) -> tuple[str, ...]:

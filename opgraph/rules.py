@@ -46,9 +46,13 @@ def _fmt(shape: Shape) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
 
 
-def _require(ok: bool, message: str) -> None:
+def _require(ok: bool, message: str | Callable[[], str]) -> None:
+    """ShapeError(message) unless `ok`. A message that prints shapes comes as a function, called
+    only on failure: printing a shape's symbols is a sympy print, and checking every op of every
+    pass's graph (`opgraph.verify`) built some 800,000 such messages a test run, all discarded,
+    most of the time the check took."""
     if not ok:
-        raise ShapeError(message)
+        raise ShapeError(message() if callable(message) else message)
 
 
 # --- shape rules: (inputs, params) -> output shapes -----------------------------------------------
@@ -58,7 +62,8 @@ def _same_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     for t in ins[1:]:
         _require(all(same(a, b) for a, b in zip(ins[0].shape, t.shape))
                  and len(t.shape) == len(ins[0].shape),
-                 f"{t.name} {_fmt(t.shape)} does not match {ins[0].name} {_fmt(ins[0].shape)}")
+                 lambda: f"{t.name} {_fmt(t.shape)} does not match {ins[0].name} "
+                         f"{_fmt(ins[0].shape)}")
     return [ins[0].shape]
 
 
@@ -66,13 +71,13 @@ def _norm_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     x, *affine = ins
     for w in affine:
         _require(len(w.shape) == 1 and same(w.shape[0], x.shape[-1]),
-                 f"norm weight {w.name} {_fmt(w.shape)} does not match width {x.shape[-1]}")
+                 lambda: f"norm weight {w.name} {_fmt(w.shape)} does not match width {x.shape[-1]}")
     return [x.shape]
 
 
 def _embedding_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     ids, table = ins
-    _require(len(table.shape) == 2, f"embedding table {table.name} must be 2-D")
+    _require(len(table.shape) == 2, lambda: f"embedding table {table.name} must be 2-D")
     return [(*ids.shape, table.shape[1])]
 
 
@@ -96,28 +101,28 @@ def _matmul_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     if params.get("contract") == "leading":
         _require(len(a.shape) == len(b.shape)
                  and all(same(x, y) for x, y in zip(a.shape[:-1], b.shape[:-1])),
-                 f"weight-gradient matmul of {a.name} {_fmt(a.shape)} and {b.name} "
-                 f"{_fmt(b.shape)}: leading dims differ")
+                 lambda: f"weight-gradient matmul of {a.name} {_fmt(a.shape)} and {b.name} "
+                         f"{_fmt(b.shape)}: leading dims differ")
         m, n = a.shape[-1], b.shape[-1]
         out = [(n, m) if params.get("transpose_out") else (m, n)]
         return out + ([(n,)] if params.get("bias") else [])
     if len(b.shape) == 2:
         k, n = (b.shape[1], b.shape[0]) if params.get("transpose_b") else b.shape
         _require(same(a.shape[-1], k),
-                 f"matmul of {a.name} {_fmt(a.shape)} and {b.name} {_fmt(b.shape)}: "
-                 f"inner dims {a.shape[-1]} and {k} differ")
+                 lambda: f"matmul of {a.name} {_fmt(a.shape)} and {b.name} {_fmt(b.shape)}: "
+                         f"inner dims {a.shape[-1]} and {k} differ")
         out = (*a.shape[:-1], n)
     else:
         m, k_a = (a.shape[-1], a.shape[-2]) if params.get("transpose_a") else a.shape[-2:]
         k, n = (b.shape[-1], b.shape[-2]) if params.get("transpose_b") else b.shape[-2:]
         _require(len(a.shape) == len(b.shape)
                  and all(same(x, y) for x, y in zip(a.shape[:-2], b.shape[:-2])),
-                 f"batched matmul batch dims differ: {_fmt(a.shape)} and {_fmt(b.shape)}")
-        _require(same(k_a, k), f"matmul inner dims {k_a} and {k} differ")
+                 lambda: f"batched matmul batch dims differ: {_fmt(a.shape)} and {_fmt(b.shape)}")
+        _require(same(k_a, k), lambda: f"matmul inner dims {k_a} and {k} differ")
         out = (*a.shape[:-2], *((n, m) if params.get("transpose_out") else (m, n)))
     for t in bias:
         _require(len(t.shape) == 1 and same(t.shape[0], out[-1]),
-                 f"bias {t.name} {_fmt(t.shape)} does not match {out[-1]} outputs")
+                 lambda: f"bias {t.name} {_fmt(t.shape)} does not match {out[-1]} outputs")
     return [out]
 
 
@@ -125,26 +130,26 @@ def _per_head_shape(a: Tensor, b: Tensor, params: dict) -> Shape:
     heads, groups, grad = params["heads"], params["kv_heads"], params.get("grad")
     if grad == "a":  # dP = dO V^T
         _require(len(a.shape) == 3 and len(b.shape) == 3,
-                 f"per-head dP takes do[B, M, H*d] and v[B, K, G*d], got "
-                 f"{_fmt(a.shape)} and {_fmt(b.shape)}")
+                 lambda: f"per-head dP takes do[B, M, H*d] and v[B, K, G*d], got "
+                         f"{_fmt(a.shape)} and {_fmt(b.shape)}")
         _require(same(a.shape[-1] / heads, b.shape[-1] / groups),
-                 f"{a.name} {_fmt(a.shape)} over {heads} heads and {b.name} {_fmt(b.shape)} "
-                 f"over {groups} heads have different head dims")
+                 lambda: f"{a.name} {_fmt(a.shape)} over {heads} heads and {b.name} "
+                         f"{_fmt(b.shape)} over {groups} heads have different head dims")
         return (a.shape[0], heads, a.shape[1], b.shape[1])
     if grad == "b":  # dV = P^T dO
         _require(len(a.shape) == 4 and len(b.shape) == 3,
-                 f"per-head dV takes p[B, H, M, K] and do[B, M, H*d], got "
-                 f"{_fmt(a.shape)} and {_fmt(b.shape)}")
-        _require(same(a.shape[1], heads), f"{a.name} has {a.shape[1]} heads, not {heads}")
+                 lambda: f"per-head dV takes p[B, H, M, K] and do[B, M, H*d], got "
+                         f"{_fmt(a.shape)} and {_fmt(b.shape)}")
+        _require(same(a.shape[1], heads), lambda: f"{a.name} has {a.shape[1]} heads, not {heads}")
         _require(same(a.shape[2], b.shape[1]),
-                 f"matmul inner dims {a.shape[2]} and {b.shape[1]} differ")
+                 lambda: f"matmul inner dims {a.shape[2]} and {b.shape[1]} differ")
         return (a.shape[0], a.shape[3], groups * b.shape[2] / heads)
     _require(len(a.shape) == 4 and len(b.shape) == 3,
-             f"per-head matmul takes a[B, H, M, K] and b[B, K, G*d], got "
-             f"{_fmt(a.shape)} and {_fmt(b.shape)}")
-    _require(same(a.shape[1], heads), f"{a.name} has {a.shape[1]} heads, not {heads}")
+             lambda: f"per-head matmul takes a[B, H, M, K] and b[B, K, G*d], got "
+                     f"{_fmt(a.shape)} and {_fmt(b.shape)}")
+    _require(same(a.shape[1], heads), lambda: f"{a.name} has {a.shape[1]} heads, not {heads}")
     _require(same(a.shape[-1], b.shape[1]),
-             f"matmul inner dims {a.shape[-1]} and {b.shape[1]} differ")
+             lambda: f"matmul inner dims {a.shape[-1]} and {b.shape[1]} differ")
     return (a.shape[0], a.shape[2], heads * b.shape[2] / groups)
 
 
@@ -159,8 +164,8 @@ def _scores_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     heads, groups = params["heads"], params["kv_heads"]
     _require(len(q.shape) == 3 and len(k.shape) == 3, "attention takes q, k as [B, S, heads*d]")
     _require(same(_head_dim(q, heads), _head_dim(k, groups)),
-             f"q {_fmt(q.shape)} over {heads} heads and k {_fmt(k.shape)} over {groups} heads "
-             "have different head dims")
+             lambda: f"q {_fmt(q.shape)} over {heads} heads and k {_fmt(k.shape)} over "
+                     f"{groups} heads have different head dims")
     return [(q.shape[0], heads, q.shape[1], k.shape[1])]
 
 
@@ -171,7 +176,7 @@ def _flash_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     _scores_shape([q, k], params)
     heads, groups = params["heads"], params["kv_heads"]
     _require(len(v.shape) == 3 and same(v.shape[1], k.shape[1]) and same(v.shape[0], k.shape[0]),
-             f"k {_fmt(k.shape)} and v {_fmt(v.shape)} differ in batch or length")
+             lambda: f"k {_fmt(k.shape)} and v {_fmt(v.shape)} differ in batch or length")
     return [(q.shape[0], q.shape[1], heads * _head_dim(v, groups))]
 
 
@@ -201,17 +206,20 @@ def _expert_matmul_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     route = experts.shape
     lead = _expert_lead(a, route)
     _require(len(lead) == len(route) and all(same(x, y) for x, y in zip(lead, route)),
-             f"{a.name} {_fmt(a.shape)} does not fit the routing {experts.name} {_fmt(route)}")
+             lambda: f"{a.name} {_fmt(a.shape)} does not fit the routing {experts.name} "
+                     f"{_fmt(route)}")
     if params.get("contract") == "leading":
         _require(len(b.shape) == len(route) + 1
                  and all(same(x, y) for x, y in zip(b.shape[:-1], route)),
-                 f"{b.name} {_fmt(b.shape)} does not fit the routing {experts.name} {_fmt(route)}")
+                 lambda: f"{b.name} {_fmt(b.shape)} does not fit the routing {experts.name} "
+                         f"{_fmt(route)}")
         return [(params["experts"], a.shape[-1], b.shape[-1])]
-    _require(len(b.shape) == 3, f"expert weights {b.name} {_fmt(b.shape)} must be [E, in, out]")
+    _require(len(b.shape) == 3,
+             lambda: f"expert weights {b.name} {_fmt(b.shape)} must be [E, in, out]")
     k, n = (b.shape[2], b.shape[1]) if params.get("transpose_b") else (b.shape[1], b.shape[2])
     _require(same(a.shape[-1], k),
-             f"expert matmul of {a.name} {_fmt(a.shape)} and {b.name} {_fmt(b.shape)}: "
-             f"inner dims {a.shape[-1]} and {k} differ")
+             lambda: f"expert matmul of {a.name} {_fmt(a.shape)} and {b.name} {_fmt(b.shape)}: "
+                     f"inner dims {a.shape[-1]} and {k} differ")
     return [(*(route[:-1] if params.get("reduce_slots") else route), n)]
 
 
@@ -220,15 +228,15 @@ def _combine_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     y, gates = ins
     _require(len(y.shape) == len(gates.shape) + 1
              and all(same(a, b) for a, b in zip(y.shape[:-1], gates.shape)),
-             f"expert outputs {y.name} {_fmt(y.shape)} do not match gates "
-             f"{gates.name} {_fmt(gates.shape)}")
+             lambda: f"expert outputs {y.name} {_fmt(y.shape)} do not match gates "
+                     f"{gates.name} {_fmt(gates.shape)}")
     return [(*y.shape[:-2], y.shape[-1])]
 
 
 def _loss_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     logits, targets = ins
     _require(all(same(a, b) for a, b in zip(logits.shape[:-1], targets.shape)),
-             f"targets {_fmt(targets.shape)} do not match logits {_fmt(logits.shape)}")
+             lambda: f"targets {_fmt(targets.shape)} do not match logits {_fmt(logits.shape)}")
     return [()]
 
 
@@ -240,8 +248,8 @@ def _adamw_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     for t in state:
         _require(len(t.shape) == len(grad.shape)
                  and all(same(a, b) for a, b in zip(t.shape, grad.shape)),
-                 f"optimizer state {t.name} {_fmt(t.shape)} does not match the gradient "
-                 f"{grad.name} {_fmt(grad.shape)}")
+                 lambda: f"optimizer state {t.name} {_fmt(t.shape)} does not match the gradient "
+                         f"{grad.name} {_fmt(grad.shape)}")
     writes = len(state) + bool(params.get("copy")) + bool(params.get("zero_grad"))
     return [grad.shape] * writes
 
@@ -251,7 +259,8 @@ def _saved(ins: list[Tensor], params: dict) -> tuple[list, list, list]:
     dys, n_in = params.get("dys", 1), params.get("saved_inputs", 0)
     n_out = params.get("saved_outputs", 0)
     _require(len(ins) == dys + n_in + n_out,
-             f"backward kernel reads {len(ins)} tensors, its layout says {dys + n_in + n_out}")
+             lambda: f"backward kernel reads {len(ins)} tensors, its layout says "
+                     f"{dys + n_in + n_out}")
     return ins[:dys], ins[dys:dys + n_in], ins[dys + n_in:]
 
 
@@ -268,8 +277,8 @@ def backward_shape(forward_kind: str) -> Callable:
         expected = SHAPE_RULES[forward_kind](fwd_ins, params)
         for t, shape in zip([*dys, *fwd_outs], [*expected[:len(dys)], *expected]):
             _require(len(t.shape) == len(shape) and all(same(a, b) for a, b in zip(t.shape, shape)),
-                     f"{t.name} {_fmt(t.shape)} is not the forward's output {_fmt(shape)}")
-        _require(all(0 <= i < len(fwd_ins) for i in wrt), f"wrt {wrt} out of range")
+                     lambda: f"{t.name} {_fmt(t.shape)} is not the forward's output {_fmt(shape)}")
+        _require(all(0 <= i < len(fwd_ins) for i in wrt), lambda: f"wrt {wrt} out of range")
         return [fwd_ins[i].shape for i in wrt]
     _backward_shape.__name__ = f"_{forward_kind}_backward_shape"
     return _backward_shape
@@ -569,7 +578,8 @@ GELU_BACKWARD_FLOPS = {"tanh": 16, "none": 10}
 
 def _approximate(params: dict) -> str:
     form = params.get("approximate", "tanh")
-    _require(form in GELU_FLOPS, f"gelu approximate={form!r}: choose 'tanh' or 'none' (exact)")
+    _require(form in GELU_FLOPS,
+             lambda: f"gelu approximate={form!r}: choose 'tanh' or 'none' (exact)")
     return form
 
 
@@ -613,8 +623,8 @@ def _softcap_shape(ins: list[Tensor], params: dict) -> list[Shape]:
 
 def _axis(t: Tensor, params: dict) -> int:
     axis = params.get("axis", -1)
-    _require(-len(t.shape) <= axis < len(t.shape), f"axis {axis} out of range for {t.name} "
-             f"{_fmt(t.shape)}")
+    _require(-len(t.shape) <= axis < len(t.shape), lambda: f"axis {axis} out of range for {t.name} "
+                     f"{_fmt(t.shape)}")
     return axis % len(t.shape)
 
 
@@ -628,8 +638,9 @@ def _slice_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     (x,) = ins
     axis = _axis(x, params)
     end = sympy.sympify(params.get("start", 0)) + params["size"]
-    _require(_fits(end, x.shape[axis]), f"slice to {end} of {x.name} {_fmt(x.shape)} along axis "
-             f"{axis} ends past its {x.shape[axis]}")
+    _require(_fits(end, x.shape[axis]),
+             lambda: f"slice to {end} of {x.name} {_fmt(x.shape)} along axis {axis} ends past "
+                     f"its {x.shape[axis]}")
     return [(*x.shape[:axis], params["size"], *x.shape[axis + 1:])]
 
 
@@ -638,7 +649,7 @@ def _split_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     (x,) = ins
     axis, sizes = _axis(x, params), params["sizes"]
     _require(same(sympy.Add(*sizes), x.shape[axis]),
-             f"split sizes {list(sizes)} do not add up to {x.name}'s {x.shape[axis]}")
+             lambda: f"split sizes {list(sizes)} do not add up to {x.name}'s {x.shape[axis]}")
     return [(*x.shape[:axis], size, *x.shape[axis + 1:]) for size in sizes]
 
 
@@ -650,8 +661,8 @@ def _concat_shape(ins: list[Tensor], params: dict) -> list[Shape]:
         _require(len(t.shape) == len(ins[0].shape)
                  and all(same(a, b) for i, (a, b) in enumerate(zip(t.shape, ins[0].shape))
                          if i != axis),
-                 f"concat of {ins[0].name} {_fmt(ins[0].shape)} and {t.name} {_fmt(t.shape)} "
-                 f"along axis {axis}: other dims differ")
+                 lambda: f"concat of {ins[0].name} {_fmt(ins[0].shape)} and {t.name} "
+                         f"{_fmt(t.shape)} along axis {axis}: other dims differ")
     total = sympy.Add(*(t.shape[axis] for t in ins))
     return [(*ins[0].shape[:axis], total, *ins[0].shape[axis + 1:])]
 
@@ -662,7 +673,7 @@ def _broadcast_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     shape = tuple(sympy.sympify(d) for d in params["shape"])
     _require(len(x.shape) <= len(shape)
              and all(a == 1 or same(a, b) for a, b in zip(reversed(x.shape), reversed(shape))),
-             f"cannot broadcast {x.name} {_fmt(x.shape)} to {_fmt(shape)}")
+             lambda: f"cannot broadcast {x.name} {_fmt(x.shape)} to {_fmt(shape)}")
     return [shape]
 
 
@@ -671,7 +682,8 @@ def _reshape_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     (x,) = ins
     shape = tuple(sympy.sympify(d) for d in params["shape"])
     _require(same(sympy.Mul(*shape), x.numel),
-             f"cannot reshape {x.name} {_fmt(x.shape)} to {_fmt(shape)}: element counts differ")
+             lambda: f"cannot reshape {x.name} {_fmt(x.shape)} to {_fmt(shape)}: element counts "
+                     "differ")
     return [shape]
 
 
@@ -682,8 +694,8 @@ def _gather_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     lead = index.shape[:-1]
     _require(len(x.shape) >= len(index.shape)
              and all(same(a, b) for a, b in zip(x.shape, lead)),
-             f"gather of {x.name} {_fmt(x.shape)} at {index.name} {_fmt(index.shape)}: "
-             "leading dims differ")
+             lambda: f"gather of {x.name} {_fmt(x.shape)} at {index.name} {_fmt(index.shape)}: "
+                     "leading dims differ")
     return [(*index.shape, *x.shape[len(index.shape):])]
 
 
@@ -707,7 +719,7 @@ def _split_backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     for dy, i in zip(dys, present):
         _require(len(dy.shape) == len(pieces[i]) and all(same(a, b)
                                                           for a, b in zip(dy.shape, pieces[i])),
-                 f"{dy.name} {_fmt(dy.shape)} is not piece {i} {_fmt(pieces[i])}")
+                 lambda: f"{dy.name} {_fmt(dy.shape)} is not piece {i} {_fmt(pieces[i])}")
     return [x.shape]
 
 
@@ -893,7 +905,7 @@ FLOP_RULES["fused"] = _fused_flops
 
 def _amax_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     """A tensor -> its largest magnitude, one scalar (the tensor-wise scale follows from it)."""
-    _require(len(ins) == 1, f"amax reads one tensor, not {len(ins)}")
+    _require(len(ins) == 1, lambda: f"amax reads one tensor, not {len(ins)}")
     return [()]
 
 
@@ -922,10 +934,10 @@ FLOP_RULES |= {"amax": _amax_flops,
 # and move no HBM bytes on the compute stream: their time is the network's (`costmodel`). -------
 
 def _gathered(ins: list[Tensor], params: dict, grow: bool) -> list[Shape]:
-    _require(len(ins) == 1, f"a collective reads one tensor, not {len(ins)}")
+    _require(len(ins) == 1, lambda: f"a collective reads one tensor, not {len(ins)}")
     axis, size = int(params["axis"]), params["size"]
     shape = list(ins[0].shape)
-    _require(-len(shape) <= axis < len(shape), f"axis {axis} of {_fmt(ins[0].shape)}")
+    _require(-len(shape) <= axis < len(shape), lambda: f"axis {axis} of {_fmt(ins[0].shape)}")
     shape[axis] = shape[axis] * size if grow else shape[axis] / size
     return [tuple(shape)]
 
@@ -941,7 +953,7 @@ def _reduce_scatter_shape(ins: list[Tensor], params: dict) -> list[Shape]:
 
 
 def _exchange_shape(ins: list[Tensor], params: dict) -> list[Shape]:
-    _require(len(ins) == 1, f"a collective reads one tensor, not {len(ins)}")
+    _require(len(ins) == 1, lambda: f"a collective reads one tensor, not {len(ins)}")
     return [ins[0].shape]
 
 
@@ -972,7 +984,7 @@ def infer_shapes(kind: str, ins: list[Tensor], params: dict) -> list[Shape]:
     for t in partials:
         _require(any(len(t.shape) == len(s) and all(same(a, b) for a, b in zip(t.shape, s))
                      for s in shapes),
-                 f"partial gradient {t.name} {_fmt(t.shape)} matches no output {shapes}")
+                 lambda: f"partial gradient {t.name} {_fmt(t.shape)} matches no output {shapes}")
     return shapes
 
 

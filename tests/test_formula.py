@@ -1,5 +1,6 @@
 """Cost formulas: closed forms checked by sympy equality, values against `evaluate`."""
 
+import functools
 import json
 
 import pytest
@@ -20,6 +21,14 @@ LLAMA3_8B = {D: 4096, L: 32, H: 32, H_kv: 8, d_h: 128, F: 14336, V: 128256, S: 8
 @pytest.fixture(scope="module")
 def step():
     return compile_step(preset("llama3-8b"))
+
+
+@pytest.fixture(scope="module")
+def step_formula(step):
+    """`formula(step, ...)` worked out once per distinct question for the module: a formula is
+    a pure function of the step and its arguments, and the parametrised checks below compare
+    the same formulas with `evaluate` at each point."""
+    return functools.cache(functools.partial(formula, step))
 
 
 def same(a, b) -> bool:
@@ -87,18 +96,18 @@ def test_elementwise_roofline_collapses_with_numbers(step):
 
 
 @pytest.mark.parametrize("values", [{}, {"B": 3, "S": 4096}])
-def test_values_match_evaluate(step, values):
+def test_values_match_evaluate(step, step_formula, values):
     p = evaluate(step, H100, values)
     dims = resolve(step, values)
     for c in p.categories:
         for quantity, expected in (("flops", c.flops), ("bytes", c.bytes), ("time", c.time_s)):
-            got = value(formula(step, quantity, category=c.name), dims, H100)
+            got = value(step_formula(quantity, category=c.name), dims, H100)
             assert got == pytest.approx(expected, rel=1e-12), (c.name, quantity)
-    assert value(formula(step, "time"), dims, H100) == pytest.approx(p.step_time_s, rel=1e-12)
-    numeric = formula(step, "time", hardware=H100)
+    assert value(step_formula("time"), dims, H100) == pytest.approx(p.step_time_s, rel=1e-12)
+    numeric = step_formula("time", hardware=H100)
     assert value(numeric, dims) == pytest.approx(p.step_time_s, rel=1e-12)
     op = p.ops[5]
-    assert value(formula(step, "flops", op=op.name), dims) == pytest.approx(op.flops, rel=1e-12)
+    assert value(step_formula("flops", op=op.name), dims) == pytest.approx(op.flops, rel=1e-12)
 
 
 def test_tidy_collects_on_depth():

@@ -19,6 +19,24 @@ H100 = hardware.get("h100-sxm")
 FIGURES = ("step_time_s", "mfu", "bubble_s", "exposed_communication_s", "tokens_per_s_per_gpu")
 
 
+@pytest.fixture(scope="module")
+def searchers():
+    """`searchers(model, seq, cost)`: one Searcher per model, sequence length and cost model for
+    the whole module. A Searcher keeps the structures it compiled (rows of one structure differ
+    only in numbers), so the tests that sample the same model share them, as a scaling curve's
+    sizes do; what a test asserts is each row's figures, which a structure compiled for an
+    earlier test must give alike. Tests of the search's own pruning make a fresh one."""
+    made: dict[tuple, Searcher] = {}
+
+    def get(model: str, seq: int, cost: str = "calibrated") -> Searcher:
+        if (model, seq, cost) not in made:
+            made[model, seq, cost] = Searcher(preset(model), H100, seq_len=seq,
+                                              cost=cost_model(cost))
+        return made[model, seq, cost]
+
+    return get
+
+
 def _same_as_profile(searcher: Searcher, row, forward, cost) -> None:
     candidate = row.candidate()
     mine = searcher.one(candidate).result
@@ -51,23 +69,23 @@ def _sampled(searcher: Searcher, space: Space, seed: int, k: int
     # two layer stacks: pipelines split the expert layers, the dense one on the first stage
     ("deepseek-v2-lite", 8, 16, 1024, "calibrated"),
 ])
-def test_search_figures_are_profiles_on_a_random_sample(model, gpus, batch, seq, cost):
+def test_search_figures_are_profiles_on_a_random_sample(searchers, model, gpus, batch, seq,
+                                                        cost):
     """A random layout of each of several structures, by the search's compiled formulas and by
     `profile` compiling it on its own: the same figures (relative 1e-9), the same memory."""
-    forward, c = preset(model), cost_model(cost)
-    searcher = Searcher(forward, H100, seq_len=seq, cost=c)
+    searcher = searchers(model, seq, cost)
     rng, sampled = _sampled(searcher, Space(gpus=gpus, batch=batch), 13, 6)
     for group in sampled:
-        _same_as_profile(searcher, rng.choice(group), forward, c)
+        _same_as_profile(searcher, rng.choice(group), searcher.forward, searcher.cost)
 
 
-def test_an_uneven_split_is_profile_too():
+def test_an_uneven_split_is_profile_too(searchers):
     """Llama 3's own split (7, 8 x 14, 7 layers), compiled by the search as an even one with
     the stages' layers a symbol, without interleaving and interleaved as the paper ran it
     (a middle stage's 8 layers in 1, 2, 4 or 8 chunks, the end stages' outer chunk one layer
     short: `schedule.interleaved_span`): `profile`'s figures."""
-    forward, c = preset("llama3.1-405b"), cost_model("calibrated")
-    searcher = Searcher(forward, H100, seq_len=8192, cost=c)
+    searcher = searchers("llama3.1-405b", 8192)
+    forward, c = searcher.forward, searcher.cost
     found = rows(forward, H100, Space(gpus=256, batch=32, tp=8, pp=16, cp=1, zero=1,
                                       micro_batch=1, recompute=("full",), precision=("bf16",),
                                       sequence_parallel=True), 8192, searcher.cluster)
@@ -145,14 +163,14 @@ def test_branch_and_bound_returns_the_fastest():
     ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 2, "zero": 3,
                            "framework": "torchtitan"}),
 ])
-def test_the_compute_bound_is_below_the_bound_and_the_memory(model, seq, constraints):
+def test_the_compute_bound_is_below_the_bound_and_the_memory(searchers, model, seq,
+                                                             constraints):
     """What the search knows of a row before its structure is compiled (`_compute_bound`,
     from the step before replication and stages) is at most what the compiled structure
     gives: its step's bound and its memory, on every row of up to 25 random structures of a
     space (every ZeRO stage, recomputation policy and precision where not fixed). The search
     skips a structure on it, so a row it overstates could be lost."""
-    forward = preset(model)
-    searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
+    searcher = searchers(model, seq)
     tight = 0.0
     for group in _sampled(searcher, Space(max_micro_batch=2, **constraints), 11, 25)[1]:
         g = searcher.evaluate(group)
@@ -164,18 +182,17 @@ def test_the_compute_bound_is_below_the_bound_and_the_memory(model, seq, constra
     assert tight > 0.9  # not vacuous
 
 
-def test_the_bound_waits_for_a_chain_of_collectives():
+def test_the_bound_waits_for_a_chain_of_collectives(searchers):
     """Under sequence parallelism a mixture of experts' tokens are all-gathered (tp) and then
     sent to their experts (ep all-to-all) before the experts' matmuls read them, the router
     running in between, and the experts' outputs come back the same way, in the backward too:
     the bound counts each chain whole, less the ops between its writer and its reader, so every
     all-to-all is in a chain of two; and the bound is then within 5% of the step (5.3% under
     while only a collective the very next op reads was counted)."""
-    forward = preset("mixtral-8x7b")
-    searcher = Searcher(forward, H100, seq_len=4096, cost=cost_model("calibrated"))
-    group = rows(forward, H100, Space(gpus=16, batch=32, tp=2, ep=4, pp=1, cp=1, zero=1,
-                                      sequence_parallel=True, recompute=("none",),
-                                      precision=("bf16",), max_micro_batch=2),
+    searcher = searchers("mixtral-8x7b", 4096)
+    group = rows(searcher.forward, H100,
+                 Space(gpus=16, batch=32, tp=2, ep=4, pp=1, cp=1, zero=1, sequence_parallel=True,
+                       recompute=("none",), precision=("bf16",), max_micro_batch=2),
                  4096, searcher.cluster)
     g = searcher.evaluate(group)
     f = g.structure.stages["first"]
@@ -194,14 +211,13 @@ def test_the_bound_waits_for_a_chain_of_collectives():
     ("mixtral-8x7b", 16, 32, 4096, 2, 40),  # expert parallelism
     ("deepseek-v2-lite", 16, 32, 4096, None, 15),  # two stacks, shared experts: one stage
 ])
-def test_the_bound_is_below_every_step(model, gpus, batch, seq, max_pp, k):
+def test_the_bound_is_below_every_step(searchers, model, gpus, batch, seq, max_pp, k):
     """A layout's bound (compute, surely-waited collectives, the busiest stream, the
     optimizer's tail) is at most its step, on random layouts of k random structures of a
     space (every ZeRO stage, recomputation, pipeline depth): the branch and bound returns the
     fastest only if so. Its upper bound (every op one at a time) is at least its step: `--rank`
     counts a layout under it as faster unscheduled."""
-    forward = preset(model)
-    searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
+    searcher = searchers(model, seq)
     space = Space(gpus=gpus, batch=batch, precision=("bf16",), recompute=("none", "full"),
                   max_micro_batch=2, max_pp=max_pp)
     rng, sampled = _sampled(searcher, space, 7, k)
@@ -218,15 +234,15 @@ def test_the_bound_is_below_every_step(model, gpus, batch, seq, max_pp, k):
     assert tight_upper < 1.5  # nor the upper one
 
 
-def test_interleaving_with_uneven_ends_is_bounded_on_both_sides():
+def test_interleaving_with_uneven_ends_is_bounded_on_both_sides(searchers):
     """Llama 3.2 1B's 16 layers on 3 or 6 stages split unevenly (5, 6, 5 and 2, 3 x 4, 2),
     interleaved: the schedule is simulated chunk by chunk (`schedule.interleaved_span`), so the
     search bounds it by what that simulation cannot beat (each stage's own micro-batches and
     the fill and drain through chunk 0) and by 1F1B without interleaving. Every such row of
     the space: the compute bound <= the bound <= the step <= the upper bound, the step
     `profile`'s."""
-    forward, c = preset("llama3.2-1b"), cost_model("calibrated")
-    searcher = Searcher(forward, H100, seq_len=4096, cost=c)
+    searcher = searchers("llama3.2-1b", 4096)
+    forward, c = searcher.forward, searcher.cost
     by_structure: dict = {}
     for r in rows(forward, H100, Space(gpus=12, batch=24, cp=1, tp=1, precision=("bf16",),
                                        recompute=("none",), zero=1), 4096, searcher.cluster):
@@ -386,8 +402,8 @@ def test_space_rejects_contradictions():
     ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "async_tp": True}),
     ("mixtral-8x7b", 4096, {"gpus": 16, "batch": 32, "max_pp": 2}),
 ])
-def test_a_steady_state_stack_is_what_running_every_layer_gives(model, seq, constraints,
-                                                               monkeypatch):
+def test_a_steady_state_stack_is_what_running_every_layer_gives(searchers, model, seq,
+                                                               constraints, monkeypatch):
     """`schedule.simulate` steps over a layer stack's last layers once two run alike; drawing a
     timeline runs every layer. Both give the same span, compute, communication and waits, on
     both micro-batches of every stage of random layouts of 20 random structures (every ZeRO
@@ -402,8 +418,8 @@ def test_a_steady_state_stack_is_what_running_every_layer_gives(model, seq, cons
     monkeypatch.setattr(schedule, "_repeat", lambda trip, left, *a: (
         stepped.append(left), repeat(trip, left, *a))[1])
 
-    forward = preset(model)
-    searcher = Searcher(forward, H100, seq_len=seq, cost=cost_model("calibrated"))
+    searcher = searchers(model, seq)
+    forward = searcher.forward
     rng, sampled = _sampled(searcher, Space(max_micro_batch=2, precision=("bf16",),
                                             **constraints), 5, 20)
     for group in sampled:
