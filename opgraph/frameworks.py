@@ -178,6 +178,8 @@ def stage_split(forward, stages: int, framework: str | None
     if stages == 1 or not FRAMEWORKS[framework].balances_stages:
         return None
     per_stage = _balanced(*_block_costs(forward), stages)
+    if len(set(per_stage)) == 1:
+        return (None, None)  # even
     middle = set(per_stage[1:-1])
     if len(middle) > 1 or 0 in per_stage:
         return None
