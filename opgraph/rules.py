@@ -1050,9 +1050,9 @@ def count_flops(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
 # writing a whole tensor, often upcast to FP32. EAGER_BYTES gives the HBM bytes of those kernels
 # from the op's own tensors (x the op's first input, b its bytes per element, N its elements; a
 # row's statistics and the weight are small beside them and counted too). FLOPs are unchanged:
-# the same arithmetic, split over more kernels. The backward, costed from the forward by the
-# plate's convention (twice its bytes), decomposes in proportion, as autograd differentiates
-# each kernel on its own.
+# the same arithmetic, split over more kernels. The backward is costed from the forward by the
+# plate's convention (twice its bytes: autograd's kernels for RMSNorm move about that), or,
+# where autograd's kernels move otherwise (RoPE, the loss), by EAGER_BACKWARD_BYTES.
 
 _F32 = 4  # bytes per FP32 element, the dtype each upcast writes
 
