@@ -14,14 +14,16 @@ command that names `../shared` reads the folder beside the repository, and is le
 a note, where that folder is absent. tests/test_readme.py checks the pages with the same parser
 and runner.
 
-A recorded output is a fenced block whose command is too slow for the tests: the line before its
-fence is `<!-- recorded: opgraph ... -->`, or `<!-- recorded (slow): opgraph ... -->` for a
-command over about 20 s. It is rerun, compared and rewritten as an example is (a `...` line
-makes it an excerpt), with the figures that vary from run to run masked: a search's "compiled in
-1.47 s, evaluated in 1.09 s (24,812 layouts/s)". The slow ones run only under --slow:
+A recorded output is a fenced block whose command is too slow for the tests, named in an HTML
+comment on the line before its fence: `<!-- recorded: opgraph ... -->`, or `<!-- recorded
+(slow): opgraph ... -->` for one that takes more than a few seconds (a search, a refit). It is
+rerun, compared and rewritten as an example is (a `...` line makes it an excerpt), with what
+varies from run to run masked: a search's "compiled in 1.47 s, evaluated in 1.09 s (24,812
+layouts/s)". The slow ones run only under --slow; on 2 cores:
 
-    python3 docs/regenerate.py --check          # about 30 s on 2 cores
-    python3 docs/regenerate.py --check --slow   # and the recorded searches, a few minutes more
+    python3 docs/regenerate.py --check          # about 20 s
+    python3 docs/regenerate.py --check --slow   # and the slow ones: about 4 minutes, 2 of
+                                                # them `opgraph validate --cv family`
 """
 
 from __future__ import annotations

@@ -93,12 +93,15 @@ RECORDED = [r for page in PAGES for r in regenerate.recorded(page)]
 
 
 def test_the_recorded_blocks_are_found():
-    """planning.md's searches too slow for the suite are recorded blocks, each with its command;
-    `python3 docs/regenerate.py --check [--slow]` reruns them."""
+    """planning.md's searches and the leave-one-family-out refit, too slow for the suite, are
+    recorded blocks, each with its command; `python3 docs/regenerate.py --check --slow` reruns
+    them."""
     commands = {r.command for r in RECORDED if r.page.name == "planning.md"}
     assert len(commands) == 6
     assert ("opgraph plan --model llama3.1-405b --gpus 8192 --tokens 16777216 --tp 8 --pp 16 "
             "--cp 1 --precision bf16 --rank --top 3") in commands
+    refit = {r.page.name for r in RECORDED if r.command == "opgraph validate --cv family"}
+    assert refit == {"README.md", "calibration.md"}
     for record in RECORDED:
         regenerate.argv(record.command)  # an opgraph command, its words split as a shell would
         assert record.shown and not record.shown.startswith("$ ")
