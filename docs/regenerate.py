@@ -13,6 +13,17 @@ in process, from a scratch folder (every path a page shows must work from any fo
 command that names `../shared` reads the folder beside the repository, and is left alone, with
 a note, where that folder is absent. tests/test_readme.py checks the pages with the same parser
 and runner.
+
+A recorded output is a fenced block whose command is too slow for the tests, named in an HTML
+comment on the line before its fence: `<!-- recorded: opgraph ... -->`, or `<!-- recorded
+(slow): opgraph ... -->` for one that takes more than a few seconds (a search, a refit). It is
+rerun, compared and rewritten as an example is (a `...` line makes it an excerpt), with what
+varies from run to run masked: a search's "compiled in 1.47 s, evaluated in 1.09 s (24,812
+layouts/s)". The slow ones run only under --slow; on 2 cores:
+
+    python3 docs/regenerate.py --check          # about 20 s
+    python3 docs/regenerate.py --check --slow   # and the slow ones: about 4 minutes, 2 of
+                                                # them `opgraph validate --cv family`
 """
 
 from __future__ import annotations
@@ -59,6 +70,47 @@ class Example:
     @property
     def name(self) -> str:
         return f"{self.page.relative_to(ROOT)}: {self.command}"
+
+
+@attrs.frozen
+class Recorded(Example):
+    """A block recorded from the command named in the comment on the line before its fence;
+    `block` is the index of its first line in the page."""
+
+    slow: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(ROOT)}: recorded {self.command}"
+
+
+RECORDED = re.compile(r"^<!-- recorded(?P<slow> \(slow\))?: (?P<command>opgraph .*) -->$")
+
+
+def recorded(page: Path) -> list[Recorded]:
+    """Every recorded block of one page, in order."""
+    lines = page.read_text().split("\n")
+    found = []
+    for i, line in enumerate(lines):
+        m = RECORDED.match(line)
+        if m is None:
+            continue
+        if not FENCE.match(lines[i + 1]):
+            raise ValueError(f"{page.name}:{i + 1}: no fenced block right after {line}")
+        end = next(j for j in range(i + 2, len(lines)) if FENCE.match(lines[j]))
+        found.append(Recorded(page, m["command"], "\n".join(lines[i + 2:end]).rstrip("\n"),
+                              i + 2, bool(m["slow"])))
+    return found
+
+
+# What a command prints that varies from run to run: a search's own timing.
+TIMING = re.compile(r"(?<=compiled in )[\d.]+(?= s)|(?<=evaluated in )[\d.]+(?= s)"
+                    r"|[\d,]+(?= layouts/s\))")
+
+
+def masked(text: str) -> str:
+    """The text with its run-to-run timings replaced by `#`."""
+    return TIMING.sub("#", text)
 
 
 def _blocks(text: str) -> list[tuple[int, int]]:
@@ -160,8 +212,8 @@ def run_python(code: str) -> str:
 
 def missing(example: Example, out: str, err: str) -> list[str]:
     """The lines of an excerpt that the command did not print."""
-    printed = out + err
-    return [ln for ln in example.shown.splitlines() if ln != "..." and ln not in printed]
+    printed = masked(out + err)
+    return [ln for ln in example.shown.splitlines() if ln != "..." and masked(ln) not in printed]
 
 
 def _rewrite(page: Path, outputs: dict[tuple[int, str], str]) -> str:
@@ -177,10 +229,48 @@ def _rewrite(page: Path, outputs: dict[tuple[int, str], str]) -> str:
     return "\n".join(lines)
 
 
+def _rewrite_recorded(page: Path, record: Recorded, output: str) -> str:
+    """The page with one recorded block's lines replaced by `output`."""
+    lines = page.read_text().split("\n")
+    end = next(i for i in range(record.block, len(lines)) if FENCE.match(lines[i]))
+    lines[record.block:end] = output.split("\n")
+    return "\n".join(lines)
+
+
+def check_recorded(page: Path, check: bool, slow: bool) -> tuple[int, int]:
+    """(stale, needing a person) over one page's recorded blocks, each rewritten unless check;
+    the slow ones are left out, with a note, unless slow."""
+    stale = needs_a_person = 0
+    rewrites: list[tuple[Recorded, str]] = []
+    for record in recorded(page):
+        if record.slow and not slow:
+            print(f"{record.name}: not run, slow (--slow runs it)")
+            continue
+        code, out, err = run(argv(record.command))
+        if code != 0:
+            print(f"{record.name}: exit status {code}: {err.strip()}")
+            stale += 1
+            needs_a_person += 1
+        elif record.excerpt:
+            for line in missing(record, out, err):
+                print(f"{record.name}: excerpt line not printed: {line}")
+                stale += 1
+                needs_a_person += 1
+        elif masked(out.rstrip("\n")) != masked(record.shown):
+            print(f"{record.name}: output {'differs' if check else 'rewritten'}")
+            stale += 1
+            rewrites.append((record, out.rstrip("\n")))
+    if not check:
+        for record, output in reversed(rewrites):  # the last first, so the others' lines stay put
+            page.write_text(_rewrite_recorded(page, record, output))
+    return stale, needs_a_person
+
+
 def main(argv_: list[str]) -> int:
     """Exit status 1 when a person is needed: a command failed or an excerpt is stale, or,
     with --check, any output differs."""
     check = "--check" in argv_
+    slow = "--slow" in argv_
     stale = needs_a_person = 0
     for page in pages():
         outputs: dict[tuple[int, str], str] = {}
@@ -213,6 +303,9 @@ def main(argv_: list[str]) -> int:
                 if not check:
                     text = page.read_text()
                     page.write_text(text[:m.start("shown")] + err + text[m.end("shown"):])
+        stale_recorded, needs_recorded = check_recorded(page, check, slow)
+        stale += stale_recorded
+        needs_a_person += needs_recorded
     readme = ROOT / "README.md"
     example = python_example(readme.read_text())
     printed = run_python(example["code"])

@@ -1,6 +1,8 @@
 """docs/writing-a-model.md: its code runs, and it documents every builder method."""
 
+import contextlib
 import inspect
+import io
 import re
 from pathlib import Path
 
@@ -18,9 +20,13 @@ def blocks() -> list[str]:
 
 @pytest.fixture(scope="module")
 def namespace():
+    """The names the guide's code defines; what it prints under "printed"."""
     ns: dict = {"__name__": "guide"}
-    for i, code in enumerate(blocks()):  # our own document's code, run in order
-        exec(compile(code, f"{GUIDE.name} block {i + 1}", "exec"), ns)  # noqa: S102
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        for i, code in enumerate(blocks()):  # our own document's code, run in order
+            exec(compile(code, f"{GUIDE.name} block {i + 1}", "exec"), ns)  # noqa: S102
+    ns["printed"] = printed.getvalue()
     return ns
 
 
@@ -57,6 +63,17 @@ def test_the_kind_table_is_the_generated_one():
     end = text.index("<!-- end of kind table -->")
     table = text[start:end].split("\n", 1)[1]
     assert table == kind_table(), "regenerate the table in the guide with kind_table()"
+
+
+def test_the_guides_diff_excerpt_is_what_its_code_prints(namespace):
+    """The text block under the fusion rules abridges `format_diff`'s lines with `...`: each
+    piece of each line is printed by the guide's code."""
+    shown = re.search(r"```text\n(.*?)```", GUIDE.read_text(), re.DOTALL).group(1)
+    lines = namespace["printed"].splitlines()
+    for line in shown.splitlines():
+        pieces = [piece.strip() for piece in line.split("...")]
+        assert any(all(piece in printed for piece in pieces) and printed.startswith(pieces[0])
+                   for printed in lines), line
 
 
 def test_the_guides_fusion_rules_fuse_across_the_layer_boundary(namespace):

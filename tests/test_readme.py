@@ -89,6 +89,43 @@ def test_regenerating_changes_only_the_output():
                         1) == page.read_text()
 
 
+RECORDED = [r for page in PAGES for r in regenerate.recorded(page)]
+
+
+def test_the_recorded_blocks_are_found():
+    """planning.md's searches and the leave-one-family-out refit, too slow for the suite, are
+    recorded blocks, each with its command; `python3 docs/regenerate.py --check --slow` reruns
+    them."""
+    commands = {r.command for r in RECORDED if r.page.name == "planning.md"}
+    assert len(commands) == 6
+    assert ("opgraph plan --model llama3.1-405b --gpus 8192 --tokens 16777216 --tp 8 --pp 16 "
+            "--cp 1 --precision bf16 --rank --top 3") in commands
+    refit = {r.page.name for r in RECORDED if r.command == "opgraph validate --cv family"}
+    assert refit == {"README.md", "calibration.md"}
+    for record in RECORDED:
+        regenerate.argv(record.command)  # an opgraph command, its words split as a shell would
+        assert record.shown and not record.shown.startswith("$ ")
+
+
+@pytest.mark.parametrize("page", sorted({r.page for r in RECORDED}), ids=lambda p: p.name)
+def test_rewriting_a_recorded_block_with_what_it_shows_gives_the_page_back(page):
+    text = page.read_text()
+    for record in regenerate.recorded(page):
+        assert regenerate._rewrite_recorded(page, record, record.shown) == text
+
+
+def test_a_searchs_timing_is_masked_and_nothing_else():
+    """What varies from run to run is masked; the counts beside it are compared."""
+    line = ("searched 26,928 layouts over 256 structures, 39 of them evaluated (3,038 of their "
+            "layouts fit in memory, 6 scheduled exactly); compiled in {} s, evaluated in {} s "
+            "({} layouts/s)")
+    assert (regenerate.masked(line.format("1.47", "1.09", "24,812"))
+            == regenerate.masked(line.format("12.30", "0.90", "987"))
+            == line.format("#", "#", "#"))
+    assert regenerate.masked("  1  tp2 cp8 pp32(3/.../3) dp16 mb1 v4    12.177        168") == (
+        "  1  tp2 cp8 pp32(3/.../3) dp16 mb1 v4    12.177        168")
+
+
 def test_the_readme_is_a_front_door():
     """A newcomer reads it through: a few hundred lines, Python's version, the two commands as
     .ci/run runs them, and a link to every topic page."""
