@@ -237,6 +237,25 @@ def _rewrite_recorded(page: Path, record: Recorded, output: str) -> str:
     return "\n".join(lines)
 
 
+def judge(item: Example, check: bool, mask=lambda text: text) -> tuple[int, int, str | None]:
+    """One example or recorded block's command run and set beside what its page shows:
+    (stale, needing a person, the output to write in its place or None), each finding printed.
+    `mask` hides what varies from run to run (`masked`) before the whole output is compared."""
+    code, out, err = run(argv(item.command))
+    if code != 0:
+        print(f"{item.name}: exit status {code}: {err.strip()}")
+        return 1, 1, None
+    if item.excerpt:
+        lines = missing(item, out, err)
+        for line in lines:
+            print(f"{item.name}: excerpt line not printed: {line}")
+        return len(lines), len(lines), None
+    if mask(out.rstrip("\n")) != mask(item.shown):
+        print(f"{item.name}: output {'differs' if check else 'rewritten'}")
+        return 1, 0, out.rstrip("\n")
+    return 0, 0, None
+
+
 def check_recorded(page: Path, check: bool, slow: bool) -> tuple[int, int]:
     """(stale, needing a person) over one page's recorded blocks, each rewritten unless check;
     the slow ones are left out, with a note, unless slow."""
@@ -246,20 +265,10 @@ def check_recorded(page: Path, check: bool, slow: bool) -> tuple[int, int]:
         if record.slow and not slow:
             print(f"{record.name}: not run, slow (--slow runs it)")
             continue
-        code, out, err = run(argv(record.command))
-        if code != 0:
-            print(f"{record.name}: exit status {code}: {err.strip()}")
-            stale += 1
-            needs_a_person += 1
-        elif record.excerpt:
-            for line in missing(record, out, err):
-                print(f"{record.name}: excerpt line not printed: {line}")
-                stale += 1
-                needs_a_person += 1
-        elif masked(out.rstrip("\n")) != masked(record.shown):
-            print(f"{record.name}: output {'differs' if check else 'rewritten'}")
-            stale += 1
-            rewrites.append((record, out.rstrip("\n")))
+        s, p, output = judge(record, check, masked)
+        stale, needs_a_person = stale + s, needs_a_person + p
+        if output is not None:
+            rewrites.append((record, output))
     if not check:
         for record, output in reversed(rewrites):  # the last first, so the others' lines stay put
             page.write_text(_rewrite_recorded(page, record, output))
@@ -278,20 +287,10 @@ def main(argv_: list[str]) -> int:
             if ex.needs_shared and not SHARED.is_dir():
                 print(f"{ex.name}: not run, ../shared is not beside the repo")
                 continue
-            code, out, err = run(argv(ex.command))
-            if code != 0:
-                print(f"{ex.name}: exit status {code}: {err.strip()}")
-                stale += 1
-                needs_a_person += 1
-            elif ex.excerpt:
-                for line in missing(ex, out, err):
-                    print(f"{ex.name}: excerpt line not printed: {line}")
-                    stale += 1
-                    needs_a_person += 1
-            elif out.rstrip("\n") != ex.shown:
-                print(f"{ex.name}: output {'differs' if check else 'rewritten'}")
-                stale += 1
-                outputs[(ex.block, ex.command)] = out.rstrip("\n")
+            s, p, output = judge(ex, check)
+            stale, needs_a_person = stale + s, needs_a_person + p
+            if output is not None:
+                outputs[(ex.block, ex.command)] = output
         if outputs and not check:
             page.write_text(_rewrite(page, outputs))
         for m, command in reversed(stderr_blocks(page)):
