@@ -444,8 +444,9 @@ def _virtual(space: Space, layers: int, p: int, first, last, m: int) -> list[int
     uneven = first is not None or last is not None
     if p == 1 or (p == 2 and uneven):
         return [1] if space.virtual_stages in (None, 1) else []
-    each = layers // p if not uneven else stage_layers(
-        layers, Parallel(pp=p, first_stage_layers=first, last_stage_layers=last))[1]
+    # a middle stage's layers, as `chunk_layers` splits what the end stages leave
+    ends = (first is not None) + (last is not None)
+    each = (layers - (first or 0) - (last or 0)) // (p - ends) if p > ends else 0
     options = [v for v in _divisors(each, space.max_virtual_stages)
                if v == 1 or m % p == 0]  # Megatron: interleaving needs m a multiple of pp
     if space.virtual_stages is not None:
