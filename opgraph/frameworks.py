@@ -89,9 +89,8 @@ Each trait, with where each framework's code says so:
   cost from `get_block_compute_costs` (a decoder layer: its linear layers' weights,
   4 h^2 + 3 h F for Llama; the LM head: V h; the rest nothing) and gives stage r the blocks up
   to the first whose running sum passes (r + 1) / pp of the total, so the stage with the head
-  takes fewer layers (Llama 3.2 1B-sized, 16 layers on 2 stages: 11 and 5). `stage_split`
-  computes it from the graph's matmul weights (for grouped-query attention nanotron's formula
-  counts k and v at q's size; the playbook's models have none).
+  takes fewer layers (the playbook's 1B, 16 layers on 2 stages: 11 and 5). `stage_split`
+  computes it with nanotron's formula from the model's dimensions.
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -190,16 +189,23 @@ def stage_split(forward, stages: int, framework: str | None
 
 def _block_costs(forward) -> tuple[int, int, int]:
     """(layers, one layer's cost, the head's cost) as nanotron's `get_block_compute_costs`
-    weighs them: the weights its linear layers hold (matmul kinds' weight operands), inside the
-    layer stack and after it."""
+    weighs them (`src/nanotron/models/llama.py`): a decoder layer 4 H d_h D + 3 F D (q, k, v
+    and o each counted at the query heads' size, grouped-query attention or not), the head
+    V D. A model without those dimensions is weighed by the weights its linear layers hold
+    (matmul kinds' weight operands), inside the layer stack and after it."""
     import sympy
 
     from .ir import Phase, Role
     from .passes.split_stages import layer_stack
     from .rules import GEMM_GRIDS
+    from .symbols import D, F, H, V, d_h
 
     region = layer_stack(forward)
     layers = int(sympy.sympify(region.count).xreplace(forward.dims))
+    dims = forward.dims
+    if all(s in dims for s in (D, F, H, V, d_h)):
+        return (layers, int(4 * dims[H] * dims[d_h] * dims[D] + 3 * dims[F] * dims[D]),
+                int(dims[V] * dims[D]))
     layer = head = 0
     for op in forward.ops():
         if op.phase is not Phase.FORWARD or op.kind not in GEMM_GRIDS:

@@ -381,6 +381,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     alone = [o for o in options if o[0] == min(zeros)]  # no data parallelism: nothing to shard
     out: list[Row] = []
     checked: dict = {}
+    # each stage count's splits once (a framework's own weighs the model's blocks)
+    splits = {p: _splits(layers, p, forward, space.framework) for p in pps}
     for t, c, p in itertools.product(tps, cps, pps):
         if space.gpus % (t * c * p):
             continue
@@ -388,8 +390,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         if (space.dp is not None and d != space.dp) or space.batch % d:
             continue
         per_rank = space.batch // d
-        for (first, last), sp_ in itertools.product(_splits(layers, p, forward, space.framework),
-                                                    _sp(space, t)):
+        for (first, last), sp_ in itertools.product(splits[p], _sp(space, t)):
             for e in eps:
                 if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first,
                                                last, checked):

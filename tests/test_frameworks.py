@@ -307,7 +307,7 @@ def test_eager_swiglu_is_two_kernels():
 def test_torchtitan_eager_is_slower_than_compiled_as_measured():
     # torchtitan's Llama 3.1 8B on 8 H100s: 5,762 tokens/s per GPU eager, 6,667 compiled
     # (benchmarks/llama3_h100_202412_torchtitan.md): eager 1.157 x slower. The eager
-    # kernels' traffic is most of that, not more
+    # kernels' traffic explains more than half of that slowdown, and not more than all of it
     from opgraph.cases import load_cases
     from opgraph.cases import resolve as resolve_cases
     from opgraph.validate import predict
@@ -315,7 +315,8 @@ def test_torchtitan_eager_is_slower_than_compiled_as_measured():
     cases = {c.id: c for c in load_cases(resolve_cases(None))}
     eager, compiled = (predict(cases[f"torchtitan_t1_fsdp{run}_8gpu"], cost_model("calibrated"))
                        .predicted_step_time_s for run in ("", "_compile"))
-    assert 1.08 < eager / compiled < 6667 / 5762
+    measured = 6667 / 5762
+    assert 1 + (measured - 1) / 2 < eager / compiled < measured
 
 
 def test_eager_loss_moves_megatrons_vocab_parallel_kernels():
@@ -349,7 +350,7 @@ def test_torchtitan_compiles_its_blocks_only():
 def _nanotron_split(layers, layer, head, stages):
     """nanotron's build_model (src/nanotron/models/base.py), written out: blocks in order, each
     on the current stage, which moves on once the running cost passes (r + 1) / pp of the
-    total; a decoder layer costs its linear weights, the head V x h."""
+    total; the costs are get_block_compute_costs' (src/nanotron/models/llama.py)."""
     total, out, rank, running = layers * layer + head, [0] * stages, 0, 0
     for cost in [layer] * layers + [head]:
         running += cost
@@ -363,25 +364,31 @@ def test_nanotron_splits_a_pipeline_by_its_blocks_costs():
     from opgraph.frameworks import stage_split
 
     f = preset("llama3.2-1b")  # 16 layers, d 2048, 32 heads of 64, 8 KV heads, F 8192
-    layer = 2048 * 2048 * 2 + 2048 * 512 * 2 + 3 * 2048 * 8192  # q, o; k, v; gate, up, down
+    # get_block_compute_costs: 4 x num_attention_heads x d_qkv x hidden + 3 x d_ff x hidden
+    # (k and v at the query heads' size, though this model has 8 KV heads); the head V x hidden
+    layer = 4 * 32 * 64 * 2048 + 3 * 8192 * 2048
     head = 128256 * 2048
-    assert _nanotron_split(16, layer, head, 2) == [11, 5]
-    assert stage_split(f, 2, "nanotron") == (11, 5)
+    assert _nanotron_split(16, layer, head, 2) == [10, 6]
+    assert stage_split(f, 2, "nanotron") == (10, 6)
     assert stage_split(f, 2, "megatron") is None  # Megatron splits evenly unless told
-    # on 4 stages nanotron leaves the head alone on the last: no layout says that
-    assert _nanotron_split(16, layer, head, 4)[-1] == 0 and stage_split(f, 4, "nanotron") is None
+    # on 4 stages the middle ones equal the first: only the last differs
+    assert _nanotron_split(16, layer, head, 4) == [5, 5, 5, 1]
+    assert stage_split(f, 4, "nanotron") == (None, 1)
+    # on 8, unequal middle stages and the head alone on the last: no layout says that
+    assert _nanotron_split(16, layer, head, 8) == [3, 2, 3, 2, 3, 2, 1, 0]
+    assert stage_split(f, 8, "nanotron") is None
 
 
 def test_nanotron_pipelines_profile_and_plan_with_its_split():
     forward, cost = preset("llama3.2-1b"), cost_model("calibrated")
     layout = Parallel(pp=2, dp=4, micro_batch=1, global_batch=32, framework="nanotron")
     r = profile_parallel(forward, H100, layout, values={"S": 4096}, cost=cost).parallel
-    assert (r.layout.first_stage_layers, r.layout.last_stage_layers) == (11, 5)
+    assert (r.layout.first_stage_layers, r.layout.last_stage_layers) == (10, 6)  # as above
     searcher = Searcher(forward, H100, seq_len=4096, cost=cost)
     space = Space(gpus=8, batch=32, framework="nanotron", pp=2, precision=("bf16",),
                   micro_batch=1, recompute=("none",))
     found = rows(forward, H100, space, 4096, searcher.cluster)
-    assert found and {(row.first, row.last) for row in found} == {(11, 5)}
+    assert found and {(row.first, row.last) for row in found} == {(10, 6)}
     candidate = found[0].candidate()
     mine = searcher.one(candidate).result
     theirs = profile_parallel(forward, H100, candidate.layout, values={"S": 4096}, cost=cost,
