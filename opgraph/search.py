@@ -449,7 +449,9 @@ def _virtual(space: Space, layers: int, p: int, first, last, m: int) -> list[int
     ends = (first is not None) + (last is not None)
     each = (layers - (first or 0) - (last or 0)) // (p - ends) if p > ends else 0
     options = [v for v in _divisors(each, space.max_virtual_stages)
-               if v == 1 or m % p == 0]  # Megatron: interleaving needs m a multiple of pp
+               if (v == 1 or m % p == 0)  # Megatron: interleaving needs m a multiple of pp
+               and all(n is None or each // v * (v - 1) <= n <= each  # an end stage's outer
+                       for n in (first, last))]  # chunk holds what it lacks of v chunks
     if space.virtual_stages is not None:
         return [space.virtual_stages] if space.virtual_stages in options else []
     return options

@@ -379,18 +379,22 @@ def test_nanotron_splits_a_pipeline_by_its_blocks_costs():
     assert stage_split(f, 8, "nanotron") is None
 
 
-def test_nanotron_pipelines_profile_and_plan_with_its_split():
+@pytest.mark.parametrize("stages, split", [(2, (10, 6)), (4, (None, 1))])  # as worked above
+def test_nanotron_pipelines_profile_and_plan_with_its_split(stages, split):
     forward, cost = preset("llama3.2-1b"), cost_model("calibrated")
-    layout = Parallel(pp=2, dp=4, micro_batch=1, global_batch=32, framework="nanotron")
+    layout = Parallel(pp=stages, dp=8 // stages, micro_batch=1, global_batch=32,
+                      framework="nanotron")
     r = profile_parallel(forward, H100, layout, values={"S": 4096}, cost=cost).parallel
-    assert (r.layout.first_stage_layers, r.layout.last_stage_layers) == (10, 6)  # as above
+    assert (r.layout.first_stage_layers, r.layout.last_stage_layers) == split
     searcher = Searcher(forward, H100, seq_len=4096, cost=cost)
-    space = Space(gpus=8, batch=32, framework="nanotron", pp=2, precision=("bf16",),
+    space = Space(gpus=8, batch=32, framework="nanotron", pp=stages, precision=("bf16",),
                   micro_batch=1, recompute=("none",))
     found = rows(forward, H100, space, 4096, searcher.cluster)
-    assert found and {(row.first, row.last) for row in found} == {(10, 6)}
-    candidate = found[0].candidate()
-    mine = searcher.one(candidate).result
-    theirs = profile_parallel(forward, H100, candidate.layout, values={"S": 4096}, cost=cost,
-                              recompute=candidate.recompute, precision=candidate.precision)
-    assert mine.step_time_s == pytest.approx(theirs.parallel.step_time_s, rel=1e-9)
+    assert found and {(row.first, row.last) for row in found} == {split}
+    for row in found:  # every layout listed, interleaved or not, profiles as the plan says
+        candidate = row.candidate()
+        mine = searcher.one(candidate).result
+        theirs = profile_parallel(forward, H100, candidate.layout, values={"S": 4096},
+                                  cost=cost, recompute=candidate.recompute,
+                                  precision=candidate.precision)
+        assert mine.step_time_s == pytest.approx(theirs.parallel.step_time_s, rel=1e-9)
