@@ -75,6 +75,9 @@ class GPT2Config:
     residual_from_norm: bool = False
     embed_norm: bool = False
     embed_proj: int | None = None  # the token table's width, projected to d_model
+    # training dropout on the attention probabilities (HF's attn_pdrop): a kernel between the
+    # scores and P.V of the unfused core, reading and writing the [B, H, S, S] probabilities
+    attention_dropout: float = 0.0
 
     def __attrs_post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -108,8 +111,9 @@ class GPT2Config:
 
 
 # Radford et al. 2019 (Language Models are Unsupervised Multitask Learners), the 124M model;
-# HF openai-community/gpt2 config.json.
-GPT2 = GPT2Config("gpt2", d_model=768, layers=12, heads=12, vocab=50257, positions=1024)
+# HF openai-community/gpt2 config.json (attn_pdrop 0.1).
+GPT2 = GPT2Config("gpt2", d_model=768, layers=12, heads=12, vocab=50257, positions=1024,
+                  attention_dropout=0.1)
 # arXiv:2005.14165 (Language Models are Few-Shot Learners), Table 2.1, GPT-3 175B. Its
 # alternating locally banded sparse attention layers are profiled as dense causal attention.
 GPT3_175B = GPT2Config("gpt3-175b", d_model=12288, layers=96, heads=96, vocab=50257,
@@ -171,7 +175,7 @@ def _block(g: GraphBuilder, x, config: GPT2Config):
         q = g.rope(q, name="q_rope", rotary=rotated, heads=H)
         k = g.rope(k, name="k_rope", rotary=rotated, heads=kv)
     o = g.attention(q, k, v, heads=H, kv_heads=kv, causal=True, alibi=config.alibi,
-                    name="attn")
+                    dropout=config.attention_dropout or None, name="attn")
     attn = linear(g, o, "o_proj", H * d_h, D, config.attention_bias)
     if config.parallel:
         h = h if config.shared_norm else layernorm(g, x, "ln_2")

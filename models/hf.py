@@ -9,7 +9,12 @@ Llama graph (`models.llama`), `qwen2_moe` and `qwen3_moe` the Qwen mixture-of-ex
 `bert` the BertForMaskedLM graph (`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build
 the GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
 grouped-query attention, ...). The fields read are the ones that shape the cost; the rest
-(RoPE base, norm epsilon, dropout, dtype, token ids) do not change a roofline and are ignored.
+(RoPE base, norm epsilon, dtype, token ids) do not change a roofline and are ignored; of the
+dropouts, GPT-2's `attn_pdrop` (absent: 0.1, transformers' default) is read, a kernel of its own
+on the attention probabilities of the unfused core (`models.gpt2`), and the dropouts on
+activations of width D or F (`resid_pdrop`, `embd_pdrop`, and every other family's) are not:
+frameworks fuse them into the bias-and-residual kernel beside them, a one-byte mask an
+element.
 Defaults follow `transformers` where it has a rule rather than a model's number:
 
 - `head_dim`: absent or null means `hidden_size / num_attention_heads`; Qwen3's transformers
@@ -171,6 +176,14 @@ class _Fields:
                                "not a positive number")
         return float(value)
 
+    def fraction(self, key: str, default: float) -> float:
+        """A probability in [0, 1): absent gives `default`."""
+        value = self.data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            raise OpgraphError(f"{self.path}: field {key!r} is {_shown(value)}, not a "
+                               "probability in [0, 1)")
+        return float(value)
+
     def choice(self, key: str, default: str, choices: dict):
         """One of the names `choices` maps, to what it maps it to."""
         value = self._get(key, default)
@@ -294,7 +307,8 @@ def _read_gpt2(f: _Fields) -> Graph:
     config = gpt2.GPT2Config(
         f.name(), d_model=d_model, layers=f.int("n_layer"), heads=heads,
         vocab=f.int("vocab_size"), positions=positions, d_ff=f.int("n_inner", None),
-        seq_len=_seq_len(positions), tie_embeddings=f.bool("tie_word_embeddings", True))
+        seq_len=_seq_len(positions), tie_embeddings=f.bool("tie_word_embeddings", True),
+        attention_dropout=f.fraction("attn_pdrop", 0.1))
     return gpt2.build(config)
 
 

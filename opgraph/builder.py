@@ -168,12 +168,16 @@ class GraphBuilder:
 
     def attention(self, q: TensorLike, k: TensorLike, v: TensorLike, *, heads, kv_heads,
                   causal: bool = True, window=None, softcap=None, alibi: bool = False,
-                  name: str = "attn") -> Tensor:
-        """The unfused attention core: a scores kernel, then P.V (what `fuse_attention` finds).
-        The values' head size may differ from the queries' and keys' (DeepSeek's MLA)."""
+                  dropout: float | None = None, name: str = "attn") -> Tensor:
+        """The unfused attention core: a scores kernel, then P.V (what `fuse_attention` finds);
+        `dropout=p` drops the probabilities between them (a kernel of its own, GPT-2's
+        `attn_pdrop`). The values' head size may differ from the queries' and keys' (DeepSeek's
+        MLA)."""
         p = self.attention_scores(q, k, heads=heads, kv_heads=kv_heads, causal=causal,
                                   window=window, softcap=softcap, alibi=alibi,
                                   name=f"{name}.scores")
+        if dropout:
+            p = self.dropout(p, dropout, name=f"{name}.dropout")
         return self.matmul(p, v, name=f"{name}.pv", category="attention",
                            **_attention_params(heads, kv_heads, causal, window, softcap, alibi))
 
@@ -201,6 +205,10 @@ class GraphBuilder:
     def relu(self, x: TensorLike, name: str = "relu") -> Tensor:
         """`max(x, 0)` (OPT's MLP)."""
         return self.op("relu", [x], category="elementwise", name=name)
+
+    def dropout(self, x: TensorLike, p: float, name: str = "dropout") -> Tensor:
+        """Training dropout, `x * mask / (1 - p)`: each element dropped with probability `p`."""
+        return self.op("dropout", [x], category="elementwise", name=name, p=p)
 
     def mul(self, a: TensorLike, b: TensorLike, name: str = "mul") -> Tensor:
         """An element-wise product of two tensors of one shape."""

@@ -115,6 +115,7 @@ KIND_CLASSES: dict[str, str] = _with_backward({
     "swiglu": "pointwise",
     "gelu": "pointwise",
     "relu": "pointwise",
+    "dropout": "pointwise",
     "rmsnorm": "reduction",
     "layernorm": "reduction",
     "cross_entropy": "reduction",

@@ -294,6 +294,7 @@ EXAMPLES: dict[str, Example] = {
     "reshape": Example((_x((B, S, H * d_h)),), (("shape", (B, S, H, d_h)),)),
     "gather": Example((_x((B, S, D)), _ids((B, M), "positions"))),
     "relu": Example((_x((B, S, F)),)),
+    "dropout": Example((_x((B, H, S, S)),), (("p", 0.1),)),
 }
 VARIANTS: tuple[tuple[str, Example], ...] = (
     ("flash_attention", Example(EXAMPLES["flash_attention"].inputs,

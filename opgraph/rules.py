@@ -569,6 +569,17 @@ def _rope_backward_flops(ins, outs, params) -> sympy.Expr:
 RELU_FLOPS = RELU_BACKWARD_FLOPS = 1
 
 
+# Dropout, x * mask / (1 - p) with the mask drawn from a counter-based RNG (Philox): integer work
+# and a select, counted as no FLOPs (as the MFU conventions count it), forward and backward (dY
+# where kept); an op of it moves bytes only. `p`, the probability an element is dropped, is a
+# number in [0, 1).
+def _dropout_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    p = params.get("p")
+    _require(isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1,
+           lambda: f"dropout p={p!r}: give the probability of dropping an element, in [0, 1)")
+    return _same_shape(ins, params)
+
+
 # GELU, exact (0.5 x (1 + erf(x / sqrt 2))) or its tanh approximation (`approximate="tanh"`,
 # the default, GPT-2's): FLOPs per element forward, and backward (recomputed, its derivative,
 # times dY).
@@ -796,6 +807,7 @@ SHAPE_RULES: dict[str, Callable] = {
     "reshape": _reshape_shape,
     "gather": _gather_shape,
     "relu": _same_shape,  # max(x, 0)
+    "dropout": _dropout_shape,  # x * mask / (1 - p)
 }
 
 FORWARD_KINDS = tuple(SHAPE_RULES)
@@ -862,6 +874,8 @@ FLOP_RULES: dict[str, Callable] = {
     "gather_backward": _gather_backward_flops,
     "relu": per_element(RELU_FLOPS),
     "relu_backward": per_input(RELU_BACKWARD_FLOPS),  # dY where x > 0
+    "dropout": _no_flops,  # an RNG's integer work and a select (see _dropout_shape)
+    "dropout_backward": _no_backward_flops,  # dY where kept
     "adamw": _adamw_flops,
 }
 

@@ -173,6 +173,9 @@ VJP_RULES: dict[str, Callable] = {
     "swiglu": one_kernel("inputs"),
     "gelu": one_kernel("inputs"),
     "relu": one_kernel("inputs"),  # dY where x > 0
+    # dY where kept: the kernel reads its mask; the saved input stands in for it (where dropout
+    # follows a softmax, the softmax's backward keeps that tensor anyway)
+    "dropout": one_kernel("inputs"),
     "add": one_kernel("none"),
     "cross_entropy": one_kernel("inputs"),  # softmax(logits) - onehot(targets)
     "topk": one_kernel("inputs+outputs"),  # softmax backward from the gates, into the logits

@@ -1,7 +1,9 @@
 """fuse_attention: replace each unfused attention core with one FlashAttention kernel.
 
 Invariant established: no `attention_scores` op whose score matrix is read only by its P.V
-matmul (and their backward kernels) remains; each such core is a `flash_attention` op reading
+matmul (and their backward kernels) remains, nor one whose probabilities go to P.V through a
+dropout (FlashAttention draws the mask in the kernel, from a counter-based RNG, and keeps no
+mask: its cost is taken as the kernel's without dropout); each such core is a `flash_attention` op reading
 Q, K, V and writing O, and, where the backward was derived already, one
 `flash_attention_backward` kernel reading dO, Q, K, V and O and writing dQ, dK, dV. FLOPs are
 kept for every shape fusion accepts (values may have another head size than queries and keys,
@@ -40,23 +42,32 @@ class Fused:
 
 
 def attention_pattern(window: bool = False, softcap: bool = False,
-                      alibi: bool = False) -> Graph:
-    """Scores then P.V, as a model writes them; with a sliding window, soft-capped logits and
-    ALiBi's bias when asked (a pattern op matches ops with its parameters' names)."""
+                      alibi: bool = False, dropout: bool = False) -> Graph:
+    """Scores then P.V, as a model writes them; with a sliding window, soft-capped logits,
+    ALiBi's bias and dropout on the probabilities when asked (a pattern op matches ops with its
+    parameters' names)."""
     g = GraphBuilder("attention-core")
     q = g.activation("q", (B, S, H * d_h))
     k = g.activation("k", (B, S, H_kv * d_h))
     v = g.activation("v", (B, S, H_kv * d_h))
     g.attention(q, k, v, heads=H, kv_heads=H_kv, name="attn",
                 window=dim("W") if window else None, softcap=1 if softcap else None,
-                alibi=alibi)
+                alibi=alibi, dropout=0.5 if dropout else None)
     return g.build()
 
 
 # Every form of the core: plain, windowed, soft-capped, both (Gemma 2's local layers); then
-# each of those with ALiBi's bias (BLOOM's plain one).
-FORMS = tuple((window, softcap, alibi) for alibi in (False, True)
+# each of those with ALiBi's bias (BLOOM's plain one); then all of them with dropout (GPT-2's).
+FORMS = tuple((window, softcap, alibi, dropout) for dropout in (False, True)
+              for alibi in (False, True)
               for window, softcap in ((False, False), (True, False), (False, True), (True, True)))
+
+
+def _core(graph: Graph, match: Match) -> tuple[Op, ...]:
+    """The core's forward ops: scores, the dropout where there is one, P.V."""
+    names = [match.op(n) for n in ("attn.scores", "attn.dropout", "attn.pv")
+             if n in dict(match.ops)]
+    return tuple(graph.op(n) for n in names)
 
 
 def _fused_name(graph: Graph, scores: Op, pv: Op) -> str:
@@ -69,7 +80,8 @@ def _fused_name(graph: Graph, scores: Op, pv: Op) -> str:
 def _keeps_flops(graph: Graph, match: Match) -> bool:
     """A predicate: the core's shapes fit one FlashAttention kernel of the same FLOPs (a shape
     the kernel's rules do not accept, or cost differently, stays unfused)."""
-    scores, pv = graph.op(match.op("attn.scores")), graph.op(match.op("attn.pv"))
+    core = _core(graph, match)
+    scores, pv = core[0], core[-1]
     if scores.count != pv.count or dict(scores.params) != dict(pv.params):
         return False
     q, k, v, o = (graph.tensor(match.tensor(n)) for n in ("q", "k", "v", "attn.pv"))
@@ -89,10 +101,12 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
     its score matrix); where the backward exists, its kernels
     become the one FlashAttention's backward rule (VJP_RULES) makes, writing the same gradient
     tensors the unfused kernels wrote."""
-    scores, pv = graph.op(match.op("attn.scores")), graph.op(match.op("attn.pv"))
+    core = _core(graph, match)
+    scores, pv = core[0], core[-1]
     q, k, v, o = (match.tensor(n) for n in ("q", "k", "v", "attn.pv"))
-    backward = [op for op in graph.ops() if op.forward in (scores.name, pv.name)]
-    plan = Replacement.fuse(graph, [scores.name, pv.name], kind="flash_attention",
+    names = [op.name for op in core]
+    backward = [op for op in graph.ops() if op.forward in names]
+    plan = Replacement.fuse(graph, names, kind="flash_attention",
                             name=_fused_name(graph, scores, pv), params=scores.params,
                             dropping=[op.name for op in backward])
     if plan.add_ops[0].outputs != (o,):
@@ -116,8 +130,8 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
 def rewrite_attention(graph: Graph) -> tuple[Graph, list[Fused]]:
     """The fused graph and a record of each rewrite: `step, fused = rewrite_attention(step)`."""
     out, applied = graph, []
-    for window, softcap, alibi in FORMS:
-        out, done = rewrite(out, attention_pattern(window, softcap, alibi), _replace,
+    for window, softcap, alibi, dropout in FORMS:
+        out, done = rewrite(out, attention_pattern(window, softcap, alibi, dropout), _replace,
                             where=_keeps_flops)
         applied += done
     report = [Fused(plan.add_ops[0].name, plan.add_ops[1].name if len(plan.add_ops) > 1 else None,

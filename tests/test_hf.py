@@ -778,3 +778,40 @@ def test_qwen_moe_spreads_its_experts_over_gpus(tmp_path, cli):
                          "--global-batch", "4", "--json")
     assert code == 0, err
     assert len(json.loads(out)["stage_times_s"]) == 2
+
+
+def _dropouts(graph):
+    return [op for op in graph.ops() if op.kind == "dropout"]
+
+
+def test_gpt2_attention_dropout_is_read_with_transformers_default(tmp_path):
+    """attn_pdrop: absent means 0.1 (GPT2Config's default), 0 means no kernel; resid_pdrop and
+    embd_pdrop add none (fused into the bias-and-residual kernels)."""
+    bare = {k: v for k, v in GPT2.items() if not k.endswith("_pdrop")}
+    for fields, p in ((GPT2, 0.1), (bare, 0.1), (GPT2 | {"attn_pdrop": 0.25}, 0.25),
+                      (GPT2 | {"attn_pdrop": 0}, None)):
+        ops = _dropouts(from_config(write(tmp_path, fields)))
+        assert [op.param("p") for op in ops] == ([] if p is None else [p])
+
+
+@pytest.mark.parametrize("value", [1, 1.5, -0.1, "0.1", True, None])
+def test_a_bad_attention_dropout_is_one_line(tmp_path, cli, value):
+    code, out, err = cli("profile", "--config", str(write(tmp_path, GPT2 | {"attn_pdrop": value})))
+    assert code == 2 and out == "" and "'attn_pdrop'" in err and "[0, 1)" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_unfused_attention_dropout_moves_the_probabilities_twice_and_fuses_away(tmp_path):
+    """Unfused, the dropout kernel reads and writes the [B, H, S, S] BF16 probabilities, no
+    FLOPs, and its backward as much again (the plate's convention, twice the forward's); fused,
+    FlashAttention draws the mask in the kernel: the same step as without dropout."""
+    with_p = from_config(write(tmp_path, GPT2, "with"))
+    without = from_config(write(tmp_path, GPT2 | {"attn_pdrop": 0.0}, "without"))
+    B, S, layers, heads = 1, 1024, 12, 12
+    scores = B * heads * S * S
+    a = evaluate(compile_step(with_p, fused_attention=False), H100).to_json(ops=True)
+    b = evaluate(compile_step(without, fused_attention=False), H100).to_json(ops=True)
+    assert a["bytes"] - b["bytes"] == layers * 3 * (2 * scores * 2)  # forward, backward x 2
+    assert a["flops"] == b["flops"]
+    fused = (profile_json(with_p), profile_json(without))
+    assert fused[0] == fused[1]

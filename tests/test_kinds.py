@@ -198,6 +198,7 @@ def _one_op(kind_method, *shapes, **params):
     ("scale", {"factor": 8}, 1, 1),
     ("mul", {}, 1, 2),
     ("relu", {}, 1, 1),  # max(x, 0); backward dY where x > 0
+    ("dropout", {"p": 0.1}, 0, 0),  # a select by an RNG's integer mask: bytes, no FLOPs
 ])
 def test_elementwise_flops(method, args, per_element, backward):
     n_in = 2 if method in ("geglu", "mul") else 1
