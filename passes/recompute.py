@@ -51,14 +51,23 @@ def _none(graph: Graph, op: Op) -> bool:
     return False
 
 
+def _reads_scores(graph: Graph, op: Op) -> bool:
+    """Whether `op` reads a score matrix: an `attention_scores` op's output, or that output
+    after a dropout (`_attention_core`)."""
+    return any((p := graph.producer(n)) is not None and (
+        p.kind == "attention_scores" or p.kind == "dropout" and _reads_scores(graph, p))
+        for n in op.inputs)
+
+
 def _attention_core(graph: Graph, op: Op) -> bool:
-    """The attention core: the scores (or the fused kernel), and the per-head matmul P.V that
-    reads the scores."""
+    """The attention core: the scores (or the fused kernel), the dropout of the probabilities
+    where there is one, and the per-head matmul P.V that reads them (Korthikanti et al.'s
+    selective recomputation re-runs all of these, the 5as/h of a layer's activations)."""
     if op.kind in ATTENTION_CORE:
         return True
-    return op.kind == "matmul" and op.param("heads") is not None and any(
-        (p := graph.producer(n)) is not None and p.kind == "attention_scores"
-        for n in op.inputs)
+    if op.kind == "dropout":
+        return _reads_scores(graph, op)
+    return op.kind == "matmul" and op.param("heads") is not None and _reads_scores(graph, op)
 
 
 def _not_saved_kind(graph: Graph, op: Op) -> bool:

@@ -815,3 +815,20 @@ def test_unfused_attention_dropout_moves_the_probabilities_twice_and_fuses_away(
     assert a["flops"] == b["flops"]
     fused = (profile_json(with_p), profile_json(without))
     assert fused[0] == fused[1]
+
+
+def test_attention_dropout_saves_its_output_and_selective_recomputes_it(tmp_path):
+    """Unfused, P.V's backward reads the dropped probabilities: 2 a s^2 b bytes more saved a
+    layer (Korthikanti et al.'s dropout output; the one-byte mask is not modelled). Megatron's
+    selective recomputation re-runs the whole core, dropout included, so it saves what it
+    saves without dropout."""
+    with_p = from_config(write(tmp_path, GPT2, "with"))
+    without = from_config(write(tmp_path, GPT2 | {"attn_pdrop": 0.0}, "without"))
+
+    def activations(graph, recompute):
+        step = compile_step(graph, fused_attention=False, recompute=recompute)
+        return evaluate(step, H100).to_json()["memory"]["activations"]
+
+    layers, heads, S = 12, 12, 1024
+    assert activations(with_p, "none") - activations(without, "none") == layers * heads * S * S * 2
+    assert activations(with_p, "selective") == activations(without, "selective")
