@@ -59,6 +59,20 @@ def test_wave_quantisation_counts_tiles_by_hand():
     assert q.subs(m, 8192) == sympy.Rational(4 * 132, 448)
 
 
+def test_blackwell_waves_are_cutlass_per_sm_tiles_over_148_sms():
+    """B200: CUTLASS's sm100 GEMMs run 256 x 128 tcgen05 tiles across a pair of SMs, 128 x 128
+    per SM (examples/70_blackwell_gemm), over the part's 148 SMs. Llama 3 70B's FFN at TP 8 on
+    4,096 tokens (N 3,584): 32 x 28 = 896 tiles, 7 waves of 148 (1,036 slots); at TP 1
+    (N 28,672): 7,168 tiles, 49 waves (7,252 slots)."""
+    from opgraph.costmodel import wave_quantum
+
+    bw = calibration.catalog()["blackwell"]
+    sms = hardware.get("b200").sms
+    assert (bw.matmul_tile_m, bw.matmul_tile_n, sms) == (128, 128, 148)
+    assert wave_quantum(1, 4096, 3584, sms, 128, 128) == 7 * 148 / 896
+    assert wave_quantum(1, 4096, 28672, sms, 128, 128) == 49 * 148 / 7168
+
+
 HOPPER = calibration.catalog()["hopper"]
 # Bekman, Machine Learning Engineering, "Maximum Achievable Matmul FLOPS comparison table":
 # cuBLAS BF16 on an H100 SXM, 794.5 of 989 TFLOP/s at its best shape
