@@ -576,7 +576,7 @@ RELU_FLOPS = RELU_BACKWARD_FLOPS = 1
 def _dropout_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     p = params.get("p")
     _require(isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1,
-           lambda: f"dropout p={p!r}: give the probability of dropping an element, in [0, 1)")
+             lambda: f"dropout p={p!r}: give the probability of dropping an element, in [0, 1)")
     return _same_shape(ins, params)
 
 

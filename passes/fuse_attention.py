@@ -3,8 +3,8 @@
 Invariant established: no `attention_scores` op whose score matrix is read only by its P.V
 matmul (and their backward kernels) remains, nor one whose probabilities go to P.V through a
 dropout (FlashAttention draws the mask in the kernel, from a counter-based RNG, and keeps no
-mask: its cost is taken as the kernel's without dropout); each such core is a `flash_attention` op reading
-Q, K, V and writing O, and, where the backward was derived already, one
+mask: its cost is taken as the kernel's without dropout); each such core is a
+`flash_attention` op reading Q, K, V and writing O, and, where the backward was derived already, one
 `flash_attention_backward` kernel reading dO, Q, K, V and O and writing dQ, dK, dV. FLOPs are
 kept for every shape fusion accepts (values may have another head size than queries and keys,
 as in DeepSeek's MLA: `flash_attention`'s FLOP rule counts QK^T and P.V each with its own);
