@@ -421,6 +421,11 @@ DEFAULT = CostModel()
 # Which efficiency of a generation a kind's arithmetic runs at (`opgraph.calibration`); any other
 # kind runs at `matmul`'s (its compute term rarely binds: it is memory-bound).
 EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention"}
+# Kinds whose ops the frameworks issue many at a time, one multi-tensor kernel launch for a list
+# of tensors (Megatron-LM's and DeepSpeed's FusedAdam, apex or Transformer Engine's
+# multi_tensor_apply; torch.optim.AdamW's fused and foreach forms, which torchtitan and nanotron
+# run): no one op of them waits on the host's `host_s`.
+BATCHED = frozenset({"adamw"})
 
 
 def _shipped_efficiencies() -> dict:
@@ -466,13 +471,15 @@ class CalibratedCostModel(CostModel):
                                 hardware.bandwidth,
                                 rate=getattr(e, EFFICIENCY.get(kind, "matmul")),
                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
-                                launch=e.launch_s, quantum=quantum, host=e.host_s)
+                                launch=e.launch_s, quantum=quantum,
+                                host=0.0 if kind in BATCHED else e.host_s)
 
     def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None):
         import numpy as np
 
         e = self.efficiencies(hardware)
         rate = np.array([getattr(e, EFFICIENCY.get(kind, "matmul")) for kind in kinds])[:, None]
+        host = np.array([0.0 if kind in BATCHED else e.host_s for kind in kinds])[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
             quantum = 1.0 if grids is None else shape_factors(
                 np.array([kind in ATTENTION_KINDS for kind in kinds]), grids, flops / counts,
@@ -480,7 +487,7 @@ class CalibratedCostModel(CostModel):
             t = self.scaled_time(flops, nbytes, counts, peaks * hardware.clock_ratio,
                                  hardware.bandwidth, rate=rate,
                                  half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
-                                 launch=e.launch_s, quantum=quantum, host=e.host_s,
+                                 launch=e.launch_s, quantum=quantum, host=host,
                                  maximum=np.maximum)
         return np.where(counts > 0, t, 0.0)
 
@@ -627,6 +634,7 @@ __all__ = [
     "BACKWARD_MODES",
     "COST_MODELS",
     "DEFAULT",
+    "BATCHED",
     "EFFICIENCY",
     "FUSED_BACKWARD_COST",
     "OPERANDS",

@@ -384,3 +384,28 @@ def test_no_kernel_runs_faster_than_the_host_issues_it():
     without = attrs.evolve(calibrated, table={"hopper": attrs.evolve(e, host_s=0.0)})
     assert calibrated.op_time(H100, "matmul", big, 1e8, 1, H100.peak_flops) == \
         without.op_time(H100, "matmul", big, 1e8, 1, H100.peak_flops) > 10 * e.host_s
+
+
+def test_the_optimizer_update_is_issued_many_tensors_at_a_time():
+    """Every framework runs AdamW as multi-tensor kernels (FusedAdam's multi_tensor_apply, torch's
+    fused and foreach forms): a small tensor's update waits on no host floor, only its launch
+    and its bytes; the same bytes in an element-wise kernel wait the 33 us. (A calibrated sweep
+    and formula of a whole step, optimizer included, equal its profile: test_calibration.py,
+    test_agreement.py.)"""
+    from opgraph.costmodel import BATCHED, cost_model
+
+    calibrated = cost_model("calibrated")
+    e = calibrated.efficiencies(H100)
+    assert BATCHED == {"adamw"}
+    small = 16 * 4096  # a 4,096-element norm weight's update: master, moments, gradient, copy
+    assert calibrated.op_time(H100, "adamw", 4 * 4096, small, 1, H100.peak_flops) == \
+        pytest.approx(e.launch_s + small / (e.bandwidth * H100.bandwidth))
+    assert calibrated.op_time(H100, "add", 4096, small, 1, H100.peak_flops) == e.host_s
+    # numbers and arrays alike
+    kinds = ("adamw", "add")
+    arrays = calibrated.op_times(H100, kinds, np.array([[4.0 * 4096], [4096.0]]),
+                                 np.array([[small], [small]], dtype=float),
+                                 np.array([[1.0], [1.0]]), np.array([[H100.peak_flops]] * 2))
+    assert arrays[:, 0] == pytest.approx([calibrated.op_time(H100, k, f, small, 1,
+                                                             H100.peak_flops)
+                                          for k, f in zip(kinds, (4.0 * 4096, 4096.0))])
