@@ -10,9 +10,10 @@ Llama graph (`models.llama`), `qwen2_moe` and `qwen3_moe` the Qwen mixture-of-ex
 the GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
 grouped-query attention, ...). The fields read are the ones that shape the cost; the rest
 (RoPE base, norm epsilon, dtype, token ids) do not change a roofline and are ignored; of the
-dropouts, GPT-2's `attn_pdrop` (absent: 0.1, transformers' default) is read, a kernel of its own
-on the attention probabilities of the unfused core (`models.gpt2`), and the dropouts on
-activations of width D or F (`resid_pdrop`, `embd_pdrop`, and every other family's) are not:
+dropouts, the one on the attention probabilities is read, a kernel of its own in the unfused core
+(`models.gpt2`): GPT-2's `attn_pdrop` (absent: 0.1, transformers' default) and the
+`attention_dropout` of OPT, GPT-NeoX, BLOOM and Falcon (absent: 0.0, theirs); the dropouts on
+activations of width D or F (`resid_pdrop`, `embd_pdrop`, `hidden_dropout` and the like) are not:
 frameworks fuse them into the bias-and-residual kernel beside them, a one-byte mask an
 element.
 Defaults follow `transformers` where it has a rule rather than a model's number:
@@ -407,7 +408,8 @@ def _read_opt(f: _Fields) -> Graph:
         activation=f.choice("activation_function", "relu", ACTIVATIONS),
         attention_bias=bias, mlp_bias=bias,
         post_norm=not pre_norm,
-        embed_proj=proj if proj != d_model else None)
+        embed_proj=proj if proj != d_model else None,
+        attention_dropout=f.fraction("attention_dropout", 0.0))
     return gpt2.build(config)
 
 
@@ -430,7 +432,8 @@ def _read_gpt_neox(f: _Fields) -> Graph:
         seq_len=_seq_len(positions), tie_embeddings=f.bool("tie_word_embeddings", False),
         rotary=rotary, activation=f.choice("hidden_act", "gelu", ACTIVATIONS),
         attention_bias=f.bool("attention_bias", True),
-        parallel=f.bool("use_parallel_residual", True))
+        parallel=f.bool("use_parallel_residual", True),
+        attention_dropout=f.fraction("attention_dropout", 0.0))
     return gpt2.build(config)
 
 
@@ -444,7 +447,8 @@ def _read_bloom(f: _Fields) -> Graph:
         f.name(), d_model=d_model, layers=f.int(f.alias("n_layer", "num_hidden_layers")),
         heads=n_heads, vocab=f.int("vocab_size"), positions=None, seq_len=DEFAULT_SEQ_LEN,
         tie_embeddings=f.bool("tie_word_embeddings", True), alibi=True, embed_norm=True,
-        residual_from_norm=f.bool("apply_residual_connection_post_layernorm", False))
+        residual_from_norm=f.bool("apply_residual_connection_post_layernorm", False),
+        attention_dropout=f.fraction("attention_dropout", 0.0))
     return gpt2.build(config)
 
 
@@ -483,7 +487,8 @@ def _read_falcon(f: _Fields) -> Graph:
         rotary=None if alibi else d_model // heads, alibi=alibi,
         activation=f.choice("activation", "gelu", ACTIVATIONS),
         attention_bias=bias, mlp_bias=bias, parallel=parallel,
-        shared_norm=parallel and norms != 2)
+        shared_norm=parallel and norms != 2,
+        attention_dropout=f.fraction("attention_dropout", 0.0))
     return gpt2.build(config)
 
 

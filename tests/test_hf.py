@@ -794,6 +794,17 @@ def test_gpt2_attention_dropout_is_read_with_transformers_default(tmp_path):
         assert [op.param("p") for op in ops] == ([] if p is None else [p])
 
 
+@pytest.mark.parametrize("fields", [OPT_125M, GPT_NEOX_20B, BLOOM_560M, FALCON_7B],
+                         ids=["opt", "gpt-neox", "bloom", "falcon"])
+def test_the_gpt2_lineage_reads_attention_dropout_default_none(tmp_path, fields):
+    """OPT, GPT-NeoX, BLOOM and Falcon name it `attention_dropout` (transformers' default 0.0:
+    no kernel); a value puts one dropout in each layer's core."""
+    plain = {k: v for k, v in fields.items() if k != "attention_dropout"}
+    assert _dropouts(from_config(write(tmp_path, plain, "plain"))) == []
+    ops = _dropouts(from_config(write(tmp_path, plain | {"attention_dropout": 0.2}, "with")))
+    assert [op.param("p") for op in ops] == [0.2]
+
+
 @pytest.mark.parametrize("value", [1, 1.5, -0.1, "0.1", True, None])
 def test_a_bad_attention_dropout_is_one_line(tmp_path, cli, value):
     code, out, err = cli("profile", "--config", str(write(tmp_path, GPT2 | {"attn_pdrop": value})))
