@@ -428,6 +428,12 @@ EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "atten
 BATCHED = frozenset({"adamw"})
 
 
+def host_floor(kind: str, host_s):
+    """The host's time to issue one op of `kind`: `host_s`, or 0 for a kind issued in batches
+    (`BATCHED`). Every number system reads it here (`op_time`, `op_times`, `formula`, `sweep`)."""
+    return 0.0 if kind in BATCHED else host_s
+
+
 def _shipped_efficiencies() -> dict:
     from . import calibration
 
@@ -472,14 +478,14 @@ class CalibratedCostModel(CostModel):
                                 rate=getattr(e, EFFICIENCY.get(kind, "matmul")),
                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
                                 launch=e.launch_s, quantum=quantum,
-                                host=0.0 if kind in BATCHED else e.host_s)
+                                host=host_floor(kind, e.host_s))
 
     def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None):
         import numpy as np
 
         e = self.efficiencies(hardware)
         rate = np.array([getattr(e, EFFICIENCY.get(kind, "matmul")) for kind in kinds])[:, None]
-        host = np.array([0.0 if kind in BATCHED else e.host_s for kind in kinds])[:, None]
+        host = np.array([host_floor(kind, e.host_s) for kind in kinds])[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
             quantum = 1.0 if grids is None else shape_factors(
                 np.array([kind in ATTENTION_KINDS for kind in kinds]), grids, flops / counts,
@@ -635,6 +641,7 @@ __all__ = [
     "COST_MODELS",
     "DEFAULT",
     "BATCHED",
+    "host_floor",
     "EFFICIENCY",
     "FUSED_BACKWARD_COST",
     "OPERANDS",

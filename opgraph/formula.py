@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 import sympy
 
-from .costmodel import (ATTENTION_KINDS, BATCHED, DEFAULT, EFFICIENCY, CalibratedCostModel, Cost,
-                        CostModel, exp_factor, wave_quantum)
+from .costmodel import (ATTENTION_KINDS, DEFAULT, EFFICIENCY, CalibratedCostModel, Cost, CostModel,
+                        exp_factor, host_floor, wave_quantum)
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Op
@@ -103,15 +103,15 @@ def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
     """One kernel's time under the calibrated cost model with figures `rates` (`time_rates`):
     `Max(host_s, launch_s + Max((flops x shape + matmul_half_flops) / (efficiency * clock *
     peak), bytes / (bandwidth_share * bandwidth)))`, a kernel without arithmetic paying no half,
-    one doing no work or issued in batches (`costmodel.BATCHED`) no host_s, `shape` its waves or exponentials (`_shape`)
+    one doing no work or issued in batches (`costmodel.host_floor`) no host_s, `shape` its waves
+    or exponentials (`_shape`)
     (`CalibratedCostModel.scaled_time`)."""
     rate = _exact(rates[EFFICIENCY.get(kind, "matmul")]) * _exact(rates["clock"])
     half = _exact(rates["matmul_half_flops"]) if c.flops != 0 else 0
     kernel = _exact(rates["launch_s"]) + roofline(c.flops * _shape(kind, c, rates) + half,
                                                   c.bytes, rate * peak,
                                                   _exact(rates["bandwidth"]) * bandwidth)
-    host = _exact(rates["host_s"]) if (c.flops != 0 or c.bytes != 0) and kind not in BATCHED \
-        else 0
+    host = host_floor(kind, _exact(rates["host_s"])) if c.flops != 0 or c.bytes != 0 else 0
     return sympy.Max(host, kernel) if host else kernel
 
 

@@ -12,7 +12,7 @@ import sympy
 
 from opgraph.passes.evaluate import mfu_parameters, resolve
 
-from ..costmodel import ATTENTION_KINDS, BATCHED, DEFAULT, EFFICIENCY, CostModel, shape_factors
+from ..costmodel import ATTENTION_KINDS, DEFAULT, EFFICIENCY, CostModel, host_floor, shape_factors
 from ..errors import OpgraphError
 from ..ir import Graph
 from ..profile import CATEGORIES
@@ -35,7 +35,7 @@ class Sweep:
     fp8: np.ndarray | None = None  # per term: whether it runs at the FP8 peak; None: none does
     rates: tuple[str, ...] = ()  # per term: the efficiency its arithmetic runs at (calibrated)
     attention: tuple[bool, ...] = ()  # per term: an attention kernel (its grid: its scores)
-    batched: tuple[bool, ...] = ()  # per term: issued in batches, no host floor (BATCHED)
+    host: tuple[float, ...] = ()  # per term: its kernels' share of host_s (`host_floor`: 0 or 1)
 
     @property
     def terms(self) -> int:
@@ -95,9 +95,7 @@ class Sweep:
                                          half=eff["matmul_half_flops"],
                                          bandwidth_share=eff["bandwidth"],
                                          launch=eff["launch_s"],
-                                         host=np.where(
-                                             np.array(self.batched, dtype=bool)[:, None],
-                                             0.0, eff["host_s"]),
+                                         host=np.array(self.host)[:, None] * eff["host_s"],
                                          maximum=np.maximum)
         step = self.multiplicity @ time
         shares = (self.membership * self.multiplicity) @ time / step
@@ -129,9 +127,9 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
         # count (a launch each), the efficiency its arithmetic runs at and its GEMM grid
         grid = tuple(sympy.sympify(g).xreplace(fixed) for g in costs[op.name].grid) or (0,) * 3
         per_kernel = ((sympy.sympify(op.count).xreplace(fixed), EFFICIENCY.get(op.kind, "matmul"),
-                       grid, op.kind in ATTENTION_KINDS, op.kind in BATCHED)
+                       grid, op.kind in ATTENTION_KINDS, host_floor(op.kind, 1.0))
                       if cost.name == "calibrated"
-                      else (sympy.Integer(1), "matmul", (), False, False))
+                      else (sympy.Integer(1), "matmul", (), False, 1.0))
         key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
                (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute,
                *per_kernel)
