@@ -18,9 +18,13 @@ A kernel doing no work (a view) costs nothing.
 efficiency. `waves` is a matrix multiply's wave quantisation (`costmodel.wave_quantum`): its
 M x N output is cut into `matmul_tile_m` x `matmul_tile_n` tiles, one per SM at a time, and
 it runs ceil(tiles / SMs) full waves; `waves` is the slots paid for over those filled (1 for
-any other kernel, for a part without an SM count, or a generation whose tiles are 0). So
-`matmul` is the sustained rate of a large GEMM's full waves, and a tensor-parallel shard, with
-fewer tiles to fill its waves, runs below it. Measured on its best shapes, cuBLAS BF16 reaches
+any other kernel, for a part without an SM count, or a generation whose tiles are 0), times
+(K + `matmul_k_overhead`) / K (`costmodel.k_overhead`): each tile spends that many more steps
+of its K loop filling the pipeline and writing its output, so a GEMM of small inner dimension
+(a tensor-parallel shard of a row-parallel layer) runs below the rate. So `matmul` is the
+sustained rate of a large GEMM's full waves, and a tensor-parallel shard, with fewer tiles to
+fill its waves or a shorter K, runs below it. A table of measured GEMMs sets the tile and the
+K overhead (`opgraph calibrate --gemms`, `opgraph.gemms`). Measured on its best shapes, cuBLAS BF16 reaches
 0.803 of the dense peak on an H100 SXM (794.5 of 989 TFLOP/s), 0.869 on an A100 SXM (271.2 of
 312): S. Bekman, *Machine Learning Engineering*, compute/accelerator/README.md, "Maximum
 Achievable Matmul FLOPS comparison table" (mamf-finder.py, torch 2.6-2.7). Such a measured
@@ -69,6 +73,9 @@ FIELDS = {
     "matmul_half_flops": "FLOPs at which a kernel reaches half of `matmul`'s rate",
     "matmul_tile_m": "rows of the output tile a GEMM kernel computes per SM (0: no waves)",
     "matmul_tile_n": "columns of that tile",
+    "matmul_k_overhead": "steps of its K loop each output tile spends outside it (prologue, "
+                         "epilogue): a GEMM of inner dimension K runs at K / (K + this) of "
+                         "`matmul` (0: none)",
     "attention_exp_ratio": "tensor FLOPs one exponential's time holds (0: none counted)",
     "attention": "fraction of the dense peak FlashAttention's kernels reach",
     "bandwidth": "fraction of the HBM bandwidth a memory-bound kernel reaches",
@@ -92,6 +99,7 @@ class Efficiencies:
     matmul_half_flops: float = 0.0
     matmul_tile_m: float = 0.0
     matmul_tile_n: float = 0.0
+    matmul_k_overhead: float = 0.0
     attention_exp_ratio: float = 0.0
     attention: float = 1.0
     bandwidth: float = 1.0

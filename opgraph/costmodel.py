@@ -489,7 +489,8 @@ class CalibratedCostModel(CostModel):
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
             quantum = 1.0 if grids is None else shape_factors(
                 np.array([kind in ATTENTION_KINDS for kind in kinds]), grids, flops / counts,
-                hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio)
+                hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio,
+                e.matmul_k_overhead)
             t = self.scaled_time(flops, nbytes, counts, peaks * hardware.clock_ratio,
                                  hardware.bandwidth, rate=rate,
                                  half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
@@ -579,29 +580,49 @@ def shape_factor(kind: str, grid: tuple, flops: float, hardware, e) -> float:
     attention kernel's `exp_factor`, a matrix multiply's waves (`waves_of`); 1 without a grid."""
     if kind in ATTENTION_KINDS:
         return exp_factor(flops, grid[0], grid[1], e.attention_exp_ratio) if grid else 1.0
-    return waves_of(grid, hardware, e)
+    return waves_of(grid, hardware, e, flops)
 
 
-def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio):
+def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0):
     """`shape_factor` over numpy arrays: `attention` (ops,) whether each row is an attention
-    kernel, `grids` (3, ops, cases), `flops` (ops, cases) per instance."""
+    kernel, `grids` (3, ops, cases), `flops` (ops, cases) per instance, `k0` the generation's
+    `matmul_k_overhead`."""
     import numpy as np
 
     scores, widths = np.asarray(grids[0], dtype=float), np.asarray(grids[1], dtype=float)
     ok = scores > 0
     exps = np.where(ok, exp_factor(np.where(ok, flops, 1.0), np.where(ok, scores, 1.0),
                                    np.where(ok, widths, 1.0), ratio), 1.0)
+    count, m, n = (np.asarray(g, dtype=float) for g in grids)
+    has_k = (count * m * n > 0) & (flops > 0) & (np.asarray(k0) > 0)
+    ks = np.where(has_k, k_overhead(np.where(has_k, flops, 1.0), count, m, n, k0), 1.0)
     return np.where(np.asarray(attention)[:, None], exps,
-                    wave_quanta(grids, sms, tile_m, tile_n))
+                    ks * wave_quanta(grids, sms, tile_m, tile_n))
 
 
-def waves_of(grid: tuple, hardware, e) -> float:
+def k_overhead(flops, count, m, n, k0):
+    """How much longer a GEMM of inner dimension K takes than its FLOPs say when each output
+    tile spends the time of `k0` more steps of its K loop outside it (the prologue that fills
+    the pipeline, the epilogue that writes the tile): (K + k0) / K, with K read back from the
+    FLOPs, `flops` = 2 x count x M x N x K. Numbers, numpy arrays or sympy expressions alike.
+
+        >>> k_overhead(2 * 8192 * 8192 * 256, 1, 8192, 8192, 128)  # K = 256: 384 / 256
+        1.5
+    """
+    return 1 + k0 * 2 * count * m * n / flops
+
+
+def waves_of(grid: tuple, hardware, e, flops: float = 0.0) -> float:
     """`wave_quantum` of an op's `grid` (GEMMs, M, N, as numbers) on `hardware` with the tiles
-    of its efficiencies `e`; 1 for an op without a grid, a part without an SM count, or a
+    of its efficiencies `e`, times its `k_overhead` where `e.matmul_k_overhead` and one
+    instance's `flops` are known; 1 for an op without a grid, a part without an SM count, or a
     generation without tiles."""
-    if grid and all(grid) and e.matmul_tile_m and e.matmul_tile_n and hardware.sms:
-        return wave_quantum(*grid, hardware.sms, e.matmul_tile_m, e.matmul_tile_n)
-    return 1.0
+    if not (grid and all(grid)):
+        return 1.0
+    k = k_overhead(flops, *grid, e.matmul_k_overhead) if e.matmul_k_overhead and flops else 1.0
+    if e.matmul_tile_m and e.matmul_tile_n and hardware.sms:
+        return k * wave_quantum(*grid, hardware.sms, e.matmul_tile_m, e.matmul_tile_n)
+    return k
 
 
 def wave_quanta(grids, sms, tile_m, tile_n):
@@ -660,6 +681,7 @@ __all__ = [
     "scaled_flops",
     "ATTENTION_KINDS",
     "exp_factor",
+    "k_overhead",
     "shape_factor",
     "shape_factors",
     "wave_quanta",

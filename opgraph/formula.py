@@ -34,7 +34,7 @@ from collections.abc import Callable
 import sympy
 
 from .costmodel import (ATTENTION_KINDS, DEFAULT, EFFICIENCY, CalibratedCostModel, Cost, CostModel,
-                        exp_factor, host_floor, wave_quantum)
+                        exp_factor, host_floor, k_overhead, wave_quantum)
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Op
@@ -117,16 +117,18 @@ def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
 
 def _shape(kind: str, c: Cost, rates: dict) -> sympy.Expr:
     """`costmodel.shape_factor` as a formula: an attention kernel's `exp_factor`, a matrix
-    multiply's `wave_quantum` with `sympy.ceiling`; 1 where the op, the part or the generation
-    has none."""
+    multiply's `wave_quantum` with `sympy.ceiling` times its `k_overhead`; 1 where the op, the
+    part or the generation has none."""
     if not c.grid or c.flops == 0:
         return sympy.Integer(1)
     if kind in ATTENTION_KINDS:
         return exp_factor(c.flops, c.grid[0], c.grid[1], _exact(rates["attention_exp_ratio"]))
+    k0 = rates["matmul_k_overhead"]
+    k = k_overhead(c.flops, *c.grid, _exact(k0)) if k0 else sympy.Integer(1)
     tiles = [rates["sms"], rates["matmul_tile_m"], rates["matmul_tile_n"]]
     if not all(tiles):
-        return sympy.Integer(1)
-    return wave_quantum(*c.grid, *(sympy.Integer(int(t)) for t in tiles), ceil=sympy.ceiling)
+        return k
+    return k * wave_quantum(*c.grid, *(sympy.Integer(int(t)) for t in tiles), ceil=sympy.ceiling)
 
 
 def _cost(graph: Graph, op: Op, cost: CostModel, costs: dict | None) -> Cost:

@@ -81,33 +81,64 @@ SUSTAINED = CalibratedCostModel(table={"hopper": attrs.evolve(
     HOPPER, matmul=MAMF_H100, matmul_half_flops=0, launch_s=0)})
 
 
+def test_hoppers_gemm_shape_is_the_measured_tables():
+    """The shipped Hopper tile and K overhead are the ones `opgraph calibrate --gemms` fits to
+    the GEMMs measured on an H200 (opgraph/data/gemms_h200.csv), with that source."""
+    from opgraph import gemms
+
+    table = gemms.locate("h200")
+    best = gemms.fit([g for g in gemms.read(table) if gemms.seconds(g) >= gemms.MIN_SECONDS],
+                     989.0, 132)
+    assert (HOPPER.matmul_tile_m, HOPPER.matmul_tile_n, HOPPER.matmul_k_overhead) == (
+        best.tile_m, best.tile_n, best.k0)
+    assert dict(HOPPER.sources)["matmul_k_overhead"].startswith("measured")
+
+
 def test_an_8192_cubed_gemm_runs_within_the_cited_efficiency():
     """With `matmul` the measured large-GEMM rate, an 8192^3 BF16 GEMM runs at it less its
-    16 waves' idle slots (2,112 for 2,048 tiles): 0.779 of the peak, within a few percent of
-    the table's 0.803 (its best shape is one that fills its waves)."""
+    waves' idle slots (64 x 64 tiles: 16,384 in 125 waves of 132, 16,500 slots) and its K
+    overhead ((8,192 + 184) / 8,192): 0.780 of the peak, within a few percent of the table's
+    0.803 (its best shape is one that fills its waves)."""
     n = 8192
     flops, nbytes = 2 * n**3, 3 * n * n * 2
     t = SUSTAINED.op_time(H100, "matmul", flops, nbytes, 1, H100.peak_flops, (1, n, n))
     achieved = flops / t / H100.peak_flops
-    assert achieved == pytest.approx(MAMF_H100 * 2048 / 2112, rel=1e-12)
+    assert (HOPPER.matmul_tile_m, HOPPER.matmul_tile_n, HOPPER.matmul_k_overhead) == (64, 64, 184)
+    assert achieved == pytest.approx(MAMF_H100 * 16384 / 16500 * 8192 / 8376, rel=1e-12)
     assert 0.75 < achieved <= MAMF_H100
 
 
-def test_a_tensor_parallel_shard_runs_slower_per_flop():
-    """Llama 3 8B's up-projection, 8,192 tokens: a TP-8 shard has 448 tiles to fill 4 waves
-    of 132 SMs (528 slots), TP-1 3,584 for 28 waves (3,696), so a FLOP costs 528 / 448 over
-    3,696 / 3,584 as much; in the compiled step's ops too."""
+def _per_flop(name: str, tps=(1, 8)) -> dict[int, float]:
+    """Seconds per FLOP of one layer op of Llama 3 8B at 8,192 tokens, by TP degree."""
     from opgraph.distributed import prepare
     from opgraph.parallel import Parallel
 
     per_flop = {}
-    for tp in (1, 8):
+    for tp in tps:
         job = prepare(preset("llama3-8b"), H100, Parallel(tp=tp, micro_batch=1, global_batch=1),
                       values={"S": 8192})
         _, rows = schedule(job, SUSTAINED)
-        row = next(r for r in rows if r.name == "layers.up_proj")
+        row = next(r for r in rows if r.name == name)
         per_flop[tp] = row.time_s / row.flops
-    assert per_flop[8] / per_flop[1] == pytest.approx((528 / 448) / (3696 / 3584), rel=1e-9)
+    return per_flop
+
+
+def test_a_tensor_parallel_shard_runs_slower_per_flop():
+    """Llama 3 8B's up-projection, 8,192 tokens, 64 x 64 tiles: a TP-8 shard (N 1,792) has
+    128 x 28 = 3,584 tiles for 28 waves of 132 SMs (3,696 slots), TP-1 (N 14,336) 28,672 for
+    218 waves (28,776), so a FLOP costs 3,696 / 3,584 over 28,776 / 28,672 as much (K is 4,096
+    in both: the same K overhead); in the compiled step's ops too."""
+    per_flop = _per_flop("layers.up_proj")
+    assert per_flop[8] / per_flop[1] == pytest.approx((3696 / 3584) / (28776 / 28672), rel=1e-9)
+
+
+def test_a_row_parallel_shard_pays_its_shorter_k():
+    """The down-projection's output (8,192 x 4,096) is the same at every TP degree, so its waves
+    are too; its K is the FFN width over TP, 14,336 at TP 1 and 1,792 at TP 8, and a FLOP costs
+    (1,792 + 184) / 1,792 over (14,336 + 184) / 14,336 as much."""
+    per_flop = _per_flop("layers.down_proj")
+    assert per_flop[8] / per_flop[1] == pytest.approx(
+        ((1792 + 184) / 1792) / ((14336 + 184) / 14336), rel=1e-9)
 
 
 def test_attention_scales_by_its_exponentials_against_head_dim_128():
@@ -169,7 +200,9 @@ def test_a_calibration_file_round_trips_with_its_tiles(tmp_path):
     path = tmp_path / "cal.toml"
     path.write_text(to_toml(calibration.catalog(), "# round trip"))
     assert calibration.load(path) == calibration.catalog()
-    assert calibration.load(path)["hopper"].matmul_tile_n == 256
+    hopper = calibration.load(path)["hopper"]
+    assert hopper.matmul_tile_n == calibration.catalog()["hopper"].matmul_tile_n > 0
+    assert hopper.matmul_k_overhead == calibration.catalog()["hopper"].matmul_k_overhead > 0
 
 
 def test_a_collective_runs_at_its_tiers_achieved_bandwidth():

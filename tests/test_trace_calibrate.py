@@ -57,9 +57,11 @@ def profile():
 
 def waved(profile, category: str) -> float:
     """A category's roofline time with each compute-bound GEMM's waves at Hopper's tiles: what
-    the calibrated model divides by `matmul` (`costmodel.waves_of`; the attention and the
+    the calibrated model divides by `matmul` (`costmodel.waves_of`, with its K overhead; the
+    attention and the
     memory-bound kernels have none)."""
-    return sum(op.time_s * (waves_of(profile.grids.get(op.name, ()), H100, HOPPER)
+    return sum(op.time_s * (waves_of(profile.grids.get(op.name, ()), H100, HOPPER,
+                                     op.flops / op.count)
                             if op.bound == "compute" else 1.0)
                for op in profile.ops if op.category == category)
 

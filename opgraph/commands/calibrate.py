@@ -1,10 +1,14 @@
 """`opgraph calibrate`: fit the calibrated cost model's efficiencies, to published runs
-(`--fit CASES.json`) or to a real profiler trace of a known model (`TRACE.json --model ...`)."""
+(`--fit CASES.json`), to a real profiler trace of a known model (`TRACE.json --model ...`), or
+a generation's matmul shape to a table of measured GEMMs (`--gemms TABLE.csv --hardware ...`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+import attrs
 
 from ..limits import MAX_FIT_CASES
 from ..outputs.atomic import outputs
@@ -24,14 +28,22 @@ def register(subparsers) -> None:
                     "cases' measured step times (least squares on the log error, each family "
                     "weighted equally; the errors printed are in-sample). TRACE: fit "
                     "matmul, attention and HBM bandwidth efficiencies of the part's generation "
-                    "from a PyTorch profiler trace of the --model step. The shipped efficiencies "
-                    f"are rebuilt by `{SHIPPED_COMMAND}`.")
+                    "from a PyTorch profiler trace of the --model step. --gemms TABLE.csv: the "
+                    "--hardware part's generation's matmul tile, K overhead and sustained "
+                    "efficiency from measured GEMMs (rows of m, n, k, tflops). The shipped "
+                    f"efficiencies are rebuilt by `{SHIPPED_COMMAND}`.")
     p.add_argument("trace", nargs="?", metavar="TRACE",
                    help="a Kineto trace (.json or .json.gz) of the step --model describes")
     p.add_argument("--fit", metavar="CASES.json",
                    help="fit to the runs of a case file; `--fit shipped`: the published runs "
                         "installed with opgraph (opgraph/data/validation.json), from any "
                         f"directory; at most {MAX_FIT_CASES} cases")
+    p.add_argument("--gemms", metavar="TABLE.csv",
+                   help="fit the --hardware part's generation's matmul shape (tile, K overhead) "
+                        "and sustained efficiency to a CSV of measured GEMMs with a header "
+                        "naming m, n, k and tflops (benchmarks/device/measure_gpu.py writes "
+                        "one), or a table installed with opgraph by name: h200 (measured on "
+                        "one H200 SXM)")
     p.add_argument("--select", metavar="TEXT",
                    help="with --fit: only the cases whose id contains TEXT (fit on some runs, "
                         "validate on the others)")
@@ -50,13 +62,17 @@ def run(args) -> int:
     from .. import calibration
     from ..errors import OpgraphError
 
-    if (args.trace is None) == (args.fit is None):
-        raise OpgraphError("give a trace to fit, or --fit CASES.json, not both or neither")
+    given = [x for x in (args.trace, args.fit, args.gemms) if x is not None]
+    if len(given) != 1:
+        raise OpgraphError("give one thing to fit: a trace, --fit CASES.json or "
+                           "--gemms TABLE.csv")
     check_command_outputs(args, {"--out": args.out}, {"--out": (".toml",)})
     base = calibration.load(args.calibration) if args.calibration else calibration.catalog()
     source = args.calibration or str(calibration.CATALOG)
     if args.fit is not None:
         table, text, report = _fit_cases(args, base)
+    elif args.gemms is not None:
+        table, text, report = _fit_gemms(args, base)
     else:
         table, text, report = _fit_trace(args, base)
     if args.out:
@@ -96,6 +112,72 @@ def _fit_cases(args, base):
               "cases": [{"id": c, "generation": g, "error": err} for c, g, err in result.errors],
               "mape": mape, "max_error": abs(worst[2]), "in_sample": True}
     return result.table, "\n".join(lines), report
+
+
+def _fit_gemms(args, base):
+    """The part's generation's matmul tile, K overhead and sustained efficiency from a table of
+    measured GEMMs (`opgraph.gemms`), the GEMMs shorter than `gemms.MIN_SECONDS` left out."""
+    from .. import calibration, gemms
+    from .common import load_hardware
+
+    part = load_hardware(args)
+    generation = calibration.for_hardware(part, base)
+    path = gemms.locate(args.gemms)
+    rows = gemms.read(path)
+    kept = [g for g in rows if gemms.seconds(g) >= gemms.MIN_SECONDS]
+    if not kept:
+        raise OpgraphError(f"{path}: every GEMM ran under {gemms.MIN_SECONDS * 1e6:.0f} us, "
+                           "where the host's launches set the time; measure larger ones")
+    peak = part.peak_flops * part.clock_ratio / 1e12  # the rate a sustained clock allows
+    best = gemms.fit(kept, peak, part.sms or 0)
+    current = gemms.judge(kept, peak, part.sms or 0, int(generation.matmul_tile_m),
+                          int(generation.matmul_tile_n), int(generation.matmul_k_overhead))
+    flat = gemms.judge(kept, peak, part.sms or 0, 0, 0, 0)
+    shown = f"opgraph/data/{Path(path).name}" if args.gemms in gemms.shipped() else args.gemms
+    source = (f"measured: {shown}, {len(kept)} GEMMs on {part.name} "
+              f"(`opgraph calibrate --gemms`: tile and K overhead of least squared log error)")
+    values = {"matmul_tile_m": float(best.tile_m), "matmul_tile_n": float(best.tile_n),
+              "matmul_k_overhead": float(best.k0)}
+    # A `matmul` the generation fits to published runs stays theirs: one GPU's sustained rate
+    # is not what a many-GPU step's GEMMs reach (`--fit` refits it over this shape).
+    keeps_matmul = "matmul" in generation.fitted
+    if not keeps_matmul:
+        values["matmul"] = best.matmul
+    sources = dict(generation.sources) | {n: source for n in values}
+    fitted = attrs.evolve(generation, **values, sources=tuple(sorted(sources.items())))
+    table = {**base, generation.generation: fitted}
+    clocks = sorted(g.sm_mhz for g in kept if g.sm_mhz)
+    lines = [f"GEMM table {shown}: {len(kept)} GEMMs on {part.name} ({generation.generation}"
+             f"), {peak:g} TFLOP/s BF16 dense; {len(rows) - len(kept)} under "
+             f"{gemms.MIN_SECONDS * 1e6:.0f} us left out (host-bound)",
+             f"measured {min(g.tflops for g in kept):,.0f}-{max(g.tflops for g in kept):,.0f} "
+             f"TFLOP/s" + (f"; SM clock median {clocks[len(clocks) // 2]:,.0f} MHz"
+                           if clocks else ""),
+             "", f"{'shape model':<46} {'matmul':>7} {'mean |err|':>11} {'worst':>7}"]
+    for name, f in (("one rate, no shape", flat),
+                    (f"{generation.generation} as given ({_shape_text(current)})", current),
+                    (f"fitted ({_shape_text(best)})", best)):
+        lines.append(f"{name:<46} {f.matmul:>7.3f} {f.mean_error * 100:>10.1f}% "
+                     f"{f.worst_error * 100:>6.1f}%")
+    lines += ["", f"{generation.generation}: " + ", ".join(
+        f"{n} = {v:.4g}" for n, v in values.items()) + " (in-sample: the errors are on the "
+        "GEMMs the fit used)"]
+    if keeps_matmul:
+        lines.append(f"matmul stays {generation.matmul:.4g}: the calibration fits it to published "
+                     f"runs (`opgraph calibrate --fit`, which keeps this shape); the table's "
+                     f"sustained rate is {best.matmul:.3f}")
+    report = {"generation": generation.generation, "hardware": part.id, "gemms": len(kept),
+              "left_out": len(rows) - len(kept), "efficiencies": values,
+              "sustained_matmul": best.matmul,
+              "models": {k: attrs.asdict(f) for k, f in
+                         (("flat", flat), ("given", current), ("fitted", best))},
+              "in_sample": True}
+    return table, "\n".join(lines), report
+
+
+def _shape_text(f) -> str:
+    tile = f"{f.tile_m} x {f.tile_n} tiles" if f.tile_m else "no waves"
+    return f"{tile}, K overhead {f.k0}"
 
 
 def _fit_trace(args, base):
