@@ -4,6 +4,7 @@ built here by hand."""
 
 import gzip
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -238,3 +239,35 @@ def test_an_mfu_over_busy_time_above_the_ceiling_is_warned(shared, cli):
     """AlexNet's trace beside Llama 3 8B: the span MFU is low, the busy-time one is not."""
     code, out, _err = cli("compare", str(shared / "traces" / "alexnet_a100_trace.json.gz"))
     assert code == 0 and "warning: the measured MFU over busy time is above the ceiling" in out
+
+
+def test_a_calibrated_prediction_is_labelled_as_one_and_not_a_ceiling(measured):
+    """Against a calibrated profile the table names the calibrated model, its MFU is a
+    prediction, and a run faster than it is no warning (only the roofline is a ceiling)."""
+    from opgraph.costmodel import CalibratedCostModel
+
+    calibrated = evaluate(compile_step(preset("llama3-8b")), H100, cost=CalibratedCostModel())
+    c = compare(measured, calibrated)  # the 380 µs hand-made step: far faster than predicted
+    text = format_comparison(c)
+    assert c.mfu_span > calibrated.mfu_ceiling and c.warnings == []
+    assert "calibrated ms" in text and "predicted MFU" in text and "ceiling" not in text
+
+
+H200_TRACE = (Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "h200"
+              / "trace_llama3-8b.json.gz")
+
+
+def test_a_real_llama_step_on_an_h200_against_the_roofline(cli):
+    """Two Hugging Face Llama 3 8B training steps on one H200 (benchmarks/device/h200, 1 x 8,192
+    tokens, BF16, fused AdamW, SDPA attention), in the repository: every modelled category is
+    slower than the roofline's, the span is 876 ms a step as the run's own CUDA events measured
+    (within the profiler's overhead), and the measured MFU sits under the ceiling."""
+    code, out, _ = cli("compare", str(H200_TRACE), "--model", "llama3-8b", "--hardware", "h200",
+                       "--steps", "2", "--json")
+    assert code == 0
+    j = json.loads(out)
+    rows = {r["name"]: r for r in j["categories"]}
+    for name in ("matmul", "attention", "elementwise"):
+        assert rows[name]["measured_s"] > rows[name]["roofline_s"], name
+    assert j["span_s"] == pytest.approx(0.876, rel=0.02)  # results.json: step_median_s 0.8763
+    assert 0.3 < j["measured_mfu"] < j["mfu_ceiling"] and j["warnings"] == []

@@ -94,6 +94,8 @@ class Comparison:
         """What says the trace and the roofline describe different runs."""
         out = []
         ceiling = self.profile.mfu_ceiling
+        if self.profile.cost != "roofline":  # only the roofline's MFU is a ceiling
+            return out
         if ceiling and max(self.mfu_span, self.mfu_busy) > ceiling:
             which = "the measured MFU" if self.mfu_span > ceiling else \
                 "the measured MFU over busy time"
@@ -195,13 +197,17 @@ def format_comparison(c: Comparison) -> str:
     p = c.profile
     batch = p.tokens // p.seq_len
     per = "per step" if c.steps == 1 else f"per step (the trace's totals / {c.steps} steps)"
+    # The roofline's words where it is the model; a calibrated profile is a prediction, not a
+    # ceiling, and says so.
+    model, short = (("roofline", "roof") if p.cost == "roofline" else (p.cost, "pred"))
+    w = max(11, len(model) + 3)  # the predicted column, wide enough for its heading
     lines = [
         f"measured  {c.trace}: {c.kernels:,} GPU kernels; times {per}",
-        (f"roofline  {p.model} on {p.hardware.describe()}, {p.tokens:,} tokens per step "
+        (f"{model:<9} {p.model} on {p.hardware.describe()}, {p.tokens:,} tokens per step "
         f"({batch} x {p.seq_len:,}), {p.attention}"),
         "",
-        (f"{'kernels':<14} {'measured ms':>11} {'share':>7} {'roofline ms':>11} {'share':>7} "
-        f"{'meas/roof':>9}  roofline categories"),
+        (f"{'kernels':<14} {'measured ms':>11} {'share':>7} {model + ' ms':>{w}} {'share':>7} "
+        f"{'meas/' + short:>9}  {model} categories"),
     ]
     for r in c.rows:
         if r.measured_s is None:
@@ -211,22 +217,29 @@ def format_comparison(c: Comparison) -> str:
         else:
             where = " + ".join(r.roofline_categories)
         lines.append(f"{r.name:<14} {_ms(r.measured_s):>11} {_pct(r.measured_share):>7} "
-                     f"{_ms(r.roofline_s):>11} {_pct(r.roofline_share):>7} "
+                     f"{_ms(r.roofline_s):>{w}} {_pct(r.roofline_share):>7} "
                      f"{_ratio(r.ratio):>9}  {where}")
+    if p.cost == "roofline":
+        mfu = (f"MFU ceiling   {_pct(p.mfu_ceiling)} (roofline); measured / ceiling "
+               f"{c.mfu_span / p.mfu_ceiling:.2f}" if p.mfu_ceiling else "MFU ceiling   0")
+    else:
+        mfu = (f"predicted MFU {_pct(p.mfu_ceiling)} ({model}); measured / predicted "
+               f"{c.mfu_span / p.mfu_ceiling:.2f}" if p.mfu_ceiling else "predicted MFU 0")
     lines += [
         "",
-        (f"{'kernel time':<14} {_ms(c.kernel_time_s):>11} {'':>7} {_ms(c.roofline_step_s):>11} "
+        (f"{'kernel time':<14} {_ms(c.kernel_time_s):>11} {'':>7} {_ms(c.roofline_step_s):>{w}} "
         f"{'':>7} {_ratio(c.kernel_time_s / c.roofline_step_s):>9}  "
         f"(of it not modelled: {_ms(c.not_modelled_s)} ms)"),
         f"{'busy':<14} {_ms(c.busy_time_s):>11}  (union of the kernels' intervals)",
-        f"{'idle (gaps)':<14} {_ms(c.idle_time_s):>11}  (launch gaps: the roofline has none)",
-        (f"{'span':<14} {_ms(c.span_s):>11} {'':>7} {_ms(c.roofline_step_s):>11} {'':>7} "
+        f"{'idle (gaps)':<14} {_ms(c.idle_time_s):>11}  (launch gaps: "
+        + ("the roofline has none)" if p.cost == "roofline" else
+           f"the {model} model's are in its kernel times)"),
+        (f"{'span':<14} {_ms(c.span_s):>11} {'':>7} {_ms(c.roofline_step_s):>{w}} {'':>7} "
         f"{_ratio(c.span_s / c.roofline_step_s):>9}  (first kernel start to last kernel end)"),
         "",
         (f"measured MFU  {_pct(c.mfu_span)} over the span "
         f"({_pct(c.mfu_busy)} over busy time, the gaps closed)"),
-        f"MFU ceiling   {_pct(p.mfu_ceiling)} (roofline); measured / ceiling "
-        f"{c.mfu_span / p.mfu_ceiling:.2f}" if p.mfu_ceiling else "MFU ceiling   0",
+        mfu,
         (f"  MFU = 6 x {p.mfu_parameters:,} params x {p.tokens:,} tokens / (time x "
         f"{p.hardware.peak_flops / 1e12:g} TFLOP/s)"),
         *(f"warning: {w}" for w in c.warnings),
