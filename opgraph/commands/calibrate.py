@@ -153,11 +153,11 @@ def _fit_gemms(args, base):
              f"measured {min(g.tflops for g in kept):,.0f}-{max(g.tflops for g in kept):,.0f} "
              f"TFLOP/s" + (f"; SM clock median {clocks[len(clocks) // 2]:,.0f} MHz"
                            if clocks else ""),
-             "", f"{'shape model':<46} {'matmul':>7} {'mean |err|':>11} {'worst':>7}"]
+             "", f"{'shape model':<54} {'matmul':>7} {'mean |err|':>11} {'worst':>7}"]
     for name, f in (("one rate, no shape", flat),
-                    (f"{generation.generation} as given ({_shape_text(current)})", current),
+                    (f"{generation.generation} as calibrated ({_shape_text(current)})", current),
                     (f"fitted ({_shape_text(best)})", best)):
-        lines.append(f"{name:<46} {f.matmul:>7.3f} {f.mean_error * 100:>10.1f}% "
+        lines.append(f"{name:<54} {f.matmul:>7.3f} {f.mean_error * 100:>10.1f}% "
                      f"{f.worst_error * 100:>6.1f}%")
     lines += ["", f"{generation.generation}: " + ", ".join(
         f"{n} = {v:.4g}" for n, v in values.items()) + " (in-sample: the errors are on the "
