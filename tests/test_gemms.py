@@ -92,6 +92,7 @@ def test_the_measured_h200_table_wants_a_k_overhead_and_few_waves():
     tiles = gemms.judge(rows, 989.0, 132, 128, 256, 0)
     assert 100 <= best.k0 <= 300
     assert best.mean_error < 0.6 * min(flat.mean_error, tiles.mean_error)
+    assert tiles.mean_error > flat.mean_error  # one kernel's tile fits worse than one rate
     # 700 W holds the clock near 1,500 MHz: full waves run near 0.7 of the 989 TFLOP/s peak
     assert 0.65 < best.matmul < 0.78
 
