@@ -29,6 +29,8 @@ Two more sections run when `--only` names them:
 - gemm_clock: the training shapes at 8,192 tokens, squares and the N sweep in a shuffled order
   after 8 s of heating, each with the SM clock and board power NVML reads while it runs, so
   that a shape's efficiency can be read per clock cycle, apart from the power limit.
+- gpt: a GPT-2-style model (MHA, GELU, learned positions, dropout 0.1) and a Llama-style one,
+  both 4,096 wide and 16 layers deep, on 4 x 2,048 tokens, each traced.
 - steps2: variants of the steps: the 8B with FlashAttention-2 forced, the 8B with every layer
   checkpointed, the 1B with FP32 parameters and AdamW states under BF16 autocast, and the 1B
   through torch.compile.
@@ -338,14 +340,19 @@ def _attention():
 
 # ----------------------------------------------------------------------------------- steps
 def llama_step(name, cfg, seq, steps_timed=5, attention=None, checkpoint=False,
-               master_fp32=False, compile_model=False, trace=True):
-    """One Hugging Face Llama training step: BF16 parameters and fused AdamW with BF16 states,
-    or (`master_fp32`) FP32 parameters and states under BF16 autocast; `attention` forces an
-    SDPA backend ("flash", "cudnn"); `checkpoint` re-runs each layer in the backward."""
+               master_fp32=False, compile_model=False, trace=True, arch="llama", batch=1):
+    """One Hugging Face training step of a Llama (or, `arch` "gpt2", a GPT-2-style model):
+    BF16 parameters and fused AdamW with BF16 states, or (`master_fp32`) FP32 parameters and
+    states under BF16 autocast; `attention` forces an SDPA backend ("flash", "cudnn");
+    `checkpoint` re-runs each layer in the backward; `batch` sequences of `seq` tokens."""
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from transformers import LlamaConfig, LlamaForCausalLM
+    if arch == "gpt2":
+        from transformers import GPT2Config as LlamaConfig
+        from transformers import GPT2LMHeadModel as LlamaForCausalLM
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
     config = LlamaConfig(**cfg, use_cache=False)
     try:
         config._attn_implementation = "sdpa"
@@ -363,7 +370,7 @@ def llama_step(name, cfg, seq, steps_timed=5, attention=None, checkpoint=False,
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=True)
     forward = torch.compile(model) if compile_model else model
-    ids = torch.randint(0, cfg["vocab_size"], (1, seq), device="cuda")
+    ids = torch.randint(0, cfg["vocab_size"], (batch, seq), device="cuda")
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
     def step():
@@ -389,7 +396,8 @@ def llama_step(name, cfg, seq, steps_timed=5, attention=None, checkpoint=False,
         b.record()
         torch.cuda.synchronize()
         times.append(a.elapsed_time(b) / 1e3)
-    record = {"model": name, "config": cfg, "params": params, "tokens": seq, "batch": 1,
+    record = {"model": name, "arch": arch, "config": cfg, "params": params, "seq": seq,
+              "tokens": batch * seq, "batch": batch,
               "attn": getattr(config, "_attn_implementation", None), "attention_backend":
               attention or "default", "checkpoint": checkpoint, "compiled": compile_model,
               "param_dtype": "float32 (bf16 autocast)" if master_fp32 else "bfloat16",
@@ -541,6 +549,31 @@ def _gemm_clock():
         del x, y
     log(f"{len(rows)} GEMMs with clocks; SM MHz {min(r['sm_mhz'] for r in rows)}-"
         f"{max(r['sm_mhz'] for r in rows)}")
+
+
+# ------------------------------------------------------------------------------------- gpt
+# A GPT-style and a Llama-style model of the same width, depth and tokens: does one GPU run
+# their GEMMs at different rates? (docs/calibration.md, "Two camps".)
+GPT_4096_16L = dict(vocab_size=50257, n_embd=4096, n_layer=16, n_head=32, n_positions=2048)
+LLAMA_4096_16L = dict(LLAMA3_8B, num_hidden_layers=16, max_position_embeddings=2048)
+
+
+@section("gpt")
+def _gpt():
+    rows = RESULTS["gpt"] = []
+    for name, cfg, arch in (("gpt-4096-16l", GPT_4096_16L, "gpt2"),
+                            ("llama-4096-16l", LLAMA_4096_16L, "llama")):
+        try:
+            r = llama_step(name, cfg, 2048, arch=arch, batch=4)
+            rows.append(r)
+            log(f"{name}: step {r['step_median_s'] * 1e3:.1f} ms, peak "
+                f"{r['peak_allocated_bytes'] / 1e9:.1f} GB, {r['params']:,} parameters")
+        except Exception:  # noqa: BLE001
+            rows.append({"model": name, "error": traceback.format_exc()[-1500:]})
+            log(f"{name} FAILED:\n{traceback.format_exc()[-1500:]}")
+        save()
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------------------------- steps2
