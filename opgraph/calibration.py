@@ -24,7 +24,8 @@ of its K loop filling the pipeline and writing its output, so a GEMM of small in
 (a tensor-parallel shard of a row-parallel layer) runs below the rate. So `matmul` is the
 sustained rate of a large GEMM's full waves, and a tensor-parallel shard, with fewer tiles to
 fill its waves or a shorter K, runs below it. A table of measured GEMMs sets the tile and the
-K overhead (`opgraph calibrate --gemms`, `opgraph.gemms`). Measured on its best shapes, cuBLAS BF16 reaches
+K overhead (`opgraph calibrate --gemms`, `opgraph.gemms`). A GEMM whose N is not a multiple of
+8 runs at `matmul_unaligned` of the rate (`costmodel.unaligned`: cuBLAS's align-1 kernels). Measured on its best shapes, cuBLAS BF16 reaches
 0.803 of the dense peak on an H100 SXM (794.5 of 989 TFLOP/s), 0.869 on an A100 SXM (271.2 of
 312): S. Bekman, *Machine Learning Engineering*, compute/accelerator/README.md, "Maximum
 Achievable Matmul FLOPS comparison table" (mamf-finder.py, torch 2.6-2.7). Such a measured
@@ -73,6 +74,9 @@ FIELDS = {
     "matmul_half_flops": "FLOPs at which a kernel reaches half of `matmul`'s rate",
     "matmul_tile_m": "rows of the output tile a GEMM kernel computes per SM (0: no waves)",
     "matmul_tile_n": "columns of that tile",
+    "matmul_unaligned": "fraction of `matmul`'s rate a GEMM reaches whose N is not a "
+                        "multiple of 8 (rows off 16-byte boundaries: cuBLAS's align-1 kernels; "
+                        "1: no such penalty)",
     "matmul_k_overhead": "steps of its K loop each output tile spends outside it (prologue, "
                          "epilogue): a GEMM of inner dimension K runs at K / (K + this) of "
                          "`matmul` (0: none)",
@@ -85,7 +89,8 @@ FIELDS = {
     "network": "fraction of the network's bandwidth a collective reaches",
     "overlap_slowdown": "share of a hidden collective's time it adds to the compute beside it",
 }
-FRACTIONS = ("matmul", "attention", "bandwidth", "node", "network")  # and matmul_ceiling, or 0
+# and matmul_ceiling, or 0:
+FRACTIONS = ("matmul", "matmul_unaligned", "attention", "bandwidth", "node", "network")
 _KEYS = {*FIELDS, "fitted", "sources"}
 
 
@@ -100,6 +105,7 @@ class Efficiencies:
     matmul_tile_m: float = 0.0
     matmul_tile_n: float = 0.0
     matmul_k_overhead: float = 0.0
+    matmul_unaligned: float = 1.0
     attention_exp_ratio: float = 0.0
     attention: float = 1.0
     bandwidth: float = 1.0

@@ -490,7 +490,7 @@ class CalibratedCostModel(CostModel):
             quantum = 1.0 if grids is None else shape_factors(
                 np.array([kind in ATTENTION_KINDS for kind in kinds]), grids, flops / counts,
                 hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio,
-                e.matmul_k_overhead)
+                e.matmul_k_overhead, e.matmul_unaligned)
             t = self.scaled_time(flops, nbytes, counts, peaks * hardware.clock_ratio,
                                  hardware.bandwidth, rate=rate,
                                  half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
@@ -583,10 +583,11 @@ def shape_factor(kind: str, grid: tuple, flops: float, hardware, e) -> float:
     return waves_of(grid, hardware, e, flops)
 
 
-def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0):
+def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0,
+                  unaligned_rate=1.0):
     """`shape_factor` over numpy arrays: `attention` (ops,) whether each row is an attention
     kernel, `grids` (3, ops, cases), `flops` (ops, cases) per instance, `k0` the generation's
-    `matmul_k_overhead`."""
+    `matmul_k_overhead`, `unaligned_rate` its `matmul_unaligned`."""
     import numpy as np
 
     scores, widths = np.asarray(grids[0], dtype=float), np.asarray(grids[1], dtype=float)
@@ -596,6 +597,8 @@ def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0):
     count, m, n = (np.asarray(g, dtype=float) for g in grids)
     has_k = (count * m * n > 0) & (flops > 0) & (np.asarray(k0) > 0)
     ks = np.where(has_k, k_overhead(np.where(has_k, flops, 1.0), count, m, n, k0), 1.0)
+    off = (count * m * n > 0) & (np.mod(n, ALIGN) != 0)
+    ks = np.where(off, ks / np.asarray(unaligned_rate, dtype=float), ks)
     return np.where(np.asarray(attention)[:, None], exps,
                     ks * wave_quanta(grids, sms, tile_m, tile_n))
 
@@ -612,14 +615,34 @@ def k_overhead(flops, count, m, n, k0):
     return 1 + k0 * 2 * count * m * n / flops
 
 
+# A GEMM's output rows must start on 16-byte boundaries (N a multiple of 8 BF16 elements) for
+# cuBLAS's vectorised kernels (Hopper's TMA needs 16-byte strides); otherwise it runs align-1
+# kernels at `matmul_unaligned` of the rate. N is the one stride a grid (GEMMs, M, N) holds: an
+# unaligned K (a GEMM contracting over GPT-2's 50,257-token vocabulary, the head's input
+# gradient) is not seen, since K read back from FLOPs cannot tell a fused bias (2 x M x N more)
+# from an odd K.
+ALIGN = 8
+
+
+def unaligned(n) -> bool:
+    """Whether a GEMM's N is not a multiple of ALIGN.
+
+        >>> unaligned(50257), unaligned(128256)  # GPT-2's vocabulary; Llama 3's
+        (True, False)
+    """
+    return bool(n % ALIGN)
+
+
 def waves_of(grid: tuple, hardware, e, flops: float = 0.0) -> float:
     """`wave_quantum` of an op's `grid` (GEMMs, M, N, as numbers) on `hardware` with the tiles
     of its efficiencies `e`, times its `k_overhead` where `e.matmul_k_overhead` and one
-    instance's `flops` are known; 1 for an op without a grid, a part without an SM count, or a
-    generation without tiles."""
+    instance's `flops` are known, over `e.matmul_unaligned` where its N is `unaligned`; 1
+    for an op without a grid, a part without an SM count, or a generation without tiles."""
     if not (grid and all(grid)):
         return 1.0
     k = k_overhead(flops, *grid, e.matmul_k_overhead) if e.matmul_k_overhead and flops else 1.0
+    if e.matmul_unaligned != 1 and unaligned(grid[2]):
+        k /= e.matmul_unaligned
     if e.matmul_tile_m and e.matmul_tile_n and hardware.sms:
         return k * wave_quantum(*grid, hardware.sms, e.matmul_tile_m, e.matmul_tile_n)
     return k
@@ -682,6 +705,8 @@ __all__ = [
     "ATTENTION_KINDS",
     "exp_factor",
     "k_overhead",
+    "ALIGN",
+    "unaligned",
     "shape_factor",
     "shape_factors",
     "wave_quanta",

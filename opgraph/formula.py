@@ -34,7 +34,7 @@ from collections.abc import Callable
 import sympy
 
 from .costmodel import (ATTENTION_KINDS, DEFAULT, EFFICIENCY, CalibratedCostModel, Cost, CostModel,
-                        exp_factor, host_floor, k_overhead, wave_quantum)
+                        ALIGN, exp_factor, host_floor, k_overhead, wave_quantum)
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Op
@@ -104,13 +104,23 @@ def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
     `Max(host_s, launch_s + Max((flops x shape + matmul_half_flops) / (efficiency * clock *
     peak), bytes / (bandwidth_share * bandwidth)))`, a kernel without arithmetic paying no half,
     one doing no work or issued in batches (`costmodel.host_floor`) no host_s, `shape` its waves
-    or exponentials (`_shape`)
+    or exponentials (`_shape`), over `matmul_unaligned` where its N is `_unaligned`
     (`CalibratedCostModel.scaled_time`)."""
     rate = _exact(rates[EFFICIENCY.get(kind, "matmul")]) * _exact(rates["clock"])
     half = _exact(rates["matmul_half_flops"]) if c.flops != 0 else 0
-    kernel = _exact(rates["launch_s"]) + roofline(c.flops * _shape(kind, c, rates) + half,
-                                                  c.bytes, rate * peak,
-                                                  _exact(rates["bandwidth"]) * bandwidth)
+
+    def at(shape):
+        return _exact(rates["launch_s"]) + roofline(c.flops * shape + half, c.bytes, rate * peak,
+                                                    _exact(rates["bandwidth"]) * bandwidth)
+    shape = _shape(kind, c, rates)
+    off = _unaligned(kind, c, rates)  # True, False, or a condition on a symbolic N
+    slow = 1 / _exact(rates["matmul_unaligned"])
+    if off is True:
+        kernel = at(shape * slow)
+    elif off is False:
+        kernel = at(shape)
+    else:
+        kernel = sympy.Piecewise((at(shape * slow), off), (at(shape), True))
     host = host_floor(kind, _exact(rates["host_s"])) if c.flops != 0 or c.bytes != 0 else 0
     return sympy.Max(host, kernel) if host else kernel
 
@@ -129,6 +139,19 @@ def _shape(kind: str, c: Cost, rates: dict) -> sympy.Expr:
     if not all(tiles):
         return k
     return k * wave_quantum(*c.grid, *(sympy.Integer(int(t)) for t in tiles), ceil=sympy.ceiling)
+
+
+def _unaligned(kind: str, c: Cost, rates: dict):
+    """`costmodel.unaligned` as a formula: whether the GEMM's N is not a multiple of
+    `costmodel.ALIGN` (True or False where N is a number, the condition N mod ALIGN != 0 over a
+    symbolic N), where the generation's `matmul_unaligned` slows such a GEMM; False else."""
+    if (rates["matmul_unaligned"] == 1 or not c.grid or c.flops == 0
+            or kind in ATTENTION_KINDS or not all(c.grid)):
+        return False
+    n = c.grid[2]
+    if n.is_Number:
+        return bool(n % ALIGN)
+    return sympy.Ne(sympy.Mod(n, ALIGN), 0)
 
 
 def _cost(graph: Graph, op: Op, cost: CostModel, costs: dict | None) -> Cost:

@@ -366,3 +366,46 @@ def test_a_calibrated_sweep_is_profile_at_every_point(cli):
         expect = evaluate(step, part, {"tokens": int(rows["tokens"][i]), S: step.seq_len},
                           cost=model).step_time_s
         assert rows["step_time_s"][i] == pytest.approx(expect, rel=1e-9)
+
+
+def test_an_unaligned_gemm_runs_at_the_measured_fraction():
+    """A GEMM whose N is not a multiple of 8 (GPT-2's 50,257-token head) runs cuBLAS's align-1
+    kernels, on Hopper at `matmul_unaligned` of the aligned rate (0.16: measured on an H200,
+    the head of benchmarks/device/h200/trace_gpt-4096-16l.json.gz at 0.123 of the peak where its
+    layers ran at 0.770); Llama 3's 128,256 is aligned and pays only its waves and K overhead."""
+    from opgraph.costmodel import wave_quantum
+
+    h200 = hardware.get("h200")
+    e = attrs.evolve(HOPPER, launch_s=0, host_s=0, matmul_half_flops=0)
+    cost = CalibratedCostModel(table={"hopper": e})
+
+    def time(n):
+        flops = 2 * 8192 * 4096 * n
+        return cost.op_time(h200, "matmul", flops, 0, 1, h200.peak_flops, (1, 8192, n))
+
+    def by_hand(n):  # 64 x 64 tiles over 132 SMs, K = 4,096 with 184 more a tile
+        return (2 * 8192 * 4096 * n * wave_quantum(1, 8192, n, 132, 64, 64)
+                * (4096 + 184) / 4096 / (e.matmul * h200.peak_flops))
+
+    assert HOPPER.matmul_unaligned == 0.16
+    assert time(128256) == pytest.approx(by_hand(128256), rel=1e-12)
+    assert time(50257) == pytest.approx(by_hand(50257) / 0.16, rel=1e-12)
+    assert calibration.catalog()["ampere"].matmul_unaligned == 1  # not measured there
+
+
+def test_every_interpreter_pays_gpt2s_unaligned_head():
+    """evaluate, the formula (a piecewise of N mod 8 over a symbolic N) and the sweep agree on
+    GPT-2 under the calibrated model, whose head and its weight gradient have N = 50,257."""
+    import numpy as np
+
+    from opgraph.formula import formula, value
+    from opgraph.passes.evaluate import resolve
+    from opgraph.sweep import compile_sweep
+
+    step, cost, point = compile_step(preset("gpt2")), CalibratedCostModel(), {"B": 2, "S": 1024}
+    one = evaluate(step, H100, point, cost=cost).step_time_s
+    time = float(value(formula(step, "time", hardware=H100, cost=cost), resolve(step, point)))
+    swept = compile_sweep(step, cost=cost).run(
+        {"B": np.array([2.0]), "S": np.array([1024.0])}, H100.peak_flops, H100.bandwidth,
+        H100.fp8_flops, cost.figures(H100))["step_time_s"][0]
+    assert [time, swept] == pytest.approx([one, one], rel=1e-9)

@@ -90,7 +90,7 @@ class Sweep:
                 quantum = shape_factors(self.attention, values[3 * k:rows].reshape(3, k, m),
                                         flops / counts, eff["sms"], eff["matmul_tile_m"],
                                         eff["matmul_tile_n"], eff["attention_exp_ratio"],
-                                        eff["matmul_k_overhead"])
+                                        eff["matmul_k_overhead"], eff["matmul_unaligned"])
             time = self.cost.scaled_time(flops, nbytes, counts, peaks * eff["clock"], bandwidth,
                                          rate=rate, quantum=quantum,
                                          half=eff["matmul_half_flops"],
