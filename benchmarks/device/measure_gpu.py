@@ -29,8 +29,9 @@ Two more sections run when `--only` names them:
 - gemm_clock: the training shapes at 8,192 tokens, squares and the N sweep in a shuffled order
   after 8 s of heating, each with the SM clock and board power NVML reads while it runs, so
   that a shape's efficiency can be read per clock cycle, apart from the power limit.
-- gpt: a GPT-2-style model (MHA, GELU, learned positions, dropout 0.1) and a Llama-style one,
-  both 4,096 wide and 16 layers deep, on 4 x 2,048 tokens, each traced.
+- gpt: a GPT-2-style model (MHA, GELU, learned positions, dropout 0.1, vocabulary 50,257; and
+  again with 50,304) and a Llama-style one, both 4,096 wide and 16 layers deep, on 4 x 2,048
+  tokens, each traced.
 - steps2: variants of the steps: the 8B with FlashAttention-2 forced, the 8B with every layer
   checkpointed, the 1B with FP32 parameters and AdamW states under BF16 autocast, and the 1B
   through torch.compile.
@@ -447,34 +448,40 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                  tie_word_embeddings=False, max_position_embeddings=8192)
 
 
+def one_step(rows, name, cfg, seqs=(8192,), **options):
+    """`llama_step` at the first of `seqs` that fits in memory, its record (or its error) in
+    `rows`, a line in the log, the results saved and the memory freed."""
+    try:
+        r, oom = None, []
+        for seq in seqs:
+            try:
+                r = llama_step(name, cfg, seq, **options)
+                break
+            except torch.OutOfMemoryError:
+                oom.append(f"out of memory at {seq} tokens")
+            gc.collect()
+            torch.cuda.empty_cache()
+        if r is None:
+            raise RuntimeError("; ".join(oom))
+        r["oom"] = oom
+        rows.append(r)
+        log(f"{r['tag']}: {r['tokens']} tokens, step {r['step_median_s'] * 1e3:.1f} ms, peak "
+            f"{r['peak_allocated_bytes'] / 1e9:.1f} GB, {r['params']:,} parameters")
+    except Exception:  # noqa: BLE001
+        rows.append({"model": name, "options": str(options),
+                     "error": traceback.format_exc()[-1500:]})
+        log(f"{name} {options} FAILED:\n{traceback.format_exc()[-1500:]}")
+    save()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 @section("steps")
 def _steps():
     rows = RESULTS["steps"] = []
     for name, cfg in (("llama3.2-1b", LLAMA32_1B), ("llama3-8b", LLAMA3_8B)):
-        if QUICK and name != "llama3.2-1b":
-            continue
-        try:
-            r, oom = None, []
-            for seq in (8192, 4096):  # 4,096 tokens where 8,192 does not fit
-                try:
-                    r = llama_step(name, cfg, seq)
-                    break
-                except torch.OutOfMemoryError:
-                    oom.append(f"out of memory at {seq} tokens")
-                gc.collect()
-                torch.cuda.empty_cache()
-            if r is None:
-                raise RuntimeError("; ".join(oom))
-            r["oom"] = oom
-            rows.append(r)
-            log(f"{name}: {r['tokens']} tokens, step {r['step_median_s'] * 1e3:.1f} ms, peak "
-                f"{r['peak_allocated_bytes'] / 1e9:.1f} GB, trace {r['trace_bytes_gz'] >> 10} KiB")
-        except Exception:  # noqa: BLE001
-            rows.append({"model": name, "error": traceback.format_exc()[-1500:]})
-            log(f"{name} FAILED:\n{traceback.format_exc()[-1500:]}")
-        save()
-        gc.collect()
-        torch.cuda.empty_cache()
+        if not (QUICK and name != "llama3.2-1b"):
+            one_step(rows, name, cfg, seqs=(8192, 4096))  # 4,096 where 8,192 does not fit
 
 
 # ----------------------------------------------------------------------------- gemm_clock
@@ -561,19 +568,11 @@ LLAMA_4096_16L = dict(LLAMA3_8B, num_hidden_layers=16, max_position_embeddings=2
 @section("gpt")
 def _gpt():
     rows = RESULTS["gpt"] = []
-    for name, cfg, arch in (("gpt-4096-16l", GPT_4096_16L, "gpt2"),
-                            ("llama-4096-16l", LLAMA_4096_16L, "llama")):
-        try:
-            r = llama_step(name, cfg, 2048, arch=arch, batch=4)
-            rows.append(r)
-            log(f"{name}: step {r['step_median_s'] * 1e3:.1f} ms, peak "
-                f"{r['peak_allocated_bytes'] / 1e9:.1f} GB, {r['params']:,} parameters")
-        except Exception:  # noqa: BLE001
-            rows.append({"model": name, "error": traceback.format_exc()[-1500:]})
-            log(f"{name} FAILED:\n{traceback.format_exc()[-1500:]}")
-        save()
-        gc.collect()
-        torch.cuda.empty_cache()
+    one_step(rows, "gpt-4096-16l", GPT_4096_16L, seqs=(2048,), arch="gpt2", batch=4)
+    # the control: the same model with its vocabulary padded to a multiple of 64, as nanoGPT does
+    one_step(rows, "gpt-4096-16l-v50304", dict(GPT_4096_16L, vocab_size=50304), seqs=(2048,),
+             arch="gpt2", batch=4)
+    one_step(rows, "llama-4096-16l", LLAMA_4096_16L, seqs=(2048,), arch="llama", batch=4)
 
 
 # ---------------------------------------------------------------------------------- steps2
@@ -587,19 +586,8 @@ def _steps2():
     for name, cfg, options in variants:
         if time.time() - T0 > 330:
             RESULTS.setdefault("skipped", []).append(f"steps2 {name} {options}: time budget")
-            continue
-        try:
-            r = llama_step(name, cfg, 8192, **options)
-            rows.append(r)
-            log(f"{r['tag']}: step {r['step_median_s'] * 1e3:.1f} ms, peak "
-                f"{r['peak_allocated_bytes'] / 1e9:.1f} GB")
-        except Exception:  # noqa: BLE001
-            rows.append({"model": name, "options": str(options),
-                         "error": traceback.format_exc()[-1500:]})
-            log(f"{name} {options} FAILED:\n{traceback.format_exc()[-1500:]}")
-        save()
-        gc.collect()
-        torch.cuda.empty_cache()
+        else:
+            one_step(rows, name, cfg, **options)
 
 
 RESULTS["total_s"] = round(time.time() - T0, 1)
