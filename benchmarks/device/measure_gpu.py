@@ -78,8 +78,8 @@ def smi(query: str) -> str:
         return f"unavailable: {e}"
 
 
-def timed(fn, warmup=3, reps=10, trials=3, budget_s=0.5):
-    """Median seconds per call of fn over `trials` event-timed loops of `reps` calls."""
+def one_call(fn, warmup=3):
+    """Seconds one call of fn takes after `warmup` calls, timed with CUDA events."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -88,7 +88,13 @@ def timed(fn, warmup=3, reps=10, trials=3, budget_s=0.5):
     fn()
     end.record()
     torch.cuda.synchronize()
-    one = start.elapsed_time(end) / 1e3
+    return start.elapsed_time(end) / 1e3
+
+
+def timed(fn, warmup=3, reps=10, trials=3, budget_s=0.5):
+    """Median seconds per call of fn over `trials` event-timed loops of `reps` calls."""
+    one = one_call(fn, warmup)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     reps = max(1, min(reps, int(budget_s / max(one, 1e-7) / trials)))
     out = []
     for _ in range(trials):
@@ -517,7 +523,7 @@ def _gemm_clock():
             torch.matmul(a, b)
         torch.cuda.synchronize()
     del a, b
-    deadline = time.time() + 90
+    deadline = time.time() + (90 if not QUICK else 15)
     for label, orient, m, n, k in shapes:
         if time.time() > deadline:
             RESULTS.setdefault("skipped", []).append(f"gemm_clock after {label}: time budget")
@@ -531,15 +537,8 @@ def _gemm_clock():
         else:
             x, y = rand(m, k), rand(n, k)
             fn = lambda x=x, y=y: torch.matmul(x, y.t())  # noqa: E731
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
+        one = one_call(fn)
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        torch.cuda.synchronize()
-        one = e0.elapsed_time(e1) / 1e3
         reps = max(3, min(200, int(0.12 / max(one, 1e-7))))
         e0.record()
         for _ in range(reps):
