@@ -144,3 +144,27 @@ def test_a_calibrated_gemm_pays_its_waves_and_k_overhead():
     assert waves == 7 * 132 / 896
     assert t == pytest.approx(e.launch_s + flops * waves * (k + 150) / k
                               / (0.7 * h200.peak_flops), rel=1e-12)
+
+
+def test_a_second_measurement_held_out_of_the_fit_is_predicted_by_the_shipped_shape():
+    """The same GEMMs measured again on a fresh H200 (benchmarks/device/h200/results.json,
+    run 5), which the shipped shape was not fitted to: Hopper's tile and K overhead predict them
+    within 2.5% on average, well under one rate's error, and refit to the same values."""
+    import json
+    from pathlib import Path
+
+    from opgraph import calibration
+
+    results = (Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "h200"
+               / "results.json")
+    rows = [gemms.Gemm(g["M"], g["N"], g["K"], g["tflops"])
+            for g in json.loads(results.read_text())["run5"]["gemm_clock"]]
+    rows = [g for g in rows if gemms.seconds(g) >= gemms.MIN_SECONDS]
+    hopper = calibration.catalog()["hopper"]
+    shipped = gemms.judge(rows, 989.0, 132, int(hopper.matmul_tile_m), int(hopper.matmul_tile_n),
+                          int(hopper.matmul_k_overhead))
+    flat = gemms.judge(rows, 989.0, 132, 0, 0, 0)
+    assert shipped.mean_error < 0.025 and shipped.mean_error < 0.6 * flat.mean_error
+    refit = gemms.fit(rows, 989.0, 132)
+    assert (refit.tile_m, refit.tile_n, refit.k0) == (hopper.matmul_tile_m, hopper.matmul_tile_n,
+                                                      hopper.matmul_k_overhead)

@@ -202,7 +202,8 @@ def _gemm():
     RESULTS["gemm_smi_after"] = smi("clocks.sm,clocks.mem,power.draw,temperature.gpu,"
                                     "clocks_throttle_reasons.active")
     best = max(rows, key=lambda r: r["tflops"])
-    log(f"{len(rows)} GEMMs; best {best['tflops']:.0f} TFLOP/s at {best['M']}x{best['N']}x{best['K']}")
+    log(f"{len(rows)} GEMMs; best {best['tflops']:.0f} TFLOP/s at "
+        f"{best['M']}x{best['N']}x{best['K']}")
 
 
 # ------------------------------------------------------------------------------------- fp8
@@ -241,7 +242,8 @@ def _memory():
         }
         for name, (fn, passes) in kernels.items():
             s = timed(fn, budget_s=0.1)
-            rows.append({"kernel": name, "bytes_per_operand": nbytes, "bytes_moved": passes * nbytes,
+            rows.append({"kernel": name, "bytes_per_operand": nbytes,
+                         "bytes_moved": passes * nbytes,
                          "seconds": s, "tbs": passes * nbytes / s / 1e12})
         del x, y, z
     # Back-to-back tiny kernels: the GPU-side gap per kernel (launches queued ahead).
