@@ -76,6 +76,7 @@ def main(argv: list[str]) -> int:
     print(f"\n(d) playbook sweep by model and node count ({len(summary['groups'])} groups): "
           f"median Spearman {summary['median_spearman']:.2f} (target >= 0.85), mean regret "
           f"{summary['mean_regret'] * 100:.1f}% (target <= 5%)")
+    print(near_capacity(sweep.predictions, capacity))
 
     print("\n(e) " + llama3_405b())
     print("\n(f) " + plate())
@@ -86,6 +87,24 @@ def main(argv: list[str]) -> int:
 # allocated peak (`torch.cuda.max_memory_allocated`): SimuMax's B200 runs ("peak_alloc_GiB").
 # The playbook's figure is nanotron's allocated or reserved peak, which it does not say.
 ALLOCATED_MEMORY = frozenset({"simumax_b200"})
+
+
+def near_capacity(predictions, capacity: dict, share: float = 0.95) -> str:
+    """The step-time error of the sweep's rows whose MEASURED memory is at least `share` of
+    their part's capacity, beside the others': a run that fills its GPU pays the caching
+    allocator's frees and retries, which no prediction of the step holds."""
+    full, rest = [], []
+    for p in predictions:
+        measured = p.case.measured_peak_memory_bytes
+        if measured is not None:
+            (full if measured >= share * capacity[p.case.hardware] else rest).append(p.error)
+    if not full:
+        return f"    no row measured at {share:.0%} of its GPU's memory or more"
+    full.sort()
+    rest.sort()
+    return (f"    the {len(full)} rows measured at {share:.0%} of the GPU's memory or more: median "
+            f"step-time error {full[len(full) // 2] * 100:+.1f}% (the other {len(rest)}: "
+            f"{rest[len(rest) // 2] * 100:+.1f}%)")
 
 
 def memory_split(predictions) -> str:
