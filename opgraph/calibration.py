@@ -25,10 +25,11 @@ of its K loop filling the pipeline and writing its output, so a GEMM of small in
 sustained rate of a large GEMM's full waves, and a tensor-parallel shard, with fewer tiles to
 fill its waves or a shorter K, runs below it. A table of measured GEMMs sets the tile and the
 K overhead (`opgraph calibrate --gemms`, `opgraph.gemms`). A GEMM whose N is not a multiple of
-8 runs at `matmul_unaligned` of the rate (`costmodel.unaligned`: cuBLAS's align-1 kernels). Measured on its best shapes, cuBLAS BF16 reaches
-0.803 of the dense peak on an H100 SXM (794.5 of 989 TFLOP/s), 0.869 on an A100 SXM (271.2 of
-312): S. Bekman, *Machine Learning Engineering*, compute/accelerator/README.md, "Maximum
-Achievable Matmul FLOPS comparison table" (mamf-finder.py, torch 2.6-2.7). Such a measured
+8 runs at `matmul_unaligned` of the rate (`costmodel.unaligned`: cuBLAS's align-1 kernels).
+Measured on its best shapes, cuBLAS BF16 reaches 0.803 of the dense peak on an H100 SXM
+(794.5 of 989 TFLOP/s), 0.869 on an A100 SXM (271.2 of 312): S. Bekman, *Machine Learning
+Engineering*, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
+(mamf-finder.py, torch 2.6-2.7). Such a measured
 ceiling is a generation's `matmul_ceiling`, and where it has one a fit sets `matmul` as a share
 of it, one share for every generation (`opgraph.fit`): how close a training step's GEMMs come to
 the part's best GEMM is a property of kernels and shapes, while the ceilings differ by part (an

@@ -447,9 +447,10 @@ class CalibratedCostModel(CostModel):
     clock x peak), bytes / (bandwidth x HBM bandwidth)))` (`host_s` the host's time to issue
     it), `clock` the part's sustained clock over its
     peak's (`Hardware.clock_ratio`: (P / TDP)^(1/3) power-capped at P, else 1), `waves` a
-    matrix multiply's wave quantisation (`wave_quantum` of its `Cost.grid`); each collective
-    at the tier's bandwidth times `node` or `network`; `overlap_slowdown` for compute beside
-    communication."""
+    matrix multiply's wave quantisation (`wave_quantum` of its `Cost.grid`) times its K
+    overhead (`k_overhead`) and, where its N is `unaligned`, over `matmul_unaligned`; each
+    collective at the tier's bandwidth times `node` or `network`; `overlap_slowdown` for compute
+    beside communication."""
 
     table: dict = attrs.field(factory=_shipped_efficiencies, eq=False)  # generation -> them
     name = "calibrated"
