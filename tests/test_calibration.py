@@ -59,18 +59,23 @@ def test_wave_quantisation_counts_tiles_by_hand():
     assert q.subs(m, 8192) == sympy.Rational(4 * 132, 448)
 
 
-def test_blackwell_waves_are_cutlass_per_sm_tiles_over_148_sms():
-    """B200: CUTLASS's sm100 GEMMs run 256 x 128 tcgen05 tiles across a pair of SMs, 128 x 128
-    per SM (examples/70_blackwell_gemm), over the part's 148 SMs. Llama 3 70B's FFN at TP 8 on
-    4,096 tokens (N 3,584): 32 x 28 = 896 tiles, 7 waves of 148 (1,036 slots); at TP 1
-    (N 28,672): 7,168 tiles, 49 waves (7,252 slots)."""
+def test_blackwells_gemm_shape_is_simumaxs_measured_tables():
+    """B200: the tile and K overhead `opgraph calibrate --gemms b200` fits to SimuMax's measured
+    B200 GEMMs (opgraph/data/gemms_b200.csv), 64 x 64 over 148 SMs and k0 192, close to the
+    H200's 184. Llama 3 70B's FFN at TP 8 on 4,096 tokens (N 3,584): 64 x 56 = 3,584 tiles in
+    25 waves of 148 (3,700 slots); at TP 1 (N 28,672): 28,672 tiles, 194 waves (28,712)."""
+    from opgraph import gemms
     from opgraph.costmodel import wave_quantum
 
     bw = calibration.catalog()["blackwell"]
     sms = hardware.get("b200").sms
-    assert (bw.matmul_tile_m, bw.matmul_tile_n, sms) == (128, 128, 148)
-    assert wave_quantum(1, 4096, 3584, sms, 128, 128) == 7 * 148 / 896
-    assert wave_quantum(1, 4096, 28672, sms, 128, 128) == 49 * 148 / 7168
+    best = gemms.fit([g for g in gemms.read(gemms.locate("b200"))
+                      if gemms.seconds(g) >= gemms.MIN_SECONDS], 2250.0, sms)
+    assert (bw.matmul_tile_m, bw.matmul_tile_n, bw.matmul_k_overhead, sms) == (
+        best.tile_m, best.tile_n, best.k0, 148) == (64, 64, 192, 148)
+    assert "SimuMax" in dict(bw.sources)["matmul_k_overhead"]
+    assert wave_quantum(1, 4096, 3584, sms, 64, 64) == 25 * 148 / 3584
+    assert wave_quantum(1, 4096, 28672, sms, 64, 64) == 194 * 148 / 28672
 
 
 HOPPER = calibration.catalog()["hopper"]

@@ -98,11 +98,11 @@ def test_the_measured_h200_table_wants_a_k_overhead_and_few_waves():
 
 
 def test_a_table_is_named_or_a_file(tmp_path):
-    assert "h200" in gemms.shipped()
+    assert {"h200", "b200"} <= set(gemms.shipped())
     p = tmp_path / "mine.csv"
     p.write_text("m,n,k,tflops\n8192,8192,8192,700\n")
     assert gemms.locate(str(p)) == str(p)
-    with pytest.raises(OpgraphError, match=r"no GEMM table 'h100'.*\(h200\)"):
+    with pytest.raises(OpgraphError, match=r"no GEMM table 'h100'.*\(b200, h200\)"):
         gemms.locate("h100")
 
 

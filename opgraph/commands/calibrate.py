@@ -43,7 +43,7 @@ def register(subparsers) -> None:
                         "and sustained efficiency to a CSV of measured GEMMs with a header "
                         "naming m, n, k and tflops (benchmarks/device/measure_gpu.py writes "
                         "one), or a table installed with opgraph by name: h200 (measured on "
-                        "one H200 SXM)")
+                        "one H200 SXM), b200 (SimuMax's B200 table)")
     p.add_argument("--select", metavar="TEXT",
                    help="with --fit: only the cases whose id contains TEXT (fit on some runs, "
                         "validate on the others)")
