@@ -598,7 +598,7 @@ def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0,
     count, m, n = (np.asarray(g, dtype=float) for g in grids)
     has_k = (count * m * n > 0) & (flops > 0) & (np.asarray(k0) > 0)
     ks = np.where(has_k, k_overhead(np.where(has_k, flops, 1.0), count, m, n, k0), 1.0)
-    off = (count * m * n > 0) & (np.mod(n, ALIGN) != 0)
+    off = (count * m * n > 0) & unaligned(n)
     ks = np.where(off, ks / np.asarray(unaligned_rate, dtype=float), ks)
     return np.where(np.asarray(attention)[:, None], exps,
                     ks * wave_quanta(grids, sms, tile_m, tile_n))
@@ -625,13 +625,14 @@ def k_overhead(flops, count, m, n, k0):
 ALIGN = 8
 
 
-def unaligned(n) -> bool:
-    """Whether a GEMM's N is not a multiple of ALIGN.
+def unaligned(n):
+    """Whether a GEMM's N is not a multiple of ALIGN: a bool for a number, a bool array for a
+    numpy array (`shape_factors`); `formula` takes a symbolic N's condition itself.
 
         >>> unaligned(50257), unaligned(128256)  # GPT-2's vocabulary; Llama 3's
         (True, False)
     """
-    return bool(n % ALIGN)
+    return n % ALIGN != 0
 
 
 def waves_of(grid: tuple, hardware, e, flops: float = 0.0) -> float:

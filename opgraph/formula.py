@@ -34,7 +34,7 @@ from collections.abc import Callable
 import sympy
 
 from .costmodel import (ATTENTION_KINDS, DEFAULT, EFFICIENCY, CalibratedCostModel, Cost, CostModel,
-                        ALIGN, exp_factor, host_floor, k_overhead, wave_quantum)
+                        ALIGN, exp_factor, host_floor, k_overhead, unaligned, wave_quantum)
 from .errors import OpgraphError
 from .hardware import Hardware
 from .ir import Graph, Op
@@ -150,7 +150,7 @@ def _unaligned(kind: str, c: Cost, rates: dict):
         return False
     n = c.grid[2]
     if n.is_Number:
-        return bool(n % ALIGN)
+        return bool(unaligned(n))
     return sympy.Ne(sympy.Mod(n, ALIGN), 0)
 
 
