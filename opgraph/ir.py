@@ -232,6 +232,7 @@ class Graph:
                     max_seq_len=self.max_seq_len)
         new.nx = self.nx.copy()
         new._seq = self._seq
+        new._order = self._order  # the same ops in the same order until either one changes
         new._regions = dict(self._regions)
         return new
 

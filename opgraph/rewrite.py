@@ -23,6 +23,7 @@ of rewrites until none applies, with a guard on the number of rounds.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 import attrs
@@ -98,12 +99,26 @@ def _edge_match(graph_edge: dict, pattern_edge: dict) -> bool:
     return graph_edge["positions"] == pattern_edge["positions"]
 
 
+def _may_hold(graph: Graph, pattern: Graph) -> bool:
+    """Whether `graph` has at least as many ops of each (kind, phase) as `pattern`: a match
+    binds distinct ops of the same kind and phase (`_node_match`), so without them there is
+    none, and the matcher need not run."""
+    def kinds(g: Graph) -> Counter:
+        return Counter((d["payload"].kind, d["payload"].phase)
+                       for node, d in g.nx.nodes(data=True) if node[0] == "op")
+
+    need, have = kinds(pattern), kinds(graph)
+    return all(have[key] >= count for key, count in need.items())
+
+
 def matches(pattern: Graph, graph: Graph) -> list[Match]:
     """Every binding of `pattern` in `graph`, convex or not, without predicates, in the
     graph's op order."""
     p_view = _view(pattern, drop_isolated=True)
     if not any(kind == "op" for kind, _ in p_view):
         raise RewriteError(f"pattern {pattern.name} has no op")
+    if not _may_hold(graph, pattern):
+        return []
     matcher = isomorphism.DiGraphMatcher(_view(graph), p_view, node_match=_node_match,
                                          edge_match=_edge_match)
     found = set()

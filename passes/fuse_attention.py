@@ -18,6 +18,7 @@ same kernels: both paths build the backward through the same rule.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import attrs
@@ -61,6 +62,12 @@ def attention_pattern(window: bool = False, softcap: bool = False,
 FORMS = tuple((window, softcap, alibi, dropout) for dropout in (False, True)
               for alibi in (False, True)
               for window, softcap in ((False, False), (True, False), (False, True), (True, True)))
+
+
+@functools.cache
+def _pattern(form: tuple[bool, bool, bool, bool]) -> Graph:
+    """`attention_pattern` of one of `FORMS`, built once: the matcher only reads a pattern."""
+    return attention_pattern(*form)
 
 
 def _core(graph: Graph, match: Match) -> tuple[Op, ...]:
@@ -130,9 +137,8 @@ def _replace(graph: Graph, match: Match) -> Replacement | None:
 def rewrite_attention(graph: Graph) -> tuple[Graph, list[Fused]]:
     """The fused graph and a record of each rewrite: `step, fused = rewrite_attention(step)`."""
     out, applied = graph, []
-    for window, softcap, alibi, dropout in FORMS:
-        out, done = rewrite(out, attention_pattern(window, softcap, alibi, dropout), _replace,
-                            where=_keeps_flops)
+    for form in FORMS:
+        out, done = rewrite(out, _pattern(form), _replace, where=_keeps_flops)
         applied += done
     report = [Fused(plan.add_ops[0].name, plan.add_ops[1].name if len(plan.add_ops) > 1 else None,
                     plan.remove_ops) for _, plan in applied]

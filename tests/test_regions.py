@@ -166,7 +166,7 @@ def test_region_problems_name_each_inconsistency():
 
     graph = preset("gpt2").copy()
     op = graph.op("layers.gelu")
-    graph.nx.nodes[("op", op.name)]["payload"] = attrs.evolve(op, count=1)
+    graph.replace_op(attrs.evolve(op, count=1))
     graph.update_region(Region("layers", L, None, [("layers.ln_1", "ln_f")]))
     assert region_problems(graph) == [
         "op layers.gelu runs 1 times, its region layers L",
