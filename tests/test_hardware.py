@@ -15,6 +15,7 @@ DATASHEETS = {
     "h100-pcie": (1513 / 2, 3026 / 2, 2.0, 80),  # NVIDIA H100 datasheet, H100 PCIe
     "h200": (1979 / 2, 3958 / 2, 4.8, 141),  # NVIDIA H200 datasheet, H200 SXM
     "a100-sxm-80gb": (624 / 2, None, 2.039, 80),  # NVIDIA A100 datasheet, A100 80GB SXM
+    "a100-sxm-40gb": (624 / 2, None, 1.555, 40),  # NVIDIA A100 datasheet, A100 40GB SXM
     "b200": (4500 / 2, 9000 / 2, 7.7, 180),  # NVIDIA HGX B200 datasheet, per GPU
     "mi300x": (2614.9 / 2, 5229.8 / 2, 5.3, 192),  # AMD Instinct MI300X datasheet
     "l40s": (362.05, 733, 0.864, 48),  # NVIDIA L40S datasheet: 362.05 | 733*, 733 | 1,466*
