@@ -156,7 +156,7 @@ def _recompute(text: str) -> str:
 
 
 HARDWARE = {"A100-SXM 80GB": ("a100-sxm-80gb", "dgx-a100"),
-            "H100 SXM 96GB HBM2e, 500W power limit (Grand Teton)": ("h100-sxm", "dgx-h100"),
+            "H100 SXM 96GB HBM2e, 500W power limit (Grand Teton)": ("h100-sxm-96gb", "dgx-h100"),
             "H100 (SXM presumably, peak 989 used)": ("h100-sxm", "dgx-h100"),
             "H100 80GB": ("h100-sxm", "dgx-h100"), "B200": ("b200", "dgx-b200")}
 

@@ -22,6 +22,9 @@ DATASHEETS = {
     "l4": (242 / 2, 485 / 2, 0.3, 24),  # NVIDIA L4 datasheet (GDDR6)
     # H800: no datasheet; the H100 SXM5's die and figures with NVLink cut (DeepSeek-V3 report)
     "h800": (1979 / 2, 3958 / 2, 3.35, 80),
+    # Meta's Grand Teton H100: no datasheet; torchtitan's benchmark page gives 96 GB of HBM2e
+    # at 2.4 TB/s, the SXM5's peaks assumed
+    "h100-sxm-96gb": (1979 / 2, 3958 / 2, 2.4, 96),
 }
 
 
