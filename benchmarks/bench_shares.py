@@ -29,6 +29,7 @@ from opgraph import calibration  # noqa: E402
 from opgraph.cases import load_cases, select  # noqa: E402
 from opgraph.costmodel import CalibratedCostModel  # noqa: E402
 from opgraph.distributed import step_figures  # noqa: E402
+from opgraph.errors import OpgraphError  # noqa: E402
 from opgraph.fit import compile_cases  # noqa: E402
 
 GRID = [round(0.50 + 0.05 * i, 2) for i in range(11)]  # 0.50 ... 1.00
@@ -95,8 +96,13 @@ def main(argv: list[str]) -> int:
     words = [a for a in argv if not a.startswith("--")]
     shipped = calibration.load(ROOT / "opgraph" / "calibration.toml")
     every = load_cases(None)
+    try:
+        chosen = select(every, words[0] if words else None)
+    except OpgraphError as e:  # checked before the minutes of scanning
+        print(f"bench_shares.py: {e}", file=sys.stderr)
+        return 2
     family_shares(compile_cases(every), shipped)
-    run_shares(compile_cases(select(every, words[0] if words else None)), shipped, free_node)
+    run_shares(compile_cases(chosen), shipped, free_node)
     return 0
 
 
