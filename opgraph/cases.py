@@ -56,8 +56,10 @@ SHIPPED = Path(__file__).with_name("data") / "validation.json"
 CASES_MAX_BYTES = 8 << 20  # a few hundred cases with notes; the shipped file is about 50 KiB
 
 SWEEP = Path(__file__).with_name("data") / "playbook_sweep.json"
+# published runs never fitted on (`opgraph calibrate --fit` reads the development set alone)
+HOLDOUT = Path(__file__).with_name("data") / "holdout.json"
 # Case files known by name, so a command finds them from any directory.
-NAMED = {"dev": SHIPPED, "shipped": SHIPPED, "playbook-sweep": SWEEP}
+NAMED = {"dev": SHIPPED, "shipped": SHIPPED, "playbook-sweep": SWEEP, "holdout": HOLDOUT}
 TOP_KEYS = ("about", "cases", "unmodelled")
 CASE_KEYS = ("id", "family", "source", "model", "hardware", "power_limit_w", "cluster", "gpus",
              "parallel", "seq_len", "recompute", "precision", "fuse", "fused_attention",
@@ -458,7 +460,7 @@ def _parse(text: str, path: Path) -> dict:
 
 def resolve(path: str | Path | None) -> Path:
     """A case file's path: None for the shipped development set, a name of NAMED ("dev",
-    "playbook-sweep") for a shipped file wherever the command runs, else the path given."""
+    "playbook-sweep", "holdout") for a shipped file wherever the command runs, else the path given."""
     if path is None:
         return SHIPPED
     if isinstance(path, str) and path in NAMED:
@@ -540,7 +542,7 @@ def load_unmodelled(path: str | Path | None = None, data: dict | None = None) ->
     return out
 
 
-__all__ = ["CASE_KEYS", "DEFAULTS", "MEASURED_KEYS", "NAMED", "PARALLEL_KEYS", "SHIPPED", "SWEEP",
+__all__ = ["CASE_KEYS", "DEFAULTS", "HOLDOUT", "MEASURED_KEYS", "NAMED", "PARALLEL_KEYS", "SHIPPED", "SWEEP",
            "Case", "Unmodelled", "load_cases", "load_unmodelled", "resolve"]
 
 

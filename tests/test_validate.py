@@ -113,3 +113,26 @@ def test_rank_regret_is_the_measured_best_over_the_first_choices_measured_throug
     assert score.spearman == pytest.approx(v.spearman(predicted, measured))
     summary = v.rank_summary((score,))
     assert summary["mean_regret"] == score.regret and summary["median_spearman"] == score.spearman
+
+
+def test_the_held_out_runs_are_never_fitted_on(shipped):
+    """`holdout` (opgraph/data/holdout.json) is published runs kept out of every fit: none of
+    its runs is a development run (by id, or by model, part, layout and sequence), the fit
+    reads the development set alone, and each is predicted within a factor of two (a guard,
+    not the figure: docs/calibration.md prints them)."""
+    from opgraph.cases import HOLDOUT, NAMED, SHIPPED
+    from opgraph.costmodel import cost_model
+
+    held = load_cases("holdout")
+    assert NAMED["holdout"] == HOLDOUT and len(held) == 8
+
+    def key(c):
+        return (repr(c.model), c.hardware, c.parallel, c.seq_len, c.recompute, c.precision,
+                c.fuse)
+
+    assert not {c.id for c in held} & set(shipped)
+    assert not {key(c) for c in held} & {key(c) for c in shipped.values()}
+    from opgraph.commands.calibrate import SHIPPED_CASES
+    assert NAMED[SHIPPED_CASES] == SHIPPED != HOLDOUT  # `calibrate --fit shipped`'s runs
+    errors = [v.predict(c, cost_model("calibrated")).error for c in held]
+    assert all(abs(e) < 1.0 for e in errors), errors

@@ -17,13 +17,14 @@ def register(subparsers) -> None:
         description="Predict each run of a case file (default `dev`: the 80 published runs "
                     "shipped with opgraph, from Megatron-LM, DeepSpeed, torchtitan, nanotron and "
                     "SimuMax's B200 runs; `playbook-sweep`: the Ultrascale Playbook's 656 "
-                    "measured layouts) and print measured and predicted step time, the error "
+                    "measured layouts; `holdout`: 8 published torchtitan runs never fitted on) "
+                    "and print measured and predicted step time, the error "
                     "of each, each family's mean absolute error, and the runs opgraph cannot "
                     "model, with the reason.")
     p.add_argument("--cases", metavar="FILE.json",
                    help="a case file of your own runs (the format of opgraph/data/"
                         "validation.json), or a shipped one by name: dev (the default), "
-                        "playbook-sweep")
+                        "playbook-sweep, holdout")
     add_cost_args(p, default="calibrated")
     p.add_argument("--select", metavar="TEXT",
                    help="only the cases whose id contains TEXT (e.g. narayanan)")
