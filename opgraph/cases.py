@@ -460,7 +460,8 @@ def _parse(text: str, path: Path) -> dict:
 
 def resolve(path: str | Path | None) -> Path:
     """A case file's path: None for the shipped development set, a name of NAMED ("dev",
-    "playbook-sweep", "holdout") for a shipped file wherever the command runs, else the path given."""
+    "playbook-sweep", "holdout") for a shipped file wherever the command runs, else the path
+    given."""
     if path is None:
         return SHIPPED
     if isinstance(path, str) and path in NAMED:
@@ -542,8 +543,8 @@ def load_unmodelled(path: str | Path | None = None, data: dict | None = None) ->
     return out
 
 
-__all__ = ["CASE_KEYS", "DEFAULTS", "HOLDOUT", "MEASURED_KEYS", "NAMED", "PARALLEL_KEYS", "SHIPPED", "SWEEP",
-           "Case", "Unmodelled", "load_cases", "load_unmodelled", "resolve"]
+__all__ = ["CASE_KEYS", "DEFAULTS", "HOLDOUT", "MEASURED_KEYS", "NAMED", "PARALLEL_KEYS",
+           "SHIPPED", "SWEEP", "Case", "Unmodelled", "load_cases", "load_unmodelled", "resolve"]
 
 
 def select(cases: list[Case], pattern: str | None) -> list[Case]:
