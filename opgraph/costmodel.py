@@ -59,6 +59,10 @@ class Cost:
     bytes: sympy.Expr
     compute: str | None = None
     message: sympy.Expr = sympy.S.Zero  # a collective's buffer per GPU (`collectives`' M)
+    # a collective's share of one NCCL call: 1 for a call of its own; a framework that reduces
+    # gradients in buckets (`frameworks.grad_bucket`) issues one call for many weights, each
+    # paying its share of the call's latency (the op's `calls` parameter)
+    calls: sympy.Expr = sympy.S.One
     # the shape the calibrated model's kernel efficiency reads, per instance: a matrix
     # multiply's (GEMMs, M, N) (`rules.gemm_grid`), which its waves tile; an attention kernel's
     # (scores, d_qk + d_v, 0) (`rules.attention_scores`), its exponentials; () otherwise
@@ -182,7 +186,8 @@ class _Tensors:
 
 def _own_cost(graph: Graph, op: Op) -> Cost:
     if op.kind in rules.COLLECTIVE_KINDS:
-        return Cost(sympy.Integer(0), sympy.Integer(0), None, message_bytes(graph, op))
+        return Cost(sympy.Integer(0), sympy.Integer(0), None, message_bytes(graph, op),
+                    calls=sympy.sympify(op.param("calls", 1)))
     ins = [graph.tensor(n) for n in op.inputs]
     outs = [graph.tensor(n) for n in op.outputs]
     params = dict(op.params)
@@ -374,10 +379,11 @@ class CostModel:
         return collectives.lines(kind.replace("_", "-"), group, cluster, stride)
 
     def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
-                  hardware=None) -> float:
+                  hardware=None, calls: float = 1.0) -> float:
         """Seconds of one collective of `kind` moving `message` bytes per GPU: the fastest of
-        its `comm_lines`, as NCCL's tuner picks (`opgraph.collectives.seconds`)."""
-        return min(latency + per_byte * float(message) for latency, per_byte
+        its `comm_lines`, as NCCL's tuner picks (`opgraph.collectives.seconds`), its latency
+        paid `calls` times (`Cost.calls`: a weight's share of a bucket's one call)."""
+        return min(latency * calls + per_byte * float(message) for latency, per_byte
                    in self.comm_lines(kind, group, cluster, stride, hardware))
 
     def slowdown(self, hardware) -> float:

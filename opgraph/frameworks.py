@@ -92,6 +92,16 @@ Each trait, with where each framework's code says so:
   takes fewer layers (the playbook's 1B, 16 layers on 2 stages: 11 and 5). `stage_split`
   computes it with nanotron's formula from the model's dimensions.
 
+- `buckets_grads`: the data-parallel gradient reductions (and ZeRO-1's gathers of the
+  updated weights) run in buckets of many weights, one NCCL call each, rather than a call per
+  weight. Megatron-LM: with `--overlap-grad-reduce`, buckets of max(40 M, 1 M x the data-
+  parallel size) parameters ("make buckets larger to ensure that chunks used in NCCL
+  ring-reduce implementations are large enough to remain bandwidth-bound rather than
+  latency-bound", `megatron/core/distributed/distributed_data_parallel.py`); the parameter
+  gathers use the same buffers' buckets. Each weight then pays its share of a call's latency
+  (`grad_bucket`, `costmodel.Cost.calls`). Without the overlap Megatron reduces one bucket per
+  model chunk, which is not modelled (a call per weight, as the other frameworks here).
+
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
 the table holds what no field says.
@@ -116,6 +126,7 @@ class Traits:
     eager: frozenset[str] = frozenset()
     compiles_blocks_only: bool = False
     balances_stages: bool = False
+    buckets_grads: bool = False
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
@@ -123,7 +134,7 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
                          compiles_blocks_only=True),
-    "megatron": Traits(sp_saves_shard=True),
+    "megatron": Traits(sp_saves_shard=True, buckets_grads=True),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                         overlaps_reduce_from_zero=3),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
@@ -153,6 +164,23 @@ def defers_grad_reduce(layout: Parallel) -> bool:
     t = traits(layout)
     return (not layout.overlap_grad_reduce or (layout.pp > 1 and t.reduce_after_flush)
             or layout.zero < t.overlaps_reduce_from_zero)
+
+
+# Megatron-LM's default bucket: max(BUCKET_FLOOR, BUCKET_PER_RANK x the data-parallel size)
+# parameters (`megatron/core/distributed/distributed_data_parallel.py`)
+BUCKET_FLOOR = 40_000_000
+BUCKET_PER_RANK = 1_000_000
+
+
+def grad_bucket(layout: Parallel, ranks):
+    """The parameters in one bucket of the layout's data-parallel reductions over `ranks`
+    GPUs (a number or the group's symbol), or None where each weight is reduced in a call of
+    its own (`Traits.buckets_grads`: Megatron-LM with `--overlap-grad-reduce`)."""
+    if not (traits(layout).buckets_grads and layout.overlap_grad_reduce):
+        return None
+    import sympy
+
+    return sympy.Max(BUCKET_FLOOR, BUCKET_PER_RANK * ranks)
 
 
 def sharding(layout: Parallel) -> int:

@@ -490,7 +490,8 @@ class _StageFormulas:
     groups: tuple[str | None, ...]
     once: tuple[bool, ...]
     peaks: tuple[float, ...]
-    exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident
+    exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident;
+    # grids; calls per op
     tape: _Tape  # the exprs as one program over arrays
     n_ops: int
     n_lives: int
@@ -523,7 +524,8 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
                 + [life.tensor.nbytes for life in live.lives]
                 + [life.tensor.count for life in live.lives]
                 + [live.resident[name] for name in RESIDENT]
-                + _grids(ops, costs))
+                + _grids(ops, costs)
+                + [costs[op.name].calls if c else 1 for op, c in zip(ops, collective)])
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     one, many = live.copy_matrices()
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
@@ -655,7 +657,7 @@ def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line) -> dict[in
     for k in range(f.n_ops):
         if f.groups[k] is not None:
             base, slope = lines(f.kinds[k], f.groups[k])
-            out[k] = (base + slope * nums.messages[k]).min(axis=0)
+            out[k] = (base * nums.calls[k] + slope * nums.messages[k]).min(axis=0)
     return out
 
 
@@ -997,8 +999,10 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     values = f.tape.run(cols.env | {LAYERS: np.ones(n)}, n)  # every count at one layer
     k = f.n_ops
     grids = values[len(values) - 3 * k:].reshape(3, k, n)
+    # before `replicate` no collective shares a call (`Cost.calls`): the data-parallel ones
+    # that do are not there yet
     nums = _Numbers(np.rint(values[:k]), values[k:2 * k], values[2 * k:3 * k],
-                    values[3 * k:4 * k], *(np.zeros((0, n)),) * 3, grids)
+                    values[3 * k:4 * k], *(np.zeros((0, n)),) * 3, grids, np.ones((k, n)))
     held, moved = values[4 * k:4 * k + 14], values[4 * k + 14:len(values) - 3 * k]
     parts = len(held) // 2
     times = _comm_times(f, nums, rows_, line)
@@ -1171,6 +1175,7 @@ class _Numbers:
     life_counts: np.ndarray
     resident: np.ndarray  # (3, candidates): weights, gradients, optimizer
     grids: np.ndarray  # (3, ops, candidates): each op's GEMMs, M, N (`Cost.grid`; 0: none)
+    calls: np.ndarray  # each collective's share of one NCCL call (`Cost.calls`; 1: its own)
 
 
 def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
@@ -1184,7 +1189,7 @@ def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
     return _Numbers(whole(values[:k]), values[k:2 * k], values[2 * k:3 * k],
                     values[3 * k:4 * k], whole(values[4 * k:4 * k + m]),
                     whole(values[4 * k + m:4 * k + 2 * m]), whole(values[4 * k + 2 * m:end]),
-                    values[end:].reshape(3, k, n))
+                    values[end:end + 3 * k].reshape(3, k, n), values[end + 3 * k:])
 
 
 @attrs.frozen
@@ -1385,7 +1390,7 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
         ops = tuple(StageOp(f.names[k], f.kinds[k], int(nums.counts[k, col]),
                             float(nums.flops[k, col]), float(nums.bytes[k, col]), f.peaks[k],
                             f.groups[k], float(nums.messages[k, col]), f.once[k],
-                            _grid(nums.grids[:, k, col]))
+                            _grid(nums.grids[:, k, col]), float(nums.calls[k, col]))
                     for k in range(f.n_ops))
         plain, last = _plans(f, counts[role], r.zero_run, values)
         degrees = dict(zip(DEGREES, map(sympy.Integer, (

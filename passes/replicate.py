@@ -39,7 +39,7 @@ import sympy
 
 from opgraph import rules
 from opgraph.contracts import contract
-from opgraph.frameworks import reduce_dtype, sharding, traits
+from opgraph.frameworks import grad_bucket, reduce_dtype, sharding, traits
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.parallel import Parallel, dp, edp, ep
 
@@ -63,12 +63,14 @@ def _shard(t: Tensor, group: str) -> Tensor:
 def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase, region,
                 count, group: str, role: Role = Role.ACTIVATION, grad_of: str | None = None,
                 forward: str | None = None, before: str | None = None,
-                dtype: str | None = None) -> str:
+                dtype: str | None = None, calls=None) -> str:
     t = graph.tensor(source)
     params = {"group": group, "axis": AXIS, "size": GROUPS[group]} if kind != "all_reduce" \
         else {"group": group}
     if dtype is not None and dtype != t.dtype.name:  # the message travels cast (a gradient's)
         params["dtype"] = dtype
+    if calls is not None:  # its share of a bucket's one call (`costmodel.Cost.calls`)
+        params["calls"] = calls
     (shape,) = rules.infer_shapes(kind, [t], params)
     graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region),
                      before=before)
@@ -94,17 +96,25 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
         op.name: i for i, op in enumerate(graph.ops())}
     for update in [op for op in graph.ops() if op.kind == "adamw"]:
         w = graph.tensor(graph.tensor(update.inputs[0]).grad_of)
-        if layout.size(group_of(w)) > 1:  # a group of one GPU has nothing to reduce or shard
-            _replicate_update(out, update, sharding(layout), wire, order)
+        group = group_of(w)
+        if layout.size(group) > 1:  # a group of one GPU has nothing to reduce or shard
+            _replicate_update(out, update, sharding(layout), wire, order,
+                              grad_bucket(layout, GROUPS[group]))
     return out
 
 
 def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
-                      order: dict | None) -> None:
+                      order: dict | None, bucket=None) -> None:
     grad = out.tensor(update.inputs[0])
     w = out.tensor(grad.grad_of)
     group = group_of(w)
     where = {"region": update.region, "count": update.count, "group": group}
+    # in a bucket (`frameworks.grad_bucket`) the weight's reduction and gather are its share of
+    # the bucket's one call, the whole call for a weight as large as a bucket (a bucket holds
+    # whole weights). Written numel / Max(bucket, numel), not Min(1, numel / bucket): sympy
+    # evaluates that Min to 1 over the degree symbols, wrongly.
+    if bucket is not None:
+        where["calls"] = grad.numel / sympy.Max(bucket, grad.numel)
     if zero == 0:
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,

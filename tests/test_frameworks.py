@@ -212,6 +212,42 @@ def test_deepspeed_refuses_zero_2_and_3_with_pipelines():
     Parallel(pp=1, zero=3, framework="deepspeed")
 
 
+@pytest.mark.parametrize("layout, bucketed", [
+    (Parallel(tp=2, dp=8, zero=1, framework="megatron"), True),
+    (Parallel(tp=2, dp=64, zero=1, framework="megatron"), True),  # a 64 M-parameter bucket
+    (Parallel(tp=2, dp=8, zero=1, framework="megatron", overlap_grad_reduce=False), False),
+    (Parallel(tp=2, dp=8, zero=1, framework="torchtitan"), False),
+    (Parallel(tp=2, dp=8, zero=0), False),
+])
+def test_megatron_reduces_gradients_in_buckets(layout, bucketed):
+    """Megatron-LM with --overlap-grad-reduce reduces gradients, and gathers its updated weights,
+    in buckets of max(40 M, 1 M x dp) parameters, one NCCL call each
+    (megatron/core/distributed/distributed_data_parallel.py): each weight pays its share of a
+    call, min(1, its parameters / the bucket's), a weight larger than a bucket a whole one.
+    Without the overlap, or under another framework, each weight is a call of its own."""
+    step = compile_parallel(preset("llama3-8b"), layout)
+    subs = resolve(step, {})
+    costs = cost_model("calibrated").op_costs(step)
+    dp_ops = [op for op in step.ops()
+              if op.kind in ("reduce_scatter", "all_reduce", "all_gather")
+              and op.param("group") == "dp"]
+    assert len(dp_ops) >= 9  # a reduction per weight (and ZeRO-1's gathers)
+    bucket = max(40e6, 1e6 * layout.dp)
+    for op in dp_ops:
+        # a weight's parameters on this TP rank: a reduction reads its whole gradient, a gather
+        # its 1/dp shard of the updated weight
+        numel = float(step.tensor(op.inputs[0]).numel.xreplace(subs)) * (
+            layout.dp if op.kind == "all_gather" else 1)
+        share = min(1.0, numel / bucket) if bucketed else 1.0
+        assert float(costs[op.name].calls.xreplace(subs)) == pytest.approx(share, rel=1e-12)
+    if bucketed:  # the embedding and the head (262 M parameters a TP rank) are calls of their own
+        whole = [op for op in dp_ops
+                 if float(costs[op.name].calls.xreplace(subs)) == 1.0]
+        assert {step.tensor(op.inputs[0]).numel.xreplace(subs)
+                * (layout.dp if op.kind == "all_gather" else 1) for op in whole} == {
+            128256 * 4096 // 2}
+
+
 # --- the command line, and `plan` agreeing with `profile` --------------------------------------
 
 def test_profile_takes_the_framework_flags(cli):
