@@ -100,7 +100,10 @@ Each trait, with where each framework's code says so:
   latency-bound", `megatron/core/distributed/distributed_data_parallel.py`); the parameter
   gathers use the same buffers' buckets. Each weight then pays its share of a call's latency
   (`grad_bucket`, `costmodel.Cost.calls`). Without the overlap Megatron reduces one bucket per
-  model chunk, which is not modelled (a call per weight, as the other frameworks here).
+  model chunk, and so does an interleaved pipeline's every chunk after the first
+  (`megatron/training/training.py`, `get_model`: `disable_bucketing=(model_chunk_idx > 0)`);
+  neither is modelled (a call per weight without the overlap, as the other frameworks here;
+  the first chunk's buckets for every chunk).
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -110,6 +113,7 @@ the table holds what no field says.
 from __future__ import annotations
 
 import attrs
+import sympy
 
 from .errors import OpgraphError
 from .parallel import Parallel
@@ -178,8 +182,6 @@ def grad_bucket(layout: Parallel, ranks):
     its own (`Traits.buckets_grads`: Megatron-LM with `--overlap-grad-reduce`)."""
     if not (traits(layout).buckets_grads and layout.overlap_grad_reduce):
         return None
-    import sympy
-
     return sympy.Max(BUCKET_FLOOR, BUCKET_PER_RANK * ranks)
 
 
