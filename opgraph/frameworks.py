@@ -101,7 +101,8 @@ Each trait, with where each framework's code says so:
   gathers use the same buffers' buckets. Each weight then pays its share of a call's latency
   (`grad_bucket`, `costmodel.Cost.calls`). Without the overlap Megatron reduces one bucket per
   model chunk, and so does an interleaved pipeline's every chunk after the first
-  (`megatron/training/training.py`, `get_model`: `disable_bucketing=(model_chunk_idx > 0)`);
+  (`megatron/training/training.py`, `get_model`: "Turn off bucketing for model_chunk 2
+  onwards");
   neither is modelled (a call per weight without the overlap, as the other frameworks here;
   the first chunk's buckets for every chunk).
 
