@@ -183,7 +183,20 @@ def grad_bucket(layout: Parallel, ranks):
     its own (`Traits.buckets_grads`: Megatron-LM with `--overlap-grad-reduce`)."""
     if not (traits(layout).buckets_grads and layout.overlap_grad_reduce):
         return None
+    return bucket_params(ranks)
+
+
+def bucket_params(ranks):
+    """Megatron-LM's bucket over `ranks` data-parallel GPUs, in parameters."""
     return sympy.Max(BUCKET_FLOOR, BUCKET_PER_RANK * ranks)
+
+
+def bucket_share(numel, ranks):
+    """A weight of `numel` parameters' share of its bucket's one call: numel / bucket, and
+    1 for a weight as large as a bucket (a bucket holds whole weights). Written numel /
+    Max(bucket, numel), not Min(1, numel / bucket): sympy evaluates that Min to 1 over the
+    degree symbols, wrongly."""
+    return numel / sympy.Max(bucket_params(ranks), numel)
 
 
 def sharding(layout: Parallel) -> int:

@@ -96,7 +96,7 @@ from .costmodel import DEFAULT, CostModel
 from .distributed import (Job, ParallelResult, Stage, StageOp, check_layout, layout_passes,
                           step_figures, unequal_chunks)
 from .errors import OpgraphError
-from .frameworks import FRAMEWORKS, Traits, run_zero, stage_split
+from .frameworks import FRAMEWORKS, Traits, bucket_share, run_zero, stage_split
 from .hardware import Hardware
 from .ir import DTYPES, Graph, Phase
 from .limits import MAX_MICRO_BATCHES
@@ -106,6 +106,7 @@ from .parallel import ZERO_STAGES, Parallel, cp, dp, edp, ep, pp, stage_layers, 
 from .passes.evaluate import mfu_parameters, resolve
 from .passes.precision import PRECISIONS
 from .passes.recompute import POLICIES
+from .passes.replicate import GROUPS
 from .passes.replicate import group_of as replicate_group
 from .passes.shard import shard
 from .passes.split_stages import FIRST as FIRST_END
@@ -849,7 +850,7 @@ def compute_key(r: Row) -> tuple:
     forward and backward op as it is) and the pipeline stages (they cut the same ops apart)."""
     return (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel, r.recompute, r.precision,
             r.regathers_sp, r.traits.regather_in_recompute, r.traits.eager,
-            r.traits.compiles_blocks_only, r.wire)
+            r.traits.compiles_blocks_only, r.wire, r.traits.buckets_grads)
 
 
 @attrs.frozen
@@ -896,6 +897,7 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
                             dtype=float) for place in (STACK, FIRST_END, LAST_END))
     stack = layer_stack(graph).count if layers is not None else None
     formulas += (_held(graph, stack) + _moved(graph, stack, r.traits.regather_in_recompute,
+                                              r.traits.buckets_grads,
                                               DTYPES[r.wire].itemsize) + _grids(ops, costs))
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     return _ComputeFormulas(
@@ -926,13 +928,15 @@ def _held(graph: Graph, stack) -> list:
     return out
 
 
-def _moved(graph: Graph, stack, regather: bool = True, wire: int = 4) -> list:
+def _moved(graph: Graph, stack, regather: bool = True, buckets: bool = False,
+           wire: int = 4) -> list:
     """What ZeRO-3 and ZeRO-2 move every micro-batch, as formulas (`replicate`): for the layer
     stack (one layer) and then the ends, per group (data-parallel, expert data-parallel), the
     all-gathers of each weight, one per phase that reads it (the recomputation's served by the
     backward's unless the framework `regather`s; gathered bytes, collectives), then the
     reduce-scatters of each gradient the update reads, `wire` bytes an element (bytes,
-    collectives)."""
+    collectives: each its share of a bucket's call where the framework `buckets` them,
+    `frameworks.bucket_share`, as `replicate` charges it)."""
     out = []
     for in_stack in (True, False):
         for group in ("dp", "edp"):
@@ -950,7 +954,8 @@ def _moved(graph: Graph, stack, regather: bool = True, wire: int = 4) -> list:
                 gathered.append(w.nbytes * w.count * phases)
                 gathers.append(w.count * phases)
                 reduced.append(grad.numel * wire * update.count)
-                reductions.append(update.count)
+                reductions.append(update.count * (bucket_share(grad.numel, GROUPS[group])
+                                                  if buckets else 1))
             out += [sympy.Add(*terms) for terms in (gathered, gathers, reduced, reductions)]
     return out
 

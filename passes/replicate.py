@@ -39,7 +39,7 @@ import sympy
 
 from opgraph import rules
 from opgraph.contracts import contract
-from opgraph.frameworks import grad_bucket, reduce_dtype, sharding, traits
+from opgraph.frameworks import bucket_share, grad_bucket, reduce_dtype, sharding, traits
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.parallel import Parallel, dp, edp, ep
 
@@ -99,22 +99,20 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
         group = group_of(w)
         if layout.size(group) > 1:  # a group of one GPU has nothing to reduce or shard
             _replicate_update(out, update, sharding(layout), wire, order,
-                              grad_bucket(layout, GROUPS[group]))
+                              grad_bucket(layout, GROUPS[group]) is not None)
     return out
 
 
 def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
-                      order: dict | None, bucket=None) -> None:
+                      order: dict | None, bucketed: bool = False) -> None:
     grad = out.tensor(update.inputs[0])
     w = out.tensor(grad.grad_of)
     group = group_of(w)
     where = {"region": update.region, "count": update.count, "group": group}
     # in a bucket (`frameworks.grad_bucket`) the weight's reduction and gather are its share of
-    # the bucket's one call, the whole call for a weight as large as a bucket (a bucket holds
-    # whole weights). Written numel / Max(bucket, numel), not Min(1, numel / bucket): sympy
-    # evaluates that Min to 1 over the degree symbols, wrongly.
-    if bucket is not None:
-        where["calls"] = grad.numel / sympy.Max(bucket, grad.numel)
+    # the bucket's one call
+    if bucketed:
+        where["calls"] = bucket_share(grad.numel, GROUPS[group])
     if zero == 0:
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,

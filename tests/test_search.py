@@ -2,11 +2,13 @@
 branch and bound returns the fastest, the launch configs read back to the same prediction, and
 bad input is one line."""
 
+import functools
 import json
 import random
 
 import numpy as np
 import pytest
+import sympy
 
 from opgraph import hardware
 from opgraph.costmodel import cost_model
@@ -162,6 +164,9 @@ def test_branch_and_bound_returns_the_fastest():
     # torchtitan's FSDP over pipeline stages runs as ZeRO-1
     ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 2, "zero": 3,
                            "framework": "torchtitan"}),
+    # Megatron's buckets: ZeRO-2's per-micro-batch reductions each pay a share of a call
+    ("llama3.2-1b", 4096, {"gpus": 16, "batch": 32, "pp": 1, "zero": 2,
+                           "framework": "megatron"}),
 ])
 def test_the_compute_bound_is_below_the_bound_and_the_memory(searchers, model, seq,
                                                              constraints):
@@ -472,3 +477,35 @@ def test_a_pass_added_to_the_pipeline_runs_in_plan(cli, monkeypatch):
     shard = pipeline.STRUCTURE[pipeline.shard_pass]["layout"]
     assert shard(Parallel(tp=2, dp=4)) == shard(Parallel(tp=4, dp=2)) != shard(Parallel(dp=8))
     assert key(functools.partial(note_it, note="a")) != key(functools.partial(note_it, note="b"))
+
+
+def test_the_bound_counts_megatrons_reductions_as_replicate_charges_them():
+    """The cheap bound's data-parallel stream (`_moved`) charges each ZeRO-2 gradient
+    reduce-scatter the share of a call `replicate` gives it under Megatron's buckets, so the
+    bound reads the same latency the step pays: per micro-batch, the sum of the reductions'
+    counts times their calls."""
+    from opgraph.distributed import compile_parallel
+    from opgraph.frameworks import FRAMEWORKS
+    from opgraph.ir import Phase
+    from opgraph.parallel import Parallel
+    from opgraph.passes.evaluate import resolve
+    from opgraph.pipeline import compile_step
+    from opgraph.passes.shard import shard
+    from opgraph.search import _moved
+
+    forward = preset("llama3-8b")
+    layout = Parallel(tp=2, dp=8, zero=2, framework="megatron")
+    step = compile_parallel(forward, layout)
+    subs = resolve(step, {})
+    costs = cost_model("calibrated").op_costs(step)
+    charged = sum(float((op.count * costs[op.name].calls).xreplace(subs)) for op in step.ops()
+                  if op.kind == "reduce_scatter" and op.param("group") == "dp"
+                  and op.phase is Phase.BACKWARD)
+    before = compile_step(forward, shard=functools.partial(shard, layout=layout))
+    parts = _moved(before, None, True, FRAMEWORKS["megatron"].buckets_grads)
+    reductions = parts[3] + parts[7] + parts[11] + parts[15]  # dp and edp, stack and ends
+    assert float(reductions.xreplace(subs)) == pytest.approx(charged, rel=1e-9)
+    calls = sum(float(sympy.sympify(op.count).xreplace(subs))
+                for op in step.ops() if op.kind == "reduce_scatter"
+                and op.param("group") == "dp" and op.phase is Phase.BACKWARD)
+    assert charged < calls / 2  # a call per weight would charge every reduction one
