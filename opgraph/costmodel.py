@@ -60,8 +60,8 @@ class Cost:
     compute: str | None = None
     message: sympy.Expr = sympy.S.Zero  # a collective's buffer per GPU (`collectives`' M)
     # a collective's share of one NCCL call: 1 for a call of its own; a framework that reduces
-    # gradients in buckets (`frameworks.grad_bucket`) issues one call for many weights, each
-    # paying its share of the call's latency (the op's `calls` parameter)
+    # gradients in buckets (`frameworks.reduces_in_buckets`) issues one call for many weights,
+    # each paying its share of the call's latency (the op's `calls` parameter)
     calls: sympy.Expr = sympy.S.One
     # the shape the calibrated model's kernel efficiency reads, per instance: a matrix
     # multiply's (GEMMs, M, N) (`rules.gemm_grid`), which its waves tile; an attention kernel's

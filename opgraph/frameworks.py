@@ -99,8 +99,8 @@ Each trait, with where each framework's code says so:
   ring-reduce implementations are large enough to remain bandwidth-bound rather than
   latency-bound", `megatron/core/distributed/distributed_data_parallel.py`); the parameter
   gathers use the same buffers' buckets. Each weight then pays its share of a call's latency
-  (`grad_bucket`, `costmodel.Cost.calls`). Without the overlap Megatron reduces one bucket per
-  model chunk, and so does an interleaved pipeline's every chunk after the first
+  (`reduces_in_buckets`, `bucket_share`, `costmodel.Cost.calls`). Without the overlap
+  Megatron reduces one bucket per model chunk, and so does an interleaved pipeline's every chunk after the first
   (`megatron/training/training.py`, `get_model`: "Turn off bucketing for model_chunk 2
   onwards");
   neither is modelled (a call per weight without the overlap, as the other frameworks here;
@@ -177,13 +177,11 @@ BUCKET_FLOOR = 40_000_000
 BUCKET_PER_RANK = 1_000_000
 
 
-def grad_bucket(layout: Parallel, ranks):
-    """The parameters in one bucket of the layout's data-parallel reductions over `ranks`
-    GPUs (a number or the group's symbol), or None where each weight is reduced in a call of
-    its own (`Traits.buckets_grads`: Megatron-LM with `--overlap-grad-reduce`)."""
-    if not (traits(layout).buckets_grads and layout.overlap_grad_reduce):
-        return None
-    return bucket_params(ranks)
+def reduces_in_buckets(layout: Parallel) -> bool:
+    """Whether the layout's data-parallel reductions run in buckets (`Traits.buckets_grads`:
+    Megatron-LM with `--overlap-grad-reduce`), each weight paying `bucket_share` of a call;
+    else each weight is reduced in a call of its own."""
+    return traits(layout).buckets_grads and layout.overlap_grad_reduce
 
 
 def bucket_params(ranks):

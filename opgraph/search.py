@@ -850,7 +850,10 @@ def compute_key(r: Row) -> tuple:
     forward and backward op as it is) and the pipeline stages (they cut the same ops apart)."""
     return (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel, r.recompute, r.precision,
             r.regathers_sp, r.traits.regather_in_recompute, r.traits.eager,
-            r.traits.compiles_blocks_only, r.wire, r.traits.buckets_grads)
+            r.traits.compiles_blocks_only, r.wire,
+            # `frameworks.reduces_in_buckets` of the row's layout: a row runs with
+            # --overlap-grad-reduce (Parallel's default), so its framework's trait decides
+            r.traits.buckets_grads)
 
 
 @attrs.frozen

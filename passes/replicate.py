@@ -39,7 +39,8 @@ import sympy
 
 from opgraph import rules
 from opgraph.contracts import contract
-from opgraph.frameworks import bucket_share, grad_bucket, reduce_dtype, sharding, traits
+from opgraph.frameworks import (bucket_share, reduce_dtype, reduces_in_buckets, sharding,
+                                traits)
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.parallel import Parallel, dp, edp, ep
 
@@ -89,7 +90,7 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     out.dims = {**out.dims, dp: layout.size("dp")}
     if layout.ep > 1:
         out.dims[edp] = layout.size("edp")
-    wire = reduce_dtype(layout)
+    wire, bucketed = reduce_dtype(layout), reduces_in_buckets(layout)
     # where the backward's gather serves the recomputation too, it goes before whichever runs
     # first: the ops' place in the order, which no insertion here changes
     order = None if traits(layout).regather_in_recompute else {
@@ -98,8 +99,7 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
         w = graph.tensor(graph.tensor(update.inputs[0]).grad_of)
         group = group_of(w)
         if layout.size(group) > 1:  # a group of one GPU has nothing to reduce or shard
-            _replicate_update(out, update, sharding(layout), wire, order,
-                              grad_bucket(layout, GROUPS[group]) is not None)
+            _replicate_update(out, update, sharding(layout), wire, order, bucketed)
     return out
 
 
@@ -109,8 +109,8 @@ def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
     w = out.tensor(grad.grad_of)
     group = group_of(w)
     where = {"region": update.region, "count": update.count, "group": group}
-    # in a bucket (`frameworks.grad_bucket`) the weight's reduction and gather are its share of
-    # the bucket's one call
+    # in a bucket (`frameworks.reduces_in_buckets`) the weight's reduction and gather are its
+    # share of the bucket's one call
     if bucketed:
         where["calls"] = bucket_share(grad.numel, GROUPS[group])
     if zero == 0:

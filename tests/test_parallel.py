@@ -543,7 +543,8 @@ def published():
 # The roofline is a ceiling: no published run beats it. A run that did would show opgraph
 # leaving exposed what the framework hides (Megatron-Core's 32B at TP 8 x DP 48 did while each
 # weight's gradient reduction paid an NCCL call of its own, where Megatron reduces 48 M-parameter
-# buckets: `frameworks.grad_bucket`). Reported, not bent: a miss is named here with its reason.
+# buckets: `frameworks.reduces_in_buckets`). Reported, not bent: a miss is named here with its
+# reason.
 ROOFLINE_MISSES: set[str] = set()
 
 

@@ -503,7 +503,9 @@ def test_the_bound_counts_megatrons_reductions_as_replicate_charges_them():
                   and op.phase is Phase.BACKWARD)
     before = compile_step(forward, shard=functools.partial(shard, layout=layout))
     parts = _moved(before, None, True, FRAMEWORKS["megatron"].buckets_grads)
-    reductions = parts[3] + parts[7] + parts[11] + parts[15]  # dp and edp, stack and ends
+    # `_moved` gives (gathered, gathers, reduced, reductions) for each of the stack and the
+    # ends, each of dp and edp: the reductions are every fourth; with no stack, all are ends
+    reductions = sympy.Add(*parts[3::4])
     assert float(reductions.xreplace(subs)) == pytest.approx(charged, rel=1e-9)
     calls = sum(float(sympy.sympify(op.count).xreplace(subs))
                 for op in step.ops() if op.kind == "reduce_scatter"
