@@ -30,8 +30,10 @@ step), the saved activations of every layer that has run its forward and not yet
 in the region: the other layers'), and the transient working set: every other tensor from the
 op that writes it to the last op that reads it, one copy (one layer at a time); a partial
 gradient ends where the kernel that accumulates into it begins (the sum is written in its
-buffer: one copy, as the resident gradient buffers count the partials of a weight). The peak is the
-op where that is largest; each part there stays a formula.
+buffer: one copy, as the resident gradient buffers count the partials of a weight), and, while an
+op its framework runs eagerly runs (or its backward), the tensors its kernels write beside its own
+(`workspace`: the eager loss's FP32 copies of the logits). The peak is the op where that is
+largest; each part there stays a formula.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import attrs
 import sympy
 
 from . import rules
-from .ir import Graph, Phase, Role, Tensor
+from .ir import DTYPES, Graph, Op, Phase, Role, Tensor
 
 PARTS = ("weights", "gradients", "optimizer", "activations")
 RESIDENT = PARTS[:3]  # the parts resident all step (`resident_tensors`)
@@ -180,6 +182,8 @@ class Liveness:
             end = max([start, *ends]) if writer is not None or not ends else max(ends)
             if end >= start:  # else a partial fed to the step and only accumulated into
                 self.lives.append(_Life(t, start, end, t.name in kept, t.region))
+        for i, op in enumerate(self.ops):  # an eager op's kernels' own tensors, while it runs
+            self.lives.extend(_Life(t, i, i, False, t.region) for t in workspace(graph, op))
 
     def copies(self, life: _Life, i: int, count=None):
         """How many instances of `life`'s tensor are live while op `i` runs: a saved tensor
@@ -255,6 +259,25 @@ class Liveness:
                     if not life.start <= i <= life.end:
                         live[i] += size * (count - 1)
         return [resident + total for total in live]
+
+
+def workspace(graph: Graph, op: Op) -> list[Tensor]:
+    """The tensors `op`'s eager kernels hold besides its own while they run
+    (`rules.eager_workspace`), for an op its framework runs eagerly (`passes.decompose`'s mark)
+    and for that op's backward kernels; none for any other. Each lives for `op` alone, one
+    copy: the eager loss's FP32 copies of the logits, which a fused kernel never writes."""
+    fwd = op
+    if op.phase is Phase.BACKWARD:
+        if op.forward is None or not graph.has_op(op.forward):
+            return []
+        fwd = graph.op(op.forward)
+    if not fwd.param("eager"):
+        return []
+    specs = rules.eager_workspace(fwd.kind, [graph.tensor(n) for n in fwd.inputs],
+                                  [graph.tensor(n) for n in fwd.outputs], dict(fwd.params),
+                                  backward=op.phase is Phase.BACKWARD)
+    return [Tensor(f"{op.name}:{name}", shape, DTYPES[dtype], region=op.region)
+            for name, shape, dtype in specs]
 
 
 def _partials(op) -> tuple[str, ...]:

@@ -1154,6 +1154,42 @@ def eager_bytes(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) 
     return None if rule is None else sympy.sympify(rule(ins, outs, params))
 
 
+# The tensors an eager op's kernels hold beside its inputs and outputs while they run, by kind:
+# `(name, shape, dtype)` each, live for the op alone (`memory.Liveness`: a fused kernel keeps
+# them in registers). The loss's are the ones that matter: a vocabulary's worth per token.
+def _eager_loss_workspace(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """`_eager_loss`'s FP32 tensors: the upcast copy of the logits (none where they are FP32
+    already; nanotron's `cast_to_fp32` block, torchtitan's `pred.float()`) and the max-shifted
+    copy that exp and the division overwrite in place and the backward keeps as the softmax
+    (Megatron-LM's and nanotron's `_VocabParallelCrossEntropy.forward`; torchtitan's
+    `log_softmax` output in its stead). Both live at the division, beside the logits."""
+    logits = ins[0]
+    upcast = (("fp32_logits", logits.shape),) if logits.dtype.itemsize < _F32 else ()
+    return tuple((name, shape, "fp32") for name, shape in (*upcast, ("softmax", logits.shape)))
+
+
+def _eager_loss_backward_workspace(ins: list[Tensor], outs: list[Tensor],
+                                   params: dict) -> tuple:
+    """The FP32 gradient of the logits, made from the kept softmax in place, before the
+    upcast's backward casts it to the logits' dtype (the output opgraph counts).
+    torchtitan's `log_softmax` backward writes a second FP32 tensor beside it (not held here)."""
+    return (("fp32_grad", ins[0].shape, "fp32"),)
+
+
+EAGER_WORKSPACE: dict[str, Callable] = {"cross_entropy": _eager_loss_workspace}
+EAGER_BACKWARD_WORKSPACE: dict[str, Callable] = {"cross_entropy": _eager_loss_backward_workspace}
+
+
+def eager_workspace(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict,
+                    backward: bool = False) -> tuple:
+    """The `(name, shape, dtype)` of each tensor the eager kernels of an op of `kind` (or, with
+    `backward`, of its backward; `ins`/`outs` the forward's either way) hold while they run,
+    besides the op's own tensors (EAGER_WORKSPACE, EAGER_BACKWARD_WORKSPACE); () for a kind
+    without one."""
+    rule = (EAGER_BACKWARD_WORKSPACE if backward else EAGER_WORKSPACE).get(kind)
+    return () if rule is None else rule(ins, outs, params)
+
+
 def eager_backward_bytes(kind: str, ins: list[Tensor], outs: list[Tensor],
                          params: dict) -> sympy.Expr | None:
     """HBM bytes of the backward of one eager op of `kind` (inputs and outputs its forward's),
@@ -1162,6 +1198,7 @@ def eager_backward_bytes(kind: str, ins: list[Tensor], outs: list[Tensor],
     return None if rule is None else sympy.sympify(rule(ins, outs, params))
 
 __all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "EAGER_BACKWARD_BYTES", "EAGER_BYTES",
+           "EAGER_BACKWARD_WORKSPACE", "EAGER_WORKSPACE", "eager_workspace",
            "FLOP_RULES",
            "FORWARD_KINDS", "GEMM_GRIDS", "attention_scores",
            "PRECISION_KINDS", "SHAPE_RULES",

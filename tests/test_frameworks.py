@@ -331,6 +331,31 @@ def test_eager_kinds_per_framework():
     assert marked("megatron") == marked(None) == set()
 
 
+@pytest.mark.parametrize("tp_degree", [1, 4])
+def test_an_eager_loss_holds_its_fp32_copies_of_the_logits_while_it_runs(tp_degree):
+    """nanotron's loss runs on FP32 logits (`cast_to_fp32`, then `_ShardedCrossEntropy`): at
+    its division, the BF16 logits, their FP32 copy and the max-shifted FP32 copy (the softmax
+    kept for the backward) are live, 2 + 4 + 4 bytes per logit; its backward turns the softmax
+    into the FP32 gradient before casting it. A fused loss (Megatron's default here) writes
+    neither FP32 tensor."""
+    from opgraph.memory import liveness
+
+    def live_at(framework, name):
+        layout = Parallel(tp=tp_degree, framework=framework)
+        g = compile_parallel(preset("llama3.2-1b"), layout)
+        live = liveness(g)
+        at = {op.name: i for i, op in enumerate(live.ops)}
+        subs = resolve(g, {B: 2, S: 4096})
+        return live.moment(at[name]).transient.xreplace(subs), g
+
+    logits = 2 * 4096 * 128256 // tp_degree  # B x S x V / TP, the vocabulary-parallel shard
+    for name, extra in (("loss", (4 + 4) * logits), ("loss.grad", 4 * logits)):
+        eager, g = live_at("nanotron", name)
+        fused, _ = live_at("megatron", name)
+        assert g.op("loss").param("eager")
+        assert eager - fused == extra, name
+
+
 def test_eager_swiglu_is_two_kernels():
     # silu(gate): reads and writes F per token; * up: reads both, writes one: 5 x 2 bytes
     # per element of the gate, against one kernel's 3 x 2
