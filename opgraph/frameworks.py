@@ -106,6 +106,18 @@ Each trait, with where each framework's code says so:
   neither is modelled (a call per weight without the overlap, as the other frameworks here;
   the first chunk's buckets for every chunk).
 
+- `vocab_multiple`: the vocabulary is padded to a multiple of this x the tensor-parallel
+  degree, so that it splits over the TP group (`padded_vocab_shard`); None: not padded, and
+  the vocabulary must divide by the degree. Megatron-LM: `--make-vocab-size-divisible-by`,
+  default 128, times the TP size (`megatron/training/arguments.py`;
+  `_vocab_size_with_padding`, `megatron/training/tokenizer/tokenizer.py`), so GPT-2's 50,257
+  tokens run as 51,200 at TP 8 and Llama 3's 128,256 as 129,024. nanotron:
+  `make_vocab_size_divisible_by` x the TP size (`src/nanotron/helpers.py`,
+  `_vocab_size_with_padding`), 1 in its configs (`examples/config_tiny_llama.yaml`).
+  torchtitan shards an uneven vocabulary as DTensor does; DeepSpeed splits none: not padded.
+  Only a split vocabulary is padded here: at TP 1 the model's own size is kept (Megatron pads
+  GPT-2's to 50,304 there, 0.1% more).
+
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
 the table holds what no field says.
@@ -132,6 +144,7 @@ class Traits:
     compiles_blocks_only: bool = False
     balances_stages: bool = False
     buckets_grads: bool = False
+    vocab_multiple: int | None = None
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
@@ -139,11 +152,11 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
                          compiles_blocks_only=True),
-    "megatron": Traits(sp_saves_shard=True, buckets_grads=True),
+    "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                         overlaps_reduce_from_zero=3),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
-                       balances_stages=True),
+                       balances_stages=True, vocab_multiple=1),
 }
 
 
@@ -169,6 +182,18 @@ def defers_grad_reduce(layout: Parallel) -> bool:
     t = traits(layout)
     return (not layout.overlap_grad_reduce or (layout.pp > 1 and t.reduce_after_flush)
             or layout.zero < t.overlaps_reduce_from_zero)
+
+
+def padded_vocab_shard(vocab, layout: Parallel, degree=None):
+    """One tensor-parallel rank's share of the vocabulary `vocab` (a number or a symbol) under
+    `layout`'s framework: ceil(vocab / (multiple x degree)) x multiple where it pads
+    (`Traits.vocab_multiple`), else vocab / degree. `degree` is the TP degree, a number or the
+    `tp` symbol (default: the layout's)."""
+    degree = layout.tp if degree is None else degree
+    multiple = traits(layout).vocab_multiple
+    if multiple is None:
+        return vocab / degree
+    return sympy.ceiling(vocab / (multiple * degree)) * multiple
 
 
 # Megatron-LM's default bucket: max(BUCKET_FLOOR, BUCKET_PER_RANK x the data-parallel size)

@@ -394,7 +394,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         for (first, last), sp_ in itertools.product(splits[p], _sp(space, t)):
             for e in eps:
                 if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first,
-                                               last, checked):
+                                               last, checked, space.framework):
                     continue
                 for mb in ([space.micro_batch] if space.micro_batch else
                            _divisors(per_rank, space.max_micro_batch)):
@@ -415,14 +415,17 @@ def _refused(space: Space, stages: int, zero: int) -> bool:
     return space.framework == "deepspeed" and stages > 1 and zero >= 2
 
 
-def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict) -> bool:
+def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict,
+             framework: str | None = None) -> bool:
     """Whether the model divides over the degrees as `profile` checks it
-    (`distributed.check_layout`, at its own sequence length and the one searched)."""
+    (`distributed.check_layout`, at its own sequence length and the one searched; the
+    framework's, which may pad the vocabulary)."""
     key = (t, c, e, p, sp_, first, last)
     if key not in cache:
         # dp = ep: any data-parallel degree the experts divide (checked by the caller)
         layout = Parallel(tp=t, cp=c, ep=e, pp=p, dp=e, sequence_parallel=sp_,
-                          first_stage_layers=first, last_stage_layers=last)
+                          first_stage_layers=first, last_stage_layers=last,
+                          framework=framework)
         try:
             check_layout(forward, layout, seq)
             cache[key] = True

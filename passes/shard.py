@@ -44,6 +44,7 @@ import sympy
 from opgraph import rules
 from opgraph.contracts import contract
 from opgraph.errors import OpgraphError
+from opgraph.frameworks import padded_vocab_shard, traits
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.parallel import Parallel, cp, ep, tp
 from opgraph.symbols import E, F, F_e, F_s, H, H_kv, S, V
@@ -92,11 +93,17 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
     dims = {s.name: v for s, v in graph.dims.items()}
     if seq is not None:
         dims["S"] = seq
+    pads = traits(layout).vocab_multiple is not None  # a padded vocabulary always splits
     for sym in TENSOR_SPLITS:
         value = dims.get(sym.name)
+        if sym == V and pads:
+            continue
         if value is not None and layout.tp > 1 and value % layout.tp:
+            pad = (" (or, for the vocabulary, a framework that pads it: --framework megatron "
+                   "or nanotron)") if sym == V else ""
             raise OpgraphError(f"{graph.name}: {sym.name} = {value} is not divisible by --tp "
-                               f"{layout.tp}; pick a tensor-parallel degree that divides it")
+                               f"{layout.tp}; pick a tensor-parallel degree that divides it"
+                               + pad)
     seq = dims.get("S")
     split = layout.cp * (layout.tp if layout.sequence_parallel else 1)
     if seq is not None and seq % (2 * layout.cp if layout.cp > 1 else split):
@@ -147,6 +154,8 @@ class _Sharder:
         self.out.dims |= {sym: value for sym, value in
                           ((tp, layout.tp), (cp, layout.cp), (ep, layout.ep)) if value > 1}
         self.split = {s: s / tp for s in TENSOR_SPLITS} if layout.tp > 1 else {}
+        if self.split:  # the framework's padded vocabulary, where it pads one
+            self.split[V] = padded_vocab_shard(V, layout, tp)
         # what an op's parameters (a reshape's target, a head count) see: split dimensions,
         # and a context-parallel GPU's share of the sequence
         self.params = self.split | ({S: S / cp} if layout.cp > 1 else {})
