@@ -32,8 +32,10 @@ op that writes it to the last op that reads it, one copy (one layer at a time); 
 gradient ends where the kernel that accumulates into it begins (the sum is written in its
 buffer: one copy, as the resident gradient buffers count the partials of a weight), and, while an
 op its framework runs eagerly runs (or its backward), the tensors its kernels write beside its own
-(`workspace`: the eager loss's FP32 copies of the logits). The peak is the op where that is
-largest; each part there stays a formula.
+(`workspace`: the eager loss's FP32 copies of the logits); and what an eager op's autograd keeps
+beyond a fused kernel's inputs (`rules.eager_saved`), saved from the op to its backward as its
+inputs are, or from its re-run where it is recomputed. The peak is the op where that is largest;
+each part there stays a formula.
 """
 
 from __future__ import annotations
@@ -184,6 +186,7 @@ class Liveness:
                 self.lives.append(_Life(t, start, end, t.name in kept, t.region))
         for i, op in enumerate(self.ops):  # an eager op's kernels' own tensors, while it runs
             self.lives.extend(_Life(t, i, i, False, t.region) for t in workspace(graph, op))
+        self.lives.extend(_eager_kept(graph, self.ops, at))
 
     def copies(self, life: _Life, i: int, count=None):
         """How many instances of `life`'s tensor are live while op `i` runs: a saved tensor
@@ -278,6 +281,35 @@ def workspace(graph: Graph, op: Op) -> list[Tensor]:
                                   backward=op.phase is Phase.BACKWARD)
     return [Tensor(f"{op.name}:{name}", shape, DTYPES[dtype], region=op.region)
             for name, shape, dtype in specs]
+
+
+def _eager_kept(graph: Graph, ops: list[Op], at: dict) -> list[_Life]:
+    """The lives of what eager ops' autograd keeps beyond a fused kernel's saved inputs
+    (`rules.eager_saved`): from the forward op to its last backward kernel, saved (every layer's
+    copy, as the forward's saved tensors); from the re-run to the backward, one copy, where the
+    op is recomputed (the forward's autograd then keeps nothing)."""
+    backward: dict[str, int] = {}
+    rerun: set[str] = set()
+    for i, op in enumerate(ops):
+        if op.forward is not None and op.phase is Phase.BACKWARD:
+            backward[op.forward] = max(i, backward.get(op.forward, i))
+        elif op.phase is Phase.RECOMPUTE and op.forward is not None:
+            rerun.add(op.forward)
+    out = []
+    for op in ops:
+        if not op.param("eager") or op.phase not in (Phase.FORWARD, Phase.RECOMPUTE):
+            continue
+        source = op.name if op.phase is Phase.FORWARD else op.forward
+        if source not in backward or (op.phase is Phase.FORWARD and op.name in rerun):
+            continue
+        kept = op.phase is Phase.FORWARD
+        outs = [graph.tensor(n) for n in op.outputs]
+        count = outs[0].count if kept and outs else 1
+        for name, shape, dtype in rules.eager_saved(op.kind, [graph.tensor(n) for n in op.inputs],
+                                                    outs, dict(op.params)):
+            t = Tensor(f"{op.name}:{name}", shape, DTYPES[dtype], count=count, region=op.region)
+            out.append(_Life(t, at[op.name], backward[source], kept, op.region))
+    return out
 
 
 def _partials(op) -> tuple[str, ...]:

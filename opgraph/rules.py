@@ -1176,8 +1176,44 @@ def _eager_loss_backward_workspace(ins: list[Tensor], outs: list[Tensor],
     return (("fp32_grad", ins[0].shape, "fp32"),)
 
 
+# What an eager op's autograd keeps for its backward beyond what one fused kernel keeps (its
+# inputs), by kind: `(name, shape, dtype)` each, saved from the op to its backward
+# (`memory.Liveness`; where the op is re-run, from the re-run to the backward).
+def _eager_swiglu_saved(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """`act(gate) * up` (`_eager_swiglu`): the product's autograd keeps both its operands, so
+    silu(gate), a tensor of the gate's size that one fused kernel never writes, is kept beside
+    the gate (silu's own input) and the up projection."""
+    gate = ins[0]
+    return (("silu", gate.shape, gate.dtype.name),)
+
+
+def _eager_rmsnorm_saved(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """torchtitan's `RMSNorm` (`_eager_rmsnorm`): `pow` and the product with the rsqrt keep the
+    FP32 copy of the input, and the product with the weight keeps the normalized BF16 tensor
+    (standing where a fused norm keeps its input): the FP32 copy more."""
+    x = ins[0]
+    return (("fp32_input", x.shape, "fp32"),)
+
+
+def _eager_rope_saved(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """`apply_rotary_emb` (`_eager_rope`): the complex product keeps its FP32 operand, the
+    rotated elements upcast."""
+    x = ins[0]
+    return (("fp32_input", (_rotated(x, params),), "fp32"),)
+
+
+EAGER_SAVED: dict[str, Callable] = {"swiglu": _eager_swiglu_saved,
+                                    "rmsnorm": _eager_rmsnorm_saved,
+                                    "rope": _eager_rope_saved}
 EAGER_WORKSPACE: dict[str, Callable] = {"cross_entropy": _eager_loss_workspace}
 EAGER_BACKWARD_WORKSPACE: dict[str, Callable] = {"cross_entropy": _eager_loss_backward_workspace}
+
+
+def eager_saved(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
+    """The `(name, shape, dtype)` of each tensor the autograd of an eager op of `kind` keeps
+    for its backward beyond a fused kernel's (EAGER_SAVED); () for a kind without one."""
+    rule = EAGER_SAVED.get(kind)
+    return () if rule is None else rule(ins, outs, params)
 
 
 def eager_workspace(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict,
@@ -1198,7 +1234,8 @@ def eager_backward_bytes(kind: str, ins: list[Tensor], outs: list[Tensor],
     return None if rule is None else sympy.sympify(rule(ins, outs, params))
 
 __all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "EAGER_BACKWARD_BYTES", "EAGER_BYTES",
-           "EAGER_BACKWARD_WORKSPACE", "EAGER_WORKSPACE", "eager_workspace",
+           "EAGER_BACKWARD_WORKSPACE", "EAGER_SAVED", "EAGER_WORKSPACE", "eager_saved",
+           "eager_workspace",
            "FLOP_RULES",
            "FORWARD_KINDS", "GEMM_GRIDS", "attention_scores",
            "PRECISION_KINDS", "SHAPE_RULES",

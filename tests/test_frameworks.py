@@ -398,6 +398,42 @@ def test_an_eager_loss_holds_its_fp32_copies_of_the_logits_while_it_runs(tp_degr
         assert eager - fused == extra, name
 
 
+@pytest.mark.parametrize("recompute, kept", [("none", 1), ("selective-op", 0)])
+def test_an_eager_swiglu_keeps_its_silu_for_the_backward(recompute, kept):
+    """nanotron's `act(gate) * up`: the product's autograd keeps silu(gate), B S F bytes x 2 a
+    layer that a fused SwiGLU never writes, from the forward to the backward in every layer;
+    where the SwiGLU is re-run (torchtitan's per-op checkpointing re-runs all but the matmuls
+    and attention), the forward keeps nothing and the re-run's copy lives one layer at a time."""
+    from opgraph.memory import liveness
+
+    def at_loss(framework):
+        g = compile_parallel(preset("llama3.2-1b"), Parallel(framework=framework),
+                             recompute=recompute)
+        live = liveness(g)
+        i = next(i for i, op in enumerate(live.ops) if op.name == "loss")
+        return live.moment(i).activations.xreplace(resolve(g, {B: 1, S: 4096}))
+
+    layers, ffn = 16, 8192
+    assert at_loss("nanotron") - at_loss(None) == kept * layers * 4096 * ffn * 2
+
+
+def test_torchtitans_eager_layer_keeps_its_fp32_copies():
+    """torchtitan without torch.compile or checkpointing: each RMSNorm keeps the FP32 copy of
+    its input (4 D bytes a token), RoPE the FP32 copies of Q and K (4 (H + H_kv) d_h), the
+    SwiGLU its silu (2 F); the final norm, outside the layers, once."""
+    from opgraph.memory import liveness
+
+    def at_loss(framework):
+        g = compile_parallel(preset("llama3.2-1b"), Parallel(framework=framework))
+        live = liveness(g)
+        i = next(i for i, op in enumerate(live.ops) if op.name == "loss")
+        return live.moment(i).activations.xreplace(resolve(g, {B: 1, S: 4096}))
+
+    layers, d, ffn, heads, kv, head_dim = 16, 2048, 8192, 32, 8, 64
+    per_layer = 2 * 4 * d + 4 * (heads + kv) * head_dim + 2 * ffn
+    assert at_loss("torchtitan") - at_loss(None) == 4096 * (layers * per_layer + 4 * d)
+
+
 def test_eager_swiglu_is_two_kernels():
     # silu(gate): reads and writes F per token; * up: reads both, writes one: 5 x 2 bytes
     # per element of the gate, against one kernel's 3 x 2
