@@ -67,7 +67,8 @@ CASE_KEYS = ("id", "family", "source", "model", "hardware", "power_limit_w", "cl
 REQUIRED = ("id", "source", "model", "gpus", "seq_len", "measured")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "dp", "zero", "micro_batch", "global_batch",
                  "virtual_stages", "sequence_parallel", "async_tp", "overlap_grad_reduce",
-                 "overlap_param_gather", "first_stage_layers", "last_stage_layers", "framework", "grad_reduce_dtype")
+                 "overlap_param_gather", "first_stage_layers", "last_stage_layers",
+                 "stage_layers", "framework", "grad_reduce_dtype")
 MEASURED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib", "peak_memory_gb")
 UNMODELLED_KEYS = ("id", "family", "source", "reason")
 TIMINGS = ("step_time_s", "tokens_per_s_per_gpu")  # exactly one of them
@@ -162,6 +163,8 @@ class Case:
                             "overlap_param_gather": p.overlap_param_gather,
                             "first_stage_layers": p.first_stage_layers,
                             "last_stage_layers": p.last_stage_layers,
+                            "stage_layers": (None if p.stage_layers is None
+                                             else list(p.stage_layers)),
                             "framework": p.framework, "grad_reduce_dtype": p.grad_reduce_dtype},
                "seq_len": self.seq_len, "recompute": self.recompute,
                "precision": self.precision, "fuse": self.fuse,
@@ -247,6 +250,15 @@ def _whole(value, where: str, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise OpgraphError(f"{where}: {key} is {_shown(value)}, not a whole number")
     return check_whole(value, f"{where}: {key}", MAX_DIM)
+
+
+def _layer_list(value, where: str, key: str) -> list[int]:
+    """Every pipeline stage's layers, first to last: whole numbers, 0 for a stage without."""
+    if not isinstance(value, list) or not value or any(
+            isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_DIM for n in value):
+        raise OpgraphError(f"{where}: {key} is {_shown(value)}; give a list of each pipeline "
+                           "stage's layers, whole numbers from 0 (e.g. [6, 5, 5, 0])")
+    return value
 
 
 def _flag(value, where: str, key: str) -> bool:
@@ -342,7 +354,7 @@ READERS: dict[str, Callable] = {
     "micro_batch": _whole, "global_batch": _whole, "virtual_stages": _whole,
     "zero": _zero, "sequence_parallel": _flag, "async_tp": _flag, "overlap_grad_reduce": _flag,
     "overlap_param_gather": _flag,
-    "first_stage_layers": _whole, "last_stage_layers": _whole,
+    "first_stage_layers": _whole, "last_stage_layers": _whole, "stage_layers": _layer_list,
     "framework": _choice(lambda: FRAMEWORKS, "a framework"),
     "grad_reduce_dtype": _choice(lambda: GRAD_REDUCE_DTYPES, "a gradient-reduction dtype"),
     # measured

@@ -40,7 +40,7 @@ import sympy
 from . import cluster as clusters
 from .costmodel import DEFAULT, CostModel
 from .errors import OpgraphError
-from .frameworks import defers_grad_reduce, sharding, stage_split
+from .frameworks import defers_grad_reduce, end_split, own_split, sharding
 from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory
@@ -253,8 +253,7 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
     values["B"] = layout.micro_batch
     layout = framework_split(forward, layout)
     step = compile_parallel(forward, layout, seq=values.get("S"), **options)
-    # the middle stages hold the same layers and nothing else: one stands for them all
-    kinds = [min(i, 1) if i < layout.pp - 1 else i for i in range(layout.pp)]
+    kinds = stage_kinds(forward, layout)
     drawn = None if rank is None else layout.rank_stage(rank)
     if drawn is not None:
         kinds[drawn] = drawn
@@ -268,17 +267,33 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
                int(mfu_parameters(forward).xreplace(subs)), unequal_chunks(forward, layout))
 
 
+def stage_kinds(forward: Graph, layout: Parallel) -> list[int]:
+    """For each pipeline stage, the stage that stands for it: the first that holds as many
+    layers and the same ends (the embedding, the head), so the middle stages of an even split
+    are one; it holds the most micro-batches in flight of them (`in_flight`)."""
+    if layout.pp == 1:
+        return [0]
+    counts = stage_layers(int(sympy.sympify(layer_stack(forward).count).xreplace(forward.dims)),
+                          layout)
+    first: dict = {}
+    return [first.setdefault((n, i == 0, i == layout.pp - 1), i) for i, n in enumerate(counts)]
+
+
 def framework_split(forward: Graph, layout: Parallel) -> Parallel:
     """`layout` with its pipeline split as its framework makes it where the layout names none
-    (`frameworks.stage_split`: nanotron balances its blocks' costs), an even split
-    interleaved or where the framework's cannot be said."""
+    (`frameworks.own_split`: nanotron balances its blocks' costs): its end stages where a
+    layout's first and last stages can say it, else every stage's layers (`stage_layers`); an
+    even split interleaved."""
     if (layout.pp == 1 or layout.virtual_stages > 1 or layout.first_stage_layers is not None
-            or layout.last_stage_layers is not None):
+            or layout.last_stage_layers is not None or layout.stage_layers is not None):
         return layout
-    split = stage_split(forward, layout.pp, layout.framework)
-    if split is None:
+    own = own_split(forward, layout.pp, layout.framework)
+    if own is None:
         return layout
-    return attrs.evolve(layout, first_stage_layers=split[0], last_stage_layers=split[1])
+    ends = end_split(own)
+    if ends is None:
+        return attrs.evolve(layout, stage_layers=own)
+    return attrs.evolve(layout, first_stage_layers=ends[0], last_stage_layers=ends[1])
 
 
 def unequal_chunks(forward: Graph, layout: Parallel):

@@ -235,15 +235,19 @@ def run_zero(zero: int, stages: int, framework: str | None) -> int:
     return zero
 
 
-def stage_split(forward, stages: int, framework: str | None
-                ) -> tuple[int | None, int | None] | None:
-    """The end stages' layers, `(first_stage_layers, last_stage_layers)`, where the framework
-    splits a pipeline by its blocks' costs (`Traits.balances_stages`): None where it does not
-    (or `stages` is 1), or where its split leaves the middle stages unequal, which a layout
-    cannot say; None in a pair where an end takes what a middle stage takes."""
+def own_split(forward, stages: int, framework: str | None) -> tuple[int, ...] | None:
+    """Every stage's layers, first to last, where the framework splits a pipeline by its
+    blocks' costs (`Traits.balances_stages`); None where it does not (or `stages` is 1)."""
     if stages == 1 or not FRAMEWORKS[framework].balances_stages:
         return None
-    per_stage = _balanced(*_block_costs(forward), stages)
+    return tuple(_balanced(*_block_costs(forward), stages))
+
+
+def end_split(per_stage) -> tuple[int | None, int | None] | None:
+    """`per_stage` (every stage's layers) as a layout's end stages, `(first_stage_layers,
+    last_stage_layers)`: (None, None) where even, None in a pair where an end takes what a
+    middle stage takes; None where the middle stages are unequal or a stage holds no layer,
+    which only the layout's `stage_layers` can say."""
     if len(set(per_stage)) == 1:
         return (None, None)  # even
     middle = set(per_stage[1:-1])
@@ -252,6 +256,14 @@ def stage_split(forward, stages: int, framework: str | None
     each = middle.pop() if middle else None
     first, last = per_stage[0], per_stage[-1]
     return (None if first == each else first, None if last == each else last)
+
+
+def stage_split(forward, stages: int, framework: str | None
+                ) -> tuple[int | None, int | None] | None:
+    """The end stages' layers of the framework's own split (`own_split`, `end_split`): None
+    where it makes none, or where the split needs `stage_layers` to be said."""
+    own = own_split(forward, stages, framework)
+    return None if own is None else end_split(own)
 
 
 def _block_costs(forward) -> tuple[int, int, int]:

@@ -50,6 +50,20 @@ def _whole(value, name):
     return check_whole(value, name, MAX_DIM) if value is not None else None
 
 
+def _stage_list(value):
+    """`stage_layers` as a tuple of whole numbers from 0 (a stage may hold no layer), or None."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise OpgraphError(f"stage layers {value!r}: give one whole number per pipeline stage")
+    out = tuple(value)
+    for n in out:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n > MAX_DIM:
+            raise OpgraphError(f"stage layers {list(out)!r}: each stage's layers must be a "
+                               f"whole number from 0 to {MAX_DIM:,}, not {n!r}")
+    return out
+
+
 @attrs.frozen(kw_only=True)
 class Parallel:
     """One layout. `micro_batch` and `global_batch` are in sequences; `dp` None means
@@ -61,7 +75,9 @@ class Parallel:
     default (`opgraph.frameworks.reduce_dtype`: FP32 but for DeepSpeed's BF16).
     `first_stage_layers` / `last_stage_layers` make the end stages uneven (Megatron's
     `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages, and
-    with virtual stages into chunks as `chunk_layers` cuts them.
+    with virtual stages into chunks as `chunk_layers` cuts them. `stage_layers` names every
+    stage's layers instead, first to last, any of them 0 (nanotron's cost-balanced split of the
+    playbook's 1B on four stages: 6, 5, 5 and 0, the last stage holding the head alone).
     `overlap_grad_reduce` runs the gradient reduction under the backward (PyTorch DDP, FSDP,
     Megatron-LM's `--overlap-grad-reduce`); without it the reduction waits for the backward to
     end (Megatron-LM's default; DeepSpeed's pipeline engine's whatever this says).
@@ -86,6 +102,7 @@ class Parallel:
     async_tp: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    stage_layers: tuple[int, ...] | None = attrs.field(default=None, converter=_stage_list)
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = False
     framework: str | None = None
@@ -136,6 +153,20 @@ class Parallel:
                                f"or 2, Megatron-LM's distributed optimizer), not ZeRO-{self.zero}")
         if (self.first_stage_layers or self.last_stage_layers) and self.pp == 1:
             raise OpgraphError("uneven first or last stages need --pp 2 or more")
+        if self.stage_layers is not None:
+            if len(self.stage_layers) != self.pp or self.pp == 1:
+                raise OpgraphError(f"stage layers {list(self.stage_layers)}: give one count per "
+                                   f"pipeline stage, {self.pp} for --pp {self.pp} (and --pp 2 "
+                                   "or more)")
+            if self.first_stage_layers is not None or self.last_stage_layers is not None:
+                raise OpgraphError("stage layers name every stage's layers: leave out the "
+                                   "first and last stages' own counts")
+            if self.virtual_stages > 1:
+                raise OpgraphError("stage layers with --virtual-stages: opgraph interleaves "
+                                   "even stages, or uneven end stages only; leave one out")
+            if self.stage_layers[0] == 0:
+                raise OpgraphError("the first pipeline stage holds no layer in stage layers "
+                                   f"{list(self.stage_layers)}; give it one or more")
         if self.framework == "deepspeed" and self.pp > 1 and self.zero >= 2:
             # deepspeed/runtime/pipe/engine.py asserts it: "ZeRO-2 and ZeRO-3 are incompatible
             # with pipeline parallelism"
@@ -200,6 +231,7 @@ class Parallel:
                 "sequence_parallel": self.sequence_parallel, "async_tp": self.async_tp,
                 "first_stage_layers": self.first_stage_layers,
                 "last_stage_layers": self.last_stage_layers,
+                "stage_layers": None if self.stage_layers is None else list(self.stage_layers),
                 "overlap_grad_reduce": self.overlap_grad_reduce,
                 "overlap_param_gather": self.overlap_param_gather,
                 "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype}
@@ -235,6 +267,11 @@ def chunk_layers(layers: int, layout: Parallel) -> list[list[int]]:
     """
     p, v = layout.pp, layout.virtual_stages
     first, last = layout.first_stage_layers, layout.last_stage_layers
+    if layout.stage_layers is not None:
+        if sum(layout.stage_layers) != layers or not any(layout.stage_layers):
+            raise OpgraphError(f"stage layers {list(layout.stage_layers)} add up to "
+                               f"{sum(layout.stage_layers)}; the model has {layers} layers")
+        return [[n] for n in layout.stage_layers]
     if first is None and last is None:
         if layers % (p * v):
             raise OpgraphError(f"{layers} layers do not divide into pp x virtual stages = "

@@ -96,7 +96,7 @@ from .costmodel import DEFAULT, CostModel
 from .distributed import (Job, ParallelResult, Stage, StageOp, check_layout, layout_passes,
                           step_figures, unequal_chunks)
 from .errors import OpgraphError
-from .frameworks import FRAMEWORKS, Traits, bucket_share, run_zero, stage_split
+from .frameworks import FRAMEWORKS, Traits, bucket_share, end_split, own_split, run_zero
 from .hardware import Hardware
 from .ir import DTYPES, Graph, Phase
 from .limits import MAX_MICRO_BATCHES
@@ -340,12 +340,14 @@ def _divisors(n: int, limit: int) -> list[int]:
 def _splits(layers: int, stages: int, forward: Graph | None = None,
             framework: str | None = None) -> list[tuple[int | None, int | None]]:
     """The pipeline splits tried for `stages` stages: the framework's own where it makes one
-    (`frameworks.stage_split`, as `distributed.framework_split` gives `profile`); else even,
-    or (where that does not divide) one layer fewer on each end stage, as Llama 3 405B's 126
-    layers on 16 stages (7, 8 x 14, 7)."""
-    own = None if forward is None else stage_split(forward, stages, framework)
+    (`frameworks.own_split`, as `distributed.framework_split` gives `profile`), none where
+    that needs every stage's layers said (`Parallel.stage_layers`, which the search's first,
+    middle and last stages cannot hold); else even, or (where that does not divide) one layer
+    fewer on each end stage, as Llama 3 405B's 126 layers on 16 stages (7, 8 x 14, 7)."""
+    own = None if forward is None else own_split(forward, stages, framework)
     if own is not None:
-        return [own]
+        ends = end_split(own)
+        return [] if ends is None else [ends]
     if stages == 1 or layers % stages == 0:
         return [(None, None)]
     if stages > 2 and (layers + 2) % stages == 0 and (layers + 2) // stages > 1:
@@ -384,6 +386,14 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     checked: dict = {}
     # each stage count's splits once (a framework's own weighs the model's blocks)
     splits = {p: _splits(layers, p, forward, space.framework) for p in pps}
+    if space.pp and space.pp > 1 and not splits[space.pp]:
+        own = own_split(forward, space.pp, space.framework)
+        if own is not None:
+            raise OpgraphError(
+                f"--framework {space.framework} splits {forward.name}'s {layers} layers over "
+                f"{space.pp} stages as {'/'.join(map(str, own))}, which plan's first, middle and "
+                f"last stages cannot hold; profile that layout (opgraph profile --pp "
+                f"{space.pp} --framework {space.framework}), or plan another --pp")
     for t, c, p in itertools.product(tps, cps, pps):
         if space.gpus % (t * c * p):
             continue

@@ -2,7 +2,8 @@
 
 Layers are split into `pp` stages (Narayanan et al. 2021): the layer stack's trip count `L`
 becomes the stage's share (`L/pp` for even stages, a number for Megatron's uneven first and
-last stages), the ops before the stack (the embedding) run on the first stage only, the ops after
+last stages or for a layout's `stage_layers`; a stage with none runs its end's ops alone, or
+only passes the activations on), the ops before the stack (the embedding) run on the first stage only, the ops after
 it (the final norm, the head, the loss) on the last, each with its backward, its optimizer
 update, its weights and their collectives. A model with more stacks than one splits the one its
 dimension counts (`layer_stack`); a fixed number of layers before it (DeepSeek's dense-first
@@ -101,7 +102,9 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
     if not swap:
         raise OpgraphError(f"{graph.name}'s layer stack runs {region.count} times; pipeline "
                            "parallelism needs a stack counted by one dimension")
-    keep = [op for op in graph.ops() if side[op.name] & ({STACK} | mine)]
+    # a stage without layers (nanotron's last, with the head alone) runs its end's ops only
+    runs = ({STACK} if counts[stage] else set()) | mine
+    keep = [op for op in graph.ops() if side[op.name] & runs]
     used = {n for op in keep for n in (*op.inputs, *op.outputs)}
     for t in graph.tensors():
         if t.name in used:
@@ -113,13 +116,15 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
                            if r.name == region.name else r)
     for op in keep:
         out.add_op(attrs.evolve(op, count=op.count.xreplace(swap)))
-    _sends(out, graph, region, stage, layout.pp)
+    _sends(out, graph, region, stage, layout.pp, empty=not counts[stage])
     return out
 
 
-def _sends(out: Graph, graph: Graph, region, stage: int, stages: int) -> None:
+def _sends(out: Graph, graph: Graph, region, stage: int, stages: int,
+           empty: bool = False) -> None:
     """The stage's point-to-point transfers per micro-batch: the stack's output forward (not
-    on the last stage), the gradient of its input back (not on the first)."""
+    on the last stage), the gradient of its input back (not on the first); a stage without
+    layers (`empty`) passes on what it received, the stack's output and its gradient."""
     entering, handed = region.carries[0] if region.carries else (None, None)
     if handed is None:
         raise OpgraphError(f"{graph.name}'s layer stack carries no tensor from layer to layer, "
@@ -128,7 +133,7 @@ def _sends(out: Graph, graph: Graph, region, stage: int, stages: int) -> None:
     if stage < stages - 1:
         transfers.append((handed, Phase.FORWARD, "send_forward"))
     if stage > 0:
-        grads = [t for t in graph.tensors() if t.grad_of == entering]
+        grads = [t for t in graph.tensors() if t.grad_of == (handed if empty else entering)]
         if grads:
             transfers.append((grads[-1].name, Phase.BACKWARD, "send_backward"))
     for source, phase, what in transfers:

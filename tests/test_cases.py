@@ -17,6 +17,7 @@ import pytest
 from opgraph import cases as cases_module
 from opgraph.cases import Case, load_cases
 from opgraph.errors import OpgraphError
+from opgraph.parallel import stage_layers
 from opgraph.symbols import D, F, H, H_kv, L, S, V
 from opgraph.verify import verify
 
@@ -461,6 +462,18 @@ def test_a_small_good_case_takes_the_clis_defaults(tmp_path):
     assert case.measured_peak_memory_gib is None and case.notes == ""
     again = _write(tmp_path, {"cases": [case.to_json()]})
     assert "cluster" not in case.to_json() and load_cases(again) == [case]
+
+
+def test_a_case_says_every_stages_layers(tmp_path):
+    (case,) = load_cases(_write(tmp_path, _with(
+        lambda c: c["parallel"].update(stage_layers=[3, 1]))))
+    assert case.parallel.stage_layers == (3, 1)
+    assert load_cases(_write(tmp_path, {"cases": [case.to_json()]})) == [case]
+    for bad in ([3, 2], [3], "3/1", [3, -1]):
+        with pytest.raises(OpgraphError, match="stage"):
+            (case,) = load_cases(_write(tmp_path, _with(
+                lambda c, bad=bad: c["parallel"].update(stage_layers=bad))))
+            stage_layers(4, case.parallel)
 
 
 BAD = [  # (what, the file's data, words the message must hold)

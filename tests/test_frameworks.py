@@ -15,7 +15,7 @@ from opgraph.passes.replicate import replicate
 
 from opgraph import compile_step, hardware
 from opgraph.costmodel import cost_model, message_bytes
-from opgraph.distributed import compile_parallel, profile_parallel
+from opgraph.distributed import compile_parallel, prepare, profile_parallel
 from opgraph.errors import OpgraphError
 from opgraph.ir import Phase
 from opgraph.memory import saved
@@ -513,9 +513,34 @@ def test_nanotron_splits_a_pipeline_by_its_blocks_costs():
     # on 4 stages the middle ones equal the first: only the last differs
     assert _nanotron_split(16, layer, head, 4) == [5, 5, 5, 1]
     assert stage_split(f, 4, "nanotron") == (None, 1)
-    # on 8, unequal middle stages and the head alone on the last: no layout says that
+    # on 8, unequal middle stages and the head alone on the last: only every stage's count
+    # (`Parallel.stage_layers`) says that
     assert _nanotron_split(16, layer, head, 8) == [3, 2, 3, 2, 3, 2, 1, 0]
     assert stage_split(f, 8, "nanotron") is None
+
+
+def test_nanotron_profiles_a_split_only_every_stages_count_says():
+    """llama3.2-1b on 8 stages: nanotron's 3/2/3/2/3/2/1/0 (worked above), the last stage the
+    head alone; `profile` runs it, each stage as many layers as the split gives it, and `plan`
+    (first, middle and last stages) refuses that --pp in one line."""
+    forward, cost = preset("llama3.2-1b"), cost_model("calibrated")
+    layout = Parallel(pp=8, dp=1, micro_batch=1, global_batch=32, framework="nanotron")
+    r = profile_parallel(forward, H100, layout, values={"S": 4096}, cost=cost).parallel
+    assert r.layout.stage_layers == (3, 2, 3, 2, 3, 2, 1, 0)
+    times = r.stage_times_s
+    # the middle stages of 2 layers take one time, those of 3 another, 1.5 x the 2-layer one's
+    # compute less their sends, which are the same
+    assert times[1] == times[3] == times[5] and times[2] == times[4]
+    assert times[2] > times[1] > times[6]
+    job = prepare(forward, H100, r.layout, values={"S": 4096}, cost=cost)
+    last = job.stages[job.kinds[7]]
+    assert all(op.region is None for op in last.graph.ops())  # no layer: the head alone
+    # its weights: the tied table the head reads (V x D) and the final norm's, in BF16
+    assert last.memory.weights == 2 * (128256 * 2048 + 2048)
+    searcher = Searcher(forward, H100, seq_len=4096, cost=cost)
+    space = Space(gpus=8, batch=32, framework="nanotron", pp=8)
+    with pytest.raises(OpgraphError, match="3/2/3/2/3/2/1/0, which plan's first, middle and last"):
+        rows(forward, H100, space, 4096, searcher.cluster)
 
 
 @pytest.mark.parametrize("stages, split", [(2, (10, 6)), (4, (None, 1))])  # as worked above

@@ -831,3 +831,24 @@ def test_a_degree_that_would_split_nothing_is_an_error_not_a_silent_replica():
     with pytest.raises(OpgraphError, match="--ep 2 .* has none"):
         shard(_own_symbols_model(experts=True), Parallel(ep=2, dp=2))
     shard(preset("llama3-8b"), Parallel(tp=2))  # a model that declares them is split
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(pp=4, stage_layers=(6, 5, 5)), "give one count per pipeline stage, 4 for --pp 4"),
+    (dict(pp=4, stage_layers=(6, 5, 5, 0), first_stage_layers=6), "leave out the first"),
+    (dict(pp=4, stage_layers=(4, 4, 4, 4), virtual_stages=2), "with --virtual-stages"),
+    (dict(pp=4, stage_layers=(0, 6, 5, 5)), "the first pipeline stage holds no layer"),
+    (dict(pp=2, stage_layers=(6, -1)), "whole number from 0"),
+    (dict(pp=2, stage_layers="6/10"), "one whole number per pipeline stage"),
+])
+def test_stage_layers_are_checked(fields, message):
+    with pytest.raises(OpgraphError, match=message):
+        Parallel(**fields)
+
+
+def test_stage_layers_must_add_up_to_the_model():
+    from opgraph.parallel import stage_layers
+
+    assert stage_layers(16, Parallel(pp=4, stage_layers=[6, 5, 5, 0])) == [6, 5, 5, 0]
+    with pytest.raises(OpgraphError, match="add up to 17; the model has 16 layers"):
+        stage_layers(16, Parallel(pp=4, stage_layers=(6, 5, 5, 1)))

@@ -105,3 +105,13 @@ def json_text(obj) -> str:
     except ValueError:
         raise OpgraphError("a figure came out infinite or not a number; the sizes or hardware "
                            "figures are out of range") from None
+
+
+def layer_counts(text: str) -> tuple[int, ...]:
+    """An argparse type: every pipeline stage's layers, `6/5/5/0` or `6,5,5,0`, each a whole
+    number from 0."""
+    parts = re.split(r"[/,]", text.strip())
+    if len(parts) > 4096 or not all(re.fullmatch(r"[0-9]{1,9}", p.strip()) for p in parts):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: give each pipeline stage's layers, "
+                                         "first to last, as 6/5/5/0")
+    return tuple(int(p) for p in parts)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..choices import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
 from ..errors import OpgraphError
 from ..limits import MAX_DIM, MAX_MICRO_BATCHES
-from .args import whole
+from .args import layer_counts, whole
 
 if TYPE_CHECKING:  # the record (with sympy) loads when a layout is made, not for --help
     from ..parallel import Parallel
@@ -86,6 +86,9 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                    help="layers on the first pipeline stage (the rest split evenly)")
     g.add_argument("--last-stage-layers", type=whole(MAX_DIM), metavar="N",
                    help="layers on the last pipeline stage")
+    g.add_argument("--stage-layers", type=layer_counts, metavar="A/B/...",
+                   help="every pipeline stage's layers, first to last (6/5/5/0: nanotron's "
+                        "split of a 16-layer model with its head on a stage of its own)")
     g.add_argument("--cluster", metavar="NAME|FILE",
                    help="the cluster (see `opgraph hardware --clusters`): a catalog id or a "
                         ".toml file (default: the hardware part's)")
@@ -105,7 +108,7 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
 # The flags that set a `Parallel` field of the same name; --no-overlap-grad-reduce clears one.
 FIELDS = ("gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "virtual_stages",
           "sequence_parallel", "zero", "async_tp", "overlap_param_gather", "first_stage_layers",
-          "last_stage_layers", "framework", "grad_reduce_dtype")
+          "last_stage_layers", "stage_layers", "framework", "grad_reduce_dtype")
 
 
 def given_layout(args) -> dict:

@@ -76,8 +76,10 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
                f"{'es' if lay.micro_batches != 1 else ''} per rank)")]
     ends = [f"the {end} stage {n} layers" for end, n in
             (("first", lay.first_stage_layers), ("last", lay.last_stage_layers)) if n is not None]
-    if ends:  # the layout's uneven split, or its framework's (`frameworks.stage_split`)
+    if ends:  # the layout's uneven split, or its framework's (`frameworks.own_split`)
         options.append(" and ".join(ends))
+    if lay.stage_layers is not None:
+        options.append(f"stages of {'/'.join(map(str, lay.stage_layers))} layers")
     if lay.virtual_stages > 1:
         options.append(f"{lay.virtual_stages} virtual stages")
     options += [f"ZeRO-{lay.zero}"] + (["sequence parallel"] if lay.sequence_parallel else []) + (
@@ -179,6 +181,8 @@ def layout_text(layout, recompute: str, precision: str) -> str:
     split = ""
     if layout.first_stage_layers is not None or layout.last_stage_layers is not None:
         split = f"({layout.first_stage_layers or '-'}/.../{layout.last_stage_layers or '-'})"
+    elif layout.stage_layers is not None:  # every stage's (not read back by `parse_layout`)
+        split = f"({'/'.join(map(str, layout.stage_layers))})"
     ep = f" ep{layout.ep}" if layout.ep > 1 else ""
     return (f"tp{layout.tp} cp{layout.cp} pp{layout.pp}{split} dp{layout.dp_degree}{ep} "
             f"mb{layout.micro_batch} v{layout.virtual_stages} zero{layout.zero}"
