@@ -6,8 +6,9 @@ that kind's eager kernels (`rules.EAGER_BYTES`) in place of one kernel's; its ba
 from it, follows; and the step's liveness holds the tensors those kernels write beside the op's
 own while it runs (`rules.EAGER_WORKSPACE`: the loss's FP32 copies of the logits) and those
 their autograd keeps for the backward (`rules.EAGER_SAVED`: a norm's FP32 input, SwiGLU's
-silu). Nothing else changes: the ops, tensors and FLOPs are the same, so the pass is a mark rather than a rewrite, and a compiled run's fusion (`fuse_elementwise`) takes the
-mark off the kinds it generates kernels for, except where the framework compiles only the
+silu). Nothing else changes: the ops, tensors and FLOPs are the same, so the pass is a mark
+rather than a rewrite, and a compiled run's fusion (`fuse_elementwise`) takes the mark off the
+kinds it generates kernels for, except where the framework compiles only the
 transformer blocks and the op lies outside them (`eager="always"`: torchtitan's final norm and
 loss).
 

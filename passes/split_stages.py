@@ -3,8 +3,8 @@
 Layers are split into `pp` stages (Narayanan et al. 2021): the layer stack's trip count `L`
 becomes the stage's share (`L/pp` for even stages, a number for Megatron's uneven first and
 last stages or for a layout's `stage_layers`; a stage with none runs its end's ops alone, or
-only passes the activations on), the ops before the stack (the embedding) run on the first stage only, the ops after
-it (the final norm, the head, the loss) on the last, each with its backward, its optimizer
+only passes the activations on), the ops before the stack (the embedding) run on the first
+stage only, the ops after it (the final norm, the head, the loss) on the last, each with its backward, its optimizer
 update, its weights and their collectives. A model with more stacks than one splits the one its
 dimension counts (`layer_stack`); a fixed number of layers before it (DeepSeek's dense-first
 layers) runs on the first stage as the embedding does, and after it (DeepSeek-V3's prediction
