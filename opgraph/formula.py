@@ -48,13 +48,20 @@ HARDWARE_SYMBOLS = {"peak": "peak dense FLOP/s", "bandwidth": "HBM bandwidth, by
 PEAK_SYMBOLS = {"fp8": PEAK_FP8}  # a Cost's compute dtype -> the symbol of its peak
 
 
+@functools.lru_cache(maxsize=65536)  # bounded; a pure function of an immutable expression
+def _factor(expr: sympy.Expr) -> sympy.Expr:
+    """`sympy.factor(expr)`, once per distinct expression: a model's formulas repeat its ops'
+    few shapes, and factoring is most of what writing them costs."""
+    return sympy.factor(expr)
+
+
 def roofline(flops, nbytes, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT
              ) -> sympy.Expr:
     """The cost model's time, `Max(flops / peak, bytes / bandwidth)`, with the factor both terms
     share pulled out: `roofline(2*B*S*D, 12*B*S*D)` is `2*B*D*S*Max(6/bandwidth, 1/peak)`."""
     flops, nbytes = sympy.sympify(flops), sympy.sympify(nbytes)
-    compute = sympy.factor(flops / peak)
-    memory = sympy.factor(nbytes / bandwidth)
+    compute = _factor(flops / peak)
+    memory = _factor(nbytes / bandwidth)
     common = sympy.Integer(1)
     if compute != 0 and memory != 0:
         common = sympy.gcd(sympy.fraction(compute)[0], sympy.fraction(memory)[0])
@@ -69,8 +76,8 @@ def roofline(flops, nbytes, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DE
 def _factored_max(common):
     def maximum(compute, memory):
         if common == 1:
-            return sympy.Max(sympy.factor(compute), sympy.factor(memory))
-        return sympy.Max(sympy.factor(compute / common), sympy.factor(memory / common))
+            return sympy.Max(_factor(compute), _factor(memory))
+        return sympy.Max(_factor(compute / common), _factor(memory / common))
     return maximum
 
 
@@ -282,9 +289,9 @@ def tidy(expr: sympy.Expr, depth=()) -> sympy.Expr:
 def _tidy_polynomial(expr: sympy.Expr, depth: list) -> sympy.Expr:
     expanded = sympy.expand(expr)
     if not depth:
-        return sympy.factor(expanded)
+        return _factor(expanded)
     groups = sympy.collect(expanded, depth, evaluate=False)
-    return sympy.Add(*(k * sympy.factor(v) for k, v in groups.items()))
+    return sympy.Add(*(k * _factor(v) for k, v in groups.items()))
 
 
 def latex(expr: sympy.Expr) -> str:
