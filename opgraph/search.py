@@ -356,6 +356,20 @@ def _splits(layers: int, stages: int, forward: Graph | None = None,
     return []
 
 
+def unsplit_degrees(forward: Graph, space: Space) -> dict[int, tuple[int, ...]]:
+    """The pipeline degrees `rows` leaves out because the framework's own split of them needs
+    every stage's count said (`_splits`), each with that split: what `plan` warns of."""
+    layers = _layers(forward)
+    if layers is None or space.pp or not FRAMEWORKS[space.framework].balances_stages:
+        return {}
+    out = {}
+    for p in range(2, min(space.max_pp or layers, layers, space.gpus) + 1):
+        own = own_split(forward, p, space.framework) if space.gpus % p == 0 else None
+        if own is not None and end_split(own) is None:
+            out[p] = own
+    return out
+
+
 def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
          cluster: clusters.Cluster) -> list[Row]:
     """Every layout of `space` that divides the model (see the module), in a fixed order."""

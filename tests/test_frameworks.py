@@ -541,6 +541,21 @@ def test_nanotron_profiles_a_split_only_every_stages_count_says():
     space = Space(gpus=8, batch=32, framework="nanotron", pp=8)
     with pytest.raises(OpgraphError, match="3/2/3/2/3/2/1/0, which plan's first, middle and last"):
         rows(forward, H100, space, 4096, searcher.cluster)
+    # unconstrained, the search leaves pp 8 out (pp 2 and 4 split by their ends) and says so
+    from opgraph.search import unsplit_degrees
+
+    free = Space(gpus=8, batch=32, framework="nanotron")
+    assert unsplit_degrees(forward, free) == {8: (3, 2, 3, 2, 3, 2, 1, 0)}
+    assert {row.pp for row in rows(forward, H100, free, 4096, searcher.cluster)} == {1, 2, 4}
+
+
+def test_plan_says_which_pipeline_degrees_it_left_out(cli):
+    code, _out, err = cli("plan", "--model", "llama3.2-1b", "--gpus", "8", "--global-batch",
+                          "32", "--framework", "nanotron", "--top", "1")
+    assert code == 0 and "not searched: pp 8 (3/2/3/2/3/2/1/0)" in err
+    code, _out, err = cli("plan", "--model", "llama3.2-1b", "--gpus", "8", "--global-batch",
+                          "32", "--top", "1")
+    assert code == 0 and "not searched" not in err
 
 
 @pytest.mark.parametrize("stages, split", [(2, (10, 6)), (4, (None, 1))])  # as worked above

@@ -219,6 +219,7 @@ def run(args) -> int:
         import attrs
 
         found = attrs.evolve(found, best=found.best[:args.top])  # as deep as --top asks
+        _warn_unsplit(forward, spaces[0])
         return _one(args, found, forward, part, cluster, seq, batch, ranking, why)
     from ..outputs.progress import progressed
 
@@ -283,6 +284,19 @@ def _no_fit(found, forward, part, gpus: int) -> None:
             f"smallest of {found.searched:,} needs {found.smallest_memory / 1e9:,.1f} GB per "
             f"GPU of {part.memory_bytes / 1e9:,.1f} GB; add GPUs, or allow more recomputation "
             "or sharding")
+
+
+def _warn_unsplit(forward, space) -> None:
+    """Say which pipeline degrees the search left out for its framework's split (see
+    `search.unsplit_degrees`), on stderr."""
+    from ..search import unsplit_degrees
+
+    left = unsplit_degrees(forward, space)
+    if left:
+        shown = ", ".join(f"pp {p} ({'/'.join(map(str, split))})" for p, split in left.items())
+        print(f"opgraph: warning: not searched: {shown}: --framework {space.framework}'s own "
+              "split of those, which plan's first, middle and last stages cannot hold; "
+              "`opgraph profile --pp P` runs one", file=sys.stderr)
 
 
 def _header(forward, part, cluster, seq: int, batch: int, cost: str) -> str:
