@@ -426,7 +426,23 @@ DEFAULT = CostModel()
 
 # Which efficiency of a generation a kind's arithmetic runs at (`opgraph.calibration`); any other
 # kind runs at `matmul`'s (its compute term rarely binds: it is memory-bound).
-EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention"}
+EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention_backward"}
+# The FLOPs of FlashAttention's backward that its efficiency's sources count: 2.5 x its forward's
+# (it recomputes QK^T: five products to the forward's two; Dao 2023, FlashAttention-2, and Shah
+# et al. 2024, FlashAttention-3, report their backward TFLOP/s so, and so does
+# benchmarks/device/measure_gpu.py). A convention that charges the backward `factor` x its
+# forward (the plate's 2) runs it at `attention` x factor / 2.5 in those FLOPs
+# (`CalibratedCostModel.figures`' `attention_backward`); "derived" charges the 2.5 itself.
+ATTENTION_BACKWARD_FLOPS = 2.5
+
+
+def runs_per_charged(kind: str, model: CostModel) -> float:
+    """The FLOPs a kernel of `kind` runs per FLOP `model`'s convention charges it: 2.5 / factor
+    for FlashAttention's backward under "plate" and "tensors" (ATTENTION_BACKWARD_FLOPS), 1 for
+    any other kind or under "derived". Its efficiency divides the time of those it runs."""
+    if kind != "flash_attention_backward" or model.backward == "derived":
+        return 1.0
+    return ATTENTION_BACKWARD_FLOPS / float(model.factor)
 # Kinds whose ops the frameworks issue many at a time, one multi-tensor kernel launch for a list
 # of tensors (Megatron-LM's and DeepSpeed's FusedAdam, apex or Transformer Engine's
 # multi_tensor_apply; torch.optim.AdamW's fused and foreach forms, which torchtitan and nanotron
@@ -471,8 +487,14 @@ class CalibratedCostModel(CostModel):
         generation's efficiencies (`Efficiencies.values`), and the part's `clock` (its
         sustained clock over its peak's, `Hardware.clock_ratio`: below 1 when power-capped)
         and `sms` (0 where unknown). `opgraph.sweep` takes them as arrays, a part per point."""
-        return self.efficiencies(hardware).values() | {"clock": hardware.clock_ratio,
-                                                        "sms": float(hardware.sms or 0)}
+        return self._rates(self.efficiencies(hardware)) | {"clock": hardware.clock_ratio,
+                                                            "sms": float(hardware.sms or 0)}
+
+    def _rates(self, e) -> dict[str, float]:
+        """`e`'s efficiencies by name, and `attention_backward`: `attention` in this model's
+        FLOPs of FlashAttention's backward (`runs_per_charged`)."""
+        return e.values() | {"attention_backward": e.attention / runs_per_charged(
+            "flash_attention_backward", self)}
 
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
                 peak: float, grid: tuple = ()) -> float:
@@ -482,7 +504,7 @@ class CalibratedCostModel(CostModel):
         quantum = shape_factor(kind, grid, flops / count, hardware, e)
         return self.scaled_time(flops, nbytes, count, peak * hardware.clock_ratio,
                                 hardware.bandwidth,
-                                rate=getattr(e, EFFICIENCY.get(kind, "matmul")),
+                                rate=self._rates(e)[EFFICIENCY.get(kind, "matmul")],
                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
                                 launch=e.launch_s, quantum=quantum,
                                 host=host_floor(kind, e.host_s))
@@ -491,7 +513,8 @@ class CalibratedCostModel(CostModel):
         import numpy as np
 
         e = self.efficiencies(hardware)
-        rate = np.array([getattr(e, EFFICIENCY.get(kind, "matmul")) for kind in kinds])[:, None]
+        rates = self._rates(e)
+        rate = np.array([rates[EFFICIENCY.get(kind, "matmul")] for kind in kinds])[:, None]
         host = np.array([host_floor(kind, e.host_s) for kind in kinds])[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
             quantum = 1.0 if grids is None else shape_factors(

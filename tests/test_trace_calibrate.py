@@ -16,7 +16,7 @@ from opgraph.models import preset
 from opgraph import calibration, compile_step, evaluate, hardware
 from opgraph.categories import CATEGORIES
 from opgraph.commands.trace_breakdown import read_breakdown
-from opgraph.costmodel import cost_model, waves_of
+from opgraph.costmodel import DEFAULT, cost_model, runs_per_charged, waves_of
 from opgraph.errors import OpgraphError
 from opgraph.traces import classify
 from opgraph.traces.calibrate import FITTED, SCALED_BY, fit_trace, format_trace_fit
@@ -56,12 +56,13 @@ def profile():
 
 
 def waved(profile, category: str) -> float:
-    """A category's roofline time with each compute-bound GEMM's waves at Hopper's tiles: what
-    the calibrated model divides by `matmul` (`costmodel.waves_of`, with its K overhead; the
-    attention and the
+    """A category's roofline time with each compute-bound GEMM's waves at Hopper's tiles and
+    FlashAttention's backward at the FLOPs it runs (`costmodel.runs_per_charged`): what the
+    calibrated model divides by `matmul` or `attention` (`costmodel.waves_of`, with its K
+    overhead; the attention and the
     memory-bound kernels have none)."""
     return sum(op.time_s * (waves_of(profile.grids.get(op.name, ()), H100, HOPPER,
-                                     op.flops / op.count)
+                                     op.flops / op.count) * runs_per_charged(op.kind, DEFAULT)
                             if op.bound == "compute" else 1.0)
                for op in profile.ops if op.category == category)
 

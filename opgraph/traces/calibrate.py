@@ -36,7 +36,7 @@ from __future__ import annotations
 import attrs
 
 from ..calibration import FIELDS, Efficiencies
-from ..costmodel import shape_factor
+from ..costmodel import DEFAULT, runs_per_charged, shape_factor
 from ..errors import OpgraphError
 from .compare import Comparison, Row
 
@@ -108,12 +108,14 @@ def _check_roofline(comparison: Comparison) -> None:
 def _with_shapes(comparison: Comparison, rows: list[Row], base: Efficiencies) -> float:
     """The rows' roofline time with each compute-bound kernel's shape factor
     (`costmodel.shape_factor`: a GEMM's waves, an attention kernel's exponentials, at `base`'s
-    tiles and ratio): the time `matmul` or `attention` divides in the calibrated model, so the
-    fit inverts it (a memory-bound op kept as it is)."""
+    tiles and ratio) and the FLOPs it runs per FLOP the plate charges it
+    (`costmodel.runs_per_charged`: FlashAttention's backward): the time `matmul` or `attention`
+    divides in the calibrated model, so the fit inverts it (a memory-bound op kept as it is)."""
     p = comparison.profile
     categories = {c for r in rows for c in r.roofline_categories}
     return sum(op.time_s * (shape_factor(op.kind, p.grids.get(op.name, ()),
                                          op.flops / op.count, p.hardware, base)
+                            * runs_per_charged(op.kind, DEFAULT)
                             if op.bound == "compute" and op.count else 1.0)
                for op in p.ops if op.category in categories)
 
