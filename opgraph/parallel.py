@@ -154,10 +154,11 @@ class Parallel:
         if (self.first_stage_layers or self.last_stage_layers) and self.pp == 1:
             raise OpgraphError("uneven first or last stages need --pp 2 or more")
         if self.stage_layers is not None:
-            if len(self.stage_layers) != self.pp or self.pp == 1:
+            if self.pp == 1:
+                raise OpgraphError("stage layers split a pipeline: they need --pp 2 or more")
+            if len(self.stage_layers) != self.pp:
                 raise OpgraphError(f"stage layers {list(self.stage_layers)}: give one count per "
-                                   f"pipeline stage, {self.pp} for --pp {self.pp} (and --pp 2 "
-                                   "or more)")
+                                   f"pipeline stage, {self.pp} for --pp {self.pp}")
             if self.first_stage_layers is not None or self.last_stage_layers is not None:
                 raise OpgraphError("stage layers name every stage's layers: leave out the "
                                    "first and last stages' own counts")

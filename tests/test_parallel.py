@@ -835,6 +835,7 @@ def test_a_degree_that_would_split_nothing_is_an_error_not_a_silent_replica():
 
 @pytest.mark.parametrize("fields, message", [
     (dict(pp=4, stage_layers=(6, 5, 5)), "give one count per pipeline stage, 4 for --pp 4"),
+    (dict(stage_layers=(16,)), "they need --pp 2 or more"),
     (dict(pp=4, stage_layers=(6, 5, 5, 0), first_stage_layers=6), "leave out the first"),
     (dict(pp=4, stage_layers=(4, 4, 4, 4), virtual_stages=2), "with --virtual-stages"),
     (dict(pp=4, stage_layers=(0, 6, 5, 5)), "the first pipeline stage holds no layer"),
