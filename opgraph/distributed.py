@@ -46,6 +46,7 @@ from .ir import Graph, Phase
 from .memory import Memory
 from .parallel import Parallel, chunk_layers, stage_layers
 from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
+from .passes.cache_fp8_weights import cache_fp8_weights
 from .passes.decompose import decompose
 from .passes.regather_inputs import regather_inputs
 from .passes.replicate import replicate
@@ -170,10 +171,12 @@ def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None
 
 def layout_passes(layout: Parallel, *, replicated: bool = True) -> list:
     """The passes a layout adds after `attach_adamw`: a framework's sequence-parallel
-    re-gathers (`regather_inputs`) and eager kernels (`decompose`), then the data-parallel
-    replicas (`replicate`; not where `replicated` is False)."""
+    re-gathers (`regather_inputs`), eager kernels (`decompose`) and FP8 weights cast once a
+    step (`cache_fp8_weights`), then the data-parallel replicas (`replicate`; not where
+    `replicated` is False)."""
     return [functools.partial(regather_inputs, layout=layout),
             functools.partial(decompose, layout=layout),
+            functools.partial(cache_fp8_weights, layout=layout),
             *([functools.partial(replicate, layout=layout)] if replicated else [])]
 
 

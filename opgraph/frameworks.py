@@ -106,6 +106,13 @@ Each trait, with where each framework's code says so:
   neither is modelled (a call per weight without the overlap, as the other frameworks here;
   the first chunk's buckets for every chunk).
 
+- `caches_fp8_weights`: under FP8, each weight is cast to FP8 once a step and the copy reused
+  by every micro-batch (`passes.cache_fp8_weights`), rather than cast in every forward and kept
+  for that micro-batch's backward. Megatron-LM: Transformer Engine casts on the step's first
+  micro-batch only (`is_first_microbatch`, passed by Megatron-LM's TE layers,
+  `megatron/core/extensions/transformer_engine.py`). torchtitan's torchao `Float8Linear`
+  casts in every forward: not cached.
+
 - `vocab_multiple`: the vocabulary is padded to a multiple of this x the tensor-parallel
   degree, so that it splits over the TP group (`padded_vocab_shard`); None: not padded, and
   the vocabulary must divide by the degree. Megatron-LM: `--make-vocab-size-divisible-by`,
@@ -145,6 +152,7 @@ class Traits:
     balances_stages: bool = False
     buckets_grads: bool = False
     vocab_multiple: int | None = None
+    caches_fp8_weights: bool = False
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
@@ -152,7 +160,8 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
                          compiles_blocks_only=True),
-    "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128),
+    "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
+                       caches_fp8_weights=True),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                         overlaps_reduce_from_zero=3),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),

@@ -80,9 +80,11 @@ def footprint(graph: Graph) -> Footprint:
 
 
 def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
-    """The tensors resident all step, by part: the weights, one gradient buffer per weight, the
-    optimizer states."""
+    """The tensors resident all step, by part: the weights (and the FP8 copies of those a
+    framework casts once a step, `passes.cache_fp8_weights`), one gradient buffer per weight,
+    the optimizer states."""
     weights = graph.weights()
+    cached = [graph.tensor(n) for op in graph.ops() if op.param("cached") for n in op.outputs]
     names = {w.name for w in weights}
     grads: dict[str, Tensor] = {}
     for t in graph.tensors():  # one buffer per weight, however many partials write it
@@ -95,7 +97,8 @@ def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
             if (op.phase is Phase.OPTIMIZER and t.role is Role.OPTIMIZER_STATE
                     and op.kind not in rules.COLLECTIVE_KINDS):  # a gather reads the update
                 states.setdefault(name, t)
-    return dict(zip(RESIDENT, (list(weights), list(grads.values()), list(states.values()))))
+    return dict(zip(RESIDENT, (list(weights) + cached, list(grads.values()),
+                               list(states.values()))))
 
 
 def _made_by_forward(graph: Graph, name: str) -> bool:
@@ -320,14 +323,16 @@ def _partials(op) -> tuple[str, ...]:
 
 def _resident_tensor(graph: Graph, t: Tensor) -> bool:
     """Weights, optimizer states and gradient buffers are resident all step; so are what the
-    optimizer writes (the same buffers, updated in place)."""
+    optimizer writes (the same buffers, updated in place) and a weight's FP8 copy made once a
+    step."""
     if t.role in (Role.WEIGHT, Role.OPTIMIZER_STATE):
         return True
     if t.role is Role.GRADIENT and t.grad_of is not None and graph.has_tensor(t.grad_of) \
             and graph.tensor(t.grad_of).role is Role.WEIGHT:
         return True
     writer = graph.producer(t.name)
-    return writer is not None and writer.phase is Phase.OPTIMIZER
+    return writer is not None and (writer.phase is Phase.OPTIMIZER
+                                   or bool(writer.param("cached")))
 
 
 def liveness(graph: Graph) -> Liveness:

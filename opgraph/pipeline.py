@@ -21,6 +21,7 @@ from . import contracts
 from .frameworks import reduce_dtype, sharding, traits
 from .ir import Graph
 from .passes.attach_adamw import AdamW, attach_adamw
+from .passes.cache_fp8_weights import cache_fp8_weights
 from .passes.decompose import decompose
 from .passes.derive_backward import derive_backward
 from .passes.fuse_attention import fuse_attention
@@ -66,6 +67,7 @@ STRUCTURE: dict[Callable, dict[str, Callable]] = {
     # the framework's traits (`opgraph.frameworks`) decide what the layout passes insert
     regather_inputs: {"layout": lambda p: (p.sequence_parallel and traits(p).sp_saves_shard,)},
     decompose: {"layout": lambda p: (traits(p).eager, traits(p).compiles_blocks_only)},
+    cache_fp8_weights: {"layout": lambda p: (traits(p).caches_fp8_weights,)},
     replicate: {"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
                                      reduce_dtype(p), traits(p).regather_in_recompute)},
 }

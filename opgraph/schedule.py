@@ -465,8 +465,11 @@ def _repeat(trip: _Trip, left: int, ready: dict, spans: list, free: dict, comm_s
 
 
 def once_per_step(op: Op, zero: int) -> bool:
-    """Collectives a data-parallel rank runs once per step rather than per micro-batch (see
-    the module): ZeRO-0/1's gradient reduction and the gather of updated weights."""
+    """Ops a data-parallel rank runs once per step rather than per micro-batch (see the
+    module): ZeRO-0/1's gradient reduction and the gather of updated weights, and the FP8
+    casts of weights a framework caches (`passes.cache_fp8_weights`)."""
+    if op.param("cached"):
+        return True
     if op.kind not in COLLECTIVE_KINDS or op.param("group") not in ("dp", "edp"):
         return False
     return op.phase is Phase.OPTIMIZER or (op.phase is Phase.BACKWARD and zero <= 1)

@@ -880,7 +880,9 @@ def compute_key(r: Row) -> tuple:
             r.traits.compiles_blocks_only, r.wire,
             # `frameworks.reduces_in_buckets` of the row's layout: a row runs with
             # --overlap-grad-reduce (Parallel's default), so its framework's trait decides
-            r.traits.buckets_grads)
+            r.traits.buckets_grads,
+            # `passes.cache_fp8_weights`: the weights' FP8 casts once a step
+            r.traits.caches_fp8_weights and r.precision == "fp8")
 
 
 @attrs.frozen
@@ -912,7 +914,10 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
         fixed[layer_stack(graph).count] = LAYERS
         side = ends(graph)
     costs = cost.op_costs(graph)
-    ops = [op for op in graph.ops() if op.phase is not Phase.OPTIMIZER]
+    # a micro-batch's ops: not the optimizer's, nor the FP8 weight casts run once a step
+    # (`passes.cache_fp8_weights`), which a bound may leave out
+    ops = [op for op in graph.ops() if op.phase is not Phase.OPTIMIZER
+           and not op.param("cached")]
     collective = [op.kind in COLLECTIVE_KINDS for op in ops]
     once = (False,) * len(ops)
     waits = _waits(graph, ops, collective, once)

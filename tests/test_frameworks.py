@@ -311,21 +311,61 @@ def test_an_unpadded_vocabulary_must_divide():
         compile_parallel(preset("gpt2"), Parallel(tp=4))
 
 
-def test_a_padded_vocabulary_plans_as_it_profiles():
-    forward, cost = preset("gpt2"), cost_model("calibrated")
-    searcher = Searcher(forward, H100, seq_len=1024, cost=cost)
-    space = Space(gpus=8, batch=16, framework="megatron", tp=4, precision=("bf16",),
-                  recompute=("none",))
-    found = rows(forward, H100, space, 1024, searcher.cluster)
+def _plans_as_it_profiles(forward, space: Space, seq: int, first: int) -> None:
+    """The first `first` rows the search lists for `space` carry `profile`'s step time and
+    memory (the calibrated model)."""
+    cost = cost_model("calibrated")
+    searcher = Searcher(forward, H100, seq_len=seq, cost=cost)
+    found = rows(forward, H100, space, seq, searcher.cluster)
     assert found
-    for row in found[:6]:
+    for row in found[:first]:
         candidate = row.candidate()
         mine = searcher.one(candidate).result
-        theirs = profile_parallel(forward, H100, candidate.layout, values={"S": 1024},
+        theirs = profile_parallel(forward, H100, candidate.layout, values={"S": seq},
                                   cost=cost, recompute=candidate.recompute,
                                   precision=candidate.precision).parallel
         assert mine.step_time_s == pytest.approx(theirs.step_time_s, rel=1e-9)
         assert mine.memory.total == theirs.memory.total
+
+
+def test_a_padded_vocabulary_plans_as_it_profiles():
+    _plans_as_it_profiles(preset("gpt2"), Space(gpus=8, batch=16, framework="megatron", tp=4,
+                                                precision=("bf16",), recompute=("none",)),
+                          1024, 6)
+
+
+# --- FP8 weights cast once a step (`Traits.caches_fp8_weights`) --------------------------------
+
+def test_megatron_casts_each_weight_to_fp8_once_a_step():
+    """Transformer Engine (Megatron-LM) casts a weight to FP8 on the step's first micro-batch
+    and reuses the copy: the copies are resident with the weights, one a weight, where torchao
+    (the generic model here) keeps one per micro-batch in flight until its backward; and the
+    weights' amax and cast run once a step. llama3.2-1b on 2 stages of 8 layers, 8
+    micro-batches: each layer's FP8 matmuls read 2 D H d_h + 2 D H_kv d_h + 3 D F weights."""
+    forward = preset("llama3.2-1b")
+
+    def run(framework):
+        layout = Parallel(pp=2, dp=1, micro_batch=1, global_batch=8, framework=framework)
+        return profile_parallel(forward, H100, layout, values={"S": 4096},
+                                precision="fp8")
+
+    generic, megatron = run(None).parallel, run("megatron").parallel
+    d, h, kv, head, ffn = 2048, 32, 8, 64, 8192
+    layer = 2 * d * h * head + 2 * d * kv * head + 3 * d * ffn  # one byte each in FP8
+    # resident: 8 layers' copies, and each cast's FP32 amax (7 a layer)
+    assert generic.memory_stage == megatron.memory_stage == 0
+    assert megatron.memory.weights - generic.memory.weights == 8 * (layer + 7 * 4)
+    # kept per micro-batch in flight (2 on stage 0): at the peak, the SwiGLU's backward, the
+    # layer being run backward has used its down projection's copy (D F) already
+    assert generic.in_flight == 2
+    assert generic.memory.activations - megatron.memory.activations == 2 * (8 * layer - d * ffn)
+    counts = {r.name: r.count for r in run("megatron").ops}
+    assert counts["fp8.layers.q_proj.weight.cast"] == 8  # once a step for each of 8 layers
+    assert {r.name: r.count for r in run(None).ops}["fp8.layers.q_proj.weight.cast"] == 64
+    # the search plans them as profile runs them
+    _plans_as_it_profiles(forward, Space(gpus=8, batch=8, framework="megatron", pp=2,
+                                         precision=("fp8",), recompute=("none",),
+                                         micro_batch=1), 4096, 4)
 
 
 # --- eager PyTorch's kernels (`Traits.eager`, `passes.decompose`) -------------------------------
