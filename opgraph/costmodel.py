@@ -443,6 +443,8 @@ def runs_per_charged(kind: str, model: CostModel) -> float:
     if kind != "flash_attention_backward" or model.backward == "derived":
         return 1.0
     return ATTENTION_BACKWARD_FLOPS / float(model.factor)
+
+
 # Kinds whose ops the frameworks issue many at a time, one multi-tensor kernel launch for a list
 # of tensors (Megatron-LM's and DeepSpeed's FusedAdam, apex or Transformer Engine's
 # multi_tensor_apply; torch.optim.AdamW's fused and foreach forms, which torchtitan and nanotron

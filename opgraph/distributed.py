@@ -45,9 +45,9 @@ from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory
 from .parallel import Parallel, chunk_layers, stage_layers
-from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
 from .passes.cache_fp8_weights import cache_fp8_weights
 from .passes.decompose import decompose
+from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
 from .passes.regather_inputs import regather_inputs
 from .passes.replicate import replicate
 from .passes.shard import check_divides, shard

@@ -89,8 +89,9 @@ Each trait, with where each framework's code says so:
   cost from `get_block_compute_costs` (a decoder layer: its linear layers' weights,
   4 h^2 + 3 h F for Llama; the LM head: V h; the rest nothing) and gives stage r the blocks up
   to the first whose running sum passes (r + 1) / pp of the total, so the stage with the head
-  takes fewer layers (the playbook's 1B, 16 layers on 2 stages: 11 and 5). `stage_split`
-  computes it with nanotron's formula from the model's dimensions.
+  takes fewer layers (the playbook's 1B, 16 layers on 2 stages: 11 and 5). `own_split`
+  computes it with nanotron's formula from the model's dimensions; `end_split` says it as a
+  layout's first and last stages where it can (else `Parallel.stage_layers` says it).
 
 - `buckets_grads`: the data-parallel gradient reductions (and ZeRO-1's gathers of the
   updated weights) run in buckets of many weights, one NCCL call each, rather than a call per
@@ -265,14 +266,6 @@ def end_split(per_stage) -> tuple[int | None, int | None] | None:
     each = middle.pop() if middle else None
     first, last = per_stage[0], per_stage[-1]
     return (None if first == each else first, None if last == each else last)
-
-
-def stage_split(forward, stages: int, framework: str | None
-                ) -> tuple[int | None, int | None] | None:
-    """The end stages' layers of the framework's own split (`own_split`, `end_split`): None
-    where it makes none, or where the split needs `stage_layers` to be said."""
-    own = own_split(forward, stages, framework)
-    return None if own is None else end_split(own)
 
 
 def _block_costs(forward) -> tuple[int, int, int]:

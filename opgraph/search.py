@@ -356,14 +356,22 @@ def _splits(layers: int, stages: int, forward: Graph | None = None,
     return []
 
 
+def _pipelines(space: Space, layers: int | None) -> list[int]:
+    """The pipeline degrees `space` tries for a stack of `layers` (None: no stack to split)."""
+    if space.pp:
+        return [space.pp]
+    return [1] if layers is None else list(range(1, min(space.max_pp or layers, layers) + 1))
+
+
 def unsplit_degrees(forward: Graph, space: Space) -> dict[int, tuple[int, ...]]:
-    """The pipeline degrees `rows` leaves out because the framework's own split of them needs
-    every stage's count said (`_splits`), each with that split: what `plan` warns of."""
+    """The pipeline degrees of `space` that `rows` cannot hold because the framework's own
+    split of them needs every stage's count said (`_splits`), each with that split: what
+    `rows` refuses where `space` names the degree, and `plan` warns of where it does not."""
     layers = _layers(forward)
-    if layers is None or space.pp or not FRAMEWORKS[space.framework].balances_stages:
+    if layers is None:
         return {}
     out = {}
-    for p in range(2, min(space.max_pp or layers, layers, space.gpus) + 1):
+    for p in _pipelines(space, layers):
         own = own_split(forward, p, space.framework) if space.gpus % p == 0 else None
         if own is not None and end_split(own) is None:
             out[p] = own
@@ -385,8 +393,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         raise OpgraphError(f"{forward.name}'s layer stack {region.name} runs {region.count} "
                            "times, not a count of one dimension; pipeline parallelism needs "
                            "one (leave out --pp)")
-    pps = [space.pp] if space.pp else [1] if layers is None else range(
-        1, min(space.max_pp or layers, layers) + 1)
+    pps = _pipelines(space, layers)
     zeros = [space.zero] if space.zero is not None else ZERO_STAGES
     recompute = space.recompute or RECOMPUTE
     precision = space.precision or tuple(p for p in PRECISIONS
@@ -400,14 +407,13 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     checked: dict = {}
     # each stage count's splits once (a framework's own weighs the model's blocks)
     splits = {p: _splits(layers, p, forward, space.framework) for p in pps}
-    if space.pp and space.pp > 1 and not splits[space.pp]:
-        own = own_split(forward, space.pp, space.framework)
-        if own is not None:
-            raise OpgraphError(
-                f"--framework {space.framework} splits {forward.name}'s {layers} layers over "
-                f"{space.pp} stages as {'/'.join(map(str, own))}, which plan's first, middle and "
-                f"last stages cannot hold; profile that layout (opgraph profile --pp "
-                f"{space.pp} --framework {space.framework}), or plan another --pp")
+    own = unsplit_degrees(forward, space).get(space.pp) if space.pp else None
+    if own is not None:
+        raise OpgraphError(
+            f"--framework {space.framework} splits {forward.name}'s {layers} layers over "
+            f"{space.pp} stages as {'/'.join(map(str, own))}, which plan's first, middle and "
+            f"last stages cannot hold; profile that layout (opgraph profile --pp "
+            f"{space.pp} --framework {space.framework}), or plan another --pp")
     for t, c, p in itertools.product(tps, cps, pps):
         if space.gpus % (t * c * p):
             continue

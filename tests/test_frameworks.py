@@ -540,7 +540,7 @@ def _nanotron_split(layers, layer, head, stages):
 
 
 def test_nanotron_splits_a_pipeline_by_its_blocks_costs():
-    from opgraph.frameworks import stage_split
+    from opgraph.frameworks import end_split, own_split
 
     f = preset("llama3.2-1b")  # 16 layers, d 2048, 32 heads of 64, 8 KV heads, F 8192
     # get_block_compute_costs: 4 x num_attention_heads x d_qkv x hidden + 3 x d_ff x hidden
@@ -548,15 +548,17 @@ def test_nanotron_splits_a_pipeline_by_its_blocks_costs():
     layer = 4 * 32 * 64 * 2048 + 3 * 8192 * 2048
     head = 128256 * 2048
     assert _nanotron_split(16, layer, head, 2) == [10, 6]
-    assert stage_split(f, 2, "nanotron") == (10, 6)
-    assert stage_split(f, 2, "megatron") is None  # Megatron splits evenly unless told
+    assert own_split(f, 2, "nanotron") == (10, 6) and end_split((10, 6)) == (10, 6)
+    assert own_split(f, 2, "megatron") is None  # Megatron splits evenly unless told
     # on 4 stages the middle ones equal the first: only the last differs
     assert _nanotron_split(16, layer, head, 4) == [5, 5, 5, 1]
-    assert stage_split(f, 4, "nanotron") == (None, 1)
+    assert own_split(f, 4, "nanotron") == (5, 5, 5, 1)
+    assert end_split((5, 5, 5, 1)) == (None, 1)
     # on 8, unequal middle stages and the head alone on the last: only every stage's count
     # (`Parallel.stage_layers`) says that
     assert _nanotron_split(16, layer, head, 8) == [3, 2, 3, 2, 3, 2, 1, 0]
-    assert stage_split(f, 8, "nanotron") is None
+    assert own_split(f, 8, "nanotron") == (3, 2, 3, 2, 3, 2, 1, 0)
+    assert end_split((3, 2, 3, 2, 3, 2, 1, 0)) is None
 
 
 def test_nanotron_profiles_a_split_only_every_stages_count_says():
