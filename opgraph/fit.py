@@ -25,7 +25,6 @@ import attrs
 import numpy as np
 
 from . import cluster as clusters
-from . import hardware as hw
 from .calibration import FRACTIONS, Efficiencies
 from .cases import Case
 from .costmodel import DEFAULT, CalibratedCostModel, CostModel

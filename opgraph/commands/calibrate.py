@@ -10,6 +10,7 @@ from pathlib import Path
 
 import attrs
 
+from ..errors import OpgraphError
 from ..limits import MAX_FIT_CASES
 from ..outputs.atomic import outputs
 from .args import check_command_outputs, json_text, positive_int
