@@ -14,6 +14,17 @@ of which passes ran, so a pass of the user's, and any order, is judged by what t
 `check(run, graph)` raises a one-line OpgraphError naming the pass, the fact and the pass that
 establishes it; `opgraph.pipeline.run_passes` calls it before each pass. A pass with no
 contract (a user's, `fuse_elementwise`) runs wherever it is put.
+
+Where a built-in pass runs in the step is declared beside it too, with `@step_pass`: its
+position (`FORWARD` ... `REPLICATE`), which of the step's options (`StepOptions`) bind its
+arguments, and which of an argument's fields decide the ops it makes. `opgraph.pipeline`
+finds every pass so declared in the modules of `opgraph.passes` and runs them in position
+order, so a new pass is one new file, and `profile`, `plan` and every other command run it:
+
+    @step_pass(at=LAYOUT + 3, bind=lambda o: o.layout and {"layout": o.layout},
+               structure={"layout": lambda p: (p.zero,)})
+    @contract(requires=("backward",))
+    def my_pass(graph, layout): ...
 """
 
 from __future__ import annotations
@@ -89,3 +100,60 @@ def check(run: Callable, graph: Graph) -> None:
         if holds(graph):
             raise OpgraphError(f"pass {name_of(run)} runs on a graph without {words}; "
                                f"run it before {maker}")
+
+
+# --- where a built-in pass runs -----------------------------------------------------------------
+
+# Positions in the step, in order: the forward graph's rewrites, its sharding over GPUs, the
+# backward, precision, recomputation, the optimizer, the layout's framework passes, the
+# data-parallel replicas. A pass between two takes a number between them.
+FORWARD, SHARD, BACKWARD, PRECISION, RECOMPUTE, OPTIMIZER, LAYOUT, REPLICATE = (
+    10, 20, 30, 40, 50, 60, 70, 90)
+
+
+@attrs.frozen
+class StepOptions:
+    """What a step is compiled with (`opgraph.pipeline.step_passes`' arguments): attention
+    fusion, AdamW (None: `attach_adamw`'s default), the recomputation policy, the precision,
+    the layout over GPUs (None: one GPU) and whether its data-parallel replicas are made."""
+
+    fused_attention: bool = True
+    adamw: object = None
+    recompute: object = "none"
+    precision: str = "bf16"
+    layout: object = None
+    replicated: bool = True
+
+
+@attrs.frozen
+class Placement:
+    """Where a built-in pass runs (`step_pass`): its position; `bind(options)`, the keyword
+    arguments it is called with, or None (or {} for none) where it does not run; and per
+    argument, a function of the argument's value giving what of it decides the ops the pass
+    makes (`opgraph.pipeline.pass_key`; an argument not named counts whole)."""
+
+    at: float
+    bind: Callable
+    structure: tuple = ()  # ((argument, reads), ...)
+
+    def arguments(self, options: StepOptions) -> dict | None:
+        found = self.bind(options)
+        return None if found is None or found is False else dict(found)
+
+
+def _always(options: StepOptions) -> dict:
+    return {}
+
+
+def step_pass(*, at: float, bind: Callable = _always,
+              structure: dict[str, Callable] | None = None) -> Callable:
+    """Declare where a built-in pass runs (see the module); the pass is returned as it is."""
+    def declare(func: Callable) -> Callable:
+        func.placement = Placement(at, bind, tuple(sorted((structure or {}).items())))
+        return func
+    return declare
+
+
+def placement_of(run: Callable) -> Placement | None:
+    """The placement of a pass, or of the function a `functools.partial` binds; None if none."""
+    return getattr(getattr(run, "func", run), "placement", None)

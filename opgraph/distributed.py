@@ -32,7 +32,6 @@ FP8 peak of one), / (step time x peak), by the cost model's one definition (`Cos
 
 from __future__ import annotations
 
-import functools
 
 import attrs
 import sympy
@@ -45,12 +44,8 @@ from .hardware import Hardware
 from .ir import Graph, Phase
 from .memory import Memory
 from .parallel import Parallel, chunk_layers, stage_layers
-from .passes.cache_fp8_weights import cache_fp8_weights
-from .passes.decompose import decompose
 from .passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
-from .passes.regather_inputs import regather_inputs
-from .passes.replicate import replicate
-from .passes.shard import check_divides, shard
+from .passes.shard import check_divides
 from .passes.split_stages import layer_stack, split_stages
 from .pipeline import compile_step
 from .profile import OpCost, Profile
@@ -162,22 +157,11 @@ def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None
                      **options) -> Graph:
     """The step one data-parallel rank of `layout` runs, every stage together (`split_stages`
     cuts it per stage), checked at sequence length `seq` too (`check_layout`); `options`
-    are `compile_step`'s."""
+    are `compile_step`'s. The layout binds the passes that declare it (`pipeline.step_passes`):
+    `shard` before the backward; after the optimizer, the framework's (`regather_inputs`,
+    `decompose`, `cache_fp8_weights`) and the data-parallel replicas (`replicate`)."""
     check_layout(forward, layout, seq)
-    extra = list(options.pop("extra_passes", ()))
-    return compile_step(forward, shard=functools.partial(shard, layout=layout),
-                        extra_passes=[*layout_passes(layout), *extra], **options)
-
-
-def layout_passes(layout: Parallel, *, replicated: bool = True) -> list:
-    """The passes a layout adds after `attach_adamw`: a framework's sequence-parallel
-    re-gathers (`regather_inputs`), eager kernels (`decompose`) and FP8 weights cast once a
-    step (`cache_fp8_weights`), then the data-parallel replicas (`replicate`; not where
-    `replicated` is False)."""
-    return [functools.partial(regather_inputs, layout=layout),
-            functools.partial(decompose, layout=layout),
-            functools.partial(cache_fp8_weights, layout=layout),
-            *([functools.partial(replicate, layout=layout)] if replicated else [])]
+    return compile_step(forward, layout=layout, **options)
 
 
 def in_flight(layout: Parallel, stage: int = 0) -> float:

@@ -5,79 +5,76 @@
     step = compile_step(forward, recompute="full", precision="fp8")
     step = compile_step(forward, extra_passes=[fuse_elementwise])  # run after the built-in ones
 
-It is a plain list of passes; each is a pure function Graph -> Graph. `run_passes` drives
-them: before each pass it checks the pass's contract (`opgraph.contracts`: what its input must
-hold, declared in the pass's own file), and after it the graph (`opgraph.verify`: every op of
-every phase against its kind's shape rule), so a broken order or a broken pass is named where
-it happens.
+It is a plain list of passes; each is a pure function Graph -> Graph. Each built-in pass
+declares, in its own file, where it runs and which options bind it (`@step_pass`,
+`opgraph.contracts`); `builtin_passes` finds them in the modules of `opgraph.passes`, so a pass
+added as a new file runs in `profile`, `plan` and every command with no edit elsewhere.
+`run_passes` drives them: before each pass it checks the pass's contract (`opgraph.contracts`:
+what its input must hold, declared in the pass's own file), and after it the graph
+(`opgraph.verify`: every op of every phase against its kind's shape rule), so a broken order or
+a broken pass is named where it happens.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import pkgutil
 from collections.abc import Callable, Sequence
 
 from . import contracts
-from .frameworks import reduce_dtype, sharding, traits
+from .contracts import StepOptions
+from .errors import OpgraphError
 from .ir import Graph
-from .passes.attach_adamw import AdamW, attach_adamw
-from .passes.cache_fp8_weights import cache_fp8_weights
-from .passes.decompose import decompose
-from .passes.derive_backward import derive_backward
-from .passes.fuse_attention import fuse_attention
-from .passes.precision import apply_precision
-from .passes.recompute import recompute as recompute_pass
-from .passes.regather_inputs import regather_inputs
-from .passes.replicate import replicate
-from .passes.shard import shard as shard_pass
 from .verify import VerifyError, check_dims, verify
 
-DEFAULT_ADAMW = AdamW()
+
+@functools.cache
+def builtin_passes() -> tuple[Callable, ...]:
+    """Every pass of `opgraph.passes` that declares its place (`contracts.step_pass`), in the
+    order they run: by position, then name. Found once a process, by importing each module of
+    the package (what is installed does not change while it runs)."""
+    from . import passes
+
+    found = {}
+    for info in sorted(pkgutil.iter_modules(passes.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{passes.__name__}.{info.name}")
+        for value in vars(module).values():
+            if (callable(value) and getattr(value, "__module__", None) == module.__name__
+                    and contracts.placement_of(value) is not None):
+                found[value.__name__] = value
+    return tuple(sorted(found.values(), key=lambda f: (contracts.placement_of(f).at,
+                                                       f.__name__)))
 
 
-def step_passes(*, fused_attention: bool = True, adamw: AdamW = DEFAULT_ADAMW,
-                recompute: str = "none", precision: str = "bf16",
-                shard: Callable[[Graph], Graph] | None = None,
+def step_passes(*, fused_attention: bool = True, adamw=None, recompute="none",
+                precision: str = "bf16", layout=None, replicated: bool = True,
                 extra_passes: Sequence[Callable[[Graph], Graph]] = ()) -> list:
-    """The passes `compile_step` runs, in order: `recompute` names a policy of
-    `passes.recompute.POLICIES` (or is a predicate over ops), `precision` one of
-    `passes.precision.PRECISIONS` (their defaults add no pass); `shard` splits the forward over
-    GPUs before the backward is derived (`passes.shard.shard` with a layout); then
+    """The passes `compile_step` runs, in order: every built-in pass (`builtin_passes`) that
+    these options bind (`contracts.StepOptions`), each with its arguments, then
     `extra_passes`, each a function Graph -> Graph (e.g.
-    `opgraph.passes.fuse_elementwise.fuse_elementwise`)."""
-    passes = [fuse_attention] if fused_attention else []
-    if shard is not None:
-        passes.append(shard)
-    passes.append(derive_backward)
-    if precision != "bf16":
-        passes.append(functools.partial(apply_precision, precision=precision))
-    if recompute != "none":
-        passes.append(functools.partial(recompute_pass, policy=recompute))
-    passes.append(functools.partial(attach_adamw, adamw=adamw))
-    passes.extend(extra_passes)
-    return passes
+    `opgraph.passes.fuse_elementwise.fuse_elementwise`).
 
-
-# What of its arguments decides the ops and tensors a pass makes (its structure), where that is
-# less than the argument itself: a sharded or replicated graph holds the degrees as symbols, so
-# the layout's values change only the dimensions' values (which a search replaces), not the
-# graph. Every other argument counts whole (`pass_key`).
-STRUCTURE: dict[Callable, dict[str, Callable]] = {
-    shard_pass: {"layout": lambda p: (p.tp > 1, p.cp > 1, p.ep > 1, p.sequence_parallel)},
-    # the framework's traits (`opgraph.frameworks`) decide what the layout passes insert
-    regather_inputs: {"layout": lambda p: (p.sequence_parallel and traits(p).sp_saves_shard,)},
-    decompose: {"layout": lambda p: (traits(p).eager, traits(p).compiles_blocks_only)},
-    cache_fp8_weights: {"layout": lambda p: (traits(p).caches_fp8_weights,)},
-    replicate: {"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
-                                     reduce_dtype(p), traits(p).regather_in_recompute)},
-}
+    `recompute` names a policy of `passes.recompute.POLICIES` (or is a predicate over ops),
+    `precision` one of `passes.precision.PRECISIONS` (their defaults add no pass); `layout` (a
+    `Parallel`) shards the forward over GPUs before the backward is derived and adds its
+    framework's passes and, where `replicated`, the data-parallel replicas after the optimizer.
+    """
+    options = StepOptions(fused_attention, adamw, recompute, precision, layout, replicated)
+    passes = []
+    for run in builtin_passes():
+        arguments = contracts.placement_of(run).arguments(options)
+        if arguments is not None:
+            passes.append(functools.partial(run, **arguments) if arguments else run)
+    return [*passes, *extra_passes]
 
 
 def pass_key(run: Callable) -> tuple:
     """What a pass of `step_passes` computes its result from besides its input graph, as a
     hashable key, for caches of pass results (`opgraph.search` shares a prefix of passes
-    between structures): its function and its bound arguments, each through `STRUCTURE` where
-    declared. A pass added to the list needs no entry anywhere else.
+    between structures): its function and its bound arguments, each through what the pass's
+    placement declares decides its ops (`contracts.step_pass`'s `structure`), where it does.
+    A pass added to `opgraph.passes` needs no entry anywhere else.
 
         pass_key(functools.partial(apply_precision, precision="fp8"))
         # (apply_precision, (), (("precision", "fp8"),))
@@ -85,7 +82,8 @@ def pass_key(run: Callable) -> tuple:
     func = getattr(run, "func", run)
     if run is func:
         return (func, (), ())
-    reads = STRUCTURE.get(func, {})
+    placement = contracts.placement_of(run)
+    reads = dict(placement.structure) if placement is not None else {}
     return (func, tuple(run.args), tuple((k, reads[k](v) if k in reads else v)
                                          for k, v in sorted(run.keywords.items())))
 
@@ -112,7 +110,11 @@ def run_passes(graph: Graph, passes: Sequence[Callable[[Graph], Graph]], *,
     graph = check_dims(graph)
     for run in passes:
         contracts.check(run, graph)
-        graph = check_dims(run(graph))
+        out = run(graph)
+        if not isinstance(out, Graph):
+            raise OpgraphError(f"pass {contracts.name_of(run)} returned {type(out).__name__}, "
+                               "not a Graph; a pass returns the graph it makes")
+        graph = check_dims(out)
         if check:
             try:
                 verify(graph)

@@ -93,7 +93,7 @@ import sympy
 from . import cluster as clusters
 from . import contracts, pipeline
 from .costmodel import DEFAULT, CostModel
-from .distributed import (Job, ParallelResult, Stage, StageOp, check_layout, layout_passes,
+from .distributed import (Job, ParallelResult, Stage, StageOp, check_layout,
                           step_figures, unequal_chunks)
 from .errors import OpgraphError
 from .frameworks import FRAMEWORKS, Traits, bucket_share, end_split, own_split, run_zero
@@ -108,7 +108,6 @@ from .passes.precision import PRECISIONS
 from .passes.recompute import POLICIES
 from .passes.replicate import GROUPS
 from .passes.replicate import group_of as replicate_group
-from .passes.shard import shard
 from .passes.split_stages import FIRST as FIRST_END
 from .passes.split_stages import LAST as LAST_END
 from .passes.split_stages import STACK, ends, layer_stack, split_stages
@@ -851,16 +850,19 @@ def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool
     the checks ran when the row was enumerated, the verifier when `profile` compiles it.
     Not `replicated`: the passes before `replicate` (a compute key's ops, `compute_key`)."""
     graph, key = forward, ()
-    for run in pipeline.step_passes(recompute=r.recompute, precision=r.precision,
-                                    shard=functools.partial(shard, layout=layout),
-                                    extra_passes=layout_passes(layout,
-                                                               replicated=replicated)):
+    for run in _passes(r, layout, replicated):
         key += (pipeline.pass_key(run),)  # the pipeline's own declaration of what it reads
         if key not in memo:
             contracts.check(run, graph)  # as `pipeline.run_passes` drives them
             memo[key] = run(graph)
         graph = memo[key]
     return graph
+
+
+def _passes(r: Row, layout: Parallel, replicated: bool = True) -> list:
+    """`distributed.compile_parallel`'s passes for `r`'s structure (`pipeline.step_passes`)."""
+    return pipeline.step_passes(recompute=r.recompute, precision=r.precision, layout=layout,
+                                replicated=replicated)
 
 
 def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r: Row,
@@ -877,18 +879,17 @@ def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r
 
 # --- the bound before compiling -----------------------------------------------------------------
 
-def compute_key(r: Row) -> tuple:
-    """What decides a row's compute ops: its structure less data parallelism, the ZeRO stage
-    (they add collectives, shard the optimizer and the resident memory, and leave every
-    forward and backward op as it is) and the pipeline stages (they cut the same ops apart)."""
-    return (r.tp > 1, r.cp > 1, r.ep > 1, r.sequence_parallel, r.recompute, r.precision,
-            r.regathers_sp, r.traits.regather_in_recompute, r.traits.eager,
-            r.traits.compiles_blocks_only, r.wire,
-            # `frameworks.reduces_in_buckets` of the row's layout: a row runs with
-            # --overlap-grad-reduce (Parallel's default), so its framework's trait decides
-            r.traits.buckets_grads,
-            # `passes.cache_fp8_weights`: the weights' FP8 casts once a step
-            r.traits.caches_fp8_weights and r.precision == "fp8")
+def compute_key(r: Row, layers: int | None) -> tuple:
+    """What decides a row's compute ops: the passes before `replicate` for its structure, each
+    by what its placement declares decides its ops (`pipeline.pass_key`), so a pass added to
+    the pipeline is in the key with no word here; and what the bound reads of the framework
+    beside them (`_moved`: re-gathers in the recomputation, bucketed reductions, the dtype
+    they are reduced in). Data parallelism, the ZeRO stage and the pipeline stages are not in
+    it: they add collectives, shard the optimizer and the resident memory, and cut the same
+    ops apart. Rows of one `structure` share it (`Searcher` computes it once a structure)."""
+    passes = _passes(r, _representative(r, layers), replicated=False)
+    return (*map(pipeline.pass_key, passes), r.traits.regather_in_recompute,
+            r.traits.buckets_grads, r.wire)
 
 
 @attrs.frozen
@@ -1480,6 +1481,7 @@ class Searcher:
         self.layers = _layers(forward)
         self.structures: dict[tuple, _Structure] = {}
         self.computes: dict[tuple, _ComputeFormulas] = {}
+        self.compute_keys: dict[tuple, tuple] = {}  # structure -> compute key
         self.compute_formulas: dict = {}  # as `formulas`, for `_compile_compute`
         self.passes: dict = {}  # pass prefixes -> graphs
         self.formulas: dict = {}  # formulas -> with the fixed dimensions substituted
@@ -1490,7 +1492,7 @@ class Searcher:
 
     def compute(self, r: Row) -> _ComputeFormulas:
         """The compute formulas of `r`'s compute key (`compute_key`), compiled once."""
-        key = compute_key(r)
+        key = self.compute_key(r)
         if key not in self.computes:
             t0 = time.perf_counter()
             graph = _step(self.forward, r, _representative(r, self.layers), self.passes,
@@ -1500,6 +1502,13 @@ class Searcher:
                                                   self.program, r)
             self.compile_s += time.perf_counter() - t0
         return self.computes[key]
+
+    def compute_key(self, r: Row) -> tuple:
+        """`compute_key(r)`, once a structure (rows of one share it)."""
+        key = structure(r)
+        if key not in self.compute_keys:
+            self.compute_keys[key] = compute_key(r, self.layers)
+        return self.compute_keys[key]
 
     def structure(self, r: Row) -> _Structure:
         key = structure(r)
@@ -1555,7 +1564,7 @@ class Searcher:
         by_compute: dict[tuple, list[int]] = {}
         for i, r in enumerate(found):
             by_key.setdefault(structure(r), []).append(i)
-            by_compute.setdefault(compute_key(r), []).append(i)
+            by_compute.setdefault(self.compute_key(r), []).append(i)
         floor = np.empty(len(found))
         capacity = self.hardware.memory_bytes
         for members in progressed(list(by_compute.values()), "plan: bounding layouts",

@@ -28,7 +28,7 @@ import functools
 
 import attrs
 
-from opgraph.contracts import contract
+from opgraph.contracts import OPTIMIZER, contract, step_pass
 from opgraph.errors import OpgraphError
 from opgraph.ir import BF16, FP32, DType, Graph, Op, Phase, Role, Tensor
 
@@ -73,6 +73,7 @@ def _state(graph: Graph, w: Tensor, base: str, suffix: str, dtype: DType,
                                    region=w.region)).name
 
 
+@step_pass(at=OPTIMIZER, bind=lambda o: {"adamw": o.adamw or AdamW()})
 @contract(requires=("backward",), forbids=("optimizer",))
 def attach_adamw(graph: Graph, adamw: AdamW = AdamW()) -> Graph:
     """The graph with an AdamW update per weight: `attach_adamw(derive_backward(forward))`."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph.contracts import contract
+from opgraph.contracts import LAYOUT, contract, step_pass
 from opgraph.frameworks import traits
 from opgraph.ir import Graph, Phase, Role
 from opgraph.parallel import Parallel
@@ -35,6 +35,8 @@ from opgraph.parallel import Parallel
 CASTS = ("amax", "cast")  # the kinds `passes.precision` makes an FP8 copy with
 
 
+@step_pass(at=LAYOUT + 2, bind=lambda o: o.layout and {"layout": o.layout},
+           structure={"layout": lambda p: (traits(p).caches_fp8_weights,)})
 @contract(requires=("backward",))
 def cache_fp8_weights(graph: Graph, layout: Parallel) -> Graph:
     """`graph` with the FP8 casts of its weights marked `cached` where the layout's framework

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph.contracts import contract
+from opgraph.contracts import LAYOUT, contract, step_pass
 from opgraph.frameworks import traits
 from opgraph.ir import Graph, Phase
 from opgraph.parallel import Parallel
@@ -40,6 +40,9 @@ MARKED = (Phase.FORWARD, Phase.RECOMPUTE)  # a re-run forward op runs the same k
 ALWAYS = "always"
 
 
+@step_pass(at=LAYOUT + 1, bind=lambda o: o.layout and {"layout": o.layout},
+           structure={"layout": lambda p: (traits(p).eager,
+                                           traits(p).compiles_blocks_only)})
 @contract(requires=("backward",))
 def decompose(graph: Graph, layout: Parallel) -> Graph:
     """`graph` with its ops of the layout's framework's eager kinds marked `eager` (see the

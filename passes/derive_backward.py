@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from opgraph import collectives, rules
-from opgraph.contracts import contract
+from opgraph.contracts import BACKWARD, contract, step_pass
 from opgraph.ir import FP32, DType, Graph, Op, Phase, Role, Tensor
 
 
@@ -208,6 +208,7 @@ def _needs_grad(graph: Graph) -> set[str]:
     return needs
 
 
+@step_pass(at=BACKWARD)
 @contract(forbids=("backward",))
 def derive_backward(graph: Graph, *, weight_grad_dtype: DType = FP32) -> Graph:
     """The forward graph with its backward appended; weight gradients are written in

@@ -26,6 +26,7 @@ import sympy
 
 from opgraph import rules
 from opgraph.builder import GraphBuilder
+from opgraph.contracts import FORWARD, step_pass
 from opgraph.ir import Graph, Op
 from opgraph.rewrite import Match, Replacement, fused_flops, rewrite
 from opgraph.symbols import B, H, H_kv, S, d_h, dim
@@ -145,6 +146,7 @@ def rewrite_attention(graph: Graph) -> tuple[Graph, list[Fused]]:
     return out, report
 
 
+@step_pass(at=FORWARD, bind=lambda o: o.fused_attention and {})
 def fuse_attention(graph: Graph) -> Graph:
     """`graph` with every attention core fused: `fuse_attention(preset("llama3-8b"))`."""
     return rewrite_attention(graph)[0]

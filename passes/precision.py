@@ -28,7 +28,7 @@ from __future__ import annotations
 import attrs
 
 from opgraph.choices import PRECISIONS
-from opgraph.contracts import contract
+from opgraph.contracts import PRECISION, contract, step_pass
 from opgraph.errors import OpgraphError
 from opgraph.ir import FP8, FP32, Graph, Op, Phase, Role, Tensor
 
@@ -73,6 +73,8 @@ class _Casts:
         return copy.name
 
 
+@step_pass(at=PRECISION,
+           bind=lambda o: o.precision != "bf16" and {"precision": o.precision})
 @contract(requires=("backward",), forbids=("recomputed",))
 def apply_precision(graph: Graph, precision: str = "bf16") -> Graph:
     """`graph` (a step with its backward) with the layers' matmuls in `precision`:

@@ -39,7 +39,7 @@ from collections.abc import Callable
 
 import attrs
 
-from opgraph.contracts import contract
+from opgraph.contracts import RECOMPUTE, contract, step_pass
 from opgraph.errors import OpgraphError
 from opgraph.ir import Graph, Op, Phase
 
@@ -156,6 +156,8 @@ def rewrite_recompute(graph: Graph, policy="none") -> tuple[Graph, Recomputed]:
     return out, Recomputed(tuple(f"{op.name}.re" for op in ops), tuple(sorted(freed)))
 
 
+@step_pass(at=RECOMPUTE,
+           bind=lambda o: o.recompute != "none" and {"policy": o.recompute})
 @contract(requires=("backward",), forbids=("recomputed",))
 def recompute(graph: Graph, policy="none") -> Graph:
     """`graph` (a step with its backward) with `policy`'s ops re-run before the backward

@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph.contracts import contract
+from opgraph.contracts import LAYOUT, contract, step_pass
 from opgraph.frameworks import traits
 from opgraph.ir import Graph, Phase
 from opgraph.parallel import Parallel
 
 
+@step_pass(at=LAYOUT, bind=lambda o: o.layout and {"layout": o.layout},
+           structure={"layout": lambda p: (p.sequence_parallel
+                                           and traits(p).sp_saves_shard,)})
 @contract(requires=("backward",))
 def regather_inputs(graph: Graph, layout: Parallel) -> Graph:
     """`graph` (a step with its backward) with each sequence-parallel gather that a backward

@@ -38,7 +38,7 @@ import attrs
 import sympy
 
 from opgraph import rules
-from opgraph.contracts import contract
+from opgraph.contracts import REPLICATE, contract, step_pass
 from opgraph.frameworks import (bucket_share, reduce_dtype, reduces_in_buckets, sharding,
                                 traits)
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
@@ -80,6 +80,9 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
     return name
 
 
+@step_pass(at=REPLICATE, bind=lambda o: o.replicated and o.layout and {"layout": o.layout},
+           structure={"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
+                                           reduce_dtype(p), traits(p).regather_in_recompute)})
 @contract(requires=("optimizer",), forbids=("replicated",))
 def replicate(graph: Graph, layout: Parallel) -> Graph:
     """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes

@@ -42,7 +42,7 @@ import attrs
 import sympy
 
 from opgraph import rules
-from opgraph.contracts import contract
+from opgraph.contracts import SHARD, contract, step_pass
 from opgraph.errors import OpgraphError
 from opgraph.frameworks import padded_vocab_shard, traits
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
@@ -129,6 +129,10 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
                            "GraphBuilder.expert_matmul, or leave out --ep")
 
 
+@step_pass(at=SHARD, bind=lambda o: o.layout and {"layout": o.layout},
+           # the degrees are symbols of the sharded graph: only which exceed 1 decides its ops
+           structure={"layout": lambda p: (p.tp > 1, p.cp > 1, p.ep > 1,
+                                           p.sequence_parallel)})
 @contract(forbids=("backward",))
 def shard(graph: Graph, layout: Parallel) -> Graph:
     """The forward graph one GPU of `layout` runs, its collectives inserted (see the module).

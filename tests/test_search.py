@@ -452,10 +452,9 @@ def test_a_pass_added_to_the_pipeline_runs_in_plan(cli, monkeypatch):
     """The search keys its shared passes by the pipeline's own declarations
     (`pipeline.pass_key`), not by a list of its own: a pass added to `step_passes` runs in
     `plan` (it used to raise KeyError) and, changing nothing, leaves its answer as it was."""
-    import functools
-
-    from opgraph import pipeline
+    from opgraph import contracts, pipeline
     from opgraph.parallel import Parallel
+    from opgraph.passes.shard import shard as shard_pass
 
     _, out, _ = _plan(cli, "--gpus", "8", "--global-batch", "8", "--top", "2", "--json")
     before = [x["step_time_s"] for x in json.loads(out)["layouts"]]
@@ -474,7 +473,7 @@ def test_a_pass_added_to_the_pipeline_runs_in_plan(cli, monkeypatch):
     assert [x["step_time_s"] for x in json.loads(out)["layouts"]] == before
     # a layout's degrees are symbols of the sharded graph: only which exceed 1 makes a new key
     key = pipeline.pass_key
-    shard = pipeline.STRUCTURE[pipeline.shard_pass]["layout"]
+    shard = dict(contracts.placement_of(shard_pass).structure)["layout"]
     assert shard(Parallel(tp=2, dp=4)) == shard(Parallel(tp=4, dp=2)) != shard(Parallel(dp=8))
     assert key(functools.partial(note_it, note="a")) != key(functools.partial(note_it, note="b"))
 
@@ -490,7 +489,6 @@ def test_the_bound_counts_megatrons_reductions_as_replicate_charges_them():
     from opgraph.parallel import Parallel
     from opgraph.passes.evaluate import resolve
     from opgraph.pipeline import compile_step
-    from opgraph.passes.shard import shard
     from opgraph.search import _moved
 
     forward = preset("llama3-8b")
@@ -501,7 +499,7 @@ def test_the_bound_counts_megatrons_reductions_as_replicate_charges_them():
     charged = sum(float((op.count * costs[op.name].calls).xreplace(subs)) for op in step.ops()
                   if op.kind == "reduce_scatter" and op.param("group") == "dp"
                   and op.phase is Phase.BACKWARD)
-    before = compile_step(forward, shard=functools.partial(shard, layout=layout))
+    before = compile_step(forward, layout=layout, replicated=False)  # before `replicate`
     parts = _moved(before, None, True, FRAMEWORKS["megatron"].buckets_grads)
     # `_moved` gives (gathered, gathers, reduced, reductions) for each of the stack and the
     # ends, each of dp and edp: the reductions are every fourth; with no stack, all are ends
