@@ -1,6 +1,6 @@
-"""What a contributor adds reaches `profile` and `plan` with no edit outside its own file: a
-built-in pass (a new module of `opgraph.passes`). Expected figures are formulas of the model's
-sizes."""
+"""What a user or a contributor adds reaches `profile` and `plan` with no edit outside its own
+file: a built-in pass (a new module of `opgraph.passes`), a user's pass over the forward graph
+(`--pass FILE.py:FUNCTION`). Expected figures are formulas of the model's sizes."""
 
 from __future__ import annotations
 
@@ -86,3 +86,48 @@ def test_a_builtin_pass_added_as_a_file_runs_in_profile_and_plan(cli, added_pass
     added = 2 * 4 * PARAMETERS / part("h100-sxm").bandwidth
     assert with_pass["step_time_s"] - without["step_time_s"] == pytest.approx(added, rel=1e-6)
     assert plan_with["step_time_s"] > plan_without["step_time_s"]
+
+
+def test_a_user_forward_pass_runs_in_profile_and_plan(cli, tmp_path):
+    """`--pass FILE.py:FUNCTION` runs the user's pass over the forward graph before the
+    built-in ones, in `profile` and `plan` alike: a pass that keeps the first half of the
+    layers leaves the parameters less 8 layers'."""
+    (tmp_path / "prune.py").write_text(textwrap.dedent('''
+        from opgraph.symbols import L
+
+        def half_the_layers(graph):
+            out = graph.copy()
+            out.dims = {**graph.dims, L: graph.dims[L] // 2}
+            return out
+    '''))
+    spec = f"{tmp_path / 'prune.py'}:half_the_layers"
+    code, out, err = cli("profile", "--model", MODEL, "--pass", spec)
+    assert code == 0, err
+    assert f"{PARAMETERS:,} parameters" in cli("profile", "--model", MODEL)[1]
+    assert f"{PARAMETERS - 8 * PER_LAYER:,} parameters" in out
+    assert _plan(cli, "--pass", spec)["step_time_s"] < _plan(cli)["step_time_s"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("{dir}/prune.py", "give a .py file and the pass in it"),
+    ("{dir}/missing.py:f", "no such file"),
+    ("{dir}/prune.py:nothing", "has no function 'nothing'; it defines half_the_layers"),
+    ("{dir}/prune.py:returns_none", "pass returns_none returned NoneType, not a Graph"),
+    ("{dir}/prune.py:raises", "raises() raised ValueError: no"),
+])
+def test_a_broken_user_pass_is_one_line(cli, tmp_path, spec, message):
+    (tmp_path / "prune.py").write_text(textwrap.dedent('''
+        def half_the_layers(graph):
+            return graph
+
+        def returns_none(graph):
+            return None
+
+        def raises(graph):
+            raise ValueError("no")
+    '''))
+    for command in (("profile",), ("plan", "--gpus", "8", "--global-batch", "8")):
+        code, out, err = cli(*command, "--model", MODEL, "--pass",
+                             spec.format(dir=tmp_path))
+        assert code == 2 and out == ""
+        assert message in err and len(err.strip().splitlines()) == 1, err

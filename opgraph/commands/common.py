@@ -28,7 +28,13 @@ class Setup:
 def load_forward(args) -> Graph:
     """The forward graph `--model` or `--config` names: a preset, a config.json, or a user's
     model, `--model path/to/file.py:build` (a function of no arguments returning a Graph; the
-    name defaults to `build`). The file is imported with importlib, never eval'ed."""
+    name defaults to `build`). The file is imported with importlib, never eval'ed. Then the
+    user's forward passes, `--pass path/to/file.py:function` each, in order
+    (`forward_passes`)."""
+    return forward_passes(_model(args), getattr(args, "forward_passes", None) or ())
+
+
+def _model(args) -> Graph:
     config = getattr(args, "config", None)
     if config is not None:
         if args.model is not None:
@@ -37,9 +43,7 @@ def load_forward(args) -> Graph:
 
         return from_config(config)
     model = args.model or "llama3-8b"
-    path, _, function = model.rpartition(":")
-    if model.endswith(".py") or not path:  # no function named (a path may hold a colon)
-        path, function = model, ""
+    path, function = _file_and_function(model)
     if path.endswith(".py"):
         return _user_model(path, function or "build")
     if function:
@@ -50,21 +54,57 @@ def load_forward(args) -> Graph:
     return preset(model)
 
 
-def _user_model(path: str, function: str) -> Graph:
-    """Import `path` as a module and call its `function`; every failure is one line."""
+def _file_and_function(text: str) -> tuple[str, str]:
+    path, _, function = text.rpartition(":")
+    if text.endswith(".py") or not path:  # no function named (a path may hold a colon)
+        return text, ""
+    return path, function
+
+
+def forward_passes(forward: Graph, specs) -> Graph:
+    """`forward` through the user's passes, `path/to/file.py:function` each (a function Graph
+    -> Graph), by the pipeline's driver (`pipeline.run_passes`: contracts checked, the graph
+    verified after each): what `profile`, `plan` and every command then compile, so each runs
+    them alike. Every failure is one line."""
+    if not specs:
+        return forward
+    from ..pipeline import run_passes
+    from ..verify import VerifyError, check_model
+
+    for spec in specs:
+        path, function = _file_and_function(spec)
+        where = f"--pass {spec}"
+        if not path.endswith(".py") or not function:
+            raise OpgraphError(f"{where}: give a .py file and the pass in it, e.g. --pass "
+                               "passes/mine.py:widen")
+        run = _load_function(path, function, where)
+        try:
+            out = run_passes(forward, [run])
+        except (VerifyError, OpgraphError) as e:
+            raise OpgraphError(f"{where}: {_one_line(e)}") from None
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code, in one line
+            raise OpgraphError(f"{where}: {function}() raised {_one_line(e)}") from None
+        try:
+            check_model(out)
+        except VerifyError as e:
+            raise OpgraphError(f"{where}: the graph it returns cannot be profiled: "
+                               f"{_one_line(e)}") from None
+        forward = out
+    return forward
+
+
+def _load_function(path: str, function: str, where: str):
+    """Import `path` as a module and return its `function`; every failure is one line."""
     import importlib.util
     import sys
     from hashlib import sha1
     from pathlib import Path
 
-    from ..verify import VerifyError, check_model
-
-    where = f"--model {path}:{function}"
     file = Path(path)
     if not file.is_file():
         raise OpgraphError(f"{where}: no such file {path!r}; give the path of a .py file that "
-                           "defines the function, e.g. --model models/mine.py:build")
-    name = f"opgraph_user_model_{sha1(str(file.resolve()).encode()).hexdigest()[:12]}"
+                           f"defines {function}(), relative to this directory or absolute")
+    name = f"opgraph_user_{sha1(str(file.resolve()).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and attrs in the file look their module up
@@ -75,15 +115,24 @@ def _user_model(path: str, function: str) -> Graph:
     except (Exception, SystemExit) as e:  # noqa: BLE001
         del sys.modules[name]
         raise OpgraphError(f"{where}: importing {path} failed: {_one_line(e)}") from None
-    build = getattr(module, function, None)
-    if not callable(build):
-        found = sorted(k for k, v in vars(module).items()
-                       if callable(v) and getattr(v, "__module__", None) == name)
-        have = f"; it defines {', '.join(found)}" if found else ""
+    found = getattr(module, function, None)
+    if not callable(found):
+        defined = sorted(k for k, v in vars(module).items()
+                         if callable(v) and getattr(v, "__module__", None) == name)
+        have = f"; it defines {', '.join(defined)}" if defined else ""
         raise OpgraphError(f"{where}: {path} has no function {function!r}{have}")
+    return found
+
+
+def _user_model(path: str, function: str) -> Graph:
+    """Call `function` of the file at `path`; every failure is one line."""
+    from ..verify import VerifyError, check_model
+
+    where = f"--model {path}:{function}"
+    build = _load_function(path, function, where)
     try:
         graph = build()
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - the same
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code, in one line
         raise OpgraphError(f"{where}: {function}() raised {_one_line(e)}") from None
     if not isinstance(graph, Graph):
         raise OpgraphError(f"{where}: {function}() returned {type(graph).__name__}, not a "

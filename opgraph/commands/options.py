@@ -27,6 +27,7 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
     g.add_argument("--config", metavar="CONFIG_JSON",
                    help="a Hugging Face config.json on disk (Llama, Mistral, Mixtral, Qwen2, "
                         "GPT-2, Gemma 2, DeepSeek-V2, BERT), instead of --model")
+    add_pass_arg(g)
     g.add_argument("--hardware", default="h100-sxm",
                    help="a catalog part (see `opgraph hardware`) or a .toml file "
                         "(default h100-sxm)")
@@ -64,6 +65,15 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
     g.add_argument("--adamw", choices=ADAMW_OPTIONS, default="mixed",
                    help="AdamW's precisions: mixed (FP32 master and moments, default), "
                         "bf16-moments, no-master, bf16, 8bit")
+
+
+def add_pass_arg(group) -> None:
+    """`--pass FILE.py:FUNCTION`, repeatable: the user's passes over the forward graph."""
+    group.add_argument("--pass", dest="forward_passes", action="append",
+                       metavar="FILE.py:FUNCTION",
+                       help="run a pass of your own over the model's forward graph, a function "
+                            "Graph -> Graph in a .py file, before the built-in passes (repeat "
+                            "for more, run in order)")
 
 
 def add_cost_args(group, default: str | None = "roofline") -> None:

@@ -35,6 +35,9 @@ def register(subparsers) -> None:
                                    "path/to/file.py:build")
     g.add_argument("--config", metavar="CONFIG_JSON", help="a Hugging Face config.json, "
                                                             "instead of --model")
+    from .options import add_cost_args, add_pass_arg
+
+    add_pass_arg(g)
     g.add_argument("--hardware", default="h100-sxm", help="a catalog part or a .toml file "
                                                            "(default h100-sxm)")
     g.add_argument("--cluster", metavar="NAME|FILE",
@@ -49,8 +52,6 @@ def register(subparsers) -> None:
                        help="tokens per optimizer step (a multiple of --seq-len)")
     g.add_argument("--seq-len", type=whole(MAX_DIM),
                    help="sequence length (default: the model's)")
-    from .options import add_cost_args
-
     add_cost_args(g, default="calibrated")
     c = p.add_argument_group("constraints", "fix a degree or an option, or bound one")
     for flag, text in FIXED.items():
