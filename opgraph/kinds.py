@@ -10,7 +10,8 @@ the reference table of the built-in ones.
 
 Invariant: a kind is its rows in the per-kind tables, nowhere else. `define_kind` writes them
 (`rules.SHAPE_RULES`, `rules.FLOP_RULES`, `rules.VIEWS`, `derive_backward.VJP_RULES`,
-`costmodel.BACKWARD_COST`, and the rows of its backward kernel `<kind>_backward`) and lists the
+`costmodel.BACKWARD_COST`, how parallelism splits it, `rules.SHARDING` and `rules.CP_GATHERS`,
+and the rows of its backward kernel `<kind>_backward`) and lists the
 kind in `rules.FORWARD_KINDS`, so every pass, the verifier, the cost model and everything built
 on it (`evaluate`, `formula`, `solve`, `sweep`) treat it as they treat a built-in one. `kind`
 reads a kind back from those tables.
@@ -61,6 +62,8 @@ class Kind:
     grid: Callable | None = None  # a matrix multiply's (GEMMs, M, N) rule (`rules.GEMM_GRIDS`)
     eager: Callable | None = None  # its eager PyTorch kernels' bytes (`rules.EAGER_BYTES`)
     eager_backward: Callable | None = None  # theirs backward (`rules.EAGER_BACKWARD_BYTES`)
+    shards: tuple[str, ...] = ()  # its roles when parallelism splits it (`rules.SHARDING`)
+    cp_gathers: tuple[int, ...] = ()  # inputs context parallelism gathers (`rules.CP_GATHERS`)
 
     def op(self, g, inputs: Sequence, *, name: str | None = None, category: str | None = None,
            **params) -> Tensor:
@@ -103,6 +106,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                 backward_view: bool | Callable = False, category: str = "elementwise",
                 backward_cost: Callable | None = None, grid: Callable | None = None,
                 eager: Callable | None = None, eager_backward: Callable | None = None,
+                shards: Sequence[str] = (), cp_gathers: Sequence[int] = (),
                 replace: bool = False) -> Kind:
     """Define op kind `name` in every table; returns its `Kind`.
 
@@ -127,6 +131,13 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
       kernels (as `rules.EAGER_BYTES`' rows), charged where a framework runs the kind eagerly
       (`frameworks.Traits.eager`); `eager_backward` those of its backward kernels together
       (default: the convention's, twice the forward's). None: one kernel either way.
+    - `shards`: how tensor and expert parallelism split it, roles of `rules.SHARD_ROLES`
+      ("column", "contracting" for a matrix multiply by a weight; "expert", "combine" for a
+      mixture of experts' expert matmul and its combine; "local" for one that runs on the
+      shards its inputs hold, as an element-wise kind does); `cp_gathers`: the inputs (keys
+      and values, by position) context parallelism gathers along the sequence for an attention
+      kind. A kind with no role that reads a weight tensor parallelism splits is an error
+      under `--tp`, not a silent replica.
 
     Defining a kind that exists raises OpgraphError unless `replace=True`.
 
@@ -145,6 +156,10 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     if isinstance(vjp, str) and vjp not in SAVES:
         raise OpgraphError(f"kind {name!r}: vjp={vjp!r}; give one of {', '.join(SAVES)}, a VJP "
                            "rule or None")
+    unknown = [r for r in shards if r not in rules.SHARD_ROLES]
+    if unknown:
+        raise OpgraphError(f"kind {name!r}: shards={tuple(shards)!r}; its roles are among "
+                           f"{', '.join(rules.SHARD_ROLES)}")
     if name in _DEFINED:
         remove_kind(name)
     backward = f"{name}_backward" if isinstance(vjp, str) else None
@@ -154,7 +169,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     if backward_cost is None:
         backward_cost = costmodel.scaled_flops if view_rule is not None else costmodel.scaled
     record = Kind(name, shape, flops, rule, backward, view_rule, category, backward_cost, grid,
-                  eager, eager_backward)
+                  eager, eager_backward, tuple(shards), tuple(cp_gathers))
     rules.SHAPE_RULES[name] = shape
     rules.FLOP_RULES[name] = flops
     _backward.VJP_RULES[name] = rule
@@ -167,6 +182,10 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
         rules.EAGER_BYTES[name] = eager
     if eager_backward is not None:
         rules.EAGER_BACKWARD_BYTES[name] = eager_backward
+    if shards:
+        rules.SHARDING[name] = tuple(shards)
+    if cp_gathers:
+        rules.CP_GATHERS[name] = tuple(cp_gathers)
     rules.FORWARD_KINDS = (*rules.FORWARD_KINDS, name)
     if backward is not None:
         rules.SHAPE_RULES[backward] = backward_shape or rules.backward_shape(name)
@@ -192,7 +211,7 @@ def remove_kind(name: str) -> None:
         raise OpgraphError(f"op kind {name!r} was not made by define_kind")
     for table in (rules.SHAPE_RULES, rules.FLOP_RULES, rules.VIEWS, _backward.VJP_RULES,
                   costmodel.BACKWARD_COST, rules.GEMM_GRIDS, rules.EAGER_BYTES,
-                  rules.EAGER_BACKWARD_BYTES):
+                  rules.EAGER_BACKWARD_BYTES, rules.SHARDING, rules.CP_GATHERS):
         table.pop(name, None)
         if record.backward:
             table.pop(record.backward, None)
@@ -213,7 +232,13 @@ def kind(name: str) -> Kind:
                 _backward.VJP_RULES[name], backward if backward in rules.SHAPE_RULES else None,
                 rules.VIEWS.get(name), EXAMPLES[name].category if name in EXAMPLES else
                 "elementwise", costmodel.BACKWARD_COST[name], rules.GEMM_GRIDS.get(name),
-                rules.EAGER_BYTES.get(name), rules.EAGER_BACKWARD_BYTES.get(name))
+                rules.EAGER_BYTES.get(name), rules.EAGER_BACKWARD_BYTES.get(name),
+                rules.SHARDING.get(name, ()), rules.CP_GATHERS.get(name, ()))
+
+
+def defined_kinds() -> tuple[str, ...]:
+    """The kinds made by `define_kind`, in the order they were."""
+    return tuple(_DEFINED)
 
 
 def builtin_kinds() -> tuple[str, ...]:

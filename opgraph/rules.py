@@ -1002,6 +1002,32 @@ def infer_shapes(kind: str, ins: list[Tensor], params: dict) -> list[Shape]:
     return shapes
 
 
+# How parallelism splits each kind (`passes.shard`), by role:
+# - "column": a weight (its second input) split along its output makes the op column-parallel:
+#   a replicated input first passes Megatron's f (an all-reduce of its gradient backward);
+# - "contracting": its output sums over a dimension of its inputs, so split inputs and an
+#   unsplit output leave partial sums, which Megatron's g (an all-reduce) adds;
+# - "expert": its weight's first dimension holds the experts, which expert parallelism spreads
+#   over GPUs; the tokens travel to them by all-to-all;
+# - "combine": the routed tokens come back by all-to-all before it;
+# - "local": it runs on the shards its inputs hold, no collective of its own (an element-wise
+#   kind reading a split bias); a built-in kind with no row is so.
+SHARD_ROLES = ("column", "contracting", "expert", "combine", "local")
+SHARDING: dict[str, tuple[str, ...]] = {
+    "matmul": ("column", "contracting"),
+    "expert_matmul": ("column", "contracting", "expert"),
+    "embedding": ("contracting",),
+    "moe_combine": ("combine",),
+}
+# Per attention kind: which inputs context parallelism gathers along the sequence (K and V).
+CP_GATHERS: dict[str, tuple[int, ...]] = {"flash_attention": (1, 2), "attention_scores": (1,)}
+
+
+def shards_as(kind: str, role: str) -> bool:
+    """Whether parallelism splits `kind` in `role` (`SHARDING`)."""
+    return role in SHARDING.get(kind, ())
+
+
 # Kind -> (GEMMs, M, N) of one instance's matrix multiplies, for the kinds that are one
 # (`gemm_grid`): what the calibrated cost model's wave quantisation tiles.
 GEMM_GRIDS: dict[str, Callable] = {"matmul": _matmul_grid, "expert_matmul": _expert_matmul_grid}

@@ -9,7 +9,8 @@ propagates shardings), and inserts a collective wherever the layout of a tensor 
   MLP's hidden width, the vocabulary) are divided by the degree `tp` in every weight. A matrix
   multiply whose weight is split along its output is column-parallel: its replicated input first
   passes Megatron's f (`identity`: a copy forward, an all-reduce of the gradient backward). An op
-  of a `CONTRACTING` kind whose inputs are split but whose output is not (a row-parallel matmul,
+  of a "contracting" kind (`rules.SHARDING`) whose inputs are split but whose output is not (a
+  row-parallel matmul,
   the vocabulary-parallel embedding) leaves partial sums: Megatron's g, an `all_reduce`, follows
   it (its backward is the identity).
 - **Sequence parallel** (Korthikanti et al. 2022): the replicated activations between the
@@ -18,7 +19,7 @@ propagates shardings), and inserts a collective wherever the layout of a tensor 
   replicated tensor that meets a sequence shard (GPT's position embedding) is cut to its shard
   locally (a `slice`, no communication).
 - **Context parallel** (ring attention, as Megatron-LM's and torchtitan's): every activation
-  holds S/cp of the sequence; each attention op's keys and values (`CP_GATHERS`) are gathered
+  holds S/cp of the sequence; each attention op's keys and values (`rules.CP_GATHERS`) are gathered
   from the ring (`all_gather` over `cp`: the same bytes as passing the blocks around the ring;
   the overlap with the attention is the schedule's, `opgraph.schedule`); their gradients are
   reduce-scattered back. Attention FLOPs are then (S/cp) x S query-key pairs per GPU (half
@@ -46,6 +47,7 @@ from opgraph.contracts import SHARD, contract, step_pass
 from opgraph.errors import OpgraphError
 from opgraph.frameworks import padded_vocab_shard, traits
 from opgraph.ir import Graph, Op, Phase, Role, Tensor
+from opgraph.kinds import defined_kinds
 from opgraph.parallel import Parallel, cp, ep, tp
 from opgraph.symbols import E, F, F_e, F_s, H, H_kv, S, V
 
@@ -53,12 +55,6 @@ from opgraph.symbols import E, F, F_e, F_s, H, H_kv, S, V
 # the MLP's, each routed expert's and a shared expert's hidden width, the vocabulary of the
 # embedding and the head).
 TENSOR_SPLITS = (H, H_kv, F, F_e, F_s, V)
-# Kinds whose output sums over a dimension of their inputs: split inputs, unsplit output = partial.
-CONTRACTING = ("matmul", "expert_matmul", "embedding")
-# Kinds a column-parallel split reaches through their weight (the second input).
-COLUMN = ("matmul", "expert_matmul")
-# Per attention kind: which inputs context parallelism gathers along the sequence (K and V).
-CP_GATHERS = {"flash_attention": (1, 2), "attention_scores": (1,)}
 SEQ_AXIS = 1  # activations are [B, S, ...]
 RESHAPES = ("reshape",)  # kinds whose parameters name a shape (the sequence's extent in it)
 
@@ -66,7 +62,7 @@ RESHAPES = ("reshape",)  # kinds whose parameters name a shape (the sequence's e
 def _cp_gathers(op: Op) -> tuple[int, ...]:
     if op.kind == "matmul" and op.param("heads") is not None:  # P.V of unfused attention
         return (1,)
-    return CP_GATHERS.get(op.kind, ())
+    return rules.CP_GATHERS.get(op.kind, ())
 
 
 def _sub(value, mapping):
@@ -123,10 +119,11 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
         raise OpgraphError(f"{graph.name}: " + (f"E = {experts} experts are not divisible by --ep "
                                                f"{layout.ep}" if experts else
                                                "has no experts to spread; leave out --ep"))
-    if layout.ep > 1 and not any(op.kind == "expert_matmul" for op in graph.ops()):
-        raise OpgraphError(f"{graph.name}: --ep {layout.ep} spreads the weights of expert_matmul "
-                           "ops over GPUs, and the model has none; build its experts with "
-                           "GraphBuilder.expert_matmul, or leave out --ep")
+    if layout.ep > 1 and not any(rules.shards_as(op.kind, "expert") for op in graph.ops()):
+        raise OpgraphError(f"{graph.name}: --ep {layout.ep} spreads the experts' weights over "
+                           "GPUs, and the model has none; build its experts with "
+                           "GraphBuilder.expert_matmul (or a kind defined with "
+                           "shards=('expert', ...)), or leave out --ep")
 
 
 @step_pass(at=SHARD, bind=lambda o: o.layout and {"layout": o.layout},
@@ -167,10 +164,11 @@ class _Sharder:
         self.seq: set[str] = set()  # tensors holding S/tp of the sequence (sequence parallel)
         self.made: dict[tuple, str] = {}  # (tensor, what) -> the inserted op's output
         self.routed: set[str] = set()  # tokens on their experts' GPUs (expert parallel)
+        self.defined = set(defined_kinds())  # kinds of the user's, whose roles are declared
 
     # --- tensors ----------------------------------------------------------------------------
     def _weight(self, t: Tensor) -> Tensor:
-        expert = any(op.kind == "expert_matmul" and op.inputs[1] == t.name
+        expert = any(rules.shards_as(op.kind, "expert") and op.inputs[1] == t.name
                      for op in self.src.consumers(t.name))
         mapping = dict(self.split)
         if expert and self.layout.ep > 1:
@@ -250,6 +248,7 @@ class _Sharder:
                 self.name[t.name] = t.name
         for op in src.ops():
             inputs = [self.name[n] for n in op.inputs]
+            self._check_role(op, inputs)
             inputs = self._before(op, inputs)
             params = {k: _sub(v, self.params) for k, v in op.params}
             ins = [out.tensor(n) for n in inputs]
@@ -271,10 +270,25 @@ class _Sharder:
             out.update_region(attrs.evolve(region, carries=carries))
         return out
 
+    def _check_role(self, op: Op, inputs: list[str]) -> None:
+        """A kind of the user's (`kinds.define_kind`) that declares no sharding role and reads
+        a weight tensor parallelism split: an error, where it would run as a replica on a
+        shard and leave partial sums unreduced."""
+        if op.kind not in self.defined or rules.SHARDING.get(op.kind):
+            return
+        split = [n for n in inputs if self.out.tensor(n).role is Role.WEIGHT
+                 and tp in sympy.Add(*self.out.tensor(n).shape).free_symbols]
+        if split:
+            raise OpgraphError(
+                f"--tp {self.layout.tp} splits weight {split[0]}, which op {op.name} of kind "
+                f"{op.kind} reads, and {op.kind} declares no sharding role; define it with "
+                "shards=('column', 'contracting') if it multiplies by the weight as a matmul "
+                "does, shards=('local',) if it runs on each shard alone, or leave out --tp")
+
     def _before(self, op: Op, inputs: list[str]) -> list[str]:
         layout, out = self.layout, self.out
         inputs = list(inputs)
-        if layout.tp > 1 and op.kind in COLUMN and len(inputs) > 1:
+        if layout.tp > 1 and rules.shards_as(op.kind, "column") and len(inputs) > 1:
             a, w = inputs[0], inputs[1]
             if tp in sympy.Add(*out.tensor(w).shape).free_symbols and not self._is_split(a):
                 if a in self.seq:  # sequence parallel: gather the sequence (f = all-gather)
@@ -285,11 +299,11 @@ class _Sharder:
                                                          op.count)
                 else:  # Megatron's f: a copy forward, the gradient all-reduced backward
                     inputs[0] = self._collective(a, "identity", "tp", op.region, op.count)
-        if (layout.ep > 1 and op.kind == "expert_matmul" and inputs[0] not in self.routed
+        if (layout.ep > 1 and rules.shards_as(op.kind, "expert") and inputs[0] not in self.routed
                 and ep in sympy.sympify(out.tensor(inputs[1]).shape[0]).free_symbols):
             inputs[0] = self._collective(inputs[0], "all_to_all", "ep", op.region, op.count,
                                          fanout=self._fanout(op, inputs))
-        if layout.ep > 1 and op.kind == "moe_combine" and inputs[0] in self.routed:
+        if layout.ep > 1 and rules.shards_as(op.kind, "combine") and inputs[0] in self.routed:
             inputs[0] = self._collective(inputs[0], "all_to_all", "ep", op.region, op.count)
         if layout.cp > 1:
             for i in _cp_gathers(op):
@@ -318,7 +332,7 @@ class _Sharder:
         outputs = op.outputs
         if any(n in self.routed for n in inputs[:1]):
             self.routed.update(outputs)
-        if (layout.tp > 1 and op.kind in CONTRACTING
+        if (layout.tp > 1 and rules.shards_as(op.kind, "contracting")
                 and any(self._is_split(n) for n in inputs)
                 and not any(self._is_split(n) for n in outputs)):
             (partial,) = outputs

@@ -131,3 +131,94 @@ def test_a_broken_user_pass_is_one_line(cli, tmp_path, spec, message):
                              spec.format(dir=tmp_path))
         assert code == 2 and out == ""
         assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+# A kind as a user defines it: BitNet's linear layer (a matmul by a ternary weight), here with
+# a matmul's shape, FLOPs and GEMM grid; `shards` says how tensor parallelism splits it.
+BITLINEAR = textwrap.dedent('''
+    import attrs
+
+    from opgraph import rules
+    from opgraph.kinds import define_kind
+    from opgraph.models import preset
+
+    define_kind("bitlinear", shape=rules.SHAPE_RULES["matmul"],
+                flops=rules.FLOP_RULES["matmul"], grid=rules.GEMM_GRIDS["matmul"],
+                category="matmul", shards=SHARDS, replace=True)
+
+
+    def build():
+        """Llama 3.2 1B with its MLP's projections as bitlinear."""
+        g = preset("llama3.2-1b")
+        out = g.copy()
+        for op in g.ops():
+            if op.name.endswith(("gate_proj", "up_proj", "down_proj")):
+                out.replace_op(attrs.evolve(op, kind="bitlinear"))
+        return out
+''')
+
+
+@pytest.fixture
+def bitlinear(tmp_path):
+    """Write the model file with its kind's roles; the kind is taken out after the test."""
+    from opgraph.kinds import remove_kind
+
+    def write(shards) -> str:
+        path = tmp_path / f"bitnet_{len(shards)}.py"
+        path.write_text(BITLINEAR.replace("SHARDS", repr(shards)))
+        return f"{path}:build"
+    yield write
+    remove_kind("bitlinear")
+
+
+def _tp_collectives(report: dict) -> list:
+    return sorted((c["collective"], c["bytes"], c["count"]) for c in report["communication"]
+                  if c["group"] == "tp")
+
+
+def test_a_kind_with_a_sharding_role_is_split_in_profile_and_plan(cli, bitlinear):
+    """Declared column-parallel and contracting, the user's kind is split as Megatron splits a
+    matmul: under --tp 2 its MLP has the same f and g collectives as the built-in matmul's, in
+    `profile` and in `plan`'s search path (which agrees with `profile` to 1e-9)."""
+    from opgraph.costmodel import cost_model
+    from opgraph.distributed import profile_parallel
+    from opgraph.parallel import Parallel
+    from opgraph.search import Candidate, Searcher
+
+    model = bitlinear(("column", "contracting"))
+    layout = ("--tp", "2", "--micro-batch", "1", "--global-batch", "2", "--seq-len", "1024")
+    code, out, err = cli("profile", "--model", model, "--json", *layout)
+    assert code == 0, err
+    mine, builtin = json.loads(out), _profile(cli, *layout)
+    assert _tp_collectives(mine) == _tp_collectives(builtin) != []
+    assert {c["name"] for c in mine["communication"]} >= {  # f before the MLP, g after it
+        "layers.mlp_norm.identity.tp.grad", "layers.down_proj.all_reduce.tp"}
+
+    forward = sys.modules[_module_of(model)].build()
+    h100, calibrated = part("h100-sxm"), cost_model("calibrated")
+    parallel = Parallel(tp=2, micro_batch=1, global_batch=2)
+    planned = Searcher(forward, h100, seq_len=1024, cost=calibrated).one(
+        Candidate(parallel, "none", "bf16")).result
+    profiled = profile_parallel(forward, h100, parallel, values={"S": 1024}, cost=calibrated)
+    assert planned.step_time_s == pytest.approx(profiled.parallel.step_time_s, rel=1e-9)
+    assert planned.step_time_s == pytest.approx(mine["step_time_s"], rel=1e-9)
+
+
+def _module_of(spec: str) -> str:
+    """The module name `--model FILE.py:build` imported the file as."""
+    return next(name for name, m in sys.modules.items()
+                if getattr(m, "__file__", None) == spec.rpartition(":")[0])
+
+
+def test_a_kind_without_a_role_that_reads_a_split_weight_is_an_error(cli, bitlinear):
+    """No role, a weight --tp splits: one line naming the kind, in `profile` and `plan`, not a
+    step whose MLP runs as a replica on a shard with its partial sums never reduced."""
+    model = bitlinear(())
+    for command in (("profile", "--tp", "2"),
+                    ("plan", "--gpus", "8", "--global-batch", "8", "--tp", "2")):
+        code, out, err = cli(*command, "--model", model)
+        assert code == 2 and out == "", err
+        assert "of kind bitlinear reads, and bitlinear declares no sharding role" in err
+        assert len(err.strip().splitlines()) == 1
+    code, _, err = cli("profile", "--model", model)  # no --tp: nothing to split
+    assert code == 0, err
