@@ -56,11 +56,30 @@ Each trait, with where each framework's code says so:
   pipeline to drain rather than running under the backward. DeepSpeed's pipeline engine issues
   `ReduceGrads` after the last micro-batch's backward (`deepspeed/runtime/pipe/schedule.py`,
   `TrainSchedule.steps`; `deepspeed/runtime/pipe/engine.py`, `_exec_reduce_grads`).
-- `overlaps_reduce_from_zero`: the least ZeRO stage at which the gradient reduction runs under
-  the backward by default. DeepSpeed's `zero_optimization.overlap_comm` defaults to True at
-  stage 3 only (`deepspeed/runtime/zero/config.py`, `DeepSpeedZeroConfig.overlap_comm_valid`);
-  below it the reduction runs after the backward (stage 0: the engine's `allreduce_gradients`)
-  or blocks it bucket by bucket (stages 1-2): exposed whole either way.
+- `overlaps_reduce_at`: the ZeRO stages at which the gradient reduction runs under the
+  backward by default; at the others it runs after the backward, exposed. DeepSpeed's
+  `zero_optimization.overlap_comm` defaults to True at stage 3 only
+  (`deepspeed/runtime/zero/config.py`, `DeepSpeedZeroConfig.overlap_comm_valid`); below it the
+  reduction runs after the backward (stage 0: the engine's `allreduce_gradients`) or blocks it
+  bucket by bucket (stages 1-2): exposed whole either way. nanotron wraps the model in DDP,
+  whose hook reduces the FP32 accumulation buffers under the last backward, only without ZeRO:
+  with `accumulate_grad_in_fp32` and `zero_stage` > 0 it builds no DDP (`trainer.py`,
+  `_init_model`: `make_ddp = data_parallel_size > 1 and not (accumulate_grad_in_fp32 and
+  zero_stage > 0)`, from January 2024 to June 2025, the playbook's runs among them) and
+  all-reduces the gradients after the backward (`sync_gradients_across_dp(...,
+  reduce_scatter=False)`, "This is too memory hungry, instead we run all_reduce"): see
+  `zero1_all_reduces`.
+- `zero1_all_reduces`: under ZeRO-1, the gradients are all-reduced whole (each rank then
+  updates its shard of the optimizer and all-gathers its updated weights), not
+  reduce-scattered: nanotron, as `overlaps_reduce_at` says.
+- `adds_grads_in_fp32`: each micro-batch's weight gradients are written in BF16 and added
+  into FP32 buffers by kernels of their own (`passes.accumulate_grads`), rather than
+  accumulated in FP32 by the weight-gradient GEMM itself. nanotron: its
+  `FP32GradientAccumulator` (`src/nanotron/optim/gradient_accumulator.py`, `backward`:
+  `fp32_grad.add_(half_param.grad)` for every parameter after `loss.backward()`), which
+  `accumulate_grad_in_fp32` turns on (its examples and the playbook's benchmark script set it).
+  Megatron-LM's `--gradient-accumulation-fusion` (on by default) accumulates in the GEMM: the
+  generic model.
 - `eager`: the op kinds the framework runs as eager PyTorch, each as the several kernels its
   Python code launches (`rules.EAGER_BYTES`, marked by `passes.decompose`), where the others run
   one fused kernel. A compiled run (`fuse` "elementwise": torch.compile) generates its own
@@ -147,7 +166,9 @@ class Traits:
     sp_saves_shard: bool = False
     unshards_once_with_pp: bool = False
     reduce_after_flush: bool = False
-    overlaps_reduce_from_zero: int = 0
+    overlaps_reduce_at: frozenset[int] = frozenset({0, 1, 2, 3})
+    zero1_all_reduces: bool = False
+    adds_grads_in_fp32: bool = False
     eager: frozenset[str] = frozenset()
     compiles_blocks_only: bool = False
     balances_stages: bool = False
@@ -164,9 +185,11 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
-                        overlaps_reduce_from_zero=3),
+                        overlaps_reduce_at=frozenset({3})),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
-                       balances_stages=True, vocab_multiple=1),
+                       balances_stages=True, vocab_multiple=1,
+                       overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,
+                       adds_grads_in_fp32=True),
 }
 
 
@@ -191,7 +214,7 @@ def defers_grad_reduce(layout: Parallel) -> bool:
     not overlap it at the layout's ZeRO stage."""
     t = traits(layout)
     return (not layout.overlap_grad_reduce or (layout.pp > 1 and t.reduce_after_flush)
-            or layout.zero < t.overlaps_reduce_from_zero)
+            or layout.zero not in t.overlaps_reduce_at)
 
 
 def padded_vocab_shard(vocab, layout: Parallel, degree=None):

@@ -7,7 +7,8 @@ weight `w` with gradient `g` and `dp` ranks (Rajbhandari et al. 2020, ZeRO; PyTo
 - ZeRO-0, plain data parallelism: `g` is all-reduced before the update.
 - ZeRO-1 (Megatron's distributed optimizer): `g` is reduce-scattered; each rank updates its
   1/dp of the optimizer states (FP32 master and moments) and all-gathers the updated BF16
-  weights. The full gradient buffer stays.
+  weights. The full gradient buffer stays. A framework that all-reduces it whole instead
+  (`Traits.zero1_all_reduces`, nanotron) updates from its shard of the reduced buffer.
 - ZeRO-2: as ZeRO-1, and the full gradient is a per-layer transient (reduce-scattered as soon as
   it is made); only its 1/dp shard stays resident.
 - ZeRO-3 / FSDP: the weight itself is a 1/dp shard; every op that reads it (forward, and again
@@ -82,7 +83,8 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
 
 @step_pass(at=REPLICATE, bind=lambda o: o.replicated and o.layout and {"layout": o.layout},
            structure={"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
-                                           reduce_dtype(p), traits(p).regather_in_recompute)})
+                                           reduce_dtype(p), traits(p).regather_in_recompute,
+                                           traits(p).zero1_all_reduces)})
 @contract(requires=("optimizer",), forbids=("replicated",))
 def replicate(graph: Graph, layout: Parallel) -> Graph:
     """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes
@@ -98,16 +100,18 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     # first: the ops' place in the order, which no insertion here changes
     order = None if traits(layout).regather_in_recompute else {
         op.name: i for i, op in enumerate(graph.ops())}
+    whole = traits(layout).zero1_all_reduces
     for update in [op for op in graph.ops() if op.kind == "adamw"]:
         w = graph.tensor(graph.tensor(update.inputs[0]).grad_of)
         group = group_of(w)
         if layout.size(group) > 1:  # a group of one GPU has nothing to reduce or shard
-            _replicate_update(out, update, sharding(layout), wire, order, bucketed)
+            _replicate_update(out, update, sharding(layout), wire, order, bucketed, whole)
     return out
 
 
 def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
-                      order: dict | None, bucketed: bool = False) -> None:
+                      order: dict | None, bucketed: bool = False,
+                      whole: bool = False) -> None:
     grad = out.tensor(update.inputs[0])
     w = out.tensor(grad.grad_of)
     group = group_of(w)
@@ -116,21 +120,28 @@ def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
     # share of the bucket's one call
     if bucketed:
         where["calls"] = bucket_share(grad.numel, GROUPS[group])
-    if zero == 0:
+    if zero == 0 or (zero == 1 and whole):
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,
                               dtype=wire, **where)
-        out.replace_op(attrs.evolve(update, inputs=(reduced, *update.inputs[1:])))
         out.replace_tensor(attrs.evolve(grad, grad_of=None))
-        return
+        if zero == 0:
+            out.replace_op(attrs.evolve(update, inputs=(reduced, *update.inputs[1:])))
+            return
+        # ZeRO-1 all-reducing the whole gradient (`Traits.zero1_all_reduces`): the rank's
+        # update reads its shard of the reduced buffer, a view
+        shard = _slice(out, reduced, group, update)
+    else:
+        shard = None
     if zero == 3:
         _gather_weight(out, w, group, order)
     # ZeRO-1 keeps the full gradient buffer (the shard is a view of it); ZeRO-2/3 keep only the
     # shard, the full gradient a per-layer transient
     full = [t for t in out.tensors() if t.grad_of == w.name]
-    shard = _collective(out, grad.name, "reduce_scatter", f"{grad.name}@dp",
-                        phase=Phase.BACKWARD, role=Role.GRADIENT,
-                        grad_of=w.name if zero >= 2 else None, dtype=wire, **where)
+    if shard is None:
+        shard = _collective(out, grad.name, "reduce_scatter", f"{grad.name}@dp",
+                            phase=Phase.BACKWARD, role=Role.GRADIENT,
+                            grad_of=w.name if zero >= 2 else None, dtype=wire, **where)
     if zero >= 2:
         for t in full:
             out.replace_tensor(attrs.evolve(t, grad_of=None))
@@ -141,6 +152,19 @@ def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
         copy = update.outputs[-2] if update.param("zero_grad") else update.outputs[-1]
         _collective(out, copy, "all_gather", f"{w.name}@updated", phase=Phase.OPTIMIZER,
                     **where)
+
+
+def _slice(out: Graph, source: str, group: str, update: Op) -> str:
+    """This rank's 1/size shard of `source` along the first dimension, a view of it."""
+    t = out.tensor(source)
+    name = f"{source}@shard"
+    params = {"axis": AXIS, "size": _shard(t, group).shape[AXIS]}
+    out.add_tensor(Tensor(name, _shard(t, group).shape, t.dtype, Role.GRADIENT, t.count,
+                          region=update.region))
+    out.add_op(Op(f"{name}.slice", "slice", "elementwise", (source,), (name,),
+                  count=update.count, phase=Phase.OPTIMIZER, params=params,
+                  region=update.region))
+    return name
 
 
 def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None) -> None:

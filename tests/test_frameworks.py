@@ -44,12 +44,14 @@ def test_gradient_messages_are_the_parameters_times_the_reduce_dtype(framework, 
                                                                      dtype, zero):
     """Every weight's gradient crosses once per step in the framework's reduce dtype: the
     messages sum to Psi x bytes(dtype), an all-reduce under ZeRO-0, a reduce-scatter under
-    ZeRO-1 (Megatron's distributed optimizer)."""
+    ZeRO-1 (Megatron's distributed optimizer), but for nanotron, whose ZeRO-1 all-reduces the
+    whole gradient (`sync_gradients_across_dp(..., reduce_scatter=False)`)."""
     step = replicate(compile_step(preset("llama3.2-1b")),
                      Parallel(dp=8, zero=zero, framework=framework, grad_reduce_dtype=override))
     reduced = [op for op in step.ops()
                if op.param("group") == "dp" and op.kind in ("all_reduce", "reduce_scatter")]
-    assert {op.kind for op in reduced} == {"reduce_scatter" if zero else "all_reduce"}
+    whole = zero == 0 or framework == "nanotron"
+    assert {op.kind for op in reduced} == {"all_reduce" if whole else "reduce_scatter"}
     subs = resolve(step)
     sent = sum(float((message_bytes(step, op) * op.count).xreplace(subs)) for op in reduced)
     psi = float(preset("llama3.2-1b").parameters().xreplace(subs))
@@ -206,6 +208,66 @@ def test_deepspeed_overlaps_the_reduction_at_zero_3_only(zero, overlapped):
                                                        grad_reduce_dtype="fp32")).parallel
     generic = profile_parallel(f, H100, attrs.evolve(base, overlap_grad_reduce=overlapped))
     assert deepspeed.step_time_s == pytest.approx(generic.parallel.step_time_s, rel=1e-12)
+
+
+# --- nanotron: FP32 accumulation apart, ZeRO-1 all-reduced after the backward ------------------
+
+def _without(framework: str, **traits):
+    """`framework`'s row of the table with `traits` changed, for one comparison."""
+    from opgraph import frameworks
+
+    return {**frameworks.FRAMEWORKS, framework: attrs.evolve(frameworks.FRAMEWORKS[framework],
+                                                             **traits)}
+
+
+def test_nanotron_adds_each_micro_batchs_gradients_into_fp32(monkeypatch):
+    """nanotron's FP32GradientAccumulator adds every BF16 gradient into its FP32 buffer after
+    each micro-batch's backward: 2 + 4 bytes read and 4 written a parameter, 10 x Psi bytes a
+    micro-batch, and on the roofline the step grows by m x 10 Psi / the HBM bandwidth."""
+    from opgraph import frameworks
+
+    f = preset("llama3.2-1b")
+    layout = Parallel(micro_batch=1, global_batch=4, framework="nanotron")  # 4 micro-batches
+    step = compile_parallel(f, layout)
+    adds = [op for op in step.ops() if op.name.startswith("accumulate.")]
+    assert len(adds) == len(f.weights())
+    subs = resolve(step)
+    costs = cost_model("roofline").op_costs(step)
+    psi = float(f.parameters().xreplace(subs))
+    moved = sum(float((costs[op.name].bytes * op.count).xreplace(subs)) for op in adds)
+    assert moved == pytest.approx((2 + 4 + 4) * psi)
+    with_adds = profile_parallel(f, H100, layout).parallel.step_time_s
+    monkeypatch.setattr(frameworks, "FRAMEWORKS", _without("nanotron", adds_grads_in_fp32=False))
+    without = profile_parallel(f, H100, layout).parallel.step_time_s
+    assert with_adds - without == pytest.approx(4 * 10 * psi / H100.bandwidth, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_nanotron_zero_1_all_reduces_the_gradients_after_the_backward(zero, monkeypatch):
+    """Without ZeRO nanotron's DDP hook all-reduces the FP32 buffers under the last backward,
+    as the generic model does; with ZeRO-1 it builds no DDP and all-reduces them whole after the
+    backward (`sync_gradients_across_dp(..., reduce_scatter=False)`): the step of a generic
+    layout whose reduction waits for the backward, with all-reduces of 2 (dp - 1) / dp x the
+    FP32 gradients on the wire where a reduce-scatter sends half that."""
+    from opgraph import frameworks
+
+    f = preset("llama3.2-1b")
+    layout = Parallel(dp=8, zero=zero, global_batch=16, framework="nanotron")
+    monkeypatch.setattr(frameworks, "FRAMEWORKS", _without("nanotron", adds_grads_in_fp32=False))
+    mine = profile_parallel(f, H100, layout).parallel
+    reduced = [t for t in mine.communication if t.group == "dp" and t.collective != "all_gather"]
+    assert {t.collective for t in reduced} == {"all_reduce"}
+    monkeypatch.setattr(frameworks, "FRAMEWORKS", _without(
+        "nanotron", overlaps_reduce_at=frozenset({0, 1, 2, 3}), zero1_all_reduces=False))
+    overlapped = profile_parallel(f, H100, layout).parallel
+    waits = profile_parallel(f, H100, attrs.evolve(layout, overlap_grad_reduce=False)).parallel
+    if zero == 0:
+        assert mine.step_time_s == pytest.approx(overlapped.step_time_s, rel=1e-12)
+    else:
+        assert mine.step_time_s > waits.step_time_s > overlapped.step_time_s
+        scattered = sum(t.time_s for t in waits.communication
+                        if t.group == "dp" and t.collective == "reduce_scatter")
+        assert sum(t.time_s for t in reduced) > 1.9 * scattered
 
 
 def test_deepspeed_refuses_zero_2_and_3_with_pipelines():
