@@ -71,6 +71,9 @@ class FusionPolicy:
     kinds: tuple[tuple[str, str], ...] = attrs.field(converter=_frozen_kinds)
     pairs: frozenset[tuple[str, str]] = attrs.field(converter=_frozen_pairs)
     max_matmuls: int = 0
+    # whether kinds defined after it (`kinds.define_kind(fusion_class=...)`, `DEFINED_CLASSES`)
+    # take their declared class: the built-in policies do, a policy of your own names its own
+    defined: bool = False
 
     def __attrs_post_init__(self):
         unknown = {c for _, c in self.kinds} | {c for pair in self.pairs for c in pair}
@@ -81,7 +84,10 @@ class FusionPolicy:
 
     def kind_class(self, kind: str) -> str | None:
         """The class of `kind`, None if it never fuses."""
-        return dict(self.kinds).get(kind)
+        found = dict(self.kinds).get(kind)
+        if found is None and self.defined:
+            return DEFINED_CLASSES.get(kind)
+        return found
 
     def may_fuse(self, producer: str, consumer: str) -> bool:
         """Whether an op of kind `producer` may share a kernel with an op of kind `consumer`
@@ -131,9 +137,14 @@ VECTOR_PAIRS = frozenset((a, b) for a in _VECTOR for b in _VECTOR)
 # output transformed before it is stored), never two matmuls in one kernel.
 MATMUL_PAIRS = frozenset({(c, "matmul") for c in _VECTOR} | {("matmul", c) for c in _VECTOR})
 
-ELEMENTWISE = FusionPolicy("elementwise", KIND_CLASSES, VECTOR_PAIRS, max_matmuls=0)
+# Kind -> class for kinds made by `kinds.define_kind(fusion_class=...)` (and their backward
+# kernels), which the built-in policies read as they read their own.
+DEFINED_CLASSES: dict[str, str] = {}
+
+ELEMENTWISE = FusionPolicy("elementwise", KIND_CLASSES, VECTOR_PAIRS, max_matmuls=0,
+                           defined=True)
 ELEMENTWISE_MATMUL = FusionPolicy("elementwise+matmul", KIND_CLASSES,
-                                  VECTOR_PAIRS | MATMUL_PAIRS, max_matmuls=1)
+                                  VECTOR_PAIRS | MATMUL_PAIRS, max_matmuls=1, defined=True)
 
 # The policies the command line names (`--fuse elementwise`).
 POLICIES: dict[str, FusionPolicy] = {p.name: p for p in (ELEMENTWISE, ELEMENTWISE_MATMUL)}

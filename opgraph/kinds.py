@@ -29,10 +29,11 @@ from collections.abc import Callable, Sequence
 import attrs
 import sympy
 
-from . import costmodel, rules
+from . import costmodel, fusion, parameters, rules
 from .errors import OpgraphError
 from .ir import BF16, INT32, Graph, Op, Phase, Role, Tensor
 from .passes import derive_backward as _backward
+from .passes import recompute
 from .symbols import B, D, E, F, H, H_kv, K, S, V, d_h, dim
 
 SAVES = ("none", "inputs", "inputs+outputs")
@@ -64,6 +65,10 @@ class Kind:
     eager_backward: Callable | None = None  # theirs backward (`rules.EAGER_BACKWARD_BYTES`)
     shards: tuple[str, ...] = ()  # its roles when parallelism splits it (`rules.SHARDING`)
     cp_gathers: tuple[int, ...] = ()  # inputs context parallelism gathers (`rules.CP_GATHERS`)
+    fusion_class: str | None = None  # what fuses with it (`fusion.DEFINED_CLASSES`)
+    kept: bool = False  # selective-op recomputation keeps its output (`recompute.SAVE_KINDS`)
+    operands: int | None = None  # leading operands whose dtype sets its peak (`OPERANDS`)
+    active_fraction: Callable | None = None  # a routed weight's share a token reads
 
     def op(self, g, inputs: Sequence, *, name: str | None = None, category: str | None = None,
            **params) -> Tensor:
@@ -107,6 +112,8 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                 backward_cost: Callable | None = None, grid: Callable | None = None,
                 eager: Callable | None = None, eager_backward: Callable | None = None,
                 shards: Sequence[str] = (), cp_gathers: Sequence[int] = (),
+                fusion_class: str | None = None, kept: bool = False,
+                operands: int | None = None, active_fraction: Callable | None = None,
                 replace: bool = False) -> Kind:
     """Define op kind `name` in every table; returns its `Kind`.
 
@@ -138,6 +145,15 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
       and values, by position) context parallelism gathers along the sequence for an attention
       kind. A kind with no role that reads a weight tensor parallelism splits is an error
       under `--tp`, not a silent replica.
+    - `fusion_class`: "pointwise", "reduction" or "matmul" (`fusion.CLASSES`), what the built-in
+      fusion policies (`--fuse`) may put in one kernel with it; None: it never fuses.
+    - `kept`: torchtitan's per-op recomputation (`selective-op`) keeps its output, as it keeps
+      the matmuls' and the attention kernel's, rather than re-running it.
+    - `operands`: for a matrix multiply, how many leading inputs are its operands: where all are
+      FP8 it runs at the part's FP8 peak (`costmodel.OPERANDS`).
+    - `active_fraction`: for a routed kind (a mixture of experts' expert matmul), `(tensor,
+      op, weight) -> the share of the weight one token reads`, which the MFU's active
+      parameters count (`parameters.ACTIVE_FRACTION`).
 
     Defining a kind that exists raises OpgraphError unless `replace=True`.
 
@@ -156,6 +172,9 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     if isinstance(vjp, str) and vjp not in SAVES:
         raise OpgraphError(f"kind {name!r}: vjp={vjp!r}; give one of {', '.join(SAVES)}, a VJP "
                            "rule or None")
+    if fusion_class is not None and fusion_class not in fusion.CLASSES:
+        raise OpgraphError(f"kind {name!r}: fusion_class={fusion_class!r}; give one of "
+                           f"{', '.join(fusion.CLASSES)} or None")
     unknown = [r for r in shards if r not in rules.SHARD_ROLES]
     if unknown:
         raise OpgraphError(f"kind {name!r}: shards={tuple(shards)!r}; its roles are among "
@@ -169,7 +188,8 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     if backward_cost is None:
         backward_cost = costmodel.scaled_flops if view_rule is not None else costmodel.scaled
     record = Kind(name, shape, flops, rule, backward, view_rule, category, backward_cost, grid,
-                  eager, eager_backward, tuple(shards), tuple(cp_gathers))
+                  eager, eager_backward, tuple(shards), tuple(cp_gathers), fusion_class, kept,
+                  operands, active_fraction)
     rules.SHAPE_RULES[name] = shape
     rules.FLOP_RULES[name] = flops
     _backward.VJP_RULES[name] = rule
@@ -186,6 +206,16 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
         rules.SHARDING[name] = tuple(shards)
     if cp_gathers:
         rules.CP_GATHERS[name] = tuple(cp_gathers)
+    if fusion_class is not None:
+        fusion.DEFINED_CLASSES[name] = fusion_class
+        if backward is not None:
+            fusion.DEFINED_CLASSES[backward] = fusion_class
+    if kept:
+        recompute.SAVE_KINDS = (*recompute.SAVE_KINDS, name)
+    if operands is not None:
+        costmodel.OPERANDS[name] = operands
+    if active_fraction is not None:
+        parameters.ACTIVE_FRACTION[name] = active_fraction
     rules.FORWARD_KINDS = (*rules.FORWARD_KINDS, name)
     if backward is not None:
         rules.SHAPE_RULES[backward] = backward_shape or rules.backward_shape(name)
@@ -204,14 +234,22 @@ def _view_rule(view: bool | Callable) -> Callable | None:
     return _always if view else None
 
 
+def _tables() -> tuple[dict, ...]:
+    """Every per-kind table a kind has rows in: `define_kind` writes its rows, `remove_kind`
+    clears them (and `recompute.SAVE_KINDS`, a tuple)."""
+    return (rules.SHAPE_RULES, rules.FLOP_RULES, rules.VIEWS, _backward.VJP_RULES,
+            costmodel.BACKWARD_COST, rules.GEMM_GRIDS, rules.EAGER_BYTES,
+            rules.EAGER_BACKWARD_BYTES, rules.SHARDING, rules.CP_GATHERS,
+            fusion.DEFINED_CLASSES, costmodel.OPERANDS, parameters.ACTIVE_FRACTION)
+
+
 def remove_kind(name: str) -> None:
     """Take a kind made by `define_kind` out of every table (a test cleaning up after itself)."""
     record = _DEFINED.pop(name, None)
     if record is None:
         raise OpgraphError(f"op kind {name!r} was not made by define_kind")
-    for table in (rules.SHAPE_RULES, rules.FLOP_RULES, rules.VIEWS, _backward.VJP_RULES,
-                  costmodel.BACKWARD_COST, rules.GEMM_GRIDS, rules.EAGER_BYTES,
-                  rules.EAGER_BACKWARD_BYTES, rules.SHARDING, rules.CP_GATHERS):
+    recompute.SAVE_KINDS = tuple(k for k in recompute.SAVE_KINDS if k != name)
+    for table in _tables():
         table.pop(name, None)
         if record.backward:
             table.pop(record.backward, None)
@@ -233,7 +271,10 @@ def kind(name: str) -> Kind:
                 rules.VIEWS.get(name), EXAMPLES[name].category if name in EXAMPLES else
                 "elementwise", costmodel.BACKWARD_COST[name], rules.GEMM_GRIDS.get(name),
                 rules.EAGER_BYTES.get(name), rules.EAGER_BACKWARD_BYTES.get(name),
-                rules.SHARDING.get(name, ()), rules.CP_GATHERS.get(name, ()))
+                rules.SHARDING.get(name, ()), rules.CP_GATHERS.get(name, ()),
+                {**fusion.DEFINED_CLASSES, **fusion.KIND_CLASSES}.get(name),
+                name in recompute.SAVE_KINDS, costmodel.OPERANDS.get(name),
+                parameters.ACTIVE_FRACTION.get(name))
 
 
 def defined_kinds() -> tuple[str, ...]:

@@ -508,3 +508,109 @@ def test_a_user_kind_declares_its_eager_kernels(monkeypatch):
     finally:
         kinds.remove_kind("relu2")
     assert "relu2" not in rules.EAGER_BYTES and "relu2" not in rules.EAGER_BACKWARD_BYTES
+
+
+# --- a kind owns its traits: every one through define_kind, read back, cleared ----------------
+
+def test_define_kind_takes_every_trait_a_kind_has():
+    """Completeness: each of `define_kind`'s arguments is a field of `Kind` (but its name,
+    `replace` and the rows of its backward kernel, which are the backward kind's own), and
+    each field is an argument (but the backward's name, which follows from `vjp`)."""
+    import inspect
+
+    import attrs
+
+    arguments = set(inspect.signature(kinds.define_kind).parameters)
+    fields = {f.name for f in attrs.fields(kinds.Kind)}
+    backward_rows = {"backward_flops", "backward_shape", "backward_view"}
+    assert arguments - {"name", "replace"} - backward_rows == fields - {"name", "backward"}
+
+
+def _routed_share(tensor, op, weight):
+    """K of E experts, as the built-in expert matmul's rule says."""
+    return tensor(op.inputs[2]).shape[-1] / weight.shape[0]
+
+
+def test_a_kind_with_every_trait_is_in_every_table_and_leaves_none():
+    """A routed GEMM of the user's, every trait declared: each is in its table and `kind()`
+    reads each back; `remove_kind` leaves no row in any table (`recompute.SAVE_KINDS` too)."""
+    from opgraph import costmodel, fusion, parameters
+    from opgraph.passes import recompute
+
+    traits = dict(shards=("column", "contracting", "expert"), cp_gathers=(), kept=True,
+                  fusion_class="matmul", operands=2, active_fraction=_routed_share,
+                  grid=rules.GEMM_GRIDS["expert_matmul"], category="matmul")
+    made = kinds.define_kind("routed_gemm", shape=rules.SHAPE_RULES["expert_matmul"],
+                             flops=rules.FLOP_RULES["expert_matmul"], **traits)
+    try:
+        assert rules.SHARDING["routed_gemm"] == traits["shards"]
+        assert fusion.DEFINED_CLASSES["routed_gemm"] == "matmul"
+        assert fusion.ELEMENTWISE_MATMUL.kind_class("routed_gemm_backward") == "matmul"
+        assert "routed_gemm" in recompute.SAVE_KINDS
+        assert costmodel.OPERANDS["routed_gemm"] == 2
+        assert parameters.ACTIVE_FRACTION["routed_gemm"] is _routed_share
+        assert kinds.kind("routed_gemm") == made
+        for name, value in traits.items():
+            assert getattr(made, name) == value, name
+    finally:
+        kinds.remove_kind("routed_gemm")
+    for table in kinds._tables():
+        assert not {"routed_gemm", "routed_gemm_backward"} & set(table)
+    assert "routed_gemm" not in recompute.SAVE_KINDS
+    assert fusion.ELEMENTWISE_MATMUL.kind_class("routed_gemm") is None
+
+
+def _routed_model(kind: str):
+    g = GraphBuilder("routed", {B: 2, S: 64, D: 32, F: 64, dim("E"): 8, dim("K"): 2})
+    x = g.input("x", (B, S, D))
+    experts = g.input("experts", (B, S, dim("K")), dtype=kinds.INT32)
+    g.op(kind, [x, g.weight("w", (dim("E"), D, F)), experts], category="matmul", name="gemm")
+    return g.build()
+
+
+def test_each_declared_trait_reaches_what_reads_it(squared_relu):
+    """Declared, each trait changes what its reader does: the built-in fusion policy (`--fuse
+    elementwise+matmul`) fuses a pointwise kind into its matmul; selective-op recomputation
+    keeps a kept kind's output rather than re-running it; FP8 operands put a matrix multiply
+    at the FP8 peak; a routed weight counts K/E of itself in the active parameters."""
+    from opgraph.costmodel import _operands_dtype
+    from opgraph.ir import FP8, Tensor
+    from opgraph.parameters import active_fraction
+    from opgraph.pipeline import fusion_passes
+
+    def fused_members(step):
+        return {m.name for op in step.ops() if op.kind == "fused" for m in op.param("body")}
+
+    def recomputed(step):
+        return {op.name for op in step.ops() if op.phase is Phase.RECOMPUTE}
+
+    options = {"extra_passes": fusion_passes("elementwise+matmul"), "recompute": "selective-op"}
+    plain = compile_step(user_model(squared_relu), **options)
+    assert "layers.act" not in fused_members(plain)
+    assert any("act" in name for name in recomputed(plain))
+    declared = kinds.define_kind("squared_relu_declared", shape=kinds.same_shape,
+                                 flops=squared_relu_flops, fusion_class="pointwise", kept=True)
+    try:
+        step = compile_step(user_model(declared), **options)
+        assert "layers.act" in fused_members(step)
+        assert not any("act" in name for name in recomputed(step))
+    finally:
+        kinds.remove_kind("squared_relu_declared")
+
+    fp8 = [Tensor(n, (S, D), FP8) for n in ("a", "b")]
+    kinds.define_kind("fp8_gemm", shape=rules.SHAPE_RULES["matmul"],
+                      flops=rules.FLOP_RULES["matmul"], operands=2)
+    try:
+        assert _operands_dtype(fp8, "fp8_gemm") == "fp8"
+    finally:
+        kinds.remove_kind("fp8_gemm")
+    assert _operands_dtype(fp8, "fp8_gemm") is None  # undeclared: the BF16 peak
+
+    for share, expected in ((None, 1), (_routed_share, sympy.Rational(2, 8))):
+        kinds.define_kind("routed_gemm", shape=rules.SHAPE_RULES["expert_matmul"],
+                          flops=rules.FLOP_RULES["expert_matmul"], active_fraction=share)
+        try:
+            graph = _routed_model("routed_gemm")
+            assert active_fraction(graph, graph.tensor("w")).xreplace(graph.dims) == expected
+        finally:
+            kinds.remove_kind("routed_gemm")
