@@ -193,7 +193,7 @@ def test_the_bound_waits_for_a_chain_of_collectives(searchers):
     running in between, and the experts' outputs come back the same way, in the backward too:
     the bound counts each chain whole, less the ops between its writer and its reader, so every
     all-to-all is in a chain of two; and the bound is then within 5.5% of the step under the
-    shipped calibration (5.0% with its matmul share 0.689 of the ceiling; 5.3% under at 0.675
+    shipped calibration (5.0% with its matmul share 0.688 of the ceiling; 5.3% under at 0.675
     while only a collective the very next op reads was counted)."""
     searcher = searchers("mixtral-8x7b", 4096)
     group = rows(searcher.forward, H100,
