@@ -15,7 +15,8 @@ context parallelism, then pipeline and data parallelism: a group of `n` GPUs who
 `stride` ranks apart (stride = the product of the degrees inside it) covers `n * stride`
 consecutive ranks. It stays inside a node iff `n * stride <= gpus_per_node` and the node holds a
 whole number of such spans (otherwise some groups straddle two nodes, and a collective is as slow
-as its slowest group); any other group crosses the network, the slowest tier it spans.
+as its slowest group); any other group crosses the network, the slowest tier it spans. A job
+smaller than a node (`Cluster.for_job`) sits in one node, every group inside it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ MAX_LATENCY_US = 1e4  # 10 ms per step would be a broken network, not a slow one
 _CLUSTER_KEYS = {"name", "gpus_per_node", "source", "node", "network"}
 _TIER_KEYS = {"name", "gbytes_per_s", "gbits_per_s", "latency_us", "tree_latency_us", "topology",
               "source"}
-MAX_NICS_PER_NODE = 64  # an AWS p5 node has 32 EFA NICs
+MAX_NICS_PER_NODE = 1024  # an AWS p5 node has 32 EFA NICs; a GB200 NVL72 domain 72
 MEASURED_KINDS = ("all-reduce", "all-gather", "reduce-scatter")  # the ring kinds nccl-tests times
 MAX_NODES = 1 << 20
 TIER_NAMES = ("node", "network")  # tier 0, tier 1
@@ -102,6 +103,14 @@ class Cluster:
     tiers: tuple[Tier, ...] = attrs.field(converter=tuple)
     source: str = ""
     nics_per_node: int | None = None  # None: one NIC per GPU
+    # the GPUs of a job smaller than one node (`for_job`): all of it sits in one node
+    job_gpus: int | None = None
+
+    def for_job(self, gpus: int) -> Cluster:
+        """The cluster as a job of `gpus` GPUs sees it: one that fits in a node runs in one
+        node, every group inside it (64 GPUs of a 72-GPU NVLink domain talk over NVLink, though
+        64 does not divide 72); a larger job is placed in whole nodes, as the module says."""
+        return attrs.evolve(self, job_gpus=gpus) if gpus < self.gpus_per_node else self
 
     @property
     def nics(self) -> int:
@@ -111,7 +120,7 @@ class Cluster:
     def spans_nodes(self, group_size: int, stride: int = 1) -> bool:
         """Whether a group of `group_size` GPUs, `stride` ranks apart, leaves a node."""
         _check_group(group_size, stride)
-        if group_size == 1:
+        if group_size == 1 or self.job_gpus is not None:
             return False
         span = group_size * stride
         return span > self.gpus_per_node or self.gpus_per_node % span != 0

@@ -282,7 +282,8 @@ def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr
     node, network = cluster.tiers
     g, s, m = _sym(group), _sym(stride), _sym(size)
     gpus = sympy.Integer(cluster.gpus_per_node)
-    inside = sympy.And(g * s <= gpus, sympy.Eq(sympy.Mod(gpus, g * s), 0))
+    inside = (sympy.true if cluster.job_gpus is not None  # a job inside one node
+              else sympy.And(g * s <= gpus, sympy.Eq(sympy.Mod(gpus, g * s), 0)))
 
     def fastest(nodes, bandwidth):
         found = [_ring_line(row, g, nodes, node, network, bandwidth)]

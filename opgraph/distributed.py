@@ -236,7 +236,7 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
     values = dict(values or {})
     if "tokens" in values or "B" in values:
         raise OpgraphError("give the batch as the layout's micro and global batch, not tokens")
-    cluster = cluster or clusters.for_hardware(hardware)
+    cluster = (cluster or clusters.for_hardware(hardware)).for_job(layout.world)
     values["B"] = layout.micro_batch
     layout = framework_split(forward, layout)
     step = compile_parallel(forward, layout, seq=values.get("S"), **options)

@@ -716,8 +716,8 @@ def _comm_line(cost: CostModel, cluster, hardware: Hardware):
     cp, ep, pp, dp), each distinct group size and stride read once."""
 
     @functools.lru_cache(maxsize=None)
-    def affine(kind: str, size: int, stride: int) -> tuple[tuple[float, float], ...]:
-        return cost.comm_lines(kind, size, cluster, stride, hardware)
+    def affine(kind: str, size: int, stride: int, gpus: int) -> tuple[tuple[float, float], ...]:
+        return cost.comm_lines(kind, size, cluster.for_job(gpus), stride, hardware)
 
     @functools.lru_cache(maxsize=None)
     def layout(degrees: tuple) -> Parallel:
@@ -726,7 +726,7 @@ def _comm_line(cost: CostModel, cluster, hardware: Hardware):
 
     def line(kind: str, group: str, degrees: tuple) -> tuple[tuple[float, float], ...]:
         lay = layout(degrees)
-        return affine(kind, lay.size(group), lay.stride(group))
+        return affine(kind, lay.size(group), lay.stride(group), lay.world)
     return line
 
 
@@ -1446,7 +1446,7 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
         stages.append(Stage(None, ops, plain, last, None, memory, index))
     distinct = [index for _, index in _roles(r.pp)]
     kinds = [min(i, 1) if i < r.pp - 1 else i for i in range(r.pp)]
-    return Job(forward, hardware, cluster, layout, tuple(stages),
+    return Job(forward, hardware, cluster.for_job(layout.world), layout, tuple(stages),
                tuple(distinct.index(k) for k in kinds), tokens, n_mfu,
                unequal_chunks(forward, layout))
 

@@ -35,6 +35,28 @@ def test_catalog_stores_datasheet_figures_per_direction(cluster_id):
     assert "datasheet" in node.source and "datasheet" in c.source
 
 
+def test_gb200_nvl72_is_one_nvlink_domain_of_72():
+    """GB200 NVL72 (NVIDIA's datasheet): 72 GPUs on NVLink 5 at 1.8 TB/s bidirectional each
+    (130 TB/s over the rack); one 400 Gb/s NIC per GPU, assumed as DGX B200's."""
+    c = cluster.get("gb200-nvl72")
+    node, network = c.tiers
+    assert c.gpus_per_node == 72 and c.nics == 72
+    assert node.bandwidth == pytest.approx(1800 / 2 * GB)
+    assert network.bandwidth == pytest.approx(400 * GBIT)
+    assert "datasheet" in node.source and "ASSUMPTION" in network.source
+
+
+def test_a_job_smaller_than_a_node_sits_in_one_node():
+    """64 GPUs of a 72-GPU NVLink domain talk over NVLink although 64 does not divide 72 (the
+    rule for groups of a job that fills nodes), and so do 6 GPUs of an 8-GPU DGX; a job larger
+    than a node keeps the rule: its data-parallel ring of 144 crosses the network."""
+    nvl72, dgx = cluster.get("gb200-nvl72"), cluster.get("dgx-h100")
+    assert nvl72.spans_nodes(64) and dgx.spans_nodes(6)  # as groups of a job filling nodes
+    assert nvl72.for_job(64).tier_for(64) is nvl72.tiers[0]
+    assert dgx.for_job(6).tier_for(6) is dgx.tiers[0]
+    assert nvl72.for_job(144) is nvl72 and nvl72.for_job(144).tier_for(144) is nvl72.tiers[1]
+
+
 def test_h800_cluster_is_nvlink_cut_to_400_bidirectional():
     """DeepSeek-V3's H800 nodes (arXiv:2412.19437, sections 3.1-3.2.2): NVLink at 400 GB/s
     bidirectional per GPU (the H100's 900 cut for export), 50 GB/s of InfiniBand per GPU."""

@@ -17,6 +17,9 @@ DATASHEETS = {
     "a100-sxm-80gb": (624 / 2, None, 2.039, 80),  # NVIDIA A100 datasheet, A100 80GB SXM
     "a100-sxm-40gb": (624 / 2, None, 1.555, 40),  # NVIDIA A100 datasheet, A100 40GB SXM
     "b200": (4500 / 2, 9000 / 2, 7.7, 180),  # NVIDIA HGX B200 datasheet, per GPU
+    # NVIDIA GB200 NVL72 datasheet, per rack of 72 GPUs: 360 PFLOPS BF16* and 720 FP8*, 576 TB/s,
+    # up to 13.4 TB of HBM3e (186 GB a GPU, rounded down)
+    "gb200": (360e3 / 72 / 2, 720e3 / 72 / 2, 576 / 72, 186),
     "mi300x": (2614.9 / 2, 5229.8 / 2, 5.3, 192),  # AMD Instinct MI300X datasheet
     "l40s": (362.05, 733, 0.864, 48),  # NVIDIA L40S datasheet: 362.05 | 733*, 733 | 1,466*
     "l4": (242 / 2, 485 / 2, 0.3, 24),  # NVIDIA L4 datasheet (GDDR6)
