@@ -10,7 +10,10 @@ pass over it), then `cast`, the tensor times fp8_max / amax, written in FP8 (a s
 tensor read by several matmuls (the normed input of Q, K and V) is cast once; the activation and
 the weight are cast in the forward, the output gradient in the backward, and the backward reads
 the FP8 copies the forward made (torchao saves those, not the BF16 tensors). The matmuls' outputs
-stay BF16.
+stay BF16. Under sequence parallelism an input gathered over the tensor-parallel group only for
+FP8 matmuls is cast on its shard and gathered in FP8, one byte an element (`_fp8_gathers`), as
+Transformer Engine's and torchao's sequence-parallel linears do; a framework that keeps the shard
+for the backward then gathers the FP8 shard again there (`passes.regather_inputs`).
 
 Nothing here picks a peak: the cost model runs a matmul whose operands are all FP8 at the part's
 dense FP8 peak (`opgraph.costmodel.compute_dtype`), everything else at its BF16 peak.
@@ -45,6 +48,23 @@ def fp8_matmuls(graph: Graph) -> list[Op]:
         if w.role is Role.WEIGHT and len(w.shape) == 2:
             out.append(op)
     return out
+
+
+def _fp8_gathers(graph: Graph, matmuls: list[Op]) -> list[Op]:
+    """The sequence-parallel all-gathers (forward, over `tp`) whose output only FP8 matmuls
+    read in the forward: they gather the FP8 copy of their shard rather than BF16 to be cast
+    after (Transformer Engine's sequence-parallel linears and torchao's Float8 column-parallel
+    linears cast, then gather, at one byte an element)."""
+    fp8 = {op.name for op in matmuls}
+    found = []
+    for op in graph.ops():
+        if (op.phase is not Phase.FORWARD or op.kind != "all_gather"
+                or op.param("group") != "tp"):
+            continue
+        readers = [c for c in graph.consumers(op.outputs[0]) if c.phase is Phase.FORWARD]
+        if readers and all(c.name in fp8 and c.inputs[0] == op.outputs[0] for c in readers):
+            found.append(op)
+    return found
 
 
 class _Casts:
@@ -86,11 +106,18 @@ def apply_precision(graph: Graph, precision: str = "bf16") -> Graph:
     if precision == "bf16":
         return out
     casts = _Casts(out)
+    matmuls = fp8_matmuls(graph)
+    for gather in _fp8_gathers(graph, matmuls):
+        shard = casts.fp8(gather.inputs[0], gather, Phase.FORWARD)
+        out.replace_op(attrs.evolve(gather, inputs=(shard, *gather.inputs[1:])))
+        (gathered,) = gather.outputs
+        out.replace_tensor(attrs.evolve(out.tensor(gathered), dtype=FP8))
+        casts.made[(gathered, Phase.FORWARD)] = gathered
     backward = {}
     for op in graph.ops():
         if op.phase is Phase.BACKWARD and op.forward is not None:
             backward.setdefault(op.forward, []).append(op)
-    for op in fp8_matmuls(graph):
+    for op in matmuls:
         x, w = op.inputs[:2]
         swap = {x: casts.fp8(x, op, Phase.FORWARD), w: casts.fp8(w, op, Phase.FORWARD)}
         out.replace_op(attrs.evolve(op, inputs=[swap[x], swap[w], *op.inputs[2:]]))

@@ -183,3 +183,30 @@ def test_one_gpu_and_many_gpu_profiles_count_fp8_flops_alike(fp8, cli):
         busy += flops * H100.peak_flops / H100.fp8_flops if fp8_op else flops
     expected = busy / (one["step_time_s"] * H100.peak_flops)
     assert expected < 1 and many["hfu_ceiling"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_sequence_parallel_input_is_cast_on_its_shard_and_gathered_in_fp8():
+    """Under sequence parallelism the normed input of Q, K, V (and of the MLP's gate and up) is
+    cast to FP8 on its S/tp shard and gathered in FP8: the gather moves B S D bytes, one an
+    element, where BF16 moves 2 B S D; and Megatron-LM, which keeps the shard for the backward
+    and gathers it again (`regather_inputs`), saves the FP8 shard, B (S/tp) D bytes, not an FP8
+    copy of the whole sequence."""
+    from opgraph.costmodel import message_bytes
+    from opgraph.distributed import compile_parallel
+    from opgraph.memory import saved
+    from opgraph.parallel import Parallel, tp
+    from opgraph.symbols import B, D, S
+
+    layout = Parallel(tp=2, sequence_parallel=True, framework="megatron")
+    steps = {p: compile_parallel(preset("llama3.2-1b"), layout, precision=p)
+             for p in ("bf16", "fp8")}
+    for precision, per_element in (("bf16", 2), ("fp8", 1)):
+        step = steps[precision]
+        for norm in ("attn_norm", "mlp_norm"):
+            for name in (f"layers.{norm}.all_gather.tp", f"layers.{norm}.all_gather.tp.re"):
+                assert message_bytes(step, step.op(name)) == per_element * B * S * D, name
+    kept = {t.name: t for t in saved(steps["fp8"])}
+    for norm in ("attn_norm", "mlp_norm"):
+        assert kept[f"fp8.layers.{norm}"].shape == (B, S / tp, D)
+        assert f"fp8.layers.{norm}@all_gather.tp" not in kept
+        assert f"layers.{norm}@all_gather.tp" not in kept

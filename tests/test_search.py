@@ -172,16 +172,19 @@ def test_the_compute_bound_is_below_the_bound_and_the_memory(searchers, model, s
                                                              constraints):
     """What the search knows of a row before its structure is compiled (`_compute_bound`,
     from the step before replication and stages) is at most what the compiled structure
-    gives: its step's bound and its memory, on every row of up to 12 random structures of a
-    space (every ZeRO stage, recomputation policy and precision where not fixed). The search
-    skips a structure on it, so a row it overstates could be lost."""
+    gives: its memory, and its step's bound or, where the structure's bound is the looser
+    (an FP8 weight cast once a step splits the structure's runs of ops, so a sequence-parallel
+    gather it crosses is not counted there), the row's exact step. On every row of up to 12
+    random structures of a space (every ZeRO stage, recomputation policy and precision where
+    not fixed). The search skips a structure on it, so a row it overstates could be lost."""
     searcher = searchers(model, seq)
     tight = 0.0
     for group in _sampled(searcher, Space(max_micro_batch=2, **constraints), 11, 12)[1]:
         g = searcher.evaluate(group)
         step, memory = _compute_bound(searcher.compute(group[0]), group, searcher.layers, H100,
                                       searcher.cost, searcher._line)
-        assert (step <= g.bound).all(), group[0]
+        for col in np.flatnonzero(step > g.bound):
+            assert step[col] <= searcher.exact(g, col).step_time_s, group[col]
         assert (memory <= g.fullest).all(), group[0]
         tight = max(tight, (step / g.bound).max())
     assert tight > 0.9  # not vacuous
