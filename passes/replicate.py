@@ -157,10 +157,9 @@ def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
 def _slice(out: Graph, source: str, group: str, update: Op) -> str:
     """This rank's 1/size shard of `source` along the first dimension, a view of it."""
     t = out.tensor(source)
-    name = f"{source}@shard"
-    params = {"axis": AXIS, "size": _shard(t, group).shape[AXIS]}
-    out.add_tensor(Tensor(name, _shard(t, group).shape, t.dtype, Role.GRADIENT, t.count,
-                          region=update.region))
+    name, shape = f"{source}@shard", _shard(t, group).shape
+    params = {"axis": AXIS, "size": shape[AXIS]}
+    out.add_tensor(Tensor(name, shape, t.dtype, Role.GRADIENT, t.count, region=update.region))
     out.add_op(Op(f"{name}.slice", "slice", "elementwise", (source,), (name,),
                   count=update.count, phase=Phase.OPTIMIZER, params=params,
                   region=update.region))
