@@ -124,7 +124,7 @@ def test_the_held_out_runs_are_never_fitted_on(shipped):
     from opgraph.costmodel import cost_model
 
     held = load_cases("holdout")
-    assert NAMED["holdout"] == HOLDOUT and len(held) == 16
+    assert NAMED["holdout"] == HOLDOUT and len(held) == 18
 
     def key(c):
         return (repr(c.model), c.hardware, c.parallel, c.seq_len, c.recompute, c.precision,
