@@ -33,7 +33,7 @@ from . import costmodel, fusion, parameters, rules
 from .errors import OpgraphError
 from .ir import BF16, INT32, Graph, Op, Phase, Role, Tensor
 from .passes import derive_backward as _backward
-from .passes import recompute
+from .passes import precision, recompute
 from .symbols import B, D, E, F, H, H_kv, K, S, V, d_h, dim
 
 SAVES = ("none", "inputs", "inputs+outputs")
@@ -69,6 +69,7 @@ class Kind:
     kept: bool = False  # selective-op recomputation keeps its output (`recompute.SAVE_KINDS`)
     operands: int | None = None  # leading operands whose dtype sets its peak (`OPERANDS`)
     active_fraction: Callable | None = None  # a routed weight's share a token reads
+    fp8_weight_dims: int | None = None  # the FP8 recipe covers it (`precision.FP8_KINDS`)
 
     def op(self, g, inputs: Sequence, *, name: str | None = None, category: str | None = None,
            **params) -> Tensor:
@@ -114,7 +115,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                 shards: Sequence[str] = (), cp_gathers: Sequence[int] = (),
                 fusion_class: str | None = None, kept: bool = False,
                 operands: int | None = None, active_fraction: Callable | None = None,
-                replace: bool = False) -> Kind:
+                fp8_weight_dims: int | None = None, replace: bool = False) -> Kind:
     """Define op kind `name` in every table; returns its `Kind`.
 
     - `shape`, `flops`: its shape and FLOP rules (`rules.per_element(n)` for n FLOPs per output
@@ -154,6 +155,9 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     - `active_fraction`: for a routed kind (a mixture of experts' expert matmul), `(tensor,
       op, weight) -> the share of the weight one token reads`, which the MFU's active
       parameters count (`parameters.ACTIVE_FRACTION`).
+    - `fp8_weight_dims`: the FP8 recipe (`--precision fp8`) casts both operands of an op of it
+      whose second input is a weight of this many dimensions, and of its backward kernels
+      (`passes.precision.FP8_KINDS`; give `operands` too, so that it runs at the FP8 peak).
 
     Defining a kind that exists raises OpgraphError unless `replace=True`.
 
@@ -189,7 +193,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
         backward_cost = costmodel.scaled_flops if view_rule is not None else costmodel.scaled
     record = Kind(name, shape, flops, rule, backward, view_rule, category, backward_cost, grid,
                   eager, eager_backward, tuple(shards), tuple(cp_gathers), fusion_class, kept,
-                  operands, active_fraction)
+                  operands, active_fraction, fp8_weight_dims)
     rules.SHAPE_RULES[name] = shape
     rules.FLOP_RULES[name] = flops
     _backward.VJP_RULES[name] = rule
@@ -216,6 +220,8 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
         costmodel.OPERANDS[name] = operands
     if active_fraction is not None:
         parameters.ACTIVE_FRACTION[name] = active_fraction
+    if fp8_weight_dims is not None:
+        precision.FP8_KINDS[name] = fp8_weight_dims
     rules.FORWARD_KINDS = (*rules.FORWARD_KINDS, name)
     if backward is not None:
         rules.SHAPE_RULES[backward] = backward_shape or rules.backward_shape(name)
@@ -240,7 +246,8 @@ def _tables() -> tuple[dict, ...]:
     return (rules.SHAPE_RULES, rules.FLOP_RULES, rules.VIEWS, _backward.VJP_RULES,
             costmodel.BACKWARD_COST, rules.GEMM_GRIDS, rules.EAGER_BYTES,
             rules.EAGER_BACKWARD_BYTES, rules.SHARDING, rules.CP_GATHERS,
-            fusion.DEFINED_CLASSES, costmodel.OPERANDS, parameters.ACTIVE_FRACTION)
+            fusion.DEFINED_CLASSES, costmodel.OPERANDS, parameters.ACTIVE_FRACTION,
+            precision.FP8_KINDS)
 
 
 def remove_kind(name: str) -> None:
@@ -274,7 +281,7 @@ def kind(name: str) -> Kind:
                 rules.SHARDING.get(name, ()), rules.CP_GATHERS.get(name, ()),
                 {**fusion.DEFINED_CLASSES, **fusion.KIND_CLASSES}.get(name),
                 name in recompute.SAVE_KINDS, costmodel.OPERANDS.get(name),
-                parameters.ACTIVE_FRACTION.get(name))
+                parameters.ACTIVE_FRACTION.get(name), precision.FP8_KINDS.get(name))
 
 
 def defined_kinds() -> tuple[str, ...]:

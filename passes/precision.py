@@ -1,8 +1,8 @@
 """apply_precision: run the layers' matrix multiplies in FP8, with the casts they need.
 
-Invariant established, for `precision="fp8"`: every forward `matmul` inside a layer region that
-multiplies by a weight (not attention's per-head products, not the output head, which stay
-BF16) reads FP8 copies of both operands, and its two backward matmuls (dX = dY W^T, dW = X^T dY)
+Invariant established, for `precision="fp8"`: every forward `matmul` (and a mixture of experts'
+`expert_matmul`, `FP8_KINDS`) inside a layer region that multiplies by a weight (not attention's
+per-head products, not the output head, which stay BF16) reads FP8 copies of both operands, and its two backward matmuls (dX = dY W^T, dW = X^T dY)
 read FP8 copies of theirs: as torchao's Float8Linear and Transformer Engine's tensor-wise
 ("current" / dynamic) scaling recipes run them. Each copy is made by two kernels of the step,
 costed by their rules like any op (`opgraph.rules`): `amax`, the tensor's largest magnitude (one
@@ -36,16 +36,24 @@ from opgraph.errors import OpgraphError
 from opgraph.ir import FP8, FP32, Graph, Op, Phase, Role, Tensor
 
 
+# Kind -> the dimensions of the weight whose products the FP8 recipe covers: a linear layer's
+# [in, out]; a mixture of experts' [E, in, out], its grouped GEMM (Transformer Engine's
+# GroupedLinear and torchao's float8 grouped matmul run the experts in FP8 too).
+# `kinds.define_kind(fp8_weight_dims=...)` adds a kind of the user's.
+FP8_KINDS: dict[str, int] = {"matmul": 2, "expert_matmul": 3}
+
+
 def fp8_matmuls(graph: Graph) -> list[Op]:
-    """The forward matmuls the FP8 recipe covers: inside a region, by a 2-D weight."""
+    """The forward matrix multiplies the FP8 recipe covers: inside a region, of a kind of
+    `FP8_KINDS`, by a weight of its dimensions (not attention's per-head products)."""
     out = []
     for op in graph.ops():
-        if op.phase is not Phase.FORWARD or op.kind != "matmul" or op.region is None:
+        if op.phase is not Phase.FORWARD or op.kind not in FP8_KINDS or op.region is None:
             continue
         if op.param("heads") is not None or len(op.inputs) < 2:
             continue
         w = graph.tensor(op.inputs[1])
-        if w.role is Role.WEIGHT and len(w.shape) == 2:
+        if w.role is Role.WEIGHT and len(w.shape) == FP8_KINDS[op.kind]:
             out.append(op)
     return out
 
@@ -131,4 +139,4 @@ def apply_precision(graph: Graph, precision: str = "bf16") -> Graph:
     return out
 
 
-__all__ = ["PRECISIONS", "apply_precision", "fp8_matmuls"]
+__all__ = ["FP8_KINDS", "PRECISIONS", "apply_precision", "fp8_matmuls"]

@@ -1,6 +1,7 @@
 """Op kinds: a user's kind defined here, outside the package, goes through every pass, the
 verifier, `formula`, `sweep` and `solve`; the built-in kinds' costs as formulas."""
 
+import attrs
 import numpy as np
 import pytest
 import sympy
@@ -535,11 +536,11 @@ def test_a_kind_with_every_trait_is_in_every_table_and_leaves_none():
     """A routed GEMM of the user's, every trait declared: each is in its table and `kind()`
     reads each back; `remove_kind` leaves no row in any table (`recompute.SAVE_KINDS` too)."""
     from opgraph import costmodel, fusion, parameters
-    from opgraph.passes import recompute
+    from opgraph.passes import precision, recompute
 
     traits = dict(shards=("column", "contracting", "expert"), cp_gathers=(), kept=True,
                   fusion_class="matmul", operands=2, active_fraction=_routed_share,
-                  grid=rules.GEMM_GRIDS["expert_matmul"], category="matmul")
+                  fp8_weight_dims=3, grid=rules.GEMM_GRIDS["expert_matmul"], category="matmul")
     made = kinds.define_kind("routed_gemm", shape=rules.SHAPE_RULES["expert_matmul"],
                              flops=rules.FLOP_RULES["expert_matmul"], **traits)
     try:
@@ -549,6 +550,7 @@ def test_a_kind_with_every_trait_is_in_every_table_and_leaves_none():
         assert "routed_gemm" in recompute.SAVE_KINDS
         assert costmodel.OPERANDS["routed_gemm"] == 2
         assert parameters.ACTIVE_FRACTION["routed_gemm"] is _routed_share
+        assert precision.FP8_KINDS["routed_gemm"] == 3
         assert kinds.kind("routed_gemm") == made
         for name, value in traits.items():
             assert getattr(made, name) == value, name
@@ -605,6 +607,21 @@ def test_each_declared_trait_reaches_what_reads_it(squared_relu):
     finally:
         kinds.remove_kind("fp8_gemm")
     assert _operands_dtype(fp8, "fp8_gemm") is None  # undeclared: the BF16 peak
+
+    # covered by the FP8 recipe: the user's MLP activation kind is no GEMM, so a GEMM kind
+    # of the user's takes the MLP's up projection, and `--precision fp8` casts its operands
+    for dims, expected in ((None, ["bf16", "bf16"]), (2, ["fp8", "fp8"])):
+        kinds.define_kind("my_gemm", shape=rules.SHAPE_RULES["matmul"],
+                          flops=rules.FLOP_RULES["matmul"], category="matmul", operands=2,
+                          fp8_weight_dims=dims)
+        try:
+            graph = user_model(squared_relu)
+            up = graph.op("layers.up")
+            graph.replace_op(attrs.evolve(up, kind="my_gemm"))
+            step = compile_step(graph, precision="fp8")
+            assert [step.tensor(n).dtype.name for n in step.op("layers.up").inputs] == expected
+        finally:
+            kinds.remove_kind("my_gemm")
 
     for share, expected in ((None, 1), (_routed_share, sympy.Rational(2, 8))):
         kinds.define_kind("routed_gemm", shape=rules.SHAPE_RULES["expert_matmul"],

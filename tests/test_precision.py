@@ -210,3 +210,17 @@ def test_a_sequence_parallel_input_is_cast_on_its_shard_and_gathered_in_fp8():
         assert kept[f"fp8.layers.{norm}"].shape == (B, S / tp, D)
         assert f"fp8.layers.{norm}@all_gather.tp" not in kept
         assert f"layers.{norm}@all_gather.tp" not in kept
+
+
+def test_a_mixture_of_experts_runs_its_experts_in_fp8():
+    """Transformer Engine's GroupedLinear and torchao's float8 grouped matmul run the experts'
+    GEMMs in FP8: Mixtral's three expert matmuls and their backward kernels read FP8 operands and
+    run at the FP8 peak; the combine stays BF16."""
+    step = compile_step(preset("mixtral-8x7b"), precision="fp8")
+    costs = DEFAULT.op_costs(step)
+    experts = [op for op in step.ops() if op.kind == "expert_matmul"]
+    assert len(experts) == 3 * 3  # gate, up, down: forward, dA, dB
+    for op in experts:
+        assert [step.tensor(n).dtype.name for n in op.inputs[:2]] == ["fp8", "fp8"], op.name
+        assert costs[op.name].compute == "fp8", op.name
+    assert costs["layers.experts.combine"].compute is None
