@@ -2,18 +2,19 @@
 
 Invariant established, for `precision="fp8"`: every forward `matmul` (and a mixture of experts'
 `expert_matmul`, `FP8_KINDS`) inside a layer region that multiplies by a weight (not attention's
-per-head products, not the output head, which stay BF16) reads FP8 copies of both operands, and its two backward matmuls (dX = dY W^T, dW = X^T dY)
-read FP8 copies of theirs: as torchao's Float8Linear and Transformer Engine's tensor-wise
-("current" / dynamic) scaling recipes run them. Each copy is made by two kernels of the step,
-costed by their rules like any op (`opgraph.rules`): `amax`, the tensor's largest magnitude (one
-pass over it), then `cast`, the tensor times fp8_max / amax, written in FP8 (a second pass). A
-tensor read by several matmuls (the normed input of Q, K and V) is cast once; the activation and
-the weight are cast in the forward, the output gradient in the backward, and the backward reads
-the FP8 copies the forward made (torchao saves those, not the BF16 tensors). The matmuls' outputs
-stay BF16. Under sequence parallelism an input gathered over the tensor-parallel group only for
-FP8 matmuls is cast on its shard and gathered in FP8, one byte an element (`_fp8_gathers`), as
-Transformer Engine's and torchao's sequence-parallel linears do; a framework that keeps the shard
-for the backward then gathers the FP8 shard again there (`passes.regather_inputs`).
+per-head products, not the output head, which stay BF16) reads FP8 copies of both operands, and
+its two backward matmuls (dX = dY W^T, dW = X^T dY) read FP8 copies of theirs: as torchao's
+Float8Linear and Transformer Engine's tensor-wise ("current" / dynamic) scaling recipes run
+them. Each copy is made by two kernels of the step, costed by their rules like any op
+(`opgraph.rules`): `amax`, the tensor's largest magnitude (one pass over it), then `cast`, the
+tensor times fp8_max / amax, written in FP8 (a second pass). A tensor read by several matmuls
+(the normed input of Q, K and V) is cast once; the activation and the weight are cast in the
+forward, the output gradient in the backward, and the backward reads the FP8 copies the forward
+made (torchao saves those, not the BF16 tensors). The matmuls' outputs stay BF16. Under sequence
+parallelism an input gathered over the tensor-parallel group only for FP8 matmuls is cast on its
+shard and gathered in FP8, one byte an element (`_fp8_gathers`), as Transformer Engine's and
+torchao's sequence-parallel linears do; a framework that keeps the shard for the backward then
+gathers the FP8 shard again there (`passes.regather_inputs`).
 
 Nothing here picks a peak: the cost model runs a matmul whose operands are all FP8 at the part's
 dense FP8 peak (`opgraph.costmodel.compute_dtype`), everything else at its BF16 peak.
