@@ -198,30 +198,20 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     rules.FLOP_RULES[name] = flops
     _backward.VJP_RULES[name] = rule
     costmodel.BACKWARD_COST[name] = backward_cost
-    if view_rule is not None:
-        rules.VIEWS[name] = view_rule
-    if grid is not None:
-        rules.GEMM_GRIDS[name] = grid
-    if eager is not None:
-        rules.EAGER_BYTES[name] = eager
-    if eager_backward is not None:
-        rules.EAGER_BACKWARD_BYTES[name] = eager_backward
-    if shards:
-        rules.SHARDING[name] = tuple(shards)
-    if cp_gathers:
-        rules.CP_GATHERS[name] = tuple(cp_gathers)
-    if fusion_class is not None:
-        fusion.DEFINED_CLASSES[name] = fusion_class
-        if backward is not None:
-            fusion.DEFINED_CLASSES[backward] = fusion_class
+    # the tables a trait has a row in only where the kind declares it
+    for value, table in ((view_rule, rules.VIEWS), (grid, rules.GEMM_GRIDS),
+                         (eager, rules.EAGER_BYTES), (eager_backward, rules.EAGER_BACKWARD_BYTES),
+                         (tuple(shards) or None, rules.SHARDING),
+                         (tuple(cp_gathers) or None, rules.CP_GATHERS),
+                         (fusion_class, fusion.DEFINED_CLASSES), (operands, costmodel.OPERANDS),
+                         (active_fraction, parameters.ACTIVE_FRACTION),
+                         (fp8_weight_dims, precision.FP8_KINDS)):
+        if value is not None:
+            table[name] = value
+    if fusion_class is not None and backward is not None:  # its backward fuses as it does
+        fusion.DEFINED_CLASSES[backward] = fusion_class
     if kept:
         recompute.SAVE_KINDS = (*recompute.SAVE_KINDS, name)
-    if operands is not None:
-        costmodel.OPERANDS[name] = operands
-    if active_fraction is not None:
-        parameters.ACTIVE_FRACTION[name] = active_fraction
-    if fp8_weight_dims is not None:
-        precision.FP8_KINDS[name] = fp8_weight_dims
     rules.FORWARD_KINDS = (*rules.FORWARD_KINDS, name)
     if backward is not None:
         rules.SHAPE_RULES[backward] = backward_shape or rules.backward_shape(name)
