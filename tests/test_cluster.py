@@ -288,3 +288,25 @@ def test_bad_measured_tables(tmp_path, text, message):
     with pytest.raises(OpgraphError, match=message) as err:
         cluster.get(str(path))
     assert "\n" not in str(err.value)
+
+
+def test_plan_and_profile_see_a_job_smaller_than_a_node_alike():
+    """A 64-GPU FSDP job on a GB200 NVL72 rack: profile's step (its data-parallel ring over
+    NVLink, the job inside one 72-GPU domain) and plan's search path for the same layout agree
+    to 1e-9, so the search's collectives take the job's view of the cluster too."""
+    from opgraph import hardware
+    from opgraph.costmodel import cost_model
+    from opgraph.distributed import profile_parallel
+    from opgraph.models import preset
+    from opgraph.parallel import Parallel
+    from opgraph.search import Candidate, Searcher
+
+    gb200, calibrated = hardware.get("gb200"), cost_model("calibrated")
+    forward = preset("llama3.2-1b")
+    layout = Parallel(dp=64, zero=3, micro_batch=1, global_batch=64, framework="megatron")
+    profiled = profile_parallel(forward, gb200, layout, values={"S": 2048}, cost=calibrated)
+    assert {t.tier for t in profiled.parallel.communication} == {
+        cluster.get("gb200-nvl72").tiers[0].name}
+    planned = Searcher(forward, gb200, seq_len=2048, cost=calibrated).one(
+        Candidate(layout, "none", "bf16")).result
+    assert planned.step_time_s == pytest.approx(profiled.parallel.step_time_s, rel=1e-9)
