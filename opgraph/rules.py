@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import sympy
 
-from .ir import Tensor
+from .ir import Phase, Tensor
 
 Shape = tuple[sympy.Expr, ...]
 
@@ -1021,6 +1021,15 @@ SHARDING: dict[str, tuple[str, ...]] = {
 }
 # Per attention kind: which inputs context parallelism gathers along the sequence (K and V).
 CP_GATHERS: dict[str, tuple[int, ...]] = {"flash_attention": (1, 2), "attention_scores": (1,)}
+
+
+def sequence_gather(op) -> bool:
+    """Whether `op` (an `ir.Op`) is a forward all-gather over the tensor-parallel group:
+    sequence parallelism's f, which `passes.shard` inserts to gather a sequence shard for a
+    column-parallel matmul (`passes.precision` casts its shard, `passes.regather_inputs` runs it
+    again in the backward)."""
+    return (op.phase is Phase.FORWARD and op.kind == "all_gather"
+            and op.param("group") == "tp")
 
 
 def shards_as(kind: str, role: str) -> bool:

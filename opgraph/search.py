@@ -285,12 +285,6 @@ class Row(NamedTuple):
         """The dtype gradients are reduced in (`frameworks.reduce_dtype`)."""
         return self.grad_reduce_dtype or self.traits.grad_reduce_dtype
 
-    @property
-    def regathers_sp(self) -> bool:
-        """Whether the framework all-gathers a sequence-parallel input again in the backward
-        (`passes.regather_inputs`)."""
-        return self.sequence_parallel and self.traits.sp_saves_shard
-
     def candidate(self) -> Candidate:
         return Candidate(self.layout(), self.recompute, self.precision)
 

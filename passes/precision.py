@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import attrs
 
+from opgraph import rules
 from opgraph.choices import PRECISIONS
 from opgraph.contracts import PRECISION, contract, step_pass
 from opgraph.errors import OpgraphError
 from opgraph.ir import FP8, FP32, Graph, Op, Phase, Role, Tensor
-
 
 # Kind -> the dimensions of the weight whose products the FP8 recipe covers: a linear layer's
 # [in, out]; a mixture of experts' [E, in, out], its grouped GEMM (Transformer Engine's
@@ -67,8 +67,7 @@ def _fp8_gathers(graph: Graph, matmuls: list[Op]) -> list[Op]:
     fp8 = {op.name for op in matmuls}
     found = []
     for op in graph.ops():
-        if (op.phase is not Phase.FORWARD or op.kind != "all_gather"
-                or op.param("group") != "tp"):
+        if not rules.sequence_gather(op):
             continue
         readers = [c for c in graph.consumers(op.outputs[0]) if c.phase is Phase.FORWARD]
         if readers and all(c.name in fp8 and c.inputs[0] == op.outputs[0] for c in readers):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import attrs
 
+from opgraph import rules
 from opgraph.contracts import LAYOUT, contract, step_pass
 from opgraph.frameworks import traits
 from opgraph.ir import Graph, Phase
@@ -50,8 +51,7 @@ def regather_inputs(graph: Graph, layout: Parallel) -> Graph:
     order = {op.name: i for i, op in enumerate(graph.ops())}
     out = graph.copy()
     for op in graph.ops():
-        if (op.phase is not Phase.FORWARD or op.kind != "all_gather" or op.region is None
-                or op.param("group") != "tp"):
+        if not rules.sequence_gather(op) or op.region is None:
             continue
         (gathered,) = op.outputs
         readers = sorted((c for c in graph.consumers(gathered) if c.phase is Phase.BACKWARD),
