@@ -67,6 +67,10 @@ class Cost:
     # multiply's (GEMMs, M, N) (`rules.gemm_grid`), which its waves tile; an attention kernel's
     # (scores, d_qk + d_v, 0) (`rules.attention_scores`), its exponentials; () otherwise
     grid: tuple = attrs.field(default=(), converter=tuple)
+    # the kernels one instance launches, each costing the host `host_s` (`host_floor`): 1, or
+    # the op's `launches` parameter (a grouped GEMM its framework issues as one GEMM per expert,
+    # `passes/unroll_expert_gemms.py`)
+    launches: sympy.Expr = sympy.S.One
 
 
 # --- the peak an op runs at: a matrix multiply whose operands are all FP8 runs at the part's
@@ -193,7 +197,8 @@ def _own_cost(graph: Graph, op: Op) -> Cost:
     params = dict(op.params)
     return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op),
                 grid=(rules.gemm_grid(op.kind, ins, outs, params)
-                      or rules.attention_scores(op.kind, ins, outs, params)))
+                      or rules.attention_scores(op.kind, ins, outs, params)),
+                launches=sympy.sympify(op.param("launches", 1)))
 
 
 # A fused forward kernel (`opgraph.passes.fuse_elementwise`, kind `fused`, not a forward kind of
@@ -303,8 +308,8 @@ class CostModel:
         eager = _eager_backward(graph, fwd)
         if eager is not None:  # autograd's own kernels, not the convention's
             nbytes = eager / n
-        return Cost(flops, nbytes if self.backward == "plate" else mine.bytes, mine.compute,
-                    grid=mine.grid)
+        return attrs.evolve(mine, flops=flops,
+                            bytes=nbytes if self.backward == "plate" else mine.bytes)
 
     def _member_share(self, graph: Graph, op: Op, fwd: Op, own: dict, kernels: dict) -> Cost:
         """A backward kernel of fused op `fwd` that names the members it differentiates: the
@@ -316,12 +321,12 @@ class CostModel:
         flops = sympy.Add(*(self.factor * members[m].flops / kernels[(fwd.name, m)]
                             for m in members_of(op)))
         if self.backward != "plate":
-            return Cost(flops, own[op.name].bytes, own[op.name].compute, grid=own[op.name].grid)
+            return attrs.evolve(own[op.name], flops=flops)
         saved = sympy.Add(*(c.bytes for c in members.values())) - own[fwd.name].bytes
         nbytes = sympy.Add(*(self.factor * members[m].bytes / kernels[(fwd.name, m)]
                              for m in members_of(op)))
-        return Cost(flops, nbytes - self.factor * saved / kernels[fwd.name],
-                    own[op.name].compute, grid=own[op.name].grid)
+        return attrs.evolve(own[op.name], flops=flops,
+                            bytes=nbytes - self.factor * saved / kernels[fwd.name])
 
     # --- time and utilisation ---------------------------------------------------------------
     def peak(self, hardware, compute: str | None = None) -> float:
@@ -351,18 +356,21 @@ class CostModel:
     name = "roofline"
 
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
-                peak: float, grid: tuple = ()) -> float:
+                peak: float, grid: tuple = (), launches: float = 1.0) -> float:
         """Seconds of `count` instances of an op of `kind` doing `flops` and moving `nbytes`
         between them, its arithmetic at `peak`: the roofline, `time(flops, nbytes, peak,
         hardware.bandwidth)`. The calibrated model scales it (`CalibratedCostModel`), and
         reads `grid`, a matrix multiply's (GEMMs, M, N) per instance as numbers (`Cost.grid`
-        evaluated); the roofline does not."""
+        evaluated), and `launches`, the kernels an instance launches (`Cost.launches`); the
+        roofline does not."""
         return self.time(flops, nbytes, peak, hardware.bandwidth)
 
-    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None):
+    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None,
+                 launches=None):
         """`op_time` over numpy arrays: a row per op (of `kinds`, at the column `peaks`), a
         column per case (`opgraph.search`'s layouts); `grids` (3, ops, cases), each op's
-        `grid` (zeros for an op without one), or None."""
+        `grid` (zeros for an op without one), or None; `launches` (ops, cases), each op's
+        `Cost.launches`, or None (one each)."""
         import numpy as np
 
         return self.time(flops, nbytes, peaks, hardware.bandwidth, np.maximum)
@@ -452,10 +460,11 @@ def runs_per_charged(kind: str, model: CostModel) -> float:
 BATCHED = frozenset({"adamw"})
 
 
-def host_floor(kind: str, host_s):
-    """The host's time to issue one op of `kind`: `host_s`, or 0 for a kind issued in batches
-    (`BATCHED`). Every number system reads it here (`op_time`, `op_times`, `formula`, `sweep`)."""
-    return 0.0 if kind in BATCHED else host_s
+def host_floor(kind: str, host_s, launches=1):
+    """The host's time to issue one instance of an op of `kind` that launches `launches`
+    kernels (`Cost.launches`): `host_s` each, or 0 for a kind issued in batches (`BATCHED`).
+    Every number system reads it here (`op_time`, `op_times`, `formula`, `sweep`)."""
+    return 0.0 if kind in BATCHED else host_s * launches
 
 
 def _shipped_efficiencies() -> dict:
@@ -499,7 +508,7 @@ class CalibratedCostModel(CostModel):
             "flash_attention_backward", self)}
 
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
-                peak: float, grid: tuple = ()) -> float:
+                peak: float, grid: tuple = (), launches: float = 1.0) -> float:
         if count == 0:
             return 0.0
         e = self.efficiencies(hardware)
@@ -509,15 +518,18 @@ class CalibratedCostModel(CostModel):
                                 rate=self._rates(e)[EFFICIENCY.get(kind, "matmul")],
                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
                                 launch=e.launch_s, quantum=quantum,
-                                host=host_floor(kind, e.host_s))
+                                host=host_floor(kind, e.host_s, launches))
 
-    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None):
+    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None,
+                 launches=None):
         import numpy as np
 
         e = self.efficiencies(hardware)
         rates = self._rates(e)
         rate = np.array([rates[EFFICIENCY.get(kind, "matmul")] for kind in kinds])[:, None]
         host = np.array([host_floor(kind, e.host_s) for kind in kinds])[:, None]
+        if launches is not None:
+            host = host * launches
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
             quantum = 1.0 if grids is None else shape_factors(
                 np.array([kind in ATTENTION_KINDS for kind in kinds]), grids, flops / counts,

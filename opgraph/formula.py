@@ -108,7 +108,7 @@ def _exact(number: float) -> sympy.Rational:
 
 def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
     """One kernel's time under the calibrated cost model with figures `rates` (`time_rates`):
-    `Max(host_s, launch_s + Max((flops x shape + matmul_half_flops) / (efficiency * clock *
+    `Max(host_s x launches, launch_s + Max((flops x shape + matmul_half_flops) / (efficiency * clock *
     peak), bytes / (bandwidth_share * bandwidth)))`, a kernel without arithmetic paying no half,
     one doing no work or issued in batches (`costmodel.host_floor`) no host_s, `shape` its waves
     or exponentials (`_shape`), over `matmul_unaligned` where its N is `_unaligned`
@@ -128,7 +128,8 @@ def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
         kernel = at(shape)
     else:
         kernel = sympy.Piecewise((at(shape * slow), off), (at(shape), True))
-    host = host_floor(kind, _exact(rates["host_s"])) if c.flops != 0 or c.bytes != 0 else 0
+    host = (host_floor(kind, _exact(rates["host_s"]), c.launches)
+            if c.flops != 0 or c.bytes != 0 else 0)
     return sympy.Max(host, kernel) if host else kernel
 
 

@@ -133,6 +133,15 @@ Each trait, with where each framework's code says so:
   `megatron/core/extensions/transformer_engine.py`). torchtitan's torchao `Float8Linear`
   casts in every forward: not cached.
 
+- `gemm_per_expert`: an expert layer's grouped GEMM runs as one GEMM per local expert, each
+  issued by the host (`passes.unroll_expert_gemms`), rather than as one kernel. Megatron-LM:
+  `TEGroupedMLP` runs Transformer Engine's `GroupedLinear`, which calls cuBLAS once per GEMM on
+  4 streams unless the part is a Hopper and `NVTE_USE_CUTLASS_GROUPED_GEMM` is set
+  (`transformer_engine/common/gemm/cublaslt_gemm.cu`, `nvte_multi_tensor_gemm`);
+  `SequentialMLP` loops over the experts. DeepSpeed: `deepspeed/moe/experts.py`, `Experts`,
+  loops over its local experts. torchtitan: one `torch._grouped_mm` (`GroupedExperts`). nanotron
+  keeps the generic one kernel (not checked).
+
 - `vocab_multiple`: the vocabulary is padded to a multiple of this x the tensor-parallel
   degree, so that it splits over the TP group (`padded_vocab_shard`); None: not padded, and
   the vocabulary must divide by the degree. Megatron-LM: `--make-vocab-size-divisible-by`,
@@ -175,6 +184,7 @@ class Traits:
     buckets_grads: bool = False
     vocab_multiple: int | None = None
     caches_fp8_weights: bool = False
+    gemm_per_expert: bool = False
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
@@ -183,9 +193,9 @@ FRAMEWORKS: dict[str | None, Traits] = {
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
                          compiles_blocks_only=True),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
-                       caches_fp8_weights=True),
+                       caches_fp8_weights=True, gemm_per_expert=True),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
-                        overlaps_reduce_at=frozenset({3})),
+                        overlaps_reduce_at=frozenset({3}), gemm_per_expert=True),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
                        balances_stages=True, vocab_multiple=1,
                        overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,

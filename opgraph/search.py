@@ -518,7 +518,7 @@ class _StageFormulas:
     once: tuple[bool, ...]
     peaks: tuple[float, ...]
     exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident;
-    # grids; calls per op
+    # grids; calls and launches per op
     tape: _Tape  # the exprs as one program over arrays
     n_ops: int
     n_lives: int
@@ -552,7 +552,8 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
                 + [life.tensor.count for life in live.lives]
                 + [live.resident[name] for name in RESIDENT]
                 + _grids(ops, costs)
-                + [costs[op.name].calls if c else 1 for op, c in zip(ops, collective)])
+                + [costs[op.name].calls if c else 1 for op, c in zip(ops, collective)]
+                + [costs[op.name].launches for op in ops])
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     one, many = live.copy_matrices()
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
@@ -934,7 +935,8 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     stack = layer_stack(graph).count if layers is not None else None
     formulas += (_held(graph, stack) + _moved(graph, stack, r.traits.regather_in_recompute,
                                               r.traits.buckets_grads,
-                                              DTYPES[r.wire].itemsize) + _grids(ops, costs))
+                                              DTYPES[r.wire].itemsize) + _grids(ops, costs)
+                 + [costs[op.name].launches for op in ops])
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     return _ComputeFormulas(
         tuple(op.kind for op in ops),
@@ -1039,12 +1041,13 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     p = cols.p
     values = f.tape.run(cols.env | {LAYERS: np.ones(n)}, n)  # every count at one layer
     k = f.n_ops
-    grids = values[len(values) - 3 * k:].reshape(3, k, n)
+    grids = values[len(values) - 4 * k:len(values) - k].reshape(3, k, n)
     # before `replicate` no collective shares a call (`Cost.calls`): the data-parallel ones
     # that do are not there yet
     nums = _Numbers(np.rint(values[:k]), values[k:2 * k], values[2 * k:3 * k],
-                    values[3 * k:4 * k], *(np.zeros((0, n)),) * 3, grids, np.ones((k, n)))
-    held, moved = values[4 * k:4 * k + 14], values[4 * k + 14:len(values) - 3 * k]
+                    values[3 * k:4 * k], *(np.zeros((0, n)),) * 3, grids, np.ones((k, n)),
+                    values[len(values) - k:])
+    held, moved = values[4 * k:4 * k + 14], values[4 * k + 14:len(values) - 4 * k]
     parts = len(held) // 2
     times = _comm_times(f, nums, rows_, line)
     compute = _op_times(f, nums, hardware, cost)
@@ -1217,6 +1220,7 @@ class _Numbers:
     resident: np.ndarray  # (3, candidates): weights, gradients, optimizer
     grids: np.ndarray  # (3, ops, candidates): each op's GEMMs, M, N (`Cost.grid`; 0: none)
     calls: np.ndarray  # each collective's share of one NCCL call (`Cost.calls`; 1: its own)
+    launches: np.ndarray  # the kernels one instance of each op launches (`Cost.launches`)
 
 
 def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
@@ -1230,7 +1234,8 @@ def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
     return _Numbers(whole(values[:k]), values[k:2 * k], values[2 * k:3 * k],
                     values[3 * k:4 * k], whole(values[4 * k:4 * k + m]),
                     whole(values[4 * k + m:4 * k + 2 * m]), whole(values[4 * k + 2 * m:end]),
-                    values[end:end + 3 * k].reshape(3, k, n), values[end + 3 * k:])
+                    values[end:end + 3 * k].reshape(3, k, n), values[end + 3 * k:end + 4 * k],
+                    values[end + 4 * k:])
 
 
 @attrs.frozen
@@ -1301,7 +1306,7 @@ def _op_times(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostM
     peaks = np.array([f.peaks[i] for i in rows_])[:, None]
     out[rows_] = cost.op_times(hardware, [f.kinds[i] for i in rows_], nums.flops[rows_],
                                nums.bytes[rows_], nums.counts[rows_], peaks,
-                               nums.grids[:, rows_])
+                               nums.grids[:, rows_], nums.launches[rows_])
     return out
 
 
@@ -1431,7 +1436,8 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
         ops = tuple(StageOp(f.names[k], f.kinds[k], int(nums.counts[k, col]),
                             float(nums.flops[k, col]), float(nums.bytes[k, col]), f.peaks[k],
                             f.groups[k], float(nums.messages[k, col]), f.once[k],
-                            _grid(nums.grids[:, k, col]), float(nums.calls[k, col]))
+                            _grid(nums.grids[:, k, col]), float(nums.calls[k, col]),
+                            float(nums.launches[k, col]))
                     for k in range(f.n_ops))
         plain, last = _plans(f, counts[role], r.zero_run, values)
         degrees = dict(zip(DEGREES, map(sympy.Integer, (

@@ -52,3 +52,35 @@ def test_every_interpreter_of_a_step_agrees(cost, precision):
          many.parallel.step_time_s, planned.step_time_s)
     same(one.mfu_ceiling, swept["mfu_ceiling"][0], many.mfu_ceiling, planned.mfu)
     same(one.hfu_ceiling, swept["hfu_ceiling"][0], many.hfu_ceiling, planned.hfu)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_a_gemm_per_expert_reaches_every_interpreter(precision):
+    """Megatron-LM issues an expert layer's grouped GEMM as one cuBLAS GEMM per local expert
+    (`passes/unroll_expert_gemms.py`): at one sequence of 128 tokens each of DeepSeek-V2-Lite's
+    64 expert GEMMs (128 x 6 / 64 = 12 token rows of 2,048 by 1,408) is far shorter than the
+    host's time to issue it, so each instance of an expert op takes 64 x host_s, and every
+    interpreter says the same step."""
+    c, forward, seq = cost_model("calibrated"), preset("deepseek-v2-lite"), 128
+    layout = Parallel(gpus=1, micro_batch=1, global_batch=1, framework="megatron")
+    step = compile_step(forward, layout=layout, precision=precision)
+    point = {"B": 1, "S": seq}
+    host_s = c.efficiencies(H100).host_s
+
+    one = evaluate(step, H100, point, cost=c)
+    experts = [r for r in one.ops if r.kind == "expert_matmul"]
+    assert len(experts) == 9  # gate, up and down: forward, dA and dB
+    for r in experts:
+        assert r.time_s == pytest.approx(r.count * 64 * host_s, rel=1e-12), r.name
+
+    time = float(value(formula(step, "time", hardware=H100, cost=c), resolve(step, point)))
+    swept = compile_sweep(step, cost=c).run(
+        {"B": np.array([1.0]), "S": np.array([float(seq)])}, H100.peak_flops, H100.bandwidth,
+        H100.fp8_flops, c.figures(H100))
+    many = profile_parallel(forward, H100, layout, values={"S": seq}, cost=c,
+                            precision=precision)
+    planned = Searcher(forward, H100, seq_len=seq, cost=c).one(
+        Candidate(layout, "none", precision)).result
+    figures = [one.step_time_s, time, swept["step_time_s"][0], many.step_time_s,
+               many.parallel.step_time_s, planned.step_time_s]
+    assert figures == pytest.approx([figures[0]] * len(figures), rel=1e-9)

@@ -35,7 +35,6 @@ class Sweep:
     fp8: np.ndarray | None = None  # per term: whether it runs at the FP8 peak; None: none does
     rates: tuple[str, ...] = ()  # per term: the efficiency its arithmetic runs at (calibrated)
     attention: tuple[bool, ...] = ()  # per term: an attention kernel (its grid: its scores)
-    host: tuple[float, ...] = ()  # per term: its kernels' share of host_s (`host_floor`: 0 or 1)
 
     @property
     def terms(self) -> int:
@@ -75,7 +74,7 @@ class Sweep:
 
     def _chunk(self, args, m, peak, bandwidth, peak_fp8, eff) -> dict[str, np.ndarray]:
         k = self.terms
-        rows = 6 * k if eff is not None else 2 * k  # flops, bytes (and counts, grids)
+        rows = 7 * k if eff is not None else 2 * k  # flops, bytes (and counts, grids, hosts)
         values = np.empty((rows + 2, m))
         for i, v in enumerate(self.function(*args)):
             values[i] = v  # constants broadcast
@@ -87,7 +86,7 @@ class Sweep:
         else:  # each term at its efficiency: the calibrated cost model's formula, on arrays
             rate = np.stack([eff[r] for r in self.rates])
             with np.errstate(divide="ignore", invalid="ignore"):  # a term of no kernels
-                quantum = shape_factors(self.attention, values[3 * k:rows].reshape(3, k, m),
+                quantum = shape_factors(self.attention, values[3 * k:6 * k].reshape(3, k, m),
                                         flops / counts, eff["sms"], eff["matmul_tile_m"],
                                         eff["matmul_tile_n"], eff["attention_exp_ratio"],
                                         eff["matmul_k_overhead"], eff["matmul_unaligned"])
@@ -96,7 +95,7 @@ class Sweep:
                                          half=eff["matmul_half_flops"],
                                          bandwidth_share=eff["bandwidth"],
                                          launch=eff["launch_s"],
-                                         host=np.array(self.host)[:, None] * eff["host_s"],
+                                         host=values[6 * k:rows] * eff["host_s"],
                                          maximum=np.maximum)
         step = self.multiplicity @ time
         shares = (self.membership * self.multiplicity) @ time / step
@@ -125,12 +124,15 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     costs = cost.op_costs(step)
     for op in step.ops():
         # the roofline needs only each term's totals; the calibrated model also its kernel
-        # count (a launch each), the efficiency its arithmetic runs at and its GEMM grid
+        # count (a launch each), the efficiency its arithmetic runs at, its GEMM grid and its
+        # instances' share of host_s (`host_floor`: 0, or the kernels one launches)
         grid = tuple(sympy.sympify(g).xreplace(fixed) for g in costs[op.name].grid) or (0,) * 3
         per_kernel = ((sympy.sympify(op.count).xreplace(fixed), EFFICIENCY.get(op.kind, "matmul"),
-                       grid, op.kind in ATTENTION_KINDS, host_floor(op.kind, 1.0))
+                       grid, op.kind in ATTENTION_KINDS,
+                       sympy.sympify(host_floor(op.kind, sympy.Integer(1),
+                                                costs[op.name].launches)).xreplace(fixed))
                       if cost.name == "calibrated"
-                      else (sympy.Integer(1), "matmul", (), False, 1.0))
+                      else (sympy.Integer(1), "matmul", (), False, sympy.Integer(1)))
         key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
                (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute,
                *per_kernel)
@@ -139,9 +141,10 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
     n_mfu = sympy.sympify(mfu_parameters(step)).xreplace(fixed)  # a MoE's active share
     exprs = [key[1] for key in terms] + [key[2] for key in terms]
-    if cost.name == "calibrated":  # kernel counts, for the launches; GEMM grids, for waves
-        exprs += [key[4] for key in terms]
+    if cost.name == "calibrated":  # kernel counts, for the launches; GEMM grids, for waves;
+        exprs += [key[4] for key in terms]  # and each instance's share of host_s
         exprs += [key[6][i] for i in range(3) for key in terms]
+        exprs += [key[8] for key in terms]
     exprs += [n_mfu, (B * S).xreplace(fixed)]
     leftover = set().union(*(sympy.sympify(e).free_symbols for e in exprs)) - set(symbols)
     if leftover:
@@ -156,7 +159,7 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     return Sweep(step.name, tuple(free), categories, function,
                  np.array(list(terms.values()), dtype=float), membership, cost,
                  fp8 if fp8.any() else None, tuple(key[5] for key in terms),
-                 tuple(key[7] for key in terms), tuple(key[8] for key in terms))
+                 tuple(key[7] for key in terms))
 
 
 def _arithmetic(expr) -> bool:
