@@ -32,13 +32,15 @@ import difflib
 import functools
 import json
 import math
+import re
 import shlex
 import tomllib
 from pathlib import Path
 
 import attrs
 
-from opgraph.models import PRESETS, gpt2, llama
+from opgraph.models import PRESETS, deepseek, gpt2, llama
+from opgraph.models.deepseek import DeepSeekV2Config
 from opgraph.models.gpt2 import GPT2Config
 from opgraph.models.llama import LlamaConfig
 
@@ -56,18 +58,21 @@ MEGATRON_MODEL = "megatron-model"  # the name of a model read from Megatron's di
 
 
 
-def _preset_configs() -> dict[str, LlamaConfig | GPT2Config]:
+# The model configurations a launch writes: the shapes Megatron's flags describe.
+Config = LlamaConfig | GPT2Config | DeepSeekV2Config
+
+
+def _preset_configs() -> dict[str, Config]:
     """Every preset of the model registry (`opgraph.models.PRESETS`) whose configuration is a
-    Llama or a GPT-2 one, the shapes Megatron's flags describe, in the registry's order; the
-    others (Gemma 2's soft-capping and local attention, DeepSeek's latent attention, BERT's
-    encoder) have no launch form."""
-    configs = {c.name: c for module in (llama, gpt2) for c in vars(module).values()
-               if isinstance(c, LlamaConfig | GPT2Config)}
+    Llama, a GPT-2 or a DeepSeek-V2 one, in the registry's order; the others (Gemma 2's
+    soft-capping and local attention, BERT's encoder) have no Megatron form."""
+    configs = {c.name: c for module in (llama, gpt2, deepseek) for c in vars(module).values()
+               if isinstance(c, Config)}
     return {name: configs[name] for name in PRESETS if name in configs}
 
 
 # The configurations behind the presets a launch config can name or be written as.
-PRESET_CONFIGS: dict[str, LlamaConfig | GPT2Config] = _preset_configs()
+PRESET_CONFIGS: dict[str, Config] = _preset_configs()
 
 
 # --- the record -----------------------------------------------------------------------------------
@@ -95,11 +100,11 @@ def _check_model(launch, attribute, value) -> None:
         # Megatron's and torchtitan's GPT-2 form has none of OPT's, NeoX's, BLOOM's or Falcon's
         raise OpgraphError(f"launch model {value.name}: a launch writes GPT-2 and Llama "
                            f"models; this GPT2Config sets {', '.join(value.variant_flags())}")
-    if isinstance(value, LlamaConfig | GPT2Config):
+    if isinstance(value, Config):
         return
     if not isinstance(value, str) or value not in PRESETS:
         raise OpgraphError(f"launch model {value!r}: give a preset ({', '.join(sorted(PRESETS))}) "
-                           "or a LlamaConfig / GPT2Config")
+                           "or a LlamaConfig / GPT2Config / DeepSeekV2Config")
 
 
 def _check_seq_len(launch, attribute, value) -> None:
@@ -120,7 +125,7 @@ class Launch:
         Launch(model="llama3-8b", seq_len=8192, parallel=Parallel(gpus=8, zero=3))
     """
 
-    model: str | LlamaConfig | GPT2Config = attrs.field(validator=_check_model)
+    model: str | Config = attrs.field(validator=_check_model)
     seq_len: int | None = attrs.field(default=None, validator=_check_seq_len)
     parallel: Parallel = attrs.field(factory=Parallel, converter=_resolved)
     recompute: str = attrs.field(default="none", validator=_one_of(RECOMPUTE))
@@ -131,11 +136,14 @@ class Launch:
 
     def forward(self):
         """The model's forward graph (a preset's, or built from the configuration)."""
-        from opgraph.models import gpt2, llama, preset
+        from opgraph.models import preset
 
         if isinstance(self.model, str):
             return preset(self.model)
-        return (llama.build if isinstance(self.model, LlamaConfig) else gpt2.build)(self.model)
+        builders = ((LlamaConfig, llama.build), (GPT2Config, gpt2.build),
+                    (DeepSeekV2Config, deepseek.build))
+        return next(build for kind, build in builders if isinstance(self.model, kind))(
+            self.model)
 
 
 def check_emittable(model: str, framework: str) -> None:
@@ -146,11 +154,11 @@ def check_emittable(model: str, framework: str) -> None:
             raise OpgraphError(f"--emit torchtitan writes torchtitan's llama3 flavors "
                                f"({', '.join(TORCHTITAN_MODELS.values())}); {model} is not one")
     elif model not in PRESET_CONFIGS:
-        raise OpgraphError(f"--emit megatron writes a Llama- or GPT-2-shaped preset "
-                           f"({', '.join(PRESET_CONFIGS)}); {model} is not one")
+        raise OpgraphError(f"--emit megatron writes a Llama-, GPT-2- or DeepSeek-V2-shaped "
+                           f"preset ({', '.join(PRESET_CONFIGS)}); {model} is not one")
 
 
-def _config(model: str | LlamaConfig | GPT2Config, what: str) -> LlamaConfig | GPT2Config:
+def _config(model: str | Config, what: str) -> Config:
     """The configuration behind a launch's model, for writers that need its dimensions."""
     if not isinstance(model, str):
         return model
@@ -158,7 +166,8 @@ def _config(model: str | LlamaConfig | GPT2Config, what: str) -> LlamaConfig | G
         return PRESET_CONFIGS[model]
     except KeyError:
         raise OpgraphError(f"model {model!r} has no {what} form; opgraph writes "
-                           f"{', '.join(PRESET_CONFIGS)} or a LlamaConfig / GPT2Config") from None
+                           f"{', '.join(PRESET_CONFIGS)} or a LlamaConfig / GPT2Config / "
+                           "DeepSeekV2Config") from None
 
 
 @functools.cache
@@ -784,7 +793,10 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     (LlamaConfig named "megatron-model": kv heads from --num-query-groups with
     --group-query-attention, head size from --kv-channels, biases on every linear layer unless
     --disable-bias-linear, as Megatron's add_bias_linear default; --num-experts / --moe-router-topk
-    make it a mixture of experts); Megatron's defaults (GeLU, LayerNorm, learned positions) are a
+    make it a mixture of experts; with --multi-latent-attention it is a DeepSeek-V2,
+    DeepSeekV2Config, its latents from --kv-lora-rank and --q-lora-rank, its dense layers first
+    by --moe-layer-freq, parsed and never evaluated); Megatron's defaults (GeLU, LayerNorm,
+    learned positions) are a
     GPT-2 (GPT2Config, positions from --max-position-embeddings). The FFN defaults to Megatron's
     4h, or int(8h/3 / 64) x 64 with SwiGLU. Megatron pads the vocabulary to a multiple of
     --make-vocab-size-divisible-by (128) x tp; the model has the padded rows. With
@@ -864,7 +876,7 @@ def _mg_vocab(flags: _Flags, tp: int) -> int | None:
                        MAX_DIM)
 
 
-def _mg_model(flags: _Flags, tp: int) -> tuple[LlamaConfig | GPT2Config, int]:
+def _mg_model(flags: _Flags, tp: int) -> tuple[Config, int]:
     """The model the flags describe, and the sequence length."""
     dims = {flag: flags.whole(flag) for flag in ("--num-layers", "--hidden-size",
                                                  "--num-attention-heads", "--seq-length")}
@@ -887,6 +899,14 @@ def _mg_model(flags: _Flags, tp: int) -> tuple[LlamaConfig | GPT2Config, int]:
     gqa = flags.switch("--group-query-attention")
     groups = flags.whole("--num-query-groups", 1)  # Megatron's default with GQA
     head_dim = flags.whole("--kv-channels")
+    if flags.switch("--multi-latent-attention"):
+        if not all(llama_parts.values()) or not no_bias or qkv_bias or gqa or not experts:
+            raise OpgraphError("Megatron --multi-latent-attention: opgraph models DeepSeek-V2's "
+                               "form of it, with --swiglu --normalization RMSNorm "
+                               "--position-embedding-type rope --disable-bias-linear and "
+                               "--num-experts, without --group-query-attention or biases")
+        return _mg_deepseek(flags, layers, hidden, heads, seq, dims["--vocab-size"], ffn,
+                            experts, topk, untie), seq
     # As Megatron-LM checks them: each query group holds whole heads
     # (megatron/core/transformer/attention.py divides heads by groups), and a token's top-k
     # experts are among the experts (megatron/core/transformer/transformer_config.py,
@@ -929,6 +949,74 @@ def _mg_model(flags: _Flags, tp: int) -> tuple[LlamaConfig | GPT2Config, int]:
                       vocab=dims["--vocab-size"], positions=positions or seq,
                       d_ff=ffn if ffn != 4 * hidden else None, seq_len=seq,
                       tie_embeddings=not untie), seq
+
+
+_MG_MLA = ("--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+           "--moe-ffn-hidden-size")
+
+
+def _mg_deepseek(flags: _Flags, layers: int, hidden: int, heads: int, seq: int, vocab: int,
+                 ffn: int | None, experts: int, topk: int, untie: bool) -> DeepSeekV2Config:
+    """A DeepSeek-V2 model from Megatron's latent-attention and MoE flags (`_mg_deepseek_args`
+    writes them): the latents' widths and the heads' parts, each expert's width, the shared
+    experts as whole experts of that width, the dense layers first (--moe-layer-freq)."""
+    widths = {flag: flags.whole(flag) for flag in _MG_MLA}
+    missing = [flag for flag, value in widths.items() if value is None]
+    if missing:
+        raise OpgraphError(f"Megatron --multi-latent-attention arguments lack "
+                           f"{', '.join(missing)}; give them all")
+    flags.switch("--qk-layernorm")  # DeepSeek-V2 norms its latents; the model has the norms
+    expert = widths["--moe-ffn-hidden-size"]
+    shared = flags.whole("--moe-shared-expert-intermediate-size", 0)
+    if shared % expert:
+        raise OpgraphError(f"Megatron --moe-shared-expert-intermediate-size {shared} is not a "
+                           f"whole number of experts of --moe-ffn-hidden-size {expert}")
+    return DeepSeekV2Config(
+        MEGATRON_MODEL, d_model=hidden, layers=layers, heads=heads,
+        kv_lora_rank=widths["--kv-lora-rank"], qk_nope_head_dim=widths["--qk-head-dim"],
+        qk_rope_head_dim=widths["--qk-pos-emb-head-dim"], v_head_dim=widths["--v-head-dim"],
+        d_ff=ffn or 8 * hidden // 192 * 64, moe_d_ff=expert, shared_experts=shared // expert,
+        routed_experts=experts, experts_per_token=topk,
+        first_dense=_mg_dense_first(flags.text("--moe-layer-freq"), layers), vocab=vocab,
+        q_lora_rank=flags.whole("--q-lora-rank"), seq_len=seq, tie_embeddings=not untie,
+        mtp_depth=flags.whole("--mtp-num-layers", 0))
+
+
+_MG_FREQ_LIST = re.compile(r"(?:\[0\]\*(\d+)\+)?\[1\]\*(\d+)")  # [0]*k+[1]*m
+
+
+def _mg_dense_first(text: str | None, layers: int) -> int:
+    """How many dense layers come first, from Megatron's --moe-layer-freq (parsed, never
+    evaluated): 1 (Megatron's default, every layer has experts), `[0]*k+[1]*m` (in parentheses
+    or quotes or not), or a list of 0s and then 1s; other patterns are not modelled."""
+    if text is None:
+        return 0
+    form = text.replace(" ", "").strip("'\"")
+    while form.startswith("(") and form.endswith(")"):
+        form = form[1:-1]
+    shown = (f"Megatron --moe-layer-freq {text!r}: opgraph models dense layers first, then "
+             "experts in every layer: 1, [0]*k+[1]*m, or a list of 0s then 1s")
+    if form.isdigit():
+        if _whole_text(form, "Megatron --moe-layer-freq") != 1:
+            raise OpgraphError(shown)
+        return 0
+    found = _MG_FREQ_LIST.fullmatch(form)
+    if found:
+        dense = (0 if found[1] in (None, "0") else
+                 _whole_text(found[1], "Megatron --moe-layer-freq's dense layers"))
+        total = dense + _whole_text(found[2], "Megatron --moe-layer-freq's expert layers")
+    elif re.fullmatch(r"\[[01](,[01])*\]", form):
+        bits = form[1:-1].split(",")
+        dense = bits.index("1") if "1" in bits else len(bits)
+        if "0" in bits[dense:]:
+            raise OpgraphError(shown)
+        total = len(bits)
+    else:
+        raise OpgraphError(shown)
+    if total != layers:
+        raise OpgraphError(f"Megatron --moe-layer-freq {text!r} has {total} layers; "
+                           f"--num-layers is {layers}")
+    return dense
 
 
 def _mg_zero(flags: _Flags) -> int:
@@ -1015,6 +1103,9 @@ def to_megatron(launch: Launch) -> str:
     if isinstance(config, LlamaConfig):
         args += _mg_llama_args(config)
         positions = seq
+    elif isinstance(config, DeepSeekV2Config):
+        args += _mg_deepseek_args(config)
+        positions = seq
     else:
         positions = config.positions
         if config.d_ff is not None:
@@ -1072,6 +1163,33 @@ def _mg_llama_args(config: LlamaConfig) -> list[str]:
     if config.experts:
         args += ["--num-experts", str(config.experts), "--moe-router-topk",
                  str(config.experts_per_token)]
+    return args
+
+
+def _mg_deepseek_args(config: DeepSeekV2Config) -> list[str]:
+    """DeepSeek-V2 in Megatron-LM's flags: multi-head latent attention with its latents'
+    norms (--qk-layernorm), and the routed and shared experts of every layer after the first
+    `first_dense` (--moe-layer-freq, the list form Megatron's DeepSeek scripts write)."""
+    args = ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+            "--disable-bias-linear", "--ffn-hidden-size", str(config.d_ff),
+            "--multi-latent-attention", "--qk-layernorm",
+            "--kv-lora-rank", str(config.kv_lora_rank),
+            "--qk-head-dim", str(config.qk_nope_head_dim),
+            "--qk-pos-emb-head-dim", str(config.qk_rope_head_dim),
+            "--v-head-dim", str(config.v_head_dim)]
+    if config.q_lora_rank:
+        args += ["--q-lora-rank", str(config.q_lora_rank)]
+    moe = config.layers - config.first_dense
+    args += ["--num-experts", str(config.routed_experts),
+             "--moe-router-topk", str(config.experts_per_token),
+             "--moe-ffn-hidden-size", str(config.moe_d_ff),
+             "--moe-layer-freq", f"[0]*{config.first_dense}+[1]*{moe}" if config.first_dense
+             else "1"]
+    if config.shared_experts:
+        args += ["--moe-shared-expert-intermediate-size",
+                 str(config.shared_experts * config.moe_d_ff)]
+    if config.mtp_depth:
+        args += ["--mtp-num-layers", str(config.mtp_depth)]
     return args
 
 

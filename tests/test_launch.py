@@ -3,11 +3,12 @@ against the published runs they describe; what is not understood is reported; ba
 line; and writing a launch back gives a file that reads to the same launch."""
 
 import math
+import shlex
 import textwrap
 
 import attrs
 import pytest
-from opgraph.models import gpt2, llama
+from opgraph.models import deepseek, gpt2, llama
 from opgraph.models.gpt2 import GPT2Config
 from opgraph.models.llama import LlamaConfig
 
@@ -597,6 +598,13 @@ MEGATRON_LAUNCHES = [
     # --grad-reduce-in-bf16
     Launch(model=megatron_named(llama.LLAMA3_2_1B, 2048), seq_len=2048,
            parallel=Parallel(gpus=8, zero=1, grad_reduce_dtype="bf16")),
+    # multi-head latent attention, a dense first layer, shared and routed experts
+    Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
+           parallel=Parallel(tp=2, ep=8, gpus=64, global_batch=256, zero=1)),
+    # a low-rank query, every layer with experts, multi-token prediction (DeepSeek-V3's form)
+    Launch(model=attrs.evolve(megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), q_lora_rank=768,
+                              first_dense=0, mtp_depth=1), seq_len=4096,
+           parallel=Parallel(ep=4, gpus=8)),
 ]
 
 
@@ -659,3 +667,34 @@ def test_a_gpt2_config_of_another_architecture_is_not_launched_as_gpt2():
         Launch(model=neox_like, seq_len=1024, parallel=Parallel(gpus=1))
     assert Launch(model=gpt2.GPT3_175B, seq_len=2048, parallel=Parallel(gpus=8)).model.name == (
         "gpt3-175b")
+
+
+DEEPSEEK_ARGS = to_megatron(Launch(model="deepseek-v2-lite", seq_len=4096,
+                                   parallel=Parallel(gpus=8, ep=8)))
+
+
+@pytest.mark.parametrize("freq, dense", [
+    ("1", 0), ("[1]*27", 0), ("([0]*3+[1]*24)", 3), ("'([0]*3+[1]*24)'", 3),
+    ("[0]*0+[1]*27", 0), ("[0,0," + ",".join(["1"] * 25) + "]", 2),
+])
+def test_megatron_moe_layer_freq_forms(freq, dense):
+    """--moe-layer-freq as Megatron's DeepSeek scripts write it, parsed (Megatron evaluates
+    it): the dense layers come first."""
+    args = DEEPSEEK_ARGS.replace("'[0]*1+[1]*26'", shlex.quote(freq))
+    assert read_megatron(args, gpus=8).model.first_dense == dense
+
+
+@pytest.mark.parametrize("edit, words", [
+    (("'[0]*1+[1]*26'", "2"), "dense layers first"),  # every second layer: not modelled
+    (("'[0]*1+[1]*26'", "'[0,1,0]'"), "dense layers first"),
+    (("'[0]*1+[1]*26'", "'__import__(\"os\")'"), "dense layers first"),  # never evaluated
+    (("'[0]*1+[1]*26'", "'[0]*1+[1]*25'"), "has 26 layers; --num-layers is 27"),
+    (("--moe-shared-expert-intermediate-size 2816", "--moe-shared-expert-intermediate-size 2000"),
+     "not a whole number of experts"),
+    (("--kv-lora-rank 512 ", ""), "lack --kv-lora-rank"),
+    (("--disable-bias-linear ", ""), "DeepSeek-V2's form"),
+])
+def test_megatron_latent_attention_bad_input_is_one_line(edit, words):
+    args = DEEPSEEK_ARGS.replace(*edit)
+    assert args != DEEPSEEK_ARGS
+    assert words in one_line_error(read_megatron, args, gpus=8)

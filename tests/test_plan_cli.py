@@ -84,6 +84,8 @@ EMITTED = [
     ("megatron", "qwen2-7b", "16", ("--tp", "2", "--pp", "2", "--cp", "1")),
     ("megatron", "gpt2", "4", ("--tp", "1", "--pp", "1")),
     ("megatron", "gpt3-175b", "256", ("--tp", "1", "--pp", "16", "--cp", "1")),  # 50,257 rows: tp 1
+    # latent attention, a dense first layer and 64 experts: one GEMM per expert under Megatron
+    ("megatron", "deepseek-v2-lite", "16", ("--tp", "1", "--pp", "1", "--cp", "1", "--ep", "8")),
 ]
 
 
