@@ -4,14 +4,16 @@ The roofline is a ceiling. The calibrated cost model (`CalibratedCostModel`) kee
 and scales each term by an efficiency of the hardware generation (`Efficiencies`), read from
 `calibration.toml` beside this file (or a file of the user's, `--calibration FILE`):
 
-    kernel time = max(host_s, launch_s + max(compute, memory))
+    kernel time = max(host_s x launches, launch_s + max(compute, memory))
     compute     = (FLOPs x waves + matmul_half_flops) / (efficiency(kind) x clock x peak)
     memory      = bytes / (bandwidth x HBM bandwidth)
 
 `host_s` is the host's time to issue one kernel: a training step in eager PyTorch launches
 kernels one by one from Python, so a stream of kernels shorter than that runs at the host's
 pace, the GPU idle between them (small models split by tensor parallelism, small micro-batches).
-A kernel doing no work (a view) costs nothing.
+`launches` is 1 but for an op that issues several kernels (`costmodel.Cost.launches`: a grouped
+expert GEMM its framework runs one GEMM per expert). A kernel doing no work (a view) costs
+nothing.
 
 `clock` is the part's sustained clock over the one its peak assumes (`Hardware.clock_ratio`:
 1, or (P / TDP)^(1/3) when power-capped at P), so a power limit is not folded into an
