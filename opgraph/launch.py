@@ -267,8 +267,13 @@ _TT_QUIET = {
     "experimental.custom_import", "experimental.custom_args_module",
 }
 _TT_QUIET_PREFIXES = ("training.dataloader.", "validation.")
+# (model.name, model.flavor) -> the preset of the same shape: torchtitan/models/llama3/__init__.py,
+# and torchtitan/models/deepseek_v3/__init__.py, whose "16B" flavor has DeepSeek-V2-Lite's
+# dimensions (27 layers of 2,048, MLA with kv_lora_rank 512, one dense layer first, 64 routed
+# experts of 1,408 and 2 shared, 6 a token, vocabulary 102,400)
 TORCHTITAN_MODELS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b",
-                     ("llama3", "405B"): "llama3.1-405b"}
+                     ("llama3", "405B"): "llama3.1-405b",
+                     ("deepseek_v3", "16B"): "deepseek-v2-lite"}
 _TT_FLOAT8 = ("float8", "quantize.linear.float8")  # model.converters that turn float8 on
 _TT_SINGLE_STAGE = ("1F1B", "GPipe")  # one stage per rank; the others interleave several
 _TT_MODELLED_SCHEDULES = ("1F1B", "Interleaved1F1B")
@@ -402,8 +407,9 @@ def _tt_model(keys: dict) -> str:
     try:
         return TORCHTITAN_MODELS[(name, flavor)]
     except (KeyError, TypeError):
+        known = ", ".join(f"{n} {f}" for n, f in TORCHTITAN_MODELS)
         raise OpgraphError(f"torchtitan model {name!r} flavor {flavor!r} has no opgraph preset; "
-                           "opgraph reads llama3 flavors 8B, 70B and 405B") from None
+                           f"opgraph reads {known}") from None
 
 
 # torchtitan's activation checkpointing when a file does not say: torchtitan/config/job_config.py
@@ -545,6 +551,9 @@ def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
     cp = _tt_whole(keys, "parallelism.context_parallel_degree", 1)
     ep = _tt_whole(keys, "parallelism.expert_parallel_degree", 1)
     dp, zero = _tt_data_parallel(keys, tp * cp * pp, cp, gpus, unknown)
+    if tp > 1 and _has_experts(model):
+        unknown.append(f"expert_tensor_parallel_degree 1 with tensor_parallel_degree {tp} "
+                       "(read as the experts split over TP)")
     micro, total = _tt_batches(keys, dp, pp, legacy)
     reduce = keys.get("training.mixed_precision_reduce", "float32")
     if reduce not in ("float32", "bfloat16"):
@@ -565,6 +574,11 @@ def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
                   precision=_tt_precision(keys, unknown),
                   fuse="elementwise" if _tt_flag(keys, "compile.enable") else None,
                   unknown=tuple(unknown), source=source)
+
+
+def _has_experts(model: str | Config) -> bool:
+    config = PRESET_CONFIGS.get(model) if isinstance(model, str) else model
+    return bool(getattr(config, "routed_experts", 0) or getattr(config, "experts", 0))
 
 
 def _toml_value(value) -> str:
@@ -590,9 +604,9 @@ def _tt_layers_per_stage(layers: int, stages: int) -> int:
 def to_torchtitan(launch: Launch) -> str:
     """The torchtitan job TOML (2025 layout) of a launch: the inverse of `read_torchtitan`.
 
-    Only what torchtitan can say is written: a llama3 preset; FSDP (ZeRO 3, over dp x cp) or
-    DDP (ZeRO 0, without context parallelism);
-    tensor parallelism with sequence parallelism; selective-op, full or no recomputation; an
+    Only what torchtitan can say is written: a preset of one of its flavors
+    (`TORCHTITAN_MODELS`); FSDP (ZeRO 3, over dp x cp) or DDP (ZeRO 0, without context
+    parallelism); tensor parallelism with sequence parallelism (tp 1 for a model with experts); selective-op, full or no recomputation; an
     even pipeline split. Anything else is a one-line OpgraphError naming it.
 
         >>> print(to_torchtitan(Launch(model="llama3-8b", seq_len=8192,
@@ -622,6 +636,10 @@ def to_torchtitan(launch: Launch) -> str:
     if launch.recompute == "selective":
         raise OpgraphError("torchtitan has no attention-core ('selective') recomputation; give "
                            "selective-op, full or none")
+    if p.tp > 1 and _has_experts(launch.model):
+        raise OpgraphError("torchtitan runs the experts whole on each TP rank "
+                           "(expert_tensor_parallel_degree 1) where opgraph splits them over "
+                           "TP: give tp 1 for a model with experts")
     shard, replicate = (p.dp, 1) if p.zero == 3 else (1, p.dp)
     local = p.global_batch // p.dp if p.pp > 1 else p.micro_batch
     config = PRESET_CONFIGS[launch.model]

@@ -539,6 +539,9 @@ TORCHTITAN_LAUNCHES = [
     # training.mixed_precision_reduce = "bfloat16"
     Launch(model="llama3-8b", seq_len=8192,
            parallel=Parallel(gpus=8, zero=3, grad_reduce_dtype="bf16")),
+    # deepseek_v3's 16B flavor, experts spread over 8 of the 16 FSDP ranks
+    Launch(model="deepseek-v2-lite", seq_len=4096,
+           parallel=Parallel(gpus=16, ep=8, micro_batch=2, zero=3)),
 ]
 
 
@@ -563,6 +566,9 @@ def test_torchtitan_round_trip_of_a_read_file(toml):
     (Launch(model="llama3-8b", parallel=Parallel(tp=8, gpus=8)), ("sequence",)),
     (Launch(model="llama3-8b", recompute="selective"), ("selective",)),
     (Launch(model="llama3-8b", parallel=Parallel(pp=4, first_stage_layers=5)), ("uneven",)),
+    # torchtitan's experts are not split over TP (expert_tensor_parallel_degree 1); opgraph's are
+    (Launch(model="deepseek-v2-lite", parallel=Parallel(tp=2, gpus=8, sequence_parallel=True,
+                                                        zero=3)), ("experts", "tp 1")),
 ])
 def test_torchtitan_cannot_say_everything(launch, words):
     message = one_line_error(to_torchtitan, launch)
@@ -698,3 +704,13 @@ def test_megatron_latent_attention_bad_input_is_one_line(edit, words):
     args = DEEPSEEK_ARGS.replace(*edit)
     assert args != DEEPSEEK_ARGS
     assert words in one_line_error(read_megatron, args, gpus=8)
+
+
+def test_torchtitan_experts_under_tp_are_reported(toml):
+    """A DeepSeek file with tp 2: torchtitan runs each expert whole on every TP rank, opgraph
+    splits it, so the reader says so rather than quietly modelling another job."""
+    text = to_torchtitan(Launch(model="deepseek-v2-lite", parallel=Parallel(gpus=8, zero=3)))
+    launch = read_torchtitan(toml(text.replace("tensor_parallel_degree = 1",
+                                               "tensor_parallel_degree = 2")))
+    assert launch.parallel.tp == 2
+    assert any("expert_tensor_parallel_degree" in note for note in launch.unknown)
