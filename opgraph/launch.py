@@ -151,7 +151,7 @@ def check_emittable(model: str, framework: str) -> None:
     ("torchtitan" or "megatron") has no form for the model named `model`."""
     if framework == "torchtitan":
         if model not in TORCHTITAN_MODELS.values():
-            raise OpgraphError(f"--emit torchtitan writes torchtitan's llama3 flavors "
+            raise OpgraphError(f"--emit torchtitan writes the presets of torchtitan's model flavors "
                                f"({', '.join(TORCHTITAN_MODELS.values())}); {model} is not one")
     elif model not in PRESET_CONFIGS:
         raise OpgraphError(f"--emit megatron writes a Llama-, GPT-2- or DeepSeek-V2-shaped "
