@@ -151,8 +151,9 @@ def check_emittable(model: str, framework: str) -> None:
     ("torchtitan" or "megatron") has no form for the model named `model`."""
     if framework == "torchtitan":
         if model not in TORCHTITAN_MODELS.values():
-            raise OpgraphError(f"--emit torchtitan writes the presets of torchtitan's model flavors "
-                               f"({', '.join(TORCHTITAN_MODELS.values())}); {model} is not one")
+            raise OpgraphError(f"--emit torchtitan writes the presets of torchtitan's model "
+                               f"flavors ({', '.join(TORCHTITAN_MODELS.values())}); {model} "
+                               "is not one")
     elif model not in PRESET_CONFIGS:
         raise OpgraphError(f"--emit megatron writes a Llama-, GPT-2- or DeepSeek-V2-shaped "
                            f"preset ({', '.join(PRESET_CONFIGS)}); {model} is not one")
@@ -606,8 +607,9 @@ def to_torchtitan(launch: Launch) -> str:
 
     Only what torchtitan can say is written: a preset of one of its flavors
     (`TORCHTITAN_MODELS`); FSDP (ZeRO 3, over dp x cp) or DDP (ZeRO 0, without context
-    parallelism); tensor parallelism with sequence parallelism (tp 1 for a model with experts); selective-op, full or no recomputation; an
-    even pipeline split. Anything else is a one-line OpgraphError naming it.
+    parallelism); tensor parallelism with sequence parallelism (tp 1 for a model with
+    experts); selective-op, full or no recomputation; an even pipeline split. Anything else is
+    a one-line OpgraphError naming it.
 
         >>> print(to_torchtitan(Launch(model="llama3-8b", seq_len=8192,
         ...                            parallel=Parallel(gpus=8, zero=3))).splitlines()[2])
