@@ -108,9 +108,10 @@ def _exact(number: float) -> sympy.Rational:
 
 def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
     """One kernel's time under the calibrated cost model with figures `rates` (`time_rates`):
-    `Max(host_s x launches, launch_s + Max((flops x shape + matmul_half_flops) / (efficiency * clock *
-    peak), bytes / (bandwidth_share * bandwidth)))`, a kernel without arithmetic paying no half,
-    one doing no work or issued in batches (`costmodel.host_floor`) no host_s, `shape` its waves
+    `Max(host_s x launches, launch_s + Max((flops x shape + matmul_half_flops) / (efficiency *
+    clock * peak), bytes / (bandwidth_share * bandwidth)))`, a kernel without arithmetic paying
+    no half, one doing no work or issued in batches (`costmodel.host_floor`) no host_s, `launches`
+    the kernels one instance issues (`Cost.launches`), `shape` its waves
     or exponentials (`_shape`), over `matmul_unaligned` where its N is `_unaligned`
     (`CalibratedCostModel.scaled_time`)."""
     rate = _exact(rates[EFFICIENCY.get(kind, "matmul")]) * _exact(rates["clock"])
