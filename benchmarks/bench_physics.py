@@ -77,6 +77,7 @@ def main(argv: list[str]) -> int:
           f"median Spearman {summary['median_spearman']:.2f} (target >= 0.85), mean regret "
           f"{summary['mean_regret'] * 100:.1f}% (target <= 5%)")
     print(near_capacity(sweep.predictions, capacity))
+    print(pipeline_sends(sweep.predictions))
 
     print("\n(e) " + llama3_405b())
     print("\n(f) " + plate())
@@ -105,6 +106,42 @@ def near_capacity(predictions, capacity: dict, share: float = 0.95) -> str:
     return (f"    the {len(full)} rows measured at {share:.0%} of the GPU's memory or more: median "
             f"step-time error {full[len(full) // 2] * 100:+.1f}% (the other {len(rest)}: "
             f"{rest[len(rest) // 2] * 100:+.1f}%)")
+
+
+def pipeline_sends(predictions) -> str:
+    """The sweep's pipelines split by where their stages' sends go (the pp group's members are
+    `Parallel.stride("pp")` ranks apart: dp x tp in nanotron's rank order, pp outermost, as in
+    Megatron's): all inside one node, some between nodes, or every one between nodes (the
+    stride a node's GPUs or more); and by one sequence a micro-batch or more. Per part the
+    median of measured over predicted step time, and how many rows ran over 3 x their
+    prediction."""
+    import statistics
+
+    from opgraph import cluster as clusters
+    from opgraph import hardware as hw
+
+    parts: dict = {}
+    for p in predictions:
+        c, L = p.case, p.case.parallel
+        if L.pp == 1:
+            continue
+        cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(
+            hw.get(c.hardware))
+        where = ("every send between nodes" if L.stride("pp") >= cluster.gpus_per_node
+                 else "some sends between nodes" if cluster.for_job(c.gpus).spans_nodes(
+                     L.pp, L.stride("pp")) else "inside a node")
+        ratio = c.measured_step_time_s / p.predicted_step_time_s
+        parts.setdefault((where, L.micro_batch == 1), []).append(ratio)
+    lines = ["    the pipelines, measured / predicted step time (median; rows over 3 x):"]
+    for (where, one), ratios in sorted(parts.items(), key=lambda kv: (
+            ORDER.index(kv[0][0]), kv[0][1])):
+        lines.append(f"      {where}, {'one sequence' if one else 'more sequences'} a "
+                     f"micro-batch: {statistics.median(ratios):.2f} "
+                     f"({sum(r > 3 for r in ratios)} of {len(ratios)})")
+    return "\n".join(lines)
+
+
+ORDER = ("inside a node", "some sends between nodes", "every send between nodes")
 
 
 def memory_split(predictions) -> str:
