@@ -32,7 +32,8 @@ def after_compile(model: str, gpus: int, batch: int) -> None:
     from opgraph import hardware
     from opgraph.costmodel import cost_model
     from opgraph.models import preset
-    from opgraph.search import Searcher, Space, _compute_bound, compute_key, rows, structure
+    from opgraph.search import Searcher, Space, compute_key, rows, structure
+    from opgraph.search.bounds import _compute_bound
 
     forward, part = preset(model), hardware.get("h100-sxm")
     searcher = Searcher(forward, part, cost=cost_model("calibrated"))

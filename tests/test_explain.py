@@ -7,6 +7,7 @@ import json
 import attrs
 import pytest
 
+from opgraph import cluster as clusters
 from opgraph import hardware, search
 from opgraph.costmodel import cost_model
 from opgraph.distributed import profile_parallel, step_figures
@@ -44,7 +45,7 @@ def test_every_layout_the_plan_prints_reads_back_to_itself():
     model, seq = SMALL
     forward = preset(model)
     found = rows(forward, H100, Space(gpus=24, batch=48, max_micro_batch=2), seq,
-                 search.clusters.for_hardware(H100))
+                 clusters.for_hardware(H100))
     assert any(r.first is not None for r in found) and any(r.sequence_parallel for r in found)
     for r in found:
         fields, options = parse_layout(layout_text(r.layout(), r.recompute, r.precision))
@@ -238,7 +239,7 @@ def test_a_moved_model_moves_a_compute_bound_kernel_by_its_factor():
     assert after - e.launch_s == pytest.approx((before - e.launch_s) / f, rel=1e-12)
     assert slower.efficiencies(H100).attention == e.attention * f
     assert slower.efficiencies(H100).node == e.node  # only what it names
-    cluster = search.clusters.for_hardware(H100)
+    cluster = clusters.for_hardware(H100)
     lines = cost.comm_lines("all_reduce", 8, cluster, 1, H100)
     moved = perturb(cost, ("node", "network"), f).comm_lines("all_reduce", 8, cluster, 1, H100)
     for (base, slope), (base_, slope_) in zip(lines, moved, strict=True):

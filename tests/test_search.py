@@ -15,7 +15,8 @@ from opgraph.costmodel import cost_model
 from opgraph.distributed import profile_parallel
 from opgraph.errors import OpgraphError
 from opgraph.models import preset
-from opgraph.search import Searcher, Space, _compute_bound, rows, structure
+from opgraph.search import Searcher, Space, rows, structure
+from opgraph.search.bounds import _compute_bound
 
 H100 = hardware.get("h100-sxm")
 FIGURES = ("step_time_s", "mfu", "bubble_s", "exposed_communication_s", "tokens_per_s_per_gpu")
@@ -420,7 +421,7 @@ def test_a_steady_state_stack_is_what_running_every_layer_gives(searchers, model
     from opgraph import schedule
     from opgraph.distributed import _times
     from opgraph.schedule import simulate
-    from opgraph.search import _job
+    from opgraph.search.bounds import _job
 
     stepped = []
     repeat = schedule._repeat
@@ -493,7 +494,7 @@ def test_the_bound_counts_megatrons_reductions_as_replicate_charges_them():
     from opgraph.parallel import Parallel
     from opgraph.passes.evaluate import resolve
     from opgraph.pipeline import compile_step
-    from opgraph.search import _moved
+    from opgraph.search.bounds import _moved
 
     forward = preset("llama3-8b")
     layout = Parallel(tp=2, dp=8, zero=2, framework="megatron")
