@@ -85,6 +85,9 @@ FIELDS = {
                          "`matmul` (0: none)",
     "attention_exp_ratio": "tensor FLOPs one exponential's time holds (0: none counted)",
     "attention": "fraction of the dense peak FlashAttention's kernels reach",
+    "attention_fused": "fraction of the dense peak a fused attention library's kernels reach "
+                       "(cuDNN's, which Transformer Engine picks on Hopper and later), over a "
+                       "forward and its backward (0: as `attention`)",
     "bandwidth": "fraction of the HBM bandwidth a memory-bound kernel reaches",
     "launch_s": "seconds each kernel adds (launch and tail)",
     "host_s": "seconds the host takes to issue one kernel: no kernel runs shorter",
@@ -92,7 +95,7 @@ FIELDS = {
     "network": "fraction of the network's bandwidth a collective reaches",
     "overlap_slowdown": "share of a hidden collective's time it adds to the compute beside it",
 }
-# and matmul_ceiling, or 0:
+# and matmul_ceiling and attention_fused, or 0:
 FRACTIONS = ("matmul", "matmul_unaligned", "attention", "bandwidth", "node", "network")
 _KEYS = {*FIELDS, "fitted", "sources"}
 
@@ -111,6 +114,7 @@ class Efficiencies:
     matmul_unaligned: float = 1.0
     attention_exp_ratio: float = 0.0
     attention: float = 1.0
+    attention_fused: float = 0.0
     bandwidth: float = 1.0
     launch_s: float = 0.0
     host_s: float = 0.0
@@ -129,11 +133,11 @@ def _number(table: dict, key: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise OpgraphError(f"{where}: {key} = {value!r} must be a finite number")
     value = float(value)
-    if key == "matmul_ceiling" and not 0 <= value <= 1:
+    if key in ("matmul_ceiling", "attention_fused") and not 0 <= value <= 1:
         raise OpgraphError(f"{where}: {key} = {value:g} must be 0 (none) or a fraction at most 1")
     if key in FRACTIONS and not 0 < value <= 1:
         raise OpgraphError(f"{where}: {key} = {value:g} must be a fraction above 0 and at most 1")
-    if key not in FRACTIONS and key != "matmul_ceiling" and not 0 <= value < 1e15:
+    if key not in (*FRACTIONS, "matmul_ceiling", "attention_fused") and not 0 <= value < 1e15:
         raise OpgraphError(f"{where}: {key} = {value:g} must be 0 or more")
     return value
 

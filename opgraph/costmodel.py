@@ -71,6 +71,11 @@ class Cost:
     # the op's `launches` parameter (a grouped GEMM its framework issues as one GEMM per expert,
     # `passes/unroll_expert_gemms.py`)
     launches: sympy.Expr = sympy.S.One
+    # the efficiency of its generation its arithmetic runs at (`CalibratedCostModel`): its
+    # kind's (`EFFICIENCY`: `attention` for FlashAttention's kernels, else `matmul`), or the
+    # op's `efficiency` parameter (a framework's fused attention library,
+    # `passes/pick_attention_kernel.py`)
+    efficiency: str = "matmul"
 
 
 # --- the peak an op runs at: a matrix multiply whose operands are all FP8 runs at the part's
@@ -198,7 +203,8 @@ def _own_cost(graph: Graph, op: Op) -> Cost:
     return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op),
                 grid=(rules.gemm_grid(op.kind, ins, outs, params)
                       or rules.attention_scores(op.kind, ins, outs, params)),
-                launches=sympy.sympify(op.param("launches", 1)))
+                launches=sympy.sympify(op.param("launches", 1)),
+                efficiency=op.param("efficiency", EFFICIENCY.get(op.kind, "matmul")))
 
 
 # A fused forward kernel (`opgraph.passes.fuse_elementwise`, kind `fused`, not a forward kind of
@@ -356,21 +362,24 @@ class CostModel:
     name = "roofline"
 
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
-                peak: float, grid: tuple = (), launches: float = 1.0) -> float:
+                peak: float, grid: tuple = (), launches: float = 1.0,
+                efficiency: str | None = None) -> float:
         """Seconds of `count` instances of an op of `kind` doing `flops` and moving `nbytes`
         between them, its arithmetic at `peak`: the roofline, `time(flops, nbytes, peak,
         hardware.bandwidth)`. The calibrated model scales it (`CalibratedCostModel`), and
         reads `grid`, a matrix multiply's (GEMMs, M, N) per instance as numbers (`Cost.grid`
-        evaluated), and `launches`, the kernels an instance launches (`Cost.launches`); the
-        roofline does not."""
+        evaluated), `launches`, the kernels an instance launches (`Cost.launches`), and
+        `efficiency`, the efficiency its arithmetic runs at (`Cost.efficiency`; None: its
+        kind's); the roofline does not."""
         return self.time(flops, nbytes, peak, hardware.bandwidth)
 
     def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None,
-                 launches=None):
+                 launches=None, efficiencies=None):
         """`op_time` over numpy arrays: a row per op (of `kinds`, at the column `peaks`), a
         column per case (`opgraph.search`'s layouts); `grids` (3, ops, cases), each op's
         `grid` (zeros for an op without one), or None; `launches` (ops, cases), each op's
-        `Cost.launches`, or None (one each)."""
+        `Cost.launches`, or None (one each); `efficiencies`, each op's `Cost.efficiency`, or
+        None (its kind's)."""
         import numpy as np
 
         return self.time(flops, nbytes, peaks, hardware.bandwidth, np.maximum)
@@ -502,31 +511,37 @@ class CalibratedCostModel(CostModel):
                                                             "sms": float(hardware.sms or 0)}
 
     def _rates(self, e) -> dict[str, float]:
-        """`e`'s efficiencies by name, and `attention_backward`: `attention` in this model's
+        """`e`'s efficiencies by name; `attention_fused` (`attention` where the generation has
+        none); and `attention_backward` and `attention_fused_backward`: those in this model's
         FLOPs of FlashAttention's backward (`runs_per_charged`)."""
-        return e.values() | {"attention_backward": e.attention / runs_per_charged(
-            "flash_attention_backward", self)}
+        fused = e.attention_fused or e.attention
+        per_charged = runs_per_charged("flash_attention_backward", self)
+        return e.values() | {"attention_fused": fused,
+                             "attention_backward": e.attention / per_charged,
+                             "attention_fused_backward": fused / per_charged}
 
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
-                peak: float, grid: tuple = (), launches: float = 1.0) -> float:
+                peak: float, grid: tuple = (), launches: float = 1.0,
+                efficiency: str | None = None) -> float:
         if count == 0:
             return 0.0
         e = self.efficiencies(hardware)
         quantum = shape_factor(kind, grid, flops / count, hardware, e)
         return self.scaled_time(flops, nbytes, count, peak * hardware.clock_ratio,
                                 hardware.bandwidth,
-                                rate=self._rates(e)[EFFICIENCY.get(kind, "matmul")],
+                                rate=self._rates(e)[efficiency or EFFICIENCY.get(kind, "matmul")],
                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
                                 launch=e.launch_s, quantum=quantum,
                                 host=host_floor(kind, e.host_s, launches))
 
     def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None,
-                 launches=None):
+                 launches=None, efficiencies=None):
         import numpy as np
 
         e = self.efficiencies(hardware)
         rates = self._rates(e)
-        rate = np.array([rates[EFFICIENCY.get(kind, "matmul")] for kind in kinds])[:, None]
+        names = efficiencies or [EFFICIENCY.get(kind, "matmul") for kind in kinds]
+        rate = np.array([rates[name] for name in names])[:, None]
         host = np.array([host_floor(kind, e.host_s) for kind in kinds])[:, None]
         if launches is not None:
             host = host * launches

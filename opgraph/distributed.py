@@ -190,6 +190,7 @@ class StageOp:
     grid: tuple = ()  # a matrix multiply's (GEMMs, M, N) per instance (`costmodel.Cost.grid`)
     calls: float = 1.0  # a collective's share of one NCCL call (`costmodel.Cost.calls`)
     launches: float = 1.0  # the kernels one instance launches (`costmodel.Cost.launches`)
+    efficiency: str = "matmul"  # the efficiency its arithmetic runs at (`Cost.efficiency`)
 
 
 @attrs.frozen
@@ -325,7 +326,8 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
                        op.phase is Phase.OPTIMIZER or once_per_step(op, sharding(layout)),
                        tuple(float(g.xreplace(subs)) for g in costs[op.name].grid),
                        float(costs[op.name].calls.xreplace(subs)) if collective else 1.0,
-                       float(costs[op.name].launches.xreplace(subs))))
+                       float(costs[op.name].launches.xreplace(subs)),
+                       costs[op.name].efficiency))
     ordered = graph.ops()
     per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
                  and not once_per_step(op, sharding(layout))]
@@ -349,7 +351,8 @@ def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
                                          layout.stride(o.group), job.hardware, o.calls)
         else:
             out[o.name] = (cost.op_time(job.hardware, o.kind, o.flops, o.bytes, o.count, o.peak,
-                                        o.grid, o.launches) / o.count if o.count else 0.0)
+                                        o.grid, o.launches, o.efficiency) / o.count
+                           if o.count else 0.0)
     return out
 
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import sympy
 
-from .costmodel import (ATTENTION_KINDS, DEFAULT, EFFICIENCY, CalibratedCostModel, Cost, CostModel,
+from .costmodel import (ATTENTION_KINDS, DEFAULT, CalibratedCostModel, Cost, CostModel,
                         ALIGN, exp_factor, host_floor, k_overhead, unaligned, wave_quantum)
 from .errors import OpgraphError
 from .hardware import Hardware
@@ -114,7 +114,7 @@ def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
     the kernels one instance issues (`Cost.launches`), `shape` its waves
     or exponentials (`_shape`), over `matmul_unaligned` where its N is `_unaligned`
     (`CalibratedCostModel.scaled_time`)."""
-    rate = _exact(rates[EFFICIENCY.get(kind, "matmul")]) * _exact(rates["clock"])
+    rate = _exact(rates[c.efficiency]) * _exact(rates["clock"])
     half = _exact(rates["matmul_half_flops"]) if c.flops != 0 else 0
 
     def at(shape):

@@ -142,6 +142,13 @@ Each trait, with where each framework's code says so:
   loops over its local experts. torchtitan: one `torch._grouped_mm` (`GroupedExperts`). nanotron
   keeps the generic one kernel (not checked).
 
+- `attention_library`: the kernels the attention core runs, "flash" (FlashAttention-2, the
+  generic model's) or "cudnn" (cuDNN's fused attention, at its generation's `attention_fused`
+  efficiency: `passes.pick_attention_kernel`). Megatron-LM: Transformer Engine's
+  `DotProductAttention` prefers cuDNN's FusedAttention on Hopper and later
+  (`transformer_engine/pytorch/attention/dot_product_attention/utils.py`,
+  `get_attention_backend`). torchtitan calls PyTorch's SDPA, nanotron flash-attn: FlashAttention.
+
 - `vocab_multiple`: the vocabulary is padded to a multiple of this x the tensor-parallel
   degree, so that it splits over the TP group (`padded_vocab_shard`); None: not padded, and
   the vocabulary must divide by the degree. Megatron-LM: `--make-vocab-size-divisible-by`,
@@ -185,6 +192,7 @@ class Traits:
     vocab_multiple: int | None = None
     caches_fp8_weights: bool = False
     gemm_per_expert: bool = False
+    attention_library: str = "flash"
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
@@ -193,7 +201,8 @@ FRAMEWORKS: dict[str | None, Traits] = {
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
                          compiles_blocks_only=True),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
-                       caches_fp8_weights=True, gemm_per_expert=True),
+                       caches_fp8_weights=True, gemm_per_expert=True,
+                       attention_library="cudnn"),
     "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                         overlaps_reduce_at=frozenset({3}), gemm_per_expert=True),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),

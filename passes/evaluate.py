@@ -141,7 +141,8 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         rows.append(OpCost(op.name, op.kind, op.category, op.phase.value, count, flops, nbytes,
                            cost.op_time(hardware, op.kind, flops, nbytes, count, at, grid,
                                         float(_number(costs[op.name].launches, subs,
-                                                      f"op {op.name}'s kernel launches"))),
+                                                      f"op {op.name}'s kernel launches")),
+                                        costs[op.name].efficiency),
                            cost.bound(flops, nbytes, at, bandwidth)))
     step = sum(r.time_s for r in rows)
     total_flops = sum(r.flops for r in rows)

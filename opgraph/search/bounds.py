@@ -77,6 +77,7 @@ class _StageFormulas:
     releases: tuple  # (plain, last): each one's `_Releases`
     waits: tuple[_Waits, ...]  # where the stream must wait for communication (`_waits`)
     plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
+    efficiencies: tuple[str, ...] = ()  # each op's (`Cost.efficiency`)
 
 
 def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
@@ -115,7 +116,8 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         tuple(i for i in range(len(ops)) if not collective[i] and once[i]),
         (_releases(graph, ops, collective, [not o for o in once]),
          _releases(graph, ops, collective, [True] * len(ops))),
-        _waits(graph, ops, collective, once))
+        _waits(graph, ops, collective, once),
+        efficiencies=tuple(costs[op.name].efficiency for op in ops))
 
 
 def _grids(ops: list, costs: dict) -> list:
@@ -448,6 +450,7 @@ class _ComputeFormulas:
     n_ops: int
     places: tuple[np.ndarray, ...]  # the stack, the first end, the last: (ops,) 1 where it runs
     waits: tuple[_Waits, ...]  # `_waits` of the stack's ops
+    efficiencies: tuple[str, ...] = ()  # each op's (`Cost.efficiency`)
 
 
 def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
@@ -488,7 +491,8 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
         tuple(op.kind for op in ops),
         tuple(op.param("group") if c else None for op, c in zip(ops, collective)),
         tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
-        program.tape(exprs), len(ops), places, waits)
+        program.tape(exprs), len(ops), places, waits,
+        tuple(costs[op.name].efficiency for op in ops))
 
 
 def _held(graph: Graph, stack) -> list:
@@ -852,7 +856,8 @@ def _op_times(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostM
     peaks = np.array([f.peaks[i] for i in rows_])[:, None]
     out[rows_] = cost.op_times(hardware, [f.kinds[i] for i in rows_], nums.flops[rows_],
                                nums.bytes[rows_], nums.counts[rows_], peaks,
-                               nums.grids[:, rows_], nums.launches[rows_])
+                               nums.grids[:, rows_], nums.launches[rows_],
+                               [f.efficiencies[i] for i in rows_])
     return out
 
 
@@ -983,7 +988,7 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
                             float(nums.flops[k, col]), float(nums.bytes[k, col]), f.peaks[k],
                             f.groups[k], float(nums.messages[k, col]), f.once[k],
                             _grid(nums.grids[:, k, col]), float(nums.calls[k, col]),
-                            float(nums.launches[k, col]))
+                            float(nums.launches[k, col]), f.efficiencies[k])
                     for k in range(f.n_ops))
         plain, last = _plans(f, counts[role], r.zero_run, values)
         degrees = dict(zip(DEGREES, map(sympy.Integer, (

@@ -12,7 +12,7 @@ import sympy
 
 from opgraph.passes.evaluate import mfu_parameters, resolve
 
-from ..costmodel import ATTENTION_KINDS, DEFAULT, EFFICIENCY, CostModel, host_floor, shape_factors
+from ..costmodel import ATTENTION_KINDS, DEFAULT, CostModel, host_floor, shape_factors
 from ..errors import OpgraphError
 from ..ir import Graph
 from ..profile import CATEGORIES
@@ -127,7 +127,7 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
         # count (a launch each), the efficiency its arithmetic runs at, its GEMM grid and its
         # instances' share of host_s (`host_floor`: 0, or the kernels one launches)
         grid = tuple(sympy.sympify(g).xreplace(fixed) for g in costs[op.name].grid) or (0,) * 3
-        per_kernel = ((sympy.sympify(op.count).xreplace(fixed), EFFICIENCY.get(op.kind, "matmul"),
+        per_kernel = ((sympy.sympify(op.count).xreplace(fixed), costs[op.name].efficiency,
                        grid, op.kind in ATTENTION_KINDS,
                        sympy.sympify(host_floor(op.kind, sympy.Integer(1),
                                                 costs[op.name].launches)).xreplace(fixed))
