@@ -5,6 +5,7 @@ random step options and points (issue 21: a figure computed twice will disagree 
 
 import random
 
+import attrs
 import numpy as np
 import pytest
 from opgraph.models import preset
@@ -84,3 +85,26 @@ def test_a_gemm_per_expert_reaches_every_interpreter(precision):
     figures = [one.step_time_s, time, swept["step_time_s"][0], many.step_time_s,
                many.parallel.step_time_s, planned.step_time_s]
     assert figures == pytest.approx([figures[0]] * len(figures), rel=1e-9)
+
+
+def test_megatron_runs_attention_at_the_fused_librarys_efficiency():
+    """Transformer Engine runs cuDNN's attention on Hopper (`passes/pick_attention_kernel.py`):
+    at 8,192 tokens FlashAttention's kernels are compute-bound, so under Megatron-LM each runs
+    `attention / attention_fused` of its generic time (Hopper's 0.35 and 0.525), less the
+    kernel's launch, which does not scale; every other op is as it was."""
+    c, forward, point = cost_model("calibrated"), preset("llama3.2-1b"), {"B": 1, "S": 8192}
+    e = c.efficiencies(H100)
+    layout = Parallel(gpus=1, micro_batch=1, global_batch=1)
+    generic, megatron = (
+        {r.name: r for r in evaluate(compile_step(forward, layout=layout_, precision="bf16"),
+                                     H100, point, cost=c).ops}
+        for layout_ in (layout, attrs.evolve(layout, framework="megatron")))
+    flash = [n for n, r in generic.items() if r.kind.startswith("flash_attention")]
+    assert len(flash) == 2
+    for name in flash:
+        a, b = generic[name], megatron[name]
+        launches = a.count * e.launch_s
+        assert (b.time_s - launches) == pytest.approx(
+            (a.time_s - launches) * e.attention / e.attention_fused, rel=1e-9)
+    assert all(megatron[n].time_s == r.time_s for n, r in generic.items()
+               if n not in flash and r.kind in ("matmul", "rmsnorm"))
