@@ -261,17 +261,18 @@ def format_sensitivity(moved, best, error: float) -> str:
     """`opgraph plan --sensitivity`'s lines (`explain.sensitivity`): under each moved cost
     model, the first choice's step and rank among the top layouts, and which is first now."""
     base = best[0].step_time_s
+    whats = [f"{p.what} x {p.factor:.3f} ({', '.join(p.names)})" for p in moved]
+    width = max([40, *map(len, whats)])
     lines = [(f"how sure: the top {len(best)} scheduled again with the calibrated model moved "
               f"by its error, {error * 100:.1f}% (opgraph validate --cv family: the mean "
               "left-out step-time error)"),
-             f"{'moved':<40} {'#1 step (s)':>11} {'change':>7} {'#1 rank':>9}  first now"]
-    for p in moved:
-        what = f"{p.what} x {p.factor:.3f} ({', '.join(p.names)})"
+             f"{'moved':<{width}} {'#1 step (s)':>11} {'change':>7} {'#1 rank':>9}  first now"]
+    for p, what in zip(moved, whats):
         now = best[p.first].candidate
         first = ("#1, the same" if p.first == 0 else
                  f"#{p.first + 1} {layout_text(now.layout, now.recompute, now.precision)} at "
                  f"{p.steps[p.first]:.3f} s")
-        lines.append(f"{what:<40} {p.steps[0]:>11.3f} {(p.steps[0] / base - 1) * 100:>+6.1f}%"
+        lines.append(f"{what:<{width}} {p.steps[0]:>11.3f} {(p.steps[0] / base - 1) * 100:>+6.1f}%"
                      f" {f'{p.first_rank} of {len(p.steps)}':>9}  {first}")
     stays = sum(p.first_rank == 1 for p in moved)
     lines.append(f"the first choice stays first in {stays} of the {len(moved)} moved models")
