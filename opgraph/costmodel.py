@@ -193,6 +193,12 @@ class _Tensors:
     op_bytes = Graph.op_bytes
 
 
+def _whole_expr(value) -> sympy.Expr:
+    """An op parameter that counts (`launches`): a whole number or a sympy expression, never
+    text (`verify` says so first)."""
+    return sympy.Integer(value) if isinstance(value, int) else value
+
+
 def _own_cost(graph: Graph, op: Op) -> Cost:
     if op.kind in rules.COLLECTIVE_KINDS:
         return Cost(sympy.Integer(0), sympy.Integer(0), None, message_bytes(graph, op),
@@ -203,7 +209,7 @@ def _own_cost(graph: Graph, op: Op) -> Cost:
     return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op),
                 grid=(rules.gemm_grid(op.kind, ins, outs, params)
                       or rules.attention_scores(op.kind, ins, outs, params)),
-                launches=sympy.sympify(op.param("launches", 1)),
+                launches=_whole_expr(op.param("launches", 1)),
                 efficiency=op.param("efficiency", EFFICIENCY.get(op.kind, "matmul")))
 
 
@@ -444,6 +450,11 @@ DEFAULT = CostModel()
 # Which efficiency of a generation a kind's arithmetic runs at (`opgraph.calibration`); any other
 # kind runs at `matmul`'s (its compute term rarely binds: it is memory-bound).
 EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention_backward"}
+# Every efficiency an op's arithmetic may run at (`Cost.efficiency`, an op's `efficiency`
+# parameter): the generation's `matmul`, `attention` and `attention_fused`, and the last two in
+# FlashAttention's backward's charged FLOPs (`CalibratedCostModel._rates`).
+RATES = ("matmul", "attention", "attention_backward", "attention_fused",
+         "attention_fused_backward")
 # The FLOPs of FlashAttention's backward that its efficiency's sources count: 2.5 x its forward's
 # (it recomputes QK^T: five products to the forward's two; Dao 2023, FlashAttention-2, and Shah
 # et al. 2024, FlashAttention-3, report their backward TFLOP/s so, and so does

@@ -65,10 +65,33 @@ def verify(graph: Graph) -> Graph:
         if op.phase is Phase.BACKWARD and op.forward is not None and not graph.has_op(op.forward):
             problems.append(f"op {op.name} is the backward of missing op {op.forward}")
         problems += _check_shapes(graph, op)
+        problems += _cost_marks(op)
     problems += region_problems(graph)
     if problems:
         raise VerifyError(f"graph {graph.name}: " + "; ".join(problems))
     return graph
+
+
+def _cost_marks(op) -> list[str]:
+    """What is wrong with the parameters a pass leaves for the cost model: `launches`, the
+    kernels one instance issues, a whole number from 1 or an expression of the dimensions;
+    `efficiency`, one of the efficiencies an op may run at (`costmodel.RATES`)."""
+    from .costmodel import RATES
+
+    problems = []
+    launches = op.param("launches")
+    if launches is not None and (
+            isinstance(launches, bool)
+            or not isinstance(launches, int | sympy.Expr)
+            or (isinstance(launches, int) and launches < 1)
+            or (isinstance(launches, sympy.Expr) and launches.is_number and launches < 1)):
+        problems.append(f"op {op.name}: launches {launches!r} is not a whole number from 1 or "
+                        "an expression of the dimensions")
+    efficiency = op.param("efficiency")
+    if efficiency is not None and efficiency not in RATES:
+        problems.append(f"op {op.name}: efficiency {efficiency!r} is not one of "
+                        f"{', '.join(RATES)}")
+    return problems
 
 
 def dim_problems(graph: Graph) -> list[str]:

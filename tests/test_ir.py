@@ -124,3 +124,22 @@ def test_an_op_added_before_its_reader_runs_there():
         g.add_op(Op("c", "add", "elementwise", ("y",), ("y2",)), before=before and "b")
         g.add_tensor(Tensor("unused", (D,)))
         assert [op.name for op in g.ops()] == expected
+
+
+@pytest.mark.parametrize("mark, words", [
+    ({"launches": "E/ep"}, "launches 'E/ep' is not a whole number"),  # text is never parsed
+    ({"launches": 0}, "launches 0 is not a whole number from 1"),
+    ({"launches": True}, "launches True"),
+    ({"efficiency": "fast"}, "efficiency 'fast' is not one of matmul, attention"),
+])
+def test_the_verifier_checks_what_a_pass_leaves_for_the_cost_model(mark, words):
+    """`launches` and `efficiency` are read by every interpreter (`costmodel.Cost`): a pass of
+    the user's that sets them wrong is named by the verifier, not met later as a KeyError."""
+    g = preset("llama3.2-1b")
+    op = g.op("layers.q_proj")
+    g.replace_op(attrs.evolve(op, params={**dict(op.params), **mark}))
+    with pytest.raises(VerifyError, match=words):
+        verify(g)
+    g.replace_op(attrs.evolve(op, params={**dict(op.params), "launches": L, "efficiency":
+                                          "attention_fused"}))
+    verify(g)  # an expression of the dimensions and a known efficiency are fine
