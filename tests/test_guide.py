@@ -88,3 +88,12 @@ def test_the_guides_fusion_rules_fuse_across_the_layer_boundary(namespace):
     # the plate's backward, twice the forward, saves twice that again
     saved = 3 * 2 * B * S * L * (2 * D + F)
     assert (bought.totals_formula("bytes") + saved).expand() == 0
+
+
+def test_the_guides_attention_mark_moves_only_the_attention(namespace):
+    """The guide's `efficiency` mark runs FlashAttention's ops at Hopper's `attention_fused`:
+    their time falls, every other op's stays."""
+    flash, cudnn = ({r.name: r for r in namespace[k].ops} for k in ("flash", "cudnn"))
+    moved = {n for n in flash if flash[n].time_s != cudnn[n].time_s}
+    assert moved == {n for n, r in flash.items() if r.kind.startswith("flash_attention")}
+    assert all(cudnn[n].time_s < flash[n].time_s for n in moved)
