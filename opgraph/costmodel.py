@@ -268,6 +268,12 @@ def _number_min(a, b):
     return min(a, b)
 
 
+def _positive(x):
+    """Whether a count of FLOPs or bytes is above zero: a bool for a number, a bool array for an
+    array (`scaled_time`'s default; a formula's is structural, `formula._nonzero`)."""
+    return x > 0
+
+
 @attrs.frozen
 class CostModel:
     """How an op costs: the backward convention (`backward`, one of BACKWARD_MODES), the
@@ -570,13 +576,16 @@ class CalibratedCostModel(CostModel):
 
     @staticmethod
     def scaled_time(flops, nbytes, count, peak, bandwidth, *, rate, half, bandwidth_share,
-                    launch, quantum=1.0, host=0.0, maximum: Callable = _number_max):
+                    launch, quantum=1.0, host=0.0, maximum: Callable = _number_max,
+                    nonzero: Callable = _positive):
         """`count` kernels doing `flops` and moving `nbytes` between them: each `maximum(host,
         launch + maximum((FLOPs x quantum + half) / (rate x peak), bytes / (bandwidth_share x
         bandwidth)))`, a kernel without arithmetic paying no `half`, one doing no work (a view)
         no `host`; `quantum` its shape's factor (`shape_factor`: a GEMM's waves, an attention
         kernel's exponentials; else 1); `host` the host's time to issue one kernel, which a
-        stream of shorter kernels runs at. Numbers or numpy arrays alike (`sweep`).
+        stream of shorter kernels runs at. Every number system spells it here: numbers, numpy
+        arrays (`sweep`, the search) and sympy formulas (`formula.calibrated_time`), each with
+        its `maximum` and its test of a count being above zero (`nonzero`).
 
             >>> CalibratedCostModel.scaled_time(2e12, 0, 2, 1e12, 1e12, rate=0.5, half=1e12,
             ...                                  bandwidth_share=1, launch=0)  # 2 x (1 + 1) / 0.5
@@ -585,9 +594,9 @@ class CalibratedCostModel(CostModel):
             ...                                  bandwidth_share=1, launch=0, host=3e-5)  # 2 x 30 us
             6e-05
         """
-        compute = (flops / count * quantum + half * (flops > 0)) / (rate * peak)
+        compute = (flops / count * quantum + half * nonzero(flops)) / (rate * peak)
         kernel = launch + maximum(compute, nbytes / count / (bandwidth_share * bandwidth))
-        return count * maximum(host * ((flops + nbytes) > 0), kernel)
+        return count * maximum(host * nonzero(flops + nbytes), kernel)
 
     def comm_lines(self, kind: str, group: int, cluster, stride: int = 1,
                    hardware=None) -> tuple[tuple[float, float], ...]:

@@ -108,30 +108,28 @@ def _exact(number: float) -> sympy.Rational:
 
 def calibrated_time(kind: str, c: Cost, peak, bandwidth, rates) -> sympy.Expr:
     """One kernel's time under the calibrated cost model with figures `rates` (`time_rates`):
-    `Max(host_s x launches, launch_s + Max((flops x shape + matmul_half_flops) / (efficiency *
-    clock * peak), bytes / (bandwidth_share * bandwidth)))`, a kernel without arithmetic paying
-    no half, one doing no work or issued in batches (`costmodel.host_floor`) no host_s, `launches`
-    the kernels one instance issues (`Cost.launches`), `shape` its waves
-    or exponentials (`_shape`), over `matmul_unaligned` where its N is `_unaligned`
-    (`CalibratedCostModel.scaled_time`)."""
-    rate = _exact(rates[c.efficiency]) * _exact(rates["clock"])
-    half = _exact(rates["matmul_half_flops"]) if c.flops != 0 else 0
-
-    def at(shape):
-        return _exact(rates["launch_s"]) + roofline(c.flops * shape + half, c.bytes, rate * peak,
-                                                    _exact(rates["bandwidth"]) * bandwidth)
+    `CalibratedCostModel.scaled_time`, the one rule every number system runs, on formulas
+    (`sympy.Max`, a count's zero tested structurally): `Max(host_s x launches, launch_s +
+    Max((flops x shape + matmul_half_flops) / (efficiency x clock x peak), bytes /
+    (bandwidth_share x bandwidth)))`. `shape` is its waves or exponentials (`_shape`), over
+    `matmul_unaligned` where its N is `_unaligned` (a `Piecewise` where N is a symbol)."""
     shape = _shape(kind, c, rates)
     off = _unaligned(kind, c, rates)  # True, False, or a condition on a symbolic N
     slow = 1 / _exact(rates["matmul_unaligned"])
-    if off is True:
-        kernel = at(shape * slow)
-    elif off is False:
-        kernel = at(shape)
-    else:
-        kernel = sympy.Piecewise((at(shape * slow), off), (at(shape), True))
-    host = (host_floor(kind, _exact(rates["host_s"]), c.launches)
-            if c.flops != 0 or c.bytes != 0 else 0)
-    return sympy.Max(host, kernel) if host else kernel
+    quantum = (shape * slow if off is True else shape if off is False
+               else sympy.Piecewise((shape * slow, off), (shape, True)))
+    return CalibratedCostModel.scaled_time(
+        c.flops, c.bytes, 1, peak * _exact(rates["clock"]), bandwidth,
+        rate=_exact(rates[c.efficiency]), half=_exact(rates["matmul_half_flops"]),
+        bandwidth_share=_exact(rates["bandwidth"]), launch=_exact(rates["launch_s"]),
+        quantum=quantum, host=host_floor(kind, _exact(rates["host_s"]), c.launches),
+        maximum=sympy.Max, nonzero=_nonzero)
+
+
+def _nonzero(count) -> sympy.Integer:
+    """1 where a formula of FLOPs or bytes is not identically zero, else 0: `scaled_time`'s
+    test of a kernel doing arithmetic, or any work, written structurally for formulas."""
+    return sympy.Integer(0) if sympy.sympify(count) == 0 else sympy.Integer(1)
 
 
 def _shape(kind: str, c: Cost, rates: dict) -> sympy.Expr:
