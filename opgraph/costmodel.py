@@ -656,10 +656,19 @@ def exp_factor(flops, scores, head_dims, ratio):
 
 def shape_factor(kind: str, grid: tuple, flops: float, hardware, e) -> float:
     """The factor on one instance's FLOPs (`flops`) its shape gives (see `scaled_time`): an
-    attention kernel's `exp_factor`, a matrix multiply's waves (`waves_of`); 1 without a grid."""
-    if kind in ATTENTION_KINDS:
-        return exp_factor(flops, grid[0], grid[1], e.attention_exp_ratio) if grid else 1.0
-    return waves_of(grid, hardware, e, flops)
+    attention kernel's `exp_factor`, a matrix multiply's waves and K overhead; 1 without a
+    grid. `shape_factors` for one op and one case: the rule is written once, for arrays."""
+    return _one_shape(kind in ATTENTION_KINDS, tuple(grid) or (0.0, 0.0, 0.0), float(flops),
+                      hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio,
+                      e.matmul_k_overhead, e.matmul_unaligned)
+
+
+@functools.lru_cache(maxsize=100_000)  # a fit costs the same ops again at every step
+def _one_shape(attention: bool, grid: tuple, flops: float, *figures) -> float:
+    import numpy as np
+
+    grids = np.array(grid, dtype=float).reshape(3, 1, 1)
+    return float(shape_factors([attention], grids, np.array([[flops]]), *figures)[0, 0])
 
 
 def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0,
@@ -714,18 +723,12 @@ def unaligned(n):
 
 
 def waves_of(grid: tuple, hardware, e, flops: float = 0.0) -> float:
-    """`wave_quantum` of an op's `grid` (GEMMs, M, N, as numbers) on `hardware` with the tiles
-    of its efficiencies `e`, times its `k_overhead` where `e.matmul_k_overhead` and one
-    instance's `flops` are known, over `e.matmul_unaligned` where its N is `unaligned`; 1
-    for an op without a grid, a part without an SM count, or a generation without tiles."""
-    if not (grid and all(grid)):
-        return 1.0
-    k = k_overhead(flops, *grid, e.matmul_k_overhead) if e.matmul_k_overhead and flops else 1.0
-    if e.matmul_unaligned != 1 and unaligned(grid[2]):
-        k /= e.matmul_unaligned
-    if e.matmul_tile_m and e.matmul_tile_n and hardware.sms:
-        return k * wave_quantum(*grid, hardware.sms, e.matmul_tile_m, e.matmul_tile_n)
-    return k
+    """A matrix multiply's `shape_factor`: the `wave_quantum` of its `grid` (GEMMs, M, N, as
+    numbers) on `hardware` with the tiles of its efficiencies `e`, times its `k_overhead` where
+    `e.matmul_k_overhead` and one instance's `flops` are known, over `e.matmul_unaligned` where
+    its N is `unaligned`; 1 for an op without a grid, a part without an SM count, or a
+    generation without tiles."""
+    return shape_factor("matmul", grid, flops, hardware, e)
 
 
 def wave_quanta(grids, sms, tile_m, tile_n):
