@@ -28,6 +28,7 @@ from __future__ import annotations
 import attrs
 
 from ..categories import KERNELS_COVER
+from ..costmodel import DEFAULT
 from ..errors import OpgraphError
 from ..profile import Profile
 
@@ -76,8 +77,9 @@ class Comparison:
         return self.profile.step_time_s
 
     def _mfu(self, seconds: float) -> float:
+        """The cost model's MFU (`CostModel.mfu`, written once) of a step taking `seconds`."""
         p = self.profile
-        return 6 * p.mfu_parameters * p.tokens / (seconds * p.hardware.peak_flops)
+        return DEFAULT.mfu(p.mfu_parameters, p.tokens, seconds, p.hardware.peak_flops)
 
     @property
     def mfu_span(self) -> float:
