@@ -24,6 +24,9 @@ compare equal however they were written. `source` and `unknown` say where a Laun
 what it is, and take no part in equality: `read_torchtitan(f)` of the file `to_torchtitan(l)`
 wrote equals `l`, and so does `read_megatron(to_megatron(l), gpus=l.parallel.gpus)` (Megatron's
 arguments do not carry the world size: the launcher does).
+
+The package: `record.py` holds the `Launch` both formats read into and write from, and what
+their readers share; `torchtitan.py` and `megatron.py` each one framework's reader and writer.
 """
 
 from __future__ import annotations

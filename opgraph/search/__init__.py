@@ -76,6 +76,10 @@ it is no longer than that), through the pipeline span, the longest tail and the 
 slowdown on all the communication (`_step_upper`). Only the rows between the two bounds are
 scheduled exactly: for the README's Llama 3 layout 414 of the 568 faster are counted under
 their upper bound, and 280 scheduled, against 694 without it.
+
+The package: `space.py` (the constraints, the records of a layout, every layout of a job),
+`bounds.py` (structures compiled into formulas, evaluated as arrays; memory and the bounds of
+the step), `searcher.py` (branch and bound: `Searcher`, `search`).
 """
 
 from __future__ import annotations
