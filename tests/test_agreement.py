@@ -108,3 +108,16 @@ def test_megatron_runs_attention_at_the_fused_librarys_efficiency():
             (a.time_s - launches) * e.attention / e.attention_fused, rel=1e-9)
     assert all(megatron[n].time_s == r.time_s for n, r in generic.items()
                if n not in flash and r.kind in ("matmul", "rmsnorm"))
+
+
+def test_expert_launches_over_expert_parallel_agree_in_profile_and_plan():
+    """With experts split over ep, each GPU issues E / ep GEMMs per expert op (a formula of the
+    degree in `plan`'s arrays, a number in `profile`'s): the two say the same step."""
+    c, forward = cost_model("calibrated"), preset("deepseek-v2-lite")
+    for tp, ep in ((1, 8), (2, 4)):
+        layout = Parallel(gpus=8, tp=tp, ep=ep, micro_batch=1, global_batch=16,
+                          framework="megatron", zero=1, sequence_parallel=tp > 1)
+        many = profile_parallel(forward, H100, layout, values={"S": 1024}, cost=c)
+        planned = Searcher(forward, H100, seq_len=1024, cost=c).one(
+            Candidate(layout, "none", "bf16")).result
+        assert planned.step_time_s == pytest.approx(many.parallel.step_time_s, rel=1e-9)
