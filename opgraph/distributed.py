@@ -32,7 +32,6 @@ FP8 peak of one), / (step time x peak), by the cost model's one definition (`Cos
 
 from __future__ import annotations
 
-
 import attrs
 import sympy
 
@@ -158,8 +157,8 @@ def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None
     """The step one data-parallel rank of `layout` runs, every stage together (`split_stages`
     cuts it per stage), checked at sequence length `seq` too (`check_layout`); `options`
     are `compile_step`'s. The layout binds the passes that declare it (`pipeline.step_passes`):
-    `shard` before the backward; after the optimizer, the framework's (`regather_inputs`,
-    `decompose`, `cache_fp8_weights`) and the data-parallel replicas (`replicate`)."""
+    `shard` before the backward; after the optimizer, its framework's (those placed at
+    `contracts.LAYOUT`) and the data-parallel replicas (`replicate`)."""
     check_layout(forward, layout, seq)
     return compile_step(forward, layout=layout, **options)
 

@@ -358,6 +358,19 @@ class Graph:
         return any(r.name == name for r in self.region_chain(region))
 
 
+def with_params(graph: Graph, marks: dict[str, dict]) -> Graph:
+    """`graph` with each op `marks` names given those parameters beside its own: what a pass
+    that only marks ops returns (`cached`, `eager`, `launches`, `efficiency`, read by the cost
+    model and the schedule); `graph` itself where `marks` is empty."""
+    if not marks:
+        return graph
+    out = graph.copy()
+    for name, params in marks.items():
+        op = graph.op(name)
+        out.replace_op(attrs.evolve(op, params={**dict(op.params), **params}))
+    return out
+
+
 def format_op(graph: Graph, op: Op, figures=None) -> str:
     """`name = kind(in, ...) : dtype[shape]  xcount  flops=...  bytes=...`, one line; the
     figures are one instance's under the default cost model (`figures`: its `Cost` for `op`,
@@ -448,4 +461,5 @@ __all__ = [
     "format_op",
     "format_region",
     "region_problems",
+    "with_params",
 ]

@@ -25,11 +25,9 @@ torchtitan runs, casts the weight in every forward: the precision pass's own beh
 
 from __future__ import annotations
 
-import attrs
-
 from opgraph.contracts import LAYOUT, contract, step_pass
 from opgraph.frameworks import traits
-from opgraph.ir import Graph, Phase, Role
+from opgraph.ir import Graph, Phase, Role, with_params
 from opgraph.parallel import Parallel
 
 CASTS = ("amax", "cast")  # the kinds `passes.precision` makes an FP8 copy with
@@ -44,12 +42,6 @@ def cache_fp8_weights(graph: Graph, layout: Parallel) -> Graph:
     cast."""
     if not traits(layout).caches_fp8_weights:
         return graph
-    marked = [op for op in graph.ops()
-              if op.kind in CASTS and op.phase is Phase.FORWARD
-              and graph.tensor(op.inputs[0]).role is Role.WEIGHT]
-    if not marked:
-        return graph
-    out = graph.copy()
-    for op in marked:
-        out.replace_op(attrs.evolve(op, params={**dict(op.params), "cached": True}))
-    return out
+    return with_params(graph, {op.name: {"cached": True} for op in graph.ops()
+                               if op.kind in CASTS and op.phase is Phase.FORWARD
+                               and graph.tensor(op.inputs[0]).role is Role.WEIGHT})

@@ -27,11 +27,9 @@ tokens/s per GPU eager and 6,667 compiled (`benchmarks/llama3_h100_202412_torcht
 
 from __future__ import annotations
 
-import attrs
-
 from opgraph.contracts import LAYOUT, contract, step_pass
 from opgraph.frameworks import traits
-from opgraph.ir import Graph, Phase
+from opgraph.ir import Graph, Phase, with_params
 from opgraph.parallel import Parallel
 
 MARKED = (Phase.FORWARD, Phase.RECOMPUTE)  # a re-run forward op runs the same kernels again
@@ -48,11 +46,7 @@ def decompose(graph: Graph, layout: Parallel) -> Graph:
     """`graph` with its ops of the layout's framework's eager kinds marked `eager` (see the
     module); `graph` itself where the framework runs none."""
     t = traits(layout)
-    if not t.eager:
-        return graph
-    out = graph.copy()
-    for op in graph.ops():
-        if op.kind in t.eager and op.phase in MARKED and not op.param("eager"):
-            mark = ALWAYS if t.compiles_blocks_only and op.region is None else True
-            out.replace_op(attrs.evolve(op, params={**dict(op.params), "eager": mark}))
-    return out
+    return with_params(graph, {
+        op.name: {"eager": ALWAYS if t.compiles_blocks_only and op.region is None else True}
+        for op in graph.ops()
+        if op.kind in t.eager and op.phase in MARKED and not op.param("eager")})

@@ -26,11 +26,9 @@ FlashAttention-2, the generic model's kernel.
 
 from __future__ import annotations
 
-import attrs
-
 from opgraph.contracts import LAYOUT, contract, step_pass
 from opgraph.frameworks import traits
-from opgraph.ir import Graph
+from opgraph.ir import Graph, with_params
 from opgraph.parallel import Parallel
 
 # A FlashAttention kind -> the efficiency its kernel runs at in a fused attention library
@@ -47,10 +45,5 @@ def pick_attention_kernel(graph: Graph, layout: Parallel) -> Graph:
     or the step has no FlashAttention op."""
     if traits(layout).attention_library != "cudnn":
         return graph
-    marked = [op for op in graph.ops() if op.kind in FUSED]
-    if not marked:
-        return graph
-    out = graph.copy()
-    for op in marked:
-        out.replace_op(attrs.evolve(op, params={**dict(op.params), "efficiency": FUSED[op.kind]}))
-    return out
+    return with_params(graph, {op.name: {"efficiency": FUSED[op.kind]} for op in graph.ops()
+                               if op.kind in FUSED})

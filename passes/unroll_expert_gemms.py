@@ -32,12 +32,10 @@ the generic model's one kernel.
 
 from __future__ import annotations
 
-import attrs
-
 from opgraph import rules
 from opgraph.contracts import LAYOUT, contract, step_pass
 from opgraph.frameworks import traits
-from opgraph.ir import Graph, Op
+from opgraph.ir import Graph, Op, with_params
 from opgraph.parallel import Parallel
 
 
@@ -60,12 +58,5 @@ def unroll_expert_gemms(graph: Graph, layout: Parallel) -> Graph:
     the model has no experts."""
     if not traits(layout).gemm_per_expert:
         return graph
-    marked = {op.name: gemms for op in graph.ops()
-              if (gemms := _expert_gemms(graph, op)) is not None}
-    if not marked:
-        return graph
-    out = graph.copy()
-    for name, gemms in marked.items():
-        op = graph.op(name)
-        out.replace_op(attrs.evolve(op, params={**dict(op.params), "launches": gemms}))
-    return out
+    return with_params(graph, {op.name: {"launches": gemms} for op in graph.ops()
+                               if (gemms := _expert_gemms(graph, op)) is not None})
