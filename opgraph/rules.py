@@ -1269,8 +1269,8 @@ def eager_backward_bytes(kind: str, ins: list[Tensor], outs: list[Tensor],
     return None if rule is None else sympy.sympify(rule(ins, outs, params))
 
 __all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "EAGER_BACKWARD_BYTES",
-           "EAGER_BYTES", "EAGER_BACKWARD_WORKSPACE", "EAGER_SAVED", "EAGER_WORKSPACE", "eager_saved",
-           "eager_workspace",
+           "EAGER_BYTES", "EAGER_BACKWARD_WORKSPACE", "EAGER_SAVED", "EAGER_WORKSPACE",
+           "eager_saved", "eager_workspace",
            "FLOP_RULES",
            "FORWARD_KINDS", "GEMM_GRIDS", "attention_scores",
            "PRECISION_KINDS", "SHAPE_RULES",

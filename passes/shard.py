@@ -10,19 +10,18 @@ propagates shardings), and inserts a collective wherever the layout of a tensor 
   multiply whose weight is split along its output is column-parallel: its replicated input first
   passes Megatron's f (`identity`: a copy forward, an all-reduce of the gradient backward). An op
   of a "contracting" kind (`rules.SHARDING`) whose inputs are split but whose output is not (a
-  row-parallel matmul,
-  the vocabulary-parallel embedding) leaves partial sums: Megatron's g, an `all_reduce`, follows
-  it (its backward is the identity).
+  row-parallel matmul, the vocabulary-parallel embedding) leaves partial sums: Megatron's g, an
+  `all_reduce`, follows it (its backward is the identity).
 - **Sequence parallel** (Korthikanti et al. 2022): the replicated activations between the
   blocks hold S/tp of the sequence; g becomes a `reduce_scatter` along the sequence and f an
   `all_gather` (each the other's backward), so the norms and residual adds run on S/tp tokens. A
   replicated tensor that meets a sequence shard (GPT's position embedding) is cut to its shard
   locally (a `slice`, no communication).
 - **Context parallel** (ring attention, as Megatron-LM's and torchtitan's): every activation
-  holds S/cp of the sequence; each attention op's keys and values (`rules.CP_GATHERS`) are gathered
-  from the ring (`all_gather` over `cp`: the same bytes as passing the blocks around the ring;
-  the overlap with the attention is the schedule's, `opgraph.schedule`); their gradients are
-  reduce-scattered back. Attention FLOPs are then (S/cp) x S query-key pairs per GPU (half
+  holds S/cp of the sequence; each attention op's keys and values (`rules.CP_GATHERS`) are
+  gathered from the ring (`all_gather` over `cp`: the same bytes as passing the blocks around
+  the ring; the overlap with the attention is the schedule's, `opgraph.schedule`); their
+  gradients are reduce-scattered back. Attention FLOPs are then (S/cp) x S query-key pairs per GPU (half
   that, causal; a sliding window's, the busiest rank's band: `rules._score_pairs`).
 - **Expert parallel**: the expert weights hold E/ep experts; the tokens routed to them travel by
   `all_to_all` (over `ep`) before the first expert matmul (K copies of each token: `fanout`)

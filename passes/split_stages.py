@@ -4,16 +4,17 @@ Layers are split into `pp` stages (Narayanan et al. 2021): the layer stack's tri
 becomes the stage's share (`L/pp` for even stages, a number for Megatron's uneven first and
 last stages or for a layout's `stage_layers`; a stage with none runs its end's ops alone, or
 only passes the activations on), the ops before the stack (the embedding) run on the first
-stage only, the ops after it (the final norm, the head, the loss) on the last, each with its backward, its optimizer
-update, its weights and their collectives. A model with more stacks than one splits the one its
-dimension counts (`layer_stack`); a fixed number of layers before it (DeepSeek's dense-first
-layers) runs on the first stage as the embedding does, and after it (DeepSeek-V3's prediction
-module) on the last, as the head does: `--first-stage-layers` / `--last-stage-layers` give
-those stages fewer of the split stack to balance them. Which end an op belongs to follows from the dataflow,
-not from names: a forward op outside the stack that feeds it is the first stage's, any other the
-last's; a backward op goes with the forward op it differentiates (`forward`); any other op with
-the producers of what it reads, or with the weight it reads (a tied embedding, read at both
-ends, is held by both, as Megatron-LM keeps a copy on each).
+stage only, the ops after it (the final norm, the head, the loss) on the last, each with its
+backward, its optimizer update, its weights and their collectives. A model with more stacks
+than one splits the one its dimension counts (`layer_stack`); a fixed number of layers before
+it (DeepSeek's dense-first layers) runs on the first stage as the embedding does, and after it
+(DeepSeek-V3's prediction module) on the last, as the head does: `--first-stage-layers` /
+`--last-stage-layers` give those stages fewer of the split stack to balance them. Which end an
+op belongs to follows from the dataflow, not from names: a forward op outside the stack that
+feeds it is the first stage's, any other the last's; a backward op goes with the forward op it
+differentiates (`forward`); any other op with the producers of what it reads, or with the
+weight it reads (a tied embedding, read at both ends, is held by both, as Megatron-LM keeps a
+copy on each).
 
 Between stages each micro-batch's activation travels forward and its gradient back: a stage
 that is not the last sends the stack's output (`send_recv` over the group `pp`), a stage that is

@@ -259,7 +259,8 @@ def test_sensitivity_reschedules_the_plans_layouts_under_each_moved_model(planne
         ("kernels", 1 - LEFT_OUT_ERROR), ("kernels", 1 + LEFT_OUT_ERROR),
         ("collectives", 1 - LEFT_OUT_ERROR), ("collectives", 1 + LEFT_OUT_ERROR)]
     f = 1 - LEFT_OUT_ERROR
-    slower, network = (perturb(searcher.cost, names, f) for names in (("matmul", "attention", "attention_fused"),
+    kernels = ("matmul", "attention", "attention_fused")
+    slower, network = (perturb(searcher.cost, names, f) for names in (kernels,
                                                                        ("node", "network")))
     for r, kernels_down, network_down in zip(best, moved[0].steps, moved[2].steps):
         job = searcher.job(r.candidate)
