@@ -21,8 +21,8 @@ propagates shardings), and inserts a collective wherever the layout of a tensor 
   holds S/cp of the sequence; each attention op's keys and values (`rules.CP_GATHERS`) are
   gathered from the ring (`all_gather` over `cp`: the same bytes as passing the blocks around
   the ring; the overlap with the attention is the schedule's, `opgraph.schedule`); their
-  gradients are reduce-scattered back. Attention FLOPs are then (S/cp) x S query-key pairs per GPU (half
-  that, causal; a sliding window's, the busiest rank's band: `rules._score_pairs`).
+  gradients are reduce-scattered back. Attention FLOPs are then (S/cp) x S query-key pairs per
+  GPU (half that, causal; a sliding window's, the busiest rank's band: `rules._score_pairs`).
 - **Expert parallel**: the expert weights hold E/ep experts; the tokens routed to them travel by
   `all_to_all` (over `ep`) before the first expert matmul (K copies of each token: `fanout`)
   and back before the combine.
