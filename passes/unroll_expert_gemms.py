@@ -42,7 +42,7 @@ from opgraph.parallel import Parallel
 def _expert_gemms(graph: Graph, op: Op):
     """The GEMMs one instance of `op` runs where they are a grouped expert GEMM's (its grid's
     first entry), else None."""
-    if "expert" not in rules.SHARDING.get(op.kind, ()):
+    if not rules.shards_as(op.kind, "expert"):
         return None
     grid = rules.gemm_grid(op.kind, [graph.tensor(n) for n in op.inputs],
                            [graph.tensor(n) for n in op.outputs], dict(op.params))
