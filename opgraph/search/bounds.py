@@ -63,6 +63,7 @@ class _StageFormulas:
     groups: tuple[str | None, ...]
     once: tuple[bool, ...]
     peaks: tuple[float, ...]
+    efficiencies: tuple[str, ...]  # each op's (`Cost.efficiency`)
     exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident;
     # grids; calls and launches per op
     tape: _Tape  # the exprs as one program over arrays
@@ -77,7 +78,6 @@ class _StageFormulas:
     releases: tuple  # (plain, last): each one's `_Releases`
     waits: tuple[_Waits, ...]  # where the stream must wait for communication (`_waits`)
     plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
-    efficiencies: tuple[str, ...] = ()  # each op's (`Cost.efficiency`)
 
 
 def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
@@ -107,7 +107,8 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
     return _StageFormulas(
         graph, layers, tuple(op.name for op in ops), tuple(op.kind for op in ops),
         tuple(op.param("group") if c else None for op, c in zip(ops, collective)), once,
-        tuple(cost.peak(hardware, costs[op.name].compute) for op in ops), exprs,
+        tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
+        tuple(costs[op.name].efficiency for op in ops), exprs,
         program.tape(exprs),
         len(ops),
         len(live.lives), one, many, np.array([life.saved for life in live.lives], dtype=bool),
@@ -116,8 +117,7 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         tuple(i for i in range(len(ops)) if not collective[i] and once[i]),
         (_releases(graph, ops, collective, [not o for o in once]),
          _releases(graph, ops, collective, [True] * len(ops))),
-        _waits(graph, ops, collective, once),
-        efficiencies=tuple(costs[op.name].efficiency for op in ops))
+        _waits(graph, ops, collective, once))
 
 
 def _grids(ops: list, costs: dict) -> list:
@@ -446,11 +446,11 @@ class _ComputeFormulas:
     kinds: tuple[str, ...]
     groups: tuple[str | None, ...]
     peaks: tuple[float, ...]
+    efficiencies: tuple[str, ...]  # each op's (`Cost.efficiency`)
     tape: _Tape
     n_ops: int
     places: tuple[np.ndarray, ...]  # the stack, the first end, the last: (ops,) 1 where it runs
     waits: tuple[_Waits, ...]  # `_waits` of the stack's ops
-    efficiencies: tuple[str, ...] = ()  # each op's (`Cost.efficiency`)
 
 
 def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
@@ -491,8 +491,8 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
         tuple(op.kind for op in ops),
         tuple(op.param("group") if c else None for op, c in zip(ops, collective)),
         tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
-        program.tape(exprs), len(ops), places, waits,
-        tuple(costs[op.name].efficiency for op in ops))
+        tuple(costs[op.name].efficiency for op in ops),
+        program.tape(exprs), len(ops), places, waits)
 
 
 def _held(graph: Graph, stack) -> list:
