@@ -72,7 +72,7 @@ def main() -> int:
     from opgraph.models import preset
 
     from opgraph import compile_step, evaluate, hardware
-    from opgraph.sweep import compile_sweep
+    from opgraph.analysis.sweep import compile_sweep
 
     print(f"opgraph benchmarks: python {sys.version.split()[0]}, sympy {sympy.__version__}, "
           f"numpy {numpy.__version__}, {os.cpu_count()} cores; medians of {RUNS} runs")

@@ -31,12 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str]) -> int:
-    from opgraph import calibration
+    from opgraph.cost import calibration
     from opgraph import hardware as hw
-    from opgraph.cases import load_cases
-    from opgraph.costmodel import cost_model
-    from opgraph.validate import (cross_validate, format_cross_validation, rank,
-                                  rank_summary, validate)
+    from opgraph.io.cases import load_cases
+    from opgraph.cost.costmodel import cost_model
+    from opgraph.analysis.validate import (cross_validate, format_cross_validation, rank,
+                                           rank_summary, validate)
 
     quick = "--quick" in argv
     dev = load_cases()
@@ -117,7 +117,7 @@ def pipeline_sends(predictions) -> str:
     prediction."""
     import statistics
 
-    from opgraph import cluster as clusters
+    from opgraph.parallel import cluster as clusters
     from opgraph import hardware as hw
 
     parts: dict = {}
@@ -192,13 +192,13 @@ def sweep_cases(report):
 
 def llama3_405b() -> str:
     """The Llama 3 paper's layout, as `opgraph profile` predicts it."""
-    from opgraph import cluster as clusters
+    from opgraph.parallel import cluster as clusters
     from opgraph import hardware as hw
-    from opgraph.costmodel import cost_model
-    from opgraph.distributed import profile_parallel
-    from opgraph.errors import OpgraphError
+    from opgraph.cost.costmodel import cost_model
+    from opgraph.parallel.distributed import profile_parallel
+    from opgraph.core.errors import OpgraphError
     from opgraph.models import preset
-    from opgraph.parallel import Parallel
+    from opgraph.parallel.parallel import Parallel
 
     part = hw.get("h100-sxm")
     layouts = {"interleaved, 8 virtual stages": dict(virtual_stages=8),

@@ -25,12 +25,12 @@ sys.path.insert(0, str(ROOT))
 
 import attrs  # noqa: E402
 
-from opgraph import calibration  # noqa: E402
-from opgraph.cases import load_cases, select  # noqa: E402
-from opgraph.costmodel import CalibratedCostModel  # noqa: E402
-from opgraph.distributed import step_figures  # noqa: E402
-from opgraph.errors import OpgraphError  # noqa: E402
-from opgraph.fit import compile_cases  # noqa: E402
+from opgraph.cost import calibration  # noqa: E402
+from opgraph.io.cases import load_cases, select  # noqa: E402
+from opgraph.cost.costmodel import CalibratedCostModel  # noqa: E402
+from opgraph.parallel.distributed import step_figures  # noqa: E402
+from opgraph.core.errors import OpgraphError  # noqa: E402
+from opgraph.analysis.fit import compile_cases  # noqa: E402
 
 GRID = [round(0.50 + 0.05 * i, 2) for i in range(11)]  # 0.50 ... 1.00
 

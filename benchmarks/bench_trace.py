@@ -142,11 +142,11 @@ start = time.perf_counter()
 seconds = time.perf_counter() - start
 print(seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 """
-IMPORT_ONLY = ("from opgraph.traces import breakdown, iter_kernels", "pass")
+IMPORT_ONLY = ("from opgraph.analysis.traces import breakdown, iter_kernels", "pass")
 JSON_LOAD = ("import gzip, json", "with gzip.open(sys.argv[1]) as f: json.load(f)")
-STREAMING = ("from opgraph.traces import breakdown, iter_kernels",
+STREAMING = ("from opgraph.analysis.traces import breakdown, iter_kernels",
              "assert breakdown(iter_kernels(sys.argv[1])).kernels == int(sys.argv[2])")
-LEGACY = ("from opgraph.traces.kineto import breakdown, read_trace",
+LEGACY = ("from opgraph.analysis.traces.kineto import breakdown, read_trace",
           "assert breakdown(read_trace(sys.argv[1])).kernels == int(sys.argv[2])")
 
 
@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--legacy", type=Path, metavar="CHECKOUT",
-                        help="also time an older checkout's opgraph.traces.kineto.read_trace")
+                        help="also time an older checkout's trace reader "
+                             "(opgraph.analysis.traces.kineto.read_trace)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "synthetic.json.gz"
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace: {args.kernels:,} kernels, {size / 1e6:,.0f} MB of JSON, "
               f"{path.stat().st_size / 1e6:,.0f} MB gzipped")
         _, import_mb = measure(ROOT, IMPORT_ONLY, path, args.kernels, 1)
-        print(f"python + import opgraph.traces alone: peak {import_mb:,.0f} MB")
+        print(f"python + import opgraph.analysis.traces alone: peak {import_mb:,.0f} MB")
         base_s, base_mb = measure(ROOT, JSON_LOAD, path, args.kernels, args.repeats)
         print(f"json.load alone:  {base_s:6.2f} s, peak {base_mb:6,.0f} MB")
         rows = [("trace-breakdown", ROOT, STREAMING)]

@@ -16,7 +16,7 @@ sys.path.insert(0, str(HERE.parent))  # the checkout's opgraph, not an installed
 from opgraph.models import preset
 
 from opgraph import compile_step, evaluate, hardware
-from opgraph.outputs.plot import plot_profile, plot_sweep
+from opgraph.io.outputs.plot import plot_profile, plot_sweep
 
 BATCHES = (1, 2, 4, 8, 16, 32)
 

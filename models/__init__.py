@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opgraph.errors import OpgraphError
-from opgraph.ir import Graph
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Graph
 
 from . import bert, deepseek, gemma2, gpt2, llama
 

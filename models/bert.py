@@ -14,9 +14,9 @@ from __future__ import annotations
 import attrs
 from opgraph.models.gpt2 import layernorm, linear
 
-from opgraph.builder import GraphBuilder
-from opgraph.ir import Graph
-from opgraph.symbols import B, D, F, H, L, M, S, V, d_h, dim
+from opgraph.core.builder import GraphBuilder
+from opgraph.core.ir import Graph
+from opgraph.core.symbols import B, D, F, H, L, M, S, V, d_h, dim
 
 P = dim("P")  # rows of the learned position table (max_position_embeddings)
 T = dim("T")  # token types (type_vocab_size)

@@ -23,9 +23,9 @@ from __future__ import annotations
 import attrs
 from opgraph.models.llama import moe_mlp, swiglu_mlp
 
-from opgraph.builder import GraphBuilder
-from opgraph.ir import Graph
-from opgraph.symbols import B, D, E, F, F_e, H, K, L, S, V, d_nope, d_rope, d_v, dim, r_kv
+from opgraph.core.builder import GraphBuilder
+from opgraph.core.ir import Graph
+from opgraph.core.symbols import B, D, E, F, F_e, H, K, L, S, V, d_nope, d_rope, d_v, dim, r_kv
 
 r_q = dim("r_q")  # the query's low-rank width (q_lora_rank), where there is one
 

@@ -18,10 +18,10 @@ import math
 
 import attrs
 
-from opgraph.builder import GraphBuilder
-from opgraph.errors import OpgraphError
-from opgraph.ir import Graph
-from opgraph.symbols import B, D, F, H, H_kv, L, S, V, W, d_h
+from opgraph.core.builder import GraphBuilder
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Graph
+from opgraph.core.symbols import B, D, F, H, H_kv, L, S, V, W, d_h
 
 
 @attrs.frozen

@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph.builder import GraphBuilder
-from opgraph.errors import OpgraphError
-from opgraph.ir import Graph
-from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h, dim
+from opgraph.core.builder import GraphBuilder
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Graph
+from opgraph.core.symbols import B, D, F, H, H_kv, L, S, V, d_h, dim
 
 P = dim("P")  # rows of the learned position table (n_positions), the longest sequence
 R = dim("R")  # dimensions of each head RoPE rotates (GPT-NeoX's rotary_pct of d_h)

@@ -105,10 +105,10 @@ from pathlib import Path
 
 import attrs
 
-from opgraph.datafile import read_small
-from opgraph.errors import OpgraphError
-from opgraph.ir import Graph
-from opgraph.limits import MAX_DIM, check_whole
+from opgraph.core.datafile import read_small
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Graph
+from opgraph.core.limits import MAX_DIM, check_whole
 
 from . import bert, deepseek, gemma2, gpt2, llama, qwen_moe
 

@@ -10,16 +10,16 @@ Qwen3 (each query and key head RMSNorm'd before RoPE, `qk_norm`); Mistral (throu
 `models.hf`); Mixtral, whose MLP is a mixture of experts (`moe_mlp`: a router, the top K of E
 SwiGLU experts per token, their gate-weighted sum).
 
-The graph's shapes are symbols (`opgraph.symbols`); the configuration supplies their values.
+The graph's shapes are symbols (`opgraph.core.symbols`); the configuration supplies their values.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from opgraph.builder import GraphBuilder
-from opgraph.ir import Graph
-from opgraph.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
+from opgraph.core.builder import GraphBuilder
+from opgraph.core.ir import Graph
+from opgraph.core.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
 
 
 @attrs.frozen

@@ -30,10 +30,10 @@ import attrs
 import sympy
 from opgraph.models.llama import attention, moe_mlp, swiglu_mlp
 
-from opgraph.builder import GraphBuilder
-from opgraph.errors import OpgraphError
-from opgraph.ir import Graph
-from opgraph.symbols import B, D, E, F, F_e, F_s, H, H_kv, K, L, S, V, d_h
+from opgraph.core.builder import GraphBuilder
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Graph
+from opgraph.core.symbols import B, D, E, F, F_e, F_s, H, H_kv, K, L, S, V, d_h
 
 DENSE, SPARSE = "dense", "moe"
 MAX_SPARSE_STEP = 64  # a region's body holds decoder_sparse_step layers; real models use 1 or 2

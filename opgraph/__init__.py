@@ -12,8 +12,6 @@ exactly as before.
 """
 
 import importlib as _importlib
-import sys as _sys
-import types as _types
 from pathlib import Path as _Path
 
 from . import _checkout
@@ -24,32 +22,32 @@ __version__ = "0.2.0"
 
 # Each public name and the module that defines it.
 _EXPORTS = {
-    "BF16": ".ir", "FP32": ".ir", "Graph": ".ir", "Op": ".ir", "Phase": ".ir", "Role": ".ir",
-    "Tensor": ".ir",
+    "BF16": ".core.ir", "FP32": ".core.ir", "Graph": ".core.ir", "Op": ".core.ir",
+    "Phase": ".core.ir", "Role": ".core.ir", "Tensor": ".core.ir",
     "AdamW": ".passes.attach_adamw", "attach_adamw": ".passes.attach_adamw",
-    "CostModel": ".costmodel",
-    "GraphBuilder": ".builder",
-    "OpgraphError": ".errors",
-    "VerifyError": ".verify", "verify": ".verify",
+    "CostModel": ".cost.costmodel",
+    "GraphBuilder": ".core.builder",
+    "OpgraphError": ".core.errors",
+    "VerifyError": ".core.verify", "verify": ".core.verify",
     "apply_precision": ".passes.precision",
-    "compile_step": ".pipeline", "step_passes": ".pipeline",
+    "compile_step": ".core.pipeline", "step_passes": ".core.pipeline",
     "derive_backward": ".passes.derive_backward",
     "evaluate": ".passes.evaluate",
     "fuse_attention": ".passes.fuse_attention",
     "fuse_elementwise": ".passes.fuse_elementwise",
     "recompute": ".passes.recompute",
 }
-_SUBMODULES = ("hardware", "symbols")
+_SUBMODULES = {"hardware": ".cost.hardware", "symbols": ".core.symbols"}
 
-__all__ = ["BF16", "FP32", "AdamW", "CostModel", "Graph", "GraphBuilder", "Op", "OpgraphError", "Phase", "Role",
-           "Tensor", "VerifyError", "__version__", "apply_precision", "attach_adamw",
-           "compile_step", "derive_backward", "evaluate", "fuse_attention", "fuse_elementwise",
+__all__ = ["BF16", "FP32", "AdamW", "CostModel", "Graph", "GraphBuilder", "Op", "OpgraphError",
+           "Phase", "Role", "Tensor", "VerifyError", "__version__", "apply_precision",
+           "attach_adamw", "compile_step", "derive_backward", "evaluate", "fuse_attention", "fuse_elementwise",
            "hardware", "recompute", "step_passes", "symbols", "verify"]
 
 
 def __getattr__(name: str):
     if name in _SUBMODULES:
-        return _importlib.import_module(f".{name}", __name__)
+        return _importlib.import_module(_SUBMODULES[name], __name__)
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_importlib.import_module(_EXPORTS[name], __name__), name)
@@ -59,17 +57,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(_types.ModuleType):
-    """`opgraph.verify` is the function, as `from opgraph import verify` has always given: the
-    import of the submodule `opgraph.verify` (by the pipeline, say) must not bind its name over
-    it. The submodule stays in `sys.modules` for `from opgraph.verify import ...`."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _EXPORTS and isinstance(value, _types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package

@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 
-from .errors import OpgraphError
+from .core.errors import OpgraphError
 
 COMMANDS = ("profile", "formula", "solve", "sweep", "diff", "trace_breakdown", "compare", "models",
             "hardware", "validate", "calibrate", "plan")

@@ -15,7 +15,7 @@ weight-gradient GEMM accumulates into its FP32 main gradient itself
 (`--gradient-accumulation-fusion`, on by default), the generic model's one kernel.
 
     >>> from opgraph.models import preset
-    >>> from opgraph.distributed import compile_parallel
+    >>> from opgraph.parallel.distributed import compile_parallel
     >>> g = compile_parallel(preset("llama3.2-1b"), Parallel(framework="nanotron"))
     >>> add = g.op("accumulate.layers.q_proj.weight")
     >>> [g.tensor(n).dtype.name for n in (*add.inputs, *add.outputs)]
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph.contracts import LAYOUT, contract, step_pass
-from opgraph.frameworks import traits
-from opgraph.ir import BF16, FP32, Graph, Op, Phase, Role, Tensor
-from opgraph.parallel import Parallel
+from opgraph.core.contracts import LAYOUT, contract, step_pass
+from opgraph.core.ir import BF16, FP32, Graph, Op, Phase, Role, Tensor
+from opgraph.parallel.frameworks import traits
+from opgraph.parallel.parallel import Parallel
 
 from .derive_backward import gradient_of
 

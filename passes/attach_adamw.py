@@ -28,9 +28,9 @@ import functools
 
 import attrs
 
-from opgraph.contracts import OPTIMIZER, contract, step_pass
-from opgraph.errors import OpgraphError
-from opgraph.ir import BF16, FP32, DType, Graph, Op, Phase, Role, Tensor
+from opgraph.core.contracts import OPTIMIZER, contract, step_pass
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import BF16, FP32, DType, Graph, Op, Phase, Role, Tensor
 
 from .derive_backward import gradient_of
 

@@ -16,7 +16,7 @@ take 2.15 GB for each of the 9.4 micro-batches in flight. torchao's Float8Linear
 torchtitan runs, casts the weight in every forward: the precision pass's own behaviour.
 
     >>> from opgraph.models import preset
-    >>> from opgraph.distributed import compile_parallel
+    >>> from opgraph.parallel.distributed import compile_parallel
     >>> g = compile_parallel(preset("llama3.2-1b"), Parallel(framework="megatron"),
     ...                      precision="fp8")
     >>> g.op("fp8.layers.q_proj.weight.cast").param("cached")
@@ -25,10 +25,10 @@ torchtitan runs, casts the weight in every forward: the precision pass's own beh
 
 from __future__ import annotations
 
-from opgraph.contracts import LAYOUT, contract, step_pass
-from opgraph.frameworks import traits
-from opgraph.ir import Graph, Phase, Role, with_params
-from opgraph.parallel import Parallel
+from opgraph.core.contracts import LAYOUT, contract, step_pass
+from opgraph.core.ir import Graph, Phase, Role, with_params
+from opgraph.parallel.frameworks import traits
+from opgraph.parallel.parallel import Parallel
 
 CASTS = ("amax", "cast")  # the kinds `passes.precision` makes an FP8 copy with
 

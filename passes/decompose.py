@@ -19,7 +19,7 @@ traffic that a fused model does not see. torchtitan measured Llama 3.1 8B on 8 H
 tokens/s per GPU eager and 6,667 compiled (`benchmarks/llama3_h100_202412_torchtitan.md`).
 
     >>> from opgraph.models import preset
-    >>> from opgraph.distributed import compile_parallel
+    >>> from opgraph.parallel.distributed import compile_parallel
     >>> g = compile_parallel(preset("llama3-8b"), Parallel(dp=8, zero=3, framework="torchtitan"))
     >>> g.op("layers.attn_norm").param("eager")
     True
@@ -27,10 +27,10 @@ tokens/s per GPU eager and 6,667 compiled (`benchmarks/llama3_h100_202412_torcht
 
 from __future__ import annotations
 
-from opgraph.contracts import LAYOUT, contract, step_pass
-from opgraph.frameworks import traits
-from opgraph.ir import Graph, Phase, with_params
-from opgraph.parallel import Parallel
+from opgraph.core.contracts import LAYOUT, contract, step_pass
+from opgraph.core.ir import Graph, Phase, with_params
+from opgraph.parallel.frameworks import traits
+from opgraph.parallel.parallel import Parallel
 
 MARKED = (Phase.FORWARD, Phase.RECOMPUTE)  # a re-run forward op runs the same kernels again
 # the mark of an op outside the layer stack where the framework compiles the blocks alone

@@ -6,11 +6,11 @@ they need, and write gradient tensors (`grad_of=` naming the primal); each weigh
 final gradient tensor (`gradient_of(graph, weight)`), which the optimizer consumes.
 
 Which kernels a backward is made of is one table, VJP_RULES, keyed by op kind; every kernel is
-well typed, an op of a kind with a shape rule and a FLOP rule (`opgraph.rules`): a matmul's
+well typed, an op of a kind with a shape rule and a FLOP rule (`opgraph.core.rules`): a matmul's
 backward is two real matmuls, dX = dY W^T (`transpose_b` flipped) and dW = X^T dY
 (`contract="leading"`, the token dims summed, the weight's shape). Nothing here is costed: what
-a backward kernel costs is the cost model's choice (`opgraph.costmodel`), by default the plate's
-convention through each kernel's `forward` link.
+a backward kernel costs is the cost model's choice (`opgraph.cost.costmodel`), by default the
+plate's convention through each kernel's `forward` link.
 
 A tensor read by several ops gets its gradient contributions accumulated in the kernels' epilogues:
 the second contributor reads the first one's partial gradient and writes the sum, so every tensor
@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opgraph import collectives, rules
-from opgraph.contracts import BACKWARD, contract, step_pass
-from opgraph.ir import FP32, DType, Graph, Op, Phase, Role, Tensor
+from opgraph.core import rules
+from opgraph.core.contracts import BACKWARD, contract, step_pass
+from opgraph.core.ir import FP32, DType, Graph, Op, Phase, Role, Tensor
+from opgraph.parallel import collectives
 
 
 class _Context:
@@ -154,8 +155,9 @@ def _split_vjp(ctx: _Context, op: Op) -> list[Op]:
 
 
 def _collective_vjp(ctx: _Context, op: Op) -> list[Op]:
-    """A collective's gradient is the collective `opgraph.collectives` pairs it with (Megatron's
-    f and g: all-gather <-> reduce-scatter, all-reduce <-> identity), over the same group."""
+    """A collective's gradient is the collective `opgraph.parallel.collectives` pairs it with
+    (Megatron's f and g: all-gather <-> reduce-scatter, all-reduce <-> identity), over the same
+    group."""
     kind = collectives.backward(op.kind.replace("_", "-")).replace("-", "_")
     dy = ctx.grad(op.outputs[0])
     kernel = ctx.emit(op, "grad", kind, [dy], [op.inputs[0]])

@@ -1,11 +1,11 @@
 """evaluate: substitute the dimensions and hardware into a graph's costs, giving a Profile.
 
-Each op's FLOPs, bytes and time come from the cost model (`opgraph.costmodel`, by default the
+Each op's FLOPs, bytes and time come from the cost model (`opgraph.cost.costmodel`, by default the
 plate's conventions): time per op is `count x max(flops / peak, bytes / bandwidth)`, and ops do
 not overlap, so the step time is their sum. The MFU ceiling follows the plate's convention,
 `6 x N x tokens / (step time x peak)` (the cost model's `mfu`), N the parameters other than the
 input embedding (a weight read only by embedding lookups); tokens per step are `B x S`. For a
-mixture of experts N counts the parameters a token uses (`opgraph.parameters`: an expert's
+mixture of experts N counts the parameters a token uses (`opgraph.core.parameters`: an expert's
 weights times K/E), also reported as `active_parameters`.
 
 Each op runs at the peak of its compute dtype (the cost model's `peak`: FP8 matmuls at the part's
@@ -13,8 +13,8 @@ FP8 peak). The MFU stays against the BF16 peak (torchtitan's convention); the HF
 FLOP run, re-run ones (`passes.recompute`) included, each FP8 FLOP weighted by BF16 peak / FP8
 peak, so that it stays the share of the step the arithmetic units are busy.
 
-Beside the roofline, the profile carries the step's peak HBM need by liveness (`opgraph.memory`:
-where it happens and its parts) against the part's capacity.
+Beside the roofline, the profile carries the step's peak HBM need by liveness
+(`opgraph.cost.memory`: where it happens and its parts) against the part's capacity.
 
 Values are checked as the command line checks them (`resolve`): each a whole number above 0,
 `tokens` (B x S) a whole number of sequences.
@@ -27,21 +27,21 @@ import numbers
 
 import sympy
 
-from opgraph.costmodel import DEFAULT, CostModel
-from opgraph.errors import OpgraphError
-from opgraph.hardware import Hardware
-from opgraph.ir import Graph, Phase
-from opgraph.limits import MAX_DIM, MAX_TOKENS, check_whole
-from opgraph.memory import figures
-from opgraph.memory import peak as peak_moment
-from opgraph.parameters import active_parameters, is_routed
-from opgraph.profile import CATEGORIES, CategoryCost, OpCost, Profile
-from opgraph.symbols import B, S
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Graph, Phase
+from opgraph.core.limits import MAX_DIM, MAX_TOKENS, check_whole
+from opgraph.core.parameters import active_parameters, is_routed
+from opgraph.core.symbols import B, S
+from opgraph.cost.costmodel import DEFAULT, CostModel
+from opgraph.cost.hardware import Hardware
+from opgraph.cost.memory import figures
+from opgraph.cost.memory import peak as peak_moment
+from opgraph.cost.profile import CATEGORIES, CategoryCost, OpCost, Profile
 
 
 def whole(name: str, value, maximum: int = MAX_DIM) -> int:
-    """`value` as a whole number from 1 to `maximum` (the CLI's bounds, `opgraph.limits`), or an
-    OpgraphError naming `name`: 8 and 8.0 are 8; 1.5, 0, inf, True and "8" are errors.
+    """`value` as a whole number from 1 to `maximum` (the CLI's bounds, `opgraph.core.limits`), or
+    an OpgraphError naming `name`: 8 and 8.0 are 8; 1.5, 0, inf, True and "8" are errors.
 
         >>> whole("B", 8.0)
         8

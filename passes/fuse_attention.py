@@ -24,12 +24,12 @@ import os
 import attrs
 import sympy
 
-from opgraph import rules
-from opgraph.builder import GraphBuilder
-from opgraph.contracts import FORWARD, step_pass
-from opgraph.ir import Graph, Op
-from opgraph.rewrite import Match, Replacement, fused_flops, rewrite
-from opgraph.symbols import B, H, H_kv, S, d_h, dim
+from opgraph.core import rules
+from opgraph.core.builder import GraphBuilder
+from opgraph.core.contracts import FORWARD, step_pass
+from opgraph.core.ir import Graph, Op
+from opgraph.core.rewrite import Match, Replacement, fused_flops, rewrite
+from opgraph.core.symbols import B, H, H_kv, S, d_h, dim
 
 from .derive_backward import backward_kernels
 

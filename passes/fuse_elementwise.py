@@ -1,7 +1,7 @@
 """fuse_elementwise: chains of element-wise and row-reduction ops become one kernel each.
 
-Invariant established: ops that the fusion policy (`opgraph.fusion`) lets share a kernel, joined
-by a dataflow edge, in one region, phase and multiplicity, are one kernel wherever the greedy
+Invariant established: ops that the fusion policy (`opgraph.core.fusion`) lets share a kernel,
+joined by a dataflow edge, in one region, phase and multiplicity, are one kernel wherever the greedy
 merge keeps it convex (no path leaves the group and re-enters it). Each group is one
 op of kind `fused` (`rewrite.Replacement.fuse`) carrying its members, so its FLOPs are exactly
 its members' (each by its kind's rule) and its traffic is its boundary tensors: an inner tensor
@@ -53,11 +53,11 @@ from __future__ import annotations
 import attrs
 import sympy
 
-from opgraph.costmodel import members_of
-from opgraph.fusion import ELEMENTWISE, FusionPolicy
-from opgraph.ir import Graph, Op, Phase, Region, Role
-from opgraph.rewrite import Replacement, is_convex
-from opgraph.rules import same
+from opgraph.core.fusion import ELEMENTWISE, FusionPolicy
+from opgraph.core.ir import Graph, Op, Phase, Region, Role
+from opgraph.core.rewrite import Replacement, is_convex
+from opgraph.core.rules import same
+from opgraph.cost.costmodel import members_of
 
 
 @attrs.frozen

@@ -18,7 +18,7 @@ FlashAttention to give FusedAttention preference on Hopper+ for performance reas
 FlashAttention-2, the generic model's kernel.
 
     >>> from opgraph.models import preset
-    >>> from opgraph.distributed import compile_parallel
+    >>> from opgraph.parallel.distributed import compile_parallel
     >>> g = compile_parallel(preset("llama3.2-1b"), Parallel(framework="megatron"))
     >>> g.op("layers.attn.flash").param("efficiency")
     'attention_fused'
@@ -26,10 +26,10 @@ FlashAttention-2, the generic model's kernel.
 
 from __future__ import annotations
 
-from opgraph.contracts import LAYOUT, contract, step_pass
-from opgraph.frameworks import traits
-from opgraph.ir import Graph, with_params
-from opgraph.parallel import Parallel
+from opgraph.core.contracts import LAYOUT, contract, step_pass
+from opgraph.core.ir import Graph, with_params
+from opgraph.parallel.frameworks import traits
+from opgraph.parallel.parallel import Parallel
 
 # A FlashAttention kind -> the efficiency its kernel runs at in a fused attention library
 FUSED = {"flash_attention": "attention_fused",

@@ -6,7 +6,7 @@ per-head products, not the output head, which stay BF16) reads FP8 copies of bot
 its two backward matmuls (dX = dY W^T, dW = X^T dY) read FP8 copies of theirs: as torchao's
 Float8Linear and Transformer Engine's tensor-wise ("current" / dynamic) scaling recipes run
 them. Each copy is made by two kernels of the step, costed by their rules like any op
-(`opgraph.rules`): `amax`, the tensor's largest magnitude (one pass over it), then `cast`, the
+(`opgraph.core.rules`): `amax`, the tensor's largest magnitude (one pass over it), then `cast`, the
 tensor times fp8_max / amax, written in FP8 (a second pass). A tensor read by several matmuls
 (the normed input of Q, K and V) is cast once; the activation and the weight are cast in the
 forward, the output gradient in the backward, and the backward reads the FP8 copies the forward
@@ -17,11 +17,11 @@ torchao's sequence-parallel linears do; a framework that keeps the shard for the
 gathers the FP8 shard again there (`passes.regather_inputs`).
 
 Nothing here picks a peak: the cost model runs a matmul whose operands are all FP8 at the part's
-dense FP8 peak (`opgraph.costmodel.compute_dtype`), everything else at its BF16 peak.
+dense FP8 peak (`opgraph.cost.costmodel.compute_dtype`), everything else at its BF16 peak.
 `precision="bf16"` leaves the graph as it is.
 
     >>> from opgraph.models import preset
-    >>> from opgraph.pipeline import compile_step
+    >>> from opgraph.core.pipeline import compile_step
     >>> step = compile_step(preset("llama3-8b"), precision="fp8")
     >>> [step.tensor(n).dtype.name for n in step.op("layers.q_proj").inputs]
     ['fp8', 'fp8']
@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph import rules
-from opgraph.choices import PRECISIONS
-from opgraph.contracts import PRECISION, contract, step_pass
-from opgraph.errors import OpgraphError
-from opgraph.ir import FP8, FP32, Graph, Op, Phase, Role, Tensor
+from opgraph.core import rules
+from opgraph.core.choices import PRECISIONS
+from opgraph.core.contracts import PRECISION, contract, step_pass
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import FP8, FP32, Graph, Op, Phase, Role, Tensor
 
 # Kind -> the dimensions of the weight whose products the FP8 recipe covers: a linear layer's
 # [in, out]; a mixture of experts' [E, in, out], its grouped GEMM (Transformer Engine's

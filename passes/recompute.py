@@ -5,7 +5,7 @@ one op of phase `recompute` each, `<op>.re`: the same kind, parameters, count an
 `forward` link naming the op it re-runs, reading the re-run copies of its inputs where those are
 re-run too and the kept forward tensors otherwise, and writing copies of the op's outputs
 (`re.<tensor>`). Every backward kernel inside a region reads the re-run copy of a tensor instead
-of the forward's, so the forward's is no longer saved for the backward (`opgraph.memory`). A
+of the forward's, so the forward's is no longer saved for the backward (`opgraph.cost.memory`). A
 region's handed carry (the layer's output, the next layer's input) is the checkpoint: it is kept,
 never swapped for a copy. Nothing is costed here: a re-run op costs what its kind's rules say,
 exactly its forward op's FLOPs and bytes, and its FLOPs count in the HFU, never in the MFU (6 N
@@ -27,7 +27,7 @@ Policies (`POLICIES`, or any predicate `(graph, op) -> bool` over forward ops in
   the region's carried tensor.
 
     >>> from opgraph.models import preset
-    >>> from opgraph.pipeline import compile_step
+    >>> from opgraph.core.pipeline import compile_step
     >>> step = compile_step(preset("llama3-8b"), recompute="full")
     >>> step.op("layers.q_proj.re").phase.value
     'recompute'
@@ -39,9 +39,9 @@ from collections.abc import Callable
 
 import attrs
 
-from opgraph.contracts import RECOMPUTE, contract, step_pass
-from opgraph.errors import OpgraphError
-from opgraph.ir import Graph, Op, Phase
+from opgraph.core.contracts import RECOMPUTE, contract, step_pass
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Graph, Op, Phase
 
 ATTENTION_CORE = ("attention_scores", "flash_attention")  # and the P.V matmul that reads scores
 SAVE_KINDS = ("matmul", "expert_matmul", "flash_attention")

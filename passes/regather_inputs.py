@@ -12,15 +12,16 @@ input ... and perform an extra all-gather in the backward pass"; Megatron-LM's
 `LinearWithGradAccumulationAndAsyncCommunication`, `megatron/core/tensor_parallel/layers.py`).
 The extra all-gather moves the forward's bytes again, once per layer per micro-batch. Megatron
 issues it as the matmul's backward begins and hides it under the input-gradient GEMM; the
-schedule (`opgraph.schedule`) starts a collective as soon as its input is written, so it runs on
-the tp stream under the forward's compute instead: hidden either way while a GEMM outlasts it.
+schedule (`opgraph.parallel.schedule`) starts a collective as soon as its input is written, so it
+runs on the tp stream under the forward's compute instead: hidden either way while a GEMM outlasts
+it.
 
 Which frameworks do it is `frameworks.Traits.sp_saves_shard`; for the others (and for layouts
 without sequence parallelism) the pass returns its input. A gather a recomputation policy already
 re-runs (`full`) has no backward reader left: nothing to do.
 
     >>> from opgraph.models import preset
-    >>> from opgraph.distributed import compile_parallel
+    >>> from opgraph.parallel.distributed import compile_parallel
     >>> g = compile_parallel(preset("llama3-8b"), Parallel(tp=8, sequence_parallel=True,
     ...                                                   framework="megatron"))
     >>> g.op("layers.attn_norm.all_gather.tp.re").phase.value
@@ -31,11 +32,11 @@ from __future__ import annotations
 
 import attrs
 
-from opgraph import rules
-from opgraph.contracts import LAYOUT, contract, step_pass
-from opgraph.frameworks import traits
-from opgraph.ir import Graph, Phase
-from opgraph.parallel import Parallel
+from opgraph.core import rules
+from opgraph.core.contracts import LAYOUT, contract, step_pass
+from opgraph.core.ir import Graph, Phase
+from opgraph.parallel.frameworks import traits
+from opgraph.parallel.parallel import Parallel
 
 
 @step_pass(at=LAYOUT, bind=lambda o: o.layout and {"layout": o.layout},

@@ -30,7 +30,7 @@ does not (FSDP2, torchtitan: the backward's unshard is made before the layer's r
 and serves it). The stage is the framework's (`frameworks.sharding`): torchtitan's FSDP over
 pipeline stages keeps the parameters gathered for the step, ZeRO-1's shape. When a
 data-parallel reduction runs (each micro-batch or once per step) and what it overlaps is the
-schedule's business (`opgraph.schedule`).
+schedule's business (`opgraph.parallel.schedule`).
 """
 
 from __future__ import annotations
@@ -38,12 +38,18 @@ from __future__ import annotations
 import attrs
 import sympy
 
-from opgraph import rules
-from opgraph.contracts import REPLICATE, contract, step_pass
-from opgraph.frameworks import (bucket_share, reduce_dtype, reduces_in_buckets, sharding,
-                                traits)
-from opgraph.ir import Graph, Op, Phase, Role, Tensor
-from opgraph.parallel import Parallel, dp, edp, ep
+from opgraph.core import rules
+from opgraph.core.contracts import REPLICATE, contract, step_pass
+from opgraph.core.ir import Graph, Op, Phase, Role, Tensor
+from opgraph.core.symbols import dp, edp, ep
+from opgraph.parallel.frameworks import (
+    bucket_share,
+    reduce_dtype,
+    reduces_in_buckets,
+    sharding,
+    traits,
+)
+from opgraph.parallel.parallel import Parallel
 
 AXIS = 0  # FSDP shards a parameter along its first dimension
 

@@ -20,15 +20,15 @@ propagates shardings), and inserts a collective wherever the layout of a tensor 
 - **Context parallel** (ring attention, as Megatron-LM's and torchtitan's): every activation
   holds S/cp of the sequence; each attention op's keys and values (`rules.CP_GATHERS`) are
   gathered from the ring (`all_gather` over `cp`: the same bytes as passing the blocks around
-  the ring; the overlap with the attention is the schedule's, `opgraph.schedule`); their
+  the ring; the overlap with the attention is the schedule's, `opgraph.parallel.schedule`); their
   gradients are reduce-scattered back. Attention FLOPs are then (S/cp) x S query-key pairs per
   GPU (half that, causal; a sliding window's, the busiest rank's band: `rules._score_pairs`).
 - **Expert parallel**: the expert weights hold E/ep experts; the tokens routed to them travel by
   `all_to_all` (over `ep`) before the first expert matmul (K copies of each token: `fanout`)
   and back before the combine.
 
-Degrees are the symbols of `opgraph.parallel` (`tp`, `cp`, `ep`), so every shape and cost of
-the sharded graph is a formula in them; the graph's `dims` gain their values. A degree of 1
+Degrees are symbols (`tp`, `cp`, `ep`, declared in `opgraph.core.symbols`), so every shape and
+cost of the sharded graph is a formula in them; the graph's `dims` gain their values. A degree of 1
 changes nothing: `shard(g, Parallel())` is `g`.
 
 Left out: the vocabulary-parallel cross-entropy's all-reduces of per-token statistics (3 x 4
@@ -41,14 +41,14 @@ from __future__ import annotations
 import attrs
 import sympy
 
-from opgraph import rules
-from opgraph.contracts import SHARD, contract, step_pass
-from opgraph.errors import OpgraphError
-from opgraph.frameworks import padded_vocab_shard, traits
-from opgraph.ir import Graph, Op, Phase, Role, Tensor
-from opgraph.kinds import defined_kinds
-from opgraph.parallel import Parallel, cp, ep, tp
-from opgraph.symbols import E, F, F_e, F_s, H, H_kv, S, V
+from opgraph.core import rules
+from opgraph.core.contracts import SHARD, contract, step_pass
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Graph, Op, Phase, Role, Tensor
+from opgraph.core.kinds import defined_kinds
+from opgraph.core.symbols import E, F, F_e, F_s, H, H_kv, S, V, cp, ep, tp
+from opgraph.parallel.frameworks import padded_vocab_shard, traits
+from opgraph.parallel.parallel import Parallel
 
 # Dimensions tensor parallelism splits, in every weight that has them (Megatron: attention heads,
 # the MLP's, each routed expert's and a shared expert's hidden width, the vocabulary of the
@@ -111,7 +111,8 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
         # a model built on symbols of its own would otherwise run replicated, silently
         raise OpgraphError(f"{graph.name}: --tp {layout.tp} splits nothing: tensor parallelism "
                            "divides the weights' heads, MLP width and vocabulary, the symbols "
-                           f"{', '.join(s.name for s in TENSOR_SPLITS)} of opgraph.symbols, and "
+                           f"{', '.join(s.name for s in TENSOR_SPLITS)} of opgraph.core.symbols, "
+                           "and "
                            "no weight has one; build the model with them, or leave out --tp")
     experts = dims.get("E")
     if layout.ep > 1 and (experts is None or experts % layout.ep):

@@ -27,9 +27,10 @@ from __future__ import annotations
 import attrs
 import sympy
 
-from opgraph.errors import OpgraphError
-from opgraph.ir import Graph, Op, Phase, Role, Tensor
-from opgraph.parallel import Parallel, pp, stage_layers
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Graph, Op, Phase, Role, Tensor
+from opgraph.core.symbols import pp
+from opgraph.parallel.parallel import Parallel, stage_layers
 
 FIRST, LAST, STACK = "first", "last", "stack"
 

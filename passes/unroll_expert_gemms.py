@@ -23,7 +23,7 @@ torchtitan runs its experts as one `torch._grouped_mm` (`GroupedExperts`, `use_g
 the generic model's one kernel.
 
     >>> from opgraph.models import preset
-    >>> from opgraph.distributed import compile_parallel
+    >>> from opgraph.parallel.distributed import compile_parallel
     >>> g = compile_parallel(preset("mixtral-8x7b"), Parallel(framework="megatron", ep=2,
     ...                      gpus=2))
     >>> g.op("layers.experts.up_proj").param("launches")  # Mixtral's 8 experts over ep = 2
@@ -32,11 +32,11 @@ the generic model's one kernel.
 
 from __future__ import annotations
 
-from opgraph import rules
-from opgraph.contracts import LAYOUT, contract, step_pass
-from opgraph.frameworks import traits
-from opgraph.ir import Graph, Op, with_params
-from opgraph.parallel import Parallel
+from opgraph.core import rules
+from opgraph.core.contracts import LAYOUT, contract, step_pass
+from opgraph.core.ir import Graph, Op, with_params
+from opgraph.parallel.frameworks import traits
+from opgraph.parallel.parallel import Parallel
 
 
 def _expert_gemms(graph: Graph, op: Op):

@@ -11,13 +11,13 @@ import pytest
 from opgraph.models import preset
 
 from opgraph import compile_step, evaluate, hardware
-from opgraph.costmodel import cost_model
-from opgraph.distributed import profile_parallel
-from opgraph.formula import formula, value
-from opgraph.parallel import Parallel
+from opgraph.cost.costmodel import cost_model
+from opgraph.parallel.distributed import profile_parallel
+from opgraph.cost.formula import formula, value
+from opgraph.parallel.parallel import Parallel
 from opgraph.passes.evaluate import resolve
-from opgraph.search import Candidate, Searcher
-from opgraph.sweep import compile_sweep
+from opgraph.parallel.search import Candidate, Searcher
+from opgraph.analysis.sweep import compile_sweep
 
 H100 = hardware.get("h100-sxm")
 

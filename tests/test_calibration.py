@@ -8,14 +8,15 @@ import pytest
 from opgraph.models import preset
 from opgraph.passes.evaluate import evaluate
 
-from opgraph import calibration, compile_step, hardware
-from opgraph.calibration import Efficiencies
-from opgraph.cases import load_cases
-from opgraph.cluster import get as get_cluster
-from opgraph.costmodel import DEFAULT, CalibratedCostModel, CostModel, cost_model
-from opgraph.distributed import schedule
-from opgraph.errors import OpgraphError
-from opgraph.fit import compile_cases
+from opgraph.cost import calibration
+from opgraph import compile_step, hardware
+from opgraph.cost.calibration import Efficiencies
+from opgraph.io.cases import load_cases
+from opgraph.parallel.cluster import get as get_cluster
+from opgraph.cost.costmodel import DEFAULT, CalibratedCostModel, CostModel, cost_model
+from opgraph.parallel.distributed import schedule
+from opgraph.core.errors import OpgraphError
+from opgraph.analysis.fit import compile_cases
 
 H100 = hardware.get("h100-sxm")
 E = Efficiencies("hopper", matmul=0.5, matmul_half_flops=1e9, attention=0.25, bandwidth=0.8,
@@ -39,7 +40,7 @@ def test_a_kernel_costs_launch_plus_the_slower_of_its_scaled_terms():
 def test_wave_quantisation_counts_tiles_by_hand():
     """tiles = GEMMs x ceil(M / tm) x ceil(N / tn), waves = ceil(tiles / SMs); the kernel pays
     for waves x SMs x tm x tn output slots. H100: 132 SMs, 128 x 256 tiles (cuBLAS sm90)."""
-    from opgraph.costmodel import wave_quantum
+    from opgraph.cost.costmodel import wave_quantum
 
     # 8192^2: 64 x 32 = 2,048 tiles, 16 waves (2,112 slots)
     assert wave_quantum(1, 8192, 8192, 132, 128, 256) == 16 * 132 / 2048
@@ -64,8 +65,8 @@ def test_blackwells_gemm_shape_is_simumaxs_measured_tables():
     B200 GEMMs (opgraph/data/gemms_b200.csv), 64 x 64 over 148 SMs and k0 192, close to the
     H200's 184. Llama 3 70B's FFN at TP 8 on 4,096 tokens (N 3,584): 64 x 56 = 3,584 tiles in
     25 waves of 148 (3,700 slots); at TP 1 (N 28,672): 28,672 tiles, 194 waves (28,712)."""
-    from opgraph import gemms
-    from opgraph.costmodel import wave_quantum
+    from opgraph.cost import gemms
+    from opgraph.cost.costmodel import wave_quantum
 
     bw = calibration.catalog()["blackwell"]
     sms = hardware.get("b200").sms
@@ -89,7 +90,7 @@ SUSTAINED = CalibratedCostModel(table={"hopper": attrs.evolve(
 def test_hoppers_gemm_shape_is_the_measured_tables():
     """The shipped Hopper tile and K overhead are the ones `opgraph calibrate --gemms` fits to
     the GEMMs measured on an H200 (opgraph/data/gemms_h200.csv), with that source."""
-    from opgraph import gemms
+    from opgraph.cost import gemms
 
     table = gemms.locate("h200")
     best = gemms.fit([g for g in gemms.read(table) if gemms.seconds(g) >= gemms.MIN_SECONDS],
@@ -115,8 +116,8 @@ def test_an_8192_cubed_gemm_runs_within_the_cited_efficiency():
 
 def _per_flop(name: str, tps=(1, 8)) -> dict[int, float]:
     """Seconds per FLOP of one layer op of Llama 3 8B at 8,192 tokens, by TP degree."""
-    from opgraph.distributed import prepare
-    from opgraph.parallel import Parallel
+    from opgraph.parallel.distributed import prepare
+    from opgraph.parallel.parallel import Parallel
 
     per_flop = {}
     for tp in tps:
@@ -153,7 +154,7 @@ def test_attention_scales_by_its_exponentials_against_head_dim_128():
     `attention` is at 128, so 64 costs (1 + 1) / (1 + 1/2) as much per FLOP, 256 (1 + 1/4) /
     (1 + 1/2). The plate's backward, twice the forward's FLOPs over the same exponentials,
     at 64: (1 + 1/2) / (1 + 1/4)."""
-    from opgraph.costmodel import exp_factor
+    from opgraph.cost.costmodel import exp_factor
 
     assert HOPPER.attention_exp_ratio == 256
     scores = 1e6
@@ -168,7 +169,7 @@ def test_a_small_head_dim_runs_attention_slower_per_flop():
     """Llama 3 8B (head dim 128) keeps the shipped `attention`; the same model with 64 heads of
     64 does the same attention FLOPs more slowly, by the exponentials' share (4/3 forward,
     6/5 the plate's backward)."""
-    from opgraph.symbols import H, H_kv, d_h
+    from opgraph.core.symbols import H, H_kv, d_h
 
     model = CalibratedCostModel(table={"hopper": attrs.evolve(HOPPER, launch_s=0)})
     rows = {}
@@ -200,7 +201,7 @@ def test_a_power_cap_slows_compute_by_the_clock_and_not_memory():
 
 
 def test_a_calibration_file_round_trips_with_its_tiles(tmp_path):
-    from opgraph.fit import to_toml
+    from opgraph.analysis.fit import to_toml
 
     path = tmp_path / "cal.toml"
     path.write_text(to_toml(calibration.catalog(), "# round trip"))
@@ -318,7 +319,7 @@ def test_the_shipped_efficiencies_are_the_fits_minimum(jobs):
     the shipped values: the fit's loss is lower there than with the shared matmul efficiency
     moved 3% either way, and every generation that fits it reaches the same share of its own
     measured ceiling (`matmul_ceiling`)."""
-    from opgraph.fit import loss
+    from opgraph.analysis.fit import loss
 
     shipped = calibration.catalog()
     fitting = [g for g, e in shipped.items() if "matmul" in e.fitted]
@@ -349,7 +350,7 @@ def test_the_fit_runs_from_any_folder_on_the_shipped_file(cli, tmp_path, monkeyp
 def test_validate_uses_a_users_calibration(cli, tmp_path):
     table = calibration.catalog()
     slower = {g: attrs.evolve(e, matmul=e.matmul / 2) for g, e in table.items()}
-    from opgraph.fit import to_toml
+    from opgraph.analysis.fit import to_toml
 
     path = tmp_path / "slow.toml"
     path.write_text(to_toml(slower, "# half the matmul efficiency"))
@@ -368,8 +369,8 @@ def test_a_calibrated_sweep_is_profile_at_every_point(cli):
     code, out, err = cli("sweep", "--tokens", "8192:32768:x2", "--hardware",
                          "h100-sxm,a100-sxm-80gb", "--cost", "calibrated")
     assert code == 0 and "MFU (calibrated)" in out, err
-    from opgraph.sweep import compile_sweep, make_grid, run_grid
-    from opgraph.symbols import S
+    from opgraph.analysis.sweep import compile_sweep, make_grid, run_grid
+    from opgraph.core.symbols import S
 
     step = compile_step(preset("llama3-8b"))
     model = cost_model("calibrated")
@@ -390,7 +391,7 @@ def test_an_unaligned_gemm_runs_at_the_measured_fraction():
     kernels, on Hopper at `matmul_unaligned` of the aligned rate (0.16: measured on an H200,
     the head of benchmarks/device/h200/trace_gpt-4096-16l.json.gz at 0.123 of the peak where its
     layers ran at 0.770); Llama 3's 128,256 is aligned and pays only its waves and K overhead."""
-    from opgraph.costmodel import wave_quantum
+    from opgraph.cost.costmodel import wave_quantum
 
     h200 = hardware.get("h200")
     e = attrs.evolve(HOPPER, launch_s=0, host_s=0, matmul_half_flops=0)
@@ -415,9 +416,9 @@ def test_every_interpreter_pays_gpt2s_unaligned_head():
     GPT-2 under the calibrated model, whose head and its weight gradient have N = 50,257."""
     import numpy as np
 
-    from opgraph.formula import formula, value
+    from opgraph.cost.formula import formula, value
     from opgraph.passes.evaluate import resolve
-    from opgraph.sweep import compile_sweep
+    from opgraph.analysis.sweep import compile_sweep
 
     step, cost, point = compile_step(preset("gpt2")), CalibratedCostModel(), {"B": 2, "S": 1024}
     one = evaluate(step, H100, point, cost=cost).step_time_s

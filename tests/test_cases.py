@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from opgraph import cases as cases_module
-from opgraph.cases import Case, load_cases
-from opgraph.errors import OpgraphError
-from opgraph.parallel import stage_layers
-from opgraph.symbols import D, F, H, H_kv, L, S, V
-from opgraph.verify import verify
+from opgraph.io import cases as cases_module
+from opgraph.io.cases import Case, load_cases
+from opgraph.core.errors import OpgraphError
+from opgraph.parallel.parallel import stage_layers
+from opgraph.core.symbols import D, F, H, H_kv, L, S, V
+from opgraph.core.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 

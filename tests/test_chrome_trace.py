@@ -9,14 +9,9 @@ from opgraph.models import preset
 
 from opgraph import GraphBuilder, compile_step, evaluate, hardware
 from opgraph.cli import main
-from opgraph.outputs.chrome_trace import (
-    STREAM_TID,
-    blocks,
-    chrome_trace,
-    instance_name,
-    write_chrome_trace,
-)
-from opgraph.symbols import B, D, L, S, V
+from opgraph.io.outputs.chrome_trace import (STREAM_TID, blocks, chrome_trace, instance_name,
+                                             write_chrome_trace)
+from opgraph.core.symbols import B, D, L, S, V
 
 H100 = hardware.get("h100-sxm")
 LAYERS = 32  # Llama 3 8B (arXiv:2407.21783, Table 3)
@@ -220,7 +215,7 @@ def test_nested_regions_expand_inside_each_iteration():
 
 
 def test_instance_names_come_from_the_region():
-    from opgraph.ir import Region
+    from opgraph.core.ir import Region
 
     layers = Region("layers", L)
     assert instance_name("layers.q_proj.dA", (layers,), (3,)) == "layers.3.q_proj.dA"
@@ -253,7 +248,7 @@ def test_cli_bad_trace_path(tmp_path, capsys):
 
 
 def test_write_failure_leaves_no_file(tmp_path, profile, step, monkeypatch):
-    import opgraph.outputs.chrome_trace as ct
+    import opgraph.io.outputs.chrome_trace as ct
 
     def broken(f):
         raise RuntimeError("boom")
@@ -266,7 +261,7 @@ def test_write_failure_leaves_no_file(tmp_path, profile, step, monkeypatch):
 
 def test_an_op_with_a_count_outside_any_region_still_runs_count_times():
     """A graph written with the IR directly (no `repeat`): an op of count 3 is three kernels."""
-    from opgraph.ir import Graph, Op, Tensor
+    from opgraph.core.ir import Graph, Op, Tensor
 
     g = Graph("bare", {B: 1, S: 4, D: 8})
     g.add_tensor(Tensor("x", (D,)))

@@ -1,7 +1,7 @@
 """Issue 23: `--help` and argument errors return at once. The parser is built from light modules
-only (`opgraph.choices`, `opgraph.limits`, `opgraph.commands.options`); sympy, networkx, numpy,
-the models and the passes load when a command runs. Structural, not timed: each case runs in a
-fresh interpreter, and what it imported is read from `sys.modules`."""
+only (`opgraph.core.choices`, `opgraph.core.limits`, `opgraph.commands.options`); sympy, networkx,
+numpy, the models and the passes load when a command runs. Structural, not timed: each case runs in
+a fresh interpreter, and what it imported is read from `sys.modules`."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from opgraph import choices
+from opgraph.core import choices
 from opgraph.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,9 +72,11 @@ def test_the_probe_sees_a_heavy_import():
 
 
 def test_the_parsers_names_are_the_tables_keys():
-    """`opgraph.choices` holds the names the parser offers; each table that gives them their
+    """`opgraph.core.choices` holds the names the parser offers; each table that gives them their
     meaning has exactly those keys, in the order the help lists them."""
-    from opgraph import costmodel, fusion, parallel
+    from opgraph.cost import costmodel
+    from opgraph.core import fusion
+    from opgraph.parallel import parallel
     from opgraph.passes import attach_adamw, precision, recompute
 
     assert tuple(fusion.POLICIES) == choices.FUSION_POLICIES
@@ -86,19 +88,20 @@ def test_the_parsers_names_are_the_tables_keys():
     assert parallel.ZERO_STAGES is choices.ZERO_STAGES
     assert parallel.FRAMEWORKS is choices.FRAMEWORKS
     assert parallel.GRAD_REDUCE_DTYPES is choices.GRAD_REDUCE_DTYPES
-    from opgraph.frameworks import FRAMEWORKS as TRAITS  # None: the generic model
+    from opgraph.parallel.frameworks import FRAMEWORKS as TRAITS  # None: the generic model
 
     assert set(TRAITS) == {None, *choices.FRAMEWORKS}
 
 
-@pytest.mark.parametrize("first", ["import opgraph.pipeline", "import opgraph.verify",
+@pytest.mark.parametrize("first", ["import opgraph.core.pipeline", "import opgraph.core.verify",
                                    "pass"])
 def test_the_packages_names_load_on_first_use(first):
     """`from opgraph import verify` is the function whatever was imported before it (the
-    submodule of the same name must not shadow it), and `import *` gives every name."""
+    verifier's module, opgraph.core.verify, is not bound over it), and `import *` gives every
+    name."""
     code = (f"{first}\nimport sys, opgraph\nfrom opgraph import *\n"
             "from opgraph import verify as v\n"
-            "print(v is sys.modules['opgraph.verify'].verify is opgraph.verify, "
+            "print(v is sys.modules['opgraph.core.verify'].verify is opgraph.verify, "
             "sorted(n for n in opgraph.__all__ if n not in globals()), "
             "'compile_step' in dir(opgraph))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -5,9 +5,10 @@ import math
 
 import pytest
 
-from opgraph import cluster, hardware
-from opgraph.errors import OpgraphError
-from opgraph.limits import CONFIG_MAX_BYTES
+from opgraph.parallel import cluster
+from opgraph import hardware
+from opgraph.core.errors import OpgraphError
+from opgraph.core.limits import CONFIG_MAX_BYTES
 
 GB = 1e9  # GB/s = 1e9 bytes/s
 GBIT = 1e9 / 8  # Gb/s = 1e9 bits/s, as NICs are sold: 400 Gb/s = 50e9 bytes/s
@@ -219,7 +220,7 @@ def test_missing_huge_and_unknown(tmp_path):
 
 
 def test_hardware_clusters_lists_the_catalog(cli):
-    from opgraph import cluster
+    from opgraph.parallel import cluster
 
     code, out, _ = cli("hardware", "--clusters")
     assert code == 0
@@ -295,11 +296,11 @@ def test_plan_and_profile_see_a_job_smaller_than_a_node_alike():
     NVLink, the job inside one 72-GPU domain) and plan's search path for the same layout agree
     to 1e-9, so the search's collectives take the job's view of the cluster too."""
     from opgraph import hardware
-    from opgraph.costmodel import cost_model
-    from opgraph.distributed import profile_parallel
+    from opgraph.cost.costmodel import cost_model
+    from opgraph.parallel.distributed import profile_parallel
     from opgraph.models import preset
-    from opgraph.parallel import Parallel
-    from opgraph.search import Candidate, Searcher
+    from opgraph.parallel.parallel import Parallel
+    from opgraph.parallel.search import Candidate, Searcher
 
     gb200, calibrated = hardware.get("gb200"), cost_model("calibrated")
     forward = preset("llama3.2-1b")

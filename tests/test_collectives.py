@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import sympy
 
-from opgraph import collectives as col
-from opgraph.cluster import Tier, catalog, get
-from opgraph.errors import OpgraphError
+from opgraph.parallel import collectives as col
+from opgraph.parallel.cluster import Tier, catalog, get
+from opgraph.core.errors import OpgraphError
 
 n, M, alpha, W = col.n, col.M, col.alpha, col.W
 

@@ -12,8 +12,8 @@ from opgraph.models import preset
 
 from opgraph import compile_step, evaluate, hardware
 from opgraph.cli import main
-from opgraph.errors import OpgraphError
-from opgraph.traces.compare import ROOFLINE_OF, compare, format_comparison
+from opgraph.core.errors import OpgraphError
+from opgraph.analysis.traces.compare import ROOFLINE_OF, compare, format_comparison
 
 H100 = hardware.get("h100-sxm")
 US = 1e-6
@@ -77,7 +77,7 @@ def category(name, time_us, kernels):
 
 @pytest.fixture(scope="module")
 def measured():
-    """What `opgraph.traces.breakdown` gives for KERNELS, written out by hand."""
+    """What `opgraph.analysis.traces.breakdown` gives for KERNELS, written out by hand."""
     counts = {"matmul": 2}
     cats = [category(n, t, counts.get(n, 1)) for n, t in MEASURED.items()]
     return SimpleNamespace(kernel_time_s=KERNEL_TIME * US, busy_time_s=BUSY * US,
@@ -160,7 +160,7 @@ def test_table_lists_every_row(profile, measured):
 
 @pytest.fixture
 def traces():
-    return pytest.importorskip("opgraph.traces")
+    return pytest.importorskip("opgraph.analysis.traces")
 
 
 def test_hand_built_trace_classifies(traces):
@@ -244,7 +244,7 @@ def test_an_mfu_over_busy_time_above_the_ceiling_is_warned(shared, cli):
 def test_a_calibrated_prediction_is_labelled_as_one_and_not_a_ceiling(measured):
     """Against a calibrated profile the table names the calibrated model, its MFU is a
     prediction, and a run faster than it is no warning (only the roofline is a ceiling)."""
-    from opgraph.costmodel import CalibratedCostModel
+    from opgraph.cost.costmodel import CalibratedCostModel
 
     calibrated = evaluate(compile_step(preset("llama3-8b")), H100, cost=CalibratedCostModel())
     c = compare(measured, calibrated)  # the 380 µs hand-made step: far faster than predicted

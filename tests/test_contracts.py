@@ -1,18 +1,18 @@
-"""Pass contracts (`opgraph.contracts`): a pass says what its input graph must hold, the driver
+"""Pass contracts (`opgraph.core.contracts`): a pass says what its input graph must hold, the driver
 (`pipeline.run_passes`) checks it before the pass runs and verifies the graph after it."""
 
 import functools
 
 import pytest
-from opgraph.contracts import FACTS, Contract, contract, contract_of
+from opgraph.core.contracts import FACTS, Contract, contract, contract_of
 from opgraph.models import preset
-from opgraph.parallel import Parallel
-from opgraph.pipeline import run_passes, step_passes
-from opgraph.verify import VerifyError
+from opgraph.parallel.parallel import Parallel
+from opgraph.core.pipeline import run_passes, step_passes
+from opgraph.core.verify import VerifyError
 from passes.replicate import replicate
 
-from opgraph import (OpgraphError, apply_precision, attach_adamw, derive_backward,
-                     fuse_attention, recompute)
+from opgraph import (OpgraphError, apply_precision, attach_adamw, derive_backward, fuse_attention,
+                     recompute)
 
 FORWARD = preset("llama3-8b")
 
@@ -48,7 +48,7 @@ def test_a_pass_without_a_contract_runs_where_it_is_put():
 def test_every_built_in_order_keeps_every_contract():
     """The pipeline's own orders (every recompute policy and precision, sharded and not) run
     through the driver: each pass's contract holds where the pipeline puts it."""
-    from opgraph.distributed import compile_parallel
+    from opgraph.parallel.distributed import compile_parallel
 
     for recompute_policy in ("none", "full"):
         for precision in ("bf16", "fp8"):

@@ -8,13 +8,14 @@ import sympy
 from opgraph.models import PRESETS, preset
 from opgraph.passes.fuse_attention import fuse_attention
 
-from opgraph import GraphBuilder, Op, VerifyError, compile_step, evaluate, hardware, rules, verify
-from opgraph.costmodel import DEFAULT, CostModel
-from opgraph.errors import OpgraphError
-from opgraph.formula import formula, value
-from opgraph.solve import max_share, ridge
-from opgraph.sweep import compile_sweep
-from opgraph.symbols import B, D, H, H_kv, S, V, d_h, dim
+from opgraph import GraphBuilder, Op, VerifyError, compile_step, evaluate, hardware, verify
+from opgraph.core import rules
+from opgraph.cost.costmodel import DEFAULT, CostModel
+from opgraph.core.errors import OpgraphError
+from opgraph.cost.formula import formula, value
+from opgraph.analysis.solve import max_share, ridge
+from opgraph.analysis.sweep import compile_sweep
+from opgraph.core.symbols import B, D, H, H_kv, S, V, d_h, dim
 
 H100 = hardware.get("h100-sxm")
 DERIVED = CostModel(backward="derived")
@@ -315,7 +316,7 @@ def test_batched_matmul_backward_keeps_the_batch_dims():
 def test_op_times_is_op_time_over_arrays(name):
     """The array form `opgraph plan` evaluates layouts with gives each op's `op_time`, an op
     with no instances none."""
-    from opgraph.costmodel import cost_model
+    from opgraph.cost.costmodel import cost_model
 
     cost, part = cost_model(name), hardware.get("h100-sxm")
     kinds = ["matmul", "rmsnorm", "flash_attention"]
@@ -372,7 +373,7 @@ def test_no_kernel_runs_faster_than_the_host_issues_it():
     """Eager PyTorch issues kernels one by one from the host: the calibrated time of a kernel is
     at least `host_s` (the median interval between launches in the real A100 training trace in
     shared/traces, 33 us), a view costs nothing, and a kernel longer than that is untouched."""
-    from opgraph.costmodel import cost_model
+    from opgraph.cost.costmodel import cost_model
 
     calibrated = cost_model("calibrated")
     e = calibrated.efficiencies(H100)
@@ -392,7 +393,7 @@ def test_the_optimizer_update_is_issued_many_tensors_at_a_time():
     and its bytes; the same bytes in an element-wise kernel wait the 33 us. (A calibrated sweep
     and formula of a whole step, optimizer included, equal its profile: test_calibration.py,
     test_agreement.py.)"""
-    from opgraph.costmodel import BATCHED, cost_model
+    from opgraph.cost.costmodel import BATCHED, cost_model
 
     calibrated = cost_model("calibrated")
     e = calibrated.efficiencies(H100)

@@ -8,8 +8,8 @@ from opgraph.models import preset
 from opgraph.passes.fuse_attention import rewrite_attention
 
 from opgraph import CostModel, Phase, compile_step, derive_backward, evaluate, hardware
-from opgraph.diff import diff_profiles, diff_steps, format_diff
-from opgraph.symbols import B, H, L, S
+from opgraph.analysis.diff import diff_profiles, diff_steps, format_diff
+from opgraph.core.symbols import B, H, L, S
 
 H100 = hardware.get("h100-sxm")
 

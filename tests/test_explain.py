@@ -1,25 +1,26 @@
-"""`opgraph plan --compare` and `--sensitivity` (`opgraph.explain`): a layout as the plan prints
-it reads back; the step's parts add up to it; a named layout is profiled as `profile` profiles
-it, or gives its reason; the moved cost models really move what they say."""
+"""`opgraph plan --compare` and `--sensitivity` (`opgraph.analysis.explain`): a layout as the plan
+prints it reads back; the step's parts add up to it; a named layout is profiled as `profile`
+profiles it, or gives its reason; the moved cost models really move what they say."""
 
 import json
 
 import attrs
 import pytest
 
-from opgraph import cluster as clusters
-from opgraph import hardware, search
-from opgraph.costmodel import cost_model
-from opgraph.distributed import profile_parallel, step_figures
-from opgraph.errors import OpgraphError
-from opgraph.explain import Perturbed, compare, named, perturb, sensitivity
-from opgraph.launch import Launch, to_megatron, to_torchtitan
+from opgraph.parallel import cluster as clusters
+from opgraph import hardware
+from opgraph.parallel import search
+from opgraph.cost.costmodel import cost_model
+from opgraph.parallel.distributed import profile_parallel, step_figures
+from opgraph.core.errors import OpgraphError
+from opgraph.analysis.explain import Perturbed, compare, named, perturb, sensitivity
+from opgraph.io.launch import Launch, to_megatron, to_torchtitan
 from opgraph.models import preset
-from opgraph.outputs.report import format_compare, format_sensitivity, layout_text
-from opgraph.parallel import Parallel, parse_layout
-from opgraph.schedule import GROUPS
-from opgraph.search import Searcher, Space, rows
-from opgraph.validate import LEFT_OUT_ERROR
+from opgraph.io.outputs.report import format_compare, format_sensitivity, layout_text
+from opgraph.parallel.parallel import Parallel, parse_layout
+from opgraph.parallel.schedule import GROUPS
+from opgraph.parallel.search import Searcher, Space, rows
+from opgraph.analysis.validate import LEFT_OUT_ERROR
 
 H100 = hardware.get("h100-sxm")
 SMALL = ("llama3.2-1b", 2048)  # 16 layers: pipelines of 2, 4, 8 and uneven ones of 3 (5/6/5)

@@ -11,16 +11,16 @@ import textwrap
 import pytest
 
 import opgraph.passes
-from opgraph import pipeline
-from opgraph.hardware import get as part
+from opgraph.core import pipeline
+from opgraph.cost.hardware import get as part
 
 # A pass as a contributor would add it: one file in passes/, declaring its place and contract.
 # Gradient clipping to a global norm scales every gradient once after the backward: it reads
 # and writes each (FP32) gradient, in the optimizer's phase.
 CLIP = textwrap.dedent('''
     """clip_gradients: every gradient scaled to a global norm before the update."""
-    from opgraph.contracts import OPTIMIZER, contract, step_pass
-    from opgraph.ir import Graph, Op, Phase, Tensor
+    from opgraph.core.contracts import OPTIMIZER, contract, step_pass
+    from opgraph.core.ir import Graph, Op, Phase, Tensor
     from opgraph.passes.derive_backward import gradient_of
 
 
@@ -93,7 +93,7 @@ def test_a_user_forward_pass_runs_in_profile_and_plan(cli, tmp_path):
     built-in ones, in `profile` and `plan` alike: a pass that keeps the first half of the
     layers leaves the parameters less 8 layers'."""
     (tmp_path / "prune.py").write_text(textwrap.dedent('''
-        from opgraph.symbols import L
+        from opgraph.core.symbols import L
 
         def half_the_layers(graph):
             out = graph.copy()
@@ -138,8 +138,8 @@ def test_a_broken_user_pass_is_one_line(cli, tmp_path, spec, message):
 BITLINEAR = textwrap.dedent('''
     import attrs
 
-    from opgraph import rules
-    from opgraph.kinds import define_kind
+    from opgraph.core import rules
+    from opgraph.core.kinds import define_kind
     from opgraph.models import preset
 
     define_kind("bitlinear", shape=rules.SHAPE_RULES["matmul"],
@@ -161,7 +161,7 @@ BITLINEAR = textwrap.dedent('''
 @pytest.fixture
 def bitlinear(tmp_path):
     """Write the model file with its kind's roles; the kind is taken out after the test."""
-    from opgraph.kinds import remove_kind
+    from opgraph.core.kinds import remove_kind
 
     def write(shards) -> str:
         path = tmp_path / f"bitnet_{len(shards)}.py"
@@ -180,10 +180,10 @@ def test_a_kind_with_a_sharding_role_is_split_in_profile_and_plan(cli, bitlinear
     """Declared column-parallel and contracting, the user's kind is split as Megatron splits a
     matmul: under --tp 2 its MLP has the same f and g collectives as the built-in matmul's, in
     `profile` and in `plan`'s search path (which agrees with `profile` to 1e-9)."""
-    from opgraph.costmodel import cost_model
-    from opgraph.distributed import profile_parallel
-    from opgraph.parallel import Parallel
-    from opgraph.search import Candidate, Searcher
+    from opgraph.cost.costmodel import cost_model
+    from opgraph.parallel.distributed import profile_parallel
+    from opgraph.parallel.parallel import Parallel
+    from opgraph.parallel.search import Candidate, Searcher
 
     model = bitlinear(("column", "contracting"))
     layout = ("--tp", "2", "--micro-batch", "1", "--global-batch", "2", "--seq-len", "1024")

@@ -9,8 +9,8 @@ from opgraph.models import preset
 from opgraph.passes.evaluate import resolve
 
 from opgraph import compile_step, evaluate, hardware
-from opgraph.formula import BANDWIDTH, PEAK, formula, select, symbol_values, tidy, value
-from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
+from opgraph.cost.formula import BANDWIDTH, PEAK, formula, select, symbol_values, tidy, value
+from opgraph.core.symbols import B, D, F, H, H_kv, L, S, V, d_h
 
 H100 = hardware.get("h100-sxm")
 
@@ -171,7 +171,7 @@ A100 = hardware.get("a100-sxm-80gb")  # ampere: the one generation with a fitted
 
 @pytest.mark.parametrize("part", [H100, A100], ids=lambda h: h.id)
 def test_a_calibrated_time_formula_is_evaluates_time(step, part):
-    from opgraph.costmodel import CalibratedCostModel
+    from opgraph.cost.costmodel import CalibratedCostModel
 
     cost = CalibratedCostModel()
     expr = formula(step, "time", hardware=part, cost=cost)
@@ -185,8 +185,8 @@ def test_a_calibrated_op_time_is_launch_plus_the_scaled_roofline(step):
     """`CalibratedCostModel`'s kernel: launch_s + Max((FLOPs x waves + matmul_half_flops) /
     (matmul x peak), bytes / (bandwidth x HBM bandwidth)), per instance, times the layer count;
     waves the A100's: 256 x 128 output tiles of the B*S x H*d_h output over 108 SMs."""
-    from opgraph.calibration import for_hardware
-    from opgraph.costmodel import CalibratedCostModel
+    from opgraph.cost.calibration import for_hardware
+    from opgraph.cost.costmodel import CalibratedCostModel
 
     e = for_hardware(A100)
     got = formula(step, "time", op="layers.q_proj", hardware=A100,
@@ -206,10 +206,10 @@ def test_a_calibrated_op_time_is_launch_plus_the_scaled_roofline(step):
 
 
 def test_a_calibrated_formula_without_a_part_is_one_line(step, cli):
-    from opgraph.costmodel import CalibratedCostModel
-    from opgraph.errors import OpgraphError
-    from opgraph.formula import op_time, step_time
-    from opgraph.solve import max_share
+    from opgraph.cost.costmodel import CalibratedCostModel
+    from opgraph.core.errors import OpgraphError
+    from opgraph.cost.formula import op_time, step_time
+    from opgraph.analysis.solve import max_share
 
     cost = CalibratedCostModel()
     for call in (lambda: formula(step, "time", cost=cost),

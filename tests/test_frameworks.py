@@ -1,7 +1,7 @@
-"""Frameworks as they run (`opgraph.frameworks`): the gradient-reduction dtype, FSDP2's gathers
-with recomputation, Megatron-LM's sequence-parallel inputs, DeepSpeed's pipeline reductions,
+"""Frameworks as they run (`opgraph.parallel.frameworks`): the gradient-reduction dtype, FSDP2's
+gathers with recomputation, Megatron-LM's sequence-parallel inputs, DeepSpeed's pipeline reductions,
 and `plan` agreeing with `profile` for each. Expected values are the frameworks' own rules
-written as formulas (the source of each rule is in `opgraph/frameworks.py`)."""
+written as formulas (the source of each rule is in `opgraph/parallel/frameworks.py`)."""
 
 import json
 from collections import Counter
@@ -14,14 +14,15 @@ from opgraph.passes.evaluate import resolve
 from opgraph.passes.replicate import replicate
 
 from opgraph import compile_step, hardware
-from opgraph.costmodel import cost_model, message_bytes
-from opgraph.distributed import compile_parallel, prepare, profile_parallel
-from opgraph.errors import OpgraphError
-from opgraph.ir import Phase
-from opgraph.memory import saved
-from opgraph.parallel import Parallel, tp
-from opgraph.search import Searcher, Space, rows
-from opgraph.symbols import B, D, F, H, H_kv, S, d_h
+from opgraph.cost.costmodel import cost_model, message_bytes
+from opgraph.parallel.distributed import compile_parallel, prepare, profile_parallel
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Phase
+from opgraph.cost.memory import saved
+from opgraph.core.symbols import tp
+from opgraph.parallel.parallel import Parallel
+from opgraph.parallel.search import Searcher, Space, rows
+from opgraph.core.symbols import B, D, F, H, H_kv, S, d_h
 
 H100 = hardware.get("h100-sxm")
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -214,7 +215,7 @@ def test_deepspeed_overlaps_the_reduction_at_zero_3_only(zero, overlapped):
 
 def _without(framework: str, **traits):
     """`framework`'s row of the table with `traits` changed, for one comparison."""
-    from opgraph import frameworks
+    from opgraph.parallel import frameworks
 
     return {**frameworks.FRAMEWORKS, framework: attrs.evolve(frameworks.FRAMEWORKS[framework],
                                                              **traits)}
@@ -224,7 +225,7 @@ def test_nanotron_adds_each_micro_batchs_gradients_into_fp32(monkeypatch):
     """nanotron's FP32GradientAccumulator adds every BF16 gradient into its FP32 buffer after
     each micro-batch's backward: 2 + 4 bytes read and 4 written a parameter, 10 x Psi bytes a
     micro-batch, and on the roofline the step grows by m x 10 Psi / the HBM bandwidth."""
-    from opgraph import frameworks
+    from opgraph.parallel import frameworks
 
     f = preset("llama3.2-1b")
     layout = Parallel(micro_batch=1, global_batch=4, framework="nanotron")  # 4 micro-batches
@@ -249,7 +250,7 @@ def test_nanotron_zero_1_all_reduces_the_gradients_after_the_backward(zero, monk
     backward (`sync_gradients_across_dp(..., reduce_scatter=False)`): the step of a generic
     layout whose reduction waits for the backward, with all-reduces of 2 (dp - 1) / dp x the
     FP32 gradients on the wire where a reduce-scatter sends half that."""
-    from opgraph import frameworks
+    from opgraph.parallel import frameworks
 
     f = preset("llama3.2-1b")
     layout = Parallel(dp=8, zero=zero, global_batch=16, framework="nanotron")
@@ -434,7 +435,7 @@ def test_megatron_casts_each_weight_to_fp8_once_a_step():
 
 def _norm_bytes(framework, fuse=None):
     """The forward attn_norm's bytes, and its backward's, on Llama 3 8B at B=1, S=4096, DP 8."""
-    from opgraph.pipeline import fusion_passes
+    from opgraph.core.pipeline import fusion_passes
 
     g = compile_parallel(preset("llama3-8b"), Parallel(dp=8, zero=3, framework=framework),
                          extra_passes=fusion_passes(fuse))
@@ -482,7 +483,7 @@ def test_an_eager_loss_holds_its_fp32_copies_of_the_logits_while_it_runs(tp_degr
     kept for the backward) are live, 2 + 4 + 4 bytes per logit; its backward turns the softmax
     into the FP32 gradient before casting it. A fused loss (opgraph's generic model) writes
     neither FP32 tensor."""
-    from opgraph.memory import liveness
+    from opgraph.cost.memory import liveness
 
     def live_at(framework, name):
         layout = Parallel(tp=tp_degree, framework=framework)
@@ -506,7 +507,7 @@ def test_an_eager_swiglu_keeps_its_silu_for_the_backward(recompute, kept):
     layer that a fused SwiGLU never writes, from the forward to the backward in every layer;
     where the SwiGLU is re-run (torchtitan's per-op checkpointing re-runs all but the matmuls
     and attention), the forward keeps nothing and the re-run's copy lives one layer at a time."""
-    from opgraph.memory import liveness
+    from opgraph.cost.memory import liveness
 
     def at_loss(framework):
         g = compile_parallel(preset("llama3.2-1b"), Parallel(framework=framework),
@@ -523,7 +524,7 @@ def test_torchtitans_eager_layer_keeps_its_fp32_copies():
     """torchtitan without torch.compile or checkpointing: each RMSNorm keeps the FP32 copy of
     its input (4 D bytes a token), RoPE the FP32 copies of Q and K (4 (H + H_kv) d_h), the
     SwiGLU its silu (2 F); the final norm, outside the layers, once."""
-    from opgraph.memory import liveness
+    from opgraph.cost.memory import liveness
 
     def at_loss(framework):
         g = compile_parallel(preset("llama3.2-1b"), Parallel(framework=framework))
@@ -549,9 +550,9 @@ def test_torchtitan_eager_is_slower_than_compiled_as_measured():
     # torchtitan's Llama 3.1 8B on 8 H100s: 5,762 tokens/s per GPU eager, 6,667 compiled
     # (benchmarks/llama3_h100_202412_torchtitan.md): eager 1.157 x slower. The eager
     # kernels' traffic explains more than half of that slowdown, and not more than all of it
-    from opgraph.cases import load_cases
-    from opgraph.cases import resolve as resolve_cases
-    from opgraph.validate import predict
+    from opgraph.io.cases import load_cases
+    from opgraph.io.cases import resolve as resolve_cases
+    from opgraph.analysis.validate import predict
 
     cases = {c.id: c for c in load_cases(resolve_cases(None))}
     eager, compiled = (predict(cases[f"torchtitan_t1_fsdp{run}_8gpu"], cost_model("calibrated"))
@@ -577,7 +578,7 @@ def test_eager_loss_moves_megatrons_vocab_parallel_kernels():
 
 def test_torchtitan_compiles_its_blocks_only():
     # apply_compile compiles each TransformerBlock; the final norm and the loss stay eager
-    from opgraph.pipeline import fusion_passes
+    from opgraph.core.pipeline import fusion_passes
 
     g = compile_parallel(preset("llama3-8b"), Parallel(dp=8, zero=3, framework="torchtitan"),
                          extra_passes=fusion_passes("elementwise"))
@@ -602,7 +603,7 @@ def _nanotron_split(layers, layer, head, stages):
 
 
 def test_nanotron_splits_a_pipeline_by_its_blocks_costs():
-    from opgraph.frameworks import end_split, own_split
+    from opgraph.parallel.frameworks import end_split, own_split
 
     f = preset("llama3.2-1b")  # 16 layers, d 2048, 32 heads of 64, 8 KV heads, F 8192
     # get_block_compute_costs: 4 x num_attention_heads x d_qkv x hidden + 3 x d_ff x hidden
@@ -646,7 +647,7 @@ def test_nanotron_profiles_a_split_only_every_stages_count_says():
     with pytest.raises(OpgraphError, match="3/2/3/2/3/2/1/0, which plan's first, middle and last"):
         rows(forward, H100, space, 4096, searcher.cluster)
     # unconstrained, the search leaves pp 8 out (pp 2 and 4 split by their ends) and says so
-    from opgraph.search import unsplit_degrees
+    from opgraph.parallel.search import unsplit_degrees
 
     free = Space(gpus=8, batch=32, framework="nanotron")
     assert unsplit_degrees(forward, free) == {8: (3, 2, 3, 2, 3, 2, 1, 0)}

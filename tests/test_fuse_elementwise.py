@@ -10,13 +10,13 @@ from opgraph.passes.evaluate import evaluate
 from opgraph.passes.fuse_elementwise import fuse_elementwise, rewrite_elementwise, rotate_loops
 
 from opgraph import compile_step, hardware
-from opgraph.costmodel import CostModel
-from opgraph.errors import OpgraphError
-from opgraph.fusion import ELEMENTWISE, ELEMENTWISE_MATMUL, POLICIES, FusionPolicy
-from opgraph.ir import BF16, Phase, region_problems
-from opgraph.memory import footprint
-from opgraph.symbols import B, D, L, S
-from opgraph.verify import verify
+from opgraph.cost.costmodel import CostModel
+from opgraph.core.errors import OpgraphError
+from opgraph.core.fusion import ELEMENTWISE, ELEMENTWISE_MATMUL, POLICIES, FusionPolicy
+from opgraph.core.ir import BF16, Phase, region_problems
+from opgraph.cost.memory import footprint
+from opgraph.core.symbols import B, D, L, S
+from opgraph.core.verify import verify
 
 PLATE, DERIVED = CostModel(), CostModel(backward="derived")
 ROW = B * S * D * BF16.itemsize  # one [B, S, D] activation in BF16
@@ -245,8 +245,8 @@ def test_an_fp8_matmul_fused_with_its_epilogue_keeps_the_fp8_peak(llama):
     neighbours must not move them to the BF16 peak (the step must not get slower)."""
     from opgraph.models import preset
 
-    from opgraph.costmodel import DEFAULT, compute_dtype
-    from opgraph.fusion import ELEMENTWISE_MATMUL
+    from opgraph.cost.costmodel import DEFAULT, compute_dtype
+    from opgraph.core.fusion import ELEMENTWISE_MATMUL
 
     h100 = hardware.get("h100-sxm")
     fp8 = compile_step(preset("llama3-8b"), precision="fp8")
@@ -263,8 +263,8 @@ def test_experts_fused_into_a_kernel_still_count_k_of_e(name):
     active parameters (and so the MFU's N) do not change with fusion."""
     from opgraph.models import preset
 
-    from opgraph.fusion import ELEMENTWISE_MATMUL
-    from opgraph.parameters import active_parameters
+    from opgraph.core.fusion import ELEMENTWISE_MATMUL
+    from opgraph.core.parameters import active_parameters
 
     step = compile_step(preset(name))
     fused = fuse_elementwise(step, ELEMENTWISE_MATMUL)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from opgraph.errors import OpgraphError
-from opgraph.outputs.atomic import check_output, check_outputs, outputs, write_atomic
+from opgraph.core.errors import OpgraphError
+from opgraph.io.outputs.atomic import check_output, check_outputs, outputs, write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = {"model_type": "llama", "hidden_size": 512, "num_attention_heads": 8,
@@ -200,7 +200,7 @@ def test_a_read_only_folder(cli, folder):
 
 def test_a_read_only_file_system(cli, folder, monkeypatch):
     """What root cannot be shown with chmod: the OS refusing the temp file is one line."""
-    from opgraph.outputs import atomic
+    from opgraph.io.outputs import atomic
 
     def refuse(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))

@@ -3,9 +3,9 @@
 import math
 import pytest
 
-from opgraph import gemms
-from opgraph.costmodel import k_overhead, wave_quantum
-from opgraph.errors import OpgraphError
+from opgraph.cost import gemms
+from opgraph.cost.costmodel import k_overhead, wave_quantum
+from opgraph.core.errors import OpgraphError
 
 H200_TABLE = gemms.locate("h200")  # opgraph/data/gemms_h200.csv, installed with opgraph
 
@@ -107,7 +107,7 @@ def test_a_table_is_named_or_a_file(tmp_path):
 
 
 def test_calibrate_gemms_writes_a_calibration_the_model_reads(cli, tmp_path):
-    from opgraph import calibration
+    from opgraph.cost import calibration
 
     out = tmp_path / "c.toml"
     code, text, _ = cli("calibrate", "--gemms", "h200", "--hardware", "h200", "--out", str(out))
@@ -129,8 +129,9 @@ def test_a_calibrated_gemm_pays_its_waves_and_k_overhead():
     rate, plus the launch."""
     import attrs
 
-    from opgraph import calibration, hardware
-    from opgraph.costmodel import CalibratedCostModel
+    from opgraph.cost import calibration
+    from opgraph import hardware
+    from opgraph.cost.costmodel import CalibratedCostModel
 
     h200 = hardware.get("h200")
     e = attrs.evolve(calibration.catalog()["hopper"], matmul=0.7, matmul_half_flops=0,
@@ -153,7 +154,7 @@ def test_a_second_measurement_held_out_of_the_fit_is_predicted_by_the_shipped_sh
     import json
     from pathlib import Path
 
-    from opgraph import calibration
+    from opgraph.cost import calibration
 
     results = (Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "h200"
                / "results.json")

@@ -78,7 +78,7 @@ def test_a_power_cap_scales_the_clock_as_its_cube_root():
     (lambda p: hardware.with_clock(p, 2000), "at most its boost clock, 1830 MHz"),
 ])
 def test_a_bad_power_limit_or_clock_is_one_line(call, says):
-    from opgraph.errors import OpgraphError
+    from opgraph.core.errors import OpgraphError
 
     with pytest.raises(OpgraphError, match=says) as e:
         call(hardware.get("h100-sxm"))

@@ -9,9 +9,9 @@ from opgraph.models import preset, qwen_moe
 from opgraph.models.hf import from_config
 
 from opgraph import compile_step, evaluate, hardware
-from opgraph.parameters import active_parameters
+from opgraph.core.parameters import active_parameters
 from opgraph.cli import main
-from opgraph.symbols import H, H_kv, dim
+from opgraph.core.symbols import H, H_kv, dim
 
 H100 = hardware.get("h100-sxm")
 
@@ -661,8 +661,8 @@ def test_a_qwen_moe_config_gives_its_models_profile(tmp_path, fields, config):
 
 
 def test_qwen3_is_the_llama_graph_with_each_query_and_key_head_normed(tmp_path):
-    from opgraph import costmodel
-    from opgraph.symbols import B, S, d_h
+    from opgraph.cost import costmodel
+    from opgraph.core.symbols import B, S, d_h
 
     qwen3 = from_config(write(tmp_path, QWEN3_0_6B, "a"))
     llama = from_config(write(tmp_path, QWEN3_0_6B | {"model_type": "llama"}, "b"))
@@ -686,7 +686,7 @@ def test_qwen3_is_the_llama_graph_with_each_query_and_key_head_normed(tmp_path):
 
 
 def test_qwen2_moe_gates_its_shared_expert(tmp_path):
-    from opgraph.symbols import B, D, F_e, F_s, S
+    from opgraph.core.symbols import B, D, F_e, F_s, S
 
     graph = from_config(write(tmp_path, QWEN1_5_MOE_A2_7B))
     assert graph.dims[F_s] == 5632 and graph.dims[F_e] == 1408
@@ -705,8 +705,8 @@ def test_qwen2_moe_gates_its_shared_expert(tmp_path):
 
 
 def test_qwen_moe_layouts_are_regions(tmp_path):
-    from opgraph.parameters import is_routed
-    from opgraph.symbols import L
+    from opgraph.core.parameters import is_routed
+    from opgraph.core.symbols import L
 
     def regions(**fields):
         graph = from_config(write(tmp_path, QWEN3_30B_A3B | fields, str(len(fields))))

@@ -1,5 +1,6 @@
 """Hostile and careless input (issue 25): each class is refused in one line and exit status 2
-(130 for Ctrl-C), within the limits of `opgraph.limits`, never a traceback or a wrong profile."""
+(130 for Ctrl-C), within the limits of `opgraph.core.limits`, never a traceback or a wrong
+profile."""
 
 import json
 import os
@@ -68,9 +69,9 @@ def test_a_model_without_a_loss_is_refused(cli, tmp_path):
 
 def test_a_pass_binding_a_bad_dimension_is_caught_by_the_pipeline():
     from opgraph.models import preset
-    from opgraph.pipeline import compile_step
-    from opgraph.symbols import D
-    from opgraph.verify import VerifyError
+    from opgraph.core.pipeline import compile_step
+    from opgraph.core.symbols import D
+    from opgraph.core.verify import VerifyError
 
     def corrupt(graph):
         out = graph.copy()
@@ -100,7 +101,7 @@ def test_ctrl_c_in_a_model_stops_the_program_in_one_line(cli, tmp_path):
     _one_line_error(code, out, err, status=130)  # 128 + SIGINT, as a shell reports it
 
 
-# --- launch configs and layouts with impossible values ---------------------------------------------
+# --- launch configs and layouts with impossible values --------------------------------------------
 # Llama 3 8B as Megatron-LM's arguments (arXiv:2407.21783 Table 3: 32 layers, 4,096 wide, 32 heads).
 LLAMA_ARGS = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 "
               "--vocab-size 128256 --micro-batch-size 1 --bf16 --swiglu --normalization RMSNorm "
@@ -152,8 +153,8 @@ def test_a_pipeline_stage_without_layers_is_refused_from_flags(cli, flags, says)
 
 
 def test_stage_layers_keeps_one_layer_per_stage():
-    from opgraph.errors import OpgraphError
-    from opgraph.parallel import Parallel, stage_layers
+    from opgraph.core.errors import OpgraphError
+    from opgraph.parallel.parallel import Parallel, stage_layers
 
     assert stage_layers(32, Parallel(pp=2, first_stage_layers=16, last_stage_layers=16)) == [16, 16]
     assert stage_layers(32, Parallel(pp=3, first_stage_layers=30)) == [30, 1, 1]
@@ -171,7 +172,7 @@ def test_a_torchtitan_table_where_a_value_goes_is_refused(cli, tmp_path):
 
 # --- bounded work: counts that grow the work are refused up front ---------------------------------
 def test_too_many_micro_batches_are_refused_from_flags(cli):
-    from opgraph.limits import MAX_MICRO_BATCHES
+    from opgraph.core.limits import MAX_MICRO_BATCHES
 
     # 8 GPUs, micro-batch 1: dp 8, so 8 x (MAX + 1) sequences is one micro-batch too many
     code, out, err = cli("profile", "--gpus", "8", "--global-batch", str(8 * (MAX_MICRO_BATCHES + 1)))
@@ -194,11 +195,11 @@ def test_too_many_micro_batches_are_refused_from_torchtitan(cli, tmp_path):
 
 
 def test_plan_skips_layouts_beyond_the_micro_batch_bound():
-    import opgraph.cluster as clusters
-    import opgraph.hardware as hw
-    from opgraph.limits import MAX_MICRO_BATCHES
+    import opgraph.parallel.cluster as clusters
+    import opgraph.cost.hardware as hw
+    from opgraph.core.limits import MAX_MICRO_BATCHES
     from opgraph.models import preset
-    from opgraph.search import Space, rows
+    from opgraph.parallel.search import Space, rows
 
     part = hw.get("h100-sxm")
     space = Space(gpus=8, batch=8 * 2 * MAX_MICRO_BATCHES, tp=1, cp=1, pp=1)  # dp = 8
@@ -209,7 +210,7 @@ def test_plan_skips_layouts_beyond_the_micro_batch_bound():
 
 @pytest.mark.parametrize("gpus", ["1:10000000:+1", "1:65:+1", ",".join(["8"] * 65)])
 def test_plan_refuses_more_sizes_than_its_bound(cli, gpus):
-    from opgraph.limits import MAX_PLAN_SIZES
+    from opgraph.core.limits import MAX_PLAN_SIZES
 
     code, out, err = cli("plan", "--gpus", gpus, "--global-batch", "1024")
     _one_line_error(code, out, err)
@@ -218,7 +219,7 @@ def test_plan_refuses_more_sizes_than_its_bound(cli, gpus):
 
 def test_the_bounds_are_said_in_help(capsys):
     from opgraph.cli import main
-    from opgraph.limits import MAX_FIT_CASES, MAX_MICRO_BATCHES, MAX_PLAN_SIZES
+    from opgraph.core.limits import MAX_FIT_CASES, MAX_MICRO_BATCHES, MAX_PLAN_SIZES
 
     for command, words in (("profile", f"at most {MAX_MICRO_BATCHES:,} micro-batches"),
                            ("plan", f"at most {MAX_PLAN_SIZES} sizes"),
@@ -229,7 +230,7 @@ def test_the_bounds_are_said_in_help(capsys):
 
 
 def _case_file(tmp_path, count: int):
-    from opgraph.cases import SHIPPED
+    from opgraph.io.cases import SHIPPED
 
     data = json.loads(SHIPPED.read_text())
     shipped = data["cases"]
@@ -240,7 +241,7 @@ def _case_file(tmp_path, count: int):
 
 
 def test_calibrate_fit_refuses_more_cases_than_its_bound(cli, tmp_path):
-    from opgraph.limits import MAX_FIT_CASES
+    from opgraph.core.limits import MAX_FIT_CASES
 
     path = _case_file(tmp_path, MAX_FIT_CASES + 1)
     out_file = tmp_path / "fit.toml"
@@ -251,8 +252,8 @@ def test_calibrate_fit_refuses_more_cases_than_its_bound(cli, tmp_path):
 
 
 def test_the_fit_bound_counts_the_selected_cases(tmp_path):
-    from opgraph.cases import load_cases
-    from opgraph.limits import MAX_FIT_CASES
+    from opgraph.io.cases import load_cases
+    from opgraph.core.limits import MAX_FIT_CASES
 
     path = _case_file(tmp_path, MAX_FIT_CASES + 1)
     # case_5, case_50..59, case_500: 12 cases, under the bound
@@ -260,7 +261,7 @@ def test_the_fit_bound_counts_the_selected_cases(tmp_path):
         MAX_FIT_CASES + 1
 
 
-# --- output and interrupts that fail cleanly ---------------------------------------------------------
+# --- output and interrupts that fail cleanly ------------------------------------------------------
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 # validate's table is written by its own command; two cases of it take that path as all 80 do
 # (the failure is in writing, after the predictions), without a fresh process predicting 80 runs
@@ -290,7 +291,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
 
 def test_sigterm_while_writing_leaves_no_temp_file(tmp_path):
     from opgraph.cli import _signals_raise, _Terminated
-    from opgraph.outputs.atomic import write_atomic
+    from opgraph.io.outputs.atomic import write_atomic
 
     def write_then_get_killed(f):
         f.write("half of a file")
@@ -313,8 +314,8 @@ def test_sigterm_is_one_line_and_128_plus_the_signal(cli, monkeypatch):
 
 
 def test_calibrate_out_may_not_be_one_of_its_inputs(cli, tmp_path):
-    from opgraph.calibration import CATALOG
-    from opgraph.cases import SHIPPED
+    from opgraph.cost.calibration import CATALOG
+    from opgraph.io.cases import SHIPPED
 
     calibration = tmp_path / "cal.toml"
     calibration.write_text(CATALOG.read_text())
@@ -333,7 +334,7 @@ def test_calibrate_out_may_not_be_one_of_its_inputs(cli, tmp_path):
 @pytest.mark.parametrize("measured", ['"step_time_s": 1e300', '"tokens_per_s_per_gpu": 1e-300',
                                       '"peak_memory_gib": 1e300, "step_time_s": 1.4'])
 def test_an_absurd_measurement_is_one_line_and_writes_nothing(cli, tmp_path, measured):
-    from opgraph.cases import SHIPPED
+    from opgraph.io.cases import SHIPPED
 
     data = json.loads(SHIPPED.read_text())
     data["cases"] = data["cases"][:1]
@@ -350,8 +351,8 @@ def test_an_absurd_measurement_is_one_line_and_writes_nothing(cli, tmp_path, mea
 def test_a_calibration_file_with_odd_names_and_sources_reads_back(tmp_path):
     import attrs
 
-    from opgraph import calibration
-    from opgraph.fit import to_toml
+    from opgraph.cost import calibration
+    from opgraph.analysis.fit import to_toml
 
     generation, e = next(iter(calibration.catalog().items()))
     source = 'two\nlines, a "quote", a \\ and a \x01'

@@ -6,10 +6,11 @@ import sympy
 from opgraph.models import preset
 from opgraph.passes.derive_backward import VJP_RULES
 
-from opgraph import GraphBuilder, Op, Tensor, VerifyError, derive_backward, rules, verify
-from opgraph.costmodel import BACKWARD_COST, DEFAULT
-from opgraph.ir import Graph
-from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
+from opgraph import GraphBuilder, Op, Tensor, VerifyError, derive_backward, verify
+from opgraph.core import rules
+from opgraph.cost.costmodel import BACKWARD_COST, DEFAULT
+from opgraph.core.ir import Graph
+from opgraph.core.symbols import B, D, F, H, H_kv, L, S, V, d_h
 
 
 def test_every_forward_kind_has_a_row_in_every_table():

@@ -8,13 +8,14 @@ import sympy
 from opgraph.passes.derive_backward import VJP_RULES
 from opgraph.passes.fuse_attention import fuse_attention
 
-from opgraph import GraphBuilder, Phase, compile_step, evaluate, hardware, kinds, rules
-from opgraph.costmodel import DEFAULT, CostModel
-from opgraph.errors import OpgraphError
-from opgraph.formula import formula
-from opgraph.solve import max_share
-from opgraph.sweep import compile_sweep, make_grid, run_grid
-from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h, dim
+from opgraph import GraphBuilder, Phase, compile_step, evaluate, hardware
+from opgraph.core import kinds, rules
+from opgraph.cost.costmodel import DEFAULT, CostModel
+from opgraph.core.errors import OpgraphError
+from opgraph.cost.formula import formula
+from opgraph.analysis.solve import max_share
+from opgraph.analysis.sweep import compile_sweep, make_grid, run_grid
+from opgraph.core.symbols import B, D, F, H, H_kv, L, S, V, d_h, dim
 
 H100 = hardware.get("h100-sxm")
 DERIVED = CostModel(backward="derived")
@@ -78,8 +79,8 @@ def test_a_user_kind_is_in_every_table(squared_relu):
 def test_a_user_matmul_kind_gets_waves_from_its_grid():
     """A kind that says its GEMM grid (`grid=`) is tiled like the built-in matmul: its
     calibrated time carries the same wave quantisation; without it, none."""
-    from opgraph.calibration import Efficiencies
-    from opgraph.costmodel import CalibratedCostModel, wave_quantum
+    from opgraph.cost.calibration import Efficiencies
+    from opgraph.cost.costmodel import CalibratedCostModel, wave_quantum
 
     def outer_shape(ins, params):  # a[M] x b[N] -> [M, N]
         return [(ins[0].shape[0], ins[1].shape[0])]
@@ -427,7 +428,7 @@ def test_solve_walks_a_windows_min():
     over the sequence length as well as over tokens."""
     from opgraph.models import preset
 
-    from opgraph.solve import ridge, smallest
+    from opgraph.analysis.solve import ridge, smallest
 
     x = sympy.Symbol("x", positive=True)
     assert smallest(2 - sympy.Min(x, 3), x, 0) == 2
@@ -458,7 +459,7 @@ def test_a_user_kind_goes_through_fusion(squared_relu):
     (or the next one's prologue): FLOPs kept exactly, its [B, S, F] round trip gone."""
     from opgraph.passes.fuse_elementwise import fuse_elementwise
 
-    from opgraph.fusion import ELEMENTWISE_MATMUL
+    from opgraph.core.fusion import ELEMENTWISE_MATMUL
 
     policy = ELEMENTWISE_MATMUL.with_kinds(squared_relu="pointwise")
     plain = compile_step(user_model(squared_relu))
@@ -480,11 +481,11 @@ def test_a_user_kind_declares_its_eager_kernels(monkeypatch):
     framework runs the kind eagerly."""
     import attrs
 
-    from opgraph import frameworks
-    from opgraph.costmodel import cost_model
-    from opgraph.distributed import compile_parallel
-    from opgraph.ir import Phase
-    from opgraph.parallel import Parallel
+    from opgraph.parallel import frameworks
+    from opgraph.cost.costmodel import cost_model
+    from opgraph.parallel.distributed import compile_parallel
+    from opgraph.core.ir import Phase
+    from opgraph.parallel.parallel import Parallel
 
     def two_kernels(ins, outs, params):
         return 4 * ins[0].nbytes
@@ -535,7 +536,8 @@ def _routed_share(tensor, op, weight):
 def test_a_kind_with_every_trait_is_in_every_table_and_leaves_none():
     """A routed GEMM of the user's, every trait declared: each is in its table and `kind()`
     reads each back; `remove_kind` leaves no row in any table (`recompute.SAVE_KINDS` too)."""
-    from opgraph import costmodel, fusion, parameters
+    from opgraph.cost import costmodel
+    from opgraph.core import fusion, parameters
     from opgraph.passes import precision, recompute
 
     traits = dict(shards=("column", "contracting", "expert"), cp_gathers=(), kept=True,
@@ -575,10 +577,10 @@ def test_each_declared_trait_reaches_what_reads_it(squared_relu):
     elementwise+matmul`) fuses a pointwise kind into its matmul; selective-op recomputation
     keeps a kept kind's output rather than re-running it; FP8 operands put a matrix multiply
     at the FP8 peak; a routed weight counts K/E of itself in the active parameters."""
-    from opgraph.costmodel import _operands_dtype
-    from opgraph.ir import FP8, Tensor
-    from opgraph.parameters import active_fraction
-    from opgraph.pipeline import fusion_passes
+    from opgraph.cost.costmodel import _operands_dtype
+    from opgraph.core.ir import FP8, Tensor
+    from opgraph.core.parameters import active_fraction
+    from opgraph.core.pipeline import fusion_passes
 
     def fused_members(step):
         return {m.name for op in step.ops() if op.kind == "fused" for m in op.param("body")}

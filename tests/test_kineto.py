@@ -10,16 +10,9 @@ from pathlib import Path
 import pytest
 
 from opgraph.commands import trace_breakdown
-from opgraph.errors import OpgraphError
-from opgraph.traces import (
-    KERNEL_RULES,
-    Kernel,
-    breakdown,
-    classify,
-    format_breakdown,
-    load_rules,
-    read_trace,
-)
+from opgraph.core.errors import OpgraphError
+from opgraph.analysis.traces import (KERNEL_RULES, Kernel, breakdown, classify, format_breakdown,
+                                     load_rules, read_trace)
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 REAL_TRACES = (
@@ -258,10 +251,11 @@ def test_default_rules(name, category):
 
 
 def test_kernel_categories_are_the_one_vocabulary():
-    """Every rule sorts into `opgraph.categories`, the roofline's names and the trace-only ones;
-    only the output head cannot be told apart from other matrix multiplies by a kernel's name."""
-    from opgraph import categories
-    from opgraph.profile import CATEGORIES
+    """Every rule sorts into `opgraph.core.categories`, the roofline's names and the trace-only
+    ones; only the output head cannot be told apart from other matrix multiplies by a kernel's
+    name."""
+    from opgraph.core import categories
+    from opgraph.cost.profile import CATEGORIES
 
     assert CATEGORIES is categories.CATEGORIES
     assert {category for category, _ in KERNEL_RULES} == set(categories.ALL) - {"output_head"}
@@ -487,7 +481,7 @@ def test_main_cli_bad_trace_is_exit_2_and_one_line(tmp_path, capsys, content):
 
 
 def test_breakdown_takes_any_iterable():
-    from opgraph.traces import Kernel, breakdown
+    from opgraph.analysis.traces import Kernel, breakdown
 
     made = (Kernel(f"ampere_sgemm_{i}", 10.0 * i, 5.0, 7, 0) for i in range(3))
     b = breakdown(made)

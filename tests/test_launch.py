@@ -12,17 +12,10 @@ from opgraph.models import deepseek, gpt2, llama
 from opgraph.models.gpt2 import GPT2Config
 from opgraph.models.llama import LlamaConfig
 
-from opgraph.errors import OpgraphError
-from opgraph.launch import (
-    GPT2_BPE_VOCAB,
-    MEGATRON_MODEL,
-    Launch,
-    read_megatron,
-    read_torchtitan,
-    to_megatron,
-    to_torchtitan,
-)
-from opgraph.parallel import Parallel
+from opgraph.core.errors import OpgraphError
+from opgraph.io.launch import (GPT2_BPE_VOCAB, MEGATRON_MODEL, Launch, read_megatron,
+                               read_torchtitan, to_megatron, to_torchtitan)
+from opgraph.parallel.parallel import Parallel
 
 # pytorch/torchtitan train_configs/llama3_8b.toml at 9dec370 (late-2024 layout), with the run of
 # torchtitan's benchmarks/llama3_h100_202412_torchtitan.md Table 1, "FSDP + torch.compile":

@@ -9,8 +9,8 @@ from opgraph.passes.attach_adamw import AdamW
 from opgraph.passes.evaluate import resolve
 
 from opgraph import GraphBuilder, attach_adamw, compile_step, derive_backward, evaluate, hardware
-from opgraph.memory import footprint
-from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
+from opgraph.cost.memory import footprint
+from opgraph.core.symbols import B, D, F, H, H_kv, L, S, V, d_h
 
 H100 = hardware.get("h100-sxm")
 
@@ -124,7 +124,7 @@ def _stack():
 
 
 def test_a_layers_saved_tensors_count_every_layer_but_its_own_before_it_is_made():
-    from opgraph.memory import liveness
+    from opgraph.cost.memory import liveness
 
     step = _stack()
     live = liveness(step)
@@ -147,7 +147,7 @@ def test_a_layers_saved_tensors_count_every_layer_but_its_own_before_it_is_made(
 def test_the_peak_is_the_footprint_plus_the_logits_gradient(llama_step):
     from opgraph.passes.evaluate import resolve
 
-    from opgraph.memory import peak
+    from opgraph.cost.memory import peak
 
     moment = peak(llama_step, resolve(llama_step))
     assert moment.op == "loss.grad"
@@ -187,7 +187,7 @@ def test_just_over_capacity_does_not_read_as_equal(cli):
 def test_copy_matrices_are_copies(recompute):
     """`Liveness.copy_matrices` (the search's memory, as arrays) says what `copies` says at
     every op and life: one + many x count, for a count standing for the layers."""
-    from opgraph.memory import liveness
+    from opgraph.cost.memory import liveness
 
     live = liveness(compile_step(preset("llama3.2-1b"), recompute=recompute))
     one, many = live.copy_matrices()
@@ -204,10 +204,10 @@ def test_a_partial_gradient_and_the_sum_written_into_it_are_one_buffer(zero):
     the full gradient is not the resident buffer (plain data parallelism before its
     all-reduce, ZeRO-2/3 before the reduce-scatter) it is one transient: one V x D x 4 bytes
     while the embedding's backward runs, not the partial and the sum side by side."""
-    from opgraph.distributed import compile_parallel
-    from opgraph.memory import liveness
+    from opgraph.parallel.distributed import compile_parallel
+    from opgraph.cost.memory import liveness
     from opgraph.models import gpt2
-    from opgraph.parallel import Parallel
+    from opgraph.parallel.parallel import Parallel
 
     config = gpt2.GPT2Config("tiny", d_model=32, layers=2, heads=2, vocab=96, positions=16)
     step = compile_parallel(gpt2.build(config), Parallel(dp=2, zero=zero))

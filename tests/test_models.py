@@ -8,9 +8,9 @@ from opgraph.models import PRESETS, gpt2, preset
 from opgraph.passes.evaluate import mfu_parameters
 
 from opgraph import Phase, compile_step, evaluate, hardware, verify
-from opgraph.costmodel import DEFAULT, CostModel
-from opgraph.parameters import active_parameters
-from opgraph.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
+from opgraph.cost.costmodel import DEFAULT, CostModel
+from opgraph.core.parameters import active_parameters
+from opgraph.core.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
 
 H100 = hardware.get("h100-sxm")
 
@@ -164,7 +164,7 @@ def test_a_dense_model_has_no_active_parameters_field(graphs):
 
 def test_verifier_rejects_a_routing_that_does_not_fit():
     from opgraph import GraphBuilder
-    from opgraph.rules import ShapeError
+    from opgraph.core.rules import ShapeError
 
     g = GraphBuilder("bad", {B: 1, S: 4, D: 8, F: 16, E: 4, K: 2})
     x = g.activation("x", (B, S, D))
@@ -208,7 +208,7 @@ def test_gpt2_sequence_longer_than_its_position_table_is_refused(cli):
 def test_a_mixtral_sweep_row_equals_its_profile(mixtral_step):
     import numpy as np
 
-    from opgraph.sweep import compile_sweep, make_grid, run_grid
+    from opgraph.analysis.sweep import compile_sweep, make_grid, run_grid
 
     grid = make_grid({"batch": np.array([1, 4])}, [H100], 8192)
     rows = run_grid(compile_sweep(mixtral_step), grid)
@@ -232,7 +232,7 @@ def test_new_presets_profile_fused_and_unfused(graphs, name, fused):
 
 
 def test_deepseek_v2_lite_active_parameters(graphs):
-    from opgraph.symbols import F_e
+    from opgraph.core.symbols import F_e
 
     graph = graphs["deepseek-v2-lite"]
     active = active_parameters(graph)
@@ -243,7 +243,7 @@ def test_deepseek_v2_lite_active_parameters(graphs):
 
 
 def test_gemma2_alternates_windowed_and_global_soft_capped_attention(graphs):
-    from opgraph.symbols import W
+    from opgraph.core.symbols import W
 
     graph = graphs["gemma2-2b"]
     local, glob = graph.op("layers.local.attn.scores"), graph.op("layers.global.attn.scores")
@@ -262,7 +262,7 @@ def test_gemma2_alternates_windowed_and_global_soft_capped_attention(graphs):
 
 
 def test_deepseek_mla_head_sizes_and_views(graphs):
-    from opgraph.symbols import d_nope, d_rope, d_v
+    from opgraph.core.symbols import d_nope, d_rope, d_v
 
     graph = graphs["deepseek-v2-lite"]
     attn = graph.producer("layers.attn.pv")
@@ -283,7 +283,7 @@ def test_deepseek_mla_head_sizes_and_views(graphs):
 
 
 def test_bert_predicts_the_masked_positions_only(graphs):
-    from opgraph.symbols import M
+    from opgraph.core.symbols import M
 
     graph = graphs["bert-base"]
     assert graph.tensor("masked").shape == (B, M, D)

@@ -52,7 +52,8 @@ def users_folder(tmp_path) -> Path:
 
 def test_the_build_has_one_top_level_package(built):
     assert sorted(p.name for p in built.iterdir()) == ["opgraph"]
-    for sub in ("passes", "models", "commands", "outputs", "sweep", "traces"):
+    for sub in ("passes", "models", "commands", "core", "cost", "parallel", "parallel/search",
+                "analysis", "analysis/sweep", "analysis/traces", "io", "io/launch", "io/outputs"):
         assert (built / "opgraph" / sub / "__init__.py").is_file(), sub
     assert (built / "opgraph" / "hardware.toml").is_file()
 

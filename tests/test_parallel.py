@@ -13,17 +13,19 @@ from opgraph.passes.evaluate import evaluate, resolve
 from opgraph.passes.replicate import replicate
 from opgraph.passes.shard import shard
 
-from opgraph import collectives, compile_step, hardware
-from opgraph.cluster import get as get_cluster
-from opgraph.costmodel import DEFAULT, message_bytes
-from opgraph.distributed import chunk_times, compile_parallel, in_flight, profile_parallel
-from opgraph.errors import OpgraphError
-from opgraph.ir import Phase, Role
-from opgraph.memory import figures, peak
-from opgraph.parallel import Parallel, chunk_layers, cp, ep, stage_layers, tp
-from opgraph.schedule import interleaved_span, pipeline_span
-from opgraph.symbols import B, D, K, S
-from opgraph.verify import verify
+from opgraph.parallel import collectives
+from opgraph import compile_step, hardware
+from opgraph.parallel.cluster import get as get_cluster
+from opgraph.cost.costmodel import DEFAULT, message_bytes
+from opgraph.parallel.distributed import chunk_times, compile_parallel, in_flight, profile_parallel
+from opgraph.core.errors import OpgraphError
+from opgraph.core.ir import Phase, Role
+from opgraph.cost.memory import figures, peak
+from opgraph.core.symbols import cp, ep, tp
+from opgraph.parallel.parallel import Parallel, chunk_layers, stage_layers
+from opgraph.parallel.schedule import interleaved_span, pipeline_span
+from opgraph.core.symbols import B, D, K, S
+from opgraph.core.verify import verify
 
 H100 = hardware.get("h100-sxm")
 
@@ -534,8 +536,8 @@ def test_job_keys_torchtitan_lacks_are_refused(cli, tmp_path):
 
 @pytest.fixture(scope="module")
 def published():
-    from opgraph.cases import load_cases
-    from opgraph.validate import validate
+    from opgraph.io.cases import load_cases
+    from opgraph.analysis.validate import validate
 
     return validate(load_cases())
 
@@ -720,9 +722,9 @@ def test_sequence_parallel_with_expert_parallel_compiles():
     it): the matmul FLOPs per GPU of the run without sequence parallelism less the router's
     replicas (it runs on S / tp tokens, not on S on every tensor-parallel rank)."""
     from opgraph import hardware
-    from opgraph.distributed import profile_parallel
+    from opgraph.parallel.distributed import profile_parallel
     from opgraph.models import preset
-    from opgraph.parallel import Parallel
+    from opgraph.parallel.parallel import Parallel
 
     def matmul_flops(sp):
         p = profile_parallel(preset("mixtral-8x7b"), hardware.get("h100-sxm"),
@@ -741,7 +743,8 @@ def test_a_reshape_on_a_sequence_shard_keeps_context_parallelism_once():
     """DeepSeek's shared rotary key, reshaped on the sequence-parallel shard under context
     parallelism too: S / (cp x tp) tokens, not S / (cp^2 x tp) (which failed to compile)."""
     from opgraph.models import preset
-    from opgraph.parallel import Parallel, cp, tp
+    from opgraph.core.symbols import cp, tp
+    from opgraph.parallel.parallel import Parallel
     from passes.shard import shard
 
     g = shard(preset("deepseek-v2-lite"), Parallel(tp=2, cp=2, sequence_parallel=True))
@@ -762,10 +765,10 @@ def test_no_collective_is_exposed_longer_than_it_runs(model, layout, cost):
     """What the compute stream waits for is charged to the collective it waits for only while
     that collective runs; waiting before it began (queued behind other collectives on its
     stream, or the one its input comes from) is its own figure. With one pipeline stage the
-    two add up to the exposed communication (`opgraph.schedule`). Each of these layouts
+    two add up to the exposed communication (`opgraph.parallel.schedule`). Each of these layouts
     charged some collective more than its own time before (Mixtral TP2 EP8: the tensor-parallel
     all-reduce 110 ms exposed of 49 ms)."""
-    from opgraph.costmodel import cost_model
+    from opgraph.cost.costmodel import cost_model
 
     r = profile_parallel(preset(model), H100, layout, cost=cost_model(cost)).parallel
     for t in r.communication:
@@ -806,7 +809,7 @@ def _own_symbols_model(experts: bool = False):
     """A model built on symbols of its own (W for the MLP width, N for the vocabulary), as a
     user may write one; with `experts`, E experts declared but run as plain matmuls."""
     from opgraph import GraphBuilder
-    from opgraph.symbols import E, L
+    from opgraph.core.symbols import E, L
 
     width = sympy.Symbol("W", positive=True, integer=True)
     vocab = sympy.Symbol("N", positive=True, integer=True)
@@ -848,7 +851,7 @@ def test_stage_layers_are_checked(fields, message):
 
 
 def test_stage_layers_must_add_up_to_the_model():
-    from opgraph.parallel import stage_layers
+    from opgraph.parallel.parallel import stage_layers
 
     assert stage_layers(16, Parallel(pp=4, stage_layers=[6, 5, 5, 0])) == [6, 5, 5, 0]
     with pytest.raises(OpgraphError, match="add up to 17; the model has 16 layers"):

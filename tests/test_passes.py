@@ -7,19 +7,10 @@ from opgraph.passes.attach_adamw import AdamW
 from opgraph.passes.derive_backward import gradient_of
 from opgraph.passes.fuse_attention import rewrite_attention
 
-from opgraph import (
-    GraphBuilder,
-    Phase,
-    attach_adamw,
-    compile_step,
-    derive_backward,
-    evaluate,
-    fuse_attention,
-    hardware,
-    verify,
-)
-from opgraph.costmodel import DEFAULT, CostModel
-from opgraph.symbols import B, D, H, H_kv, L, S, d_h
+from opgraph import (GraphBuilder, Phase, attach_adamw, compile_step, derive_backward, evaluate,
+                     fuse_attention, hardware, verify)
+from opgraph.cost.costmodel import DEFAULT, CostModel
+from opgraph.core.symbols import B, D, H, H_kv, L, S, d_h
 
 H100 = hardware.get("h100-sxm")
 

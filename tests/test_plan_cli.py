@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from opgraph import search
+from opgraph.parallel import search
 
 
 def _no_search(monkeypatch):
@@ -91,7 +91,7 @@ EMITTED = [
 
 
 def test_every_preset_an_emitter_writes_has_a_round_trip():
-    from opgraph.launch import PRESET_CONFIGS, TORCHTITAN_MODELS
+    from opgraph.io.launch import PRESET_CONFIGS, TORCHTITAN_MODELS
 
     tried = {(framework, model) for framework, model, _, _ in EMITTED}
     assert tried == ({("megatron", m) for m in PRESET_CONFIGS}

@@ -11,8 +11,8 @@ from opgraph.models import preset
 
 from opgraph import compile_step, evaluate, hardware
 from opgraph.cli import main
-from opgraph.errors import OpgraphError
-from opgraph.outputs.plot import plot_profile, plot_sweep, profile_title
+from opgraph.core.errors import OpgraphError
+from opgraph.io.outputs.plot import plot_profile, plot_sweep, profile_title
 
 pytest.importorskip("matplotlib")
 

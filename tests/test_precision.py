@@ -9,11 +9,11 @@ from opgraph.passes.attach_adamw import ADAMW_OPTIONS, AdamW
 from opgraph.passes.precision import apply_precision, fp8_matmuls
 
 from opgraph import OpgraphError, Phase, compile_step, derive_backward, evaluate, hardware, verify
-from opgraph.costmodel import DEFAULT
-from opgraph.formula import BANDWIDTH, PEAK_FP8, formula
-from opgraph.memory import footprint
-from opgraph.sweep import compile_sweep
-from opgraph.symbols import B, D, L, S
+from opgraph.cost.costmodel import DEFAULT
+from opgraph.cost.formula import BANDWIDTH, PEAK_FP8, formula
+from opgraph.cost.memory import footprint
+from opgraph.analysis.sweep import compile_sweep
+from opgraph.core.symbols import B, D, L, S
 
 H100 = hardware.get("h100-sxm")
 
@@ -148,7 +148,7 @@ def test_cli_echoes_the_precision(cli):
 
 
 def test_solve_turns_an_fp8_matmul_at_the_fp8_peak(fp8, bf16):
-    from opgraph.solve import ridge
+    from opgraph.analysis.solve import ridge
 
     fast, slow = (ridge(s, H100, "layers.q_proj") for s in (fp8, bf16))
     assert fast.ridge_intensity == pytest.approx(H100.fp8_flops / H100.bandwidth)
@@ -191,11 +191,12 @@ def test_a_sequence_parallel_input_is_cast_on_its_shard_and_gathered_in_fp8():
     element, where BF16 moves 2 B S D; and Megatron-LM, which keeps the shard for the backward
     and gathers it again (`regather_inputs`), saves the FP8 shard, B (S/tp) D bytes, not an FP8
     copy of the whole sequence."""
-    from opgraph.costmodel import message_bytes
-    from opgraph.distributed import compile_parallel
-    from opgraph.memory import saved
-    from opgraph.parallel import Parallel, tp
-    from opgraph.symbols import B, D, S
+    from opgraph.cost.costmodel import message_bytes
+    from opgraph.parallel.distributed import compile_parallel
+    from opgraph.cost.memory import saved
+    from opgraph.core.symbols import tp
+    from opgraph.parallel.parallel import Parallel
+    from opgraph.core.symbols import B, D, S
 
     layout = Parallel(tp=2, sequence_parallel=True, framework="megatron")
     steps = {p: compile_parallel(preset("llama3.2-1b"), layout, precision=p)

@@ -3,7 +3,7 @@
 import io
 import sys
 
-from opgraph.outputs.progress import progress, progressed
+from opgraph.io.outputs.progress import progress, progressed
 
 PLAN = ("plan", "--model", "gpt2", "--gpus", "2", "--global-batch", "4", "--top", "2")
 

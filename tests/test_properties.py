@@ -17,13 +17,13 @@ from opgraph.models import deepseek, gemma2, gpt2, llama
 from opgraph.passes.evaluate import evaluate
 
 from opgraph import compile_step, hardware
-from opgraph.costmodel import cost_model
-from opgraph.distributed import prepare, profile_parallel, schedule
-from opgraph.errors import OpgraphError
-from opgraph.parallel import Parallel
+from opgraph.cost.costmodel import cost_model
+from opgraph.parallel.distributed import prepare, profile_parallel, schedule
+from opgraph.core.errors import OpgraphError
+from opgraph.parallel.parallel import Parallel
 from opgraph.passes.recompute import POLICIES
-from opgraph.schedule import pipeline_span
-from opgraph.search import Searcher, Space
+from opgraph.parallel.schedule import pipeline_span
+from opgraph.parallel.search import Searcher, Space
 
 H100 = hardware.get("h100-sxm")
 SEQ = 256

@@ -7,19 +7,11 @@ from opgraph.models import preset
 from opgraph.passes.evaluate import mfu_parameters
 from opgraph.passes.recompute import POLICIES, recompute, rewrite_recompute
 
-from opgraph import (
-    CostModel,
-    OpgraphError,
-    Phase,
-    compile_step,
-    derive_backward,
-    evaluate,
-    hardware,
-    verify,
-)
-from opgraph.formula import formula
-from opgraph.memory import footprint
-from opgraph.symbols import B, D, F, H, H_kv, L, S, V, d_h
+from opgraph import (CostModel, OpgraphError, Phase, compile_step, derive_backward, evaluate,
+                     hardware, verify)
+from opgraph.cost.formula import formula
+from opgraph.cost.memory import footprint
+from opgraph.core.symbols import B, D, F, H, H_kv, L, S, V, d_h
 
 H100 = hardware.get("h100-sxm")
 
@@ -185,7 +177,7 @@ def test_cli_echoes_the_policy_and_reports_the_peak(cli):
 def test_sweep_and_profile_agree_on_a_recomputed_step(steps):
     import numpy as np
 
-    from opgraph.sweep import compile_sweep
+    from opgraph.analysis.sweep import compile_sweep
 
     step = steps["selective-op", True]
     p = evaluate(step, H100, {"tokens": 16384})

@@ -6,8 +6,8 @@ import sympy
 from opgraph.models import preset
 
 from opgraph import GraphBuilder, OpgraphError, VerifyError, compile_step, verify
-from opgraph.ir import Phase, Region, Role, format_graph, format_region, region_problems
-from opgraph.symbols import B, D, L, S, V
+from opgraph.core.ir import Phase, Region, Role, format_graph, format_region, region_problems
+from opgraph.core.symbols import B, D, L, S, V
 
 
 def _embed(g):

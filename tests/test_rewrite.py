@@ -6,21 +6,11 @@ import sympy
 from opgraph.models import preset
 
 from opgraph import GraphBuilder, verify
-from opgraph.costmodel import rule_flops
-from opgraph.ir import Graph, Op, Tensor
-from opgraph.rewrite import (
-    Replacement,
-    Rewrite,
-    RewriteError,
-    find,
-    fixpoint,
-    fused_flops,
-    is_convex,
-    matches,
-    one_region,
-    rewrite,
-)
-from opgraph.symbols import B, D, S
+from opgraph.cost.costmodel import rule_flops
+from opgraph.core.ir import Graph, Op, Tensor
+from opgraph.core.rewrite import (Replacement, Rewrite, RewriteError, find, fixpoint, fused_flops,
+                                  is_convex, matches, one_region, rewrite)
+from opgraph.core.symbols import B, D, S
 
 BSD = B * S * D  # elements of one [B, S, D] activation
 BF16 = 2  # bytes per element

@@ -1,5 +1,5 @@
-"""`opgraph plan` and `opgraph.search`: the layouts it returns carry `profile`'s figures, the
-branch and bound returns the fastest, the launch configs read back to the same prediction, and
+"""`opgraph plan` and `opgraph.parallel.search`: the layouts it returns carry `profile`'s figures,
+the branch and bound returns the fastest, the launch configs read back to the same prediction, and
 bad input is one line."""
 
 import functools
@@ -11,12 +11,12 @@ import pytest
 import sympy
 
 from opgraph import hardware
-from opgraph.costmodel import cost_model
-from opgraph.distributed import profile_parallel
-from opgraph.errors import OpgraphError
+from opgraph.cost.costmodel import cost_model
+from opgraph.parallel.distributed import profile_parallel
+from opgraph.core.errors import OpgraphError
 from opgraph.models import preset
-from opgraph.search import Searcher, Space, rows, structure
-from opgraph.search.bounds import _compute_bound
+from opgraph.parallel.search import Searcher, Space, rows, structure
+from opgraph.parallel.search.bounds import _compute_bound
 
 H100 = hardware.get("h100-sxm")
 FIGURES = ("step_time_s", "mfu", "bubble_s", "exposed_communication_s", "tokens_per_s_per_gpu")
@@ -418,10 +418,10 @@ def test_a_steady_state_stack_is_what_running_every_layer_gives(searchers, model
     timeline runs every layer. Both give the same span, compute, communication and waits, on
     both micro-batches of every stage of random layouts of 20 random structures (every ZeRO
     stage, recomputation, pipeline depth; context and expert parallelism, async TP)."""
-    from opgraph import schedule
-    from opgraph.distributed import _times
-    from opgraph.schedule import simulate
-    from opgraph.search.bounds import _job
+    from opgraph.parallel import schedule
+    from opgraph.parallel.distributed import _times
+    from opgraph.parallel.schedule import simulate
+    from opgraph.parallel.search.bounds import _job
 
     stepped = []
     repeat = schedule._repeat
@@ -457,8 +457,8 @@ def test_a_pass_added_to_the_pipeline_runs_in_plan(cli, monkeypatch):
     """The search keys its shared passes by the pipeline's own declarations
     (`pipeline.pass_key`), not by a list of its own: a pass added to `step_passes` runs in
     `plan` (it used to raise KeyError) and, changing nothing, leaves its answer as it was."""
-    from opgraph import contracts, pipeline
-    from opgraph.parallel import Parallel
+    from opgraph.core import contracts, pipeline
+    from opgraph.parallel.parallel import Parallel
     from opgraph.passes.shard import shard as shard_pass
 
     _, out, _ = _plan(cli, "--gpus", "8", "--global-batch", "8", "--top", "2", "--json")
@@ -488,13 +488,13 @@ def test_the_bound_counts_megatrons_reductions_as_replicate_charges_them():
     reduce-scatter the share of a call `replicate` gives it under Megatron's buckets, so the
     bound reads the same latency the step pays: per micro-batch, the sum of the reductions'
     counts times their calls."""
-    from opgraph.distributed import compile_parallel
-    from opgraph.frameworks import FRAMEWORKS
-    from opgraph.ir import Phase
-    from opgraph.parallel import Parallel
+    from opgraph.parallel.distributed import compile_parallel
+    from opgraph.parallel.frameworks import FRAMEWORKS
+    from opgraph.core.ir import Phase
+    from opgraph.parallel.parallel import Parallel
     from opgraph.passes.evaluate import resolve
-    from opgraph.pipeline import compile_step
-    from opgraph.search.bounds import _moved
+    from opgraph.core.pipeline import compile_step
+    from opgraph.parallel.search.bounds import _moved
 
     forward = preset("llama3-8b")
     layout = Parallel(tp=2, dp=8, zero=2, framework="megatron")

@@ -7,7 +7,7 @@ import sympy
 from opgraph.models import preset
 
 from opgraph import compile_step, evaluate, hardware
-from opgraph.solve import max_share, ridge, smallest
+from opgraph.analysis.solve import max_share, ridge, smallest
 
 H100 = hardware.get("h100-sxm")
 PCIE = hardware.get("h100-pcie")

@@ -8,9 +8,9 @@ import pytest
 from opgraph.models import preset
 
 from opgraph import compile_step, evaluate, hardware
-from opgraph.errors import OpgraphError
-from opgraph.outputs.numfmt import csv_block, float_bytes, int_bytes, text_bytes
-from opgraph.sweep import compile_sweep, make_grid, parse_range, run_grid
+from opgraph.core.errors import OpgraphError
+from opgraph.io.outputs.numfmt import csv_block, float_bytes, int_bytes, text_bytes
+from opgraph.analysis.sweep import compile_sweep, make_grid, parse_range, run_grid
 
 PARTS = [hardware.get("h100-sxm"), hardware.get("h100-pcie")]
 

@@ -4,9 +4,10 @@ import pytest
 from opgraph.models import PRESETS, preset
 from opgraph.passes.derive_backward import VJP_RULES
 
-from opgraph import Phase, compile_step, rules
-from opgraph.costmodel import BACKWARD_COST
-from opgraph.parameters import ACTIVE_FRACTION
+from opgraph import Phase, compile_step
+from opgraph.core import rules
+from opgraph.cost.costmodel import BACKWARD_COST
+from opgraph.core.parameters import ACTIVE_FRACTION
 
 TABLES = {"SHAPE_RULES": rules.SHAPE_RULES, "FLOP_RULES": rules.FLOP_RULES,
           "VJP_RULES": VJP_RULES, "BACKWARD_COST": BACKWARD_COST}

@@ -1,4 +1,5 @@
-"""`opgraph.traces.calibrate`: efficiencies fitted from a measured step against its roofline.
+"""`opgraph.analysis.traces.calibrate`: efficiencies fitted from a measured step against its
+roofline.
 
 The traces are built here by hand: each kernel lasts its roofline category's time divided by a
 KNOWN efficiency, so the fit must give those efficiencies back. They are read by the reader
@@ -13,14 +14,15 @@ import attrs
 import pytest
 from opgraph.models import preset
 
-from opgraph import calibration, compile_step, evaluate, hardware
-from opgraph.categories import CATEGORIES
+from opgraph.cost import calibration
+from opgraph import compile_step, evaluate, hardware
+from opgraph.core.categories import CATEGORIES
 from opgraph.commands.trace_breakdown import read_breakdown
-from opgraph.costmodel import DEFAULT, cost_model, runs_per_charged, waves_of
-from opgraph.errors import OpgraphError
-from opgraph.traces import classify
-from opgraph.traces.calibrate import FITTED, SCALED_BY, fit_trace, format_trace_fit
-from opgraph.traces.compare import compare
+from opgraph.cost.costmodel import DEFAULT, cost_model, runs_per_charged, waves_of
+from opgraph.core.errors import OpgraphError
+from opgraph.analysis.traces import classify
+from opgraph.analysis.traces.calibrate import FITTED, SCALED_BY, fit_trace, format_trace_fit
+from opgraph.analysis.traces.compare import compare
 
 H100 = hardware.get("h100-sxm")
 HOPPER = calibration.get("hopper")

@@ -12,19 +12,11 @@ import tracemalloc
 
 import pytest
 
-from opgraph.errors import OpgraphError
-from opgraph.traces import (
-    KERNEL_RULES,
-    Kernel,
-    breakdown,
-    classify,
-    iter_kernels,
-    load_rules,
-    read_trace,
-    source,
-)
-from opgraph.traces.jsonstream import trace_events
-from opgraph.traces.rules import MAX_NAME_CHARS, pattern_cost
+from opgraph.core.errors import OpgraphError
+from opgraph.analysis.traces import (KERNEL_RULES, Kernel, breakdown, classify, iter_kernels,
+                                     load_rules, read_trace, source)
+from opgraph.analysis.traces.jsonstream import trace_events
+from opgraph.analysis.traces.rules import MAX_NAME_CHARS, pattern_cost
 
 T0 = 1_700_000_000_000_000
 

@@ -5,12 +5,12 @@ import json
 import pytest
 import sympy
 
-from opgraph.symbols import B, D, F, L, S, V
+from opgraph.core.symbols import B, D, F, L, S, V
 
 # A 2-layer MLP language model, as a user writes it in their own file.
 MLP = '''
 from opgraph import GraphBuilder
-from opgraph.symbols import B, D, F, L, S, V
+from opgraph.core.symbols import B, D, F, L, S, V
 
 
 def build():
@@ -101,7 +101,7 @@ def test_a_weight_nothing_reads_is_one_line(cli, tmp_path):
     model = tmp_path / "unused.py"
     model.write_text(
         "from opgraph import GraphBuilder\n"
-        "from opgraph.symbols import B, S, D, V\n"
+        "from opgraph.core.symbols import B, S, D, V\n"
         "def build():\n"
         "    g = GraphBuilder('unused', {B: 1, S: 16, D: 8, V: 32})\n"
         "    t, y = g.input('tokens', (B, S)), g.input('targets', (B, S))\n"

@@ -7,10 +7,10 @@ import math
 import attrs
 import pytest
 
-from opgraph import calibration
-from opgraph import validate as v
-from opgraph.cases import Unmodelled, load_cases
-from opgraph.errors import OpgraphError
+from opgraph.cost import calibration
+from opgraph.analysis import validate as v
+from opgraph.io.cases import Unmodelled, load_cases
+from opgraph.core.errors import OpgraphError
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +27,9 @@ def test_a_prediction_is_what_profile_gives_under_each_cost_model(shipped, case_
     """`predict` compiles a case once a process (the fit's compiled jobs, shared across cost
     models of one backward convention) and schedules it under the cost model asked for: the
     figures `profile_parallel` gives compiling the case under that cost model on its own."""
-    from opgraph import cluster as clusters
-    from opgraph.costmodel import cost_model
-    from opgraph.distributed import profile_parallel
+    from opgraph.parallel import cluster as clusters
+    from opgraph.cost.costmodel import cost_model
+    from opgraph.parallel.distributed import profile_parallel
 
     case = shipped[case_id]
     part = case.part()
@@ -120,8 +120,8 @@ def test_the_held_out_runs_are_never_fitted_on(shipped):
     its runs is a development run (by id, or by model, part, layout and sequence), the fit
     reads the development set alone, and each is predicted within a factor of two (a guard,
     not the figure: docs/calibration.md prints them)."""
-    from opgraph.cases import HOLDOUT, NAMED, SHIPPED
-    from opgraph.costmodel import cost_model
+    from opgraph.io.cases import HOLDOUT, NAMED, SHIPPED
+    from opgraph.cost.costmodel import cost_model
 
     held = load_cases("holdout")
     assert NAMED["holdout"] == HOLDOUT and len(held) == 18

@@ -70,7 +70,7 @@ def test_a_pipeline_with_fewer_micro_batches_than_stages_warns(cli):
 
 
 def test_validate_prints_gb_like_every_other_command(cli):
-    from opgraph.cases import load_cases
+    from opgraph.io.cases import load_cases
 
     case = next(c for c in load_cases() if c.measured_peak_memory_bytes is not None)
     code, out, _ = cli("validate", "--select", case.id)

@@ -1,5 +1,5 @@
 """Argument types shared by the subcommands: numbers are parsed, never eval'ed, and bounded
-(`opgraph.limits`); the files a command reads and writes; JSON that is always valid JSON."""
+(`opgraph.core.limits`); the files a command reads and writes; JSON that is always valid JSON."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import math
 import os
 import re
 
-from ..errors import OpgraphError
-from ..limits import MAX_COUNT, MAX_DIGITS, check_whole
-from ..outputs.atomic import check_outputs
+from ..core.errors import OpgraphError
+from ..core.limits import MAX_COUNT, MAX_DIGITS, check_whole
+from ..io.outputs.atomic import check_outputs
 
 _INT = re.compile(r"[0-9]+(?:[_,][0-9]+)*")
 
@@ -43,7 +43,7 @@ def whole(maximum: int):
 
 positive_int = whole(MAX_COUNT)
 # Any figure a flag takes (TFLOP/s, TB/s, a share): far from float overflow and denormals. The
-# hardware's own ranges (`opgraph.hardware.RANGES`) are narrower.
+# hardware's own ranges (`opgraph.cost.hardware.RANGES`) are narrower.
 FLOAT_RANGE = (1e-9, 1e9)
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import attrs
 
-from ..errors import OpgraphError
-from ..limits import MAX_FIT_CASES
-from ..outputs.atomic import outputs
+from ..core.errors import OpgraphError
+from ..core.limits import MAX_FIT_CASES
+from ..io.outputs.atomic import outputs
 from .args import check_command_outputs, json_text, positive_int
 from .options import add_model_args
 from .trace_breakdown import add_trace_args
@@ -60,8 +60,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from .. import calibration
-    from ..errors import OpgraphError
+    from ..core.errors import OpgraphError
+    from ..cost import calibration
 
     given = [x for x in (args.trace, args.fit, args.gemms) if x is not None]
     if len(given) != 1:
@@ -77,8 +77,8 @@ def run(args) -> int:
     else:
         table, text, report = _fit_trace(args, base)
     if args.out:
-        from ..fit import to_toml
-        from ..outputs.atomic import write_atomic
+        from ..analysis.fit import to_toml
+        from ..io.outputs.atomic import write_atomic
 
         toml = to_toml(table, calibration.header(source))
         with outputs():
@@ -90,8 +90,8 @@ def run(args) -> int:
 
 
 def _fit_cases(args, base):
-    from ..cases import load_cases, select
-    from ..fit import fit
+    from ..analysis.fit import fit
+    from ..io.cases import load_cases, select
 
     path = None if args.fit == SHIPPED_CASES else args.fit
     cases = load_cases(path, most=(MAX_FIT_CASES, "a fit"), pattern=args.select)
@@ -117,8 +117,8 @@ def _fit_cases(args, base):
 
 def _fit_gemms(args, base):
     """The part's generation's matmul tile, K overhead and sustained efficiency from a table of
-    measured GEMMs (`opgraph.gemms`), the GEMMs shorter than `gemms.MIN_SECONDS` left out."""
-    from .. import calibration, gemms
+    measured GEMMs (`opgraph.cost.gemms`), the GEMMs shorter than `gemms.MIN_SECONDS` left out."""
+    from ..cost import calibration, gemms
     from .common import load_hardware
 
     part = load_hardware(args)
@@ -184,10 +184,10 @@ def _shape_text(f) -> str:
 def _fit_trace(args, base):
     """The part's generation's matmul, attention and bandwidth efficiencies from the trace of
     the step the model options describe (profiled on the roofline: the fit's reference)."""
-    from .. import calibration
+    from ..analysis.traces.calibrate import fit_trace, format_trace_fit
+    from ..analysis.traces.compare import compare
+    from ..cost import calibration
     from ..passes.evaluate import evaluate
-    from ..traces.calibrate import fit_trace, format_trace_fit
-    from ..traces.compare import compare
     from .common import setup
     from .trace_breakdown import read_breakdown
 

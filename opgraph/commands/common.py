@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import attrs
 
-from .. import hardware as hw
-from ..costmodel import DEFAULT, CostModel
-from ..costmodel import cost_model as make_cost_model
-from ..errors import OpgraphError
-from ..hardware import Hardware
-from ..ir import Graph
+from ..core.errors import OpgraphError
+from ..core.ir import Graph
+from ..core.pipeline import compile_step, fusion_passes
+from ..cost import hardware as hw
+from ..cost.costmodel import DEFAULT, CostModel
+from ..cost.costmodel import cost_model as make_cost_model
+from ..cost.hardware import Hardware
 from ..passes.attach_adamw import AdamW
-from ..pipeline import compile_step, fusion_passes
 
 
 @attrs.frozen
@@ -68,8 +68,8 @@ def forward_passes(forward: Graph, specs) -> Graph:
     them alike. Every failure is one line."""
     if not specs:
         return forward
-    from ..pipeline import run_passes
-    from ..verify import VerifyError, check_model
+    from ..core.pipeline import run_passes
+    from ..core.verify import VerifyError, check_model
 
     for spec in specs:
         path, function = _file_and_function(spec)
@@ -126,7 +126,7 @@ def _load_function(path: str, function: str, where: str):
 
 def _user_model(path: str, function: str) -> Graph:
     """Call `function` of the file at `path`; every failure is one line."""
-    from ..verify import VerifyError, check_model
+    from ..core.verify import VerifyError, check_model
 
     where = f"--model {path}:{function}"
     build = _load_function(path, function, where)
@@ -142,7 +142,7 @@ def _user_model(path: str, function: str) -> Graph:
         check_model(graph)  # after build(): its dims may have changed since the builder's check
     except VerifyError as e:
         raise OpgraphError(f"{where}: the graph cannot be profiled: {_one_line(e)}") from None
-    from ..symbols import S
+    from ..core.symbols import S
 
     if graph.seq_len is None and S in graph.dims:  # its S is its default length
         graph = graph.copy()
@@ -172,8 +172,8 @@ def load_hardware(args) -> Hardware:
 def token_values(forward: Graph, tokens: int | None, seq_len: int | None) -> dict:
     """`{"S": seq_len, "B": batch}` from tokens per step and sequence length, checked as the
     library checks them (`opgraph.passes.evaluate.resolve`)."""
+    from ..core.symbols import B, S
     from ..passes.evaluate import resolve
-    from ..symbols import B, S
 
     seq = seq_len or forward.seq_len
     if seq is None:
@@ -208,12 +208,12 @@ def cost_model(args, calibrated: bool = True) -> CostModel:
         raise OpgraphError("--calibration gives efficiencies for --cost calibrated; add it")
     table = None
     if path is not None:
-        from .. import calibration
+        from ..cost import calibration
 
         table = calibration.load(path)
     cost = make_cost_model(name, getattr(args, "backward_traffic", "plate"), table)
     if not calibrated:
-        from ..formula import roofline_only
+        from ..cost.formula import roofline_only
 
         roofline_only(cost, f"opgraph {args.command}")
     return cost
@@ -221,7 +221,7 @@ def cost_model(args, calibrated: bool = True) -> CostModel:
 
 def extra_passes(args) -> list:
     """The passes the options add after the built-in ones: `--fuse POLICY` runs
-    `fuse_elementwise` with that policy (`opgraph.fusion.POLICIES`)."""
+    `fuse_elementwise` with that policy (`opgraph.core.fusion.POLICIES`)."""
     return fusion_passes(getattr(args, "fuse", None))
 
 
@@ -235,7 +235,7 @@ def setup(args, calibrated: bool = True, layout=None) -> Setup:
     if layout is None:
         step = compile_step(forward, **step_options(args))
     else:
-        from ..distributed import compile_parallel
+        from ..parallel.distributed import compile_parallel
 
         step = compile_parallel(forward, layout, seq=values["S"], **step_options(args))
     if cost.name == "calibrated":
@@ -278,10 +278,10 @@ class ParallelSetup:
 
 def parallel_setup(args) -> ParallelSetup:
     """The many-GPU profile the options ask for: the layout from the flags over what
-    `--torchtitan` or `--megatron-args` said (`opgraph.launch`), on `--cluster` (default: the
+    `--torchtitan` or `--megatron-args` said (`opgraph.io.launch`), on `--cluster` (default: the
     part's), with `--trace-rank`'s timeline."""
-    from .. import cluster as clusters
-    from ..distributed import profile_parallel
+    from ..parallel import cluster as clusters
+    from ..parallel.distributed import profile_parallel
     from .layout import layout_from, layout_warnings
 
     base, options = None, step_options(args)
@@ -321,7 +321,7 @@ def _launch(args):
         raise OpgraphError("give --torchtitan or --megatron-args, not both")
     if not (args.torchtitan or args.megatron_args):
         return None
-    from .. import launch
+    from ..io import launch
 
     if args.torchtitan:
         return launch.read_torchtitan(args.torchtitan, gpus=args.gpus)

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from opgraph.passes.evaluate import evaluate
 
-    from ..traces.compare import compare, format_comparison
+    from ..analysis.traces.compare import compare, format_comparison
     from .common import setup
 
     s = setup(args)  # bad model options fail before a large trace is read

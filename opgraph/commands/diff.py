@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import json
 
-from ..errors import OpgraphError
+from ..core.errors import OpgraphError
 from .options import add_model_args
 
 # Options that name the same thing: giving one on side B drops side A's other.
@@ -138,7 +138,7 @@ def side_b(args) -> tuple[argparse.Namespace, list[str]]:
 
 
 def run(args) -> int:
-    from ..diff import diff_steps, format_diff
+    from ..analysis.diff import diff_steps, format_diff
     from .common import setup
 
     b_args, changes = side_b(args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..errors import OpgraphError
+from ..core.errors import OpgraphError
 from .layout import add_sharding_args, given_layout
 from .options import add_model_args
 
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from opgraph.passes.evaluate import resolve
 
-    from .. import formula as fm
+    from ..cost import formula as fm
     from .common import setup
 
     s = setup(args, layout=_layout(args))  # a calibrated time: the library decides
@@ -80,7 +80,7 @@ def run(args) -> int:
 
 def _layout(args):
     """The sharding the flags ask for (None: one GPU), as `Parallel`."""
-    from ..parallel import Parallel
+    from ..parallel.parallel import Parallel
 
     given = given_layout(args)
     if not given:

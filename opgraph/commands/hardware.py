@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .args import json_text
 
 if TYPE_CHECKING:
-    from ..hardware import Hardware
+    from ..cost.hardware import Hardware
 
 
 def register(subparsers) -> None:
@@ -74,13 +74,13 @@ def format_clusters(found: list) -> str:
 
 def run(args) -> int:
     if args.clusters:
-        from .. import cluster
+        from ..parallel import cluster
 
         found = list((cluster.load(args.file) if args.file else cluster.catalog()).values())
         print(json_text([cluster_json(c) for c in found]) if args.json
               else format_clusters(found))
         return 0
-    from .. import hardware as hw
+    from ..cost import hardware as hw
 
     parts = list((hw.load(args.file) if args.file else hw.catalog()).values())
     if args.json:

@@ -7,13 +7,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from ..choices import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
-from ..errors import OpgraphError
-from ..limits import MAX_DIM, MAX_MICRO_BATCHES
+from ..core.choices import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
+from ..core.errors import OpgraphError
+from ..core.limits import MAX_DIM, MAX_MICRO_BATCHES
 from .args import layer_counts, whole
 
 if TYPE_CHECKING:  # the record (with sympy) loads when a layout is made, not for --help
-    from ..parallel import Parallel
+    from ..parallel.parallel import Parallel
 
 SHARDING_FLAGS = (("tp", "tensor-parallel degree (Megatron-LM; heads, MLP width, vocabulary split)"),
                   ("cp", "context-parallel degree (ring attention)"),
@@ -44,11 +44,11 @@ def add_sharding_args(group) -> None:
 
 
 def add_framework_args(group) -> None:
-    """`--framework` and `--grad-reduce-dtype` (`opgraph.frameworks`): what profile and plan
-    follow beyond the degrees."""
+    """`--framework` and `--grad-reduce-dtype` (`opgraph.parallel.frameworks`): what profile and
+    plan follow beyond the degrees."""
     group.add_argument("--framework", choices=FRAMEWORKS,
-                       help="follow this framework's behaviour (opgraph.frameworks): FSDP2's "
-                            "gathers (torchtitan), Megatron-LM's sequence-parallel inputs, "
+                       help="follow this framework's behaviour (opgraph.parallel.frameworks): "
+                            "FSDP2's gathers (torchtitan), Megatron-LM's sequence-parallel inputs, "
                             "DeepSpeed's reductions after the pipeline flush, each one's "
                             "gradient-reduction dtype (default: a generic FSDP-like model)")
     group.add_argument("--grad-reduce-dtype", choices=GRAD_REDUCE_DTYPES,
@@ -138,7 +138,7 @@ def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:
     sets the global batch in sequences."""
     import attrs
 
-    from ..parallel import Parallel
+    from ..parallel.parallel import Parallel
 
     given = given_layout(args)
     tokens = getattr(args, "tokens", None)

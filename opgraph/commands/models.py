@@ -16,9 +16,9 @@ def register(subparsers) -> None:
 
 def describe(name: str) -> dict:
     """One preset's row: `describe("gpt2")["parameters"] == 124_439_808`."""
+    from opgraph.core.parameters import active_parameters, is_routed
+    from opgraph.core.symbols import BY_NAME
     from opgraph.models import preset
-    from opgraph.parameters import active_parameters, is_routed
-    from opgraph.symbols import BY_NAME
 
     graph = preset(name)
     dims = graph.dims

@@ -1,12 +1,12 @@
 """The options every model-facing subcommand shares, as argparse declarations: built from light
-modules only (`opgraph.choices`, `opgraph.limits`), so that `--help` and a bad flag import no
-sympy, numpy or pass. What the options resolve to is `opgraph.commands.common`'s."""
+modules only (`opgraph.core.choices`, `opgraph.core.limits`), so that `--help` and a bad flag import
+no sympy, numpy or pass. What the options resolve to is `opgraph.commands.common`'s."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..choices import (
+from ..core.choices import (
     ADAMW_OPTIONS,
     BACKWARD_MODES,
     COST_MODELS,
@@ -14,7 +14,7 @@ from ..choices import (
     PRECISIONS,
     RECOMPUTE_POLICIES,
 )
-from ..limits import MAX_DIM, MAX_TOKENS
+from ..core.limits import MAX_DIM, MAX_TOKENS
 from .args import positive_float, whole
 
 

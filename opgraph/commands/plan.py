@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 import sys
 
-from ..choices import PRECISIONS, RECOMPUTE_POLICIES
-from ..choices import ZERO_STAGES as ZERO
-from ..errors import OpgraphError
-from ..limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
+from ..core.choices import PRECISIONS, RECOMPUTE_POLICIES
+from ..core.choices import ZERO_STAGES as ZERO
+from ..core.errors import OpgraphError
+from ..core.limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
 from .args import check_command_outputs, json_text, whole
 
 EMITS = ("torchtitan", "megatron")
@@ -104,7 +104,7 @@ def register(subparsers) -> None:
     o.add_argument("--plot", metavar="FILE",
                    help="with a range of --gpus: draw tokens/s per GPU and MFU against GPUs "
                         "(.png or .svg)")
-    w = p.add_argument_group("why this layout, and how sure (opgraph.explain)")
+    w = p.add_argument_group("why this layout, and how sure (opgraph.analysis.explain)")
     w.add_argument("--compare", action="append", metavar="LAYOUT[;LAYOUT...]",
                    help="also print the first and second layouts beside this one, written as "
                         "the table prints a layout (tp8,pp16,dp64,mb1,zero1 full; repeatable): "
@@ -124,7 +124,7 @@ def register(subparsers) -> None:
 
 
 def _space(args, gpus: int, batch: int):
-    from ..search import Space
+    from ..parallel.search import Space
 
     return Space(gpus=gpus, batch=batch, tp=args.tp, cp=args.cp, ep=args.ep, pp=args.pp,
                  dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,
@@ -138,14 +138,14 @@ def _space(args, gpus: int, batch: int):
 
 
 def _sizes(text: str) -> list[int]:
-    from ..sweep.ranges import parse_range
+    from ..analysis.sweep.ranges import parse_range
 
     return [int(n) for n in parse_range(text, "--gpus", points=MAX_PLAN_SIZES)]
 
 
 def run(args) -> int:
-    from .. import cluster as clusters
-    from ..search import Searcher
+    from ..parallel import cluster as clusters
+    from ..parallel.search import Searcher
     from .common import cost_model, load_forward
 
     sizes = _sizes(args.gpus)
@@ -176,7 +176,7 @@ def run(args) -> int:
     if args.sensitivity and args.cost != "calibrated":
         raise OpgraphError("--sensitivity moves the calibrated model's efficiencies by its "
                            "error; give --cost calibrated (plan's default)")
-    from .. import hardware as hw
+    from ..cost import hardware as hw
 
     part = hw.get(args.hardware)
     if part.memory_bytes is None:
@@ -187,7 +187,7 @@ def run(args) -> int:
               "not", file=sys.stderr)
     forward = load_forward(args)
     if args.emit:
-        from ..launch import check_emittable
+        from ..io.launch import check_emittable
 
         check_emittable(forward.name, args.emit)  # before the search, not after it
     seq = args.seq_len or forward.seq_len
@@ -222,7 +222,7 @@ def run(args) -> int:
         found = attrs.evolve(found, best=found.best[:args.top])  # as deep as --top asks
         _warn_unsplit(forward, spaces[0])
         return _one(args, found, forward, part, cluster, seq, batch, ranking, why)
-    from ..outputs.progress import progressed
+    from ..io.outputs.progress import progressed
 
     curve = []
     for n, space in progressed(list(zip(sizes, spaces)), "plan: sizes", unit="size"):
@@ -247,10 +247,10 @@ def _resident_bytes(forward, seq: int, space) -> float | None:
     formula of more than the sequence length (the search then finds what fits)."""
     import sympy
 
-    from ..memory import RESIDENT, footprint
+    from ..core.pipeline import compile_step
+    from ..cost.memory import RESIDENT, footprint
     from ..passes.evaluate import resolve
     from ..passes.precision import PRECISIONS as ALL_PRECISIONS
-    from ..pipeline import compile_step
 
     least = None
     for precision in space.precision or ALL_PRECISIONS:
@@ -290,7 +290,7 @@ def _no_fit(found, forward, part, gpus: int) -> None:
 def _warn_unsplit(forward, space) -> None:
     """Say which pipeline degrees the search left out for its framework's split (see
     `search.unsplit_degrees`), on stderr."""
-    from ..search import unsplit_degrees
+    from ..parallel.search import unsplit_degrees
 
     left = unsplit_degrees(forward, space)
     if left:
@@ -338,7 +338,7 @@ def _named(args, space, model: str, seq: int) -> list:
     search; a config's keys opgraph does not model are warned of, as `profile` warns."""
     if not (args.compare or args.compare_config):
         return []
-    from ..explain import from_config, named
+    from ..analysis.explain import from_config, named
 
     texts = [text.strip() for given in args.compare or () for text in given.split(";")
              if text.strip()]
@@ -355,15 +355,15 @@ def _named(args, space, model: str, seq: int) -> list:
 
 
 def _why(args, searcher, found, names) -> dict:
-    """--compare's rows and --sensitivity's moved models (`opgraph.explain`)."""
+    """--compare's rows and --sensitivity's moved models (`opgraph.analysis.explain`)."""
     why = {}
     if names:
-        from ..explain import compare
+        from ..analysis.explain import compare
 
         why["compare"] = compare(searcher, found.best, names)
     if args.sensitivity:
-        from ..explain import sensitivity
-        from ..validate import LEFT_OUT_ERROR
+        from ..analysis.explain import sensitivity
+        from ..analysis.validate import LEFT_OUT_ERROR
 
         best = found.best[:args.sensitivity]
         why["sensitivity"] = (best, sensitivity(searcher, best, LEFT_OUT_ERROR), LEFT_OUT_ERROR)
@@ -384,7 +384,7 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None, why=None
                                   "models": [p.to_json(best) for p in moved]}
         print(json_text(out))
         return 0
-    from ..outputs.report import format_plan, layout_text
+    from ..io.outputs.report import format_plan, layout_text
     from .layout import layout_warnings
 
     print(_header(forward, part, cluster, seq, batch, args.cost))
@@ -399,12 +399,12 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None, why=None
               f"{layout_text(b.layout, b.candidate.recompute, b.candidate.precision)} at "
               f"{b.step_time_s:.3f} s per step")
     if "compare" in why:
-        from ..outputs.report import format_compare
+        from ..io.outputs.report import format_compare
 
         print()
         print(format_compare(why["compare"]))
     if "sensitivity" in why:
-        from ..outputs.report import format_sensitivity
+        from ..io.outputs.report import format_sensitivity
 
         best, moved, error = why["sensitivity"]
         print()
@@ -425,7 +425,7 @@ def _json(found, part, cluster, seq, cost) -> dict:
 
 
 def _launch(ranked, forward, seq: int):
-    from ..launch import Launch
+    from ..io.launch import Launch
 
     return Launch(model=forward.name, seq_len=seq, parallel=ranked.layout,
                   recompute=ranked.candidate.recompute, precision=ranked.candidate.precision)
@@ -437,7 +437,7 @@ EMIT_TOP = 1000  # how far down the ranking --emit looks for a layout its format
 def _emit(args, found, forward, seq: int, searcher, space) -> int:
     """The best layout `--emit`'s format can express, as that format: the search goes on down
     the ranking (ten times deeper each time, to EMIT_TOP) until one can be written."""
-    from ..launch import to_megatron, to_torchtitan
+    from ..io.launch import to_megatron, to_torchtitan
 
     write = to_torchtitan if args.emit == "torchtitan" else to_megatron
     reasons, tried, top = [], 0, args.top
@@ -466,7 +466,7 @@ def _emit(args, found, forward, seq: int, searcher, space) -> int:
 
 def _figures(ranked) -> str:
     """A layout and its figures in one line, as the plan's table gives them (GB = 1e9 bytes)."""
-    from ..outputs.report import layout_text
+    from ..io.outputs.report import layout_text
 
     r = ranked.result
     return (f"{layout_text(ranked.layout, ranked.candidate.recompute, ranked.candidate.precision)}"
@@ -476,7 +476,7 @@ def _figures(ranked) -> str:
 
 def _curve(args, curve, forward, part, cluster, seq, batch) -> int:
     if args.plot:
-        from ..outputs.plot import plot_scaling
+        from ..io.outputs.plot import plot_scaling
 
         plot_scaling([(n, f.best[0]) for n, f in curve if not isinstance(f, str) and f.best],
                      f"{forward.name} on {part.id}, {batch:,} x {seq:,} tokens per step; "
@@ -489,7 +489,7 @@ def _curve(args, curve, forward, part, cluster, seq, batch) -> int:
                              _json(f, part, cluster, seq, args.cost) | {"gpus": n}
                              for n, f in curve]}))
         return 0
-    from ..outputs.report import format_curve
+    from ..io.outputs.report import format_curve
 
     print(_header(forward, part, cluster, seq, batch, args.cost))
     print(format_curve(curve))

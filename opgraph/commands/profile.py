@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..outputs.atomic import outputs
+from ..io.outputs.atomic import outputs
 from .args import check_command_outputs, json_text
 from .layout import add_parallel_args, is_job
 from .options import add_model_args
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from opgraph.passes.evaluate import evaluate
 
-    from ..outputs.report import format_profile, memory_warning
+    from ..io.outputs.report import format_profile, memory_warning
     from .common import cost_name, default_cost, echoed, setup
 
     args.cost = cost_name(args)  # the job's default, said in the output as every figure's model
@@ -46,15 +46,15 @@ def run(args) -> int:
         profile = evaluate(s.step, s.hardware, s.values, cost=s.cost)
     with outputs():  # both files or neither
         if args.plot:
-            from ..outputs.plot import plot_profile
+            from ..io.outputs.plot import plot_profile
 
             plot_profile(profile, args.plot)
         if args.trace and profile.parallel is not None:
-            from ..outputs.chrome_trace import write_timeline
+            from ..io.outputs.chrome_trace import write_timeline
 
             write_timeline(profile, args.trace_rank, args.trace)
         elif args.trace:
-            from ..outputs.chrome_trace import write_chrome_trace
+            from ..io.outputs.chrome_trace import write_chrome_trace
 
             write_chrome_trace(profile, s.step, args.trace)
     warning = memory_warning(profile)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..limits import MAX_DIM
+from ..core.limits import MAX_DIM
 from .args import json_text, positive_float, whole
 from .options import add_model_args
 
@@ -38,8 +38,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from ..errors import OpgraphError
-    from ..solve import max_share, ridge
+    from ..analysis.solve import max_share, ridge
+    from ..core.errors import OpgraphError
     from .common import setup
 
     if args.tokens is not None:

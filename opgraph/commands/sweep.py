@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..outputs.atomic import outputs
+from ..io.outputs.atomic import outputs
 from .args import check_command_outputs, positive_int
 from .options import add_model_args
 
@@ -39,14 +39,14 @@ def register(subparsers) -> None:
 
 
 def _bound(axis: str) -> int:
-    from ..limits import MAX_DIM, MAX_TOKENS
+    from ..core.limits import MAX_DIM, MAX_TOKENS
 
     return MAX_TOKENS if axis == "tokens" else MAX_DIM
 
 
 def _ranges(args, dims: list[str]) -> dict:
-    from ..errors import OpgraphError
-    from ..sweep import parse_range
+    from ..analysis.sweep import parse_range
+    from ..core.errors import OpgraphError
 
     ranges = {}
     for axis in ("tokens", "seq_len", "batch"):
@@ -70,9 +70,9 @@ def _ranges(args, dims: list[str]) -> dict:
 
 
 def run(args) -> int:
-    from ..errors import OpgraphError
-    from ..pipeline import compile_step
-    from ..sweep import compile_sweep, make_grid, write
+    from ..analysis.sweep import compile_sweep, make_grid, write
+    from ..core.errors import OpgraphError
+    from ..core.pipeline import compile_step
     from .common import cost_model, load_forward, load_hardware, step_options, token_values
 
     check_command_outputs(args, {"--plot": args.plot, "--out": args.out},
@@ -111,9 +111,9 @@ def _longest(ranges: dict, seq_len: int) -> int:
 
 
 def _plot(sweep, grid, path: str) -> None:
-    from ..errors import OpgraphError
-    from ..outputs.plot import plot_sweep
-    from ..sweep import run_grid
+    from ..analysis.sweep import run_grid
+    from ..core.errors import OpgraphError
+    from ..io.outputs.plot import plot_sweep
 
     swept = [name for name, values in grid.axes if len(values) > 1]
     if len(swept) != 1 or swept[0] == "hardware":
@@ -124,7 +124,7 @@ def _plot(sweep, grid, path: str) -> None:
 
 
 def _table(sweep, grid, rows: int, out: str | None) -> str:
-    from ..sweep import run_grid, sample
+    from ..analysis.sweep import run_grid, sample
 
     extra = [a for a in grid.names() if a not in ("hardware", "tokens", "seq_len", "batch")]
     head = (f"{'tokens':>13} {'seq_len':>8} {'batch':>8} {'hardware':<10}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..limits import MAX_TRACE_BYTES  # the reader itself (with numpy) loads when it runs
+from ..core.limits import MAX_TRACE_BYTES  # the reader itself (with numpy) loads when it runs
 from .args import json_text
 
 
@@ -37,7 +37,7 @@ def add_trace_args(parser: argparse.ArgumentParser) -> None:
 
 def read_breakdown(args):
     """The breakdown of ``args.trace`` under ``args.rules`` and ``args.max_trace_gb``."""
-    from ..traces import KERNEL_RULES, breakdown, iter_kernels, load_rules
+    from ..analysis.traces import KERNEL_RULES, breakdown, iter_kernels, load_rules
 
     rules = load_rules(args.rules) if args.rules else KERNEL_RULES
     return breakdown(iter_kernels(args.trace, int(args.max_trace_gb * 1e9)), rules)
@@ -79,7 +79,7 @@ def run(args) -> int:
 
         run(argparse.Namespace(trace="step.json.gz", json=True, rules=None, max_trace_gb=2))
     """
-    from ..traces import format_breakdown
+    from ..analysis.traces import format_breakdown
 
     result = read_breakdown(args)
     print(json_text(result.to_json()) if args.json else format_breakdown(result))

@@ -44,12 +44,20 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from .. import calibration
-    from ..cases import load_cases, load_unmodelled, select
-    from ..errors import OpgraphError
-    from ..outputs.progress import progress
-    from ..validate import (cross_validate, cross_validation_summary, format_cross_validation,
-                            format_rank, format_report, rank, rank_summary, validate)
+    from ..analysis.validate import (
+        cross_validate,
+        cross_validation_summary,
+        format_cross_validation,
+        format_rank,
+        format_report,
+        rank,
+        rank_summary,
+        validate,
+    )
+    from ..core.errors import OpgraphError
+    from ..cost import calibration
+    from ..io.cases import load_cases, load_unmodelled, select
+    from ..io.outputs.progress import progress
     from .common import cost_model
 
     if args.cv and args.rank:
@@ -70,7 +78,7 @@ def run(args) -> int:
     with progress("validate: cases", total=len(cases), unit="case") as bar:
         report = validate(cases, cost, unmodelled, progress=bar.update)
     if args.rank:
-        from .. import hardware as hw
+        from ..cost import hardware as hw
 
         capacity = {c.hardware: hw.get(c.hardware).memory_bytes for c in cases
                     if hw.get(c.hardware).memory_bytes}

@@ -1,0 +1,39 @@
+"""The names the command line offers, in the order its help lists them.
+
+A light module (nothing beyond the standard library), so that building the parser imports no
+sympy, networkx, numpy, model or pass, and `opgraph --help`, a mistyped flag or a bad value
+return at once. The tables that give each name its meaning are keyed by these names where they
+are defined; tests/test_cli_imports.py checks that each table has exactly these keys, in this
+order:
+
+- `BACKWARD_MODES`, `COST_MODELS`: `opgraph.cost.costmodel` (which imports them from here);
+- `FUSION_POLICIES`: `opgraph.core.fusion.POLICIES`;
+- `RECOMPUTE_POLICIES`: `opgraph.passes.recompute.POLICIES`;
+- `PRECISIONS`: `opgraph.passes.precision` (imports it from here);
+- `ADAMW_OPTIONS`: `opgraph.passes.attach_adamw.ADAMW_OPTIONS`;
+- `ZERO_STAGES`, `FRAMEWORKS`, `GRAD_REDUCE_DTYPES`: `opgraph.parallel.parallel` (imports them
+  from here).
+"""
+
+from __future__ import annotations
+
+# How a backward kernel is costed (`opgraph.cost.costmodel`): 2x its forward op (the plate), FLOPs
+# so and bytes from its own tensors, or its own FLOP rule and tensors.
+BACKWARD_MODES = ("plate", "tensors", "derived")
+# The cost model `--cost` names: the roofline ceiling, or the measured efficiencies.
+COST_MODELS = ("roofline", "calibrated")
+# `--fuse`: element-wise and norm chains fused, and with a matmul's prologue and epilogue.
+FUSION_POLICIES = ("elementwise", "elementwise+matmul")
+# `--recompute`: activation recomputation (`passes.recompute`).
+RECOMPUTE_POLICIES = ("none", "selective", "selective-op", "full")
+# `--precision`: the layers' matmuls in BF16 or FP8 (`passes.precision`).
+PRECISIONS = ("bf16", "fp8")
+# `--adamw`: AdamW's precisions (`passes.attach_adamw`).
+ADAMW_OPTIONS = ("mixed", "bf16-moments", "no-master", "bf16", "8bit")
+# `--zero`: data-parallel sharding, ZeRO stages 0 to 3.
+ZERO_STAGES = (0, 1, 2, 3)
+# The training framework whose behaviour the passes follow (how it shards, gathers, reduces and
+# recomputes); None: opgraph's generic data parallelism (FSDP-like, gradients reduced in FP32).
+FRAMEWORKS = ("megatron", "deepspeed", "torchtitan", "nanotron")
+# The dtype gradients are reduced in across data-parallel ranks; None: the framework's default.
+GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")

@@ -1,0 +1,793 @@
+"""The cost model: one record that turns an op into its FLOPs, its HBM bytes and its time.
+
+    cost = CostModel()                                  # the plate's conventions
+    cost.op_costs(step)["layers.q_proj"]                # Cost(flops=2*B*D*H*S*d_h, bytes=...)
+    cost.time(flops, nbytes, peak, bandwidth)           # max(flops / peak, bytes / bandwidth)
+
+Nothing is stored on an op: FLOPs come from its kind's FLOP rule (`opgraph.core.rules`), bytes from
+the tensors it reads and writes, each once (`Graph.op_bytes`); a view (`rules.VIEWS`: a
+reshape, a broadcast, a contiguous slice) moves none. An op's time is
+`count x max(flops / peak, bytes / bandwidth)` (XLA's HloCostAnalysis roofline); ops do not
+overlap, so a step's time is their sum. `time` takes the maximum as an argument, so the same rule
+serves sympy (`sympy.Max`, `opgraph.cost.formula`, `opgraph.analysis.solve`), plain floats
+(`evaluate`) and numpy arrays (`np.maximum`, `opgraph.analysis.sweep`).
+
+A backward kernel is costed by the convention `backward` names:
+
+- "plate" (the default, PLATE.md): each backward kernel costs `factor` (2) x its forward op's
+  FLOPs and bytes, split evenly over that op's backward kernels (found through the kernel's
+  `forward` link), except where BACKWARD_COST says otherwise: FlashAttention's backward and the
+  views' (`rules.VIEWS`) take the convention's FLOPs but the bytes of their own tensors;
+- "tensors": FLOPs by the convention, bytes from each kernel's own tensors;
+- "derived": each kernel's own FLOP rule and tensors (FlashAttention's backward then costs
+  2.5x its forward: it recomputes QK^T).
+
+The utilisation conventions are here too: MFU = 6 N tokens / (step x peak), N the parameters
+other than the input embedding (a token's share of them for a mixture of experts), against the
+BF16 peak whatever the precision (torchtitan's convention: an FP8 step's MFU can pass 100%);
+HFU = every counted FLOP, re-run ones included, / (step x peak), FP8 FLOPs weighted by
+peak / FP8 peak, never above 1.
+
+Each op runs at the peak of its compute dtype (`compute_dtype`: a matmul whose operands are FP8
+runs at the part's dense FP8 peak, `peak`); MFU and HFU stay against the BF16 peak.
+
+Later work plugs in here (efficiencies, communication): a subclass or an
+`attrs.evolve` of the record reaches `evaluate`, `formula`, `solve` and `sweep` alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import attrs
+import sympy
+
+from ..core import rules
+from ..core.choices import BACKWARD_MODES, COST_MODELS
+from ..core.errors import OpgraphError
+from ..core.ir import DTYPES, Graph, Op, Phase
+from ..core.rules import rule_flops
+
+
+@attrs.frozen
+class Cost:
+    """One instance of an op: FLOPs and HBM bytes, sympy expressions of the dimensions, and the
+    dtype whose peak its arithmetic runs at (`compute`: None for the part's dense BF16 peak)."""
+
+    flops: sympy.Expr
+    bytes: sympy.Expr
+    compute: str | None = None
+    message: sympy.Expr = sympy.S.Zero  # a collective's buffer per GPU (`collectives`' M)
+    # a collective's share of one NCCL call: 1 for a call of its own; a framework that reduces
+    # gradients in buckets (`frameworks.reduces_in_buckets`) issues one call for many weights,
+    # each paying its share of the call's latency (the op's `calls` parameter)
+    calls: sympy.Expr = sympy.S.One
+    # the shape the calibrated model's kernel efficiency reads, per instance: a matrix
+    # multiply's (GEMMs, M, N) (`rules.gemm_grid`), which its waves tile; an attention kernel's
+    # (scores, d_qk + d_v, 0) (`rules.attention_scores`), its exponentials; () otherwise
+    grid: tuple = attrs.field(default=(), converter=tuple)
+    # the kernels one instance launches, each costing the host `host_s` (`host_floor`): 1, or
+    # the op's `launches` parameter (a grouped GEMM its framework issues as one GEMM per expert,
+    # `passes/unroll_expert_gemms.py`)
+    launches: sympy.Expr = sympy.S.One
+    # the efficiency of its generation its arithmetic runs at (`CalibratedCostModel`): its
+    # kind's (`EFFICIENCY`: `attention` for FlashAttention's kernels, else `matmul`), or the
+    # op's `efficiency` parameter (a framework's fused attention library,
+    # `passes/pick_attention_kernel.py`)
+    efficiency: str = "matmul"
+
+
+# --- the peak an op runs at: a matrix multiply whose operands are all FP8 runs at the part's
+# dense FP8 peak (the precision pass's casts make them so); everything else at the BF16 peak ----
+
+OPERANDS: dict[str, int] = {"matmul": 2, "expert_matmul": 2}  # kind -> its leading operands
+PEAKS: dict[str, str] = {"fp8": "fp8_flops"}  # dtype -> the Hardware field of its dense peak
+
+
+def compute_dtype(graph: Graph, op: Op) -> str | None:
+    """The dtype of PEAKS `op`'s arithmetic runs in: its operands' when they all share one of
+    them (a bias or an accumulated partial gradient does not count); None otherwise. A fused
+    kernel computes in its matrix multiply's dtype (an FP8 GEMM with its epilogue still runs at
+    the FP8 peak)."""
+    if op.kind == "fused":
+        params = dict(op.params)
+        known = {t.name: t for t in params["inner"]}
+        dtypes = {_operands_dtype([known.get(n) or graph.tensor(n) for n in m.inputs], m.kind)
+                  for m in params["body"] if m.kind in OPERANDS}
+        return dtypes.pop() if len(dtypes) == 1 else None
+    return _operands_dtype([graph.tensor(n) for n in op.inputs], op.kind)
+
+
+def _operands_dtype(inputs: list, kind: str) -> str | None:
+    n = OPERANDS.get(kind)
+    if n is None:
+        return None
+    names = {t.dtype.name for t in inputs[:n]}
+    return names.pop() if len(names) == 1 and names <= set(PEAKS) else None
+
+
+# --- the plate's backward convention, per forward kind: (scaled FLOPs, scaled bytes, the
+# kernel's own bytes) -> the kernel's (FLOPs, bytes) -----------------------------------------------
+
+def scaled(flops, nbytes, own_bytes) -> tuple:
+    """The plate's rule: FLOPs and bytes both the forward's, scaled."""
+    return flops, nbytes
+
+
+def scaled_flops(flops, nbytes, own_bytes) -> tuple:
+    """FLOPs scaled from the forward; bytes those of the kernel's own tensors (FlashAttention's
+    backward: its traffic is Q, K, V, O and their gradients, not twice the forward's)."""
+    return flops, own_bytes
+
+
+BACKWARD_COST: dict[str, Callable] = {
+    kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
+# A view's backward moves its own tensors: twice a free view's nothing would hide a broadcast's
+# reduction of dY, or a slice's gradient written at the input's size.
+BACKWARD_COST |= {kind: scaled_flops for kind in rules.VIEWS if kind in rules.FORWARD_KINDS}
+
+
+def own_bytes(graph: Graph, op: Op) -> sympy.Expr:
+    """HBM bytes of one instance of `op` from its own tensors: none for a view (a kind in
+    `rules.VIEWS` whose rule says its output is a view of its input); an op marked `eager`
+    (`passes.decompose`) its eager kernels' (`rules.eager_bytes`); else `Graph.op_bytes`."""
+    if op.kind in rules.VIEWS and rules.is_view(op.kind, [graph.tensor(n) for n in op.inputs],
+                                                dict(op.params)):
+        return sympy.Integer(0)
+    if op.param("eager"):
+        eager = rules.eager_bytes(op.kind, [graph.tensor(n) for n in op.inputs],
+                                  [graph.tensor(n) for n in op.outputs], dict(op.params))
+        if eager is not None:
+            return eager
+    return graph.op_bytes(op)
+
+
+def _eager_backward(graph: Graph, fwd: Op) -> sympy.Expr | None:
+    """The bytes of eager forward op `fwd`'s backward kernels together, where its kind's
+    autograd backward has its own rule (`rules.eager_backward_bytes`); else None."""
+    if not fwd.param("eager"):
+        return None
+    return rules.eager_backward_bytes(fwd.kind, [graph.tensor(n) for n in fwd.inputs],
+                                      [graph.tensor(n) for n in fwd.outputs], dict(fwd.params))
+
+
+def message_bytes(graph: Graph, op: Op) -> sympy.Expr:
+    """A collective's buffer per GPU, as `opgraph.parallel.collectives` sizes it (NCCL's
+    convention): the gathered output of an all-gather, else the input (a dispatch's K copies of each
+    token: `fanout`); 0 for Megatron's f, a copy in forward."""
+    if op.kind == "identity":
+        return sympy.Integer(0)
+    t = graph.tensor(op.outputs[0] if op.kind == "all_gather" else op.inputs[0])
+    wire = op.param("dtype")  # a message cast for the wire (a gradient reduced in BF16)
+    size = t.nbytes if wire is None else t.numel * DTYPES[wire].itemsize
+    return size * sympy.sympify(op.param("fanout", 1))
+
+
+def _own(graph: Graph, op: Op) -> Cost:
+    """`op`'s cost by its own rule and tensors; a collective's by its message, on the network
+    (it moves no HBM bytes on the compute stream). A fused op's depends on its members too, so
+    it is costed each time; any other's is a function of the op and its tensors alone
+    (`_own_of`), which recur across a search's graphs."""
+    if op.kind == "fused":
+        return _own_cost(graph, op)
+    return _own_of(op, tuple(graph.tensor(n) for n in dict.fromkeys((*op.inputs, *op.outputs))))
+
+
+@functools.lru_cache(maxsize=200_000)  # bounded: a search's distinct ops fit many times over
+def _own_of(op: Op, tensors: tuple) -> Cost:
+    """`_own_cost` of `op` as a pure function of the op and its tensors (hashable, frozen), so
+    that a cache of it holds no graph and cannot go stale."""
+    return _own_cost(_Tensors({t.name: t for t in tensors}), op)
+
+
+@attrs.frozen
+class _Tensors:
+    """The part of a Graph the cost of one op reads: its tensors by name, and `op_bytes`."""
+
+    by_name: dict
+
+    def tensor(self, name: str):
+        return self.by_name[name]
+
+    op_bytes = Graph.op_bytes
+
+
+def _whole_expr(value) -> sympy.Expr:
+    """An op parameter that counts (`launches`): a whole number or a sympy expression, never
+    text (`verify` says so first)."""
+    return sympy.Integer(value) if isinstance(value, int) else value
+
+
+def _own_cost(graph: Graph, op: Op) -> Cost:
+    if op.kind in rules.COLLECTIVE_KINDS:
+        return Cost(sympy.Integer(0), sympy.Integer(0), None, message_bytes(graph, op),
+                    calls=sympy.sympify(op.param("calls", 1)))
+    ins = [graph.tensor(n) for n in op.inputs]
+    outs = [graph.tensor(n) for n in op.outputs]
+    params = dict(op.params)
+    return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op),
+                grid=(rules.gemm_grid(op.kind, ins, outs, params)
+                      or rules.attention_scores(op.kind, ins, outs, params)),
+                launches=_whole_expr(op.param("launches", 1)),
+                efficiency=op.param("efficiency", EFFICIENCY.get(op.kind, "matmul")))
+
+
+# A fused forward kernel (`opgraph.passes.fuse_elementwise`, kind `fused`, not a forward kind of
+# the tables) takes the plate's own rule: its backward kernels, linked to it, cost twice its FLOPs
+# and bytes between them. Its FLOPs are its members', so the step's backward FLOPs are kept; its
+# bytes are its boundary's, so the plate's backward saves twice what the forward fusion saves.
+# A backward kernel that names the members it differentiates (its `of` parameter) keeps their
+# share (`CostModel._member_share`); one that does not gets an even share.
+FUSED_BACKWARD_COST: Callable = scaled
+
+
+def members_of(op: Op) -> tuple[str, ...]:
+    """The members of its fused forward op a backward kernel differentiates (`of`), if it says."""
+    of = op.param("of")
+    return () if of is None else ((of,) if isinstance(of, str) else tuple(of))
+
+
+def _kernel_counts(ops: list[Op]) -> dict:
+    """Backward kernels per forward op (by name), and per (fused op, member) for the kernels
+    that name the member they differentiate."""
+    counts: dict = {}
+    for op in ops:
+        if op.phase is Phase.BACKWARD and op.forward is not None:
+            for key in (op.forward, *((op.forward, m) for m in members_of(op))):
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def fused_members(graph: Graph, op: Op) -> dict[str, Cost]:
+    """Each member of fused kernel `op` costed alone, as it was before the fusion: its kind's
+    FLOP rule and the bytes of the tensors it reads and writes."""
+    params = dict(op.params)
+    known = {t.name: t for t in (*map(graph.tensor, op.inputs), *params["inner"],
+                                 *map(graph.tensor, op.outputs))}
+    members = {}
+    for m in params["body"]:
+        ins, outs = [known[n] for n in m.inputs], [known[n] for n in m.outputs]
+        nbytes = sympy.Add(*(known[n].nbytes for n in dict.fromkeys((*m.inputs, *m.outputs))))
+        members[m.name] = Cost(rules.count_flops(m.kind, ins, outs, dict(m.params)), nbytes)
+    return members
+
+
+def _number_max(a, b):
+    return max(a, b)
+
+
+def _number_min(a, b):
+    return min(a, b)
+
+
+def _positive(x):
+    """Whether a count of FLOPs or bytes is above zero: a bool for a number, a bool array for an
+    array (`scaled_time`'s default; a formula's is structural, `formula._nonzero`)."""
+    return x > 0
+
+
+@attrs.frozen
+class CostModel:
+    """How an op costs: the backward convention (`backward`, one of BACKWARD_MODES), the
+    backward-over-forward ratio it uses (`factor`, the plate's 2), and how much communication
+    beside compute slows it (`overlap_slowdown`, `opgraph.parallel.schedule`)."""
+
+    backward: str = attrs.field(default="plate", validator=attrs.validators.in_(BACKWARD_MODES))
+    factor: sympy.Expr = attrs.field(default=2, converter=sympy.sympify)
+    # The share of its own time a collective that runs beside compute adds to it (NCCL's
+    # kernels take SMs and HBM bandwidth from the compute stream; Calculon's
+    # `processor_usage`). 0 for the roofline, a ceiling.
+    overlap_slowdown: float = 0.0
+
+    # --- FLOPs and bytes ------------------------------------------------------------------------
+    def op_costs(self, graph: Graph) -> dict[str, Cost]:
+        """Every op's per-instance cost, by name, in the graph's op order."""
+        ops = graph.ops()
+        kernels = _kernel_counts(ops)
+        own = {op.name: _own(graph, op) for op in ops}
+        return {op.name: self._cost(graph, op, own, kernels) for op in ops}
+
+    def op_cost(self, graph: Graph, op: Op) -> Cost:
+        """One op's per-instance cost (`op_costs` for many: it indexes the graph once)."""
+        own = {op.name: _own(graph, op)}
+        kernels = {}
+        if self._conventional(graph, op):
+            fwd = graph.op(op.forward)
+            own[fwd.name] = _own(graph, fwd)
+            kernels = _kernel_counts([o for o in graph.ops() if o.forward == fwd.name])
+        return self._cost(graph, op, own, kernels)
+
+    def _conventional(self, graph: Graph, op: Op) -> bool:
+        """Whether `op` is costed from its forward op (a backward kernel, not "derived")."""
+        return (self.backward != "derived" and op.phase is Phase.BACKWARD
+                and op.forward is not None and graph.has_op(op.forward)
+                and op.kind not in rules.COLLECTIVE_KINDS)
+
+    def _cost(self, graph: Graph, op: Op, own: dict, kernels: dict) -> Cost:
+        mine = own[op.name]
+        if not self._conventional(graph, op):
+            return mine
+        fwd = graph.op(op.forward)
+        if fwd.kind == "fused" and members_of(op):
+            return self._member_share(graph, op, fwd, own, kernels)
+        n = kernels[fwd.name]
+        flops = self.factor * own[fwd.name].flops / n
+        nbytes = self.factor * own[fwd.name].bytes / n
+        rule = FUSED_BACKWARD_COST if fwd.kind == "fused" else BACKWARD_COST[fwd.kind]
+        flops, nbytes = rule(flops, nbytes, mine.bytes)
+        eager = _eager_backward(graph, fwd)
+        if eager is not None:  # autograd's own kernels, not the convention's
+            nbytes = eager / n
+        return attrs.evolve(mine, flops=flops,
+                            bytes=nbytes if self.backward == "plate" else mine.bytes)
+
+    def _member_share(self, graph: Graph, op: Op, fwd: Op, own: dict, kernels: dict) -> Cost:
+        """A backward kernel of fused op `fwd` that names the members it differentiates: the
+        FLOPs and bytes those members' backward had before the fusion (the plate: `factor` x
+        each member's, split over its kernels), less an even share of `factor` x the bytes the
+        fusion saved; so `fwd`'s kernels together cost `factor` x `fwd`, and a fusion moves no
+        FLOP from one backward kernel to another."""
+        members = fused_members(graph, fwd)
+        flops = sympy.Add(*(self.factor * members[m].flops / kernels[(fwd.name, m)]
+                            for m in members_of(op)))
+        if self.backward != "plate":
+            return attrs.evolve(own[op.name], flops=flops)
+        saved = sympy.Add(*(c.bytes for c in members.values())) - own[fwd.name].bytes
+        nbytes = sympy.Add(*(self.factor * members[m].bytes / kernels[(fwd.name, m)]
+                             for m in members_of(op)))
+        return attrs.evolve(own[op.name], flops=flops,
+                            bytes=nbytes - self.factor * saved / kernels[fwd.name])
+
+    # --- time and utilisation ---------------------------------------------------------------
+    def peak(self, hardware, compute: str | None = None) -> float:
+        """The part's dense peak for arithmetic in `compute` (a Cost's): the BF16 peak for
+        None, else the field PEAKS names (`fp8_flops`); an error if the part has none.
+
+            DEFAULT.peak(h100, "fp8")  # 1.979e15, the H100 SXM's dense FP8 peak
+        """
+        if compute is None:
+            return hardware.peak_flops
+        value = getattr(hardware, PEAKS[compute])
+        if value is None:
+            raise OpgraphError(f"hardware {hardware.id} has no dense {compute.upper()} peak "
+                               f"({PEAKS[compute].removesuffix('_flops')}_tflops in its TOML); "
+                               f"give a part that has one, or leave out --precision {compute}")
+        return value
+
+    def time(self, flops, nbytes, peak, bandwidth, maximum: Callable = _number_max):
+        """One instance's time: `maximum(flops / peak, bytes / bandwidth)`, the roofline.
+        `maximum` is `max` for numbers, `sympy.Max` for formulas, `np.maximum` for arrays.
+
+            >>> DEFAULT.time(2e12, 1e12, peak=1e12, bandwidth=1e12)
+            2.0
+        """
+        return maximum(flops / peak, nbytes / bandwidth)
+
+    name = "roofline"
+
+    def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
+                peak: float, grid: tuple = (), launches: float = 1.0,
+                efficiency: str | None = None) -> float:
+        """Seconds of `count` instances of an op of `kind` doing `flops` and moving `nbytes`
+        between them, its arithmetic at `peak`: the roofline, `time(flops, nbytes, peak,
+        hardware.bandwidth)`. The calibrated model scales it (`CalibratedCostModel`), and
+        reads `grid`, a matrix multiply's (GEMMs, M, N) per instance as numbers (`Cost.grid`
+        evaluated), `launches`, the kernels an instance launches (`Cost.launches`), and
+        `efficiency`, the efficiency its arithmetic runs at (`Cost.efficiency`; None: its
+        kind's); the roofline does not."""
+        return self.time(flops, nbytes, peak, hardware.bandwidth)
+
+    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None,
+                 launches=None, efficiencies=None):
+        """`op_time` over numpy arrays: a row per op (of `kinds`, at the column `peaks`), a
+        column per case (`opgraph.parallel.search`'s layouts); `grids` (3, ops, cases), each op's
+        `grid` (zeros for an op without one), or None; `launches` (ops, cases), each op's
+        `Cost.launches`, or None (one each); `efficiencies`, each op's `Cost.efficiency`, or
+        None (its kind's)."""
+        import numpy as np
+
+        return self.time(flops, nbytes, peaks, hardware.bandwidth, np.maximum)
+
+    def comm_lines(self, kind: str, group: int, cluster, stride: int = 1,
+                   hardware=None) -> tuple[tuple[float, float], ...]:
+        """Each algorithm one collective of `kind` (an op kind: "all_reduce") may run over a
+        group of `group` GPUs `stride` ranks apart, as (seconds at no message, seconds per
+        byte): NCCL's latencies and the tiers' bandwidths (`opgraph.parallel.collectives.lines`)."""
+        from ..parallel import collectives
+
+        if group == 1 or kind == "identity":
+            return ((0.0, 0.0),)
+        return collectives.lines(kind.replace("_", "-"), group, cluster, stride)
+
+    def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
+                  hardware=None, calls: float = 1.0) -> float:
+        """Seconds of one collective of `kind` moving `message` bytes per GPU: the fastest of
+        its `comm_lines`, as NCCL's tuner picks (`opgraph.parallel.collectives.seconds`), its
+        latency paid `calls` times (`Cost.calls`: a weight's share of a bucket's one call)."""
+        return min(latency * calls + per_byte * float(message) for latency, per_byte
+                   in self.comm_lines(kind, group, cluster, stride, hardware))
+
+    def slowdown(self, hardware) -> float:
+        """The share of hidden communication time added to the compute beside it."""
+        return self.overlap_slowdown
+
+    def bound(self, flops, nbytes, peak, bandwidth) -> str:
+        """"compute" or "memory": which of the two terms of `time` is the larger."""
+        compute = self.time(flops, 0, peak, bandwidth)
+        return "compute" if compute >= self.time(0, nbytes, peak, bandwidth) else "memory"
+
+    def mfu(self, parameters, tokens, step_time, peak):
+        """Model FLOPs utilisation: 6 x N x tokens / (step time x peak)."""
+        return 6 * parameters * tokens / (step_time * peak)
+
+    def hfu(self, flops, step_time, peak, minimum: Callable = _number_min):
+        """Hardware FLOPs utilisation: counted FLOPs / (step time x peak), every FLOP run
+        (a re-run op's, `passes.recompute`, and FlashAttention's recomputed QK^T under the
+        "derived" convention included). FP8 FLOPs come in weighted by peak / FP8 peak (the
+        caller's `flops`, a sum of `busy_flops`), so this is the share of the step the
+        arithmetic units are busy. The step is at least its FLOPs over the peak, so this is at
+        most 1; `minimum` keeps rounding from saying more (`min` for numbers, `np.minimum` for
+        arrays)."""
+        return minimum(flops / (step_time * peak), 1.0)
+
+    @staticmethod
+    def busy_flops(flops, op_peak, peak):
+        """`flops` run at `op_peak` as `hfu` counts them: as the FLOPs that would keep the
+        arithmetic units busy as long at `peak` (the BF16 peak), i.e. times `peak / op_peak`.
+        One FP8 FLOP on an H100 counts as 989 / 1979 of a BF16 one; a BF16 FLOP as itself,
+        exactly. Numbers or numpy arrays alike (`opgraph.analysis.sweep`).
+
+            >>> CostModel.busy_flops(2e12, op_peak=2e15, peak=1e15)
+            1000000000000.0
+        """
+        return flops * (peak / op_peak)
+
+
+DEFAULT = CostModel()
+
+# Which efficiency of a generation a kind's arithmetic runs at (`opgraph.cost.calibration`); any
+# other kind runs at `matmul`'s (its compute term rarely binds: it is memory-bound).
+EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention_backward"}
+# Every efficiency an op's arithmetic may run at (`Cost.efficiency`, an op's `efficiency`
+# parameter): the generation's `matmul`, `attention` and `attention_fused`, and the last two in
+# FlashAttention's backward's charged FLOPs (`CalibratedCostModel._rates`).
+RATES = ("matmul", "attention", "attention_backward", "attention_fused",
+         "attention_fused_backward")
+# The FLOPs of FlashAttention's backward that its efficiency's sources count: 2.5 x its forward's
+# (it recomputes QK^T: five products to the forward's two; Dao 2023, FlashAttention-2, and Shah
+# et al. 2024, FlashAttention-3, report their backward TFLOP/s so, and so does
+# benchmarks/device/measure_gpu.py). A convention that charges the backward `factor` x its
+# forward (the plate's 2) runs it at `attention` x factor / 2.5 in those FLOPs
+# (`CalibratedCostModel.figures`' `attention_backward`); "derived" charges the 2.5 itself.
+ATTENTION_BACKWARD_FLOPS = 2.5
+
+
+def runs_per_charged(kind: str, model: CostModel) -> float:
+    """The FLOPs a kernel of `kind` runs per FLOP `model`'s convention charges it: 2.5 / factor
+    for FlashAttention's backward under "plate" and "tensors" (ATTENTION_BACKWARD_FLOPS), 1 for
+    any other kind or under "derived". Its efficiency divides the time of those it runs."""
+    if kind != "flash_attention_backward" or model.backward == "derived":
+        return 1.0
+    return ATTENTION_BACKWARD_FLOPS / float(model.factor)
+
+
+# Kinds whose ops the frameworks issue many at a time, one multi-tensor kernel launch for a list
+# of tensors (Megatron-LM's and DeepSpeed's FusedAdam, apex or Transformer Engine's
+# multi_tensor_apply; torch.optim.AdamW's fused and foreach forms, which torchtitan and nanotron
+# run): no one op of them waits on the host's `host_s`.
+BATCHED = frozenset({"adamw"})
+
+
+def host_floor(kind: str, host_s, launches=1):
+    """The host's time to issue one instance of an op of `kind` that launches `launches`
+    kernels (`Cost.launches`): `host_s` each, or 0 for a kind issued in batches (`BATCHED`).
+    Every number system reads it here (`op_time`, `op_times`, `formula`, `sweep`)."""
+    return 0.0 if kind in BATCHED else host_s * launches
+
+
+def _shipped_efficiencies() -> dict:
+    from . import calibration
+
+    return calibration.catalog()
+
+
+@attrs.frozen
+class CalibratedCostModel(CostModel):
+    """The roofline scaled by each hardware generation's efficiencies (`opgraph.cost.calibration`):
+    per kernel `max(host_s, launch_s + max((FLOPs x waves + matmul_half_flops) / (efficiency x
+    clock x peak), bytes / (bandwidth x HBM bandwidth)))` (`host_s` the host's time to issue
+    it), `clock` the part's sustained clock over its
+    peak's (`Hardware.clock_ratio`: (P / TDP)^(1/3) power-capped at P, else 1), `waves` a
+    matrix multiply's wave quantisation (`wave_quantum` of its `Cost.grid`) times its K
+    overhead (`k_overhead`) and, where its N is `unaligned`, over `matmul_unaligned`; each
+    collective at the tier's bandwidth times `node` or `network`; `overlap_slowdown` for compute
+    beside communication."""
+
+    table: dict = attrs.field(factory=_shipped_efficiencies, eq=False)  # generation -> them
+    name = "calibrated"
+
+    def efficiencies(self, hardware):
+        from . import calibration
+
+        return calibration.for_hardware(hardware, self.table)
+
+    def figures(self, hardware) -> dict[str, float]:
+        """What the calibrated time of an op on `hardware` reads besides the op: its
+        generation's efficiencies (`Efficiencies.values`), and the part's `clock` (its
+        sustained clock over its peak's, `Hardware.clock_ratio`: below 1 when power-capped)
+        and `sms` (0 where unknown). `opgraph.analysis.sweep` takes them as arrays, a part per
+        point."""
+        return self._rates(self.efficiencies(hardware)) | {"clock": hardware.clock_ratio,
+                                                            "sms": float(hardware.sms or 0)}
+
+    def _rates(self, e) -> dict[str, float]:
+        """`e`'s efficiencies by name; `attention_fused` (`attention` where the generation has
+        none); and `attention_backward` and `attention_fused_backward`: those in this model's
+        FLOPs of FlashAttention's backward (`runs_per_charged`)."""
+        fused = e.attention_fused or e.attention
+        per_charged = runs_per_charged("flash_attention_backward", self)
+        return e.values() | {"attention_fused": fused,
+                             "attention_backward": e.attention / per_charged,
+                             "attention_fused_backward": fused / per_charged}
+
+    def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
+                peak: float, grid: tuple = (), launches: float = 1.0,
+                efficiency: str | None = None) -> float:
+        if count == 0:
+            return 0.0
+        e = self.efficiencies(hardware)
+        quantum = shape_factor(kind, grid, flops / count, hardware, e)
+        return self.scaled_time(flops, nbytes, count, peak * hardware.clock_ratio,
+                                hardware.bandwidth,
+                                rate=self._rates(e)[efficiency or EFFICIENCY.get(kind, "matmul")],
+                                half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
+                                launch=e.launch_s, quantum=quantum,
+                                host=host_floor(kind, e.host_s, launches))
+
+    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None,
+                 launches=None, efficiencies=None):
+        import numpy as np
+
+        e = self.efficiencies(hardware)
+        rates = self._rates(e)
+        names = efficiencies or [EFFICIENCY.get(kind, "matmul") for kind in kinds]
+        rate = np.array([rates[name] for name in names])[:, None]
+        host = np.array([host_floor(kind, e.host_s) for kind in kinds])[:, None]
+        if launches is not None:
+            host = host * launches
+        with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
+            quantum = 1.0 if grids is None else shape_factors(
+                np.array([kind in ATTENTION_KINDS for kind in kinds]), grids, flops / counts,
+                hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio,
+                e.matmul_k_overhead, e.matmul_unaligned)
+            t = self.scaled_time(flops, nbytes, counts, peaks * hardware.clock_ratio,
+                                 hardware.bandwidth, rate=rate,
+                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
+                                 launch=e.launch_s, quantum=quantum, host=host,
+                                 maximum=np.maximum)
+        return np.where(counts > 0, t, 0.0)
+
+    @staticmethod
+    def scaled_time(flops, nbytes, count, peak, bandwidth, *, rate, half, bandwidth_share,
+                    launch, quantum=1.0, host=0.0, maximum: Callable = _number_max,
+                    nonzero: Callable = _positive):
+        """`count` kernels doing `flops` and moving `nbytes` between them: each `maximum(host,
+        launch + maximum((FLOPs x quantum + half) / (rate x peak), bytes / (bandwidth_share x
+        bandwidth)))`, a kernel without arithmetic paying no `half`, one doing no work (a view)
+        no `host`; `quantum` its shape's factor (`shape_factor`: a GEMM's waves, an attention
+        kernel's exponentials; else 1); `host` the host's time to issue one kernel, which a
+        stream of shorter kernels runs at. Every number system spells it here: numbers, numpy
+        arrays (`sweep`, the search) and sympy formulas (`formula.calibrated_time`), each with
+        its `maximum` and its test of a count being above zero (`nonzero`).
+
+            >>> CalibratedCostModel.scaled_time(2e12, 0, 2, 1e12, 1e12, rate=0.5, half=1e12,
+            ...                                  bandwidth_share=1, launch=0)  # 2 x (1 + 1) / 0.5
+            8.0
+            >>> CalibratedCostModel.scaled_time(2e6, 0, 2, 1e12, 1e12, rate=0.5, half=0,
+            ...                                  bandwidth_share=1, launch=0, host=3e-5)  # 2 x 30 us
+            6e-05
+        """
+        compute = (flops / count * quantum + half * nonzero(flops)) / (rate * peak)
+        kernel = launch + maximum(compute, nbytes / count / (bandwidth_share * bandwidth))
+        return count * maximum(host * nonzero(flops + nbytes), kernel)
+
+    def comm_lines(self, kind: str, group: int, cluster, stride: int = 1,
+                   hardware=None) -> tuple[tuple[float, float], ...]:
+        if group == 1 or kind == "identity":
+            return ((0.0, 0.0),)
+        e = self.efficiencies(hardware)
+        return tuple((latency + e.launch_s, per_byte) for latency, per_byte in super().comm_lines(
+            kind, group, _achieved(cluster, e.node, e.network), stride))
+
+    def slowdown(self, hardware) -> float:
+        return self.efficiencies(hardware).overlap_slowdown
+
+
+def wave_quantum(count, m, n, sms, tile_m, tile_n, ceil: Callable = math.ceil):
+    """How much longer `count` GEMMs of an M x N output take than their FLOPs at the sustained
+    per-SM rate say, by wave quantisation: the kernel cuts each output into tiles of tile_m x
+    tile_n, one tile per SM at a time, so it runs `waves = ceil(tiles / sms)` waves, each as
+    long as a full one (a tile's K loop); the slots it pays for over the ones it fills,
+
+        waves x sms x tile_m x tile_n / (count x M x N)  >= 1.
+
+    `ceil` is `math.ceil` for numbers, `np.ceil` for arrays, `sympy.ceiling` for formulas.
+
+        >>> wave_quantum(1, 8192, 8192, 132, 128, 256)  # 2,048 tiles: 16 waves of 132
+        1.03125
+    """
+    tiles = count * ceil(m / tile_m) * ceil(n / tile_n)
+    return ceil(tiles / sms) * sms * tile_m * tile_n / (count * m * n)
+
+
+# The head dims the published attention efficiencies are measured at (d_qk + d_v = 128 + 128):
+# `attention` is FlashAttention's fraction of the peak there.
+REFERENCE_HEAD_DIMS = 256
+ATTENTION_KINDS = frozenset(rules.ATTENTION_SCORES)
+
+
+def exp_factor(flops, scores, head_dims, ratio):
+    """How much longer an attention kernel doing `flops` over `scores` softmax scores (one
+    exponential each) takes than one with the same FLOPs per head dim at head dims 128 + 128.
+    An exponential takes `ratio` tensor-core FLOPs' time (the dense peak over the special-
+    function rate: on an H100 SXM 989 over 3.9 TFLOP/s, 16 per SM per clock; Shah et al. 2024,
+    FlashAttention-3, section 3.2, where at head dim 128 the exponentials take 50% of the
+    matmuls' cycles), run beside the matmuls, not under them (FlashAttention-2):
+
+        (1 + ratio / F) / (1 + ratio x head_dims / (256 x F)),  F = flops / scores,
+
+    the second the same kernel's FLOPs per score at 128 + 128 (F x 256 / head_dims).
+
+    1 at head dims 128 + 128 or `ratio` 0; a smaller head dim has fewer FLOPs per exponential.
+
+        >>> exp_factor(256 * 100, 100, 128, 256)  # head dim 64, forward (4 d per score): 4/3
+        1.3333333333333333
+    """
+    per_score = flops / scores
+    return (1 + ratio / per_score) / (1 + ratio * head_dims / (REFERENCE_HEAD_DIMS * per_score))
+
+
+def shape_factor(kind: str, grid: tuple, flops: float, hardware, e) -> float:
+    """The factor on one instance's FLOPs (`flops`) its shape gives (see `scaled_time`): an
+    attention kernel's `exp_factor`, a matrix multiply's waves and K overhead; 1 without a
+    grid. `shape_factors` for one op and one case: the rule is written once, for arrays."""
+    return _one_shape(kind in ATTENTION_KINDS, tuple(grid) or (0.0, 0.0, 0.0), float(flops),
+                      hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio,
+                      e.matmul_k_overhead, e.matmul_unaligned)
+
+
+@functools.lru_cache(maxsize=100_000)  # a fit costs the same ops again at every step
+def _one_shape(attention: bool, grid: tuple, flops: float, *figures) -> float:
+    import numpy as np
+
+    grids = np.array(grid, dtype=float).reshape(3, 1, 1)
+    return float(shape_factors([attention], grids, np.array([[flops]]), *figures)[0, 0])
+
+
+def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0,
+                  unaligned_rate=1.0):
+    """`shape_factor` over numpy arrays: `attention` (ops,) whether each row is an attention
+    kernel, `grids` (3, ops, cases), `flops` (ops, cases) per instance, `k0` the generation's
+    `matmul_k_overhead`, `unaligned_rate` its `matmul_unaligned`."""
+    import numpy as np
+
+    scores, widths = np.asarray(grids[0], dtype=float), np.asarray(grids[1], dtype=float)
+    ok = scores > 0
+    exps = np.where(ok, exp_factor(np.where(ok, flops, 1.0), np.where(ok, scores, 1.0),
+                                   np.where(ok, widths, 1.0), ratio), 1.0)
+    count, m, n = (np.asarray(g, dtype=float) for g in grids)
+    has_k = (count * m * n > 0) & (flops > 0) & (np.asarray(k0) > 0)
+    ks = np.where(has_k, k_overhead(np.where(has_k, flops, 1.0), count, m, n, k0), 1.0)
+    off = (count * m * n > 0) & unaligned(n)
+    ks = np.where(off, ks / np.asarray(unaligned_rate, dtype=float), ks)
+    return np.where(np.asarray(attention)[:, None], exps,
+                    ks * wave_quanta(grids, sms, tile_m, tile_n))
+
+
+def k_overhead(flops, count, m, n, k0):
+    """How much longer a GEMM of inner dimension K takes than its FLOPs say when each output
+    tile spends the time of `k0` more steps of its K loop outside it (the prologue that fills
+    the pipeline, the epilogue that writes the tile): (K + k0) / K, with K read back from the
+    FLOPs, `flops` = 2 x count x M x N x K. Numbers, numpy arrays or sympy expressions alike.
+
+        >>> k_overhead(2 * 8192 * 8192 * 256, 1, 8192, 8192, 128)  # K = 256: 384 / 256
+        1.5
+    """
+    return 1 + k0 * 2 * count * m * n / flops
+
+
+# A GEMM's output rows must start on 16-byte boundaries (N a multiple of 8 BF16 elements) for
+# cuBLAS's vectorised kernels (Hopper's TMA needs 16-byte strides); otherwise it runs align-1
+# kernels at `matmul_unaligned` of the rate. N is the one stride a grid (GEMMs, M, N) holds: an
+# unaligned K (a GEMM contracting over GPT-2's 50,257-token vocabulary, the head's input
+# gradient) is not seen, since K read back from FLOPs cannot tell a fused bias (2 x M x N more)
+# from an odd K.
+ALIGN = 8
+
+
+def unaligned(n):
+    """Whether a GEMM's N is not a multiple of ALIGN: a bool for a number, a bool array for a
+    numpy array (`shape_factors`); `formula` takes a symbolic N's condition itself.
+
+        >>> unaligned(50257), unaligned(128256)  # GPT-2's vocabulary; Llama 3's
+        (True, False)
+    """
+    return n % ALIGN != 0
+
+
+def waves_of(grid: tuple, hardware, e, flops: float = 0.0) -> float:
+    """A matrix multiply's `shape_factor`: the `wave_quantum` of its `grid` (GEMMs, M, N, as
+    numbers) on `hardware` with the tiles of its efficiencies `e`, times its `k_overhead` where
+    `e.matmul_k_overhead` and one instance's `flops` are known, over `e.matmul_unaligned` where
+    its N is `unaligned`; 1 for an op without a grid, a part without an SM count, or a
+    generation without tiles."""
+    return shape_factor("matmul", grid, flops, hardware, e)
+
+
+def wave_quanta(grids, sms, tile_m, tile_n):
+    """`wave_quantum` over numpy arrays: `grids` (3, ops, cases) of (GEMMs, M, N); 1 where an
+    op has no grid (zeros) or the part no SM count or the generation no tile (0)."""
+    import numpy as np
+
+    count, m, n = (np.asarray(g, dtype=float) for g in grids)
+    ok = (count * m * n > 0) & (np.asarray(sms) > 0) & (np.asarray(tile_m) > 0) & (
+        np.asarray(tile_n) > 0)
+    one = [np.where(ok, x, 1.0) for x in (count, m, n, sms, tile_m, tile_n)]
+    return np.where(ok, wave_quantum(*one, ceil=np.ceil), 1.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _achieved(cluster, node: float, network: float):
+    """`cluster` with each tier at its achieved bandwidth: the first (within a node) at `node`
+    of its own, the others at `network`."""
+    return attrs.evolve(cluster, tiers=tuple(
+        attrs.evolve(t, bandwidth=t.bandwidth * (node if i == 0 else network))
+        for i, t in enumerate(cluster.tiers)))
+
+
+def cost_model(name: str, backward: str = "plate", table: dict | None = None) -> CostModel:
+    """The cost model `--cost` names: "roofline" (the ceiling) or "calibrated" (the shipped
+    efficiencies, or `table`'s)."""
+    if name == "roofline":
+        return CostModel(backward=backward)
+    if name == "calibrated":
+        return CalibratedCostModel(backward=backward, table=table or _shipped_efficiencies())
+    raise OpgraphError(f"unknown cost model {name!r}; choose roofline or calibrated")
+
+
+__all__ = [
+    "BACKWARD_COST",
+    "BACKWARD_MODES",
+    "COST_MODELS",
+    "DEFAULT",
+    "BATCHED",
+    "host_floor",
+    "EFFICIENCY",
+    "FUSED_BACKWARD_COST",
+    "OPERANDS",
+    "PEAKS",
+    "CalibratedCostModel",
+    "Cost",
+    "CostModel",
+    "compute_dtype",
+    "cost_model",
+    "fused_members",
+    "members_of",
+    "message_bytes",
+    "own_bytes",
+    "rule_flops",
+    "scaled",
+    "scaled_flops",
+    "ATTENTION_KINDS",
+    "exp_factor",
+    "k_overhead",
+    "ALIGN",
+    "unaligned",
+    "shape_factor",
+    "shape_factors",
+    "wave_quanta",
+    "wave_quantum",
+    "waves_of",
+]

@@ -1,0 +1,153 @@
+"""The launch record: a job config in opgraph's terms (`Launch`), the model configurations a
+config can name, and what both frameworks' readers share (the frameworks' real key and flag
+names, whole numbers parsed from text)."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from pathlib import Path
+
+import attrs
+
+from opgraph.models import PRESETS, deepseek, gpt2, llama
+from opgraph.models.deepseek import DeepSeekV2Config
+from opgraph.models.gpt2 import GPT2Config
+from opgraph.models.llama import LlamaConfig
+
+from ...core.errors import OpgraphError
+from ...core.limits import MAX_DIGITS, MAX_DIM, check_whole
+from ...parallel.parallel import Parallel
+
+RECOMPUTE = ("none", "selective", "selective-op", "full")  # passes/recompute.py POLICIES
+PRECISIONS = ("bf16", "fp8")
+FUSE = (None, "elementwise")
+
+
+
+# The model configurations a launch writes: the shapes Megatron's flags describe.
+Config = LlamaConfig | GPT2Config | DeepSeekV2Config
+
+
+def _preset_configs() -> dict[str, Config]:
+    """Every preset of the model registry (`opgraph.models.PRESETS`) whose configuration is a
+    Llama, a GPT-2 or a DeepSeek-V2 one, in the registry's order; the others (Gemma 2's
+    soft-capping and local attention, BERT's encoder) have no Megatron form."""
+    configs = {c.name: c for module in (llama, gpt2, deepseek) for c in vars(module).values()
+               if isinstance(c, Config)}
+    return {name: configs[name] for name in PRESETS if name in configs}
+
+
+# The configurations behind the presets a launch config can name or be written as.
+PRESET_CONFIGS: dict[str, Config] = _preset_configs()
+
+
+def _resolved(layout: Parallel) -> Parallel:
+    """The layout with dp, gpus and the global batch explicit; ZeRO 0 where the sharding group
+    (`Parallel.size("dp")`: dp x cp, the ranks that hold the same weights) is one rank, which
+    a stage of sharding shards nothing over."""
+    if not isinstance(layout, Parallel):
+        raise OpgraphError(f"launch parallel {layout!r} is not an "
+                           "opgraph.parallel.parallel.Parallel")
+    return attrs.evolve(layout, dp=layout.dp_degree, gpus=layout.world,
+                        global_batch=layout.batch,
+                        zero=layout.zero if layout.size("dp") > 1 else 0)
+
+
+def _one_of(choices: tuple):
+    def check(launch, attribute, value) -> None:
+        if value not in choices:
+            shown = ", ".join(repr(c) for c in choices)
+            raise OpgraphError(f"launch {attribute.name} {value!r}: give one of {shown}")
+    return check
+
+
+def _check_model(launch, attribute, value) -> None:
+    if isinstance(value, GPT2Config) and value.variant_flags():
+        # Megatron's and torchtitan's GPT-2 form has none of OPT's, NeoX's, BLOOM's or Falcon's
+        raise OpgraphError(f"launch model {value.name}: a launch writes GPT-2 and Llama "
+                           f"models; this GPT2Config sets {', '.join(value.variant_flags())}")
+    if isinstance(value, Config):
+        return
+    if not isinstance(value, str) or value not in PRESETS:
+        raise OpgraphError(f"launch model {value!r}: give a preset ({', '.join(sorted(PRESETS))}) "
+                           "or a LlamaConfig / GPT2Config / DeepSeekV2Config")
+
+
+def _check_seq_len(launch, attribute, value) -> None:
+    if value is not None:
+        check_whole(value, "sequence length", MAX_DIM)
+
+
+@attrs.frozen(kw_only=True)
+class Launch:
+    """A job config in opgraph's terms.
+
+    `model` is a preset name or a model configuration; `seq_len` the job's sequence length
+    (None: the model's own); `recompute` a policy of
+    passes/recompute.py; `fuse` "elementwise" where the job compiles its model (torch.compile);
+    `unknown` the keys or flags the reader did not understand or opgraph does not model, as the
+    file spelt them; `source` the file, or "megatron arguments".
+
+        Launch(model="llama3-8b", seq_len=8192, parallel=Parallel(gpus=8, zero=3))
+    """
+
+    model: str | Config = attrs.field(validator=_check_model)
+    seq_len: int | None = attrs.field(default=None, validator=_check_seq_len)
+    parallel: Parallel = attrs.field(factory=Parallel, converter=_resolved)
+    recompute: str = attrs.field(default="none", validator=_one_of(RECOMPUTE))
+    precision: str = attrs.field(default="bf16", validator=_one_of(PRECISIONS))
+    fuse: str | None = attrs.field(default=None, validator=_one_of(FUSE))
+    unknown: tuple[str, ...] = attrs.field(default=(), converter=tuple, eq=False)
+    source: str = attrs.field(default="", eq=False)
+
+    def forward(self):
+        """The model's forward graph (a preset's, or built from the configuration)."""
+        from opgraph.models import preset
+
+        if isinstance(self.model, str):
+            return preset(self.model)
+        builders = ((LlamaConfig, llama.build), (GPT2Config, gpt2.build),
+                    (DeepSeekV2Config, deepseek.build))
+        return next(build for kind, build in builders if isinstance(self.model, kind))(
+            self.model)
+
+
+def _config(model: str | Config, what: str) -> Config:
+    """The configuration behind a launch's model, for writers that need its dimensions."""
+    if not isinstance(model, str):
+        return model
+    try:
+        return PRESET_CONFIGS[model]
+    except KeyError:
+        raise OpgraphError(f"model {model!r} has no {what} form; opgraph writes "
+                           f"{', '.join(PRESET_CONFIGS)} or a LlamaConfig / GPT2Config / "
+                           "DeepSeekV2Config") from None
+
+
+@functools.cache
+def _real_names() -> dict:
+    """The keys and flags the frameworks have (opgraph/data/launch_keys.json, with its
+    sources): torchtitan's sections and the keys of the sections opgraph reads, Megatron-LM's
+    flags."""
+    return json.loads((Path(__file__).parents[2] / "data" / "launch_keys.json").read_text())
+
+
+def _not_real(what: str, kind: str, name: str, real) -> OpgraphError:
+    """The error for a `kind` ("key", "flag", "section") called `name` that `what` (torchtitan,
+    Megatron) does not have, with the nearest real name where one is close (difflib)."""
+    near = difflib.get_close_matches(name, sorted(real), n=1, cutoff=0.75)
+    hint = f"did you mean {near[0]}?" if near else "fix or remove it"
+    return OpgraphError(f"{what} has no {kind} {name}; {hint}")
+
+
+def _whole_text(text: str, what: str, maximum: int = MAX_DIM) -> int:
+    """A whole number written in decimal digits, parsed (never evaluated), within bounds."""
+    digits = text.strip()
+    if not digits.isascii() or not digits.isdigit():
+        raise OpgraphError(f"{what} {text!r} is not a whole number")
+    if len(digits) > MAX_DIGITS:
+        raise OpgraphError(f"{what} has {len(digits)} digits; give a whole number up to "
+                           f"{maximum:,}")
+    return check_whole(int(digits), what, maximum)

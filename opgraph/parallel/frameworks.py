@@ -1,0 +1,356 @@
+"""What each training framework does differently when it runs a layout, as one table.
+
+`Parallel.framework` names a row of `FRAMEWORKS`; the passes read its traits (`traits(layout)`),
+never the name. None is opgraph's generic model, which every trait's default keeps as it was:
+gradients reduced in FP32, ZeRO-3 weights gathered again for a recomputation, the gathered input
+of a sequence-parallel column matmul kept for its backward, gradients reduced under the
+backward.
+
+    traits(Parallel(framework="deepspeed")).grad_reduce_dtype  # "bf16"
+    reduce_dtype(Parallel(framework="deepspeed", grad_reduce_dtype="fp32"))  # "fp32"
+
+Each trait, with where each framework's code says so:
+
+- `grad_reduce_dtype`: the dtype of the data-parallel gradient reduction's message.
+  torchtitan: `mixed_precision_reduce = "float32"` (`torchtitan/config/job_config.py`, handed
+  to FSDP2's `MixedPrecisionPolicy(reduce_dtype=...)`). Megatron-LM: BF16 training sets
+  `accumulate_allreduce_grads_in_fp32 = True` unless `--grad-reduce-in-bf16`
+  (`megatron/training/arguments.py`), the gradient buffer then FP32
+  (`megatron/core/distributed/param_and_grad_buffer.py`). DeepSpeed: `communication_data_type`
+  falls back to FP16 or BF16 when either is enabled (`deepspeed/runtime/engine.py`), so a BF16
+  run reduces in BF16. nanotron: `OptimizerArgs.accumulate_grad_in_fp32`
+  (`src/nanotron/config/config.py`; its examples set it True, `examples/config_tiny_llama.py`),
+  the all-reduce then runs on the FP32 accumulation buffers
+  (`src/nanotron/optim/gradient_accumulator.py`).
+- `regather_in_recompute`: whether a ZeRO-3 / FSDP weight is all-gathered again for the
+  recomputation of its layer. FSDP2 (torchtitan) does not: its pre-forward hook returns at once
+  while the module's state is PRE_BACKWARD, "the pre-backward hook is responsible for the
+  unshard" (`torch/distributed/fsdp/_fully_shard/_fsdp_state.py`, `_pre_forward`), so the
+  recomputation reads the backward's gathered copy. DeepSpeed ZeRO-3 does: its pre-forward
+  module hook fetches the sub-module's parameters whenever the forward runs, the checkpointed
+  re-run included (`deepspeed/runtime/zero/parameter_offload.py`, `_pre_forward_module_hook`
+  -> `PartitionedParameterCoordinator.fetch_sub_module`).
+- `sp_saves_shard`: under sequence parallelism, whether the column-parallel matmul saves its
+  sequence-sharded input and all-gathers it again in the backward (Korthikanti et al. 2022,
+  section 4.2.2) instead of keeping the gathered one. Megatron-LM does
+  (`megatron/core/tensor_parallel/layers.py`, `LinearWithGradAccumulationAndAsyncCommunication`:
+  forward saves `input`, backward all-gathers it again before the weight gradient). torchtitan's
+  sequence parallelism is a DTensor redistribution before `nn.Linear`, whose autograd saves the
+  gathered input, so it keeps S x D per matmul input
+  (`torchtitan/models/llama3/infra/parallelize.py`, `SequenceParallel` + `ColwiseParallel`).
+  nanotron does as Megatron in its REDUCE_SCATTER mode with `tp_recompute_allgather` (its
+  default: `src/nanotron/parallel/tensor_parallel/functional.py`, `column_linear`, whose
+  backward "allgathers the inputs again"). DeepSpeed has no sequence parallelism of this kind
+  (Ulysses splits attention heads instead): the generic model.
+- `unshards_once_with_pp`: with pipeline parallelism, whether FSDP (ZeRO-3) gathers a stage's
+  parameters once per step and reduce-scatters its gradients once, rather than per
+  micro-batch. torchtitan does: its default `reshard_after_forward = not pp_enabled`
+  (`torchtitan/models/llama3/infra/parallelize.py`, `apply_fsdp`: "do not reshard after forward
+  to avoid per-microbatch all-gathers"), and PyTorch's pipeline stage turns off resharding after
+  backward and gradient sync for every backward but the last
+  (`torch/distributed/pipelining/stage.py`, `set_reshard_after_backward(False)`,
+  `set_requires_gradient_sync(False)`). A stage then holds its full BF16 parameters and
+  gradients and shards the optimizer: ZeRO-1's memory and traffic (`sharding`), the gather
+  placed after the update rather than under the next step's first forward.
+- `reduce_after_flush`: with pipeline parallelism, whether the gradient reduction waits for the
+  pipeline to drain rather than running under the backward. DeepSpeed's pipeline engine issues
+  `ReduceGrads` after the last micro-batch's backward (`deepspeed/runtime/pipe/schedule.py`,
+  `TrainSchedule.steps`; `deepspeed/runtime/pipe/engine.py`, `_exec_reduce_grads`).
+- `overlaps_reduce_at`: the ZeRO stages at which the gradient reduction runs under the
+  backward by default; at the others it runs after the backward, exposed. DeepSpeed's
+  `zero_optimization.overlap_comm` defaults to True at stage 3 only
+  (`deepspeed/runtime/zero/config.py`, `DeepSpeedZeroConfig.overlap_comm_valid`); below it the
+  reduction runs after the backward (stage 0: the engine's `allreduce_gradients`) or blocks it
+  bucket by bucket (stages 1-2): exposed whole either way. nanotron wraps the model in DDP,
+  whose hook reduces the FP32 accumulation buffers under the last backward, only without ZeRO:
+  with `accumulate_grad_in_fp32` and `zero_stage` > 0 it builds no DDP (`trainer.py`,
+  `_init_model`: `make_ddp = data_parallel_size > 1 and not (accumulate_grad_in_fp32 and
+  zero_stage > 0)`, from January 2024 to June 2025, the playbook's runs among them) and
+  all-reduces the gradients after the backward (`sync_gradients_across_dp(...,
+  reduce_scatter=False)`, "This is too memory hungry, instead we run all_reduce"): see
+  `zero1_all_reduces`.
+- `zero1_all_reduces`: under ZeRO-1, the gradients are all-reduced whole (each rank then
+  updates its shard of the optimizer and all-gathers its updated weights), not
+  reduce-scattered: nanotron, as `overlaps_reduce_at` says.
+- `adds_grads_in_fp32`: each micro-batch's weight gradients are written in BF16 and added
+  into FP32 buffers by kernels of their own (`passes.accumulate_grads`), rather than
+  accumulated in FP32 by the weight-gradient GEMM itself. nanotron: its
+  `FP32GradientAccumulator` (`src/nanotron/optim/gradient_accumulator.py`, `backward`:
+  `fp32_grad.add_(half_param.grad)` for every parameter after `loss.backward()`), which
+  `accumulate_grad_in_fp32` turns on (its examples and the playbook's benchmark script set it).
+  Megatron-LM's `--gradient-accumulation-fusion` (on by default) accumulates in the GEMM: the
+  generic model.
+- `eager`: the op kinds the framework runs as eager PyTorch, each as the several kernels its
+  Python code launches (`rules.EAGER_BYTES`, marked by `passes.decompose`), where the others run
+  one fused kernel. A compiled run (`fuse` "elementwise": torch.compile) generates its own
+  kernels instead (`passes.fuse_elementwise` drops the mark). torchtitan: its default
+  `norm_type = "rmsnorm"` is a Python `RMSNorm` (`torchtitan/models/norms.py`), RoPE is
+  `apply_rotary_emb`'s complex product on an FP32 copy and the MLP is
+  `F.silu(self.w1(x)) * self.w3(x)` (`torchtitan/models/llama/model.py`), all eager unless
+  `compile = true` (`train_configs/llama3_8b.toml`); its loss is
+  `F.cross_entropy(pred.float(), labels)` (`train.py`, `loss_fn`). nanotron: its MLP's
+  `GLUActivation` runs `self.act(gate) * up` in two kernels (`src/nanotron/models/llama.py`)
+  and its loss is `sharded_cross_entropy(..., dtype=torch.float)`, Megatron's vocab-parallel
+  kernels on FP32 logits; its RMSNorm (`TritonRMSNorm`) and its training RoPE (flash-attn's
+  rotary kernel) are fused. Megatron-LM fuses the norms, SwiGLU and RoPE (Transformer
+  Engine's norms; the SwiGLU and RoPE fusions are on unless `--no-bias-swiglu-fusion` or
+  `--no-rope-fusion`, `megatron/training/arguments.py`): the generic model. Its
+  vocab-parallel cross-entropy is eager too unless `--cross-entropy-loss-fusion`
+  (`megatron/core/tensor_parallel/cross_entropy.py`), but no layout field says which a run
+  used (SimuMax's B200 runs set it), so Megatron's loss is left fused here.
+- `compiles_blocks_only`: torch.compile covers the transformer blocks alone, so the ops outside
+  the layer stack (the final norm, the loss) stay eager in a compiled run. torchtitan:
+  `apply_compile` compiles each `TransformerBlock` (`torchtitan/parallelisms/
+  parallelize_llama.py`), and `train.py` keeps the loss uncompiled ("compiling loss function
+  causes CUDA errors").
+- `balances_stages`: a pipeline's layers are split by the blocks' compute costs rather than
+  evenly. nanotron's `build_model` (`src/nanotron/models/base.py`) sums each pipeline block's
+  cost from `get_block_compute_costs` (a decoder layer: its linear layers' weights,
+  4 h^2 + 3 h F for Llama; the LM head: V h; the rest nothing) and gives stage r the blocks up
+  to the first whose running sum passes (r + 1) / pp of the total, so the stage with the head
+  takes fewer layers (the playbook's 1B, 16 layers on 2 stages: 11 and 5). `own_split`
+  computes it with nanotron's formula from the model's dimensions; `end_split` says it as a
+  layout's first and last stages where it can (else `Parallel.stage_layers` says it).
+
+- `buckets_grads`: the data-parallel gradient reductions (and ZeRO-1's gathers of the
+  updated weights) run in buckets of many weights, one NCCL call each, rather than a call per
+  weight. Megatron-LM: with `--overlap-grad-reduce`, buckets of max(40 M, 1 M x the data-
+  parallel size) parameters ("make buckets larger to ensure that chunks used in NCCL
+  ring-reduce implementations are large enough to remain bandwidth-bound rather than
+  latency-bound", `megatron/core/distributed/distributed_data_parallel.py`); the parameter
+  gathers use the same buffers' buckets. Each weight then pays its share of a call's latency
+  (`reduces_in_buckets`, `bucket_share`, `costmodel.Cost.calls`). Without the overlap
+  Megatron reduces one bucket per model chunk, and so does an interleaved pipeline's every chunk
+  after the first (`megatron/training/training.py`, `get_model`: "Turn off bucketing for model_chunk
+  2 onwards");
+  neither is modelled (a call per weight without the overlap, as the other frameworks here;
+  the first chunk's buckets for every chunk).
+
+- `caches_fp8_weights`: under FP8, each weight is cast to FP8 once a step and the copy reused
+  by every micro-batch (`passes.cache_fp8_weights`), rather than cast in every forward and kept
+  for that micro-batch's backward. Megatron-LM: Transformer Engine casts on the step's first
+  micro-batch only (`is_first_microbatch`, passed by Megatron-LM's TE layers,
+  `megatron/core/extensions/transformer_engine.py`). torchtitan's torchao `Float8Linear`
+  casts in every forward: not cached.
+
+- `gemm_per_expert`: an expert layer's grouped GEMM runs as one GEMM per local expert, each
+  issued by the host (`passes.unroll_expert_gemms`), rather than as one kernel. Megatron-LM:
+  `TEGroupedMLP` runs Transformer Engine's `GroupedLinear`, which calls cuBLAS once per GEMM on
+  4 streams unless the part is a Hopper and `NVTE_USE_CUTLASS_GROUPED_GEMM` is set
+  (`transformer_engine/common/gemm/cublaslt_gemm.cu`, `nvte_multi_tensor_gemm`);
+  `SequentialMLP` loops over the experts. DeepSpeed: `deepspeed/moe/experts.py`, `Experts`,
+  loops over its local experts. torchtitan: one `torch._grouped_mm` (`GroupedExperts`). nanotron
+  keeps the generic one kernel (not checked).
+
+- `attention_library`: the kernels the attention core runs, "flash" (FlashAttention-2, the
+  generic model's) or "cudnn" (cuDNN's fused attention, at its generation's `attention_fused`
+  efficiency: `passes.pick_attention_kernel`). Megatron-LM: Transformer Engine's
+  `DotProductAttention` prefers cuDNN's FusedAttention on Hopper and later
+  (`transformer_engine/pytorch/attention/dot_product_attention/utils.py`,
+  `get_attention_backend`). torchtitan calls PyTorch's SDPA, nanotron flash-attn: FlashAttention.
+
+- `vocab_multiple`: the vocabulary is padded to a multiple of this x the tensor-parallel
+  degree, so that it splits over the TP group (`padded_vocab_shard`); None: not padded, and
+  the vocabulary must divide by the degree. Megatron-LM: `--make-vocab-size-divisible-by`,
+  default 128, times the TP size (`megatron/training/arguments.py`;
+  `_vocab_size_with_padding`, `megatron/training/tokenizer/tokenizer.py`), so GPT-2's 50,257
+  tokens run as 51,200 at TP 8 and Llama 3's 128,256 as 129,024. nanotron:
+  `make_vocab_size_divisible_by` x the TP size (`src/nanotron/helpers.py`,
+  `_vocab_size_with_padding`), 1 in its configs (`examples/config_tiny_llama.yaml`).
+  torchtitan shards an uneven vocabulary as DTensor does; DeepSpeed splits none: not padded.
+  Only a split vocabulary is padded here: at TP 1 the model's own size is kept (Megatron pads
+  GPT-2's to 50,304 there, 0.1% more).
+
+Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
+`overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
+the table holds what no field says.
+"""
+
+from __future__ import annotations
+
+import attrs
+import sympy
+
+from ..core.errors import OpgraphError
+from .parallel import Parallel
+
+
+@attrs.frozen
+class Traits:
+    grad_reduce_dtype: str = "fp32"
+    regather_in_recompute: bool = True
+    sp_saves_shard: bool = False
+    unshards_once_with_pp: bool = False
+    reduce_after_flush: bool = False
+    overlaps_reduce_at: frozenset[int] = frozenset({0, 1, 2, 3})
+    zero1_all_reduces: bool = False
+    adds_grads_in_fp32: bool = False
+    eager: frozenset[str] = frozenset()
+    compiles_blocks_only: bool = False
+    balances_stages: bool = False
+    buckets_grads: bool = False
+    vocab_multiple: int | None = None
+    caches_fp8_weights: bool = False
+    gemm_per_expert: bool = False
+    attention_library: str = "flash"
+
+
+FRAMEWORKS: dict[str | None, Traits] = {
+    None: Traits(),
+    "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
+                         eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
+                         compiles_blocks_only=True),
+    "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
+                       caches_fp8_weights=True, gemm_per_expert=True,
+                       attention_library="cudnn"),
+    "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
+                        overlaps_reduce_at=frozenset({3}), gemm_per_expert=True),
+    "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
+                       balances_stages=True, vocab_multiple=1,
+                       overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,
+                       adds_grads_in_fp32=True),
+}
+
+
+def traits(layout: Parallel) -> Traits:
+    """The traits of `layout`'s framework (see the module)."""
+    try:
+        return FRAMEWORKS[layout.framework]
+    except KeyError:
+        raise OpgraphError(f"framework {layout.framework!r}: choose one of "
+                           f"{', '.join(k for k in FRAMEWORKS if k)}") from None
+
+
+def reduce_dtype(layout: Parallel) -> str:
+    """The dtype data-parallel gradients travel in: the layout's `grad_reduce_dtype`, else its
+    framework's default."""
+    return layout.grad_reduce_dtype or traits(layout).grad_reduce_dtype
+
+
+def defers_grad_reduce(layout: Parallel) -> bool:
+    """Whether the gradient reduction waits for the backward to end: the layout says so
+    (`overlap_grad_reduce` off), or its framework reduces after the pipeline's flush, or does
+    not overlap it at the layout's ZeRO stage."""
+    t = traits(layout)
+    return (not layout.overlap_grad_reduce or (layout.pp > 1 and t.reduce_after_flush)
+            or layout.zero not in t.overlaps_reduce_at)
+
+
+def padded_vocab_shard(vocab, layout: Parallel, degree=None):
+    """One tensor-parallel rank's share of the vocabulary `vocab` (a number or a symbol) under
+    `layout`'s framework: ceil(vocab / (multiple x degree)) x multiple where it pads
+    (`Traits.vocab_multiple`), else vocab / degree. `degree` is the TP degree, a number or the
+    `tp` symbol (default: the layout's)."""
+    degree = layout.tp if degree is None else degree
+    multiple = traits(layout).vocab_multiple
+    if multiple is None:
+        return vocab / degree
+    return sympy.ceiling(vocab / (multiple * degree)) * multiple
+
+
+# Megatron-LM's default bucket: max(BUCKET_FLOOR, BUCKET_PER_RANK x the data-parallel size)
+# parameters (`megatron/core/distributed/distributed_data_parallel.py`)
+BUCKET_FLOOR = 40_000_000
+BUCKET_PER_RANK = 1_000_000
+
+
+def reduces_in_buckets(layout: Parallel) -> bool:
+    """Whether the layout's data-parallel reductions run in buckets (`Traits.buckets_grads`:
+    Megatron-LM with `--overlap-grad-reduce`), each weight paying `bucket_share` of a call;
+    else each weight is reduced in a call of its own."""
+    return traits(layout).buckets_grads and layout.overlap_grad_reduce
+
+
+def bucket_params(ranks):
+    """Megatron-LM's bucket over `ranks` data-parallel GPUs, in parameters."""
+    return sympy.Max(BUCKET_FLOOR, BUCKET_PER_RANK * ranks)
+
+
+def bucket_share(numel, ranks):
+    """A weight of `numel` parameters' share of its bucket's one call: numel / bucket, and
+    1 for a weight as large as a bucket (a bucket holds whole weights). Written numel /
+    Max(bucket, numel), not Min(1, numel / bucket): sympy evaluates that Min to 1 over the
+    degree symbols, wrongly."""
+    return numel / sympy.Max(bucket_params(ranks), numel)
+
+
+def sharding(layout: Parallel) -> int:
+    """The ZeRO stage the job runs: the layout's, but 1 where the framework keeps FSDP's
+    parameters gathered over a pipeline's micro-batches (`Traits.unshards_once_with_pp`)."""
+    return run_zero(layout.zero, layout.pp, layout.framework)
+
+
+def run_zero(zero: int, stages: int, framework: str | None) -> int:
+    """`sharding` from the three fields it reads (the search holds rows, not layouts)."""
+    if zero == 3 and stages > 1 and FRAMEWORKS[framework].unshards_once_with_pp:
+        return 1
+    return zero
+
+
+def own_split(forward, stages: int, framework: str | None) -> tuple[int, ...] | None:
+    """Every stage's layers, first to last, where the framework splits a pipeline by its
+    blocks' costs (`Traits.balances_stages`); None where it does not (or `stages` is 1)."""
+    if stages == 1 or not FRAMEWORKS[framework].balances_stages:
+        return None
+    return tuple(_balanced(*_block_costs(forward), stages))
+
+
+def end_split(per_stage) -> tuple[int | None, int | None] | None:
+    """`per_stage` (every stage's layers) as a layout's end stages, `(first_stage_layers,
+    last_stage_layers)`: (None, None) where even, None in a pair where an end takes what a
+    middle stage takes; None where the middle stages are unequal or a stage holds no layer,
+    which only the layout's `stage_layers` can say."""
+    if len(set(per_stage)) == 1:
+        return (None, None)  # even
+    middle = set(per_stage[1:-1])
+    if len(middle) > 1 or 0 in per_stage:
+        return None
+    each = middle.pop() if middle else None
+    first, last = per_stage[0], per_stage[-1]
+    return (None if first == each else first, None if last == each else last)
+
+
+def _block_costs(forward) -> tuple[int, int, int]:
+    """(layers, one layer's cost, the head's cost) as nanotron's `get_block_compute_costs`
+    weighs them (`src/nanotron/models/llama.py`): a decoder layer 4 H d_h D + 3 F D (q, k, v
+    and o each counted at the query heads' size, grouped-query attention or not), the head
+    V D. A model without those dimensions is weighed by the weights its linear layers hold
+    (matmul kinds' weight operands), inside the layer stack and after it."""
+    import sympy
+
+    from ..core.ir import Phase, Role
+    from ..core.rules import GEMM_GRIDS
+    from ..core.symbols import D, F, H, V, d_h
+    from ..passes.split_stages import layer_stack
+
+    region = layer_stack(forward)
+    layers = int(sympy.sympify(region.count).xreplace(forward.dims))
+    dims = forward.dims
+    if all(s in dims for s in (D, F, H, V, d_h)):
+        return (layers, int(4 * dims[H] * dims[d_h] * dims[D] + 3 * dims[F] * dims[D]),
+                int(dims[V] * dims[D]))
+    layer = head = 0
+    for op in forward.ops():
+        if op.phase is not Phase.FORWARD or op.kind not in GEMM_GRIDS:
+            continue
+        held = sum(int(t.numel.xreplace(forward.dims)) for t in map(forward.tensor, op.inputs)
+                   if t.role is Role.WEIGHT)
+        if forward.within(op.region, region.name):
+            layer += held
+        else:
+            head += held
+    return layers, layer, head
+
+
+def _balanced(layers: int, layer: int, head: int, stages: int) -> list[int]:
+    """Layers per stage as nanotron assigns its blocks: each to the current stage, which moves
+    on once the running cost passes its share of the total."""
+    total = layers * layer + head
+    out, stage, running = [0] * stages, 0, 0
+    for i in range(layers + 1):  # the layers, then the head
+        running += layer if i < layers else head
+        if i < layers:
+            out[stage] += 1
+        if running * stages > total * (stage + 1) and stage < stages - 1:
+            stage += 1
+    return out

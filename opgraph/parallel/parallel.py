@@ -1,0 +1,359 @@
+"""How a training job is spread over GPUs: the parallel degrees, batch and sharding, as a record.
+
+    layout = Parallel(tp=8, pp=4, micro_batch=2, global_batch=512, gpus=1024)
+    layout.dp             # 32: N / (tp x pp x cp)
+    layout.micro_batches  # 8: global batch / (dp x micro batch), per optimizer step
+
+The degrees multiply to the GPUs of the job: `gpus = tp x cp x pp x dp`. Expert parallelism
+borrows its GPUs from the data-parallel (and context-parallel) ranks, as Megatron-LM's expert
+data-parallel groups and torchtitan's do, so `ep` divides `dp x cp` and adds none.
+
+Ranks are ordered as Megatron-LM orders them (`--order tp-cp-ep-dp-pp`): tensor parallelism
+innermost (its groups are consecutive ranks, inside one node), then context, data, pipeline.
+`stride` gives how many ranks apart a group's members sit, which decides the tier of the fabric
+its collectives cross (`opgraph.parallel.cluster.Cluster.tier_for`).
+
+`check` raises a one-line OpgraphError naming the first constraint a layout breaks.
+
+A layout written out is the compact form `plan` prints (`outputs.report.layout_text`):
+`tp8 cp1 pp16(7/.../7) dp64 mb1 v1 zero1 sp full bf16`; `parse_layout` reads it back.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from ..core.choices import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
+from ..core.errors import OpgraphError
+from ..core.limits import MAX_DIM, MAX_MICRO_BATCHES, check_whole
+
+SCHEDULES = ("1f1b", "interleaved")
+# ZERO_STAGES, FRAMEWORKS (the training framework the passes follow) and GRAD_REDUCE_DTYPES are
+# the command line's names, in `opgraph.core.choices`.
+
+
+def _whole(value, name):
+    return check_whole(value, name, MAX_DIM) if value is not None else None
+
+
+def _stage_list(value):
+    """`stage_layers` as a tuple of whole numbers from 0 (a stage may hold no layer), or None."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise OpgraphError(f"stage layers {value!r}: give one whole number per pipeline stage")
+    out = tuple(value)
+    for n in out:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n > MAX_DIM:
+            raise OpgraphError(f"stage layers {list(out)!r}: each stage's layers must be a "
+                               f"whole number from 0 to {MAX_DIM:,}, not {n!r}")
+    return out
+
+
+@attrs.frozen(kw_only=True)
+class Parallel:
+    """One layout. `micro_batch` and `global_batch` are in sequences; `dp` None means
+    gpus / (tp x cp x pp); `global_batch` None means one micro-batch per data-parallel rank.
+
+    `zero` is the data-parallel sharding: 0 plain (gradients all-reduced), 1 optimizer states
+    sharded (Megatron's distributed optimizer), 2 and gradients, 3 and parameters (FSDP,
+    torchtitan's default); gradients are reduced in `grad_reduce_dtype`, else the framework's
+    default (`opgraph.parallel.frameworks.reduce_dtype`: FP32 but for DeepSpeed's BF16).
+    `first_stage_layers` / `last_stage_layers` make the end stages uneven (Megatron's
+    `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages, and
+    with virtual stages into chunks as `chunk_layers` cuts them. `stage_layers` names every
+    stage's layers instead, first to last, any of them 0 (nanotron's cost-balanced split of the
+    playbook's 1B on four stages: 6, 5, 5 and 0, the last stage holding the head alone).
+    `overlap_grad_reduce` runs the gradient reduction under the backward (PyTorch DDP, FSDP,
+    Megatron-LM's `--overlap-grad-reduce`); without it the reduction waits for the backward to
+    end (Megatron-LM's default; DeepSpeed's pipeline engine's whatever this says).
+    `overlap_param_gather` gathers the updated weights of ZeRO-1/2 under the next step's first
+    forward, each layer's just before it runs, rather than after the update (Megatron-LM's
+    `--overlap-param-gather`, with its distributed optimizer).
+    `framework` names whose behaviour the passes follow where frameworks differ
+    (`opgraph.parallel.frameworks`: FSDP2's gathers, Megatron's sequence-parallel inputs, ...).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp: int | None = None
+    gpus: int | None = None
+    micro_batch: int = 1
+    global_batch: int | None = None
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    zero: int = 0
+    async_tp: bool = False
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+    stage_layers: tuple[int, ...] | None = attrs.field(default=None, converter=_stage_list)
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = False
+    framework: str | None = None
+    grad_reduce_dtype: str | None = None
+
+    def __attrs_post_init__(self):
+        for name in ("tp", "pp", "cp", "ep", "dp", "gpus", "micro_batch", "global_batch",
+                     "virtual_stages", "first_stage_layers", "last_stage_layers"):
+            _whole(getattr(self, name), name.replace("_", "-"))
+        if self.zero not in ZERO_STAGES:
+            raise OpgraphError(f"zero {self.zero!r}: give 0, 1, 2 or 3")
+        if self.framework is not None and self.framework not in FRAMEWORKS:
+            raise OpgraphError(f"framework {self.framework!r}: choose one of "
+                               f"{', '.join(FRAMEWORKS)}")
+        if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+            raise OpgraphError(f"gradient-reduction dtype {self.grad_reduce_dtype!r}: choose one "
+                               f"of {', '.join(GRAD_REDUCE_DTYPES)}")
+        model = self.tp * self.cp * self.pp
+        if self.gpus is not None:
+            if self.gpus % model:
+                raise OpgraphError(f"--gpus {self.gpus} is not divisible by tp x cp x pp = "
+                                   f"{self.tp} x {self.cp} x {self.pp} = {model}")
+            if self.dp is not None and self.dp * model != self.gpus:
+                raise OpgraphError(f"--gpus {self.gpus} is not tp x cp x pp x dp = "
+                                   f"{self.tp} x {self.cp} x {self.pp} x {self.dp} = "
+                                   f"{model * self.dp}; leave out --dp or --gpus")
+        if (self.dp_degree * self.cp) % self.ep:
+            raise OpgraphError(f"--ep {self.ep} must divide dp x cp = {self.dp_degree * self.cp} "
+                               "(experts are spread over the data-parallel ranks)")
+        if self.global_batch is not None and self.global_batch % (self.dp_degree * self.micro_batch):
+            raise OpgraphError(f"global batch {self.global_batch} is not divisible by dp x "
+                               f"micro-batch = {self.dp_degree} x {self.micro_batch}; give a "
+                               f"multiple of {self.dp_degree * self.micro_batch}")
+        if self.micro_batches > MAX_MICRO_BATCHES:
+            raise OpgraphError(f"global batch {self.batch:,} is {self.micro_batches:,} "
+                               f"micro-batches per data-parallel rank (dp {self.dp_degree:,} x "
+                               f"micro-batch {self.micro_batch:,}), more than opgraph's bound of "
+                               f"{MAX_MICRO_BATCHES:,}; give a smaller global batch, a larger "
+                               "micro-batch or more data parallelism")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise OpgraphError("--virtual-stages needs pipeline parallelism (--pp 2 or more)")
+        if self.sequence_parallel and self.tp == 1:
+            raise OpgraphError("--sequence-parallel needs tensor parallelism (--tp 2 or more)")
+        if self.async_tp and self.tp == 1:
+            raise OpgraphError("--async-tp needs tensor parallelism (--tp 2 or more)")
+        if self.overlap_param_gather and self.zero not in (1, 2):
+            raise OpgraphError(f"--overlap-param-gather needs sharded optimizer states (--zero 1 "
+                               f"or 2, Megatron-LM's distributed optimizer), not ZeRO-{self.zero}")
+        if (self.first_stage_layers or self.last_stage_layers) and self.pp == 1:
+            raise OpgraphError("uneven first or last stages need --pp 2 or more")
+        if self.stage_layers is not None:
+            if self.pp == 1:
+                raise OpgraphError("stage layers split a pipeline: they need --pp 2 or more")
+            if len(self.stage_layers) != self.pp:
+                raise OpgraphError(f"stage layers {list(self.stage_layers)}: give one count per "
+                                   f"pipeline stage, {self.pp} for --pp {self.pp}")
+            if self.first_stage_layers is not None or self.last_stage_layers is not None:
+                raise OpgraphError("stage layers name every stage's layers: leave out the "
+                                   "first and last stages' own counts")
+            if self.virtual_stages > 1:
+                raise OpgraphError("stage layers with --virtual-stages: opgraph interleaves "
+                                   "even stages, or uneven end stages only; leave one out")
+            if self.stage_layers[0] == 0:
+                raise OpgraphError("the first pipeline stage holds no layer in stage layers "
+                                   f"{list(self.stage_layers)}; give it one or more")
+        if self.framework == "deepspeed" and self.pp > 1 and self.zero >= 2:
+            # deepspeed/runtime/pipe/engine.py asserts it: "ZeRO-2 and ZeRO-3 are incompatible
+            # with pipeline parallelism"
+            raise OpgraphError(f"--framework deepspeed runs --pp {self.pp} with ZeRO 0 or 1 "
+                               f"only (its pipeline engine refuses ZeRO-{self.zero}); give "
+                               "--zero 0 or 1")
+
+    # --- derived ----------------------------------------------------------------------------------
+    @property
+    def dp_degree(self) -> int:
+        if self.dp is not None:
+            return self.dp
+        return self.gpus // (self.tp * self.cp * self.pp) if self.gpus else 1
+
+    @property
+    def world(self) -> int:
+        """GPUs in the job: tp x cp x pp x dp."""
+        return self.tp * self.cp * self.pp * self.dp_degree
+
+    @property
+    def batch(self) -> int:
+        """Sequences per optimizer step over the whole job."""
+        return self.global_batch or self.dp_degree * self.micro_batch
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches each data-parallel rank runs per optimizer step."""
+        return self.batch // (self.dp_degree * self.micro_batch)
+
+    @property
+    def is_single(self) -> bool:
+        """One GPU and one micro-batch: the plate's step, which no parallel pass touches."""
+        return self.world == 1 and self.micro_batches == 1
+
+    def rank_stage(self, rank: int) -> int | None:
+        """The pipeline stage GPU `rank` runs (pipeline parallelism is outermost), or None if
+        the job has no such rank."""
+        if not 0 <= rank < self.world:
+            return None
+        return rank // (self.tp * self.cp * self.dp_degree)
+
+    def stride(self, group: str) -> int:
+        """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp).
+        The gradient-reduction groups ("dp", "edp") take in the context-parallel ranks, which
+        hold the same weights; so they start at stride tp."""
+        inner = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp,
+                 "edp": self.tp * self.ep, "pp": self.tp * self.cp * self.dp_degree}
+        return inner[group]
+
+    def size(self, group: str) -> int:
+        """GPUs in one group: "dp" is the ranks that hold the same weights (dp x cp, as
+        Megatron-LM reduces gradients over data and context parallel ranks together), "edp"
+        those that hold the same experts (dp x cp / ep)."""
+        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp_degree * self.cp,
+                "edp": self.dp_degree * self.cp // self.ep, "pp": self.pp}[group]
+
+    def to_json(self) -> dict:
+        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
+                "dp": self.dp_degree, "micro_batch": self.micro_batch,
+                "global_batch": self.batch, "micro_batches": self.micro_batches,
+                "virtual_stages": self.virtual_stages, "zero": self.zero,
+                "sequence_parallel": self.sequence_parallel, "async_tp": self.async_tp,
+                "first_stage_layers": self.first_stage_layers,
+                "last_stage_layers": self.last_stage_layers,
+                "stage_layers": None if self.stage_layers is None else list(self.stage_layers),
+                "overlap_grad_reduce": self.overlap_grad_reduce,
+                "overlap_param_gather": self.overlap_param_gather,
+                "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype}
+
+
+def stage_layers(layers: int, layout: Parallel) -> list[int]:
+    """Layers on each pipeline stage (all its virtual stages together), first to last.
+
+    Even: `layers / pp` each, and `layers` must divide by pp x virtual stages. Uneven ends take
+    `first_stage_layers` / `last_stage_layers`; the middle stages split the rest evenly (with
+    virtual stages, as `chunk_layers` cuts them). Every stage holds at least one layer (as
+    Megatron-LM asks of its middle stages).
+
+        >>> stage_layers(126, Parallel(pp=16, first_stage_layers=7, last_stage_layers=7))[:3]
+        [7, 8, 8]
+    """
+    return [sum(chunks) for chunks in chunk_layers(layers, layout)]
+
+
+def chunk_layers(layers: int, layout: Parallel) -> list[list[int]]:
+    """Layers in each model chunk (virtual stage) of each pipeline stage, first to last.
+
+    Even: `layers / (pp x v)` in every chunk. With uneven ends and v virtual stages (the Llama 3
+    paper, section 3.3.2: 126 layers on 16 stages, one layer fewer on the first and the last,
+    interleaved): the middle stages' chunks hold `c = middle / v` layers each, and an end
+    stage's outer chunk (the first stage's first, where the embedding runs; the last stage's
+    last, where the head and the loss run) holds what the end stage lacks of `v c`, down to
+    none ("the first model chunk on the first stage has only the embedding").
+
+        >>> chunk_layers(126, Parallel(pp=16, virtual_stages=8, first_stage_layers=7,
+        ...                            last_stage_layers=7))[0]
+        [0, 1, 1, 1, 1, 1, 1, 1]
+    """
+    p, v = layout.pp, layout.virtual_stages
+    first, last = layout.first_stage_layers, layout.last_stage_layers
+    if layout.stage_layers is not None:
+        if sum(layout.stage_layers) != layers or not any(layout.stage_layers):
+            raise OpgraphError(f"stage layers {list(layout.stage_layers)} add up to "
+                               f"{sum(layout.stage_layers)}; the model has {layers} layers")
+        return [[n] for n in layout.stage_layers]
+    if first is None and last is None:
+        if layers % (p * v):
+            raise OpgraphError(f"{layers} layers do not divide into pp x virtual stages = "
+                               f"{p} x {v} = {p * v} equal chunks; pick degrees that divide it")
+        return [[layers // (p * v)] * v for _ in range(p)]
+    ends = (first or 0) + (last or 0)
+    middle = p - (first is not None) - (last is not None)
+    rest = layers - ends
+    ends_take = {(True, True): "the first and last stages take",
+                 (True, False): "the first stage takes",
+                 (False, True): "the last stage takes"}[first is not None, last is not None]
+    if rest < 0 or (middle and rest % middle) or (not middle and rest):
+        raise OpgraphError(f"{layers} layers: {ends_take} {ends}, and the {rest} left do not "
+                           f"split evenly over {middle} middle stages")
+    each = rest // middle if middle else 0
+    if middle and each < 1:  # the ends are whole numbers from 1 (`Parallel` checks them)
+        raise OpgraphError(f"{layers} layers over {p} pipeline stages: {ends_take} {ends}, "
+                           f"leaving {rest} for {middle} middle stage{'s' * (middle != 1)}; "
+                           "every stage needs at least one layer")
+    if v == 1:
+        return [[n] for n in ([first] if first is not None else []) + [each] * middle + (
+            [last] if last is not None else [])]
+    if not middle or each % v:
+        raise OpgraphError(f"uneven end stages with --virtual-stages {v}: the middle stages' "
+                           f"{each} layers must split into {v} equal chunks (and a middle "
+                           "stage must exist); pick virtual stages that divide them")
+    chunk = each // v
+    for name, n in (("first", first), ("last", last)):
+        if n is not None and not chunk * (v - 1) <= n <= chunk * v:
+            raise OpgraphError(f"the {name} stage's {n} layers with --virtual-stages {v}: its "
+                               f"outer chunk takes what it lacks of {v} x {chunk}, so give "
+                               f"{chunk * (v - 1)} to {chunk * v} layers")
+    out = [[chunk] * v for _ in range(p)]
+    if first is not None:
+        out[0][0] = first - chunk * (v - 1)
+    if last is not None:
+        out[-1][-1] = last - chunk * (v - 1)
+    return out
+
+
+# The compact form's words (`parse_layout`): a degree's word and its number (tp8), and the
+# `Parallel` field it sets.
+LAYOUT_WORDS = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "mb": "micro_batch",
+                "v": "virtual_stages", "zero": "zero"}
+_NUMBERED = re.compile(r"([a-z]+)([0-9]{1,12})(?:\(([0-9]{1,12}|-)/\.\.\./([0-9]{1,12}|-)\))?")
+MAX_LAYOUT_TEXT = 400  # characters: a layout is a few dozen
+
+
+def parse_layout(text: str) -> tuple[dict, dict]:
+    """The `Parallel` fields and the step's options (`recompute`, `precision`) a layout written
+    as `plan` prints it names: `tp8 cp1 pp16(7/.../7) dp64 mb1 v1 zero1 sp full bf16`, words
+    apart by spaces or commas (`tp8,pp16,dp64,mb1,zero1`), pp's uneven end stages in brackets
+    (first/.../last, - for an even end), `sp` sequence parallelism, a recomputation policy and
+    a precision by name. A word left out sets nothing (dp: the GPUs left); `Parallel` checks
+    what the fields make.
+
+        >>> parse_layout("tp8,pp4 zero1 full")
+        ({'tp': 8, 'pp': 4, 'zero': 1}, {'recompute': 'full'})
+    """
+    from ..passes.precision import PRECISIONS
+    from ..passes.recompute import POLICIES
+
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    words = text.replace(",", " ").split()
+    if not words or len(text) > MAX_LAYOUT_TEXT:
+        raise OpgraphError(f"layout {shown!r}: write it as plan prints one, e.g. "
+                           "tp8,pp16,dp64,mb1,zero1")
+    fields: dict = {}
+    options: dict = {}
+
+    def put(into: dict, key: str, value, word: str) -> None:
+        if key in into:
+            raise OpgraphError(f"layout {shown!r} says {key.replace('_', '-')} twice "
+                               f"({word!r}); give it once")
+        into[key] = value
+
+    for word in words:
+        found = _NUMBERED.fullmatch(word)
+        if found and found[1] in LAYOUT_WORDS and (found[3] is None or found[1] == "pp"):
+            put(fields, LAYOUT_WORDS[found[1]], int(found[2]), word)
+            for key, end in (("first_stage_layers", found[3]), ("last_stage_layers", found[4])):
+                if end not in (None, "-"):
+                    fields[key] = int(end)
+        elif word == "sp":
+            put(fields, "sequence_parallel", True, word)
+        elif word in POLICIES:
+            put(options, "recompute", word, word)
+        elif word in PRECISIONS:
+            put(options, "precision", word, word)
+        else:
+            raise OpgraphError(
+                f"layout {shown!r}: {word[:20]!r} is not a layout word; write a degree and "
+                f"its number ({', '.join(LAYOUT_WORDS)}: tp8, mb2), pp16(7/.../7) for uneven "
+                f"end stages, sp, a recomputation ({', '.join(POLICIES)}) or a precision "
+                f"({', '.join(PRECISIONS)})")
+    return fields, options

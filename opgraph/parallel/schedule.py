@@ -1,0 +1,559 @@
+"""The schedule: one GPU's step as a critical path over a compute stream and communication
+streams, then the pipeline over micro-batches.
+
+**One micro-batch on one stage** (`simulate`). The compute ops run in the graph's order on one
+stream, a layer stack's body once per layer. Each collective runs on its group's stream (one
+per parallel degree: tp, cp, ep, dp, pp), in the order it becomes ready:
+
+- a collective of something computed starts when that is written and its stream is free (a
+  data-parallel gradient reduction starts as soon as its layer's backward wrote the gradient,
+  and so runs under the backward of the layers after it);
+- a collective of a weight (FSDP's all-gather) is prefetched one layer ahead: it may start when
+  the previous layer's use of the weight begins (FSDP2's default prefetch), the first one when
+  its phase begins;
+- a compute op waits for the collectives it reads. Where the collective is `overlapped` with
+  its reader (ring attention's K/V passing under the attention; tensor-parallel communication
+  under its matmul with `--async-tp`), the reader may start with it and ends no earlier than it;
+- without `overlap_grad_reduce` (Megatron-LM's default) the gradient reductions wait for the
+  backward to end: they start when the optimizer needs them;
+- with `overlap_param_gather` (Megatron-LM's flag), ZeRO-1/2's gathers of the updated weights
+  run in the next step's first micro-batch, each prefetched a layer ahead as a weight's gather
+  is (`prefetched_gathers`; `distributed.Stage.first`), not after the update.
+
+A `Plan` indexes a stage's ops once; runs of ops that wait on no collective and feed none
+advance the compute stream by their sum at once, and a layer stack's layers, once two run
+alike, are added at once (`simulate`).
+
+What the compute stream waits for is charged to the collective it waits for, split in two:
+while that collective runs, its *exposed* time (never more than its own time); before it starts
+(behind other collectives on its stream, or behind the collective its input comes from), its
+*queued* time, reported on a line of its own. The rest of a collective's time ran under
+compute. Communication beside compute may slow it (SMs and HBM shared): the cost model's
+`overlap_slowdown` (0 for the roofline) adds that fraction of the hidden time.
+
+**The step** (`pipeline_step`). A data-parallel rank runs `m` micro-batches and then the
+optimizer. Reductions that ZeRO-0/1 run once per step (the gradient all-reduce or
+reduce-scatter, the gather of updated weights) run in the last micro-batch only; ZeRO-2/3
+reduce-scatter every micro-batch, since the full gradient is freed. With `p` stages, each
+taking `T_i` per micro-batch (forward and backward) and `v` virtual stages per GPU, 1F1B's span
+is `m x max_i T_i + (sum_i T_i - max_i T_i) / v` (Narayanan et al. 2021: for even stages the
+bubble is `(p - 1) / (v m)` of the ideal `m T`); the step adds the last micro-batch's exposed
+data-parallel tail and the optimizer. Where interleaved chunks differ in size (uneven end
+stages with virtual stages, as Llama 3 405B ran), the span is `interleaved_span`'s, Megatron's
+interleaved schedule simulated chunk by chunk (with equal chunks it is the formula above). The
+bubble reported is the span less `m` x the first stage's own micro-batch time.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..core.ir import Graph, Op, Phase
+from ..core.rules import COLLECTIVE_KINDS
+
+GROUPS = ("tp", "cp", "ep", "dp", "edp", "pp")
+
+
+@attrs.frozen
+class Event:
+    """One kernel on one track of the timeline: `track` is "compute" or a group's stream."""
+
+    name: str
+    track: str
+    start_s: float
+    end_s: float
+    phase: str
+    kind: str
+
+
+@attrs.frozen
+class Run:
+    """A simulated micro-batch: its span, what each collective cost and hid, and its events."""
+
+    time_s: float
+    compute_s: float
+    comm_s: dict  # collective op name -> seconds over the run
+    exposed_s: dict  # collective op name -> seconds the compute stream waited while it ran
+    events: tuple[Event, ...]
+    queued_s: dict = attrs.field(factory=dict)  # name -> seconds waited before it started
+
+
+def overlapped(group: str, async_tp: bool) -> bool:
+    """Whether a collective of `group` runs beside the op that reads (or writes) it (see the
+    module): ring attention's, and tensor parallelism's with `--async-tp`."""
+    return group == "cp" or (group == "tp" and async_tp)
+
+
+@attrs.frozen
+class _Comm:
+    name: str
+    group: str
+    output: str
+    inputs: tuple[str, ...]
+    count: int
+    phase: str
+    kind: str
+
+
+@attrs.frozen
+class _Compute:
+    name: str
+    region: str | None
+    count: int
+    phase: str
+    kind: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    # what can make it wait: the inputs a collective writes (a compute op's inputs are
+    # written before it starts, the stream being in order), and the collectives it feeds
+    waits_on: tuple[str, ...] = ()
+    feeds: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class _Block:
+    """Consecutive compute ops of one phase and count that wait on no collective and feed
+    none: they run back to back, so the simulation advances by their sum at once."""
+
+    ops: tuple[_Compute, ...]
+    count: int
+    phase: str
+
+
+@attrs.frozen
+class Plan:
+    """What `simulate` needs of a graph, indexed once (a fit runs it many times): the compute
+    ops in order, grouped in segments (a run of one region's ops, repeated its trip count),
+    the collectives, who writes each tensor and which collectives read it."""
+
+    segments: tuple[tuple[_Compute, ...], ...]
+    comms: dict  # name -> _Comm
+    writer: dict  # tensor -> op name (of the ops chosen)
+    comm_readers: dict  # tensor -> names of the collectives that read it
+    counts: dict  # op name -> instances
+
+
+def plan(graph: Graph, ops: list[Op], subs: dict, writes: dict | None = None) -> Plan:
+    """Index `ops` (a subset of `graph`'s, in its order) for `simulate`. `writes` names, for
+    a collective, the tensor its output stands for in this run: a weight gathered from the
+    previous step's update (`prefetched_gathers`), so it reads nothing this run writes and
+    this step's forward reads what it writes."""
+    writes = writes or {}
+    counts = {op.name: int(op.count.xreplace(subs)) for op in ops}
+    comms = {op.name: _Comm(op.name, op.param("group"), writes.get(op.name, op.outputs[0]),
+                            () if op.name in writes else op.inputs, counts[op.name],
+                            op.phase.value, op.kind)
+             for op in ops if op.kind in COLLECTIVE_KINDS}
+    writer = {n: op.name for op in ops
+              for n in ((writes[op.name],) if op.name in writes else op.outputs)}
+    comm_readers: dict[str, list[str]] = {}
+    for c in comms.values():
+        for n in c.inputs:
+            comm_readers.setdefault(n, []).append(c.name)
+    segments: list[list[_Compute]] = []
+    for op in ops:
+        if op.kind in COLLECTIVE_KINDS:
+            continue
+        item = _Compute(op.name, op.region, counts[op.name], op.phase.value, op.kind,
+                        op.inputs, op.outputs,
+                        tuple(n for n in op.inputs if writer.get(n) in comms),
+                        tuple(c for n in op.outputs for c in comm_readers.get(n, ())))
+        if segments and op.region is not None and segments[-1][0].region == op.region:
+            segments[-1].append(item)
+        else:
+            segments.append([item])
+    return Plan(tuple(_blocks(segment) for segment in segments), comms, writer,
+                {k: tuple(v) for k, v in comm_readers.items()}, counts)
+
+
+def prefetched_gathers(graph: Graph) -> dict[str, str]:
+    """The all-gathers of updated weights after a sharded optimizer's update (ZeRO-1/2), each
+    with the weight it writes back: under Megatron-LM's `--overlap-param-gather` they run in
+    the next step, each layer's weights gathered just before that layer's forward. The weight
+    is found through the update: it reads the reduced gradient shard, whose `grad_of` (ZeRO-2)
+    or whose full gradient's (ZeRO-1) names it."""
+    out = {}
+    for op in graph.ops():
+        if op.kind != "all_gather" or op.phase is not Phase.OPTIMIZER:
+            continue
+        update = graph.producer(op.inputs[0])
+        shard = graph.tensor(update.inputs[0])
+        weight = shard.grad_of or graph.tensor(graph.producer(shard.name).inputs[0]).grad_of
+        if weight is not None:
+            out[op.name] = weight
+    return out
+
+
+def _blocks(segment: list[_Compute]) -> tuple:
+    """A segment's ops, runs of plain ones (see `_Block`) joined."""
+    out: list = []
+    for op in segment:
+        plain = not op.waits_on and not op.feeds
+        last = out[-1] if out else None
+        if plain and isinstance(last, _Block) and (last.count, last.phase) == (op.count,
+                                                                                op.phase):
+            out[-1] = _Block((*last.ops, op), op.count, op.phase)
+        elif plain:
+            out.append(_Block((op,), op.count, op.phase))
+        else:
+            out.append(op)
+    return tuple(out)
+
+
+def _instance(i: int, n: int) -> int:
+    return min(i, n - 1) if n else 0
+
+
+def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple = (),
+             keep_events: bool = True) -> Run:
+    """Run a planned micro-batch once: `seconds[op]` is one instance's time. Collectives of
+    the `deferred` groups wait for the compute that reads them rather than starting when
+    their input is written (Megatron-LM without `--overlap-grad-reduce`). Returns the span
+    of the compute stream (with what it waited for).
+
+    A layer stack's body runs the same ops every layer, and the streams settle into a steady
+    state: without `keep_events`, once two layers in a row run alike (every op and collective
+    at the same offsets from the layer's start, the streams as far ahead, the same waits;
+    `_Trip`) and nothing from before the stack can still hold one back, the layers left are
+    that layer shifted by its length, added at once."""
+    comms = p.comms
+    ready: dict[tuple[str, int], tuple[float, float]] = {}  # (tensor, i) -> writer's (start, end)
+    free = dict.fromkeys(GROUPS, 0.0)
+    comm_s = dict.fromkeys(comms, 0.0)
+    exposed = dict.fromkeys(comms, 0.0)
+    queued = dict.fromkeys(comms, 0.0)
+    events: list[Event] = []
+    spans: list[tuple[str, float, float]] = []
+    started: dict[tuple[str, int], float] = {}  # (compute op, i) -> start
+    phase_start: dict[str, float] = {}
+    state = {"now": 0.0}
+    log: list | None = None  # a layer's writes, while one is watched for a steady state
+
+    def run_comm(c: _Comm, i: int, earliest: float) -> tuple[float, float]:
+        key = (c.output, i)
+        if key in ready:
+            return ready[key]
+        start = max(free[c.group], earliest)
+        end = start + seconds[c.name]
+        free[c.group] = end
+        ready[key] = (start, end)
+        spans.append((c.name, start, end))
+        comm_s[c.name] += end - start
+        if log is not None:
+            log.append((_READY, key, start, end))
+        if keep_events and end > start:
+            events.append(Event(c.name, c.group, start, end, c.phase, c.kind))
+        for name in p.comm_readers.get(c.output, ()):  # a chain of collectives
+            nxt = comms[name]
+            if nxt.group not in deferred:
+                run_comm(nxt, _instance(i, nxt.count), end)
+        return ready[key]
+
+    def need(name: str, i: int, reader: _Compute) -> tuple[float, float, str | None]:
+        """When tensor `name` (instance i as `reader` sees it) is written: (start, end, the
+        collective that wrote it, if one did)."""
+        w = p.writer.get(name)
+        if w is None:
+            return 0.0, 0.0, None
+        j = _instance(i, p.counts[w])
+        if w in comms:
+            c = comms[w]
+            if (name, j) not in ready:
+                deps = [need(n, j, reader)[1] for n in c.inputs]
+                if any(p.writer.get(n) is not None for n in c.inputs):  # deferred: wait now
+                    earliest = max([state["now"], *deps])
+                else:  # nothing computed feeds it: a weight, prefetched a layer ahead
+                    prev = started.get((reader.name, j - 1)) if j else None
+                    earliest = prev if prev is not None else phase_start.get(
+                        reader.phase, state["now"])
+                run_comm(c, j, max([earliest, *deps]))
+            start, end = ready[(name, j)]
+            if log is not None and j != i:  # another layer's collective: a fixed time
+                log.append((_FIXED, name, end, 0.0))
+            return start, end, w
+        start, end = ready.get((name, j), (0.0, 0.0))
+        return start, end, None
+
+    def expose(name: str, seconds_: float, kind: int = _EXPOSED) -> None:
+        (exposed if kind == _EXPOSED else queued)[name] += seconds_
+        if log is not None:
+            log.append((kind, name, seconds_, 0.0))
+
+    def wait(name: str, now: float, until: float, began: float) -> None:
+        """The compute stream waited from `now` to `until` for collective `name`, which
+        began at `began`: queued until it began, exposed while it ran."""
+        ran = max(now, min(began, until))
+        if ran > now:
+            expose(name, ran - now, _QUEUED)
+        if until > ran:
+            expose(name, until - ran)
+
+    if keep_events:  # every op on its own, to draw it
+        segments = [tuple(o for item in seg for o in (item.ops if isinstance(item, _Block)
+                                                       else (item,))) for seg in p.segments]
+    else:
+        segments = p.segments
+    lengths = {id(b): sum(seconds[o.name] for o in b.ops)
+               for seg in segments for b in seg if isinstance(b, _Block)}
+    busy = 0.0
+    for segment in segments:
+        trips = max(op.count for op in segment)
+        # a steady state is looked for where every op runs every layer
+        watch = not keep_events and trips > 3 and all(op.count == trips for op in segment)
+        # what was written before the stack may hold a layer back until it ends
+        held_until = max((end for _, end in ready.values()), default=0.0) if watch else 0.0
+        previous = None
+        i = 0
+        while i < trips:
+            layer_start, layer_busy, layer_spans = state["now"], busy, len(spans)
+            if watch:
+                log = []
+            for op in segment:
+                if i >= op.count:
+                    continue
+                now = state["now"]
+                if isinstance(op, _Block):  # nothing waits: the run's sum at once
+                    phase_start.setdefault(op.phase, now)
+                    busy += lengths[id(op)]
+                    state["now"] = now + lengths[id(op)]
+                    continue
+                phase_start.setdefault(op.phase, now)
+                start, floor, waited_on, began = now, 0.0, None, now
+                for name in op.waits_on:
+                    s, e, comm = need(name, i, op)
+                    if comm is not None and overlapped(comms[comm].group, async_tp):
+                        floor = max(floor, e)
+                        e = s
+                    if e > start:
+                        start, waited_on, began = e, comm, s
+                if waited_on is not None:
+                    wait(waited_on, now, start, began)
+                started[(op.name, i)] = start
+                if log is not None:
+                    log.append((_STARTED, (op.name, i), start, 0.0))
+                duration = seconds[op.name]
+                end = max(start + duration, floor)
+                if floor > start + duration:  # an overlapped collective outlasted its reader
+                    for name in op.waits_on:
+                        _, e, comm = need(name, i, op)
+                        if comm is not None and e == floor:
+                            expose(comm, floor - start - duration)
+                            break
+                busy += duration
+                if keep_events and duration > 0:
+                    events.append(Event(op.name, "compute", start, start + duration, op.phase,
+                                        op.kind))
+                for name in op.outputs:
+                    ready[(name, i)] = (start, end)
+                    if log is not None:
+                        log.append((_WROTE, (name, i), start, end))
+                state["now"] = end
+                for reader in op.feeds:  # collectives of what it wrote start now
+                    c = comms[reader]
+                    if c.group not in deferred:
+                        run_comm(c, _instance(i, c.count),
+                                 start if overlapped(c.group, async_tp) else end)
+            if not watch:
+                i += 1
+                continue
+            trip = _trip(i, layer_start, state["now"], busy - layer_busy, log,
+                         spans[layer_spans:], free, comms)
+            log = None
+            # a time fixed before the two layers compared (what was written before the stack,
+            # another layer's collective) may hold back a later layer only if it ends after
+            # the first of them starts
+            if (trip is not None and previous is not None and i + 1 < trips
+                    and max(held_until, trip.fixed, previous.fixed) <= previous.start
+                    and trip.repeats(previous)):
+                busy = _repeat(trip, trips - 1 - i, ready, spans, free, comm_s, exposed,
+                               queued, state, busy)
+                break
+            previous = trip
+            i += 1
+    # collectives still running after the last compute op are exposed: each for the part of
+    # the tail it ends
+    now = state["now"]
+    tail, t = now, now
+    for name, start, end in sorted(spans, key=lambda span: span[2]):
+        if end > t:
+            exposed[name] += end - max(t, start)
+            t = tail = end
+    return Run(tail, busy, comm_s, exposed, tuple(events), queued)
+
+
+# what a layer's log records: a collective's output, a compute op's, an op's start, a wait
+# while a collective ran and one before it began, another layer's collective read
+_READY, _WROTE, _STARTED, _EXPOSED, _QUEUED, _FIXED = range(6)
+
+
+@attrs.frozen
+class _Trip:
+    """One layer of a stack as `simulate` ran it: its start and length, and everything it
+    did as offsets from its start (what it wrote, when its ops started, what it waited, its
+    collectives' spans, how far ahead it left each stream it used)."""
+
+    index: int
+    start: float
+    length: float
+    busy: float
+    log: tuple  # (kind, name, start offset, end offset), the instance dropped (it is `index`)
+    spans: tuple  # (collective, start offset, end offset)
+    ahead: tuple  # (group, free - the layer's end) for the streams it used
+    fixed: float  # the latest end of another layer's collective it read
+
+    def repeats(self, other: _Trip) -> bool:
+        """Whether this layer ran as `other` did, offsets equal to rounding."""
+        tol = 1e-12 * max(abs(self.start + self.length), 1e-300)
+
+        def same(a: float, b: float) -> bool:
+            return abs(a - b) <= tol
+
+        return (same(self.length, other.length) and same(self.busy, other.busy)
+                and len(self.log) == len(other.log) and len(self.spans) == len(other.spans)
+                and len(self.ahead) == len(other.ahead)
+                and all(x[:2] == y[:2] and same(x[2], y[2]) and same(x[3], y[3])
+                        for x, y in zip(self.log, other.log))
+                and all(x[0] == y[0] and same(x[1], y[1]) and same(x[2], y[2])
+                        for x, y in zip(self.spans, other.spans))
+                and all(x[0] == y[0] and same(x[1], y[1]) for x, y in zip(self.ahead, other.ahead)))
+
+
+def _trip(i: int, start: float, end: float, busy: float, log: list, spans: list, free: dict,
+          comms: dict) -> _Trip | None:
+    """Layer `i`'s `_Trip`, or None where it wrote an instance other than its own (a
+    collective of another layer: not a layer that repeats)."""
+    entries, fixed = [], 0.0
+    for kind, key, s, e in log:
+        if kind == _FIXED:
+            fixed = max(fixed, s)
+            continue
+        if kind in (_EXPOSED, _QUEUED):
+            entries.append((kind, key, s, 0.0))
+            continue
+        if key[1] != i:
+            return None
+        entries.append((kind, key[0], s - start, e - start if kind != _STARTED else 0.0))
+    used = sorted({comms[name].group for name, _, _ in spans})
+    return _Trip(i, start, end - start, busy, tuple(entries),
+                 tuple((name, s - start, e - start) for name, s, e in spans),
+                 tuple((g, free[g] - end) for g in used), fixed)
+
+
+def _repeat(trip: _Trip, left: int, ready: dict, spans: list, free: dict, comm_s: dict,
+            exposed: dict, queued: dict, state: dict, busy: float) -> float:
+    """The `left` layers after `trip`, each `trip` shifted by its length: their collectives'
+    outputs and spans recorded as `simulate` would have, their costs added, the streams moved
+    on. (What a compute op wrote can hold nothing back, the compute stream running in order,
+    nor can when an op of the stack started, once the stack is done: not recorded.) Returns the
+    compute stream's busy time."""
+    outputs = [(name, s, e) for kind, name, s, e in trip.log if kind == _READY]
+    for k in range(1, left + 1):
+        start = trip.start + k * trip.length
+        instance = trip.index + k
+        for name, s, e in outputs:
+            ready[(name, instance)] = (start + s, start + e)
+        spans.extend((name, start + s, start + e) for name, s, e in trip.spans)
+    for kind, name, seconds_, _ in trip.log:
+        if kind in (_EXPOSED, _QUEUED):
+            (exposed if kind == _EXPOSED else queued)[name] += left * seconds_
+    for name, s, e in trip.spans:
+        comm_s[name] += left * (e - s)
+    for g, _ in trip.ahead:
+        free[g] += left * trip.length
+    state["now"] += left * trip.length
+    return busy + left * trip.busy
+
+
+def once_per_step(op: Op, zero: int) -> bool:
+    """Ops a data-parallel rank runs once per step rather than per micro-batch (see the
+    module): ZeRO-0/1's gradient reduction and the gather of updated weights, and the FP8
+    casts of weights a framework caches (`passes.cache_fp8_weights`)."""
+    if op.param("cached"):
+        return True
+    if op.kind not in COLLECTIVE_KINDS or op.param("group") not in ("dp", "edp"):
+        return False
+    return op.phase is Phase.OPTIMIZER or (op.phase is Phase.BACKWARD and zero <= 1)
+
+
+def pipeline_span(stage_times: list[float], micro_batches: int, virtual: int) -> float:
+    """1F1B's span over `micro_batches` for stages taking `stage_times` each per micro-batch:
+    `m x max + (sum - max) / v` (see the module).
+
+        >>> pipeline_span([1.0] * 4, 8, 1)  # (m + p - 1) T
+        11.0
+    """
+    slowest = max(stage_times)
+    return micro_batches * slowest + (sum(stage_times) - slowest) / virtual
+
+
+def interleaved_span(chunks: list[list[float]], micro_batches: int,
+                     forward_share: float = 1 / 3) -> float | None:
+    """The span of Megatron-LM's interleaved 1F1B schedule, simulated op by op, where
+    `chunks[i][k]` is one micro-batch's time (forward and backward) through model chunk k of
+    stage i; None where the schedule is not defined (`micro_batches` not a multiple of the
+    stages, as Megatron-LM requires for interleaving).
+
+    Each stage runs its chunks' forwards and backwards in Megatron's order
+    (`megatron/core/pipeline_parallel/schedules.py`,
+    `forward_backward_pipelining_with_interleaving`): micro-batches in groups of p through
+    chunk 0, then chunk 1, ...; `(p - i - 1) x 2 + (v - 1) x p` warm-up forwards on stage i
+    (all of them where m = p), then one forward and one backward alternately, then the
+    remaining backwards, backwards taking the chunks in reverse.
+    A chunk's forward of a micro-batch waits for the previous chunk's (the previous stage's, or
+    the last stage's previous chunk), its backward for the next chunk's backward; the
+    point-to-point transfers take no time here (the stages' own sends are in their times). A
+    chunk's forward is `forward_share` of its time (the plate's backward of twice the forward).
+    With equal chunks it gives Narayanan et al. 2021's `m T + (p - 1) T / v`; with unequal ones
+    (Llama 3's end stages one layer short) the fill and drain run through the chunks as they are.
+
+        >>> round(interleaved_span([[0.5, 0.5]] * 4, 8), 9)  # m T + (p - 1) T / v
+        9.5
+    """
+    p, v, m = len(chunks), len(chunks[0]), micro_batches
+    if m % p:
+        return None
+    total, width = m * v, p * v
+
+    def chunk_of(n: int, forward: bool) -> int:
+        k = (n % width) // p
+        return k if forward else v - 1 - k
+
+    def micro_of(n: int) -> int:
+        return (n // width) * p + n % p
+
+    orders = []
+    for i in range(p):
+        warm = total if m == p else min(total, (p - i - 1) * 2 + (v - 1) * p)
+        order = [(True, n) for n in range(warm)]
+        f, b = warm, 0
+        while f < total:
+            order += [(True, f), (False, b)]
+            f, b = f + 1, b + 1
+        order += [(False, n) for n in range(b, total)]
+        orders.append(order)
+    done: dict[tuple[bool, int, int], float] = {}  # (forward, micro-batch, global chunk) -> end
+    free = [0.0] * p
+    at = [0] * p
+    left = sum(map(len, orders))
+    while left:
+        progressed = False
+        for i in range(p):
+            while at[i] < len(orders[i]):
+                forward, n = orders[i][at[i]]
+                k, j = chunk_of(n, forward), micro_of(n)
+                g = k * p + i
+                if forward:
+                    dep = (True, j, g - 1) if g else None
+                else:
+                    dep = (False, j, g + 1) if g < width - 1 else (True, j, g)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[i], done[dep] if dep is not None else 0.0)
+                share = forward_share if forward else 1 - forward_share
+                free[i] = done[(forward, j, g)] = start + chunks[i][k] * share
+                at[i] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("the interleaved schedule deadlocked")  # a bug, not an input
+    return max(free)

@@ -1,0 +1,1002 @@
+"""What the search knows of a layout before scheduling it: each structure compiled once into
+formulas (`_compile_stage`), evaluated over all of its rows as numpy arrays (`_Program`,
+`_evaluate`), the memory and the bounds of the step read from them, and the bound a row gets
+before its structure is compiled (`compute_key`, `_compute_bound`)."""
+
+from __future__ import annotations
+
+import functools
+
+import attrs
+import numpy as np
+import sympy
+
+from ...core import contracts, pipeline
+from ...core.ir import DTYPES, Graph, Phase
+from ...core.rules import COLLECTIVE_KINDS
+from ...core.symbols import B, cp, dp, edp, ep, pp, tp
+from ...cost.costmodel import CostModel
+from ...cost.hardware import Hardware
+from ...cost.memory import RESIDENT, Memory, liveness, resident_tensors, saved
+from ...passes.evaluate import resolve
+from ...passes.replicate import GROUPS
+from ...passes.replicate import group_of as replicate_group
+from ...passes.split_stages import FIRST as FIRST_END
+from ...passes.split_stages import LAST as LAST_END
+from ...passes.split_stages import STACK, ends, layer_stack, split_stages
+from ..distributed import Job, Stage, StageOp, unequal_chunks
+from ..frameworks import bucket_share
+from ..parallel import Parallel, stage_layers
+from ..schedule import once_per_step, plan
+from .space import DEGREES, LAYERS, Row
+
+# --- structures ---------------------------------------------------------------------------------
+
+def structure(r: Row) -> tuple:
+    """What decides a row's ops and collectives (see the module); rows of one structure
+    differ only in numbers."""
+    return (r.tp > 1, r.cp > 1, r.ep > 1, r.dp_group > 1, r.edp_group > 1, r.sequence_parallel,
+            r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3), r.framework,
+            r.grad_reduce_dtype)
+
+
+FIRST, MIDDLE, LAST = ROLES = "first", "middle", "last"
+
+
+def _roles(stages: int) -> list[tuple[str, int]]:
+    """The distinct stages `distributed.prepare` evaluates, with their indices: the first, a
+    middle one (standing for all of them), the last; one for a single stage."""
+    if stages == 1:
+        return [(FIRST, 0)]
+    return [(FIRST, 0), *([(MIDDLE, 1)] if stages > 2 else []), (LAST, stages - 1)]
+
+
+@attrs.frozen
+class _StageFormulas:
+    """One stage of a structure: its graph, its ops' fixed facts, and the formulas of every
+    number that varies, over `DEGREES`."""
+
+    graph: Graph
+    layers: int | None  # the model's (None: several stacks, one stage)
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]
+    groups: tuple[str | None, ...]
+    once: tuple[bool, ...]
+    peaks: tuple[float, ...]
+    efficiencies: tuple[str, ...]  # each op's (`Cost.efficiency`)
+    exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident;
+    # grids; calls and launches per op
+    tape: _Tape  # the exprs as one program over arrays
+    n_ops: int
+    n_lives: int
+    one: np.ndarray  # (ops, lives): 1 a life counted once at op i, -1 its count less one
+    many: np.ndarray  # (ops, lives): 1 where every copy of a life counts at op i
+    saved: np.ndarray  # (lives,) bool: a saved activation (else transient)
+    moments: tuple[tuple[str, str], ...]  # each op's (name, phase), where a peak may happen
+    busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
+    optimizer_rows: tuple[int, ...]  # the compute ops of the last one only (the optimizer)
+    releases: tuple  # (plain, last): each one's `_Releases`
+    waits: tuple[_Waits, ...]  # where the stream must wait for communication (`_waits`)
+    plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
+
+
+def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
+                   zero: int, layers: int, costs: dict, fixed_memo: dict,
+                   program: _Program) -> _StageFormulas:
+    missing = [op for op in graph.ops() if op.name not in costs]
+    if missing:
+        costs = costs | {op.name: cost.op_cost(graph, op) for op in missing}
+    # the stack's count (L / pp) becomes the stage's layers; the other dimensions numbers
+    fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES and s != pp}
+    fixed[pp] = sympy.Integer(layers or 1) / LAYERS
+    ops = graph.ops()
+    collective = [op.kind in COLLECTIVE_KINDS for op in ops]
+    live = liveness(graph)
+    formulas = ([op.count for op in ops] + [costs[op.name].flops * op.count for op in ops]
+                + [costs[op.name].bytes * op.count for op in ops]
+                + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)]
+                + [life.tensor.nbytes for life in live.lives]
+                + [life.tensor.count for life in live.lives]
+                + [live.resident[name] for name in RESIDENT]
+                + _grids(ops, costs)
+                + [costs[op.name].calls if c else 1 for op, c in zip(ops, collective)]
+                + [costs[op.name].launches for op in ops])
+    exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
+    one, many = live.copy_matrices()
+    once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
+    return _StageFormulas(
+        graph, layers, tuple(op.name for op in ops), tuple(op.kind for op in ops),
+        tuple(op.param("group") if c else None for op, c in zip(ops, collective)), once,
+        tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
+        tuple(costs[op.name].efficiency for op in ops), exprs,
+        program.tape(exprs),
+        len(ops),
+        len(live.lives), one, many, np.array([life.saved for life in live.lives], dtype=bool),
+        tuple((op.name, op.phase.value) for op in live.ops),
+        tuple(i for i in range(len(ops)) if not collective[i] and not once[i]),
+        tuple(i for i in range(len(ops)) if not collective[i] and once[i]),
+        (_releases(graph, ops, collective, [not o for o in once]),
+         _releases(graph, ops, collective, [True] * len(ops))),
+        _waits(graph, ops, collective, once))
+
+
+def _grids(ops: list, costs: dict) -> list:
+    """Each op's matrix-multiply grid (`Cost.grid`: GEMMs, M, N), three rows of formulas, the
+    last of a stage's: zeros for an op that is none."""
+    grids = [costs[op.name].grid or (0, 0, 0) for op in ops]
+    return [g[i] for i in range(3) for g in grids]
+
+
+def _fixed(expr, fixed: dict, memo: dict):
+    """`expr` with the fixed dimensions substituted, once per distinct formula (the
+    structures share most of theirs; `fixed` is the same for all of a model's)."""
+    if expr not in memo:
+        memo[expr] = sympy.sympify(expr).xreplace(fixed)
+    return memo[expr]
+
+
+# The groups whose collectives `_waits` counts: tensor and expert parallelism (context
+# parallelism's run under their readers, `schedule.overlapped`; data parallelism's are not
+# read by the next op).
+_WAITED = ("tp", "ep")
+
+
+@attrs.frozen
+class _Waits:
+    """A run of consecutive compute ops of one region and count (none once per step), and
+    where in it the stream surely waits (`_waits`): `targets` are (a reader's position in
+    `ops`, its chains: (the position of the first op writing the chain's input, the chain's
+    collectives, first to last, and the index in `targets` of the last reader at or before
+    that op, or -1)), in order."""
+
+    ops: tuple[int, ...]  # op indices
+    targets: tuple
+
+
+def _chain(graph: Graph, name: str, index: dict, once: tuple):
+    """The waited collectives that write `name`, first to last, each reading only the one
+    before it, and the compute ops the first reads; None if they are not such a chain."""
+    chain = []
+    c = graph.producer(name)
+    while True:
+        if (c is None or c.kind not in COLLECTIVE_KINDS or c.param("group") not in _WAITED
+                or c.name not in index or once[index[c.name]]):
+            return None
+        chain.append(index[c.name])
+        writers = {graph.producer(n) for n in c.inputs}
+        if None in writers:
+            return None
+        if any(w.kind in COLLECTIVE_KINDS for w in writers):
+            if len(writers) > 1:
+                return None
+            c = writers.pop()
+            continue
+        return tuple(reversed(chain)), writers
+
+
+def _waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple[_Waits, ...]:
+    """Where the compute stream surely waits for communication, every micro-batch: a compute
+    op that reads a chain of collectives of a group that does not overlap its reader
+    (`schedule.overlapped`; tensor parallelism's without --async-tp, checked per row), the
+    first reading what compute ops of the same run wrote (the same region and count; the
+    optimizer's ops count as compute, so a run is the same in the last micro-batch). The chain
+    starts no earlier than the first of those writers ends (`schedule.simulate` starts a
+    collective when one input is written) and each collective no earlier than the one before it
+    ends, so the reader starts no earlier than that writer's end plus the chain; the ops between
+    them run in the meantime. `_waited_time` takes the longest path through a run's ops with
+    these edges. Returns the runs with a wait."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    runs: list[list[int]] = []
+    for i, op in enumerate(ops):
+        if collective[i]:
+            continue
+        last = ops[runs[-1][-1]] if runs else None
+        if (last is not None and not once[i] and not once[runs[-1][-1]]
+                and last.region == op.region and last.count == op.count):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    out = []
+    for run in runs:
+        where = {ops[k].name: j for j, k in enumerate(run)}
+        targets = []
+        for j, k in enumerate(run):
+            if once[k]:
+                continue
+            chains = []
+            for name in ops[k].inputs:
+                found = _chain(graph, name, index, once)
+                if found is None:
+                    continue
+                chain, writers = found
+                first = min((where.get(w.name, -1) for w in writers), default=-1)
+                if (0 <= first < j and all(w.name in where for w in writers)
+                        and all(ops[c].count == ops[k].count for c in chain)):
+                    chains.append((first, chain))
+            if chains:
+                targets.append((j, tuple(
+                    (first, chain, max((t for t, (at, _) in enumerate(targets) if at <= first),
+                                       default=-1))
+                    for first, chain in chains)))
+        if targets:
+            out.append(_Waits(tuple(run), tuple(targets)))
+    return tuple(out)
+
+
+def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line) -> dict[int, np.ndarray]:
+    """Each collective's seconds per instance over the rows, as `distributed._times` gives
+    them: each algorithm NCCL may run takes a time affine in the message, so `line(kind,
+    group, layout)` gives their intercepts and slopes (`CostModel.comm_lines`) once per kind
+    and layout, and a collective takes the least of them over the rows' messages."""
+    lines = _over_rows(group, line)
+    out = {}
+    for k in range(f.n_ops):
+        if f.groups[k] is not None:
+            base, slope = lines(f.kinds[k], f.groups[k])
+            out[k] = (base * nums.calls[k] + slope * nums.messages[k]).min(axis=0)
+    return out
+
+
+def _over_rows(rows_: list, line):
+    """`line` over the rows: `lines(kind, group)` gives each algorithm's intercept and slope
+    (a row each) over the rows (a column each), each distinct layout's read once."""
+    index: dict = {}
+    where = np.array([index.setdefault((r.tp, r.cp, r.ep, r.pp, r.dp), len(index))
+                      for r in rows_])
+
+    @functools.lru_cache(maxsize=None)
+    def lines(kind: str, group: str) -> tuple[np.ndarray, np.ndarray]:
+        found = [line(kind, group, degrees) for degrees in index]
+        most = max(map(len, found))  # a group of one has one line: repeat it
+        pairs = np.array([pairs + pairs[-1:] * (most - len(pairs)) for pairs in found])
+        return pairs[where, :, 0].T, pairs[where, :, 1].T
+    return lines
+
+
+def _comm_line(cost: CostModel, cluster, hardware: Hardware):
+    """`_comm_times`'s `line`: each algorithm's time at no message and seconds per byte
+    (`CostModel.comm_lines`), over the group `group` names in the layout of `degrees` (tp,
+    cp, ep, pp, dp), each distinct group size and stride read once."""
+
+    @functools.lru_cache(maxsize=None)
+    def affine(kind: str, size: int, stride: int, gpus: int) -> tuple[tuple[float, float], ...]:
+        return cost.comm_lines(kind, size, cluster.for_job(gpus), stride, hardware)
+
+    @functools.lru_cache(maxsize=None)
+    def layout(degrees: tuple) -> Parallel:
+        t, c, e, p, d = degrees
+        return Parallel(tp=t, cp=c, ep=e, pp=p, dp=d)
+
+    def line(kind: str, group: str, degrees: tuple) -> tuple[tuple[float, float], ...]:
+        lay = layout(degrees)
+        return affine(kind, lay.size(group), lay.stride(group), lay.world)
+    return line
+
+
+def _waited_time(f: _StageFormulas | _ComputeFormulas, nums: _Numbers, times: dict,
+                 compute: np.ndarray, group: list) -> np.ndarray:
+    """Each row's time the stage surely waits on communication per micro-batch (`_waits`):
+    in each run, the longest path through one instance of its ops (each op after the one
+    before it, a chain's reader after the chain's writer and the chain), less the ops' own
+    time, times the instances."""
+    total = np.zeros(nums.flops.shape[1])
+    if not f.waits:
+        return total
+    overlapped_tp = np.array([r.async_tp for r in group])
+    overlapping = overlapped_tp.any()
+    for run in f.waits:
+        instances = nums.counts[run.ops[0]]
+        ends = np.cumsum(compute[list(run.ops)], axis=0) / np.maximum(instances, 1)
+        idle = np.zeros_like(total)  # the stream's idle time before the reader, one instance
+        before: list[np.ndarray] = []  # that of each reader
+        for j, chains in run.targets:
+            start = idle
+            for first, chain, last in chains:
+                t = sum(times[c] for c in chain)
+                if overlapping and any(f.groups[c] == "tp" for c in chain):
+                    t = np.where(overlapped_tp, 0.0, t)
+                path = (before[last] if last >= 0 else 0.0) + t
+                if first < j - 1:  # the ops between run meanwhile
+                    path = path - (ends[j - 1] - ends[first])
+                start = np.maximum(start, path)
+            idle = start
+            before.append(idle)
+        total += instances * idle
+    return total * (1 - 1e-6)
+
+
+@attrs.frozen
+class _Releases:
+    """A micro-batch's compute ops cut into segments as `schedule.plan` cuts them (a run of
+    one region's ops, repeated, or one op outside any), and the segment from which each of
+    its collectives can start: its input's writer's, or (a weight's) the first."""
+
+    compute: tuple  # (ops, (segments, ops)): the plan's compute ops, 1 where in a segment
+    comm: tuple  # per group (ops, (segments, ops)): its collectives, 1 where released
+
+
+def _releases(graph: Graph, ops: list, collective: list, planned: list) -> _Releases:
+    """The `_Releases` of the micro-batch that runs the `planned` ops."""
+    segment: dict[int, int] = {}
+    index = {op.name: i for i, op in enumerate(ops)}
+    n, region = -1, None
+    for i, op in enumerate(ops):
+        if collective[i] or not planned[i]:
+            continue
+        if n < 0 or op.region is None or op.region != region:
+            n += 1
+        region, segment[i] = op.region, n
+    released: dict[int, int] = {}
+    for i, op in enumerate(ops):  # in order: a collective's producers come before it
+        if not collective[i] or not planned[i] or op.kind == "identity":
+            continue
+        at = 0
+        for name in op.inputs:
+            producer = graph.producer(name)
+            if producer is None:
+                continue
+            k = index[producer.name]
+            at = max(at, released.get(k, 0) if collective[k] else segment.get(k, 0))
+        released[i] = at
+
+    def matrix(where: dict) -> tuple:
+        out = np.zeros((n + 1, len(where)))
+        out[list(where.values()), np.arange(len(where))] = 1.0
+        return np.array(list(where), dtype=int), out
+
+    groups: dict[str, dict] = {}
+    for i, seg in released.items():
+        groups.setdefault(ops[i].param("group"), {})[i] = seg
+    return _Releases(matrix(segment), tuple(matrix(g) for g in groups.values()))
+
+
+def _released(r: _Releases, compute: np.ndarray, comm: np.ndarray) -> np.ndarray:
+    """A lower bound of the micro-batch's span from its communication streams: a collective
+    starts no earlier than the compute stream reaches the segment that releases it (every op
+    of the segments before has run), and each group's run one after another on its stream, so
+    the span is at least, for every segment and group, the compute before the segment plus
+    the group's collectives released there or later (`schedule.simulate`'s tail takes in the
+    last of them). `compute` and `comm` are each op's time over the rows (a row per op).
+    Gradient reductions are never deferred here: a searched layout overlaps them
+    (`Parallel.overlap_grad_reduce`'s default)."""
+    out = np.zeros(compute.shape[1])
+    ops, segments = r.compute
+    if not r.comm or not len(ops):
+        return out
+    before = np.cumsum(segments @ compute[ops], axis=0)
+    before = np.vstack([np.zeros((1, before.shape[1])), before[:-1]])  # each segment's start
+    for ops, segments in r.comm:
+        later = np.cumsum((segments @ comm[ops])[::-1], axis=0)[::-1]  # released there or later
+        out = np.maximum(out, (before + later).max(axis=0))
+    return out * (1 - 1e-6)
+
+
+@attrs.frozen
+class _Structure:
+    key: tuple
+    stages: dict  # role -> _StageFormulas
+
+
+def _representative(r: Row, layers: int) -> Parallel:
+    """A layout of `r`'s structure with an even pipeline split (its stages' graphs count L /
+    pp layers, which `LAYERS` replaces): any split of the same stage count reads the same."""
+    stages = r.pp if r.pp < 3 else next(p for p in range(3, layers + 1) if layers % p == 0)
+    return Parallel(tp=r.tp, cp=r.cp, ep=r.ep, pp=stages, dp=r.dp,
+                    sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp,
+                    framework=r.framework, grad_reduce_dtype=r.grad_reduce_dtype)
+
+
+def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True
+          ) -> Graph:
+    """`distributed.compile_parallel`'s step for `r`'s structure, each pass's result kept in
+    `memo` for the structures that share the passes before it (passes are pure functions);
+    the checks ran when the row was enumerated, the verifier when `profile` compiles it.
+    Not `replicated`: the passes before `replicate` (a compute key's ops, `compute_key`)."""
+    graph, key = forward, ()
+    for run in _passes(r, layout, replicated):
+        key += (pipeline.pass_key(run),)  # the pipeline's own declaration of what it reads
+        if key not in memo:
+            contracts.check(run, graph)  # as `pipeline.run_passes` drives them
+            memo[key] = run(graph)
+        graph = memo[key]
+    return graph
+
+
+def _passes(r: Row, layout: Parallel, replicated: bool = True) -> list:
+    """`distributed.compile_parallel`'s passes for `r`'s structure (`pipeline.step_passes`)."""
+    return pipeline.step_passes(recompute=r.recompute, precision=r.precision, layout=layout,
+                                replicated=replicated)
+
+
+def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r: Row,
+                       values: dict, cost: CostModel, passes: dict, formulas: dict,
+                       program: _Program) -> _Structure:
+    layout = _representative(r, layers)
+    step = _step(forward, r, layout, passes)
+    costs = cost.op_costs(step)
+    return _Structure(structure(r), {
+        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero_run,
+                             layers, costs, formulas, program)
+        for role, i in _roles(layout.pp)})
+
+
+# --- the bound before compiling -----------------------------------------------------------------
+
+def compute_key(r: Row, layers: int | None) -> tuple:
+    """What decides a row's compute ops: the passes before `replicate` for its structure, each
+    by what its placement declares decides its ops (`pipeline.pass_key`), so a pass added to
+    the pipeline is in the key with no word here; and what the bound reads of the framework
+    beside them (`_moved`: re-gathers in the recomputation, bucketed reductions, the dtype
+    they are reduced in). Data parallelism, the ZeRO stage and the pipeline stages are not in
+    it: they add collectives, shard the optimizer and the resident memory, and cut the same
+    ops apart. Rows of one `structure` share it (`Searcher` computes it once a structure)."""
+    passes = _passes(r, _representative(r, layers), replicated=False)
+    return (*map(pipeline.pass_key, passes), r.traits.regather_in_recompute,
+            r.traits.buckets_grads, r.wire)
+
+
+@attrs.frozen
+class _ComputeFormulas:
+    """A compute key's forward and backward ops over `DEGREES`, before the step is split into
+    stages or replicated: the compute ops and the collectives `_waits` pairs with them (in
+    `_StageFormulas`' layout: counts, FLOPs, bytes, messages), and where each op runs: a stack
+    op on every stage, `LAYERS` times; an end op on the first or the last stage (or both).
+    After them the bytes `_held` gives: what one layer of the stack holds, then the ends."""
+
+    kinds: tuple[str, ...]
+    groups: tuple[str | None, ...]
+    peaks: tuple[float, ...]
+    efficiencies: tuple[str, ...]  # each op's (`Cost.efficiency`)
+    tape: _Tape
+    n_ops: int
+    places: tuple[np.ndarray, ...]  # the stack, the first end, the last: (ops,) 1 where it runs
+    waits: tuple[_Waits, ...]  # `_waits` of the stack's ops
+
+
+def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
+                     layers: int | None, fixed_memo: dict, program: _Program, r: Row
+                     ) -> _ComputeFormulas:
+    """`graph` is a compute key's step before `replicate` (`r` one of its rows); `fixed_memo`
+    is kept apart from the stages' (here the stack's count, not its share per stage, becomes
+    `LAYERS`)."""
+    fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES}
+    side = None
+    if layers is not None:
+        fixed[layer_stack(graph).count] = LAYERS
+        side = ends(graph)
+    costs = cost.op_costs(graph)
+    # a micro-batch's ops: not the optimizer's, nor the FP8 weight casts run once a step
+    # (`passes.cache_fp8_weights`), which a bound may leave out
+    ops = [op for op in graph.ops() if op.phase is not Phase.OPTIMIZER
+           and not op.param("cached")]
+    collective = [op.kind in COLLECTIVE_KINDS for op in ops]
+    once = (False,) * len(ops)
+    waits = _waits(graph, ops, collective, once)
+    if side is not None:  # a run counts on every stage only where all its ops are the stack's
+        waits = tuple(w for w in waits if all(side[ops[k].name] == {STACK} for k in w.ops))
+    formulas = ([op.count for op in ops] + [costs[op.name].flops * op.count for op in ops]
+                + [costs[op.name].bytes * op.count for op in ops]
+                + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)])
+    # where each compute op runs; with no one stack, all on the one stage
+    runs = [side[op.name] if side is not None else {FIRST_END} for op in ops]
+    places = tuple(np.array([not c and place in where for where, c in zip(runs, collective)],
+                            dtype=float) for place in (STACK, FIRST_END, LAST_END))
+    stack = layer_stack(graph).count if layers is not None else None
+    formulas += (_held(graph, stack) + _moved(graph, stack, r.traits.regather_in_recompute,
+                                              r.traits.buckets_grads,
+                                              DTYPES[r.wire].itemsize) + _grids(ops, costs)
+                 + [costs[op.name].launches for op in ops])
+    exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
+    return _ComputeFormulas(
+        tuple(op.kind for op in ops),
+        tuple(op.param("group") if c else None for op, c in zip(ops, collective)),
+        tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
+        tuple(costs[op.name].efficiency for op in ops),
+        program.tape(exprs), len(ops), places, waits)
+
+
+def _held(graph: Graph, stack) -> list:
+    """The bytes a stage surely holds, as formulas: for the layer stack (the tensors counted by
+    its trip count `stack`, here one layer) and then for the ends, each resident part's
+    tensors (`memory.resident_tensors`) whose copies the data-parallel group and the expert
+    data-parallel group hold (`replicate.group_of`), and the saved activations
+    (`memory.saved`: all live at the backward's first op), but the carried ones."""
+    parts = resident_tensors(graph)
+    # a tensor a stack carries from layer to layer is one buffer handed on, not a copy per
+    # layer, and a stage sends its last one on: left out
+    carried = {n for r in graph.regions() for pair in r.carries for n in pair}
+    chosen = [[t for t in parts[name] if replicate_group(t) == group]
+              for name in RESIDENT for group in ("dp", "edp")]
+    chosen.append([t for t in saved(graph) if t.name not in carried])
+    out = []
+    for in_stack in (True, False):
+        for tensors in chosen:
+            out.append(sympy.Add(*(t.nbytes * t.count for t in tensors
+                                   if (stack in t.count.free_symbols) == in_stack)))
+    return out
+
+
+def _moved(graph: Graph, stack, regather: bool = True, buckets: bool = False,
+           wire: int = 4) -> list:
+    """What ZeRO-3 and ZeRO-2 move every micro-batch, as formulas (`replicate`): for the layer
+    stack (one layer) and then the ends, per group (data-parallel, expert data-parallel), the
+    all-gathers of each weight, one per phase that reads it (the recomputation's served by the
+    backward's unless the framework `regather`s; gathered bytes, collectives), then the
+    reduce-scatters of each gradient the update reads, `wire` bytes an element (bytes,
+    collectives: each its share of a bucket's call where the framework `buckets` them,
+    `frameworks.bucket_share`, as `replicate` charges it)."""
+    out = []
+    for in_stack in (True, False):
+        for group in ("dp", "edp"):
+            gathered, gathers, reduced, reductions = [], [], [], []
+            for update in graph.ops():
+                if update.kind != "adamw":
+                    continue
+                grad = graph.tensor(update.inputs[0])
+                w = graph.tensor(grad.grad_of)
+                if replicate_group(w) != group or (stack in w.count.free_symbols) != in_stack:
+                    continue
+                merged = {} if regather else {Phase.RECOMPUTE: Phase.BACKWARD}
+                phases = len({merged.get(op.phase, op.phase) for op in graph.consumers(w.name)
+                              if op.phase is not Phase.OPTIMIZER})
+                gathered.append(w.nbytes * w.count * phases)
+                gathers.append(w.count * phases)
+                reduced.append(grad.numel * wire * update.count)
+                reductions.append(update.count * (bucket_share(grad.numel, GROUPS[group])
+                                                  if buckets else 1))
+            out += [sympy.Add(*terms) for terms in (gathered, gathers, reduced, reductions)]
+    return out
+
+
+def _moving(moved: np.ndarray, zero: np.ndarray, lines) -> np.ndarray:
+    """The seconds each data-parallel stream (a row each: dp, edp) takes per micro-batch for
+    `_moved`'s part (a row per formula, over the layouts): the all-gathers under ZeRO-3, the
+    reduce-scatters under ZeRO-2 and 3; `lines(kind, group)` gives each algorithm's intercept
+    and slope over the layouts. Each collective takes at least the least intercept plus the
+    least slope times its message, so their sum is a bound whatever algorithm each runs."""
+    out = np.zeros((2, len(zero)))
+    for j, group in enumerate(("dp", "edp")):
+        gathered, gathers, reduced, reductions = moved[4 * j:4 * j + 4]
+        for kind, size, count, least in (("all_gather", gathered, gathers, 3),
+                                         ("reduce_scatter", reduced, reductions, 2)):
+            if count.any():
+                base, slope = (part.min(axis=0) for part in lines(kind, group))
+                out[j] += np.where(zero >= least, count * base + slope * size, 0.0)
+    return out * (1 - 2e-6)  # below `_released`'s, the same sums in another order
+
+
+def _held_bytes(held: np.ndarray, cols: _Columns) -> np.ndarray:
+    """`_held`'s parts (a row each, over the layouts) summed as the ZeRO stage shards them
+    (`replicate`: ZeRO-1 the optimizer states, ZeRO-2 the gradients too, ZeRO-3 the weights
+    too, over each group)."""
+    zero, groups = cols.zero, (cols.env[dp], cols.env[edp])
+    total = held[-1].copy()
+    for i, least in enumerate((3, 2, 1)):  # the ZeRO stage that shards each part
+        for j, size in enumerate(groups):
+            total += held[2 * i + j] / np.where(zero >= least, size, 1.0)
+    return total
+
+
+def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
+                   hardware: Hardware, cost: CostModel, line) -> tuple[np.ndarray, np.ndarray]:
+    """Lower bounds of each row's step and memory from its compute key alone. Each stage's
+    micro-batch takes at least its stack's ops, `LAYERS` times, its ends' ops and the stack's
+    surely-waited collectives, and at least its ZeRO-2/3 collectives on one stream
+    (`_moving`); `_step_bound` combines them (with no optimizer: the last micro-batch at least
+    a plain one). It reads a subset of the ops, waits and streams `_evaluate`'s bound reads,
+    so it is at most that bound. The fullest stage holds at least what its layers hold
+    (`_held`; the ends too where one stage holds all). Neither needs a stage compiled."""
+    n = len(rows_)
+    cols = _columns(rows_, layers)
+    p = cols.p
+    values = f.tape.run(cols.env | {LAYERS: np.ones(n)}, n)  # every count at one layer
+    k = f.n_ops
+    grids = values[len(values) - 4 * k:len(values) - k].reshape(3, k, n)
+    # before `replicate` no collective shares a call (`Cost.calls`): the data-parallel ones
+    # that do are not there yet
+    nums = _Numbers(np.rint(values[:k]), values[k:2 * k], values[2 * k:3 * k],
+                    values[3 * k:4 * k], *(np.zeros((0, n)),) * 3, grids, np.ones((k, n)),
+                    values[len(values) - k:])
+    held, moved = values[4 * k:4 * k + 14], values[4 * k + 14:len(values) - 4 * k]
+    parts = len(held) // 2
+    times = _comm_times(f, nums, rows_, line)
+    compute = _op_times(f, nums, hardware, cost)
+    stack, first, last = (place @ compute for place in f.places)
+    stack = stack + _waited_time(f, nums, times, compute, rows_)
+    plain = {role: stack * cols.layers[role] for role in ROLES}
+    plain[FIRST] = plain[FIRST] + first + np.where(p == 1, last, 0.0)
+    plain[LAST] = np.where(p > 1, plain[LAST] + last, 0.0)
+    plain[MIDDLE] = np.where(p > 2, plain[MIDDLE], 0.0)
+    # ZeRO-2/3's collectives of a micro-batch run one after another on their stream, which
+    # ends no earlier than the last of them: its layers' (and where one stage holds all, the
+    # ends')
+    lines = _over_rows(rows_, line)
+    per_layer, ends_ = _moving(moved[:8], cols.zero, lines), _moving(moved[8:], cols.zero, lines)
+    for role in ROLES:
+        streams = cols.layers[role] * per_layer + np.where(p == 1, ends_, 0.0)  # each its own
+        plain[role] = np.maximum(plain[role], np.where(plain[role] > 0, streams.max(axis=0),
+                                                       0.0))
+    most = np.max(np.stack(list(cols.layers.values())), axis=0)  # the fullest stage's layers
+    memory = most * _held_bytes(held[:parts], cols) + np.where(
+        p == 1, _held_bytes(held[parts:], cols), 0.0)
+    return (_step_bound(plain, plain, p, cols.m, cols.v, cols.chunked) * (1 - 1e-9),
+            memory * (1 - 1e-9))
+
+
+def _plans(f: _StageFormulas, layers: int, zero: int, values: dict):
+    """The schedule's plans of the stage holding `layers` layers."""
+    if layers not in f.plans:
+        subs = resolve(f.graph, values)
+        if f.layers is not None:  # the stack's L / pp is this stage's layers
+            subs[pp] = sympy.Rational(f.layers, layers)
+        ordered = f.graph.ops()
+        per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
+                     and not once_per_step(op, zero)]
+        f.plans[layers] = (plan(f.graph, per_micro, subs), plan(f.graph, ordered, subs))
+    return f.plans[layers]
+
+
+# --- the arrays ---------------------------------------------------------------------------------
+
+_CONST, _SYMBOL, _ADD, _MUL, _POW, _CALL = range(6)
+
+
+class _Program:
+    """Formulas flattened into steps over numpy arrays, each distinct subexpression one step:
+    sums, products and integer powers on numpy, anything else (a ceiling, a maximum) numpy's
+    own through sympy. A searcher keeps one, its structures' formulas sharing their steps; a
+    step's number is above its operands', so steps in numbered order run operands first."""
+
+    def __init__(self):
+        self.number: dict = {}  # subexpression -> its step
+        self.steps: list[tuple] = []  # (code, operands or value)
+
+    def step(self, expr) -> int:
+        found = self.number.get(expr)
+        if found is not None:
+            return found
+        if expr.is_Number:
+            step = (_CONST, float(expr))
+        elif expr.is_Symbol:
+            step = (_SYMBOL, expr)
+        elif expr.is_Add:
+            step = (_ADD, tuple(self.step(a) for a in expr.args))
+        elif expr.is_Mul:
+            step = (_MUL, tuple(self.step(a) for a in expr.args))
+        elif expr.is_Pow and expr.exp.is_Integer:
+            step = (_POW, (self.step(expr.base), int(expr.exp)))
+        else:
+            step = (_CALL, sympy.lambdify(DEGREES, expr, "numpy"))
+        self.steps.append(step)
+        self.number[expr] = len(self.steps) - 1
+        return self.number[expr]
+
+    def tape(self, exprs) -> _Tape:
+        """The steps `exprs` need, renumbered from 0, and which step gives each."""
+        roots = [self.step(e) for e in exprs]
+        needed, todo = set(), list(roots)
+        while todo:
+            i = todo.pop()
+            if i in needed:
+                continue
+            needed.add(i)
+            code, arg = self.steps[i]
+            if code in (_ADD, _MUL):
+                todo.extend(arg)
+            elif code == _POW:
+                todo.append(arg[0])
+        order = sorted(needed)
+        local = {g: k for k, g in enumerate(order)}
+        steps = []
+        for g in order:
+            code, arg = self.steps[g]
+            if code in (_ADD, _MUL):
+                arg = tuple(local[a] for a in arg)
+            elif code == _POW:
+                arg = (local[arg[0]], arg[1])
+            steps.append((code, arg))
+        return _Tape(tuple(steps), tuple(local[r] for r in roots))
+
+
+@attrs.frozen
+class _Tape:
+    steps: tuple
+    roots: tuple[int, ...]
+
+    def run(self, env: dict, n: int) -> np.ndarray:
+        """Every formula at the arrays `env` gives the symbols: a row per formula."""
+        values: list = []
+        for code, arg in self.steps:
+            if code == _CONST or code == _SYMBOL:
+                values.append(arg if code == _CONST else env[arg])
+            elif code == _ADD:
+                values.append(functools.reduce(np.add, [values[a] for a in arg]))
+            elif code == _MUL:
+                values.append(functools.reduce(np.multiply, [values[a] for a in arg]))
+            elif code == _POW:
+                base, exp = values[arg[0]], arg[1]
+                values.append(base ** exp if exp > 0 else 1.0 / base ** -exp)
+            else:
+                values.append(arg(*(env[s] for s in DEGREES)))
+        out = np.empty((len(self.roots), n))
+        for i, r in enumerate(self.roots):
+            out[i] = values[r]
+        return out
+
+
+@attrs.frozen
+class _Columns:
+    """Rows' numbers as arrays, a column per layout: the degrees (`DEGREES` but `LAYERS`),
+    the stages, micro-batches, virtual stages and ZeRO stage, each role's stage's layers."""
+
+    env: dict
+    p: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    zero: np.ndarray
+    layers: dict  # role -> layers (0 where the row has no such stage)
+    # 1 where interleaved chunks differ in size (uneven ends, `distributed.interleaved_span`)
+    chunked: np.ndarray
+
+
+def _columns(rows_: list[Row], layers: int | None) -> _Columns:
+    def column(values):
+        return np.array(values, dtype=float)
+
+    env = dict(zip((tp, cp, ep, dp, edp, B), (
+        column([r.tp for r in rows_]), column([r.cp for r in rows_]),
+        column([r.ep for r in rows_]), column([r.dp_group for r in rows_]),
+        column([r.edp_group for r in rows_]), column([r.micro_batch for r in rows_]))))
+    per_row = [_stage_layers(r, layers) for r in rows_]
+    return _Columns(env, column([r.pp for r in rows_]), column([r.micro_batches for r in rows_]),
+                    column([r.virtual_stages for r in rows_]),
+                    column([r.zero_run for r in rows_]),
+                    {role: column([x.get(role, 0) for x in per_row]) for role in ROLES},
+                    column([r.virtual_stages > 1 and (r.first, r.last) != (None, None)
+                            for r in rows_]))
+
+
+@attrs.frozen
+class _Numbers:
+    """A stage's numbers over a structure's rows: a row per op (or life), a column per
+    layout."""
+
+    counts: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    messages: np.ndarray
+    sizes: np.ndarray
+    life_counts: np.ndarray
+    resident: np.ndarray  # (3, candidates): weights, gradients, optimizer
+    grids: np.ndarray  # (3, ops, candidates): each op's GEMMs, M, N (`Cost.grid`; 0: none)
+    calls: np.ndarray  # each collective's share of one NCCL call (`Cost.calls`; 1: its own)
+    launches: np.ndarray  # the kernels one instance of each op launches (`Cost.launches`)
+
+
+def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
+    values = f.tape.run(env, n)
+    k, m = f.n_ops, f.n_lives
+    # counts and sizes are whole numbers: rounded, their sums carry no rounding error; the
+    # resident parts may not be (a ZeRO shard is 1/dp of a buffer), and for the memory filter
+    # a byte either way does not matter (the layouts returned are made whole exactly)
+    whole = np.rint
+    end = 4 * k + 2 * m + len(RESIDENT)
+    return _Numbers(whole(values[:k]), values[k:2 * k], values[2 * k:3 * k],
+                    values[3 * k:4 * k], whole(values[4 * k:4 * k + m]),
+                    whole(values[4 * k + m:4 * k + 2 * m]), whole(values[4 * k + 2 * m:end]),
+                    values[end:end + 3 * k].reshape(3, k, n), values[end + 3 * k:end + 4 * k],
+                    values[end + 4 * k:])
+
+
+@attrs.frozen
+class _Peak:
+    """A stage's liveness peak over a structure's rows (`memory.peak`, `figures`): the op it
+    happens at, and each part."""
+
+    at: np.ndarray
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray  # for one micro-batch
+    transient: np.ndarray
+
+    def memory(self, f: _StageFormulas, col: int, degrees: dict, held: float,
+               capacity) -> Memory:
+        """Column `col`'s peak as `figures` gives it: each part summed exactly (its formulas
+        at `degrees`), then made whole, at the op the arrays found."""
+        at = int(self.at[col])
+        k, m = f.n_ops, f.n_lives
+
+        def exact(expr):
+            return sympy.sympify(expr).xreplace(degrees)
+
+        parts = {True: [], False: []}
+        live = (f.one[at] != 0) | (f.many[at] != 0) if f.moments else ()
+        for j in np.flatnonzero(live):  # the lives live then
+            size = exact(f.exprs[4 * k + j])
+            count = exact(f.exprs[4 * k + m + j]) if f.many[at, j] else 0
+            parts[bool(f.saved[j])].append(int(f.one[at, j]) * size + count * size)
+        resident = f.exprs[4 * k + 2 * m:4 * k + 2 * m + len(RESIDENT)]
+        w, g, o = (int(exact(e)) for e in resident)
+        name, phase = f.moments[at] if f.moments else ("", "")
+        return Memory(name, phase, w, g, o, int(int(sympy.Add(*parts[True])) * held),
+                      int(sympy.Add(*parts[False])),
+                      capacity=int(capacity) if capacity else None)
+
+
+def _peak(f: _StageFormulas, nums: _Numbers) -> _Peak:
+    n = nums.sizes.shape[1]
+    w, g, o = nums.resident
+    if not f.moments:
+        zero = np.zeros(n)
+        return _Peak(np.zeros(n, dtype=int), w, g, o, zero, zero)
+    sizes, counted = nums.sizes, nums.sizes * nums.life_counts
+    live = np.hstack([f.one, f.many]) @ np.vstack([sizes, counted])  # (ops, rows)
+    at = np.argmax(live, axis=0)  # the first op where the most is live
+    each = f.one[at] * sizes.T + f.many[at] * counted.T  # (rows, lives) there
+    acts = each[:, f.saved].sum(axis=1)
+    return _Peak(at, w, g, o, acts, each[:, ~f.saved].sum(axis=1))
+
+
+def _in_flight(p: np.ndarray, v: np.ndarray, m: np.ndarray, stage) -> np.ndarray:
+    """`distributed.in_flight` over arrays."""
+    held = np.minimum(p - stage, m)
+    out = np.where(v > 1, held * (1 + (p - 1) / (p * v)), held)
+    return np.where(p == 1, 1.0, out)
+
+
+def _op_times(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostModel
+              ) -> np.ndarray:
+    """Each compute op's time on the stage under `cost`, every instance (a row per op, 0 for
+    the collectives), over the rows."""
+    rows_ = [i for i in range(f.n_ops) if f.groups[i] is None]
+    out = np.zeros_like(nums.flops)
+    if not rows_:
+        return out
+    peaks = np.array([f.peaks[i] for i in rows_])[:, None]
+    out[rows_] = cost.op_times(hardware, [f.kinds[i] for i in rows_], nums.flops[rows_],
+                               nums.bytes[rows_], nums.counts[rows_], peaks,
+                               nums.grids[:, rows_], nums.launches[rows_],
+                               [f.efficiencies[i] for i in rows_])
+    return out
+
+
+def _grid(values: np.ndarray) -> tuple:
+    """An op's grid as `distributed.StageOp` holds it: () for none (zeros)."""
+    return tuple(float(v) for v in values) if values.any() else ()
+
+
+def _stage_layers(r: Row, layers: int) -> dict[str, int]:
+    """The layers on each role's stage."""
+    return _split_layers(layers, r.pp, r.first, r.last)
+
+
+@functools.lru_cache(maxsize=4096)
+def _split_layers(layers: int, stages: int, first, last) -> dict[str, int]:  # read, not changed
+    if stages == 1:
+        return {FIRST: layers or 1}  # the whole stack (its count is no symbol then)
+    each = stage_layers(layers, Parallel(pp=stages, first_stage_layers=first,
+                                         last_stage_layers=last))
+    return {FIRST: each[0], MIDDLE: each[1], LAST: each[-1]}
+
+
+@attrs.frozen
+class _Group:
+    """A structure's rows evaluated as arrays."""
+
+    structure: _Structure
+    rows: list
+    numbers: dict  # role -> _Numbers
+    peaks: dict  # role -> _Peak
+    held: dict  # role -> in-flight micro-batches per row
+    bound: np.ndarray  # a lower bound of each row's step time
+    upper: np.ndarray  # an upper bound of it (`_step_upper`)
+    fullest: np.ndarray  # each row's memory per GPU (its fullest stage's)
+
+
+def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
+              cost: CostModel, line) -> _Group:
+    n = len(group)
+    cols = _columns(group, layers)
+    p, m, v = cols.p, cols.m, cols.v
+    numbers, plain, last, serial, serial_last = {}, {}, {}, {}, {}
+    communicated = np.zeros(n)  # the first stage's communication over the step
+    for role, f in s.stages.items():
+        nums = numbers[role] = _numbers(f, cols.env | {LAYERS: cols.layers[role]}, n)
+        times = _comm_times(f, nums, group, line)
+        compute = _op_times(f, nums, hardware, cost)
+        comm = np.zeros_like(compute)
+        for k, t in times.items():
+            comm[k] = nums.counts[k] * t
+        busy = compute[list(f.busy_rows)].sum(axis=0) + _waited_time(f, nums, times, compute,
+                                                                     group)
+        # a micro-batch takes at least its compute and surely-waited communication, and at
+        # least what its streams run after the compute that releases it; the last one adds
+        # the optimizer and what runs once per step
+        plain[role] = np.maximum(busy, _released(f.releases[0], compute, comm))
+        last[role] = np.maximum(busy + compute[list(f.optimizer_rows)].sum(axis=0),
+                                _released(f.releases[1], compute, comm))
+        once = np.array(f.once)
+        serial[role] = (compute + comm)[~once].sum(axis=0)
+        serial_last[role] = serial[role] + (compute + comm)[once].sum(axis=0)
+        if role == FIRST:
+            communicated = (comm * np.where(once[:, None], 1, m)).sum(axis=0)
+    bound = _step_bound(plain, last, p, m, v, cols.chunked)
+    upper = (_step_upper(serial, serial_last, plain, p, m, v, cols.chunked)
+             + cost.slowdown(hardware) * communicated)
+    peaks = {role: _peak(f, numbers[role]) for role, f in s.stages.items()}
+    index = {FIRST: 0.0, MIDDLE: 1.0, LAST: p - 1}
+    held = {role: _in_flight(p, v, m, index[role]) for role in s.stages}
+    totals = np.stack([pk.weights + pk.gradients + pk.optimizer
+                       + np.floor(pk.activations * held[role]) + pk.transient
+                       for role, pk in peaks.items()])
+    return _Group(s, group, numbers, peaks, held, bound * (1 - 1e-9), upper * (1 + 1e-9),
+                  totals.max(axis=0))
+
+
+def _step_bound(plain: dict, last: dict, p, m, v, chunked) -> np.ndarray:
+    """A lower bound of the step from lower bounds of each role's plain and last
+    micro-batch (`distributed._schedule`: the pipeline span of the plain micro-batches plus
+    the longest tail, last less plain). The span `m x max + (sum - max) / v` is at least
+    `m x T_j + (sum - T_j) / v` for every stage j (m >= 1 >= 1 / v), and the tail at least
+    stage j's; so the step is at least `(m - 1) x T_j + last_j + (sum - T_j) / v` for each j,
+    every term growing with the times it reads. Where interleaved chunks differ in size
+    (`chunked`: the schedule is simulated, `schedule.interleaved_span`, which the formula can
+    overstate) the bubble term is the fill and drain through chunk 0 instead: stage j's first
+    forward waits for micro-batch 0's through chunk 0 of every stage before it, and after its
+    last backward (chunk 0's, the chunks running backward in reverse) the stages before it run
+    chunk 0's backward of that micro-batch; a middle stage's chunk is T_middle / v, the first
+    stage's chunk 0 (the embedding's) taken as nothing. So the span is at least m x T_j plus
+    (j - 1) middle chunks: (p - 3) before the last middle stage, (p - 2) before the last."""
+    total = plain[FIRST] + plain.get(LAST, 0.0) + (p - 2) * plain.get(MIDDLE, 0.0)
+    middle_chunk = plain.get(MIDDLE, 0.0) / v
+    before = {FIRST: 0.0, MIDDLE: np.maximum(p - 3, 0) * middle_chunk,
+              LAST: np.maximum(p - 2, 0) * middle_chunk}
+    return np.max(np.stack([(m - 1) * plain[role] + last[role]
+                            + np.where(chunked, before[role], (total - plain[role]) / v)
+                            for role in plain]), axis=0)
+
+
+def _step_upper(serial: dict, serial_last: dict, plain: dict, p, m, v, chunked) -> np.ndarray:
+    """An upper bound of the step (`distributed._schedule`) from each role's micro-batches
+    run one op at a time, `serial` and `serial_last` (`simulate` never leaves every stream
+    idle while an op is left: each waits only for what runs), and the lower bounds of the
+    plain ones (the tail is last less plain): the pipeline span grows with every stage's
+    time. Where interleaved chunks differ in size (`chunked`) the span is taken as 1F1B's
+    without interleaving, `m x max + (sum - max)`: the simulated interleaved schedule
+    (`schedule.interleaved_span`) came out at most that in every one of 7,200 random trials
+    (stage times, Llama 3's and other uneven splits, 1 to 4 micro-batches per stage; the
+    largest ratio 1 + 4e-15), where the interleaved formula can overstate it by 12%. The caller
+    adds what the overlap slowdown can add (all the communication)."""
+    total = serial[FIRST] + serial.get(LAST, 0.0) + (p - 2) * serial.get(MIDDLE, 0.0)
+    slowest = np.max(np.stack(list(serial.values())), axis=0)
+    tail = np.max(np.stack([serial_last[role] - plain[role] for role in serial]), axis=0)
+    return m * slowest + (total - slowest) / np.where(chunked, 1.0, v) + tail
+
+
+def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, tokens: int,
+         n_mfu: int, values: dict, layers: int) -> Job:
+    """Row `col` of a group as `distributed.prepare` compiles it, from the arrays' numbers."""
+    r = g.rows[col]
+    layout = r.layout()
+    capacity = hardware.memory_bytes
+    counts = _stage_layers(r, layers)
+    stages = []
+    for role, index in _roles(r.pp):
+        f, nums = g.structure.stages[role], g.numbers[role]
+        ops = tuple(StageOp(f.names[k], f.kinds[k], int(nums.counts[k, col]),
+                            float(nums.flops[k, col]), float(nums.bytes[k, col]), f.peaks[k],
+                            f.groups[k], float(nums.messages[k, col]), f.once[k],
+                            _grid(nums.grids[:, k, col]), float(nums.calls[k, col]),
+                            float(nums.launches[k, col]), f.efficiencies[k])
+                    for k in range(f.n_ops))
+        plain, last = _plans(f, counts[role], r.zero_run, values)
+        degrees = dict(zip(DEGREES, map(sympy.Integer, (
+            r.tp, r.cp, r.ep, r.dp_group, r.edp_group, counts[role], r.micro_batch))))
+        memory = g.peaks[role].memory(f, col, degrees, float(g.held[role][col]), capacity)
+        stages.append(Stage(None, ops, plain, last, None, memory, index))
+    distinct = [index for _, index in _roles(r.pp)]
+    kinds = [min(i, 1) if i < r.pp - 1 else i for i in range(r.pp)]
+    return Job(forward, hardware, cluster.for_job(layout.world), layout, tuple(stages),
+               tuple(distinct.index(k) for k in kinds), tokens, n_mfu,
+               unequal_chunks(forward, layout))

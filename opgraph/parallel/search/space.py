@@ -1,0 +1,393 @@
+"""The space `opgraph plan` searches: its constraints (`Space`), the records of a layout
+(`Row` while searched, `Candidate`, `Ranked` and `Found` when returned), and every layout of a
+job (`rows`)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+import attrs
+import sympy
+
+from ...core.errors import OpgraphError
+from ...core.ir import Graph
+from ...core.limits import MAX_MICRO_BATCHES
+from ...core.symbols import B, cp, dp, edp, ep, tp
+from ...cost.hardware import Hardware
+from ...passes.precision import PRECISIONS
+from ...passes.recompute import POLICIES
+from ...passes.split_stages import layer_stack
+from .. import cluster as clusters
+from ..distributed import ParallelResult, check_layout
+from ..frameworks import FRAMEWORKS, Traits, end_split, own_split, run_zero
+from ..parallel import ZERO_STAGES, Parallel
+
+# Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
+# attention on shorter blocks is latency-bound); --max-cp lifts it.
+MIN_CP_TOKENS = 1024
+RECOMPUTE = tuple(POLICIES)
+# The layers a pipeline stage holds: its graph's layer stack counts this many, so one compiled
+# stage serves every split (even, or Llama 3's uneven ends).
+LAYERS = sympy.Symbol("stage_layers", positive=True, integer=True)
+DEGREES = (tp, cp, ep, dp, edp, LAYERS, B)
+
+
+@attrs.frozen(kw_only=True)
+class Space:
+    """What to search: `gpus` and the global batch in sequences (`batch`), with constraints.
+    A degree set to a value is fixed (`tp=8`), None leaves it free, `max_*` bound the free
+    ones; `recompute` and `precision` are the choices to try (None: every recomputation policy;
+    BF16, and FP8 where the part has an FP8 peak)."""
+
+    gpus: int
+    batch: int
+    tp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    zero: int | None = None
+    micro_batch: int | None = None
+    virtual_stages: int | None = None
+    sequence_parallel: bool | None = None
+    recompute: tuple[str, ...] | None = None
+    precision: tuple[str, ...] | None = None
+    max_tp: int | None = None
+    max_cp: int | None = None
+    max_pp: int | None = None
+    max_micro_batch: int = 16
+    max_virtual_stages: int = 8
+    async_tp: bool = False
+    # whose behaviour every layout follows (`opgraph.parallel.frameworks`)
+    framework: str | None = None
+    grad_reduce_dtype: str | None = None
+
+    def __attrs_post_init__(self):
+        for name in ("gpus", "batch", "max_micro_batch", "max_virtual_stages"):
+            if getattr(self, name) < 1:
+                raise OpgraphError(f"--{name.replace('_', '-')} must be 1 or more")
+        for name in ("tp", "cp", "pp"):
+            fixed, bound = getattr(self, name), getattr(self, f"max_{name}")
+            if fixed is not None and bound is not None and fixed > bound:
+                raise OpgraphError(f"--{name} {fixed} contradicts --max-{name} {bound}; "
+                                   "give one of them")
+        if self.micro_batch is not None and self.micro_batch > self.max_micro_batch:
+            raise OpgraphError(f"--micro-batch {self.micro_batch} contradicts "
+                               f"--max-micro-batch {self.max_micro_batch}; give one of them")
+        if self.sequence_parallel and self.tp == 1:
+            raise OpgraphError("--sequence-parallel contradicts --tp 1: it needs tensor "
+                               "parallelism")
+        if self.async_tp and self.tp == 1:
+            raise OpgraphError("--async-tp contradicts --tp 1: it needs tensor parallelism")
+        if self.virtual_stages not in (None, 1) and self.pp == 1:
+            raise OpgraphError(f"--virtual-stages {self.virtual_stages} contradicts --pp 1: "
+                               "interleaving needs pipeline stages")
+        if self.zero is not None and self.zero not in ZERO_STAGES:
+            raise OpgraphError(f"--zero {self.zero}: give 0, 1, 2 or 3")
+        # the framework's names and its combinations, checked as a layout checks them
+        Parallel(framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype)
+        for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
+            for value in getattr(self, name) or ():
+                if value not in allowed:
+                    raise OpgraphError(f"--{name} {value!r}: choose from {', '.join(allowed)}")
+
+
+@attrs.frozen
+class Candidate:
+    """One point of the space: a layout and the step's options."""
+
+    layout: Parallel
+    recompute: str = "none"
+    precision: str = "bf16"
+
+    def to_json(self) -> dict:
+        """The degrees and options as `profile --json` names them."""
+        return {"gpus": self.layout.world, **self.layout.to_json(), "recompute": self.recompute,
+                "precision": self.precision}
+
+
+@attrs.frozen
+class Ranked:
+    """A layout scheduled exactly: its figures as `profile` gives them."""
+
+    candidate: Candidate
+    result: ParallelResult
+
+    @property
+    def layout(self) -> Parallel:
+        return self.candidate.layout
+
+    @property
+    def step_time_s(self) -> float:
+        return self.result.step_time_s
+
+    def to_json(self) -> dict:
+        r = self.result
+        return {**self.candidate.to_json(), "step_time_s": r.step_time_s,
+                "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "mfu": r.mfu,
+                "memory": r.memory.to_json(), "memory_stage": r.memory_stage,
+                "bubble_s": r.bubble_s, "exposed_communication_s": r.exposed_communication_s}
+
+
+@attrs.frozen
+class Found:
+    """A search's answer: the best layouts, best first, and what it took."""
+
+    best: tuple[Ranked, ...]
+    searched: int  # layouts bounded (by their compute bound at least): the whole space
+    fit: int  # of the evaluated structures' layouts, those that fit in memory
+    scheduled: int  # of those, the ones scheduled exactly (branch and bound)
+    structures: int  # distinct structures
+    evaluated: int  # of them, those whose rows were evaluated (the rest bounded out)
+    compile_s: float
+    evaluate_s: float  # everything else: enumerating, the bounds, the arrays, the exact ones
+    smallest_memory: float  # bytes per GPU: the least any layout needs
+
+    @property
+    def layouts_per_s(self) -> float:
+        return self.searched / self.evaluate_s if self.evaluate_s > 0 else float("inf")
+
+
+# --- the space ----------------------------------------------------------------------------------
+
+class Row(NamedTuple):
+    """A candidate before it is one (`Candidate`): the search holds tens of thousands."""
+
+    tp: int
+    cp: int
+    ep: int
+    pp: int
+    dp: int
+    micro_batch: int
+    virtual_stages: int
+    zero: int
+    sequence_parallel: bool
+    first: int | None
+    last: int | None
+    recompute: str
+    precision: str
+    batch: int
+    async_tp: bool
+    framework: str | None = None
+    grad_reduce_dtype: str | None = None
+
+    def layout(self) -> Parallel:
+        return Parallel(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp,
+                        micro_batch=self.micro_batch, global_batch=self.batch,
+                        virtual_stages=self.virtual_stages, zero=self.zero,
+                        sequence_parallel=self.sequence_parallel, async_tp=self.async_tp,
+                        first_stage_layers=self.first, last_stage_layers=self.last,
+                        framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype)
+
+    @property
+    def traits(self) -> Traits:
+        return FRAMEWORKS[self.framework]
+
+    @property
+    def zero_run(self) -> int:
+        """The ZeRO stage the job runs (`frameworks.sharding`)."""
+        return run_zero(self.zero, self.pp, self.framework)
+
+    @property
+    def wire(self) -> str:
+        """The dtype gradients are reduced in (`frameworks.reduce_dtype`)."""
+        return self.grad_reduce_dtype or self.traits.grad_reduce_dtype
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.layout(), self.recompute, self.precision)
+
+    @property
+    def dp_group(self) -> int:  # `Parallel.size("dp")`: the ranks holding the same weights
+        return self.dp * self.cp
+
+    @property
+    def edp_group(self) -> int:  # `Parallel.size("edp")`
+        return self.dp * self.cp // self.ep
+
+    @property
+    def micro_batches(self) -> int:
+        return self.batch // (self.dp * self.micro_batch)
+
+
+def row_of(c: Candidate) -> Row:
+    lay = c.layout
+    return Row(lay.tp, lay.cp, lay.ep, lay.pp, lay.dp_degree, lay.micro_batch,
+               lay.virtual_stages, lay.zero, lay.sequence_parallel, lay.first_stage_layers,
+               lay.last_stage_layers, c.recompute, c.precision, lay.batch, lay.async_tp,
+               lay.framework, lay.grad_reduce_dtype)
+
+
+def _layers(forward: Graph) -> int | None:
+    """The layers of the layer stack pipeline parallelism splits (`split_stages.layer_stack`:
+    DeepSeek's L - k expert layers beside its fixed ones, Gemma 2's L / 2 pairs); None where
+    no stack splits."""
+    try:
+        region = layer_stack(forward)
+    except OpgraphError:
+        return None
+    if len(sympy.sympify(region.count).free_symbols) != 1:
+        return None
+    return int(sympy.sympify(region.count).xreplace(forward.dims))
+
+
+def _powers(limit: int) -> list[int]:
+    return [2 ** k for k in range(limit.bit_length()) if 2 ** k <= limit]
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _splits(layers: int, stages: int, forward: Graph | None = None,
+            framework: str | None = None) -> list[tuple[int | None, int | None]]:
+    """The pipeline splits tried for `stages` stages: the framework's own where it makes one
+    (`frameworks.own_split`, as `distributed.framework_split` gives `profile`), none where
+    that needs every stage's layers said (`Parallel.stage_layers`, which the search's first,
+    middle and last stages cannot hold); else even, or (where that does not divide) one layer
+    fewer on each end stage, as Llama 3 405B's 126 layers on 16 stages (7, 8 x 14, 7)."""
+    own = None if forward is None else own_split(forward, stages, framework)
+    if own is not None:
+        ends = end_split(own)
+        return [] if ends is None else [ends]
+    if stages == 1 or layers % stages == 0:
+        return [(None, None)]
+    if stages > 2 and (layers + 2) % stages == 0 and (layers + 2) // stages > 1:
+        end = (layers + 2) // stages - 1
+        return [(end, end)]
+    return []
+
+
+def _pipelines(space: Space, layers: int | None) -> list[int]:
+    """The pipeline degrees `space` tries for a stack of `layers` (None: no stack to split)."""
+    if space.pp:
+        return [space.pp]
+    return [1] if layers is None else list(range(1, min(space.max_pp or layers, layers) + 1))
+
+
+def unsplit_degrees(forward: Graph, space: Space) -> dict[int, tuple[int, ...]]:
+    """The pipeline degrees of `space` that `rows` cannot hold because the framework's own
+    split of them needs every stage's count said (`_splits`), each with that split: what
+    `rows` refuses where `space` names the degree, and `plan` warns of where it does not."""
+    layers = _layers(forward)
+    if layers is None:
+        return {}
+    out = {}
+    for p in _pipelines(space, layers):
+        own = own_split(forward, p, space.framework) if space.gpus % p == 0 else None
+        if own is not None and end_split(own) is None:
+            out[p] = own
+    return out
+
+
+def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
+         cluster: clusters.Cluster) -> list[Row]:
+    """Every layout of `space` that divides the model (see the module), in a fixed order."""
+    dims = {s.name: int(v) for s, v in forward.dims.items()}
+    layers, node = _layers(forward), cluster.gpus_per_node
+    experts = dims.get("E")
+    tps = [space.tp] if space.tp else _powers(min(space.max_tp or node, space.gpus))
+    cps = [space.cp] if space.cp else _powers(min(space.max_cp or max(1, seq_len // MIN_CP_TOKENS),
+                                                  space.gpus))
+    eps = [space.ep] if space.ep else (_powers(experts) if experts else [1])
+    if layers is None and (space.pp or 1) > 1:
+        region = layer_stack(forward)  # says why, in one line, where no stack splits
+        raise OpgraphError(f"{forward.name}'s layer stack {region.name} runs {region.count} "
+                           "times, not a count of one dimension; pipeline parallelism needs "
+                           "one (leave out --pp)")
+    pps = _pipelines(space, layers)
+    zeros = [space.zero] if space.zero is not None else ZERO_STAGES
+    recompute = space.recompute or RECOMPUTE
+    precision = space.precision or tuple(p for p in PRECISIONS
+                                         if p != "fp8" or hardware.fp8_flops)
+    if "fp8" in precision and not hardware.fp8_flops:
+        raise OpgraphError(f"--precision fp8: {hardware.id} has no dense FP8 peak; give a part "
+                           "that has one, or leave it out")
+    options = list(itertools.product(zeros, recompute, precision))
+    alone = [o for o in options if o[0] == min(zeros)]  # no data parallelism: nothing to shard
+    out: list[Row] = []
+    checked: dict = {}
+    # each stage count's splits once (a framework's own weighs the model's blocks)
+    splits = {p: _splits(layers, p, forward, space.framework) for p in pps}
+    own = unsplit_degrees(forward, space).get(space.pp) if space.pp else None
+    if own is not None:
+        raise OpgraphError(
+            f"--framework {space.framework} splits {forward.name}'s {layers} layers over "
+            f"{space.pp} stages as {'/'.join(map(str, own))}, which plan's first, middle and "
+            f"last stages cannot hold; profile that layout (opgraph profile --pp "
+            f"{space.pp} --framework {space.framework}), or plan another --pp")
+    for t, c, p in itertools.product(tps, cps, pps):
+        if space.gpus % (t * c * p):
+            continue
+        d = space.gpus // (t * c * p)
+        if (space.dp is not None and d != space.dp) or space.batch % d:
+            continue
+        per_rank = space.batch // d
+        for (first, last), sp_ in itertools.product(splits[p], _sp(space, t)):
+            for e in eps:
+                if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first,
+                                               last, checked, space.framework):
+                    continue
+                for mb in ([space.micro_batch] if space.micro_batch else
+                           _divisors(per_rank, space.max_micro_batch)):
+                    if per_rank % mb or per_rank // mb > MAX_MICRO_BATCHES:  # `Parallel`'s bound
+                        continue
+                    for v in _virtual(space, layers, p, first, last, per_rank // mb):
+                        out += [Row(t, c, e, p, d, mb, v, z, sp_, first, last, r, pr,
+                                    space.batch, space.async_tp and t > 1, space.framework,
+                                    space.grad_reduce_dtype)
+                                for z, r, pr in (options if d * c > 1 else alone)
+                                if not _refused(space, p, z)]
+    return out
+
+
+def _refused(space: Space, stages: int, zero: int) -> bool:
+    """Whether the framework cannot run ZeRO stage `zero` on `stages` pipeline stages (as
+    `Parallel` checks it: DeepSpeed's pipeline engine takes ZeRO 0 and 1 only)."""
+    return space.framework == "deepspeed" and stages > 1 and zero >= 2
+
+
+def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict,
+             framework: str | None = None) -> bool:
+    """Whether the model divides over the degrees as `profile` checks it
+    (`distributed.check_layout`, at its own sequence length and the one searched; the
+    framework's, which may pad the vocabulary)."""
+    key = (t, c, e, p, sp_, first, last)
+    if key not in cache:
+        # dp = ep: any data-parallel degree the experts divide (checked by the caller)
+        layout = Parallel(tp=t, cp=c, ep=e, pp=p, dp=e, sequence_parallel=sp_,
+                          first_stage_layers=first, last_stage_layers=last,
+                          framework=framework)
+        try:
+            check_layout(forward, layout, seq)
+            cache[key] = True
+        except OpgraphError:
+            cache[key] = False
+    return cache[key]
+
+
+def _sp(space: Space, t: int) -> list[bool]:
+    """Sequence parallelism's choices at tensor-parallel degree `t` (none without it, so
+    `--sequence-parallel` leaves out the layouts without tensor parallelism)."""
+    if t == 1:
+        return [] if space.sequence_parallel else [False]
+    return [space.sequence_parallel] if space.sequence_parallel is not None else [False, True]
+
+
+def _virtual(space: Space, layers: int, p: int, first, last, m: int) -> list[int]:
+    """Virtual stages per GPU: the divisors of a stage's layers (with uneven ends, of a middle
+    stage's: the end stages' outer chunks hold one layer fewer, as `chunk_layers` cuts them,
+    Llama 3 405B's schedule; two uneven stages have no middle one, and do not interleave)."""
+    uneven = first is not None or last is not None
+    if p == 1 or (p == 2 and uneven):
+        return [1] if space.virtual_stages in (None, 1) else []
+    # a middle stage's layers, as `chunk_layers` splits what the end stages leave
+    ends = (first is not None) + (last is not None)
+    each = (layers - (first or 0) - (last or 0)) // (p - ends) if p > ends else 0
+    options = [v for v in _divisors(each, space.max_virtual_stages)
+               if (v == 1 or m % p == 0)  # Megatron: interleaving needs m a multiple of pp
+               and all(n is None or each // v * (v - 1) <= n <= each  # an end stage's outer
+                       for n in (first, last))]  # chunk holds what it lacks of v chunks
+    if space.virtual_stages is not None:
+        return [space.virtual_stages] if space.virtual_stages in options else []
+    return options
