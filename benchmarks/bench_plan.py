@@ -30,10 +30,10 @@ sys.path.insert(0, str(ROOT))
 
 def after_compile(model: str, gpus: int, batch: int) -> None:
     from opgraph import hardware
-    from opgraph.costmodel import cost_model
+    from opgraph.cost.costmodel import cost_model
     from opgraph.models import preset
-    from opgraph.search import Searcher, Space, compute_key, rows, structure
-    from opgraph.search.bounds import _compute_bound
+    from opgraph.parallel.search import Searcher, Space, rows, structure
+    from opgraph.parallel.search.bounds import _compute_bound
 
     forward, part = preset(model), hardware.get("h100-sxm")
     searcher = Searcher(forward, part, cost=cost_model("calibrated"))
@@ -54,7 +54,7 @@ def after_compile(model: str, gpus: int, batch: int) -> None:
     computes: dict = {}
     for r in found:
         groups.setdefault(structure(r), []).append(r)
-        computes.setdefault(compute_key(r), []).append(r)
+        computes.setdefault(searcher.compute_key(r), []).append(r)
     t0 = searcher.compile_s
     for group in groups.values():
         searcher.structure(group[0])  # compiled, not timed
