@@ -184,25 +184,28 @@ def test_a_calibrated_time_formula_is_evaluates_time(step, part):
 def test_a_calibrated_op_time_is_launch_plus_the_scaled_roofline(step):
     """`CalibratedCostModel`'s kernel: launch_s + Max((FLOPs x waves + matmul_half_flops) /
     (matmul x peak), bytes / (bandwidth x HBM bandwidth)), per instance, times the layer count;
-    waves the A100's: 256 x 128 output tiles of the B*S x H*d_h output over 108 SMs."""
+    waves the A100's: 256 x 128 output tiles of the B*S x H*d_h output over 108 SMs, K split
+    in floor(108 / tiles) where the tiles fill less than a wave (split-K)."""
+    import math
+
     from opgraph.cost.calibration import for_hardware
     from opgraph.cost.costmodel import CalibratedCostModel
 
     e = for_hardware(A100)
     got = formula(step, "time", op="layers.q_proj", hardware=A100,
                   cost=CalibratedCostModel())
-    flops = 2 * B * S * D * H * d_h  # per layer (Megatron's 2 x tokens x weights)
     nbytes = formula(step, "bytes", op="layers.q_proj") / L
-    exact = sympy.Rational
-    tiles = sympy.ceiling(B * S / 256) * sympy.ceiling(H * d_h / 128)
-    waves = sympy.ceiling(tiles / 108) * 108 * 256 * 128 / (B * S * H * d_h)
-    want = L * (exact(repr(e.launch_s)) + sympy.Max(
-        (flops * waves + exact(repr(e.matmul_half_flops))) / (exact(repr(e.matmul))
-                                                      * exact(repr(A100.peak_flops))),
-        nbytes / (exact(repr(e.bandwidth)) * exact(repr(A100.bandwidth)))))
-    for seq in (64, 8192):  # memory- and compute-bound
-        at = dict(step.dims) | {S: seq}
-        assert float(got.xreplace(at)) == pytest.approx(float(want.xreplace(at)), rel=1e-12)
+    for seq in (64, 8192):  # memory- and compute-bound; 32 tiles (K split in 3), 1,024 tiles
+        at = {k: int(v) for k, v in step.dims.items()} | {S: seq}
+        b, s, d, h, dh, layers = (at[x] for x in (B, S, D, H, d_h, L))
+        flops = 2 * b * s * d * h * dh  # per layer (Megatron's 2 x tokens x weights)
+        tiles = math.ceil(b * s / 256) * math.ceil(h * dh / 128)
+        split = max(1, 108 // tiles)
+        waves = math.ceil(tiles * split / 108) * 108 * 256 * 128 / (b * s * h * dh * split)
+        want = layers * (e.launch_s + max(
+            (flops * waves + e.matmul_half_flops) / (e.matmul * A100.peak_flops),
+            float(nbytes.xreplace(at)) / (e.bandwidth * A100.bandwidth)))
+        assert float(got.xreplace(at)) == pytest.approx(want, rel=1e-12)
 
 
 def test_a_calibrated_formula_without_a_part_is_one_line(step, cli):

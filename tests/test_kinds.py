@@ -104,9 +104,9 @@ def test_a_user_matmul_kind_gets_waves_from_its_grid():
         times[grid] = row.time_s
         kinds.remove_kind("outer")
         assert "outer" not in rules.GEMM_GRIDS
-    # 300 x 300: 3 x 2 tiles, one wave of 132 SMs
+    # 300 x 300: 3 x 2 tiles, K split in floor(132 / 6) = 22 to fill one wave of 132 SMs
     assert times[outer_grid] / times[None] == pytest.approx(
-        wave_quantum(1, 300, 300, 132, 128, 256))
+        wave_quantum(1, 300, 300, 132, 128, 256, split=22))
 
 
 def test_a_user_kind_goes_through_the_backward(user_step):

@@ -19,11 +19,13 @@ nothing.
 1, or (P / TDP)^(1/3) when power-capped at P), so a power limit is not folded into an
 efficiency. `waves` is a matrix multiply's wave quantisation (`costmodel.wave_quantum`): its
 M x N output is cut into `matmul_tile_m` x `matmul_tile_n` tiles, one per SM at a time, and
-it runs ceil(tiles / SMs) full waves; `waves` is the slots paid for over those filled (1 for
-any other kernel, for a part without an SM count, or a generation whose tiles are 0), times
-(K + `matmul_k_overhead`) / K (`costmodel.k_overhead`): each tile spends that many more steps
-of its K loop filling the pipeline and writing its output, so a GEMM of small inner dimension
-(a tensor-parallel shard of a row-parallel layer) runs below the rate. So `matmul` is the
+it runs ceil(tiles / SMs) full waves; where the tiles fill less than one wave (a narrow
+model's weight gradient: a small output, a K of every token) K is split into floor(SMs / tiles)
+slices to fill it (split-K, `costmodel.split_k`); `waves` is the slots paid for over those
+filled (1 for any other kernel, for a part without an SM count, or a generation whose tiles are
+0), times (K + `matmul_k_overhead`) / K (`costmodel.k_overhead`, K a slice's): each tile spends
+that many more steps of its K loop filling the pipeline and writing its output, so a GEMM of
+small inner dimension (a tensor-parallel shard of a row-parallel layer) runs below the rate. So `matmul` is the
 sustained rate of a large GEMM's full waves, and a tensor-parallel shard, with fewer tiles to
 fill its waves or a shorter K, runs below it. A table of measured GEMMs sets the tile and the
 K overhead (`opgraph calibrate --gemms`, `opgraph.cost.gemms`). A GEMM whose N is not a multiple of

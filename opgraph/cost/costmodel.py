@@ -605,21 +605,44 @@ class CalibratedCostModel(CostModel):
         return self.efficiencies(hardware).overlap_slowdown
 
 
-def wave_quantum(count, m, n, sms, tile_m, tile_n, ceil: Callable = math.ceil):
+def split_k(count, m, n, sms, tile_m, tile_n, ceil: Callable = math.ceil,
+            floor: Callable = math.floor, sign: Callable = lambda x: int(x > 0)):
+    """The slices a GEMM's K is split into so that every SM has work: where its output has
+    fewer tiles than the part has SMs (a weight gradient of a narrow model: a small M x N and
+    a K of every token), the library splits K among as many tiles' worth of thread blocks as
+    fill one wave, floor(sms / tiles), and adds their partial sums (cuBLASLt's split-K,
+    CUBLASLT_ALGO_CONFIG_SPLITK_NUM; CUTLASS's split-K GEMMs); 1 where the tiles fill a wave or
+    more. With f = floor(sms / tiles) that is f + 1 - sign(f): written without a maximum, so
+    that the formula has no branch to divide by zero in. `floor` and `sign` as `ceil`, for
+    arrays (`np.floor`, `np.sign`) and formulas (`sympy.floor`, `sympy.sign`).
+
+        >>> split_k(1, 1024, 1024, 108, 256, 128)  # 32 tiles on 108 SMs: K in 3
+        3
+        >>> split_k(1, 8192, 8192, 132, 128, 256)  # 2,048 tiles: no split
+        1
+    """
+    fill = floor(sms / (count * ceil(m / tile_m) * ceil(n / tile_n)))
+    return fill + 1 - sign(fill)
+
+
+def wave_quantum(count, m, n, sms, tile_m, tile_n, ceil: Callable = math.ceil, split=1):
     """How much longer `count` GEMMs of an M x N output take than their FLOPs at the sustained
     per-SM rate say, by wave quantisation: the kernel cuts each output into tiles of tile_m x
-    tile_n, one tile per SM at a time, so it runs `waves = ceil(tiles / sms)` waves, each as
-    long as a full one (a tile's K loop); the slots it pays for over the ones it fills,
+    tile_n, each tile's K loop into `split` slices (`split_k`), one slice per SM at a time, so
+    it runs `waves = ceil(tiles x split / sms)` waves, each as long as a full one; the slots it
+    pays for over the ones it fills,
 
-        waves x sms x tile_m x tile_n / (count x M x N)  >= 1.
+        waves x sms x tile_m x tile_n / (count x M x N x split)  >= 1.
 
     `ceil` is `math.ceil` for numbers, `np.ceil` for arrays, `sympy.ceiling` for formulas.
 
         >>> wave_quantum(1, 8192, 8192, 132, 128, 256)  # 2,048 tiles: 16 waves of 132
         1.03125
+        >>> wave_quantum(1, 1024, 1024, 108, 256, 128, split=3)  # 96 slices in one wave of 108
+        1.125
     """
-    tiles = count * ceil(m / tile_m) * ceil(n / tile_n)
-    return ceil(tiles / sms) * sms * tile_m * tile_n / (count * m * n)
+    tiles = count * ceil(m / tile_m) * ceil(n / tile_n) * split
+    return ceil(tiles / sms) * sms * tile_m * tile_n / (count * m * n * split)
 
 
 # The head dims the published attention efficiencies are measured at (d_qk + d_v = 128 + 128):
@@ -678,12 +701,13 @@ def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0,
     exps = np.where(ok, exp_factor(np.where(ok, flops, 1.0), np.where(ok, scores, 1.0),
                                    np.where(ok, widths, 1.0), ratio), 1.0)
     count, m, n = (np.asarray(g, dtype=float) for g in grids)
+    waves, split = wave_quanta(grids, sms, tile_m, tile_n)
     has_k = (count * m * n > 0) & (flops > 0) & (np.asarray(k0) > 0)
-    ks = np.where(has_k, k_overhead(np.where(has_k, flops, 1.0), count, m, n, k0), 1.0)
+    # each slice of a split K loop pays the prologue and epilogue: K / split deep
+    ks = np.where(has_k, k_overhead(np.where(has_k, flops, 1.0), count * split, m, n, k0), 1.0)
     off = (count * m * n > 0) & unaligned(n)
     ks = np.where(off, ks / np.asarray(unaligned_rate, dtype=float), ks)
-    return np.where(np.asarray(attention)[:, None], exps,
-                    ks * wave_quanta(grids, sms, tile_m, tile_n))
+    return np.where(np.asarray(attention)[:, None], exps, ks * waves)
 
 
 def k_overhead(flops, count, m, n, k0):
@@ -727,15 +751,17 @@ def waves_of(grid: tuple, hardware, e, flops: float = 0.0) -> float:
 
 
 def wave_quanta(grids, sms, tile_m, tile_n):
-    """`wave_quantum` over numpy arrays: `grids` (3, ops, cases) of (GEMMs, M, N); 1 where an
-    op has no grid (zeros) or the part no SM count or the generation no tile (0)."""
+    """`wave_quantum` and `split_k` over numpy arrays: `grids` (3, ops, cases) of (GEMMs, M,
+    N); each 1 where an op has no grid (zeros) or the part no SM count or the generation no
+    tile (0)."""
     import numpy as np
 
     count, m, n = (np.asarray(g, dtype=float) for g in grids)
     ok = (count * m * n > 0) & (np.asarray(sms) > 0) & (np.asarray(tile_m) > 0) & (
         np.asarray(tile_n) > 0)
     one = [np.where(ok, x, 1.0) for x in (count, m, n, sms, tile_m, tile_n)]
-    return np.where(ok, wave_quantum(*one, ceil=np.ceil), 1.0)
+    split = np.where(ok, split_k(*one, ceil=np.ceil, floor=np.floor, sign=np.sign), 1.0)
+    return np.where(ok, wave_quantum(*one, ceil=np.ceil, split=split), 1.0), split
 
 
 @functools.lru_cache(maxsize=64)
@@ -787,6 +813,7 @@ __all__ = [
     "unaligned",
     "shape_factor",
     "shape_factors",
+    "split_k",
     "wave_quanta",
     "wave_quantum",
     "waves_of",

@@ -46,6 +46,7 @@ from .costmodel import (
     exp_factor,
     host_floor,
     k_overhead,
+    split_k,
     unaligned,
     wave_quantum,
 )
@@ -153,11 +154,15 @@ def _shape(kind: str, c: Cost, rates: dict) -> sympy.Expr:
     if kind in ATTENTION_KINDS:
         return exp_factor(c.flops, c.grid[0], c.grid[1], _exact(rates["attention_exp_ratio"]))
     k0 = rates["matmul_k_overhead"]
-    k = k_overhead(c.flops, *c.grid, _exact(k0)) if k0 else sympy.Integer(1)
+    count, m, n = c.grid
     tiles = [rates["sms"], rates["matmul_tile_m"], rates["matmul_tile_n"]]
     if not all(tiles):
-        return k
-    return k * wave_quantum(*c.grid, *(sympy.Integer(int(t)) for t in tiles), ceil=sympy.ceiling)
+        return k_overhead(c.flops, count, m, n, _exact(k0)) if k0 else sympy.Integer(1)
+    tiles = [sympy.Integer(int(t)) for t in tiles]
+    split = split_k(count, m, n, *tiles, ceil=sympy.ceiling, floor=sympy.floor,
+                    sign=sympy.sign)
+    k = k_overhead(c.flops, count * split, m, n, _exact(k0)) if k0 else sympy.Integer(1)
+    return k * wave_quantum(count, m, n, *tiles, ceil=sympy.ceiling, split=split)
 
 
 def _unaligned(kind: str, c: Cost, rates: dict):
