@@ -81,7 +81,30 @@ def main(argv: list[str]) -> int:
 
     print("\n(e) " + llama3_405b())
     print("\n(f) " + plate())
+    print("\n(g) " + by_sequence(validate([c for c in load_cases("holdout")
+                                          if c.family.startswith("llm_foundry")],
+                                         cost_model("calibrated")).predictions))
     return 0
+
+
+def by_sequence(predictions) -> str:
+    """The held-out LLM Foundry runs' mean absolute error by family and sequence length, with
+    the range of the signed errors."""
+    buckets = (("up to 2,048 tokens", 0, 2048), ("4,096-8,192", 4096, 8192),
+               ("16,384 and more", 16384, 1 << 30))
+    lines = ["held out, LLM Foundry's runs by sequence length: mean absolute error "
+             "(signed range)"]
+    for family in sorted({p.case.family for p in predictions}, reverse=True):
+        cells = []
+        for name, low, high in buckets:
+            errors = [p.error for p in predictions
+                      if p.case.family == family and low <= p.case.seq_len <= high]
+            if errors:
+                low_e, high_e = (round(e * 100) + 0 for e in (min(errors), max(errors)))
+                cells.append(f"{name}: {sum(map(abs, errors)) / len(errors) * 100:.1f}% "
+                             f"({low_e:+d}% to {high_e:+d}%, {len(errors)} runs)")
+        lines.append(f"    {family}: " + "; ".join(cells))
+    return "\n".join(lines)
 
 
 # Families whose source states that the memory figure is the PyTorch caching allocator's

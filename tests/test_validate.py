@@ -124,7 +124,7 @@ def test_the_held_out_runs_are_never_fitted_on(shipped):
     from opgraph.cost.costmodel import cost_model
 
     held = load_cases("holdout")
-    assert NAMED["holdout"] == HOLDOUT and len(held) == 18
+    assert NAMED["holdout"] == HOLDOUT and len(held) == 227
 
     def key(c):
         return (repr(c.model), c.hardware, c.parallel, c.seq_len, c.recompute, c.precision,
@@ -136,3 +136,18 @@ def test_the_held_out_runs_are_never_fitted_on(shipped):
     assert NAMED[SHIPPED_CASES] == SHIPPED != HOLDOUT  # `calibrate --fit shipped`'s runs
     errors = [v.predict(c, cost_model("calibrated")).error for c in held]
     assert all(abs(e) < 1.0 for e in errors), errors
+
+
+def test_the_family_mean_weighs_each_family_once(shipped):
+    """`Report.family_mape` is the families' mean absolute errors averaged: Narayanan's Table 1
+    (10 runs) and Table 2 (12) count once each, where the mean over runs weighs Table 2 by 12/22."""
+    from opgraph.cost.costmodel import cost_model
+
+    report = v.validate([c for c in shipped.values() if c.family.startswith("narayanan")],
+                        cost_model("calibrated"))
+    tables = [[abs(p.error) for p in report.predictions if p.case.family == f]
+              for f in ("narayanan21_tab1", "narayanan21_tab2")]
+    assert [len(t) for t in tables] == [10, 12]
+    assert report.family_mape == pytest.approx((sum(tables[0]) / 10 + sum(tables[1]) / 12) / 2)
+    assert report.mape == pytest.approx((sum(tables[0]) + sum(tables[1])) / 22)
+    assert "mean over 2 families, each weighted equally: " in v.format_report(report, "calibrated")

@@ -118,6 +118,13 @@ class Report:
         return mean_abs(p.error for p in self.predictions)
 
     @property
+    def family_mape(self) -> float:
+        """The families' mean absolute errors averaged, each family weighted equally (as the
+        fit and `--cv family` weigh them), a fraction."""
+        families = self.by_family().values()
+        return sum(mean_abs(p.error for p in ps) for ps in families) / len(families)
+
+    @property
     def worst(self) -> Prediction:
         return max(self.predictions, key=lambda p: abs(p.error))
 
@@ -132,7 +139,7 @@ class Report:
         if not self.predictions:
             return {"cases": [], "skipped": [s.to_json() for s in self.skipped]}
         return {"cases": [p.to_json() for p in self.predictions], "mape": self.mape,
-                "max_error": abs(self.worst.error), "worst_case": self.worst.case.id,
+                "family_mape": self.family_mape, "max_error": abs(self.worst.error), "worst_case": self.worst.case.id,
                 "families": [{"family": f, "cases": len(ps), "mape": mean_abs(
                     p.error for p in ps)} for f, ps in self.by_family().items()],
                 "skipped": [s.to_json() for s in self.skipped]}
@@ -184,6 +191,9 @@ def format_report(report: Report, what: str, note: str = "") -> str:
         lines += ["", (f"mean absolute error {report.mape * 100:.1f}% over "
                        f"{len(report.predictions)} cases; worst {worst.error * 100:+.1f}% "
                        f"({worst.case.id})")]
+        if len(families) > 1:
+            lines.append(f"mean over {len(families)} families, each weighted equally: "
+                         f"{report.family_mape * 100:.1f}%")
         if not math.isfinite(report.mape):
             lines.append("(an error is not finite)")
     if report.skipped:

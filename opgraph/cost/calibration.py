@@ -25,11 +25,12 @@ slices to fill it (split-K, `costmodel.split_k`); `waves` is the slots paid for 
 filled (1 for any other kernel, for a part without an SM count, or a generation whose tiles are
 0), times (K + `matmul_k_overhead`) / K (`costmodel.k_overhead`, K a slice's): each tile spends
 that many more steps of its K loop filling the pipeline and writing its output, so a GEMM of
-small inner dimension (a tensor-parallel shard of a row-parallel layer) runs below the rate. So `matmul` is the
-sustained rate of a large GEMM's full waves, and a tensor-parallel shard, with fewer tiles to
-fill its waves or a shorter K, runs below it. A table of measured GEMMs sets the tile and the
-K overhead (`opgraph calibrate --gemms`, `opgraph.cost.gemms`). A GEMM whose N is not a multiple of
-8 runs at `matmul_unaligned` of the rate (`costmodel.unaligned`: cuBLAS's align-1 kernels).
+small inner dimension (a tensor-parallel shard of a row-parallel layer) runs below the rate.
+So `matmul` is the sustained rate of a large GEMM's full waves, and a tensor-parallel shard,
+with fewer tiles to fill its waves or a shorter K, runs below it. A table of measured GEMMs sets
+the tile and the K overhead (`opgraph calibrate --gemms`, `opgraph.cost.gemms`). A GEMM whose N
+is not a multiple of 8 runs at `matmul_unaligned` of the rate (`costmodel.unaligned`: cuBLAS's
+align-1 kernels).
 Measured on its best shapes, cuBLAS BF16 reaches 0.803 of the dense peak on an H100 SXM
 (794.5 of 989 TFLOP/s), 0.869 on an A100 SXM (271.2 of 312): S. Bekman, *Machine Learning
 Engineering*, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
