@@ -44,6 +44,8 @@ from opgraph.core.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.core.symbols import dp, edp, ep
 from opgraph.parallel.frameworks import (
     bucket_share,
+    groups_by_module,
+    module_share,
     reduce_dtype,
     reduces_in_buckets,
     sharding,
@@ -77,7 +79,7 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
         else {"group": group}
     if dtype is not None and dtype != t.dtype.name:  # the message travels cast (a gradient's)
         params["dtype"] = dtype
-    if calls is not None:  # its share of a bucket's one call (`costmodel.Cost.calls`)
+    if calls is not None:  # its share of a bucket's or a module's one call (`Cost.calls`)
         params["calls"] = calls
     (shape,) = rules.infer_shapes(kind, [t], params)
     graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region),
@@ -90,7 +92,7 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
 @step_pass(at=REPLICATE, bind=lambda o: o.replicated and o.layout and {"layout": o.layout},
            structure={"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
                                            reduce_dtype(p), traits(p).regather_in_recompute,
-                                           traits(p).zero1_all_reduces)})
+                                           traits(p).zero1_all_reduces, groups_by_module(p))})
 @contract(requires=("optimizer",), forbids=("replicated",))
 def replicate(graph: Graph, layout: Parallel) -> Graph:
     """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes
@@ -107,25 +109,35 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     order = None if traits(layout).regather_in_recompute else {
         op.name: i for i, op in enumerate(graph.ops())}
     whole = traits(layout).zero1_all_reduces
-    for update in [op for op in graph.ops() if op.kind == "adamw"]:
-        w = graph.tensor(graph.tensor(update.inputs[0]).grad_of)
-        group = group_of(w)
-        if layout.size(group) > 1:  # a group of one GPU has nothing to reduce or shard
-            _replicate_update(out, update, sharding(layout), wire, order, bucketed, whole)
+    weights = [(update, graph.tensor(graph.tensor(update.inputs[0]).grad_of))
+               for update in graph.ops() if update.kind == "adamw"]
+    weights = [(u, w) for u, w in weights if layout.size(group_of(w)) > 1]  # a group of one
+    # GPU has nothing to reduce or shard
+    modules: dict = {}  # FSDP's wrapped modules (`groups_by_module`): (region, group) -> numel
+    if groups_by_module(layout):
+        for _, w in weights:
+            key = (w.region, group_of(w))
+            modules[key] = modules.get(key, 0) + w.numel
+    for update, w in weights:
+        share = modules.get((w.region, group_of(w)))
+        _replicate_update(out, update, sharding(layout), wire, order, bucketed, whole,
+                          None if share is None else module_share(w.numel, share))
     return out
 
 
 def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
                       order: dict | None, bucketed: bool = False,
-                      whole: bool = False) -> None:
+                      whole: bool = False, module=None) -> None:
     grad = out.tensor(update.inputs[0])
     w = out.tensor(grad.grad_of)
     group = group_of(w)
     where = {"region": update.region, "count": update.count, "group": group}
-    # in a bucket (`frameworks.reduces_in_buckets`) the weight's reduction and gather are its
-    # share of the bucket's one call
+    # in a bucket (`frameworks.reduces_in_buckets`) or an FSDP module (`module`, its share:
+    # `frameworks.groups_by_module`) the weight's reduction and gather are its share of one call
     if bucketed:
         where["calls"] = bucket_share(grad.numel, GROUPS[group])
+    if module is not None:
+        where["calls"] = module
     if zero == 0 or (zero == 1 and whole):
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,
@@ -140,7 +152,7 @@ def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
     else:
         shard = None
     if zero == 3:
-        _gather_weight(out, w, group, order)
+        _gather_weight(out, w, group, order, where.get("calls"))
     # ZeRO-1 keeps the full gradient buffer (the shard is a view of it); ZeRO-2/3 keep only the
     # shard, the full gradient a per-layer transient
     full = [t for t in out.tensors() if t.grad_of == w.name]
@@ -172,10 +184,11 @@ def _slice(out: Graph, source: str, group: str, update: Op) -> str:
     return name
 
 
-def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None) -> None:
+def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None,
+                   calls=None) -> None:
     """FSDP: `w` becomes its shard; each phase's readers read a copy gathered for them. With
     `order` (each op's place in the order), the recomputation and the backward share one,
-    gathered before the first of them (FSDP2)."""
+    gathered before the first of them (FSDP2). `calls`: its share of its module's one call."""
     readers = [op for op in out.consumers(w.name) if op.phase is not Phase.OPTIMIZER]
     out.replace_tensor(_shard(w, group))
     if order is None:
@@ -192,7 +205,7 @@ def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None)
         # while ops the order puts later (a recomputation) went ahead
         gathered = _collective(out, w.name, "all_gather", f"{w.name}@{phase.value}",
                                phase=phase, region=w.region, count=w.count, group=group,
-                               before=mine[0].name)
+                               before=mine[0].name, calls=calls)
         for op in mine:
             out.replace_op(attrs.evolve(op, inputs=tuple(gathered if n == w.name else n
                                                         for n in op.inputs)))

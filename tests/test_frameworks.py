@@ -281,7 +281,7 @@ def test_deepspeed_refuses_zero_2_and_3_with_pipelines():
     (Parallel(tp=2, dp=8, zero=1, framework="megatron"), True),
     (Parallel(tp=2, dp=64, zero=1, framework="megatron"), True),  # a 64 M-parameter bucket
     (Parallel(tp=2, dp=8, zero=1, framework="megatron", overlap_grad_reduce=False), False),
-    (Parallel(tp=2, dp=8, zero=1, framework="torchtitan"), False),
+    (Parallel(tp=2, dp=8, zero=0, framework="torchtitan"), False),  # DDP: a call per weight
     (Parallel(tp=2, dp=8, zero=0), False),
 ])
 def test_megatron_reduces_gradients_in_buckets(layout, bucketed):
@@ -289,7 +289,8 @@ def test_megatron_reduces_gradients_in_buckets(layout, bucketed):
     in buckets of max(40 M, 1 M x dp) parameters, one NCCL call each
     (megatron/core/distributed/distributed_data_parallel.py): each weight pays its share of a
     call, min(1, its parameters / the bucket's), a weight larger than a bucket a whole one.
-    Without the overlap, or under another framework, each weight is a call of its own."""
+    Without the overlap, or under another framework without FSDP, each weight is a call of its
+    own."""
     step = compile_parallel(preset("llama3-8b"), layout)
     subs = resolve(step, {})
     costs = cost_model("calibrated").op_costs(step)
@@ -682,3 +683,29 @@ def test_nanotron_pipelines_profile_and_plan_with_its_split(stages, split):
                                   cost=cost, recompute=candidate.recompute,
                                   precision=candidate.precision)
         assert mine.step_time_s == pytest.approx(theirs.parallel.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_fsdp_gathers_and_reduces_one_call_per_module(zero):
+    """torchtitan's FSDP (`fully_shard` on each TransformerBlock, then on the model) gathers a
+    module's parameters in one all-gather and reduces their gradients in one reduce-scatter:
+    each weight pays its share of its module's call, its parameters over the module's, so the
+    shares of a layer's 9 weights, and of the root's embedding, final norm and head, add up to
+    one call per collective. The generic model keeps a call per weight."""
+    layout = Parallel(tp=2, dp=8, zero=zero, framework="torchtitan")
+    step = compile_parallel(preset("llama3-8b"), layout)
+    subs = resolve(step, {})
+    costs = cost_model("calibrated").op_costs(step)
+    calls: dict = {}
+    for op in step.ops():
+        if op.param("group") == "dp" and op.kind in ("reduce_scatter", "all_gather"):
+            key = (op.kind, op.phase, op.region is None)
+            calls.setdefault(key, []).append(float(costs[op.name].calls.xreplace(subs)))
+    assert calls
+    for key, shares in calls.items():
+        assert len(shares) == (3 if key[2] else 9), key
+        assert sum(shares) == pytest.approx(1.0, rel=1e-12), key
+        assert all(0 < s < 1 for s in shares)
+    generic = compile_parallel(preset("llama3-8b"), Parallel(tp=2, dp=8, zero=zero))
+    assert all(float(c.calls) == 1.0 for c in cost_model("calibrated").op_costs(generic).values()
+               if c.calls is not None)

@@ -149,6 +149,17 @@ Each trait, with where each framework's code says so:
   (`transformer_engine/pytorch/attention/dot_product_attention/utils.py`,
   `get_attention_backend`). torchtitan calls PyTorch's SDPA, nanotron flash-attn: FlashAttention.
 
+- `groups_by_module`: FSDP gathers a wrapped module's sharded parameters, and reduce-scatters
+  their gradients, in one call per module (a transformer block; the embedding, final norm and
+  head of the root together), not one per weight; each weight then pays its share of that call
+  (`module_share`, `costmodel.Cost.calls`). torchtitan: `apply_fsdp` calls `fully_shard` on each
+  `TransformerBlock` and then on the whole model (`torchtitan/models/llama3/infra/
+  parallelize.py`), and FSDP2 copies a module's shards into one buffer for one all-gather
+  (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`, `foreach_all_gather`) and
+  reduces its gradients in one reduce-scatter (`foreach_reduce`). PyTorch's FSDP1 flattens a
+  wrapped module's parameters into one `FlatParameter` (`torch/distributed/fsdp/
+  _flat_param.py`), gathered and reduced whole. Without FSDP (ZeRO-0) the gradients' all-reduce
+  stays a call per weight (DDP's 25 MB buckets are not modelled).
 - `vocab_multiple`: the vocabulary is padded to a multiple of this x the tensor-parallel
   degree, so that it splits over the TP group (`padded_vocab_shard`); None: not padded, and
   the vocabulary must divide by the degree. Megatron-LM: `--make-vocab-size-divisible-by`,
@@ -193,13 +204,14 @@ class Traits:
     caches_fp8_weights: bool = False
     gemm_per_expert: bool = False
     attention_library: str = "flash"
+    groups_by_module: bool = False
 
 
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
-                         compiles_blocks_only=True),
+                         compiles_blocks_only=True, groups_by_module=True),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn"),
@@ -259,6 +271,18 @@ def reduces_in_buckets(layout: Parallel) -> bool:
     Megatron-LM with `--overlap-grad-reduce`), each weight paying `bucket_share` of a call;
     else each weight is reduced in a call of its own."""
     return traits(layout).buckets_grads and layout.overlap_grad_reduce
+
+
+def groups_by_module(layout: Parallel) -> bool:
+    """Whether the layout's sharded parameters are gathered and reduced one call per wrapped
+    module (`Traits.groups_by_module`: FSDP) rather than one per weight."""
+    return traits(layout).groups_by_module and sharding(layout) >= 1
+
+
+def module_share(numel, module_numel):
+    """A weight of `numel` parameters' share of its module's one call (`groups_by_module`):
+    numel / the module's parameters (those gathered over the same group)."""
+    return numel / module_numel
 
 
 def bucket_params(ranks):
