@@ -28,8 +28,11 @@ backward; a recomputation of the layer reads a gather of its own where the frame
 again (`Traits.regather_in_recompute`: DeepSpeed, the generic model) and the backward's where it
 does not (FSDP2, torchtitan: the backward's unshard is made before the layer's recomputation
 and serves it). The stage is the framework's (`frameworks.sharding`): torchtitan's FSDP over
-pipeline stages keeps the parameters gathered for the step, ZeRO-1's shape. When a
-data-parallel reduction runs (each micro-batch or once per step) and what it overlaps is the
+pipeline stages keeps the parameters gathered for the step, ZeRO-1's shape. Each collective
+is a call of its own unless the framework issues one call for many: Megatron's buckets
+(`frameworks.reduces_in_buckets`) and FSDP's wrapped modules (`frameworks.groups_by_module`: a
+layer's weights, or the root's, in one call); each weight then pays its share of that call's
+latency (its `calls` parameter). When a data-parallel reduction runs (each micro-batch or once per step) and what it overlaps is the
 schedule's business (`opgraph.parallel.schedule`).
 """
 
@@ -111,17 +114,17 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     whole = traits(layout).zero1_all_reduces
     weights = [(update, graph.tensor(graph.tensor(update.inputs[0]).grad_of))
                for update in graph.ops() if update.kind == "adamw"]
-    weights = [(u, w) for u, w in weights if layout.size(group_of(w)) > 1]  # a group of one
-    # GPU has nothing to reduce or shard
+    # a group of one GPU has nothing to reduce or shard
+    weights = [(u, w) for u, w in weights if layout.size(group_of(w)) > 1]
     modules: dict = {}  # FSDP's wrapped modules (`groups_by_module`): (region, group) -> numel
     if groups_by_module(layout):
         for _, w in weights:
             key = (w.region, group_of(w))
             modules[key] = modules.get(key, 0) + w.numel
     for update, w in weights:
-        share = modules.get((w.region, group_of(w)))
+        module_numel = modules.get((w.region, group_of(w)))
         _replicate_update(out, update, sharding(layout), wire, order, bucketed, whole,
-                          None if share is None else module_share(w.numel, share))
+                          None if module_numel is None else module_share(w.numel, module_numel))
     return out
 
 

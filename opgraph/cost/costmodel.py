@@ -61,8 +61,9 @@ class Cost:
     compute: str | None = None
     message: sympy.Expr = sympy.S.Zero  # a collective's buffer per GPU (`collectives`' M)
     # a collective's share of one NCCL call: 1 for a call of its own; a framework that reduces
-    # gradients in buckets (`frameworks.reduces_in_buckets`) issues one call for many weights,
-    # each paying its share of the call's latency (the op's `calls` parameter)
+    # gradients in buckets (`frameworks.reduces_in_buckets`), or gathers an FSDP module's
+    # weights together (`frameworks.groups_by_module`), issues one call for many weights, each
+    # paying its share of the call's latency (the op's `calls` parameter)
     calls: sympy.Expr = sympy.S.One
     # the shape the calibrated model's kernel efficiency reads, per instance: a matrix
     # multiply's (GEMMs, M, N) (`rules.gemm_grid`), which its waves tile; an attention kernel's
@@ -405,7 +406,8 @@ class CostModel:
                   hardware=None, calls: float = 1.0) -> float:
         """Seconds of one collective of `kind` moving `message` bytes per GPU: the fastest of
         its `comm_lines`, as NCCL's tuner picks (`opgraph.parallel.collectives.seconds`), its
-        latency paid `calls` times (`Cost.calls`: a weight's share of a bucket's one call)."""
+        latency paid `calls` times (`Cost.calls`: a weight's share of a bucket's or a module's
+        one call)."""
         return min(latency * calls + per_byte * float(message) for latency, per_byte
                    in self.comm_lines(kind, group, cluster, stride, hardware))
 
