@@ -151,3 +151,18 @@ def test_the_family_mean_weighs_each_family_once(shipped):
     assert report.family_mape == pytest.approx((sum(tables[0]) / 10 + sum(tables[1]) / 12) / 2)
     assert report.mape == pytest.approx((sum(tables[0]) + sum(tables[1])) / 22)
     assert "mean over 2 families, each weighted equally: " in v.format_report(report, "calibrated")
+
+
+def test_the_held_out_mpt_models_have_the_tables_parameter_counts():
+    """Each of LLM Foundry's held-out runs is an MPT model written as a GPT-2 config; its
+    parameters (biases, LayerNorms, a learned position embedding of the sequence length, the
+    tied vocabulary) add up to the NumParams its table prints, quoted in the case's notes."""
+    import re
+
+    runs = [c for c in load_cases("holdout") if c.family.startswith("llm_foundry")]
+    assert len(runs) == 209
+    for c in runs:
+        (published,) = re.findall(r"NumParams \(([\d,]+)\)", c.notes)
+        graph = c.forward()
+        assert int(graph.parameters().xreplace(graph.dims)) == int(published.replace(",", "")), \
+            c.id
