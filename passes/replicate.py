@@ -32,8 +32,8 @@ pipeline stages keeps the parameters gathered for the step, ZeRO-1's shape. Each
 is a call of its own unless the framework issues one call for many: Megatron's buckets
 (`frameworks.reduces_in_buckets`) and FSDP's wrapped modules (`frameworks.groups_by_module`: a
 layer's weights, or the root's, in one call); each weight then pays its share of that call's
-latency (its `calls` parameter). When a data-parallel reduction runs (each micro-batch or once per step) and what it overlaps is the
-schedule's business (`opgraph.parallel.schedule`).
+latency (its `calls` parameter). When a data-parallel reduction runs (each micro-batch or once
+per step) and what it overlaps is the schedule's business (`opgraph.parallel.schedule`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from opgraph.core.symbols import dp, edp, ep
 from opgraph.parallel.frameworks import (
     bucket_share,
     groups_by_module,
-    module_share,
     reduce_dtype,
     reduces_in_buckets,
     sharding,
@@ -123,8 +122,9 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
             modules[key] = modules.get(key, 0) + w.numel
     for update, w in weights:
         module_numel = modules.get((w.region, group_of(w)))
+        # its share of its module's one call: its parameters over the module's
         _replicate_update(out, update, sharding(layout), wire, order, bucketed, whole,
-                          None if module_numel is None else module_share(w.numel, module_numel))
+                          None if module_numel is None else w.numel / module_numel)
     return out
 
 

@@ -152,14 +152,14 @@ Each trait, with where each framework's code says so:
 - `groups_by_module`: FSDP gathers a wrapped module's sharded parameters, and reduce-scatters
   their gradients, in one call per module (a transformer block; the embedding, final norm and
   head of the root together), not one per weight; each weight then pays its share of that call
-  (`module_share`, `costmodel.Cost.calls`). torchtitan: `apply_fsdp` calls `fully_shard` on each
-  `TransformerBlock` and then on the whole model (`torchtitan/models/llama3/infra/
-  parallelize.py`), and FSDP2 copies a module's shards into one buffer for one all-gather
-  (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`, `foreach_all_gather`) and
-  reduces its gradients in one reduce-scatter (`foreach_reduce`). PyTorch's FSDP1 flattens a
-  wrapped module's parameters into one `FlatParameter` (`torch/distributed/fsdp/
-  _flat_param.py`), gathered and reduced whole. Without FSDP (ZeRO-0) the gradients' all-reduce
-  stays a call per weight (DDP's 25 MB buckets are not modelled).
+  (its parameters over the module's, `costmodel.Cost.calls`). torchtitan: `apply_fsdp` calls
+  `fully_shard` on each `TransformerBlock` and then on the whole model
+  (`torchtitan/models/llama3/infra/parallelize.py`), and FSDP2 copies a module's shards into one
+  buffer for one all-gather (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`,
+  `foreach_all_gather`) and reduces its gradients in one reduce-scatter (`foreach_reduce`).
+  PyTorch's FSDP1 flattens a wrapped module's parameters into one `FlatParameter`
+  (`torch/distributed/fsdp/_flat_param.py`), gathered and reduced whole. Without FSDP (ZeRO-0)
+  the gradients' all-reduce stays a call per weight (DDP's 25 MB buckets are not modelled).
 - `vocab_multiple`: the vocabulary is padded to a multiple of this x the tensor-parallel
   degree, so that it splits over the TP group (`padded_vocab_shard`); None: not padded, and
   the vocabulary must divide by the degree. Megatron-LM: `--make-vocab-size-divisible-by`,
@@ -277,12 +277,6 @@ def groups_by_module(layout: Parallel) -> bool:
     """Whether the layout's sharded parameters are gathered and reduced one call per wrapped
     module (`Traits.groups_by_module`: FSDP) rather than one per weight."""
     return traits(layout).groups_by_module and sharding(layout) >= 1
-
-
-def module_share(numel, module_numel):
-    """A weight of `numel` parameters' share of its module's one call (`groups_by_module`):
-    numel / the module's parameters (those gathered over the same group)."""
-    return numel / module_numel
 
 
 def bucket_params(ranks):
