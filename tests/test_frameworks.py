@@ -707,5 +707,6 @@ def test_fsdp_gathers_and_reduces_one_call_per_module(zero):
         assert sum(shares) == pytest.approx(1.0, rel=1e-12), key
         assert all(0 < s < 1 for s in shares)
     generic = compile_parallel(preset("llama3-8b"), Parallel(tp=2, dp=8, zero=zero))
-    assert all(float(c.calls) == 1.0 for c in cost_model("calibrated").op_costs(generic).values()
-               if c.calls is not None)
+    gathers = [c for op, c in cost_model("calibrated").op_costs(generic).items()
+               if generic.op(op).kind in ("reduce_scatter", "all_gather")]
+    assert gathers and all(float(c.calls) == 1.0 for c in gathers)
