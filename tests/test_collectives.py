@@ -4,6 +4,7 @@ import math
 import re
 from pathlib import Path
 
+import attrs
 import pytest
 import sympy
 
@@ -74,8 +75,18 @@ def test_time_on_a_hand_picked_tier():
 BASE, NVL, NET = 6.6e-6, 0.6e-6, 2.7e-6
 
 
+def one_line(cluster):
+    """`cluster` with tiers that name no NCCL link class, each at its LL latency: one line per
+    algorithm (the tests below up to the protocols' own check the algorithms with it)."""
+    return attrs.evolve(cluster, tiers=tuple(attrs.evolve(t, link=None) for t in cluster.tiers))
+
+
+def h100():
+    return one_line(get("dgx-h100"))
+
+
 def test_seconds_use_the_tier_the_group_spans():
-    c = get("dgx-h100")
+    c = h100()
     nvlink, ib = 450e9, 400e9 / 8  # DGX H100: 900 GB/s NVLink both ways, 400 Gb/s NDR per GPU
     size = 2.0**30
     # TP 8: ranks 0..7, inside one node. NCCL's base latency is the only change from the plain
@@ -99,7 +110,7 @@ def test_seconds_use_the_tier_the_group_spans():
     ("all-to-all", 16, 2, 15, 8),
 ])
 def test_ring_latency_counts_each_hop_at_its_own_tier(kind, n, nodes, steps, inter):
-    c = get("dgx-h100")
+    c = h100()
     assert c.placement(n, 1) == (nodes, n // nodes)
     (latency, _), *_ = col.lines(kind, n, c)  # the ring (or pairwise) line comes first
     assert latency == pytest.approx(BASE + (steps - inter) * NVL + inter * NET)
@@ -118,7 +129,7 @@ TREE_BASE, TREE_NET = 6.8e-6, 5.0e-6
     (8, 1, 1, 8, 450e9),  # inside a node the tree is a chain: never faster than the ring
 ])
 def test_tree_all_reduce_line(n, stride, nodes, per_node, bandwidth):
-    c = get("dgx-h100")
+    c = h100()
     ring, tree = col.lines("all-reduce", n, c, stride)
     latency = TREE_BASE + 2 * ((per_node - 1) * NVL + math.floor(math.log2(nodes)) * TREE_NET)
     assert tree == pytest.approx((latency, 2 / (0.92 * bandwidth)))
@@ -138,7 +149,7 @@ def test_tree_all_reduce_line(n, stride, nodes, per_node, bandwidth):
     ("send-recv", 2, 8, 50e9),
 ])
 def test_a_ring_across_nodes_pools_its_members_nic_shares(kind, n, stride, bandwidth):
-    c = get("dgx-h100")
+    c = h100()
     (latency, per_byte), *_ = col.lines(kind, n, c, stride)
     assert per_byte == pytest.approx(float(col.rule(kind).volume(n)) / bandwidth)
 
@@ -162,7 +173,7 @@ def test_nics_per_node_sets_a_gpus_share(tmp_path):
 def test_a_large_all_reduce_in_a_node_runs_the_ring():
     # 8 x H100, 1 GiB: the ring's 1.75 GiB over 450 GB/s beats the tree's 2 GiB over 0.92 of it;
     # the only change from the flat alpha-beta model is NCCL's base latency, 6.6 us of 4.2 ms
-    c, size = get("dgx-h100"), 2.0**30
+    c, size = h100(), 2.0**30
     assert col.seconds("all-reduce", size, 8, c) == pytest.approx(
         col.seconds_on("all-reduce", size, 8, c.tiers[0]) + BASE)
 
@@ -171,7 +182,7 @@ def test_a_thousand_rank_ring_pays_the_network_once_per_node():
     # ZeRO-3 over 1,536 GPUs (Narayanan et al. 2021, Table 2's ZeRO-3 runs): 192 nodes of 8.
     # The flat model charged every one of the 1,535 steps the network's 2.7 us (4.1 ms per
     # all-gather); NCCL's charges 191 of them the network's and the rest NVLink's 0.6 us.
-    c = get("dgx-h100")
+    c = h100()
     latency = col.seconds("all-gather", 0.0, 1536, c)
     assert latency == pytest.approx(BASE + (1535 - 191) * NVL + 191 * NET)
     assert latency < 1535 * NET / 3
@@ -188,7 +199,87 @@ def test_a_published_measurement_is_slower_than_the_model():
     # for ~10 GB buffers. The roofline must be a ceiling no real run beats.
     size = 10e9
     measured = size / (370e9 / (2 * 7 / 8))  # algorithm bandwidth = bus bandwidth / 2(n-1)/n
-    assert col.seconds("all-reduce", size, 8, get("dgx-h100")) < measured
+    assert col.seconds("all-reduce", size, 8, h100()) < measured
+
+
+# NCCL's protocols (tuning.cc, NCCL 2.30.7), where a cluster's tiers name their link class:
+# baseLat LL / LL128 / Simple, ring 6.6 / 14 / 8.4 us, tree 6.8 / 14 / 8.4; hwLat ring NVLink
+# .6 / 1.9 / 3.4, NET 2.7 / 4.0 / 14; tree NVLink .6 / 1.25 / 4.0, NET 5.0 / 8.5 / 14; bus
+# bandwidth LL x .5 (across nodes at most llMaxBw, 39 GB/s over two nodes, 20.4 over more),
+# LL128 x .92; across nodes a ring step in a node costs at least 1 / 1 / 3 us (net overhead)
+RING_BASE, TREE_BASE3 = (6.6e-6, 14e-6, 8.4e-6), (6.8e-6, 14e-6, 8.4e-6)
+RING_NVL, RING_NET = (0.6e-6, 1.9e-6, 3.4e-6), (2.7e-6, 4.0e-6, 14e-6)
+TREE_NVL, TREE_NET3 = (0.6e-6, 1.25e-6, 4.0e-6), (5.0e-6, 8.5e-6, 14e-6)
+
+
+def test_protocol_lines_inside_a_node():
+    c, w = get("dgx-h100"), 450e9
+    share = (0.5, 0.92, 1.0)
+    expected = [(RING_BASE[p] + 7 * RING_NVL[p], 7 / 8 / (share[p] * w)) for p in range(3)]
+    assert col.lines("all-gather", 8, c) == pytest.approx(expected)
+    # the tuner's choice: LL for a kilobyte (latency), Simple for a gigabyte (bandwidth)
+    for size, chosen in ((1e3, 0), (1e9, 2)):
+        latency, per_byte = expected[chosen]
+        assert col.seconds("all-gather", size, 8, c) == pytest.approx(latency + per_byte * size)
+    # the tiers' own numbers: LL's, for reports
+    assert (c.tiers[0].latency_s, c.tiers[1].latency_s) == (0.6e-6, 2.7e-6)
+
+
+def test_protocol_lines_across_nodes():
+    c = get("dgx-h100")
+    w = min(8 * 50e9, 450e9)  # a ring through whole nodes: eight members pool their NICs
+    # reduce-scatter over 64 GPUs in 8 nodes: 56 steps inside nodes (at least the overhead),
+    # 7 between them
+    steps_in = tuple(max(hop, floor) for hop, floor in zip(RING_NVL, (1e-6, 1e-6, 3e-6)))
+    assert col.lines("reduce-scatter", 64, c) == pytest.approx([
+        (RING_BASE[0] + 56 * steps_in[0] + 7 * RING_NET[0], 63 / 64 / 20.4e9),  # LL at its cap
+        (RING_BASE[1] + 56 * steps_in[1] + 7 * RING_NET[1], 63 / 64 / (0.92 * w)),
+        (RING_BASE[2] + 56 * steps_in[2] + 7 * RING_NET[2], 63 / 64 / w)])
+    # one member per node (DP 4 outside TP 8): every hop crosses at the tree's network latency
+    assert col.lines("all-gather", 4, c, stride=8) == pytest.approx([
+        (RING_BASE[0] + 3 * TREE_NET3[0], 3 / 4 / min(0.5 * 50e9, 20.4e9)),
+        (RING_BASE[1] + 3 * TREE_NET3[1], 3 / 4 / (0.92 * 50e9)),
+        (RING_BASE[2] + 3 * TREE_NET3[2], 3 / 4 / 50e9)])
+    # an all-reduce over two nodes: ring and tree under each protocol; Simple's ring latency
+    # x 1.4 across nodes; the tree at .92 of the link, then LL / 3.8 (at most half of 39 GB/s)
+    # and LL128 x 120/128, its algorithm bandwidth half its bus bandwidth
+    tree_w = 0.5 * 0.92 * w
+    assert col.lines("all-reduce", 16, c) == pytest.approx([
+        (RING_BASE[0] + 28 * steps_in[0] + 2 * RING_NET[0], 2 * 15 / 16 / 39e9),
+        (TREE_BASE3[0] + 2 * (7 * TREE_NVL[0] + TREE_NET3[0]), 1 / min(tree_w / 3.8, 39e9 / 2)),
+        (RING_BASE[1] + 28 * steps_in[1] + 2 * RING_NET[1], 2 * 15 / 16 / (0.92 * w)),
+        (TREE_BASE3[1] + 2 * (7 * TREE_NVL[1] + TREE_NET3[1]), 1 / (tree_w * 120 / 128)),
+        (1.4 * (RING_BASE[2] + 28 * steps_in[2] + 2 * RING_NET[2]), 2 * 15 / 16 / w),
+        (TREE_BASE3[2] + 2 * (7 * TREE_NVL[2] + TREE_NET3[2]), 1 / tree_w)])
+    # point to point is not tuned by protocol: one line, LL's latency at the full bandwidth
+    assert col.lines("send-recv", 2, c, stride=8) == pytest.approx([(BASE + NET, 1 / 50e9)])
+
+
+def test_protocols_in_formulas_match_the_numbers():
+    t, d = (sympy.Symbol(x, positive=True, integer=True) for x in "td")
+    c = get("dgx-h100")
+    for kind in ("all-gather", "all-reduce", "reduce-scatter"):
+        formula = col.on_cluster(kind, M, t, c, stride=d)
+        for tv, dv in ((2, 4), (8, 1), (3, 8), (16, 1), (4, 8), (64, 2), (512, 1)):
+            for size in (1e3, 1e6, 1e9):
+                assert float(formula.subs({t: tv, d: dv, M: size})) == pytest.approx(
+                    col.seconds(kind, size, tv, c, stride=dv))
+
+
+def test_a_tier_names_a_link_or_its_own_latency(tmp_path):
+    path = tmp_path / "c.toml"
+    base = "gpus_per_node = 8\n[node]\ngbytes_per_s = 450\n{node}\n[network]\ngbits_per_s = 400\n{net}\n"
+    path.write_text(base.format(node='link = "nvlink"', net='link = "net"'))
+    assert [t.link for t in get(str(path)).tiers] == ["nvlink", "net"]
+    for node, net, message in (
+            ('link = "nvlink"', 'link = "net"\nlatency_us = 3', "give link .* or latency_us, not both"),
+            ('link = "ethernet"', 'link = "net"', "link = 'ethernet'; choose one of: nvlink, pci, net")):
+        path.write_text(base.format(node=node, net=net))
+        with pytest.raises(OpgraphError, match=message):
+            get(str(path))
+    path.write_text(base.format(node="", net='link = "net"'))
+    with pytest.raises(OpgraphError, match="missing latency_us, .* or link"):
+        get(str(path))
 
 
 def test_backward_pairs_are_involutions():
@@ -258,7 +349,7 @@ def test_the_docs_catalog_table_lists_every_cluster():
 
 def test_on_cluster_with_a_symbolic_degree_picks_the_tier_per_value():
     t = sympy.Symbol("t", positive=True, integer=True)  # a TP degree a sweep varies
-    c = get("dgx-h100")
+    c = h100()
     formula = col.on_cluster("all-gather", M, t, c)
     assert isinstance(formula, sympy.Piecewise)
     nvlink = BASE + (t - 1) * NVL + (t - 1) / t * M / 450e9
@@ -301,7 +392,7 @@ def test_mesh_bandwidth_in_formulas_and_numbers():
 
 
 def test_a_measured_table_sets_the_network_bandwidth_by_nodes():
-    c = get("hf-ultrascale-h100")
+    c = one_line(get("hf-ultrascale-h100"))
     net = c.tiers[1]
     # DP 16, no TP: two full nodes at the playbook's 2-node all-reduce, 361.75 GB/s bus
     (_, ring), (_, tree) = col.lines("all-reduce", 16, c)

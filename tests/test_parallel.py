@@ -547,7 +547,12 @@ def published():
 # weight's gradient reduction paid an NCCL call of its own, where Megatron reduces 48 M-parameter
 # buckets: `frameworks.reduces_in_buckets`). Reported, not bent: a miss is named here with its
 # reason.
-ROOFLINE_MISSES: set[str] = set()
+# - megatron_core_h100_32B: its roofline is 4% over the measured step. The case assumes FP32
+#   gradient reduction and one sequence a micro-batch (the table publishes neither); the
+#   reduce-scatter over 48 nodes, one GPU in each, then pays NCCL's Simple protocol latency
+#   (14 us a network step, tuning.cc) on every bucket, and the exposed part of the step's
+#   gradient traffic exceeds what the measured step leaves for it.
+ROOFLINE_MISSES: set[str] = {"megatron_core_h100_32B"}
 
 
 def test_every_published_run_is_slower_than_the_roofline(published):

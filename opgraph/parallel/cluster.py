@@ -37,8 +37,22 @@ MAX_GBYTES_PER_S = 1e5  # 100 TB/s per GPU per direction: 50x NVLink 5
 MAX_LATENCY_US = 1e4  # 10 ms per step would be a broken network, not a slow one
 
 _CLUSTER_KEYS = {"name", "gpus_per_node", "source", "node", "network"}
-_TIER_KEYS = {"name", "gbytes_per_s", "gbits_per_s", "latency_us", "tree_latency_us", "topology",
-              "source"}
+_TIER_KEYS = {"name", "gbytes_per_s", "gbits_per_s", "latency_us", "tree_latency_us", "link",
+              "topology", "source"}
+# NCCL's protocols: LL (8-byte stores, each with its flag), LL128 (128-byte lines, 120 bytes of
+# data), Simple (bulk copies behind a fence); and the latency of one hop of each, by NCCL's class
+# of the hop (NCCL_HW_NVLINK, NCCL_HW_PCI, NCCL_HW_NET) and algorithm: tuning.cc's hwLatencies,
+# NVIDIA/nccl src/graph/tuning.cc, NCCL 2.30.7 (commit 5067397; the same figures since 2.19)
+PROTOCOLS = ("LL", "LL128", "Simple")
+HOP_LATENCY_S = {
+    ("nvlink", "ring"): (0.6e-6, 1.9e-6, 3.4e-6),
+    ("nvlink", "tree"): (0.6e-6, 1.25e-6, 4.0e-6),
+    ("pci", "ring"): (1.0e-6, 2.5e-6, 5.7e-6),
+    ("pci", "tree"): (1.0e-6, 1.9e-6, 4.0e-6),
+    ("net", "ring"): (2.7e-6, 4.0e-6, 14.0e-6),
+    ("net", "tree"): (5.0e-6, 8.5e-6, 14.0e-6),
+}
+LINKS = tuple(dict.fromkeys(link for link, _ in HOP_LATENCY_S))
 MAX_NICS_PER_NODE = 1024  # an AWS p5 node has 32 EFA NICs; a GB200 NVL72 domain 72
 MEASURED_KINDS = ("all-reduce", "all-gather", "reduce-scatter")  # the ring kinds nccl-tests times
 MAX_NODES = 1 << 20
@@ -53,6 +67,10 @@ class Tier:
     `bandwidth` is bytes/s per GPU per direction; `latency_s` is the alpha of one ring step.
     `topology` is "switch" (every GPU reaches any other at the full bandwidth) or "mesh" (each
     GPU has one direct link to every other in the node, so a group of k GPUs uses k-1 of them).
+    `link` is NCCL's class of the hop ("nvlink", "pci", "net"): where both tiers of a cluster
+    name one, a collective runs the fastest of NCCL's protocols, each at its own latency from
+    NCCL's table (`opgraph.parallel.collectives`), and `latency_s` is that table's ring/LL
+    figure; a tier without one has its own latency_s for every protocol.
     """
 
     name: str
@@ -67,10 +85,22 @@ class Tier:
     # per collective kind: ((kind, ((nodes, bandwidth), ...)), ...), nodes ascending (`measured`)
     measured: tuple = ()
     measured_source: str = ""
+    link: str | None = attrs.field(default=None,
+                                   validator=attrs.validators.optional(attrs.validators.in_(LINKS)))
 
     @property
     def tree_latency_s(self) -> float:
         return self.latency_s if self.tree_latency is None else self.tree_latency
+
+    def hop_latency(self, algorithm: str, protocol: str) -> float:
+        """Seconds one hop of `algorithm` ("ring", "tree") takes under NCCL's `protocol`:
+        NCCL's figure for the tier's `link`, or the tier's own latency where it names none.
+
+        `Tier("IB", 50e9, 2.7e-6, link="net").hop_latency("ring", "Simple") == 14e-6`
+        """
+        if self.link is None:
+            return self.latency_s if algorithm == "ring" else self.tree_latency_s
+        return HOP_LATENCY_S[self.link, algorithm][PROTOCOLS.index(protocol)]
 
     def measured_bandwidth(self, kind: str, nodes: int) -> float | None:
         """The measured bus bandwidth of `kind` over `nodes` whole nodes, interpolated in
@@ -221,9 +251,21 @@ def _parse_tier(table: object, where: str, role: str) -> Tier:
         bandwidth = _positive(table, "gbytes_per_s", where, MAX_GBYTES_PER_S) * 1e9
     else:
         bandwidth = _positive(table, "gbits_per_s", where, MAX_GBYTES_PER_S * 8) * 1e9 / 8
-    if "latency_us" not in table:
+    link = table.get("link")
+    if link is not None and link not in LINKS:
+        raise OpgraphError(f"{where}: link = {link!r}; choose one of: {', '.join(LINKS)} "
+                           "(NCCL's class of the hop)")
+    latencies = [k for k in ("latency_us", "tree_latency_us") if k in table]
+    if link is not None and latencies:
+        raise OpgraphError(f"{where}: give link (NCCL's latencies for that class of hop) or "
+                           f"{latencies[0]}, not both")
+    if link is None and "latency_us" not in table:
         raise OpgraphError(f"{where}: missing latency_us, the time of one ring step in "
-                           "microseconds")
+                           "microseconds, or link, NCCL's class of the hop ("
+                           f"{', '.join(LINKS)})")
+    if link is not None:  # NCCL's ring/LL and tree/LL figures, for reports
+        table = {**table, "latency_us": HOP_LATENCY_S[link, "ring"][0] * 1e6,
+                 "tree_latency_us": HOP_LATENCY_S[link, "tree"][0] * 1e6}
     topology = _text(table, "topology", where, "switch")
     if topology not in TOPOLOGIES:
         raise OpgraphError(f"{where}: topology = {topology!r}; choose one of: "
@@ -233,7 +275,8 @@ def _parse_tier(table: object, where: str, role: str) -> Tier:
                 latency_s=_positive(table, "latency_us", where, MAX_LATENCY_US) * 1e-6,
                 source=_text(table, "source", where, ""), topology=topology,
                 tree_latency=(_positive(table, "tree_latency_us", where, MAX_LATENCY_US) * 1e-6
-                              if "tree_latency_us" in table else None))
+                              if "tree_latency_us" in table else None),
+                link=link)
 
 
 def _parse_measured(table: object, where: str) -> tuple[tuple, str]:

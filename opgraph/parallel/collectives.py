@@ -41,7 +41,7 @@ import attrs
 import sympy
 
 from ..core.errors import OpgraphError
-from .cluster import Cluster, Tier, members_per_node
+from .cluster import PROTOCOLS, Cluster, Tier, members_per_node
 
 n = sympy.Symbol("n", positive=True, integer=True)  # GPUs in the group
 M = sympy.Symbol("M", positive=True)  # bytes of the buffer each GPU holds
@@ -184,17 +184,37 @@ def backward(kind: str) -> str:
     return rule(kind).backward
 
 
-# NCCL's own cost model (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel; NCCL 2.28): a
-# collective costs baseLat once per call, then each step the latency of the hop it takes. The
-# tiers' latency_us are its hwLat for the Ring algorithm and LL protocol (NVLink 0.6 us, PCI
-# 1.0 us, NET 2.7 us), the protocol NCCL picks where latency matters; tree_latency_us its hwLat
-# for Tree/LL (NET 5.0 us; NVLink and PCI as the ring's). NCCL's tuner also scales intraLat by
-# 1.8 for LL across nodes and corrects trees at medium sizes; this model leaves those out.
-BASE_LATENCY_S = {"ring": 6.6e-6, "tree": 6.8e-6}  # tuning.cc baseLat[Ring][LL], [Tree][LL]
-# A tree all-reduce's bus bandwidth is 0.92 of the link's (`busBw*.92`), and its algorithm
-# bandwidth half its bus bandwidth (`ratio = .5`): it moves 2M per GPU over 0.92 W.
+# NCCL's own cost model (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel and
+# ncclTopoGetAlgoTime; NCCL 2.30.7, commit 5067397): each algorithm and protocol is a line,
+# baseLat once per call plus each step at the latency of the hop it takes, then the bytes at
+# the protocol's share of the bus bandwidth; the tuner runs the fastest line. Where a cluster's
+# tiers name NCCL's class of their hops (`Tier.link`), every protocol is a line of its own:
+# LL (lowest latency, half the bandwidth), LL128 and Simple (the full bandwidth, the highest
+# latency). A cluster without them has one line per algorithm, its tiers' own latencies at the
+# full bandwidth. Left out: NCCL's in-node cap on LL's bandwidth (by GPU generation), the
+# per-channel caps on LL128 and tree bandwidth (they need the channel count), its correction of
+# trees at medium sizes, and NVLS/CollNet/PAT; point to point (all-to-all, send-recv) is not
+# tuned there and keeps one line.
+BASE_LATENCY_S = {"ring": (6.6e-6, 14.0e-6, 8.4e-6),  # baseLat[Ring][LL, LL128, Simple]
+                  "tree": (6.8e-6, 14.0e-6, 8.4e-6)}  # baseLat[Tree][...]
+# a ring's bus bandwidth under each protocol (`busBw * .5` for LL, `* 0.92` for LL128)
+RING_SHARE = (0.5, 0.92, 1.0)
+# a tree's: 0.92 of the link for all-reduce, then LL x 1/3.8, LL128 x 7/9 in one node and
+# 120/128 across nodes; its algorithm bandwidth is half its bus bandwidth (`ratio = .5`), so
+# it moves 2M per GPU
 TREE_BUS_EFFICIENCY = 0.92
 TREE_ALGORITHM_RATIO = 0.5
+TREE_SHARE = {False: (1 / 3.8, 7 / 9, 1.0), True: (1 / 3.8, 120 / 128, 1.0)}  # by spanning nodes
+# across nodes LL's bus bandwidth is at most llMaxBw: 39 GB/s over two nodes, 20.4 over more
+# (x86 Intel hosts; AMD hosts 22.5 and 19.0)
+LL_MAX_BANDWIDTH = {2: 39.0e9, 3: 20.4e9}
+# across nodes every ring step launches network work: its intra-node latency is at least
+# getNetOverhead, 1 us (x86 Intel; 2 us AMD), three times that for Simple
+NET_OVERHEAD_S = (1.0e-6, 1.0e-6, 3.0e-6)
+# a ring all-reduce across nodes under Simple: latency x 1.4 ("plateau effect of ring",
+# compute capability 8.0 and later; 1.9 before)
+RING_SIMPLE_PLATEAU = 1.4
+SINGLE = "one"  # the protocol of a cluster whose tiers name no link: their own latencies
 
 
 def _log2i(x):
@@ -204,25 +224,88 @@ def _log2i(x):
     return sympy.floor(sympy.log(x, 2))
 
 
-def _ring_line(row: Collective, group, nodes, node: Tier, network: Tier, bandwidth):
+def _index(protocol: str) -> int:
+    return 0 if protocol == SINGLE else PROTOCOLS.index(protocol)
+
+
+def _hop(tier: Tier, algorithm: str, protocol: str):
+    return tier.hop_latency(algorithm, "LL" if protocol == SINGLE else protocol)
+
+
+def _protocols(row: Collective, cluster: Cluster) -> tuple[str, ...]:
+    """The protocols NCCL's tuner chooses among for `row` on `cluster` (see above)."""
+    if row.once_per_node and all(t.link for t in cluster.tiers):
+        return PROTOCOLS
+    return (SINGLE,)
+
+
+def _ll_cap(nodes):
+    """LL's bus bandwidth across `nodes` nodes (2 or more), NCCL's llMaxBw."""
+    if isinstance(nodes, int):
+        return LL_MAX_BANDWIDTH[min(nodes, 3)]
+    return sympy.Piecewise((LL_MAX_BANDWIDTH[2], sympy.Le(nodes, 2)), (LL_MAX_BANDWIDTH[3], True))
+
+
+def _ring_line(row: Collective, group, nodes, per_node, node: Tier, network: Tier, bandwidth,
+               protocol: str, spans: bool):
     """(seconds at no message, seconds per byte) of the kind's own algorithm (ring, pairwise
-    exchange, point to point) over `group` GPUs in `nodes` nodes: NCCL's ring latency,
-    baseLat + (nsteps - nInterSteps) x intraLat + nInterSteps x interLat, and the volume over
-    `bandwidth`. Numbers or sympy expressions alike (`lines`, `on_cluster`)."""
+    exchange, point to point) under `protocol` over `group` GPUs in `nodes` nodes, `per_node`
+    in each (`spans`: more than one node): NCCL's ring latency,
+    baseLat + (nsteps - nInterSteps) x intraLat + nInterSteps x interLat, intraLat at least
+    the network's launch overhead and interLat the tree's network hop where a node holds one
+    member; and the volume over `bandwidth` at the protocol's share. Numbers or sympy
+    expressions alike (`lines`, `on_cluster`)."""
+    p = _index(protocol)
     inter = row.inter_steps(group, nodes)
-    latency = (BASE_LATENCY_S["ring"] + (row.steps(group) - inter) * node.latency_s
-               + inter * network.latency_s)
-    return latency, row.volume(group) / bandwidth
+    intra = _hop(node, "ring", protocol)
+    crossing = _hop(network, "ring", protocol)
+    share = 1.0
+    if protocol != SINGLE:
+        share = RING_SHARE[p]
+        if spans:
+            intra = max(intra, NET_OVERHEAD_S[p])
+            lone = _hop(network, "tree", protocol)
+            crossing = (lone if per_node == 1 else crossing) if isinstance(per_node, int) else (
+                sympy.Piecewise((lone, sympy.Eq(per_node, 1)), (crossing, True)))
+    latency = BASE_LATENCY_S["ring"][p] + (row.steps(group) - inter) * intra + inter * crossing
+    if protocol == "Simple" and spans and row.kind == "all-reduce":
+        latency = latency * RING_SIMPLE_PLATEAU
+    achieved = bandwidth * share
+    if protocol == "LL" and spans:
+        capped = _ll_cap(nodes)
+        achieved = min(achieved, capped) if isinstance(nodes, int) and not isinstance(
+            achieved, sympy.Expr) else sympy.Min(achieved, capped)
+    return latency, row.volume(group) / achieved
 
 
-def _tree_line(group, nodes, node: Tier, network: Tier, bandwidth):
-    """(seconds at no message, seconds per byte) of NCCL's tree all-reduce: a chain through
-    each node's group/nodes GPUs and a double binary tree between nodes, up and down, so
-    baseLat + 2 x ((group/nodes - 1) x intraLat + log2i(nodes) x interLat); it moves 2M per
-    GPU at 0.92 of the link (tuning.cc: busBw*.92, algorithm bandwidth busBw x .5)."""
-    latency = BASE_LATENCY_S["tree"] + 2 * ((group / nodes - 1) * node.tree_latency_s
-                                            + _log2i(nodes) * network.tree_latency_s)
-    return latency, 1 / (TREE_ALGORITHM_RATIO * TREE_BUS_EFFICIENCY * bandwidth)
+def _tree_line(group, nodes, node: Tier, network: Tier, bandwidth, protocol: str, spans: bool):
+    """(seconds at no message, seconds per byte) of NCCL's tree all-reduce under `protocol`: a
+    chain through each node's group/nodes GPUs and a double binary tree between nodes, up and
+    down, so baseLat + 2 x ((group/nodes - 1) x intraLat + log2i(nodes) x interLat); it moves
+    2M per GPU at the protocol's share of 0.92 of the link."""
+    p = _index(protocol)
+    latency = BASE_LATENCY_S["tree"][p] + 2 * ((group / nodes - 1) * _hop(node, "tree", protocol)
+                                               + _log2i(nodes) * _hop(network, "tree", protocol))
+    achieved = TREE_ALGORITHM_RATIO * TREE_BUS_EFFICIENCY * bandwidth
+    if protocol != SINGLE:
+        achieved = achieved * TREE_SHARE[spans][p]
+        if protocol == "LL" and spans:
+            capped = TREE_ALGORITHM_RATIO * _ll_cap(nodes)
+            achieved = (min(achieved, capped) if isinstance(nodes, int)
+                        and not isinstance(achieved, sympy.Expr) else sympy.Min(achieved, capped))
+    return latency, 1 / achieved
+
+
+def _lines(row: Collective, group, nodes, per_node, cluster: Cluster, bandwidth, spans: bool):
+    """Every (algorithm, protocol) line NCCL's tuner weighs for one collective."""
+    node, network = cluster.tiers
+    found = []
+    for protocol in _protocols(row, cluster):
+        found.append(_ring_line(row, group, nodes, per_node, node, network, bandwidth, protocol,
+                                spans))
+        if row.tree:
+            found.append(_tree_line(group, nodes, node, network, bandwidth, protocol, spans))
+    return found
 
 
 def seconds_on(kind: str, size_bytes: float, group_size: int, tier: Tier) -> float:
@@ -279,23 +362,22 @@ def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr
                            for latency, per_byte in lines(kind, group, cluster, stride)))
     if row.steps(n) == 0:
         return sympy.Integer(0)
-    node, network = cluster.tiers
+    node = cluster.tiers[0]
     g, s, m = _sym(group), _sym(stride), _sym(size)
     gpus = sympy.Integer(cluster.gpus_per_node)
     inside = (sympy.true if cluster.job_gpus is not None  # a job inside one node
               else sympy.And(g * s <= gpus, sympy.Eq(sympy.Mod(gpus, g * s), 0)))
 
-    def fastest(nodes, bandwidth):
-        found = [_ring_line(row, g, nodes, node, network, bandwidth)]
-        if row.tree:
-            found.append(_tree_line(g, nodes, node, network, bandwidth))
+    def fastest(nodes, per_node, bandwidth, spans):
+        found = _lines(row, g, nodes, per_node, cluster, bandwidth, spans)
         return sympy.Min(*(latency + per_byte * m for latency, per_byte in found))
 
     per_node = members_per_node(cluster.gpus_per_node, g, s)
     return sympy.Piecewise(
         (0, sympy.Eq(g, 1)),  # a degree of 1 moves nothing, on any tier
-        (fastest(sympy.Integer(1), node.bandwidth * cluster.node_share(g)), inside),
-        (fastest(g / per_node, _network_bandwidth(row, g / per_node, per_node, cluster)), True))
+        (fastest(sympy.Integer(1), g, node.bandwidth * cluster.node_share(g), False), inside),
+        (fastest(g / per_node, per_node,
+                 _network_bandwidth(row, g / per_node, per_node, cluster), True), True))
 
 
 def lines(kind: str, group_size: int, cluster: Cluster,
@@ -308,12 +390,9 @@ def lines(kind: str, group_size: int, cluster: Cluster,
     if group_size == 1 or row.steps(group_size) == 0:
         return ((0.0, 0.0),)  # a group of one, or Megatron's f, moves nothing
     nodes, per_node = cluster.placement(group_size, stride)
-    node, network = cluster.tiers
     bandwidth = (_network_bandwidth(row, nodes, per_node, cluster) if nodes > 1
                  else cluster.tier_for(group_size, stride).bandwidth)
-    found = [_ring_line(row, group_size, nodes, node, network, bandwidth)]
-    if row.tree:
-        found.append(_tree_line(group_size, nodes, node, network, bandwidth))
+    found = _lines(row, group_size, nodes, per_node, cluster, bandwidth, nodes > 1)
     return tuple((float(latency), float(per_byte)) for latency, per_byte in found)
 
 
