@@ -166,3 +166,20 @@ def test_the_held_out_mpt_models_have_the_tables_parameter_counts():
         graph = c.forward()
         assert int(graph.parameters().xreplace(graph.dims)) == int(published.replace(",", "")), \
             c.id
+
+
+def test_the_help_counts_the_shipped_case_files():
+    """`validate --help` says how many runs each shipped case file holds; the counts are the
+    files' own."""
+    import argparse
+    import re
+
+    from opgraph.commands import validate as command
+
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers())
+    text = " ".join(parser._subparsers._group_actions[0].choices["validate"].description.split())
+    said = {"dev": r"`dev`: the (\d+) published runs", "playbook-sweep": r"Playbook's (\d+)",
+            "holdout": r"`holdout`: the (\d+) published runs"}
+    for name, pattern in said.items():
+        assert int(re.search(pattern, text)[1]) == len(load_cases(name)), name
