@@ -100,6 +100,20 @@ def test_hoppers_gemm_shape_is_the_measured_tables():
     assert dict(HOPPER.sources)["matmul_k_overhead"].startswith("measured")
 
 
+def test_hoppers_ceiling_is_the_measured_tables_sustained_rate():
+    """Hopper's `matmul_ceiling` is the rate `opgraph calibrate --gemms` fits to the GEMMs run
+    back to back at the H200's power limit (with the shipped tile and K overhead), to the
+    catalog's three digits, and below the cold burst Bekman's table gives (794.5 of 989)."""
+    from opgraph.cost import gemms
+
+    table = gemms.locate("h200")
+    best = gemms.fit([g for g in gemms.read(table) if gemms.seconds(g) >= gemms.MIN_SECONDS],
+                     989.0, 132)
+    assert HOPPER.matmul_ceiling == pytest.approx(best.matmul, abs=5e-4)
+    assert HOPPER.matmul_ceiling < MAMF_H100
+    assert dict(HOPPER.sources)["matmul_ceiling"].startswith("measured")
+
+
 def test_an_8192_cubed_gemm_runs_within_the_cited_efficiency():
     """With `matmul` the measured large-GEMM rate, an 8192^3 BF16 GEMM runs at it less its
     waves' idle slots (64 x 64 tiles: 16,384 in 125 waves of 132, 16,500 slots) and its K

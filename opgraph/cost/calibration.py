@@ -31,14 +31,17 @@ with fewer tiles to fill its waves or a shorter K, runs below it. A table of mea
 the tile and the K overhead (`opgraph calibrate --gemms`, `opgraph.cost.gemms`). A GEMM whose N
 is not a multiple of 8 runs at `matmul_unaligned` of the rate (`costmodel.unaligned`: cuBLAS's
 align-1 kernels).
-Measured on its best shapes, cuBLAS BF16 reaches 0.803 of the dense peak on an H100 SXM
-(794.5 of 989 TFLOP/s), 0.869 on an A100 SXM (271.2 of 312): S. Bekman, *Machine Learning
-Engineering*, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison table"
-(mamf-finder.py, torch 2.6-2.7). Such a measured
-ceiling is a generation's `matmul_ceiling`, and where it has one a fit sets `matmul` as a share
-of it, one share for every generation (`opgraph.analysis.fit`): how close a training step's GEMMs
-come to the part's best GEMM is a property of kernels and shapes, while the ceilings differ by part
-(an H100 loses more of its peak to its power limit than an A100 does).
+Measured on its best shapes, cuBLAS BF16 reaches 0.869 of the dense peak on an A100 SXM
+(271.2 of 312 TFLOP/s) and, in a cold burst, 0.803 on an H100 SXM (794.5 of 989): S. Bekman,
+*Machine Learning Engineering*, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
+comparison table" (mamf-finder.py, torch 2.6-2.7). Run back to back at its 700 W limit, as a
+training step runs them, a Hopper part sustains less: 0.719 of the peak on one H200, its clock at
+a median 1,515 MHz of 1,830 (`opgraph calibrate --gemms h200`, the GEMMs of
+opgraph/data/gemms_h200.csv). Such a measured ceiling, the sustained one where it is measured, is
+a generation's `matmul_ceiling`, and where it has one a fit sets `matmul` as a share of it, one
+share for every generation (`opgraph.analysis.fit`): how close a training step's GEMMs come to
+the part's ceiling is a property of kernels and shapes, while the ceilings differ by part (an H100
+loses more of its peak to its power limit than an A100 does).
 
 `efficiency(kind)` is `matmul` for matrix multiplies (and fused kernels around one), `attention`
 for FlashAttention's kernels and the unfused attention core, `matmul` otherwise. The saturating
