@@ -13,7 +13,8 @@ nccl-tests size it), the message of a send/recv. Each kind has one row in `COLLE
 `time` is the plain formula, steps(n) * alpha + volume(n) * M / W, on one tier. `seconds` (and
 `lines`, `on_cluster`) follow NCCL's own cost model (src/graph/tuning.cc, ncclTopoTuneModel):
 a base latency per call, each step at the latency of the hop it takes (NVLink inside a node,
-the network between nodes), an all-reduce the faster of NCCL's ring and tree, and W the
+the network between nodes), an all-reduce the faster of NCCL's ring and tree, each under the
+fastest of NCCL's protocols (LL, LL128, Simple) where the tiers name their link class, and W the
 slowest tier's bandwidth per GPU per direction: NVLink inside a node; across nodes a GPU's
 share of its node's NICs, pooled by a ring's members in each node (`_network_bandwidth`), or
 a measured table's figure for the nodes spanned. Sources: Thakur, Rabenseifner & Gropp,
@@ -239,6 +240,21 @@ def _protocols(row: Collective, cluster: Cluster) -> tuple[str, ...]:
     return (SINGLE,)
 
 
+def _least(a, b):
+    """The smaller of two bandwidths, numbers or sympy expressions."""
+    if isinstance(a, sympy.Basic) or isinstance(b, sympy.Basic):
+        return sympy.Min(a, b)
+    return min(a, b)
+
+
+def _one_member(per_node, lone, otherwise):
+    """`lone` where a node holds one member of the group, else `otherwise` (`per_node` a
+    number or a sympy expression)."""
+    if isinstance(per_node, sympy.Basic):
+        return sympy.Piecewise((lone, sympy.Eq(per_node, 1)), (otherwise, True))
+    return lone if per_node == 1 else otherwise
+
+
 def _ll_cap(nodes):
     """LL's bus bandwidth across `nodes` nodes (2 or more), NCCL's llMaxBw."""
     if isinstance(nodes, int):
@@ -264,17 +280,13 @@ def _ring_line(row: Collective, group, nodes, per_node, node: Tier, network: Tie
         share = RING_SHARE[p]
         if spans:
             intra = max(intra, NET_OVERHEAD_S[p])
-            lone = _hop(network, "tree", protocol)
-            crossing = (lone if per_node == 1 else crossing) if isinstance(per_node, int) else (
-                sympy.Piecewise((lone, sympy.Eq(per_node, 1)), (crossing, True)))
+            crossing = _one_member(per_node, _hop(network, "tree", protocol), crossing)
     latency = BASE_LATENCY_S["ring"][p] + (row.steps(group) - inter) * intra + inter * crossing
     if protocol == "Simple" and spans and row.kind == "all-reduce":
         latency = latency * RING_SIMPLE_PLATEAU
     achieved = bandwidth * share
     if protocol == "LL" and spans:
-        capped = _ll_cap(nodes)
-        achieved = min(achieved, capped) if isinstance(nodes, int) and not isinstance(
-            achieved, sympy.Expr) else sympy.Min(achieved, capped)
+        achieved = _least(achieved, _ll_cap(nodes))
     return latency, row.volume(group) / achieved
 
 
@@ -290,9 +302,7 @@ def _tree_line(group, nodes, node: Tier, network: Tier, bandwidth, protocol: str
     if protocol != SINGLE:
         achieved = achieved * TREE_SHARE[spans][p]
         if protocol == "LL" and spans:
-            capped = TREE_ALGORITHM_RATIO * _ll_cap(nodes)
-            achieved = (min(achieved, capped) if isinstance(nodes, int)
-                        and not isinstance(achieved, sympy.Expr) else sympy.Min(achieved, capped))
+            achieved = _least(achieved, TREE_ALGORITHM_RATIO * _ll_cap(nodes))
     return latency, 1 / achieved
 
 
@@ -382,9 +392,10 @@ def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr
 
 def lines(kind: str, group_size: int, cluster: Cluster,
           stride: int = 1) -> tuple[tuple[float, float], ...]:
-    """Each algorithm NCCL may run for one collective, as (seconds at no message, seconds per
-    byte): the kind's own (ring, pairwise, point to point), and for an all-reduce the tree
-    too. NCCL's tuner runs the fastest, so a collective takes the least of them (`seconds`);
+    """Each algorithm and protocol NCCL may run for one collective, as (seconds at no message,
+    seconds per byte): the kind's own (ring, pairwise, point to point), and for an all-reduce
+    the tree too, each under LL, LL128 and Simple where the cluster's tiers name their link
+    class (`_protocols`). NCCL's tuner runs the fastest, so a collective takes the least of them (`seconds`);
     a search takes the same minimum over arrays of messages (`opgraph.parallel.search`)."""
     row = rule(kind)
     if group_size == 1 or row.steps(group_size) == 0:
@@ -401,8 +412,8 @@ def seconds(kind: str, size_bytes: float, group_size: int, cluster: Cluster,
     """Seconds of one collective on a cluster: the fastest of `lines`, NCCL's latencies and
     the slowest tier's bandwidth.
 
-    `seconds("all-reduce", 2**30, 8, get("dgx-h100"))` is about 4.2 ms, the ring: 6.6 us, 14
-    steps of 0.6 us and 1.75 GiB over 450 GB/s. `stride` is how many ranks apart the members
+    `seconds("all-reduce", 2**30, 8, get("dgx-h100"))` is about 4.2 ms, the ring under Simple:
+    8.4 us, 14 steps of 3.4 us and 1.75 GiB over 450 GB/s. `stride` is how many ranks apart the members
     are (`Cluster.tier_for`).
     """
     return min(latency + per_byte * float(size_bytes)
