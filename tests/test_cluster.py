@@ -234,6 +234,16 @@ def test_hardware_clusters_lists_the_catalog(cli):
     # the NICs that share comes from: DGX H100's 8 x ConnectX-7, AWS p5's 32 x 100 Gb/s EFA
     assert (listed["dgx-h100"]["nics_per_node"], listed["hf-ultrascale-h100"]["nics_per_node"]) \
         == (8, 32)
+    # NCCL's ring step under LL, LL128 and Simple (tuning.cc hwLat): NVLink .6/1.9/3.4 us, the
+    # network 2.7/4/14; a tier with its own latency (MI300X's) has one for every protocol
+    node, network = listed["dgx-h100"]["tiers"]
+    assert (node["link"], network["link"]) == ("nvlink", "net")
+    assert network["ring_latency_s"] == pytest.approx({"LL": 2.7e-6, "LL128": 4e-6,
+                                                       "Simple": 14e-6})
+    assert listed["mi300x"]["tiers"][0]["ring_latency_s"] == {"any": 0.6e-6}
+    row = next(line for line in cli("hardware", "--clusters")[1].splitlines()
+               if line.startswith("dgx-h100 "))
+    assert row.split()[3:] == ["0.6/1.9/3.4", "50", "2.7/4/14"]
 
 
 # The Ultrascale Playbook's median bus bandwidth against node count, 256 MB messages

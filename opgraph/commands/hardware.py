@@ -53,22 +53,38 @@ def cluster_json(c) -> dict:
     return {"id": c.id, "name": c.name, "gpus_per_node": c.gpus_per_node, "source": c.source,
             "nics_per_node": c.nics,
             "tiers": [{"name": t.name, "bandwidth_bytes_per_s": t.bandwidth,
-                       "latency_s": t.latency_s, "topology": t.topology, "source": t.source}
+                       "latency_s": t.latency_s, "link": t.link,
+                       "ring_latency_s": _ring_latencies(t), "topology": t.topology,
+                       "source": t.source}
                       for t in c.tiers]}
+
+
+def _ring_latencies(tier) -> dict[str, float]:
+    """A ring step's latency under each of NCCL's protocols, where the tier names its link
+    class; its own one latency otherwise."""
+    from ..parallel.cluster import PROTOCOLS
+
+    if tier.link is None:
+        return {"any": tier.latency_s}
+    return {p: tier.hop_latency("ring", p) for p in PROTOCOLS}
+
+
+def _latencies_us(tier) -> str:
+    return "/".join(f"{v * 1e6:g}" for v in _ring_latencies(tier).values())
 
 
 def format_clusters(found: list) -> str:
     """The `opgraph hardware --clusters` table, then each cluster's source."""
     w = max([10, *(len(c.id) for c in found)])
-    lines = [(f"{'id':<{w}} {'GPUs/node':>9} {'node GB/s':>9} {'latency us':>10} "
-             f"{'network GB/s':>12} {'latency us':>10}"),
-             f"{'':<{w}} {'':>9} {'per GPU, each way':>20}"]
+    lines = [f"{'id':<{w}} {'GPUs/node':>9} {'node GB/s':>9} {'ring step us':>13} "
+             f"{'network GB/s':>12} {'ring step us':>13}"]
     for c in found:
         node, net = c.tiers
         lines.append(f"{c.id:<{w}} {c.gpus_per_node:>9} {node.bandwidth / 1e9:>9g} "
-                     f"{node.latency_s * 1e6:>10g} {net.bandwidth / 1e9:>12g} "
-                     f"{net.latency_s * 1e6:>10g}")
-    lines += ["", "sources:"] + [f"  {c.id}: {c.source or '(none given)'}" for c in found]
+                     f"{_latencies_us(node):>13} {net.bandwidth / 1e9:>12g} "
+                     f"{_latencies_us(net):>13}")
+    lines += ["", "GB/s per GPU, each way; a ring step's latency under NCCL's protocols,",
+              "LL/LL128/Simple (one figure: the tier's own, for every protocol)", "", "sources:"] + [f"  {c.id}: {c.source or '(none given)'}" for c in found]
     return "\n".join(lines)
 
 
