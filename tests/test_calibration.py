@@ -114,6 +114,54 @@ def test_hoppers_ceiling_is_the_measured_tables_sustained_rate():
     assert dict(HOPPER.sources)["matmul_ceiling"].startswith("measured")
 
 
+def _fit_attention():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "fit_attention.py"
+    spec = importlib.util.spec_from_file_location("fit_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hoppers_attention_is_the_measured_tables():
+    """Hopper's attention rates and row overheads are what benchmarks/device/fit_attention.py
+    fits to the attention kernels measured on the H200, to the catalog's digits."""
+    fit = _fit_attention()
+    for name, value in fit.shipped(fit.fits(fit.measurements())).items():
+        assert getattr(HOPPER, name) == pytest.approx(value, abs=0.6 if "overhead" in name
+                                                      else 5e-4), name
+        assert dict(HOPPER.sources)[name].startswith("measured"), name
+
+
+def test_attention_slows_with_short_rows_as_measured():
+    """A causal FlashAttention-2 forward and backward at head dim 128, 1,024 to 32,768 tokens
+    (the H200's measured kernels, 32,768 tokens a call): the shipped rate and row overheads
+    give each sequence length's time within 4% of the measured one, where one rate alone
+    (the 8,192-token one) is 35% off at 1,024 tokens."""
+    from opgraph.cost.costmodel import row_factor
+
+    fit = _fit_attention()
+    rows = [r for r in fit.measurements() if (r["backend"], r["head_dim"]) == ("flash", 128)]
+    peak = fit.PEAK_TFLOPS * 1e12
+
+    def seconds(r, fwd_overhead, bwd_overhead, rate):
+        forward = 4 * r["batch"] * r["heads"] * r["seq"] ** 2 * 128 / 2
+        scores, queries = forward / (4 * 128), r["batch"] * r["heads"] * r["seq"]
+        return (forward * row_factor(scores, queries, fwd_overhead)
+                + 2.5 * forward * row_factor(scores, queries, bwd_overhead)) / (rate * peak)
+
+    misses = [seconds(r, HOPPER.attention_kv_overhead, HOPPER.attention_backward_kv_overhead,
+                      HOPPER.attention) / r["fwd_bwd_s"] - 1 for r in rows]
+    assert max(map(abs, misses)) < 0.04
+    at_8192 = next(r for r in rows if r["seq"] == 8192)
+    flat = 3.5 * 4 * at_8192["batch"] * at_8192["heads"] * 8192 ** 2 * 128 / 2 / (
+        at_8192["fwd_bwd_s"] * peak)
+    short = next(r for r in rows if r["seq"] == 1024)
+    assert seconds(short, 0, 0, flat) / short["fwd_bwd_s"] - 1 < -0.3
+
+
 def test_an_8192_cubed_gemm_runs_within_the_cited_efficiency():
     """With `matmul` the measured large-GEMM rate, an 8192^3 BF16 GEMM runs at it less its
     waves' idle slots (64 x 64 tiles: 16,384 in 125 waves of 132, 16,500 slots) and its K

@@ -18,7 +18,7 @@ from opgraph.cost import calibration
 from opgraph import compile_step, evaluate, hardware
 from opgraph.core.categories import CATEGORIES
 from opgraph.commands.trace_breakdown import read_breakdown
-from opgraph.cost.costmodel import DEFAULT, cost_model, runs_per_charged, waves_of
+from opgraph.cost.costmodel import DEFAULT, cost_model, runs_per_charged, shape_factor
 from opgraph.core.errors import OpgraphError
 from opgraph.analysis.traces import classify
 from opgraph.analysis.traces.calibrate import FITTED, SCALED_BY, fit_trace, format_trace_fit
@@ -58,13 +58,14 @@ def profile():
 
 
 def waved(profile, category: str) -> float:
-    """A category's roofline time with each compute-bound GEMM's waves at Hopper's tiles and
-    FlashAttention's backward at the FLOPs it runs (`costmodel.runs_per_charged`): what the
-    calibrated model divides by `matmul` or `attention` (`costmodel.waves_of`, with its K
-    overhead; the attention and the
-    memory-bound kernels have none)."""
-    return sum(op.time_s * (waves_of(profile.grids.get(op.name, ()), H100, HOPPER,
-                                     op.flops / op.count) * runs_per_charged(op.kind, DEFAULT)
+    """A category's roofline time with each compute-bound kernel's shape at Hopper's figures
+    (a GEMM's waves and K overhead, an attention kernel's exponentials and row overhead:
+    `costmodel.shape_factor`) and FlashAttention's backward at the FLOPs it runs
+    (`costmodel.runs_per_charged`): what the calibrated model divides by `matmul` or
+    `attention` (the memory-bound kernels have no shape)."""
+    return sum(op.time_s * (shape_factor(op.kind, profile.grids.get(op.name, ()),
+                                         op.flops / op.count, H100, HOPPER)
+                            * runs_per_charged(op.kind, DEFAULT)
                             if op.bound == "compute" else 1.0)
                for op in profile.ops if op.category == category)
 

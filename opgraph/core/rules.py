@@ -1044,11 +1044,13 @@ GEMM_GRIDS: dict[str, Callable] = {"matmul": _matmul_grid, "expert_matmul": _exp
 
 
 def _flash_scores(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
-    """FlashAttention's forward: (scores computed, d_qk + d_v, 0): one exponential per score
-    beside its tensor-core FLOPs."""
+    """FlashAttention's forward: (scores computed, d_qk + d_v, query rows): one exponential
+    per score beside its tensor-core FLOPs, and B x H rows of queries, each of which runs its
+    own loop over the keys it sees."""
     q, k, v = ins
     return (_attention_products(q, k, params),
-            _head_dim(q, params["heads"]) + _head_dim(v, params["kv_heads"]), 0)
+            _head_dim(q, params["heads"]) + _head_dim(v, params["kv_heads"]),
+            q.shape[0] * params["heads"] * q.shape[1])
 
 
 def _flash_backward_scores(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
@@ -1057,15 +1059,19 @@ def _flash_backward_scores(ins: list[Tensor], outs: list[Tensor], params: dict) 
     return _flash_scores(list(saved), outs, params)
 
 
-# Kind -> (scores, d_qk + d_v, 0) of one instance of an attention kernel (`attention_scores`):
-# how many exponentials its softmax takes beside its FLOPs.
+# Kind -> (scores, d_qk + d_v, query rows) of one instance of an attention kernel
+# (`attention_scores`): how many exponentials its softmax takes beside its FLOPs, and how many
+# rows of queries each loop over their keys.
 ATTENTION_SCORES: dict[str, Callable] = {"flash_attention": _flash_scores,
                                          "flash_attention_backward": _flash_backward_scores}
+# the attention kernels that are a backward (their row loop pays the backward's overhead:
+# `calibration.Efficiencies.attention_backward_kv_overhead`)
+ATTENTION_BACKWARD = frozenset({"flash_attention_backward"})
 
 
 def attention_scores(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
-    """`(scores, d_qk + d_v, 0)` of one instance of an attention kernel of `kind`, sympy
-    expressions; `()` for another kind."""
+    """`(scores, d_qk + d_v, query rows)` of one instance of an attention kernel of `kind`,
+    sympy expressions; `()` for another kind."""
     rule = ATTENTION_SCORES.get(kind)
     if rule is None:
         return ()
@@ -1280,7 +1286,7 @@ __all__ = ["ATTENTION_SCORES", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "EAGER_BACK
            "EAGER_BYTES", "EAGER_BACKWARD_WORKSPACE", "EAGER_SAVED", "EAGER_WORKSPACE",
            "eager_saved", "eager_workspace",
            "FLOP_RULES",
-           "FORWARD_KINDS", "GEMM_GRIDS", "attention_scores",
+           "FORWARD_KINDS", "GEMM_GRIDS", "ATTENTION_BACKWARD", "attention_scores",
            "PRECISION_KINDS", "SHAPE_RULES",
            "VIEWS", "ShapeError", "backward_shape", "count_flops", "eager_backward_bytes",
            "eager_bytes", "gemm_grid",

@@ -52,7 +52,11 @@ a K-independent prologue and epilogue (filling the pipeline, writing the last ti
 `attention` is FlashAttention's fraction of the peak at head dims 128 + 128, where it is
 published; a kernel of other head dims has more or fewer FLOPs per softmax exponential, each
 taking `attention_exp_ratio` tensor FLOPs' time, and scales by `costmodel.exp_factor` (head
-dim 64 runs at 3/4 of `attention` on an H100, 256 at 6/5).
+dim 64 runs at 3/4 of `attention` on an H100, 256 at 6/5). Each row of queries runs its own
+loop over the keys it sees and spends the time of `attention_kv_overhead` more keys outside it
+(`attention_backward_kv_overhead` in a backward), so a kernel of short rows runs below the
+rate (`costmodel.row_factor`): measured on an H200, a causal FlashAttention-2 forward and
+backward at 1,024 tokens ran at 0.60 of its rate at 32,768 (benchmarks/device/fit_attention.py).
 
 A collective runs at `node` (or `network`) x the tier's bandwidth, and pays `launch_s` too;
 communication running beside compute slows it by `overlap_slowdown` x its hidden time
@@ -90,6 +94,10 @@ FIELDS = {
                          "epilogue): a GEMM of inner dimension K runs at K / (K + this) of "
                          "`matmul` (0: none)",
     "attention_exp_ratio": "tensor FLOPs one exponential's time holds (0: none counted)",
+    "attention_kv_overhead": "keys of its loop each query row of an attention forward spends "
+                             "outside it (loading the queries, writing the output): a row that "
+                             "sees L keys runs at L / (L + this) of the rate (0: none)",
+    "attention_backward_kv_overhead": "the same for an attention backward's rows (0: none)",
     "attention": "fraction of the dense peak FlashAttention's kernels reach",
     "attention_fused": "fraction of the dense peak a fused attention library's kernels reach "
                        "(cuDNN's, which Transformer Engine picks on Hopper and later), over a "
@@ -119,6 +127,8 @@ class Efficiencies:
     matmul_k_overhead: float = 0.0
     matmul_unaligned: float = 1.0
     attention_exp_ratio: float = 0.0
+    attention_kv_overhead: float = 0.0
+    attention_backward_kv_overhead: float = 0.0
     attention: float = 1.0
     attention_fused: float = 0.0
     bandwidth: float = 1.0

@@ -561,9 +561,10 @@ class CalibratedCostModel(CostModel):
             host = host * launches
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
             quantum = 1.0 if grids is None else shape_factors(
-                np.array([kind in ATTENTION_KINDS for kind in kinds]), grids, flops / counts,
+                np.array([attention_role(kind) for kind in kinds]), grids, flops / counts,
                 hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio,
-                e.matmul_k_overhead, e.matmul_unaligned)
+                e.matmul_k_overhead, e.matmul_unaligned,
+                (e.attention_kv_overhead, e.attention_backward_kv_overhead))
             t = self.scaled_time(flops, nbytes, counts, peaks * hardware.clock_ratio,
                                  hardware.bandwidth, rate=rate,
                                  half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
@@ -674,17 +675,38 @@ def exp_factor(flops, scores, head_dims, ratio):
     return (1 + ratio / per_score) / (1 + ratio * head_dims / (REFERENCE_HEAD_DIMS * per_score))
 
 
+def attention_role(kind: str) -> int:
+    """0 for a kernel that is not attention, 1 for an attention forward, 2 for a backward
+    (`shape_factors`)."""
+    return 0 if kind not in ATTENTION_KINDS else 2 if kind in rules.ATTENTION_BACKWARD else 1
+
+
+def row_factor(scores, rows, overhead):
+    """How much longer an attention kernel takes than its FLOPs at the rate say when each of
+    its `rows` query rows spends the time of `overhead` more keys outside its loop over the
+    keys it sees (`scores` / `rows` of them on average): 1 + overhead x rows / scores, so
+    (L + overhead) / L for a row of L keys. A causal row of S tokens sees S/2 keys on average:
+    at 1,024 tokens and an overhead of 128 keys, 1.25. Numbers, arrays or formulas alike.
+
+        >>> row_factor(4 * 1024 * 1024 / 2, 4 * 1024, 128)
+        1.25
+    """
+    return 1 + overhead * rows / scores
+
+
 def shape_factor(kind: str, grid: tuple, flops: float, hardware, e) -> float:
     """The factor on one instance's FLOPs (`flops`) its shape gives (see `scaled_time`): an
-    attention kernel's `exp_factor`, a matrix multiply's waves and K overhead; 1 without a
-    grid. `shape_factors` for one op and one case: the rule is written once, for arrays."""
-    return _one_shape(kind in ATTENTION_KINDS, tuple(grid) or (0.0, 0.0, 0.0), float(flops),
+    attention kernel's `exp_factor` and `row_factor`, a matrix multiply's waves and K
+    overhead; 1 without a grid. `shape_factors` for one op and one case: the rule is written
+    once, for arrays."""
+    return _one_shape(attention_role(kind), tuple(grid) or (0.0, 0.0, 0.0), float(flops),
                       hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio,
-                      e.matmul_k_overhead, e.matmul_unaligned)
+                      e.matmul_k_overhead, e.matmul_unaligned,
+                      (e.attention_kv_overhead, e.attention_backward_kv_overhead))
 
 
 @functools.lru_cache(maxsize=100_000)  # a fit costs the same ops again at every step
-def _one_shape(attention: bool, grid: tuple, flops: float, *figures) -> float:
+def _one_shape(attention: int, grid: tuple, flops: float, *figures) -> float:
     import numpy as np
 
     grids = np.array(grid, dtype=float).reshape(3, 1, 1)
@@ -692,16 +714,21 @@ def _one_shape(attention: bool, grid: tuple, flops: float, *figures) -> float:
 
 
 def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0,
-                  unaligned_rate=1.0):
-    """`shape_factor` over numpy arrays: `attention` (ops,) whether each row is an attention
-    kernel, `grids` (3, ops, cases), `flops` (ops, cases) per instance, `k0` the generation's
-    `matmul_k_overhead`, `unaligned_rate` its `matmul_unaligned`."""
+                  unaligned_rate=1.0, kv_overheads=(0.0, 0.0)):
+    """`shape_factor` over numpy arrays: `attention` (ops,) each row's `attention_role`,
+    `grids` (3, ops, cases), `flops` (ops, cases) per instance, `k0` the generation's
+    `matmul_k_overhead`, `unaligned_rate` its `matmul_unaligned`, `kv_overheads` its
+    `attention_kv_overhead` and `attention_backward_kv_overhead`."""
     import numpy as np
 
+    role = np.asarray(attention, dtype=int)
     scores, widths = np.asarray(grids[0], dtype=float), np.asarray(grids[1], dtype=float)
+    rows = np.asarray(grids[2], dtype=float)
     ok = scores > 0
     exps = np.where(ok, exp_factor(np.where(ok, flops, 1.0), np.where(ok, scores, 1.0),
                                    np.where(ok, widths, 1.0), ratio), 1.0)
+    overhead = np.where((role == 2)[:, None], kv_overheads[1], kv_overheads[0])
+    exps = exps * np.where(ok, row_factor(np.where(ok, scores, 1.0), rows, overhead), 1.0)
     count, m, n = (np.asarray(g, dtype=float) for g in grids)
     waves, split = wave_quanta(grids, sms, tile_m, tile_n)
     has_k = (count * m * n > 0) & (flops > 0) & (np.asarray(k0) > 0)
@@ -709,7 +736,7 @@ def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0,
     ks = np.where(has_k, k_overhead(np.where(has_k, flops, 1.0), count * split, m, n, k0), 1.0)
     off = (count * m * n > 0) & unaligned(n)
     ks = np.where(off, ks / np.asarray(unaligned_rate, dtype=float), ks)
-    return np.where(np.asarray(attention)[:, None], exps, ks * waves)
+    return np.where((role > 0)[:, None], exps, ks * waves)
 
 
 def k_overhead(flops, count, m, n, k0):
@@ -809,6 +836,8 @@ __all__ = [
     "scaled",
     "scaled_flops",
     "ATTENTION_KINDS",
+    "attention_role",
+    "row_factor",
     "exp_factor",
     "k_overhead",
     "ALIGN",

@@ -43,9 +43,11 @@ from .costmodel import (
     CalibratedCostModel,
     Cost,
     CostModel,
+    attention_role,
     exp_factor,
     host_floor,
     k_overhead,
+    row_factor,
     split_k,
     unaligned,
     wave_quantum,
@@ -152,7 +154,11 @@ def _shape(kind: str, c: Cost, rates: dict) -> sympy.Expr:
     if not c.grid or c.flops == 0:
         return sympy.Integer(1)
     if kind in ATTENTION_KINDS:
-        return exp_factor(c.flops, c.grid[0], c.grid[1], _exact(rates["attention_exp_ratio"]))
+        overhead = rates["attention_backward_kv_overhead" if attention_role(kind) == 2
+                         else "attention_kv_overhead"]
+        rows = row_factor(c.grid[0], c.grid[2], _exact(overhead)) if overhead else 1
+        return exp_factor(c.flops, c.grid[0], c.grid[1],
+                          _exact(rates["attention_exp_ratio"])) * rows
     k0 = rates["matmul_k_overhead"]
     count, m, n = c.grid
     tiles = [rates["sms"], rates["matmul_tile_m"], rates["matmul_tile_n"]]

@@ -15,7 +15,7 @@ from opgraph.passes.evaluate import mfu_parameters, resolve
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
 from ...core.symbols import B, S
-from ...cost.costmodel import ATTENTION_KINDS, DEFAULT, CostModel, host_floor, shape_factors
+from ...cost.costmodel import DEFAULT, CostModel, attention_role, host_floor, shape_factors
 from ...cost.profile import CATEGORIES
 
 CHUNK = 8192  # points per call: a chunk's arrays stay in cache
@@ -34,7 +34,7 @@ class Sweep:
     cost: CostModel = DEFAULT
     fp8: np.ndarray | None = None  # per term: whether it runs at the FP8 peak; None: none does
     rates: tuple[str, ...] = ()  # per term: the efficiency its arithmetic runs at (calibrated)
-    attention: tuple[bool, ...] = ()  # per term: an attention kernel (its grid: its scores)
+    attention: tuple[int, ...] = ()  # per term: its `attention_role` (its grid: its scores)
 
     @property
     def terms(self) -> int:
@@ -89,7 +89,9 @@ class Sweep:
                 quantum = shape_factors(self.attention, values[3 * k:6 * k].reshape(3, k, m),
                                         flops / counts, eff["sms"], eff["matmul_tile_m"],
                                         eff["matmul_tile_n"], eff["attention_exp_ratio"],
-                                        eff["matmul_k_overhead"], eff["matmul_unaligned"])
+                                        eff["matmul_k_overhead"], eff["matmul_unaligned"],
+                                        (eff["attention_kv_overhead"],
+                                         eff["attention_backward_kv_overhead"]))
             time = self.cost.scaled_time(flops, nbytes, counts, peaks * eff["clock"], bandwidth,
                                          rate=rate, quantum=quantum,
                                          half=eff["matmul_half_flops"],
@@ -128,11 +130,11 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
         # instances' share of host_s (`host_floor`: 0, or the kernels one launches)
         grid = tuple(sympy.sympify(g).xreplace(fixed) for g in costs[op.name].grid) or (0,) * 3
         per_kernel = ((sympy.sympify(op.count).xreplace(fixed), costs[op.name].efficiency,
-                       grid, op.kind in ATTENTION_KINDS,
+                       grid, attention_role(op.kind),
                        sympy.sympify(host_floor(op.kind, sympy.Integer(1),
                                                 costs[op.name].launches)).xreplace(fixed))
                       if cost.name == "calibrated"
-                      else (sympy.Integer(1), "matmul", (), False, sympy.Integer(1)))
+                      else (sympy.Integer(1), "matmul", (), 0, sympy.Integer(1)))
         key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
                (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute,
                *per_kernel)
