@@ -729,8 +729,10 @@ def shape_factors(attention, grids, flops, sms, tile_m, tile_n, ratio, k0=0.0,
                                    np.where(ok, widths, 1.0), ratio), 1.0)
     overhead = np.where((role == 2)[:, None], kv_overheads[1], kv_overheads[0])
     exps = exps * np.where(ok, row_factor(np.where(ok, scores, 1.0), rows, overhead), 1.0)
-    count, m, n = (np.asarray(g, dtype=float) for g in grids)
-    waves, split = wave_quanta(grids, sms, tile_m, tile_n)
+    # a GEMM's (count, M, N); an attention kernel's grid is not one, so it gets none
+    gemm = np.where((role > 0)[None, :, None], 0.0, np.asarray(grids, dtype=float))
+    count, m, n = gemm
+    waves, split = wave_quanta(gemm, sms, tile_m, tile_n)
     has_k = (count * m * n > 0) & (flops > 0) & (np.asarray(k0) > 0)
     # each slice of a split K loop pays the prologue and epilogue: K / split deep
     ks = np.where(has_k, k_overhead(np.where(has_k, flops, 1.0), count * split, m, n, k0), 1.0)
