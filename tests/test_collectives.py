@@ -268,12 +268,15 @@ def test_protocols_in_formulas_match_the_numbers():
 
 def test_a_tier_names_a_link_or_its_own_latency(tmp_path):
     path = tmp_path / "c.toml"
-    base = "gpus_per_node = 8\n[node]\ngbytes_per_s = 450\n{node}\n[network]\ngbits_per_s = 400\n{net}\n"
+    base = ("gpus_per_node = 8\n[node]\ngbytes_per_s = 450\n{node}\n"
+            "[network]\ngbits_per_s = 400\n{net}\n")
     path.write_text(base.format(node='link = "nvlink"', net='link = "net"'))
     assert [t.link for t in get(str(path)).tiers] == ["nvlink", "net"]
     for node, net, message in (
-            ('link = "nvlink"', 'link = "net"\nlatency_us = 3', "give link .* or latency_us, not both"),
-            ('link = "ethernet"', 'link = "net"', "link = 'ethernet'; choose one of: nvlink, pci, net")):
+            ('link = "nvlink"', 'link = "net"\nlatency_us = 3',
+             "give link .* or latency_us, not both"),
+            ('link = "ethernet"', 'link = "net"',
+             "link = 'ethernet'; choose one of: nvlink, pci, net")):
         path.write_text(base.format(node=node, net=net))
         with pytest.raises(OpgraphError, match=message):
             get(str(path))

@@ -84,7 +84,8 @@ def format_clusters(found: list) -> str:
                      f"{_latencies_us(node):>13} {net.bandwidth / 1e9:>12g} "
                      f"{_latencies_us(net):>13}")
     lines += ["", "GB/s per GPU, each way; a ring step's latency under NCCL's protocols,",
-              "LL/LL128/Simple (one figure: the tier's own, for every protocol)", "", "sources:"] + [f"  {c.id}: {c.source or '(none given)'}" for c in found]
+              "LL/LL128/Simple (one figure: the tier's own, for every protocol)", "",
+              "sources:"] + [f"  {c.id}: {c.source or '(none given)'}" for c in found]
     return "\n".join(lines)
 
 

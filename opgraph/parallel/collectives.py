@@ -395,8 +395,9 @@ def lines(kind: str, group_size: int, cluster: Cluster,
     """Each algorithm and protocol NCCL may run for one collective, as (seconds at no message,
     seconds per byte): the kind's own (ring, pairwise, point to point), and for an all-reduce
     the tree too, each under LL, LL128 and Simple where the cluster's tiers name their link
-    class (`_protocols`). NCCL's tuner runs the fastest, so a collective takes the least of them (`seconds`);
-    a search takes the same minimum over arrays of messages (`opgraph.parallel.search`)."""
+    class (`_protocols`). NCCL's tuner runs the fastest, so a collective takes the least of
+    them (`seconds`); a search takes the same minimum over arrays of messages
+    (`opgraph.parallel.search`)."""
     row = rule(kind)
     if group_size == 1 or row.steps(group_size) == 0:
         return ((0.0, 0.0),)  # a group of one, or Megatron's f, moves nothing
@@ -413,8 +414,8 @@ def seconds(kind: str, size_bytes: float, group_size: int, cluster: Cluster,
     the slowest tier's bandwidth.
 
     `seconds("all-reduce", 2**30, 8, get("dgx-h100"))` is about 4.2 ms, the ring under Simple:
-    8.4 us, 14 steps of 3.4 us and 1.75 GiB over 450 GB/s. `stride` is how many ranks apart the members
-    are (`Cluster.tier_for`).
+    8.4 us, 14 steps of 3.4 us and 1.75 GiB over 450 GB/s. `stride` is how many ranks apart the
+    members are (`Cluster.tier_for`).
     """
     return min(latency + per_byte * float(size_bytes)
                for latency, per_byte in lines(kind, group_size, cluster, stride))
