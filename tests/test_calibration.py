@@ -114,22 +114,19 @@ def test_hoppers_ceiling_is_the_measured_tables_sustained_rate():
     assert dict(HOPPER.sources)["matmul_ceiling"].startswith("measured")
 
 
-def _fit_attention():
-    import importlib.util
-    from pathlib import Path
+def _attention_kernels():
+    from opgraph.cost import attention_table
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "device" / "fit_attention.py"
-    spec = importlib.util.spec_from_file_location("fit_attention", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return attention_table.read(attention_table.locate("h200"))
 
 
 def test_hoppers_attention_is_the_measured_tables():
-    """Hopper's attention rates and row overheads are what benchmarks/device/fit_attention.py
+    """Hopper's attention rates and row overheads are what `opgraph calibrate --attention h200`
     fits to the attention kernels measured on the H200, to the catalog's digits."""
-    fit = _fit_attention()
-    for name, value in fit.shipped(fit.fits(fit.measurements())).items():
+    from opgraph.cost import attention_table
+
+    lines = attention_table.fit(_attention_kernels(), 989.0)
+    for name, value in attention_table.efficiencies(lines).items():
         assert getattr(HOPPER, name) == pytest.approx(value, abs=0.6 if "overhead" in name
                                                       else 5e-4), name
         assert dict(HOPPER.sources)[name].startswith("measured"), name
@@ -142,24 +139,57 @@ def test_attention_slows_with_short_rows_as_measured():
     (the 8,192-token one) is 35% off at 1,024 tokens."""
     from opgraph.cost.costmodel import row_factor
 
-    fit = _fit_attention()
-    rows = [r for r in fit.measurements() if (r["backend"], r["head_dim"]) == ("flash", 128)]
-    peak = fit.PEAK_TFLOPS * 1e12
+    kernels = [k for k in _attention_kernels() if (k.backend, k.head_dim) == ("flash", 128)]
+    peak = 989e12
 
-    def seconds(r, fwd_overhead, bwd_overhead, rate):
-        forward = 4 * r["batch"] * r["heads"] * r["seq"] ** 2 * 128 / 2
-        scores, queries = forward / (4 * 128), r["batch"] * r["heads"] * r["seq"]
-        return (forward * row_factor(scores, queries, fwd_overhead)
-                + 2.5 * forward * row_factor(scores, queries, bwd_overhead)) / (rate * peak)
+    def forward_flops(k):
+        """One call's forward FLOPs: 32,768 tokens as 32,768 / seq sequences of 32 heads."""
+        return 4 * (32768 // k.seq) * 32 * k.seq ** 2 * 128 / 2
 
-    misses = [seconds(r, HOPPER.attention_kv_overhead, HOPPER.attention_backward_kv_overhead,
-                      HOPPER.attention) / r["fwd_bwd_s"] - 1 for r in rows]
+    def modelled(k, passes):
+        """Seconds of a forward and its backward, each (FLOPs share, rate, row overhead)."""
+        scores, rows = forward_flops(k) / (4 * 128), (32768 // k.seq) * 32 * k.seq
+        return sum(share * forward_flops(k) * row_factor(scores, rows, overhead) / (rate * peak)
+                   for share, rate, overhead in passes)
+
+    shipped = ((1, HOPPER.attention, HOPPER.attention_kv_overhead),
+               (2.5, HOPPER.attention, HOPPER.attention_backward_kv_overhead))
+    measured = {k.seq: forward_flops(k) * (1 / k.fwd_tflops + 2.5 / k.bwd_tflops) / 1e12
+                for k in kernels}
+    misses = [modelled(k, shipped) / measured[k.seq] - 1 for k in kernels]
     assert max(map(abs, misses)) < 0.04
-    at_8192 = next(r for r in rows if r["seq"] == 8192)
-    flat = 3.5 * 4 * at_8192["batch"] * at_8192["heads"] * 8192 ** 2 * 128 / 2 / (
-        at_8192["fwd_bwd_s"] * peak)
-    short = next(r for r in rows if r["seq"] == 1024)
-    assert seconds(short, 0, 0, flat) / short["fwd_bwd_s"] - 1 < -0.3
+    at_8192 = next(k for k in kernels if k.seq == 8192)
+    flat = 3.5 * forward_flops(at_8192) / (measured[8192] * peak)  # one rate, 8,192 tokens'
+    short = next(k for k in kernels if k.seq == 1024)
+    assert modelled(short, ((3.5, flat, 0),)) / measured[1024] - 1 < -0.3
+
+
+def test_calibrate_attention_fits_a_table(cli, tmp_path):
+    """`opgraph calibrate --attention` prints each backend's line and writes the generation's
+    rates and overheads; a table it cannot fit is one line and exit 2."""
+    from opgraph.cost import attention_table
+
+    out_file = tmp_path / "cal.toml"
+    code, out, _ = cli("calibrate", "--attention", "h200", "--hardware", "h200",
+                       "--out", str(out_file))
+    row = next(line for line in out.splitlines() if line.startswith("flash ") and
+               line.split()[1:3] == ["128", "fwd"])
+    assert code == 0 and row.split()[3:5] == ["0.350", "135"]
+    written = calibration.load(out_file)["hopper"]
+    expected = attention_table.efficiencies(attention_table.fit(_attention_kernels(), 989.0))
+    assert {n: getattr(written, n) for n in expected} == pytest.approx(expected)
+    table = tmp_path / "att.csv"
+    for text, message in (
+            ("backend,head_dim,seq,fwd_tflops\n", "no bwd_tflops column"),
+            ("backend,head_dim,seq,fwd_tflops,bwd_tflops\ntriton,128,1024,200,150\n",
+             "backend 'triton'"),
+            ("backend,head_dim,seq,fwd_tflops,bwd_tflops\nflash,128,1024,200,150\n",
+             "one sequence length"),
+            ("backend,head_dim,seq,fwd_tflops,bwd_tflops\nflash,64,1024,200,150\n"
+             "flash,64,2048,250,190\n", "no kernel at head dim 128")):
+        table.write_text(text)
+        code, out, err = cli("calibrate", "--attention", str(table), "--hardware", "h200")
+        assert code == 2 and out == "" and message in err and len(err.splitlines()) == 1
 
 
 def test_an_8192_cubed_gemm_runs_within_the_cited_efficiency():

@@ -31,7 +31,9 @@ def register(subparsers) -> None:
                     "matmul, attention and HBM bandwidth efficiencies of the part's generation "
                     "from a PyTorch profiler trace of the --model step. --gemms TABLE.csv: the "
                     "--hardware part's generation's matmul tile, K overhead and sustained "
-                    "efficiency from measured GEMMs (rows of m, n, k, tflops). The shipped "
+                    "efficiency from measured GEMMs (rows of m, n, k, tflops). --attention "
+                    "TABLE.csv: its attention rates and row overheads from measured causal "
+                    "attention kernels. The shipped "
                     f"efficiencies are rebuilt by `{SHIPPED_COMMAND}`.")
     p.add_argument("trace", nargs="?", metavar="TRACE",
                    help="a Kineto trace (.json or .json.gz) of the step --model describes")
@@ -45,6 +47,13 @@ def register(subparsers) -> None:
                         "naming m, n, k and tflops (benchmarks/device/measure_gpu.py writes "
                         "one), or a table installed with opgraph by name: h200 (measured on "
                         "one H200 SXM), b200 (SimuMax's B200 table)")
+    p.add_argument("--attention", metavar="TABLE.csv",
+                   help="fit the --hardware part's generation's attention rates (attention, "
+                        "attention_fused) and row overheads to a CSV of measured causal "
+                        "attention kernels with a header naming backend (flash or cudnn), "
+                        "head_dim, seq, fwd_tflops and bwd_tflops (the backward counted at 2.5 x "
+                        "the forward's FLOPs), or a table installed with opgraph by name: h200 "
+                        "(measured on one H200 SXM)")
     p.add_argument("--select", metavar="TEXT",
                    help="with --fit: only the cases whose id contains TEXT (fit on some runs, "
                         "validate on the others)")
@@ -63,10 +72,10 @@ def run(args) -> int:
     from ..core.errors import OpgraphError
     from ..cost import calibration
 
-    given = [x for x in (args.trace, args.fit, args.gemms) if x is not None]
+    given = [x for x in (args.trace, args.fit, args.gemms, args.attention) if x is not None]
     if len(given) != 1:
-        raise OpgraphError("give one thing to fit: a trace, --fit CASES.json or "
-                           "--gemms TABLE.csv")
+        raise OpgraphError("give one thing to fit: a trace, --fit CASES.json, "
+                           "--gemms TABLE.csv or --attention TABLE.csv")
     check_command_outputs(args, {"--out": args.out}, {"--out": (".toml",)})
     base = calibration.load(args.calibration) if args.calibration else calibration.catalog()
     source = args.calibration or str(calibration.CATALOG)
@@ -74,6 +83,8 @@ def run(args) -> int:
         table, text, report = _fit_cases(args, base)
     elif args.gemms is not None:
         table, text, report = _fit_gemms(args, base)
+    elif args.attention is not None:
+        table, text, report = _fit_attention(args, base)
     else:
         table, text, report = _fit_trace(args, base)
     if args.out:
@@ -174,6 +185,42 @@ def _fit_gemms(args, base):
                          (("flat", flat), ("given", current), ("fitted", best))},
               "in_sample": True}
     return table, "\n".join(lines), report
+
+
+def _fit_attention(args, base):
+    """The part's generation's attention rates and row overheads from a table of measured
+    causal attention kernels (`opgraph.cost.attention_table`)."""
+    from ..cost import attention_table, calibration
+    from .common import load_hardware
+
+    part = load_hardware(args)
+    generation = calibration.for_hardware(part, base)
+    path = attention_table.locate(args.attention)
+    rows = attention_table.read(path)
+    peak = part.peak_flops * part.clock_ratio / 1e12
+    lines = attention_table.fit(rows, peak)
+    values = attention_table.efficiencies(lines)
+    shown = (f"opgraph/data/{Path(path).name}" if args.attention in attention_table.shipped()
+             else args.attention)
+    source = (f"measured: {shown}, {len(rows)} causal attention kernels on {part.name} "
+              f"(`opgraph calibrate --attention`: 1 / rate = (1 / rate_inf)(1 + 2k / S) per "
+              f"backend and direction at head dim {attention_table.REFERENCE_HEAD_DIM}; rates "
+              "over a forward and its backward, k the backends' mean)")
+    sources = dict(generation.sources) | {n: source for n in values}
+    fitted = attrs.evolve(generation, **values, sources=tuple(sorted(sources.items())))
+    text = [f"attention table {shown}: {len(rows)} causal kernels on {part.name} "
+            f"({generation.generation}), {peak:g} TFLOP/s BF16 dense",
+            "", f"{'backend':<8} {'head dim':>8} {'direction':>9} {'long-row rate':>13} "
+            f"{'k (keys)':>8} {'worst':>6}"]
+    text += [f"{x.backend:<8} {x.head_dim:>8} {x.direction:>9} {x.rate:>13.3f} "
+             f"{x.overhead:>8.0f} {x.worst * 100:>5.1f}%" for x in lines]
+    text += ["", f"{generation.generation}: " + ", ".join(
+        f"{n} = {v:.4g}" for n, v in values.items()) + " (in-sample: the errors are on the "
+        "kernels the fit used)"]
+    report = {"generation": generation.generation, "hardware": part.id, "kernels": len(rows),
+              "efficiencies": values, "lines": [attrs.asdict(x) for x in lines],
+              "in_sample": True}
+    return {**base, generation.generation: fitted}, "\n".join(text), report
 
 
 def _shape_text(f) -> str:

@@ -56,7 +56,8 @@ dim 64 runs at 3/4 of `attention` on an H100, 256 at 6/5). Each row of queries r
 loop over the keys it sees and spends the time of `attention_kv_overhead` more keys outside it
 (`attention_backward_kv_overhead` in a backward), so a kernel of short rows runs below the
 rate (`costmodel.row_factor`): measured on an H200, a causal FlashAttention-2 forward and
-backward at 1,024 tokens ran at 0.60 of its rate at 32,768 (benchmarks/device/fit_attention.py).
+backward at 1,024 tokens ran at 0.60 of its rate at 32,768 (`opgraph calibrate --attention`,
+`opgraph.cost.attention_table`).
 
 A collective runs at `node` (or `network`) x the tier's bandwidth, and pays `launch_s` too;
 communication running beside compute slows it by `overlap_slowdown` x its hidden time
