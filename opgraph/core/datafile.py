@@ -90,3 +90,53 @@ def pick(name: str, load: Callable[[str], dict], catalog: Callable[[], dict], wh
     except KeyError:
         raise OpgraphError(f"unknown {what} {name!r}; choose one of: {', '.join(entries)}, "
                            "or give a .toml file") from None
+
+
+def shipped_tables(folder: Path, prefix: str) -> dict[str, Path]:
+    """The measured CSV tables installed in `folder` as `<prefix><name>.csv`, by name."""
+    return {p.stem.removeprefix(prefix): p for p in sorted(folder.glob(f"{prefix}*.csv"))}
+
+
+def locate_table(name_or_path: str, tables: dict[str, Path], what: str, rows: str) -> str:
+    """A shipped table's path by its name (`h200`), or the path given, which must be a file:
+    else one line naming what a table holds (`rows`) and the shipped ones."""
+    if name_or_path in tables:
+        return str(tables[name_or_path])
+    if not Path(name_or_path).is_file():
+        raise OpgraphError(f"no {what} {name_or_path!r}: give a CSV file of {rows} rows or a "
+                           f"shipped table ({', '.join(tables)})")
+    return name_or_path
+
+
+def csv_rows(path: str, what: str, required: tuple[str, ...], needs: str,
+             aliases: dict[str, str] | None = None):
+    """A small CSV table's header, lower-cased (names in `aliases` mapped), and its non-empty
+    rows as (where, cells), each checked to hold a value per header name: one line per
+    mistake, naming the file and line. `required` are the columns it must have; `needs` says
+    what a table holds, for the error."""
+    import csv
+    import io
+
+    reader = csv.reader(io.StringIO(read_small(path, what)))
+    aliases = aliases or {}
+    header = next(reader, None)
+    if not header:
+        raise OpgraphError(f"{path}: the {what} is empty; give a CSV header line naming "
+                           f"{needs}")
+    names = [aliases.get(h.strip().lower(), h.strip().lower()) for h in header]
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise OpgraphError(f"{path}: the header has no {', '.join(missing)} column; it needs "
+                           f"{needs}")
+    rows = []
+    for line, cells in enumerate(reader, start=2):
+        if not any(cell.strip() for cell in cells):
+            continue
+        where = f"{path}, line {line}"
+        if len(cells) < len(names):
+            raise OpgraphError(f"{where}: {len(cells)} values where the header names "
+                               f"{len(names)}")
+        rows.append((where, [cell.strip() for cell in cells]))
+    if not rows:
+        raise OpgraphError(f"{path}: the {what} has a header but no rows")
+    return names, rows

@@ -23,13 +23,11 @@ direction (least squares on 1 / rate over 1 / S). At head dim 128, the reference
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
 import attrs
 
-from ..core.datafile import read_small
+from ..core.datafile import csv_rows, locate_table, shipped_tables
 from ..core.errors import OpgraphError
 
 DATA = Path(__file__).parents[1] / "data"  # the shipped tables: data/attention_<name>.csv
@@ -65,47 +63,28 @@ class Line:
 
 def shipped() -> dict[str, Path]:
     """The measured tables installed with opgraph, by name: `data/attention_<name>.csv`."""
-    return {p.stem.removeprefix("attention_"): p for p in sorted(DATA.glob("attention_*.csv"))}
+    return shipped_tables(DATA, "attention_")
 
 
 def locate(name_or_path: str) -> str:
     """A shipped table's path by its name (`h200`), or the path given."""
-    tables = shipped()
-    if name_or_path in tables:
-        return str(tables[name_or_path])
-    if not Path(name_or_path).is_file():
-        raise OpgraphError(f"no attention table {name_or_path!r}: give a CSV file of "
-                           f"{', '.join(COLUMNS)} rows or a shipped table ({', '.join(tables)})")
-    return name_or_path
+    return locate_table(name_or_path, shipped(), "attention table", ", ".join(COLUMNS))
 
 
 def read(path: str) -> list[Kernel]:
     """The rows of a CSV table whose header names at least `COLUMNS` (other columns ignored)."""
-    text = read_small(path, "attention table")
-    reader = csv.reader(io.StringIO(text))
-    header = [h.strip().lower() for h in next(reader, None) or []]
-    missing = [c for c in COLUMNS if c not in header]
-    if missing:
-        raise OpgraphError(f"{path}: the header has no {', '.join(missing)} column; it needs "
+    names, rows = csv_rows(path, "attention table", COLUMNS,
                            f"{', '.join(COLUMNS)}, one row per measured kernel")
-    at = {c: header.index(c) for c in COLUMNS}
-    rows = []
-    for line, row in enumerate(reader, start=2):
-        if not any(cell.strip() for cell in row):
-            continue
-        where = f"{path}, line {line}"
-        if len(row) < len(header):
-            raise OpgraphError(f"{where}: {len(row)} values where the header names "
-                               f"{len(header)}")
-        backend = row[at["backend"]].strip()
+    at = {c: names.index(c) for c in COLUMNS}
+    kernels = []
+    for where, cells in rows:
+        backend = cells[at["backend"]]
         if backend not in BACKENDS:
             raise OpgraphError(f"{where}: backend {backend!r}; give one of "
                                f"{', '.join(BACKENDS)}")
-        rows.append(Kernel(backend, *(_number(row[at[c]], c, where, c in ("head_dim", "seq"))
-                                      for c in COLUMNS[1:])))
-    if not rows:
-        raise OpgraphError(f"{path}: the attention table has a header but no rows")
-    return rows
+        kernels.append(Kernel(backend, *(_number(cells[at[c]], c, where, c in ("head_dim", "seq"))
+                                         for c in COLUMNS[1:])))
+    return kernels
 
 
 def _number(text: str, column: str, where: str, whole: bool) -> float:

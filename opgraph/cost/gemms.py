@@ -17,14 +17,12 @@ the shape.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from pathlib import Path
 
 import attrs
 
-from ..core.datafile import read_small
+from ..core.datafile import csv_rows, locate_table, shipped_tables
 from ..core.errors import OpgraphError
 from .costmodel import k_overhead, wave_quantum
 
@@ -74,48 +72,22 @@ def _number(text: str, column: str, where: str, integer: bool) -> float:
 
 def shipped() -> dict[str, Path]:
     """The measured tables installed with opgraph, by name: `data/gemms_<name>.csv`."""
-    return {p.stem.removeprefix("gemms_"): p for p in sorted(DATA.glob("gemms_*.csv"))}
+    return shipped_tables(DATA, "gemms_")
 
 
 def locate(name_or_path: str) -> str:
     """A shipped table's path by its name (`h200`), or the path given."""
-    tables = shipped()
-    if name_or_path in tables:
-        return str(tables[name_or_path])
-    if not Path(name_or_path).is_file():
-        raise OpgraphError(f"no GEMM table {name_or_path!r}: give a CSV file of m, n, k, tflops "
-                           f"rows or a shipped table ({', '.join(tables)})")
-    return name_or_path
+    return locate_table(name_or_path, shipped(), "GEMM table", "m, n, k, tflops")
 
 
 def read(path: str) -> list[Gemm]:
     """The rows of a CSV table with a header naming at least m, n, k and tflops (or TFLOP/s),
     in any order and case; other columns are ignored but `sm_mhz`, read where present."""
-    text = read_small(path, "GEMM table")
-    reader = csv.reader(io.StringIO(text))
-    header = next(reader, None)
-    if not header:
-        raise OpgraphError(f"{path}: the GEMM table is empty; give a CSV header line "
-                           "m,n,k,tflops and one row per measured GEMM")
-    names = [_ALIASES.get(h.strip().lower(), h.strip().lower()) for h in header]
-    missing = [c for c in COLUMNS if c not in names]
-    if missing:
-        raise OpgraphError(f"{path}: the header has no {', '.join(missing)} column; it needs "
-                           "m, n, k and tflops (TFLOP/s), one row per measured GEMM")
+    names, rows = csv_rows(path, "GEMM table", COLUMNS,
+                           "m, n, k and tflops (TFLOP/s), one row per measured GEMM", _ALIASES)
     at = {c: names.index(c) for c in (*COLUMNS, "sm_mhz") if c in names}
-    rows = []
-    for line, row in enumerate(reader, start=2):
-        if not any(cell.strip() for cell in row):
-            continue
-        where = f"{path}, line {line}"
-        if len(row) < len(names):
-            raise OpgraphError(f"{where}: {len(row)} values where the header names {len(names)}")
-        values = {c: _number(row[i].strip(), c, where, c in ("m", "n", "k"))
-                  for c, i in at.items()}
-        rows.append(Gemm(**values))
-    if not rows:
-        raise OpgraphError(f"{path}: the GEMM table has a header but no rows")
-    return rows
+    return [Gemm(**{c: _number(cells[i], c, where, c in ("m", "n", "k")) for c, i in at.items()})
+            for where, cells in rows]
 
 
 def seconds(g: Gemm) -> float:
