@@ -1066,7 +1066,7 @@ ATTENTION_SCORES: dict[str, Callable] = {"flash_attention": _flash_scores,
                                          "flash_attention_backward": _flash_backward_scores}
 # the attention kernels that are a backward (their row loop pays the backward's overhead:
 # `calibration.Efficiencies.attention_backward_kv_overhead`)
-ATTENTION_BACKWARD = frozenset({"flash_attention_backward"})
+ATTENTION_BACKWARD = frozenset(ATTENTION_SCORES).intersection(BACKWARD_KINDS)
 
 
 def attention_scores(kind: str, ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
