@@ -26,6 +26,7 @@ _EXPORTS = {
     "Phase": ".core.ir", "Role": ".core.ir", "Tensor": ".core.ir",
     "AdamW": ".passes.attach_adamw", "attach_adamw": ".passes.attach_adamw",
     "CostModel": ".cost.costmodel",
+    "Lowered": ".cost.lowered", "lower": ".cost.lowered",
     "GraphBuilder": ".core.builder",
     "OpgraphError": ".core.errors",
     "VerifyError": ".core.verify", "verify": ".core.verify",
@@ -39,10 +40,11 @@ _EXPORTS = {
 }
 _SUBMODULES = {"hardware": ".cost.hardware", "symbols": ".core.symbols"}
 
-__all__ = ["BF16", "FP32", "AdamW", "CostModel", "Graph", "GraphBuilder", "Op", "OpgraphError",
-           "Phase", "Role", "Tensor", "VerifyError", "__version__", "apply_precision",
-           "attach_adamw", "compile_step", "derive_backward", "evaluate", "fuse_attention", "fuse_elementwise",
-           "hardware", "recompute", "step_passes", "symbols", "verify"]
+__all__ = ["BF16", "FP32", "AdamW", "CostModel", "Graph", "GraphBuilder", "Lowered", "Op",
+           "OpgraphError", "Phase", "Role", "Tensor", "VerifyError", "__version__",
+           "apply_precision", "attach_adamw", "compile_step", "derive_backward", "evaluate",
+           "fuse_attention", "fuse_elementwise", "hardware", "lower", "recompute", "step_passes",
+           "symbols", "verify"]
 
 
 def __getattr__(name: str):

@@ -69,3 +69,19 @@ def is_routed(graph: Graph) -> bool:
     """Whether some weight is read by a routed op (a mixture of experts), fused or not."""
     return any(op.kind in ACTIVE_FRACTION for w in graph.weights()
                for op, _ in _readers(graph, w))
+
+
+def mfu_weights(graph: Graph) -> list:
+    """The weights the MFU convention counts: every weight an op other than the embedding
+    lookup (and its gradient) reads, forward or backward. The backward counts too because a
+    pass may move a weight's forward use: `fuse_elementwise`'s loop rotation computes the final
+    norm inside the stack, and `final_norm.weight` is then read by its gradient alone."""
+    lookup = ("embedding", "embedding_backward")
+    return [w for w in graph.weights()
+            if any(op.kind not in lookup and op.phase is not Phase.OPTIMIZER
+                   for op in graph.consumers(w.name))]
+
+
+def mfu_parameters(graph: Graph) -> sympy.Expr:
+    """N of the MFU convention: the `mfu_weights`, each times the share a token uses."""
+    return active_parameters(graph, mfu_weights(graph))
