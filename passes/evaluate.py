@@ -28,12 +28,13 @@ import numbers
 import sympy
 
 from opgraph.core.errors import OpgraphError
-from opgraph.core.ir import Graph, Phase
+from opgraph.core.ir import Graph
 from opgraph.core.limits import MAX_DIM, MAX_TOKENS, check_whole
-from opgraph.core.parameters import active_parameters, is_routed
+from opgraph.core.parameters import mfu_parameters, mfu_weights  # noqa: F401 - re-exported
 from opgraph.core.symbols import B, S
 from opgraph.cost.costmodel import DEFAULT, CostModel
 from opgraph.cost.hardware import Hardware
+from opgraph.cost.lowered import Lowered, lower, number
 from opgraph.cost.memory import figures
 from opgraph.cost.memory import peak as peak_moment
 from opgraph.cost.profile import CATEGORIES, CategoryCost, OpCost, Profile
@@ -92,30 +93,6 @@ def resolve(graph: Graph, values: dict | None = None) -> dict[sympy.Symbol, symp
     return merged
 
 
-def mfu_weights(graph: Graph) -> list:
-    """The weights the MFU convention counts: every weight an op other than the embedding
-    lookup (and its gradient) reads, forward or backward. The backward counts too because a
-    pass may move a weight's forward use: `fuse_elementwise`'s loop rotation computes the final
-    norm inside the stack, and `final_norm.weight` is then read by its gradient alone."""
-    lookup = ("embedding", "embedding_backward")
-    return [w for w in graph.weights()
-            if any(op.kind not in lookup and op.phase is not Phase.OPTIMIZER
-                   for op in graph.consumers(w.name))]
-
-
-def mfu_parameters(graph: Graph) -> sympy.Expr:
-    """N of the MFU convention: the `mfu_weights`, each times the share a token uses."""
-    return active_parameters(graph, mfu_weights(graph))
-
-
-def _number(expr, subs: dict, what: str):
-    value = sympy.sympify(expr).xreplace(subs)
-    if not value.is_number:
-        missing = ", ".join(sorted(map(str, value.free_symbols)))
-        raise OpgraphError(f"{what} depends on {missing}, which has no value; give it one")
-    return value
-
-
 def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
              cost: CostModel = DEFAULT) -> Profile:
     """The roofline profile of `graph` on `hardware`: `evaluate(step, hardware.get("h100-sxm"))`.
@@ -123,35 +100,34 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
     `values` overrides the graph's dimensions, e.g. `{"B": 8}` or `{"tokens": 65536}`; `cost`
     is the cost model (the plate's conventions by default).
     """
-    subs = resolve(graph, values)
-    peak, bandwidth = hardware.peak_flops, hardware.bandwidth
-    costs = cost.op_costs(graph)
+    return interpret(lower(graph, cost), hardware, resolve(graph, values))
+
+
+def interpret(low: Lowered, hardware: Hardware, subs: dict, ops=None) -> Profile:
+    """The lowered step `low` at the point `subs` (`resolve`'s) on `hardware`, in Python
+    floats: each op timed by its cost model (`CostModel.op_time`). `ops`: `low.at(subs)`, where
+    the caller has it already."""
+    cost, peak, bandwidth = low.cost, hardware.peak_flops, hardware.bandwidth
     rows, grids = [], {}
     at_peak = 0.0  # the FLOPs as the BF16 peak would see them: FP8 FLOPs scaled to its peak
-    for op in graph.ops():
-        count = int(_number(op.count, subs, f"op {op.name}'s count"))
-        flops = float(_number(costs[op.name].flops * op.count, subs, f"op {op.name}'s FLOPs"))
-        nbytes = float(_number(costs[op.name].bytes * op.count, subs, f"op {op.name}'s bytes"))
-        at = cost.peak(hardware, costs[op.name].compute)  # its compute dtype's peak
-        at_peak += cost.busy_flops(flops, at, peak)
-        grid = tuple(float(_number(g, subs, f"op {op.name}'s matrix shape"))
-                     for g in costs[op.name].grid)
-        if grid:
-            grids[op.name] = grid
-        rows.append(OpCost(op.name, op.kind, op.category, op.phase.value, count, flops, nbytes,
-                           cost.op_time(hardware, op.kind, flops, nbytes, count, at, grid,
-                                        float(_number(costs[op.name].launches, subs,
-                                                      f"op {op.name}'s kernel launches")),
-                                        costs[op.name].efficiency),
-                           cost.bound(flops, nbytes, at, bandwidth)))
+    for o in low.at(subs) if ops is None else ops:
+        at = cost.peak(hardware, o.compute)  # its compute dtype's peak
+        at_peak += cost.busy_flops(o.flops, at, peak)
+        if o.grid:
+            grids[o.name] = o.grid
+        rows.append(OpCost(o.name, o.kind, o.category, o.phase.value, o.count, o.flops, o.bytes,
+                           cost.op_time(hardware, o.kind, o.flops, o.bytes, o.count, at, o.grid,
+                                        o.launches, o.efficiency),
+                           cost.bound(o.flops, o.bytes, at, bandwidth)))
     step = sum(r.time_s for r in rows)
     total_flops = sum(r.flops for r in rows)
     categories = category_costs(rows, step, total_flops)
-    tokens = int(_number(B * S, subs, "tokens per step"))
-    parameters = int(_number(graph.parameters(), subs, "the parameter count"))
-    mfu_n = int(_number(mfu_parameters(graph), subs, "the parameter count"))
-    active = (int(_number(active_parameters(graph), subs, "the active parameter count"))
-              if is_routed(graph) else None)
+    tokens = int(number(low.tokens, subs, "tokens per step"))
+    parameters = int(number(low.parameters, subs, "the parameter count"))
+    mfu_n = int(number(low.mfu_parameters, subs, "the parameter count"))
+    active = (None if low.active_parameters is None
+              else int(number(low.active_parameters, subs, "the active parameter count")))
+    graph = low.graph
     return Profile(
         model=graph.name, hardware=hardware,
         values={str(k): int(v) for k, v in sorted(subs.items(), key=lambda kv: kv[0].name)},
@@ -160,7 +136,7 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
         bytes=sum(r.bytes for r in rows),
         mfu_ceiling=cost.mfu(mfu_n, tokens, step, peak) if step else 0.0,
         hfu_ceiling=cost.hfu(at_peak, step, peak) if step else 0.0,
-        fused_attention=any(op.kind == "flash_attention" for op in graph.ops()),
+        fused_attention=any(o.kind == "flash_attention" for o in low.ops),
         memory=figures(peak_moment(graph, subs), subs, hardware.memory_bytes),
         active_parameters=active, cost=cost.name, grids=grids,
     )

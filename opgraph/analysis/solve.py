@@ -31,6 +31,7 @@ from ..core.symbols import B, S
 from ..cost import formula as fm
 from ..cost.costmodel import DEFAULT, CostModel
 from ..cost.hardware import Hardware
+from ..cost.lowered import lower_op
 
 T = sympy.Symbol("T", positive=True)  # tokens per step, B*S, as a continuous quantity
 DIMS = ("tokens", "seq_len")
@@ -271,7 +272,7 @@ def ridge(graph: Graph, hardware: Hardware, op: str, *, dim: str = "tokens",
     if dim not in DIMS:
         raise OpgraphError(f"unknown dimension {dim!r} to solve for; choose one of {DIMS}")
     (node,) = fm.select(graph, op=op)
-    node_cost = cost.op_cost(graph, node)
+    node_cost = lower_op(graph, node, cost).cost
     flops, nbytes = node_cost.flops, node_cost.bytes
     x, swap = (T, {B: T / S}) if dim == "tokens" else (S, {})
     flops, nbytes = sympy.expand(flops.xreplace(swap)), sympy.expand(nbytes.xreplace(swap))

@@ -5,10 +5,10 @@ sympy expressions of the model's dimensions.
     formula(step, "flops", category="matmul")   # 6*B*D*L*S*(3*F + 2*H*d_h + 2*H_kv*d_h)
     formula(step, "time", op="layers.q_proj")   # L*Max(2*(...)/bandwidth, 2*B*D*H*S*d_h/peak)
 
-Invariant: a formula is exactly what `evaluate` adds up, each op's per-instance cost under the
-same cost model (`opgraph.cost.costmodel`, the `cost` argument) times its multiplicity `count`,
-which stays symbolic (`L` for a layer stack), so nothing is unrolled and substituting a
-configuration's values gives `evaluate`'s figure. Time is per op the cost model's `time` with
+Invariant: a formula is exactly what `evaluate` adds up: both read the step lowered under the
+same cost model (`opgraph.cost.lowered`, the `cost` argument), each op's per-instance cost times
+its multiplicity `count`, which stays symbolic (`L` for a layer stack), so nothing is unrolled
+and substituting a configuration's values gives `evaluate`'s figure. Time is per op the cost model's `time` with
 `sympy.Max`, `count * Max(flops / peak, bytes / bandwidth)`, summed over ops. The hardware enters
 as two symbols, `peak` (dense FLOP/s) and `bandwidth` (HBM bytes/s), or, given a `Hardware`, as
 its exact numbers.
@@ -18,8 +18,8 @@ Under the calibrated cost model (`CalibratedCostModel`) a kernel's time is its f
 (bandwidth_share * bandwidth)))`, with the efficiencies of the part's generation
 (`opgraph.cost.calibration`) as exact numbers; so a calibrated time formula needs the part
 (`hardware`), and without one it is an error, never the roofline's formula in its place.
-`time_rates` is the one place that decides which cost models have formulas: `formula`, `op_time`,
-`opgraph.analysis.solve` and the CLI ask it.
+`time_rates` is the one place that decides which cost models have formulas: `formula`,
+`lowered_time`, `opgraph.analysis.solve` and the CLI ask it.
 
 Tidying only regroups, it never approximates: terms are collected on the layer counts and each
 coefficient is factored; a roofline's common factor is pulled out of its Max
@@ -53,6 +53,7 @@ from .costmodel import (
     wave_quantum,
 )
 from .hardware import Hardware
+from .lowered import Lowered, LoweredOp, lower, lower_op
 from .profile import CATEGORIES
 
 PEAK = sympy.Symbol("peak", positive=True)  # dense FLOP/s
@@ -184,48 +185,55 @@ def _unaligned(kind: str, c: Cost, rates: dict):
     return sympy.Ne(sympy.Mod(n, ALIGN), 0)
 
 
-def _cost(graph: Graph, op: Op, cost: CostModel, costs: dict | None) -> Cost:
-    return costs[op.name] if costs is not None else cost.op_cost(graph, op)
+def _lowered_op(graph: Graph, op: Op, cost: CostModel, low: Lowered | None) -> LoweredOp:
+    return low.op(op.name) if low is not None else lower_op(graph, op, cost)
 
 
-def op_flops(graph: Graph, op: Op, cost: CostModel = DEFAULT, costs: dict | None = None
+def op_flops(graph: Graph, op: Op, cost: CostModel = DEFAULT, low: Lowered | None = None
              ) -> sympy.Expr:
-    return op.count * _cost(graph, op, cost, costs).flops
+    return _lowered_op(graph, op, cost, low).flops
 
 
-def op_bytes(graph: Graph, op: Op, cost: CostModel = DEFAULT, costs: dict | None = None
+def op_bytes(graph: Graph, op: Op, cost: CostModel = DEFAULT, low: Lowered | None = None
              ) -> sympy.Expr:
-    return op.count * _cost(graph, op, cost, costs).bytes
+    return _lowered_op(graph, op, cost, low).bytes
 
 
 def op_time(graph: Graph, op: Op, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
-            costs: dict | None = None, peaks: dict | None = None, rates=None) -> sympy.Expr:
-    """The count is positive, so `count * Max(a, b) == Max(count*a, count*b)`. `costs`: the
-    cost model's `op_costs(graph)`, when many ops are asked for. An op whose arithmetic runs
-    in FP8 takes `peak_fp8` (with numbers: `peaks["fp8"]`). Under the calibrated cost model
-    `rates` are its part's efficiencies (`time_rates`), each kernel `calibrated_time`."""
+            low: Lowered | None = None, peaks: dict | None = None, rates=None) -> sympy.Expr:
+    """`op`'s time over its count (`lowered_time`); `low`, the graph lowered under `cost`
+    (`lower`), when many ops are asked for."""
+    return lowered_time(_lowered_op(graph, op, cost, low), peak, bandwidth, cost, peaks, rates)
+
+
+def lowered_time(o: LoweredOp, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
+                 peaks: dict | None = None, rates=None) -> sympy.Expr:
+    """A lowered op's time over its count, as a formula. The count is positive, so `count *
+    Max(a, b) == Max(count*a, count*b)`. An op whose arithmetic runs in FP8 takes `peak_fp8`
+    (with numbers: `peaks["fp8"]`). Under the calibrated cost model `rates` are its part's
+    efficiencies (`time_rates`), each kernel `calibrated_time`."""
     if rates is None:
         rates = time_rates(cost)  # the roofline: None; calibrated without a part: an error
-    c = _cost(graph, op, cost, costs)
+    c = o.cost
     if c.compute is not None:  # an FP8 matmul: its own peak (a number given with `peak`)
         if isinstance(peak, sympy.Symbol):
             peak = PEAK_SYMBOLS[c.compute]
         elif (peaks or {}).get(c.compute) is None:
-            raise OpgraphError(f"op {op.name} runs in {c.compute.upper()} and the part has no "
+            raise OpgraphError(f"op {o.name} runs in {c.compute.upper()} and the part has no "
                                f"dense {c.compute.upper()} peak; give one that has")
         else:
             peak = peaks[c.compute]
     if rates is None:
-        return op.count * roofline(c.flops, c.bytes, peak, bandwidth, cost)
-    return op.count * calibrated_time(op.kind, c, peak, bandwidth, rates)
+        return o.count * roofline(c.flops, c.bytes, peak, bandwidth, cost)
+    return o.count * calibrated_time(o.kind, c, peak, bandwidth, rates)
 
 
 def step_time(graph: Graph, ops, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
               peaks: dict | None = None, rates=None) -> sympy.Expr:
     """The summed time of `ops` (a list of the graph's ops); `peaks` and `rates` as
-    `op_time`'s."""
-    costs = cost.op_costs(graph)
-    return sympy.Add(*(op_time(graph, op, peak, bandwidth, cost, costs, peaks, rates)
+    `lowered_time`'s."""
+    low = lower(graph, cost)
+    return sympy.Add(*(lowered_time(low.op(op.name), peak, bandwidth, cost, peaks, rates)
                        for op in ops))
 
 
@@ -280,17 +288,16 @@ def formula(graph: Graph, quantity: str, *, op: str | None = None, category: str
     if quantity not in QUANTITIES:
         raise OpgraphError(f"unknown quantity {quantity!r}; choose one of {', '.join(QUANTITIES)}")
     ops = select(graph, op=op, category=category)
-    rule = QUANTITIES[quantity]
-    if quantity == "time":
+    low = lower(graph, cost)
+    mine = [low.op(o.name) for o in ops]
+    if quantity != "time":
+        total = sympy.Add(*(getattr(o, quantity) for o in mine))
+    else:
         rates = time_rates(cost, hardware)
-        rule = functools.partial(op_time, rates=rates)
-        if hardware is not None:
-            hw = hardware_values(hardware)
-            rule = functools.partial(op_time, peak=hw[PEAK], bandwidth=hw[BANDWIDTH],
-                                     peaks={"fp8": hw.get(PEAK_FP8)}, rates=rates)
-    costs = cost.op_costs(graph)
-    return tidy(sympy.Add(*(rule(graph, o, cost=cost, costs=costs) for o in ops)),
-                depth_symbols(graph))
+        hw = {} if hardware is None else hardware_values(hardware)
+        total = sympy.Add(*(lowered_time(o, hw.get(PEAK, PEAK), hw.get(BANDWIDTH, BANDWIDTH),
+                                         cost, {"fp8": hw.get(PEAK_FP8)}, rates) for o in mine))
+    return tidy(total, depth_symbols(graph))
 
 
 def tidy(expr: sympy.Expr, depth=()) -> sympy.Expr:
@@ -355,7 +362,28 @@ def _plain(number) -> int | float:
     return int(number) if number.is_integer else float(number)
 
 
-__all__ = ["BANDWIDTH", "HARDWARE_SYMBOLS", "PEAK", "PEAK_FP8", "PEAK_SYMBOLS", "QUANTITIES", "depth_symbols", "formula",
-           "hardware_values", "latex", "op_bytes", "op_flops", "op_time", "roofline", "select",
-           "step_time", "symbol_values", "tidy", "value", "time_rates", "roofline_only",
-           "calibrated_time"]
+__all__ = [
+    "BANDWIDTH",
+    "HARDWARE_SYMBOLS",
+    "PEAK",
+    "PEAK_FP8",
+    "PEAK_SYMBOLS",
+    "QUANTITIES",
+    "calibrated_time",
+    "depth_symbols",
+    "formula",
+    "hardware_values",
+    "latex",
+    "lowered_time",
+    "op_bytes",
+    "op_flops",
+    "op_time",
+    "roofline",
+    "roofline_only",
+    "select",
+    "step_time",
+    "symbol_values",
+    "tidy",
+    "time_rates",
+    "value",
+]

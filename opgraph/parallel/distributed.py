@@ -38,15 +38,16 @@ import sympy
 
 from ..core.errors import OpgraphError
 from ..core.ir import Graph, Phase
+from ..core.parameters import mfu_parameters
 from ..core.pipeline import compile_step
-from ..core.rules import COLLECTIVE_KINDS
 from ..core.symbols import S
 from ..core.verify import check_dims
 from ..cost.costmodel import DEFAULT, CostModel
 from ..cost.hardware import Hardware
+from ..cost.lowered import lower
 from ..cost.memory import Memory
 from ..cost.profile import OpCost, Profile
-from ..passes.evaluate import category_costs, evaluate, mfu_parameters, resolve
+from ..passes.evaluate import category_costs, interpret, resolve
 from ..passes.shard import check_divides
 from ..passes.split_stages import layer_stack, split_stages
 from . import cluster as clusters
@@ -205,9 +206,10 @@ class StageOp:
 
 @attrs.frozen
 class Stage:
-    """A pipeline stage's step, compiled and evaluated once: its graph, its ops as numbers, the
-    schedule's plans of a micro-batch (`plain`) and of the last one with the optimizer
-    (`last`), its roofline profile (for the rows a report prints) and its memory. With
+    """A pipeline stage's step, compiled and lowered once: its graph, its ops as numbers (the
+    lowered step at the job's point, `Lowered.at`), the schedule's plans of a micro-batch
+    (`plain`) and of the last one with the optimizer (`last`), its profile (the rows a report
+    prints, which `schedule` re-times over the step) and its memory. With
     `overlap_param_gather`, `first` plans the step's first micro-batch (the last, where it is
     the only one) with the updated weights' gathers in front of it, each feeding its layer's
     forward; `last` then leaves them out."""
@@ -322,22 +324,15 @@ def chunk_times(stage_times: list[float], chunks) -> list[list[float]]:
 
 def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: dict,
                    cost: CostModel, index: int) -> Stage:
-    profile = evaluate(graph, hardware, values, cost=CostModel(backward=cost.backward))
+    low = lower(graph, cost)
     subs = resolve(graph, values)
-    costs = cost.op_costs(graph)
-    ops = []
-    for r in profile.ops:
-        op = graph.op(r.name)
-        collective = op.kind in COLLECTIVE_KINDS
-        ops.append(StageOp(op.name, op.kind, r.count, r.flops, r.bytes,
-                       cost.peak(hardware, costs[op.name].compute),
-                       op.param("group") if collective else None,
-                       float(costs[op.name].message.xreplace(subs)) if collective else 0.0,
-                       op.phase is Phase.OPTIMIZER or once_per_step(op, sharding(layout)),
-                       tuple(float(g.xreplace(subs)) for g in costs[op.name].grid),
-                       float(costs[op.name].calls.xreplace(subs)) if collective else 1.0,
-                       float(costs[op.name].launches.xreplace(subs)),
-                       costs[op.name].efficiency))
+    at = low.at(subs)
+    profile = interpret(low, hardware, subs, at)
+    ops = tuple(StageOp(o.name, o.kind, o.count, o.flops, o.bytes, cost.peak(hardware, o.compute),
+                        o.group, o.message,
+                        o.phase is Phase.OPTIMIZER or once_per_step(graph.op(o.name),
+                                                                    sharding(layout)),
+                        o.grid, o.calls, o.launches, o.efficiency) for o in at)
     ordered = graph.ops()
     per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
                  and not once_per_step(op, sharding(layout))]
@@ -348,7 +343,7 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
         ahead = [op for op in ordered if op.name in gathers]
         first = plan(graph, ahead + (per_micro if layout.micro_batches > 1 else last), subs,
                      writes=gathers)
-    return Stage(graph, tuple(ops), plan(graph, per_micro, subs), plan(graph, last, subs),
+    return Stage(graph, ops, plan(graph, per_micro, subs), plan(graph, last, subs),
                  profile, _memory(profile.memory, layout, index), index, first)
 
 

@@ -1,6 +1,7 @@
 """A step's costs compiled once, with `sympy.lambdify`, into one numpy function of the swept
 dimensions (`compile_sweep`), and run over arrays of points (`Sweep.run`). FLOPs and bytes are
-the cost model's (`opgraph.cost.costmodel`); its `time`, `mfu` and `hfu` run on the arrays."""
+the lowered step's (`opgraph.cost.lowered`); the cost model's `time`, `mfu` and `hfu` run on the
+arrays."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import attrs
 import numpy as np
 import sympy
 
-from opgraph.passes.evaluate import mfu_parameters, resolve
+from opgraph.passes.evaluate import resolve
 
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
-from ...core.symbols import B, S
 from ...cost.costmodel import DEFAULT, CostModel, attention_role, host_floor, shape_factors
+from ...cost.lowered import lower
 from ...cost.profile import CATEGORIES
 
 CHUNK = 8192  # points per call: a chunk's arrays stay in cache
@@ -123,31 +124,30 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     symbols = [by_name[name] for name in free]
     fixed = {sym: v for sym, v in dims.items() if sym not in symbols}
     terms: dict[tuple, int] = {}
-    costs = cost.op_costs(step)
-    for op in step.ops():
+    low = lower(step, cost)
+    for o in low.ops:
+        c = o.cost
         # the roofline needs only each term's totals; the calibrated model also its kernel
         # count (a launch each), the efficiency its arithmetic runs at, its GEMM grid and its
         # instances' share of host_s (`host_floor`: 0, or the kernels one launches)
-        grid = tuple(sympy.sympify(g).xreplace(fixed) for g in costs[op.name].grid) or (0,) * 3
-        per_kernel = ((sympy.sympify(op.count).xreplace(fixed), costs[op.name].efficiency,
-                       grid, attention_role(op.kind),
-                       sympy.sympify(host_floor(op.kind, sympy.Integer(1),
-                                                costs[op.name].launches)).xreplace(fixed))
+        grid = tuple(sympy.sympify(g).xreplace(fixed) for g in c.grid) or (0,) * 3
+        per_kernel = ((o.count.xreplace(fixed), c.efficiency, grid, attention_role(o.kind),
+                       sympy.sympify(host_floor(o.kind, sympy.Integer(1),
+                                                c.launches)).xreplace(fixed))
                       if cost.name == "calibrated"
                       else (sympy.Integer(1), "matmul", (), 0, sympy.Integer(1)))
-        key = (op.category, (op.count * costs[op.name].flops).xreplace(fixed),
-               (op.count * costs[op.name].bytes).xreplace(fixed), costs[op.name].compute,
+        key = (o.category, o.flops.xreplace(fixed), o.bytes.xreplace(fixed), c.compute,
                *per_kernel)
         terms[key] = terms.get(key, 0) + 1
     found = {key[0] for key in terms}
     categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
-    n_mfu = sympy.sympify(mfu_parameters(step)).xreplace(fixed)  # a MoE's active share
+    n_mfu = sympy.sympify(low.mfu_parameters).xreplace(fixed)  # a MoE's active share
     exprs = [key[1] for key in terms] + [key[2] for key in terms]
     if cost.name == "calibrated":  # kernel counts, for the launches; GEMM grids, for waves;
         exprs += [key[4] for key in terms]  # and each instance's share of host_s
         exprs += [key[6][i] for i in range(3) for key in terms]
         exprs += [key[8] for key in terms]
-    exprs += [n_mfu, (B * S).xreplace(fixed)]
+    exprs += [n_mfu, low.tokens.xreplace(fixed)]
     leftover = set().union(*(sympy.sympify(e).free_symbols for e in exprs)) - set(symbols)
     if leftover:
         raise OpgraphError(f"{step.name}'s costs depend on {', '.join(sorted(map(str, leftover)))}"

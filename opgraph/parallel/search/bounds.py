@@ -17,6 +17,7 @@ from ...core.rules import COLLECTIVE_KINDS
 from ...core.symbols import B, cp, dp, edp, ep, pp, tp
 from ...cost.costmodel import CostModel
 from ...cost.hardware import Hardware
+from ...cost.lowered import Lowered, lower
 from ...cost.memory import RESIDENT, Memory, liveness, resident_tensors, saved
 from ...passes.evaluate import resolve
 from ...passes.replicate import GROUPS
@@ -81,34 +82,32 @@ class _StageFormulas:
 
 
 def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
-                   zero: int, layers: int, costs: dict, fixed_memo: dict,
+                   zero: int, layers: int, step: Lowered, fixed_memo: dict,
                    program: _Program) -> _StageFormulas:
-    missing = [op for op in graph.ops() if op.name not in costs]
-    if missing:
-        costs = costs | {op.name: cost.op_cost(graph, op) for op in missing}
+    low = lower(graph, cost, like=step)  # the stage's ops: the step's, and its sends
     # the stack's count (L / pp) becomes the stage's layers; the other dimensions numbers
     fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES and s != pp}
     fixed[pp] = sympy.Integer(layers or 1) / LAYERS
-    ops = graph.ops()
-    collective = [op.kind in COLLECTIVE_KINDS for op in ops]
+    ops, lowered = graph.ops(), low.ops
+    collective = [o.group is not None for o in lowered]
     live = liveness(graph)
-    formulas = ([op.count for op in ops] + [costs[op.name].flops * op.count for op in ops]
-                + [costs[op.name].bytes * op.count for op in ops]
-                + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)]
+    formulas = ([o.count for o in lowered] + [o.flops for o in lowered]
+                + [o.bytes for o in lowered]
+                + [o.cost.message if c else 0 for o, c in zip(lowered, collective)]
                 + [life.tensor.nbytes for life in live.lives]
                 + [life.tensor.count for life in live.lives]
                 + [live.resident[name] for name in RESIDENT]
-                + _grids(ops, costs)
-                + [costs[op.name].calls if c else 1 for op, c in zip(ops, collective)]
-                + [costs[op.name].launches for op in ops])
+                + _grids(lowered)
+                + [o.cost.calls if c else 1 for o, c in zip(lowered, collective)]
+                + [o.cost.launches for o in lowered])
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     one, many = live.copy_matrices()
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
     return _StageFormulas(
-        graph, layers, tuple(op.name for op in ops), tuple(op.kind for op in ops),
-        tuple(op.param("group") if c else None for op, c in zip(ops, collective)), once,
-        tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
-        tuple(costs[op.name].efficiency for op in ops), exprs,
+        graph, layers, tuple(o.name for o in lowered), tuple(o.kind for o in lowered),
+        tuple(o.group for o in lowered), once,
+        tuple(cost.peak(hardware, o.cost.compute) for o in lowered),
+        tuple(o.cost.efficiency for o in lowered), exprs,
         program.tape(exprs),
         len(ops),
         len(live.lives), one, many, np.array([life.saved for life in live.lives], dtype=bool),
@@ -120,10 +119,10 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         _waits(graph, ops, collective, once))
 
 
-def _grids(ops: list, costs: dict) -> list:
-    """Each op's matrix-multiply grid (`Cost.grid`: GEMMs, M, N), three rows of formulas, the
-    last of a stage's: zeros for an op that is none."""
-    grids = [costs[op.name].grid or (0, 0, 0) for op in ops]
+def _grids(ops: list) -> list:
+    """Each lowered op's matrix-multiply grid (`Cost.grid`: GEMMs, M, N), three rows of
+    formulas: zeros for an op that is none."""
+    grids = [o.cost.grid or (0, 0, 0) for o in ops]
     return [g[i] for i in range(3) for g in grids]
 
 
@@ -244,7 +243,7 @@ def _over_rows(rows_: list, line):
     where = np.array([index.setdefault((r.tp, r.cp, r.ep, r.pp, r.dp), len(index))
                       for r in rows_])
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def lines(kind: str, group: str) -> tuple[np.ndarray, np.ndarray]:
         found = [line(kind, group, degrees) for degrees in index]
         most = max(map(len, found))  # a group of one has one line: repeat it
@@ -258,11 +257,11 @@ def _comm_line(cost: CostModel, cluster, hardware: Hardware):
     (`CostModel.comm_lines`), over the group `group` names in the layout of `degrees` (tp,
     cp, ep, pp, dp), each distinct group size and stride read once."""
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def affine(kind: str, size: int, stride: int, gpus: int) -> tuple[tuple[float, float], ...]:
         return cost.comm_lines(kind, size, cluster.for_job(gpus), stride, hardware)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def layout(degrees: tuple) -> Parallel:
         t, c, e, p, d = degrees
         return Parallel(tp=t, cp=c, ep=e, pp=p, dp=d)
@@ -413,10 +412,10 @@ def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r
                        program: _Program) -> _Structure:
     layout = _representative(r, layers)
     step = _step(forward, r, layout, passes)
-    costs = cost.op_costs(step)
+    low = lower(step, cost)
     return _Structure(structure(r), {
         role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero_run,
-                             layers, costs, formulas, program)
+                             layers, low, formulas, program)
         for role, i in _roles(layout.pp)})
 
 
@@ -464,19 +463,20 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     if layers is not None:
         fixed[layer_stack(graph).count] = LAYERS
         side = ends(graph)
-    costs = cost.op_costs(graph)
+    low = lower(graph, cost)
     # a micro-batch's ops: not the optimizer's, nor the FP8 weight casts run once a step
     # (`passes.cache_fp8_weights`), which a bound may leave out
     ops = [op for op in graph.ops() if op.phase is not Phase.OPTIMIZER
            and not op.param("cached")]
-    collective = [op.kind in COLLECTIVE_KINDS for op in ops]
+    lowered = [low.op(op.name) for op in ops]
+    collective = [o.group is not None for o in lowered]
     once = (False,) * len(ops)
     waits = _waits(graph, ops, collective, once)
     if side is not None:  # a run counts on every stage only where all its ops are the stack's
         waits = tuple(w for w in waits if all(side[ops[k].name] == {STACK} for k in w.ops))
-    formulas = ([op.count for op in ops] + [costs[op.name].flops * op.count for op in ops]
-                + [costs[op.name].bytes * op.count for op in ops]
-                + [costs[op.name].message if c else 0 for op, c in zip(ops, collective)])
+    formulas = ([o.count for o in lowered] + [o.flops for o in lowered]
+                + [o.bytes for o in lowered]
+                + [o.cost.message if c else 0 for o, c in zip(lowered, collective)])
     # where each compute op runs; with no one stack, all on the one stage
     runs = [side[op.name] if side is not None else {FIRST_END} for op in ops]
     places = tuple(np.array([not c and place in where for where, c in zip(runs, collective)],
@@ -484,14 +484,13 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     stack = layer_stack(graph).count if layers is not None else None
     formulas += (_held(graph, stack) + _moved(graph, stack, r.traits.regather_in_recompute,
                                               r.traits.buckets_grads,
-                                              DTYPES[r.wire].itemsize) + _grids(ops, costs)
-                 + [costs[op.name].launches for op in ops])
+                                              DTYPES[r.wire].itemsize) + _grids(lowered)
+                 + [o.cost.launches for o in lowered])
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     return _ComputeFormulas(
-        tuple(op.kind for op in ops),
-        tuple(op.param("group") if c else None for op, c in zip(ops, collective)),
-        tuple(cost.peak(hardware, costs[op.name].compute) for op in ops),
-        tuple(costs[op.name].efficiency for op in ops),
+        tuple(o.kind for o in lowered), tuple(o.group for o in lowered),
+        tuple(cost.peak(hardware, o.cost.compute) for o in lowered),
+        tuple(o.cost.efficiency for o in lowered),
         program.tape(exprs), len(ops), places, waits)
 
 

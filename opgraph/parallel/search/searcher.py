@@ -12,10 +12,11 @@ import numpy as np
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
 from ...core.limits import MAX_MICRO_BATCHES
+from ...core.parameters import mfu_parameters
 from ...cost.costmodel import DEFAULT, CostModel
 from ...cost.hardware import Hardware
 from ...io.outputs.progress import progress, progressed
-from ...passes.evaluate import mfu_parameters, resolve
+from ...passes.evaluate import resolve
 from .. import cluster as clusters
 from ..distributed import Job, step_figures
 from .bounds import (
