@@ -27,19 +27,13 @@ def test_a_prediction_is_what_profile_gives_under_each_cost_model(shipped, case_
     """`predict` compiles a case once a process (the fit's compiled jobs, shared across cost
     models of one backward convention) and schedules it under the cost model asked for: the
     figures `profile_parallel` gives compiling the case under that cost model on its own."""
-    from opgraph.parallel import cluster as clusters
     from opgraph.cost.costmodel import cost_model
-    from opgraph.parallel.distributed import profile_parallel
 
     case = shipped[case_id]
-    part = case.part()
-    cluster = clusters.get(case.cluster) if case.cluster else clusters.for_hardware(part)
     for name in ("calibrated", "roofline"):
         cost = cost_model(name, backward)
         got = v.predict(case, cost)
-        r = profile_parallel(case.forward(), part, case.parallel, cluster=cluster,
-                             values={"S": case.seq_len}, cost=cost,
-                             **v.case_options(case)).parallel
+        r = case.job(cost).profile().parallel
         assert (got.predicted_step_time_s, got.predicted_peak_memory_bytes, got.mfu) == (
             r.step_time_s, r.memory.total, r.mfu), name
 

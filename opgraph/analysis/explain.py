@@ -31,7 +31,7 @@ import attrs
 
 from ..core.errors import OpgraphError
 from ..cost.costmodel import CalibratedCostModel, CostModel
-from ..parallel.distributed import ParallelResult, profile_parallel, step_figures
+from ..parallel.distributed import ParallelResult, step_figures
 from ..parallel.parallel import Parallel, parse_layout
 from ..parallel.search import Candidate, Ranked, Searcher, Space
 
@@ -147,18 +147,17 @@ def compare(searcher: Searcher, best: tuple[Ranked, ...], names: list[Named]
 
 
 def _profiled(searcher: Searcher, n: Named) -> Compared:
-    from ..core.pipeline import fusion_passes
     from ..io.outputs.report import layout_text
+    from ..parallel.job import JobSpec
 
     source = n.text if n.label == "config" else None
     if n.mismatch is not None:
         return Compared(n.label, n.text, reason=n.mismatch, source=source)
     try:
         layout = Parallel(**dict(n.fields))
-        profile = profile_parallel(searcher.forward, searcher.hardware, layout,
-                                   cluster=searcher.cluster, values={"S": searcher.seq},
-                                   cost=searcher.cost, recompute=n.recompute,
-                                   precision=n.precision, extra_passes=fusion_passes(n.fuse))
+        profile = JobSpec(forward=searcher.forward, hardware=searcher.hardware, layout=layout,
+                          seq_len=searcher.seq, recompute=n.recompute, precision=n.precision,
+                          fuse=n.fuse, cluster=searcher.cluster, cost=searcher.cost).profile()
     except OpgraphError as e:
         return Compared(n.label, n.text, reason=f"{n.text}: {e}", source=source)
     r = profile.parallel

@@ -29,8 +29,7 @@ from ..cost.calibration import FRACTIONS, Efficiencies
 from ..cost.costmodel import DEFAULT, CalibratedCostModel, CostModel
 from ..io.cases import Case
 from ..io.outputs.progress import progressed
-from ..parallel import cluster as clusters
-from ..parallel.distributed import Job, prepare, step_figures
+from ..parallel.distributed import Job, step_figures
 
 # Where every fit starts (so that a fit does not depend on the file it rewrites).
 START = {"matmul": 0.7, "matmul_half_flops": 1e10, "attention": 0.5, "bandwidth": 0.85,
@@ -119,13 +118,8 @@ def compile_cases(cases: list[Case], cost: CostModel = DEFAULT) -> list[tuple[Ca
 @functools.lru_cache(maxsize=1024)
 def _compiled(key: str, convention: CostModel) -> Job:
     from ..io.cases import read_case
-    from .validate import case_options
 
-    c = read_case(json.loads(key))
-    part = c.part()
-    cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(part)
-    return prepare(c.forward(), part, c.parallel, cluster=cluster, values={"S": c.seq_len},
-                   cost=convention, **case_options(c))
+    return read_case(json.loads(key)).job(convention).prepare()
 
 
 def fit(cases: list[Case], table: dict[str, Efficiencies], *,

@@ -29,7 +29,6 @@ from collections.abc import Iterable
 import attrs
 
 from ..core.errors import OpgraphError
-from ..core.pipeline import fusion_passes
 from ..cost.costmodel import DEFAULT, CostModel
 from ..io.cases import Case, Unmodelled
 from ..parallel.distributed import step_figures
@@ -88,12 +87,6 @@ class Skipped:
 
     def to_json(self) -> dict:
         return {"id": self.id, "family": self.family, "reason": self.reason}
-
-
-def case_options(case: Case) -> dict:
-    """`compile_step`'s options for a case: recomputation, precision, element-wise fusion."""
-    return {"recompute": case.recompute, "precision": case.precision,
-            "fused_attention": case.fused_attention, "extra_passes": fusion_passes(case.fuse)}
 
 
 def predict(case: Case, cost: CostModel = DEFAULT) -> Prediction:

@@ -281,10 +281,14 @@ def parallel_setup(args) -> ParallelSetup:
     `--torchtitan` or `--megatron-args` said (`opgraph.io.launch`), on `--cluster` (default: the
     part's), with `--trace-rank`'s timeline."""
     from ..parallel import cluster as clusters
-    from ..parallel.distributed import profile_parallel
+    from ..parallel.job import JobSpec
     from .layout import layout_from, layout_warnings
 
-    base, options = None, step_options(args)
+    base = None
+    # the step's options: each flag given, else the launch config's, else the default
+    given = {name: getattr(args, name) for name, default in
+             (("recompute", "none"), ("precision", "bf16"), ("fuse", None))
+             if getattr(args, name, default) != default}
     launch = _launch(args)
     if launch is not None:
         for note in launch.unknown:
@@ -295,12 +299,8 @@ def parallel_setup(args) -> ParallelSetup:
         forward = launch.forward() if args.model is None and args.config is None \
             else load_forward(args)
         base = launch.parallel
-        # the job's options, unless a flag says otherwise
-        for name in ("recompute", "precision"):
-            if name not in options:
-                options[name] = getattr(launch, name)
-        if not options["extra_passes"]:
-            options["extra_passes"] = fusion_passes(launch.fuse)
+        given = {"recompute": launch.recompute, "precision": launch.precision,
+                 "fuse": launch.fuse} | given
         seq = args.seq_len or launch.seq_len or forward.seq_len
     else:
         forward = load_forward(args)
@@ -310,9 +310,11 @@ def parallel_setup(args) -> ParallelSetup:
     layout = layout_from(args, seq, base)
     part = load_hardware(args)
     cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
-    profile = profile_parallel(forward, part, layout, cluster=cluster, values={"S": seq},
-                               cost=cost_model(args), rank=args.trace_rank, **options)
-    echo = echoed(args) | {k: options[k] for k in ("recompute", "precision") if k in options}
+    job = JobSpec(forward=forward, hardware=part, layout=layout, seq_len=seq, cluster=cluster,
+                  cost=cost_model(args), fused_attention=not args.no_fused_attention,
+                  adamw=getattr(args, "adamw", "mixed"), **given)
+    profile = job.profile(rank=args.trace_rank)
+    echo = echoed(args) | {k: given[k] for k in ("recompute", "precision") if k in given}
     return ParallelSetup(forward, profile, part, echo, tuple(layout_warnings(layout)))
 
 

@@ -145,6 +145,20 @@ class Case:
         return part if self.power_limit_w is None else parts.with_power_limit(
             part, self.power_limit_w)
 
+    def job(self, cost=None):
+        """The run as a job (`opgraph.parallel.job.JobSpec`) under `cost` (default: the
+        roofline), as `opgraph profile` runs the case's flags."""
+        from ..parallel.job import JobSpec
+
+        part = self.part()
+        return JobSpec(forward=self.forward(), hardware=part, layout=self.parallel,
+                       seq_len=self.seq_len, recompute=self.recompute, precision=self.precision,
+                       fuse=None if self.fuse == "none" else self.fuse,
+                       fused_attention=self.fused_attention,
+                       cluster=clusters.get(self.cluster) if self.cluster
+                       else clusters.for_hardware(part),
+                       **({} if cost is None else {"cost": cost}))
+
     def forward(self) -> Graph:
         """The model's forward graph, its default sequence length the case's `seq_len`."""
         return _at_seq_len(_model_graph(self.model, self.id), self)

@@ -16,13 +16,15 @@ from opgraph.models.deepseek import DeepSeekV2Config
 from opgraph.models.gpt2 import GPT2Config
 from opgraph.models.llama import LlamaConfig
 
+from ...core.choices import FUSION_POLICIES, PRECISIONS, RECOMPUTE_POLICIES
 from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIGITS, MAX_DIM, check_whole
 from ...parallel.parallel import Parallel
 
-RECOMPUTE = ("none", "selective", "selective-op", "full")  # passes/recompute.py POLICIES
-PRECISIONS = ("bf16", "fp8")
-FUSE = (None, "elementwise")
+RECOMPUTE = RECOMPUTE_POLICIES
+# A launch config fuses element-wise chains where the job compiles its model (torch.compile),
+# or not at all: the first of the fusion policies, or None.
+FUSE = (None, FUSION_POLICIES[0])
 
 
 
@@ -101,6 +103,17 @@ class Launch:
     fuse: str | None = attrs.field(default=None, validator=_one_of(FUSE))
     unknown: tuple[str, ...] = attrs.field(default=(), converter=tuple, eq=False)
     source: str = attrs.field(default="", eq=False)
+
+    def job(self, hardware, *, cluster=None, cost=None):
+        """The job this config runs on `hardware` (`opgraph.parallel.job.JobSpec`), on
+        `cluster` (default: the part's) under `cost` (default: the roofline)."""
+        from ...parallel.job import JobSpec
+
+        extra = {k: v for k, v in (("cluster", cluster), ("cost", cost)) if v is not None}
+        forward = self.forward()
+        return JobSpec(forward=forward, hardware=hardware, layout=self.parallel,
+                       seq_len=self.seq_len or forward.seq_len, recompute=self.recompute,
+                       precision=self.precision, fuse=self.fuse, **extra)
 
     def forward(self):
         """The model's forward graph (a preset's, or built from the configuration)."""
