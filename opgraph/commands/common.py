@@ -238,8 +238,7 @@ def setup(args, calibrated: bool = True, layout=None) -> Setup:
         from ..parallel.distributed import compile_parallel
 
         step = compile_parallel(forward, layout, seq=values["S"], **step_options(args))
-    if cost.name == "calibrated":
-        cost.efficiencies(part)  # a part without a generation: said now, in one line
+    cost.figures(part)  # what the cost model reads of the part: a gap said now
     return Setup(forward, step, part, values, cost)
 
 

@@ -198,8 +198,7 @@ def run(args) -> int:
                            f"{seq:,}")
     batch = args.global_batch or args.tokens // seq
     cost = cost_model(args)
-    if cost.name == "calibrated":
-        cost.efficiencies(part)  # a part without a generation: said now, in one line
+    cost.figures(part)  # what the cost model reads of the part: a gap said now
     cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
     spaces = [_space(args, n, batch) for n in sizes]  # every constraint checked up front
     resident = _resident_bytes(forward, seq, spaces[0])

@@ -380,16 +380,43 @@ class CostModel:
         kind's); the roofline does not."""
         return self.time(flops, nbytes, peak, hardware.bandwidth)
 
+    # whether its time reads each kernel's shape (its count, grid, efficiency and launches),
+    # which `opgraph.analysis.sweep` then compiles beside the FLOPs and bytes
+    shapes = False
+
+    def figures(self, hardware) -> dict[str, float]:
+        """What its time reads of a part besides the peak and the bandwidth: nothing for the
+        roofline (`CalibratedCostModel.figures`: the generation's efficiencies)."""
+        return {}
+
     def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None,
                  launches=None, efficiencies=None):
         """`op_time` over numpy arrays: a row per op (of `kinds`, at the column `peaks`), a
         column per case (`opgraph.parallel.search`'s layouts); `grids` (3, ops, cases), each op's
         `grid` (zeros for an op without one), or None; `launches` (ops, cases), each op's
         `Cost.launches`, or None (one each); `efficiencies`, each op's `Cost.efficiency`, or
-        None (its kind's)."""
+        None (its kind's). `kernel_times` with the part's `figures`."""
         import numpy as np
 
-        return self.time(flops, nbytes, peaks, hardware.bandwidth, np.maximum)
+        hosts = np.array([host_floor(kind, 1.0) for kind in kinds], dtype=float)[:, None]
+        return self.kernel_times(
+            self.figures(hardware), [attention_role(kind) for kind in kinds], flops, nbytes,
+            counts, peaks, hardware.bandwidth, grids,
+            hosts if launches is None else hosts * launches,
+            efficiencies or [EFFICIENCY.get(kind, "matmul") for kind in kinds])
+
+    def kernel_times(self, figures: dict, attention, flops, nbytes, counts, peaks, bandwidth,
+                     grids=None, hosts=None, rates=None):
+        """The time of each row of kernels over numpy arrays (a row per op or term, a column
+        per case or point), the one array entry point `op_times` (the planner) and
+        `opgraph.analysis.sweep` share: `figures` as `figures` gives them, each a number or
+        an array over the columns; `attention` each row's `attention_role`; `grids` (3, rows,
+        columns) or None; `hosts` the kernels each row's instance launches that pay the host's
+        time (`host_floor`); `rates` each row's efficiency's name. The roofline reads only the
+        FLOPs, bytes, peaks and bandwidth: `time` with `np.maximum`."""
+        import numpy as np
+
+        return self.time(flops, nbytes, peaks, bandwidth, np.maximum)
 
     def comm_lines(self, kind: str, group: int, cluster, stride: int = 1,
                    hardware=None) -> tuple[tuple[float, float], ...]:
@@ -548,28 +575,27 @@ class CalibratedCostModel(CostModel):
                                 launch=e.launch_s, quantum=quantum,
                                 host=host_floor(kind, e.host_s, launches))
 
-    def op_times(self, hardware, kinds, flops, nbytes, counts, peaks, grids=None,
-                 launches=None, efficiencies=None):
+    shapes = True
+
+    def kernel_times(self, figures: dict, attention, flops, nbytes, counts, peaks, bandwidth,
+                     grids=None, hosts=None, rates=None):
         import numpy as np
 
-        e = self.efficiencies(hardware)
-        rates = self._rates(e)
-        names = efficiencies or [EFFICIENCY.get(kind, "matmul") for kind in kinds]
-        rate = np.array([rates[name] for name in names])[:, None]
-        host = np.array([host_floor(kind, e.host_s) for kind in kinds])[:, None]
-        if launches is not None:
-            host = host * launches
+        f = figures
+        columns = np.shape(flops)[1:]
+        rate = np.stack([np.broadcast_to(np.asarray(f[name], dtype=float), columns)
+                         for name in rates])
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
             quantum = 1.0 if grids is None else shape_factors(
-                np.array([attention_role(kind) for kind in kinds]), grids, flops / counts,
-                hardware.sms or 0, e.matmul_tile_m, e.matmul_tile_n, e.attention_exp_ratio,
-                e.matmul_k_overhead, e.matmul_unaligned,
-                (e.attention_kv_overhead, e.attention_backward_kv_overhead))
-            t = self.scaled_time(flops, nbytes, counts, peaks * hardware.clock_ratio,
-                                 hardware.bandwidth, rate=rate,
-                                 half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
-                                 launch=e.launch_s, quantum=quantum, host=host,
-                                 maximum=np.maximum)
+                attention, grids, flops / counts, f["sms"], f["matmul_tile_m"],
+                f["matmul_tile_n"], f["attention_exp_ratio"], f["matmul_k_overhead"],
+                f["matmul_unaligned"],
+                (f["attention_kv_overhead"], f["attention_backward_kv_overhead"]))
+            t = self.scaled_time(flops, nbytes, counts, peaks * f["clock"], bandwidth,
+                                 rate=rate, half=f["matmul_half_flops"],
+                                 bandwidth_share=f["bandwidth"], launch=f["launch_s"],
+                                 quantum=quantum, host=(1.0 if hosts is None else hosts)
+                                 * f["host_s"], maximum=np.maximum)
         return np.where(counts > 0, t, 0.0)
 
     @staticmethod
@@ -815,12 +841,13 @@ def cost_model(name: str, backward: str = "plate", table: dict | None = None) ->
 
 
 __all__ = [
+    "ALIGN",
+    "ATTENTION_KINDS",
     "BACKWARD_COST",
     "BACKWARD_MODES",
+    "BATCHED",
     "COST_MODELS",
     "DEFAULT",
-    "BATCHED",
-    "host_floor",
     "EFFICIENCY",
     "FUSED_BACKWARD_COST",
     "OPERANDS",
@@ -828,25 +855,24 @@ __all__ = [
     "CalibratedCostModel",
     "Cost",
     "CostModel",
+    "attention_role",
     "compute_dtype",
     "cost_model",
+    "exp_factor",
     "fused_members",
+    "host_floor",
+    "k_overhead",
     "members_of",
     "message_bytes",
     "own_bytes",
+    "row_factor",
     "rule_flops",
     "scaled",
     "scaled_flops",
-    "ATTENTION_KINDS",
-    "attention_role",
-    "row_factor",
-    "exp_factor",
-    "k_overhead",
-    "ALIGN",
-    "unaligned",
     "shape_factor",
     "shape_factors",
     "split_k",
+    "unaligned",
     "wave_quanta",
     "wave_quantum",
     "waves_of",

@@ -15,7 +15,7 @@ from opgraph.passes.evaluate import resolve
 
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
-from ...cost.costmodel import DEFAULT, CostModel, attention_role, host_floor, shape_factors
+from ...cost.costmodel import DEFAULT, CostModel, attention_role, host_floor
 from ...cost.lowered import lower
 from ...cost.profile import CATEGORIES
 
@@ -51,8 +51,8 @@ class Sweep:
         `peak` and `bandwidth` (and `peak_fp8`, the FP8 terms' peak) are arrays of the same
         length or numbers; so are, for a calibrated cost model, `efficiencies` (each point's
         part's `CalibratedCostModel.figures`: its efficiencies, clock ratio and SMs)."""
-        if self.cost.name == "calibrated" and efficiencies is None:
-            raise OpgraphError("a calibrated sweep needs each point's efficiencies")
+        if self.cost.shapes and efficiencies is None:
+            raise OpgraphError(f"a {self.cost.name} sweep needs each point's efficiencies")
         n = len(next(iter(dims.values()))) if dims else 1
         if self.fp8 is not None and (peak_fp8 is None or np.isnan(peak_fp8).any()):
             raise OpgraphError(f"{self.model}'s step runs matmuls in FP8: give parts with a "
@@ -82,24 +82,11 @@ class Sweep:
         flops, nbytes, counts = values[:k], values[k:2 * k], values[2 * k:3 * k]
         n_mfu, tokens = values[rows], values[rows + 1]
         peaks = peak if self.fp8 is None else np.where(self.fp8[:, None], peak_fp8, peak)
-        if eff is None:
-            time = self.cost.time(flops, nbytes, peaks, bandwidth, np.maximum)
-        else:  # each term at its efficiency: the calibrated cost model's formula, on arrays
-            rate = np.stack([eff[r] for r in self.rates])
-            with np.errstate(divide="ignore", invalid="ignore"):  # a term of no kernels
-                quantum = shape_factors(self.attention, values[3 * k:6 * k].reshape(3, k, m),
-                                        flops / counts, eff["sms"], eff["matmul_tile_m"],
-                                        eff["matmul_tile_n"], eff["attention_exp_ratio"],
-                                        eff["matmul_k_overhead"], eff["matmul_unaligned"],
-                                        (eff["attention_kv_overhead"],
-                                         eff["attention_backward_kv_overhead"]))
-            time = self.cost.scaled_time(flops, nbytes, counts, peaks * eff["clock"], bandwidth,
-                                         rate=rate, quantum=quantum,
-                                         half=eff["matmul_half_flops"],
-                                         bandwidth_share=eff["bandwidth"],
-                                         launch=eff["launch_s"],
-                                         host=values[6 * k:rows] * eff["host_s"],
-                                         maximum=np.maximum)
+        shapes = eff is not None  # each term's kernel counts, grids and host launches
+        time = self.cost.kernel_times(
+            eff or {}, self.attention, flops, nbytes, counts if shapes else 1.0, peaks,
+            bandwidth, values[3 * k:6 * k].reshape(3, k, m) if shapes else None,
+            values[6 * k:rows] if shapes else None, self.rates)
         step = self.multiplicity @ time
         shares = (self.membership * self.multiplicity) @ time / step
         total_flops = self.multiplicity @ flops
@@ -134,7 +121,7 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
         per_kernel = ((o.count.xreplace(fixed), c.efficiency, grid, attention_role(o.kind),
                        sympy.sympify(host_floor(o.kind, sympy.Integer(1),
                                                 c.launches)).xreplace(fixed))
-                      if cost.name == "calibrated"
+                      if cost.shapes
                       else (sympy.Integer(1), "matmul", (), 0, sympy.Integer(1)))
         key = (o.category, o.flops.xreplace(fixed), o.bytes.xreplace(fixed), c.compute,
                *per_kernel)
@@ -143,7 +130,7 @@ def compile_sweep(step: Graph, free=("B", "S"), *, cost: CostModel = DEFAULT) ->
     categories = tuple([c for c in CATEGORIES if c in found] + sorted(found - {*CATEGORIES}))
     n_mfu = sympy.sympify(low.mfu_parameters).xreplace(fixed)  # a MoE's active share
     exprs = [key[1] for key in terms] + [key[2] for key in terms]
-    if cost.name == "calibrated":  # kernel counts, for the launches; GEMM grids, for waves;
+    if cost.shapes:  # kernel counts, for the launches; GEMM grids, for waves;
         exprs += [key[4] for key in terms]  # and each instance's share of host_s
         exprs += [key[6][i] for i in range(3) for key in terms]
         exprs += [key[8] for key in terms]

@@ -112,7 +112,7 @@ def run_grid(sweep: Sweep, grid: Grid, lo: int = 0, hi: int | None = None) -> di
     bandwidth = np.array([p.bandwidth for p in parts])[at["hardware"]]
     fp8 = np.array([p.fp8_flops or np.nan for p in parts])[at["hardware"]]
     efficiencies = None
-    if sweep.cost.name == "calibrated":  # each point's part's generation
+    if sweep.cost.shapes:  # each point's part's generation
         table = [sweep.cost.figures(p) for p in parts]
         efficiencies = {k: np.array([t[k] for t in table])[at["hardware"]] for k in table[0]}
     cols = sweep.run({name: at[name] for name in sweep.free}, peak, bandwidth, fp8,
