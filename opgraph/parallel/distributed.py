@@ -178,11 +178,15 @@ def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None
 def in_flight(layout: Parallel, stage: int = 0) -> float:
     """Micro-batches of activations pipeline stage `stage` holds at once (see the module):
     1F1B's stage i runs p - i forwards before its first backward."""
-    p, v, m = layout.pp, layout.virtual_stages, layout.micro_batches
-    if p == 1:
-        return 1.0
-    held = min(p - stage, m)
-    return held * (1 + (p - 1) / (p * v)) if v > 1 else float(held)
+    return float(held_micro_batches(layout.pp, layout.virtual_stages, layout.micro_batches,
+                                    stage))
+
+
+def held_micro_batches(p, v, m, stage, minimum=min, where=lambda c, a, b: a if c else b):
+    """`in_flight` of `p` stages of `v` virtual stages running `m` micro-batches: numbers, or
+    numpy arrays with `np.minimum` and `np.where` (the planner's rows)."""
+    held = minimum(p - stage, m)
+    return where(p == 1, 1.0, where(v > 1, held * (1 + (p - 1) / (p * v)), held))
 
 
 @attrs.frozen

@@ -25,7 +25,7 @@ from ...passes.replicate import group_of as replicate_group
 from ...passes.split_stages import FIRST as FIRST_END
 from ...passes.split_stages import LAST as LAST_END
 from ...passes.split_stages import STACK, ends, layer_stack, split_stages
-from ..distributed import Job, Stage, StageOp, unequal_chunks
+from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
 from ..frameworks import bucket_share
 from ..parallel import Parallel, stage_layers
 from ..schedule import once_per_step, plan
@@ -839,9 +839,7 @@ def _peak(f: _StageFormulas, nums: _Numbers) -> _Peak:
 
 def _in_flight(p: np.ndarray, v: np.ndarray, m: np.ndarray, stage) -> np.ndarray:
     """`distributed.in_flight` over arrays."""
-    held = np.minimum(p - stage, m)
-    out = np.where(v > 1, held * (1 + (p - 1) / (p * v)), held)
-    return np.where(p == 1, 1.0, out)
+    return held_micro_batches(p, v, m, stage, np.minimum, np.where)
 
 
 def _op_times(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostModel
