@@ -1,12 +1,14 @@
-"""pick_attention_kernel: a framework whose attention runs a fused attention library's kernels
-(cuDNN's) rather than FlashAttention's.
+"""pick_attention_kernel: a job whose attention runs another library's kernels (cuDNN's fused
+attention, flash-attn's Triton FlashAttention) rather than FlashAttention-2's.
 
-Invariant established: where the layout's framework does (`frameworks.Traits.attention_library`
-is "cudnn"), every FlashAttention op, forward and backward, carries `efficiency`, the
-efficiency of its generation its arithmetic runs at: `attention_fused` (its backward
-`attention_fused_backward`, the same rate in the backward's charged FLOPs), which
-`calibration.toml` gives where measured and which is `attention` elsewhere. FLOPs, bytes and
-the ops do not change. Nothing else changes: the pass is a mark.
+Invariant established: where the job's attention library (`frameworks.attention_library`: the
+layout's, else its framework's) is one of KERNELS, every FlashAttention op, forward and
+backward, carries `efficiency`, the efficiency of its generation its arithmetic runs at:
+`attention_fused` for cuDNN (its backward `attention_fused_backward`, the same rate in the
+backward's charged FLOPs), which `calibration.toml` gives where measured and which is
+`attention` elsewhere; `attention_triton` and `attention_triton_backward` for Triton's
+(`costmodel.TRITON_SLOWER`). FLOPs, bytes and the ops do not change. Nothing else changes: the
+pass is a mark.
 
 Why it matters: Megatron-LM's attention is Transformer Engine's `DotProductAttention`, which
 on Hopper and later picks cuDNN's fused attention over FlashAttention ("Disabling
@@ -28,22 +30,27 @@ from __future__ import annotations
 
 from opgraph.core.contracts import LAYOUT, contract, step_pass
 from opgraph.core.ir import Graph, with_params
-from opgraph.parallel.frameworks import traits
+from opgraph.parallel.frameworks import attention_library
 from opgraph.parallel.parallel import Parallel
 
-# A FlashAttention kind -> the efficiency its kernel runs at in a fused attention library
-FUSED = {"flash_attention": "attention_fused",
-         "flash_attention_backward": "attention_fused_backward"}
+# An attention library -> for each FlashAttention kind, the efficiency its kernel runs at there
+KERNELS = {
+    "cudnn": {"flash_attention": "attention_fused",
+              "flash_attention_backward": "attention_fused_backward"},
+    "triton": {"flash_attention": "attention_triton",
+               "flash_attention_backward": "attention_triton_backward"},
+}
 
 
 @step_pass(at=LAYOUT + 5, bind=lambda o: o.layout and {"layout": o.layout},
-           structure={"layout": lambda p: (traits(p).attention_library,)})
+           structure={"layout": lambda p: (attention_library(p),)})
 @contract(requires=("backward",))
 def pick_attention_kernel(graph: Graph, layout: Parallel) -> Graph:
-    """`graph` with each FlashAttention op marked to run at the fused library's efficiency
-    where the layout's framework runs one (see the module); `graph` itself where it does not,
-    or the step has no FlashAttention op."""
-    if traits(layout).attention_library != "cudnn":
+    """`graph` with each FlashAttention op marked to run at its library's efficiency where the
+    job runs another library than FlashAttention-2 (see the module); `graph` itself where it
+    does not, or the step has no FlashAttention op."""
+    kernels = KERNELS.get(attention_library(layout))
+    if kernels is None:
         return graph
-    return with_params(graph, {op.name: {"efficiency": FUSED[op.kind]} for op in graph.ops()
-                               if op.kind in FUSED})
+    return with_params(graph, {op.name: {"efficiency": kernels[op.kind]} for op in graph.ops()
+                               if op.kind in kernels})

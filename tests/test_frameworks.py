@@ -710,3 +710,18 @@ def test_fsdp_gathers_and_reduces_one_call_per_module(zero):
     gathers = [c for op, c in cost_model("calibrated").op_costs(generic).items()
                if generic.op(op).kind in ("reduce_scatter", "all_gather")]
     assert gathers and all(float(c.calls) == 1.0 for c in gathers)
+
+
+def test_a_layouts_attention_library_overrides_its_frameworks():
+    """The layout's `attention_library` names the kernels the job runs, else its framework's:
+    Megatron-LM's cuDNN, FlashAttention-2 elsewhere; a name that is none is one line."""
+    from opgraph import OpgraphError
+    from opgraph.parallel.frameworks import attention_library
+
+    assert attention_library(Parallel(framework="megatron")) == "cudnn"
+    assert attention_library(Parallel(framework="torchtitan")) == "flash"
+    assert attention_library(Parallel(framework="megatron", attention_library="triton")) == \
+        "triton"
+    with pytest.raises(OpgraphError, match="attention library 'xformers': choose one of flash, "
+                                          "cudnn, triton"):
+        Parallel(attention_library="xformers")

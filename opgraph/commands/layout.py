@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from ..core.choices import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
+from ..core.choices import ATTENTION_LIBRARIES, FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_DIM, MAX_MICRO_BATCHES
 from .args import layer_counts, whole
@@ -44,8 +44,8 @@ def add_sharding_args(group) -> None:
 
 
 def add_framework_args(group) -> None:
-    """`--framework` and `--grad-reduce-dtype` (`opgraph.parallel.frameworks`): what profile and
-    plan follow beyond the degrees."""
+    """`--framework`, `--grad-reduce-dtype` and `--attention-library`
+    (`opgraph.parallel.frameworks`): what profile and plan follow beyond the degrees."""
     group.add_argument("--framework", choices=FRAMEWORKS,
                        help="follow this framework's behaviour (opgraph.parallel.frameworks): "
                             "FSDP2's gathers (torchtitan), Megatron-LM's sequence-parallel inputs, "
@@ -54,6 +54,10 @@ def add_framework_args(group) -> None:
     group.add_argument("--grad-reduce-dtype", choices=GRAD_REDUCE_DTYPES,
                        help="the dtype gradients are reduced in across data-parallel ranks "
                             "(default: the framework's; fp32 without one)")
+    group.add_argument("--attention-library", choices=ATTENTION_LIBRARIES,
+                       help="the attention kernels the job runs: flash (FlashAttention-2), cudnn "
+                            "(cuDNN's fused attention), triton (flash-attn's Triton "
+                            "FlashAttention) (default: the framework's; flash without one)")
 
 
 class _OldRank(argparse.Action):
@@ -108,7 +112,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
 # The flags that set a `Parallel` field of the same name; --no-overlap-grad-reduce clears one.
 FIELDS = ("gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "virtual_stages",
           "sequence_parallel", "zero", "async_tp", "overlap_param_gather", "first_stage_layers",
-          "last_stage_layers", "stage_layers", "framework", "grad_reduce_dtype")
+          "last_stage_layers", "stage_layers", "framework", "grad_reduce_dtype",
+          "attention_library")
 
 
 def given_layout(args) -> dict:

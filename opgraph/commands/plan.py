@@ -134,7 +134,8 @@ def _space(args, gpus: int, batch: int):
                  max_tp=args.max_tp, max_cp=args.max_cp, max_pp=args.max_pp,
                  max_micro_batch=args.max_micro_batch,
                  max_virtual_stages=args.max_virtual_stages, async_tp=args.async_tp,
-                 framework=args.framework, grad_reduce_dtype=args.grad_reduce_dtype)
+                 framework=args.framework, grad_reduce_dtype=args.grad_reduce_dtype,
+                 attention_library=args.attention_library)
 
 
 def _sizes(text: str) -> list[int]:

@@ -11,8 +11,8 @@ order:
 - `RECOMPUTE_POLICIES`: `opgraph.passes.recompute.POLICIES`;
 - `PRECISIONS`: `opgraph.passes.precision` (imports it from here);
 - `ADAMW_OPTIONS`: `opgraph.passes.attach_adamw.ADAMW_OPTIONS`;
-- `ZERO_STAGES`, `FRAMEWORKS`, `GRAD_REDUCE_DTYPES`: `opgraph.parallel.parallel` (imports them
-  from here).
+- `ZERO_STAGES`, `FRAMEWORKS`, `GRAD_REDUCE_DTYPES`, `ATTENTION_LIBRARIES`:
+  `opgraph.parallel.parallel` (imports them from here).
 """
 
 from __future__ import annotations
@@ -37,3 +37,6 @@ ZERO_STAGES = (0, 1, 2, 3)
 FRAMEWORKS = ("megatron", "deepspeed", "torchtitan", "nanotron")
 # The dtype gradients are reduced in across data-parallel ranks; None: the framework's default.
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+# The attention kernels a framework may run (`opgraph.parallel.frameworks`'s `attention_library`):
+# FlashAttention-2, cuDNN's fused attention, flash-attn's Triton FlashAttention.
+ATTENTION_LIBRARIES = ("flash", "cudnn", "triton")

@@ -480,10 +480,18 @@ DEFAULT = CostModel()
 # other kind runs at `matmul`'s (its compute term rarely binds: it is memory-bound).
 EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention_backward"}
 # Every efficiency an op's arithmetic may run at (`Cost.efficiency`, an op's `efficiency`
-# parameter): the generation's `matmul`, `attention` and `attention_fused`, and the last two in
-# FlashAttention's backward's charged FLOPs (`CalibratedCostModel._rates`).
+# parameter): the generation's `matmul`, `attention` and `attention_fused`, the last two in
+# FlashAttention's backward's charged FLOPs, and flash-attn's Triton kernels' forward and
+# backward (`CalibratedCostModel._rates`).
 RATES = ("matmul", "attention", "attention_backward", "attention_fused",
-         "attention_fused_backward")
+         "attention_fused_backward", "attention_triton", "attention_triton_backward")
+# How much slower flash-attn's Triton FlashAttention (`flash_attn_triton.py`) runs than
+# FlashAttention-2, forward and backward: "FlashAttention-2 is around 1.3-1.5x faster than
+# FlashAttention in Triton in the forward pass and around 2x faster in the backward pass" (Dao
+# 2023, FlashAttention-2, section 4.1, on A100s). The forward takes the middle of the range. Both
+# are taken to hold on every generation: the Triton kernel uses the same mma instructions as
+# FlashAttention-2.
+TRITON_SLOWER = (1.4, 2.0)
 # The FLOPs of FlashAttention's backward that its efficiency's sources count: 2.5 x its forward's
 # (it recomputes QK^T: five products to the forward's two; Dao 2023, FlashAttention-2, and Shah
 # et al. 2024, FlashAttention-3, report their backward TFLOP/s so, and so does
@@ -553,13 +561,17 @@ class CalibratedCostModel(CostModel):
 
     def _rates(self, e) -> dict[str, float]:
         """`e`'s efficiencies by name; `attention_fused` (`attention` where the generation has
-        none); and `attention_backward` and `attention_fused_backward`: those in this model's
-        FLOPs of FlashAttention's backward (`runs_per_charged`)."""
+        none); `attention_backward` and `attention_fused_backward`: those in this model's
+        FLOPs of FlashAttention's backward (`runs_per_charged`); and Triton FlashAttention's
+        forward and backward, FlashAttention-2's over `TRITON_SLOWER`."""
         fused = e.attention_fused or e.attention
         per_charged = runs_per_charged("flash_attention_backward", self)
+        forward, backward = TRITON_SLOWER
         return e.values() | {"attention_fused": fused,
                              "attention_backward": e.attention / per_charged,
-                             "attention_fused_backward": fused / per_charged}
+                             "attention_fused_backward": fused / per_charged,
+                             "attention_triton": e.attention / forward,
+                             "attention_triton_backward": e.attention / per_charged / backward}
 
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
                 peak: float, grid: tuple = (), launches: float = 1.0,

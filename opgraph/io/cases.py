@@ -40,6 +40,7 @@ from pathlib import Path
 
 import attrs
 
+from ..core.choices import ATTENTION_LIBRARIES
 from ..core.datafile import read_small
 from ..core.errors import OpgraphError
 from ..core.fusion import POLICIES as FUSION_POLICIES
@@ -68,7 +69,7 @@ REQUIRED = ("id", "source", "model", "gpus", "seq_len", "measured")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "dp", "zero", "micro_batch", "global_batch",
                  "virtual_stages", "sequence_parallel", "async_tp", "overlap_grad_reduce",
                  "overlap_param_gather", "first_stage_layers", "last_stage_layers",
-                 "stage_layers", "framework", "grad_reduce_dtype")
+                 "stage_layers", "framework", "grad_reduce_dtype", "attention_library")
 MEASURED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib", "peak_memory_gb")
 UNMODELLED_KEYS = ("id", "family", "source", "reason")
 TIMINGS = ("step_time_s", "tokens_per_s_per_gpu")  # exactly one of them
@@ -179,7 +180,8 @@ class Case:
                             "last_stage_layers": p.last_stage_layers,
                             "stage_layers": (None if p.stage_layers is None
                                              else list(p.stage_layers)),
-                            "framework": p.framework, "grad_reduce_dtype": p.grad_reduce_dtype},
+                            "framework": p.framework, "grad_reduce_dtype": p.grad_reduce_dtype,
+                            "attention_library": p.attention_library},
                "seq_len": self.seq_len, "recompute": self.recompute,
                "precision": self.precision, "fuse": self.fuse,
                "fused_attention": self.fused_attention, "measured": {}, "notes": self.notes}
@@ -371,6 +373,7 @@ READERS: dict[str, Callable] = {
     "first_stage_layers": _whole, "last_stage_layers": _whole, "stage_layers": _layer_list,
     "framework": _choice(lambda: FRAMEWORKS, "a framework"),
     "grad_reduce_dtype": _choice(lambda: GRAD_REDUCE_DTYPES, "a gradient-reduction dtype"),
+    "attention_library": _choice(lambda: ATTENTION_LIBRARIES, "an attention library"),
     # measured
     "step_time_s": _measured_step, "tokens_per_s_per_gpu": _within(1e-3, 1e9, "tokens/s"),
     "peak_memory_gib": _within(1e-6, 1e6, "GiB"), "peak_memory_gb": _within(1e-6, 1e6, "GB"),

@@ -143,11 +143,16 @@ Each trait, with where each framework's code says so:
   keeps the generic one kernel (not checked).
 
 - `attention_library`: the kernels the attention core runs, "flash" (FlashAttention-2, the
-  generic model's) or "cudnn" (cuDNN's fused attention, at its generation's `attention_fused`
-  efficiency: `passes.pick_attention_kernel`). Megatron-LM: Transformer Engine's
+  generic model's), "cudnn" (cuDNN's fused attention, at its generation's `attention_fused`
+  efficiency) or "triton" (flash-attn's Triton FlashAttention, at `attention_triton`:
+  `passes.pick_attention_kernel`). Megatron-LM: Transformer Engine's
   `DotProductAttention` prefers cuDNN's FusedAttention on Hopper and later
   (`transformer_engine/pytorch/attention/dot_product_attention/utils.py`,
   `get_attention_backend`). torchtitan calls PyTorch's SDPA, nanotron flash-attn: FlashAttention.
+  No framework here defaults to Triton's; a job says it with the layout's `attention_library`
+  (LLM Foundry's 2023 benchmarks: `submit_benchmarks.py` defaults `--attn_impl` to triton,
+  whose kernel, `llmfoundry/models/layers/flash_attn_triton.py`, is flash-attn's
+  `flash_attn_triton.py` copied).
 
 - `groups_by_module`: FSDP gathers a wrapped module's sharded parameters, and reduce-scatters
   their gradients, in one call per module (a transformer block; the embedding, final norm and
@@ -231,6 +236,12 @@ def traits(layout: Parallel) -> Traits:
     except KeyError:
         raise OpgraphError(f"framework {layout.framework!r}: choose one of "
                            f"{', '.join(k for k in FRAMEWORKS if k)}") from None
+
+
+def attention_library(layout: Parallel) -> str:
+    """The attention kernels `layout`'s job runs: its `attention_library`, else its framework's
+    (see the module)."""
+    return layout.attention_library or traits(layout).attention_library
 
 
 def reduce_dtype(layout: Parallel) -> str:

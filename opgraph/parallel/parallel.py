@@ -25,7 +25,7 @@ import re
 
 import attrs
 
-from ..core.choices import FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
+from ..core.choices import ATTENTION_LIBRARIES, FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_DIM, MAX_MICRO_BATCHES, check_whole
 
@@ -73,7 +73,9 @@ class Parallel:
     forward, each layer's just before it runs, rather than after the update (Megatron-LM's
     `--overlap-param-gather`, with its distributed optimizer).
     `framework` names whose behaviour the passes follow where frameworks differ
-    (`opgraph.parallel.frameworks`: FSDP2's gathers, Megatron's sequence-parallel inputs, ...).
+    (`opgraph.parallel.frameworks`: FSDP2's gathers, Megatron's sequence-parallel inputs, ...);
+    `attention_library` the attention kernels the job runs, else the framework's
+    (`frameworks.attention_library`).
     """
 
     tp: int = 1
@@ -95,6 +97,7 @@ class Parallel:
     overlap_param_gather: bool = False
     framework: str | None = None
     grad_reduce_dtype: str | None = None
+    attention_library: str | None = None
 
     def __attrs_post_init__(self):
         for name in ("tp", "pp", "cp", "ep", "dp", "gpus", "micro_batch", "global_batch",
@@ -108,6 +111,10 @@ class Parallel:
         if self.grad_reduce_dtype is not None and self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
             raise OpgraphError(f"gradient-reduction dtype {self.grad_reduce_dtype!r}: choose one "
                                f"of {', '.join(GRAD_REDUCE_DTYPES)}")
+        if (self.attention_library is not None
+                and self.attention_library not in ATTENTION_LIBRARIES):
+            raise OpgraphError(f"attention library {self.attention_library!r}: choose one of "
+                               f"{', '.join(ATTENTION_LIBRARIES)}")
         model = self.tp * self.cp * self.pp
         if self.gpus is not None:
             if self.gpus % model:
@@ -223,7 +230,8 @@ class Parallel:
                 "stage_layers": None if self.stage_layers is None else list(self.stage_layers),
                 "overlap_grad_reduce": self.overlap_grad_reduce,
                 "overlap_param_gather": self.overlap_param_gather,
-                "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype}
+                "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype,
+                "attention_library": self.attention_library}
 
 
 def stage_layers(layers: int, layout: Parallel) -> list[int]:

@@ -38,7 +38,7 @@ def structure(r: Row) -> tuple:
     differ only in numbers."""
     return (r.tp > 1, r.cp > 1, r.ep > 1, r.dp_group > 1, r.edp_group > 1, r.sequence_parallel,
             r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3), r.framework,
-            r.grad_reduce_dtype)
+            r.grad_reduce_dtype, r.attention_library)
 
 
 FIRST, MIDDLE, LAST = ROLES = "first", "middle", "last"
@@ -382,7 +382,8 @@ def _representative(r: Row, layers: int) -> Parallel:
     stages = r.pp if r.pp < 3 else next(p for p in range(3, layers + 1) if layers % p == 0)
     return Parallel(tp=r.tp, cp=r.cp, ep=r.ep, pp=stages, dp=r.dp,
                     sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp,
-                    framework=r.framework, grad_reduce_dtype=r.grad_reduce_dtype)
+                    framework=r.framework, grad_reduce_dtype=r.grad_reduce_dtype,
+                    attention_library=r.attention_library)
 
 
 def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True

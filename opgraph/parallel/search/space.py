@@ -62,6 +62,7 @@ class Space:
     # whose behaviour every layout follows (`opgraph.parallel.frameworks`)
     framework: str | None = None
     grad_reduce_dtype: str | None = None
+    attention_library: str | None = None
 
     def __attrs_post_init__(self):
         for name in ("gpus", "batch", "max_micro_batch", "max_virtual_stages"):
@@ -86,7 +87,8 @@ class Space:
         if self.zero is not None and self.zero not in ZERO_STAGES:
             raise OpgraphError(f"--zero {self.zero}: give 0, 1, 2 or 3")
         # the framework's names and its combinations, checked as a layout checks them
-        Parallel(framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype)
+        Parallel(framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype,
+                 attention_library=self.attention_library)
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             for value in getattr(self, name) or ():
                 if value not in allowed:
@@ -171,6 +173,7 @@ class Row(NamedTuple):
     async_tp: bool
     framework: str | None = None
     grad_reduce_dtype: str | None = None
+    attention_library: str | None = None
 
     def layout(self) -> Parallel:
         return Parallel(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp,
@@ -178,7 +181,8 @@ class Row(NamedTuple):
                         virtual_stages=self.virtual_stages, zero=self.zero,
                         sequence_parallel=self.sequence_parallel, async_tp=self.async_tp,
                         first_stage_layers=self.first, last_stage_layers=self.last,
-                        framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype)
+                        framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype,
+                        attention_library=self.attention_library)
 
     @property
     def traits(self) -> Traits:
@@ -215,7 +219,7 @@ def row_of(c: Candidate) -> Row:
     return Row(lay.tp, lay.cp, lay.ep, lay.pp, lay.dp_degree, lay.micro_batch,
                lay.virtual_stages, lay.zero, lay.sequence_parallel, lay.first_stage_layers,
                lay.last_stage_layers, c.recompute, c.precision, lay.batch, lay.async_tp,
-               lay.framework, lay.grad_reduce_dtype)
+               lay.framework, lay.grad_reduce_dtype, lay.attention_library)
 
 
 def _layers(forward: Graph) -> int | None:
@@ -335,7 +339,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                     for v in _virtual(space, layers, p, first, last, per_rank // mb):
                         out += [Row(t, c, e, p, d, mb, v, z, sp_, first, last, r, pr,
                                     space.batch, space.async_tp and t > 1, space.framework,
-                                    space.grad_reduce_dtype)
+                                    space.grad_reduce_dtype, space.attention_library)
                                 for z, r, pr in (options if d * c > 1 else alone)
                                 if not _refused(space, p, z)]
     return out
