@@ -597,6 +597,11 @@ MEGATRON_LAUNCHES = [
     # --grad-reduce-in-bf16
     Launch(model=megatron_named(llama.LLAMA3_2_1B, 2048), seq_len=2048,
            parallel=Parallel(gpus=8, zero=1, grad_reduce_dtype="bf16")),
+    # --attention-backend flash and fused (cuDNN's)
+    Launch(model=megatron_named(llama.LLAMA3_2_1B, 2048), seq_len=2048,
+           parallel=Parallel(gpus=8, attention_library="flash")),
+    Launch(model=megatron_named(llama.LLAMA3_2_1B, 2048), seq_len=2048,
+           parallel=Parallel(gpus=8, attention_library="cudnn")),
     # multi-head latent attention, a dense first layer, shared and routed experts
     Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
            parallel=Parallel(tp=2, ep=8, gpus=64, global_batch=256, zero=1)),
@@ -619,6 +624,25 @@ def test_a_reduce_dtype_neither_framework_runs_is_refused():
                     parallel=Parallel(gpus=8, zero=3, grad_reduce_dtype="fp16"))
     assert "not fp16" in one_line_error(to_torchtitan, launch)
     assert "not fp16" in one_line_error(to_megatron, launch)
+
+
+def test_an_attention_kernel_a_framework_does_not_run_is_refused_or_said():
+    """Megatron-LM's --attention-backend names FlashAttention (flash) or cuDNN's (fused); auto,
+    its default, leaves the framework's; unfused and local are not modelled, and said so.
+    Neither framework runs flash-attn's Triton kernel, and torchtitan's config names none."""
+    launch = Launch(model="llama3-8b", seq_len=8192,
+                    parallel=Parallel(gpus=8, attention_library="triton"))
+    assert "no triton attention kernel" in one_line_error(to_megatron, launch)
+    assert "triton attention has no torchtitan form" in one_line_error(to_torchtitan, launch)
+    args = shlex.split(to_megatron(Launch(model="llama3-8b", seq_len=8192,
+                                          parallel=Parallel(gpus=8))))
+    assert "--attention-backend" not in args
+    text = shlex.join(args)
+    auto = read_megatron(text + " --attention-backend auto", gpus=8)
+    assert auto.parallel.attention_library is None and auto.unknown == ()
+    unfused = read_megatron(text + " --attention-backend unfused", gpus=8)
+    assert unfused.parallel.attention_library is None
+    assert unfused.unknown == ("--attention-backend",)
 
 
 def test_megatron_round_trip_of_the_175b_run():

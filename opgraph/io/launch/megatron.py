@@ -168,7 +168,9 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by --data-parallel-sharding-strategy;
     --tp-comm-overlap async tensor parallelism; --overlap-grad-reduce the gradient reduction
     under the backward (without it, Megatron's default, after it); --grad-reduce-in-bf16 the
-    reduction in BF16 (the layout's `grad_reduce_dtype`; without it FP32).
+    reduction in BF16 (the layout's `grad_reduce_dtype`; without it FP32); --attention-backend
+    flash or fused the attention library (FlashAttention-2 or cuDNN's; auto, the default,
+    cuDNN's on Hopper).
     Recomputation: selective (--recompute-activations, or --recompute-granularity selective), or
     full with --recompute-method uniform --recompute-num-layers 1 (every layer; other methods are
     an error). Precision: --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
@@ -422,7 +424,22 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None) -> Paralle
         overlap_param_gather=flags.switch("--overlap-param-gather"),
         grad_reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else None,
         first_stage_layers=flags.whole("--decoder-first-pipeline-num-layers"),
-        last_stage_layers=flags.whole("--decoder-last-pipeline-num-layers"))
+        last_stage_layers=flags.whole("--decoder-last-pipeline-num-layers"),
+        attention_library=_mg_attention(flags))
+
+
+# Megatron-LM's --attention-backend (`AttnBackend`, megatron/core/transformer/enums.py) -> the
+# attention library: Transformer Engine's FlashAttention or its cuDNN FusedAttention; auto, the
+# default, lets Transformer Engine pick (the framework's own, None). unfused and local are not
+# modelled: left over, and said so.
+_MG_ATTENTION = {"flash": "flash", "fused": "cudnn", "auto": None}
+
+
+def _mg_attention(flags: _Flags) -> str | None:
+    backend = flags.text("--attention-backend")
+    if backend is not None and backend not in _MG_ATTENTION:
+        flags.read.discard("--attention-backend")
+    return _MG_ATTENTION.get(backend)
 
 
 def _mg_recompute(flags: _Flags) -> str:
@@ -499,6 +516,12 @@ def to_megatron(launch: Launch) -> str:
     if reduce_dtype(p) == "fp16":
         raise OpgraphError("Megatron-LM trained in bf16 reduces gradients in fp32 or bf16 "
                            "(--grad-reduce-in-bf16), not fp16")
+    if p.attention_library is not None:
+        backend = {v: k for k, v in _MG_ATTENTION.items() if v is not None}
+        if p.attention_library not in backend:
+            raise OpgraphError(f"Megatron-LM runs no {p.attention_library} attention kernel; "
+                               "give --attention-library flash or cudnn")
+        args += ["--attention-backend", backend[p.attention_library]]
     args += _mg_zero_args(p.zero) + _mg_recompute_args(launch.recompute) + ["--bf16"]
     if launch.precision == "fp8":
         args += ["--fp8-format", "hybrid"]

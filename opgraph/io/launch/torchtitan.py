@@ -450,6 +450,10 @@ def to_torchtitan(launch: Launch) -> str:
     if p.first_stage_layers or p.last_stage_layers:
         raise OpgraphError("torchtitan splits the pipeline's layers itself; uneven first or last "
                            "stages have no torchtitan form")
+    if p.attention_library not in (None, "flash"):
+        raise OpgraphError(f"torchtitan's config names no attention kernel (PyTorch's SDPA picks "
+                           f"FlashAttention); {p.attention_library} attention has no torchtitan "
+                           "form")
     if launch.recompute == "selective":
         raise OpgraphError("torchtitan has no attention-core ('selective') recomputation; give "
                            "selective-op, full or none")
