@@ -424,9 +424,9 @@ def test_a_steady_state_stack_is_what_running_every_layer_gives(searchers, model
     from opgraph.parallel.search.bounds import _job
 
     stepped = []
-    repeat = schedule._repeat
-    monkeypatch.setattr(schedule, "_repeat", lambda trip, left, *a: (
-        stepped.append(left), repeat(trip, left, *a))[1])
+    repeat = schedule.Streams._repeat
+    monkeypatch.setattr(schedule.Streams, "_repeat", lambda self, trip, left: (
+        stepped.append(left), repeat(self, trip, left))[1])
 
     searcher = searchers(model, seq)
     forward = searcher.forward

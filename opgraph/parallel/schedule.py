@@ -1,9 +1,9 @@
 """The schedule: one GPU's step as a critical path over a compute stream and communication
 streams, then the pipeline over micro-batches.
 
-**One micro-batch on one stage** (`simulate`). The compute ops run in the graph's order on one
-stream, a layer stack's body once per layer. Each collective runs on its group's stream (one
-per parallel degree: tp, cp, ep, dp, pp), in the order it becomes ready:
+**One micro-batch on one stage** (`simulate`, which runs a `Streams`). The compute ops run in
+the graph's order on one stream, a layer stack's body once per layer. Each collective runs on
+its group's stream (one per parallel degree: tp, cp, ep, dp, pp), in the order it becomes ready:
 
 - a collective of something computed starts when that is written and its stream is free (a
   data-parallel gradient reduction starts as soon as its layer's backward wrote the gradient,
@@ -209,176 +209,227 @@ def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple 
     """Run a planned micro-batch once: `seconds[op]` is one instance's time. Collectives of
     the `deferred` groups wait for the compute that reads them rather than starting when
     their input is written (Megatron-LM without `--overlap-grad-reduce`). Returns the span
-    of the compute stream (with what it waited for).
+    of the compute stream (with what it waited for). `Streams` does the work."""
+    return Streams(p, seconds, async_tp, deferred, keep_events).run()
+
+
+class Streams:
+    """One GPU's streams over a planned micro-batch (`Plan`): the compute stream, in the
+    graph's order, and one stream per group (`GROUPS`) on which its collectives queue; what
+    each op wrote and when (`ready`), what the compute stream waited for, each collective's
+    time, and with `keep_events` every kernel as an `Event`.
 
     A layer stack's body runs the same ops every layer, and the streams settle into a steady
     state: without `keep_events`, once two layers in a row run alike (every op and collective
     at the same offsets from the layer's start, the streams as far ahead, the same waits;
     `_Trip`) and nothing from before the stack can still hold one back, the layers left are
-    that layer shifted by its length, added at once."""
-    comms = p.comms
-    ready: dict[tuple[str, int], tuple[float, float]] = {}  # (tensor, i) -> writer's (start, end)
-    free = dict.fromkeys(GROUPS, 0.0)
-    comm_s = dict.fromkeys(comms, 0.0)
-    exposed = dict.fromkeys(comms, 0.0)
-    queued = dict.fromkeys(comms, 0.0)
-    events: list[Event] = []
-    spans: list[tuple[str, float, float]] = []
-    started: dict[tuple[str, int], float] = {}  # (compute op, i) -> start
-    phase_start: dict[str, float] = {}
-    state = {"now": 0.0}
-    log: list | None = None  # a layer's writes, while one is watched for a steady state
+    that layer shifted by its length, added at once (`_repeat`)."""
 
-    def run_comm(c: _Comm, i: int, earliest: float) -> tuple[float, float]:
-        key = (c.output, i)
-        if key in ready:
-            return ready[key]
-        start = max(free[c.group], earliest)
-        end = start + seconds[c.name]
-        free[c.group] = end
-        ready[key] = (start, end)
-        spans.append((c.name, start, end))
-        comm_s[c.name] += end - start
-        if log is not None:
-            log.append((_READY, key, start, end))
-        if keep_events and end > start:
-            events.append(Event(c.name, c.group, start, end, c.phase, c.kind))
-        for name in p.comm_readers.get(c.output, ()):  # a chain of collectives
-            nxt = comms[name]
-            if nxt.group not in deferred:
-                run_comm(nxt, _instance(i, nxt.count), end)
-        return ready[key]
+    def __init__(self, p: Plan, seconds: dict, async_tp: bool = False, deferred: tuple = (),
+                 keep_events: bool = True):
+        self.plan, self.seconds = p, seconds
+        self.async_tp, self.deferred, self.keep_events = async_tp, deferred, keep_events
+        comms = p.comms
+        self.ready: dict[tuple[str, int], tuple[float, float]] = {}  # (tensor, i) -> writer's
+        self.free = dict.fromkeys(GROUPS, 0.0)  # when each group's stream is next free
+        self.comm_s = dict.fromkeys(comms, 0.0)
+        self.exposed = dict.fromkeys(comms, 0.0)
+        self.queued = dict.fromkeys(comms, 0.0)
+        self.events: list[Event] = []
+        self.spans: list[tuple[str, float, float]] = []  # each collective's run
+        self.started: dict[tuple[str, int], float] = {}  # (compute op, i) -> start
+        self.phase_start: dict[str, float] = {}
+        self.now = 0.0  # where the compute stream is
+        self.busy = 0.0  # its ops' time so far
+        self.log: list | None = None  # a layer's writes, while one is watched
 
-    def need(name: str, i: int, reader: _Compute) -> tuple[float, float, str | None]:
-        """When tensor `name` (instance i as `reader` sees it) is written: (start, end, the
-        collective that wrote it, if one did)."""
-        w = p.writer.get(name)
-        if w is None:
-            return 0.0, 0.0, None
-        j = _instance(i, p.counts[w])
-        if w in comms:
-            c = comms[w]
-            if (name, j) not in ready:
-                deps = [need(n, j, reader)[1] for n in c.inputs]
-                if any(p.writer.get(n) is not None for n in c.inputs):  # deferred: wait now
-                    earliest = max([state["now"], *deps])
-                else:  # nothing computed feeds it: a weight, prefetched a layer ahead
-                    prev = started.get((reader.name, j - 1)) if j else None
-                    earliest = prev if prev is not None else phase_start.get(
-                        reader.phase, state["now"])
-                run_comm(c, j, max([earliest, *deps]))
-            start, end = ready[(name, j)]
-            if log is not None and j != i:  # another layer's collective: a fixed time
-                log.append((_FIXED, name, end, 0.0))
-            return start, end, w
-        start, end = ready.get((name, j), (0.0, 0.0))
-        return start, end, None
+    def run(self) -> Run:
+        """The micro-batch: each segment (a layer stack's body, or ops outside one), then the
+        collectives still running after the last compute op, exposed, each for the part of
+        the tail it ends."""
+        if self.keep_events:  # every op on its own, to draw it
+            segments = [tuple(o for item in seg for o in (item.ops if isinstance(item, _Block)
+                                                           else (item,)))
+                        for seg in self.plan.segments]
+        else:
+            segments = self.plan.segments
+        self.lengths = {id(b): sum(self.seconds[o.name] for o in b.ops)
+                        for seg in segments for b in seg if isinstance(b, _Block)}
+        for segment in segments:
+            self._segment(segment)
+        tail, t = self.now, self.now
+        for name, start, end in sorted(self.spans, key=lambda span: span[2]):
+            if end > t:
+                self.exposed[name] += end - max(t, start)
+                t = tail = end
+        return Run(tail, self.busy, self.comm_s, self.exposed, tuple(self.events), self.queued)
 
-    def expose(name: str, seconds_: float, kind: int = _EXPOSED) -> None:
-        (exposed if kind == _EXPOSED else queued)[name] += seconds_
-        if log is not None:
-            log.append((kind, name, seconds_, 0.0))
-
-    def wait(name: str, now: float, until: float, began: float) -> None:
-        """The compute stream waited from `now` to `until` for collective `name`, which
-        began at `began`: queued until it began, exposed while it ran."""
-        ran = max(now, min(began, until))
-        if ran > now:
-            expose(name, ran - now, _QUEUED)
-        if until > ran:
-            expose(name, until - ran)
-
-    if keep_events:  # every op on its own, to draw it
-        segments = [tuple(o for item in seg for o in (item.ops if isinstance(item, _Block)
-                                                       else (item,))) for seg in p.segments]
-    else:
-        segments = p.segments
-    lengths = {id(b): sum(seconds[o.name] for o in b.ops)
-               for seg in segments for b in seg if isinstance(b, _Block)}
-    busy = 0.0
-    for segment in segments:
+    def _segment(self, segment: tuple) -> None:
+        """A segment's trips (a layer stack's layers), until the rest repeat one."""
         trips = max(op.count for op in segment)
         # a steady state is looked for where every op runs every layer
-        watch = not keep_events and trips > 3 and all(op.count == trips for op in segment)
+        watch = not self.keep_events and trips > 3 and all(op.count == trips for op in segment)
         # what was written before the stack may hold a layer back until it ends
-        held_until = max((end for _, end in ready.values()), default=0.0) if watch else 0.0
+        held_until = max((end for _, end in self.ready.values()), default=0.0) if watch else 0.0
         previous = None
         i = 0
         while i < trips:
-            layer_start, layer_busy, layer_spans = state["now"], busy, len(spans)
+            layer_start, layer_busy, layer_spans = self.now, self.busy, len(self.spans)
             if watch:
-                log = []
+                self.log = []
             for op in segment:
-                if i >= op.count:
-                    continue
-                now = state["now"]
-                if isinstance(op, _Block):  # nothing waits: the run's sum at once
-                    phase_start.setdefault(op.phase, now)
-                    busy += lengths[id(op)]
-                    state["now"] = now + lengths[id(op)]
-                    continue
-                phase_start.setdefault(op.phase, now)
-                start, floor, waited_on, began = now, 0.0, None, now
-                for name in op.waits_on:
-                    s, e, comm = need(name, i, op)
-                    if comm is not None and overlapped(comms[comm].group, async_tp):
-                        floor = max(floor, e)
-                        e = s
-                    if e > start:
-                        start, waited_on, began = e, comm, s
-                if waited_on is not None:
-                    wait(waited_on, now, start, began)
-                started[(op.name, i)] = start
-                if log is not None:
-                    log.append((_STARTED, (op.name, i), start, 0.0))
-                duration = seconds[op.name]
-                end = max(start + duration, floor)
-                if floor > start + duration:  # an overlapped collective outlasted its reader
-                    for name in op.waits_on:
-                        _, e, comm = need(name, i, op)
-                        if comm is not None and e == floor:
-                            expose(comm, floor - start - duration)
-                            break
-                busy += duration
-                if keep_events and duration > 0:
-                    events.append(Event(op.name, "compute", start, start + duration, op.phase,
-                                        op.kind))
-                for name in op.outputs:
-                    ready[(name, i)] = (start, end)
-                    if log is not None:
-                        log.append((_WROTE, (name, i), start, end))
-                state["now"] = end
-                for reader in op.feeds:  # collectives of what it wrote start now
-                    c = comms[reader]
-                    if c.group not in deferred:
-                        run_comm(c, _instance(i, c.count),
-                                 start if overlapped(c.group, async_tp) else end)
+                if i < op.count:
+                    self._op(op, i)
             if not watch:
                 i += 1
                 continue
-            trip = _trip(i, layer_start, state["now"], busy - layer_busy, log,
-                         spans[layer_spans:], free, comms)
-            log = None
+            trip = _trip(i, layer_start, self.now, self.busy - layer_busy, self.log,
+                         self.spans[layer_spans:], self.free, self.plan.comms)
+            self.log = None
             # a time fixed before the two layers compared (what was written before the stack,
             # another layer's collective) may hold back a later layer only if it ends after
             # the first of them starts
             if (trip is not None and previous is not None and i + 1 < trips
                     and max(held_until, trip.fixed, previous.fixed) <= previous.start
                     and trip.repeats(previous)):
-                busy = _repeat(trip, trips - 1 - i, ready, spans, free, comm_s, exposed,
-                               queued, state, busy)
-                break
+                self._repeat(trip, trips - 1 - i)
+                return
             previous = trip
             i += 1
-    # collectives still running after the last compute op are exposed: each for the part of
-    # the tail it ends
-    now = state["now"]
-    tail, t = now, now
-    for name, start, end in sorted(spans, key=lambda span: span[2]):
-        if end > t:
-            exposed[name] += end - max(t, start)
-            t = tail = end
-    return Run(tail, busy, comm_s, exposed, tuple(events), queued)
+
+    def _op(self, op, i: int) -> None:
+        """Instance `i` of a compute op (or a `_Block` of them) on the compute stream: it
+        starts when the collectives it reads have written (or, overlapped with it, have begun)
+        and starts the collectives of what it writes."""
+        now = self.now
+        self.phase_start.setdefault(op.phase, now)
+        if isinstance(op, _Block):  # nothing waits: the run's sum at once
+            self.busy += self.lengths[id(op)]
+            self.now = now + self.lengths[id(op)]
+            return
+        comms = self.plan.comms
+        start, floor, waited_on, began = now, 0.0, None, now
+        for name in op.waits_on:
+            s, e, comm = self._need(name, i, op)
+            if comm is not None and overlapped(comms[comm].group, self.async_tp):
+                floor = max(floor, e)
+                e = s
+            if e > start:
+                start, waited_on, began = e, comm, s
+        if waited_on is not None:
+            self._wait(waited_on, now, start, began)
+        self.started[(op.name, i)] = start
+        if self.log is not None:
+            self.log.append((_STARTED, (op.name, i), start, 0.0))
+        duration = self.seconds[op.name]
+        end = max(start + duration, floor)
+        if floor > start + duration:  # an overlapped collective outlasted its reader
+            for name in op.waits_on:
+                _, e, comm = self._need(name, i, op)
+                if comm is not None and e == floor:
+                    self._expose(comm, floor - start - duration)
+                    break
+        self.busy += duration
+        if self.keep_events and duration > 0:
+            self.events.append(Event(op.name, "compute", start, start + duration, op.phase,
+                                     op.kind))
+        for name in op.outputs:
+            self.ready[(name, i)] = (start, end)
+            if self.log is not None:
+                self.log.append((_WROTE, (name, i), start, end))
+        self.now = end
+        for reader in op.feeds:  # collectives of what it wrote start now
+            c = comms[reader]
+            if c.group not in self.deferred:
+                self._comm(c, _instance(i, c.count),
+                           start if overlapped(c.group, self.async_tp) else end)
+
+    def _comm(self, c: _Comm, i: int, earliest: float) -> tuple[float, float]:
+        """Instance `i` of collective `c` on its group's stream, no earlier than `earliest`,
+        then the collectives that read what it wrote (a chain)."""
+        key = (c.output, i)
+        if key in self.ready:
+            return self.ready[key]
+        start = max(self.free[c.group], earliest)
+        end = start + self.seconds[c.name]
+        self.free[c.group] = end
+        self.ready[key] = (start, end)
+        self.spans.append((c.name, start, end))
+        self.comm_s[c.name] += end - start
+        if self.log is not None:
+            self.log.append((_READY, key, start, end))
+        if self.keep_events and end > start:
+            self.events.append(Event(c.name, c.group, start, end, c.phase, c.kind))
+        comms = self.plan.comms
+        for name in self.plan.comm_readers.get(c.output, ()):
+            nxt = comms[name]
+            if nxt.group not in self.deferred:
+                self._comm(nxt, _instance(i, nxt.count), end)
+        return self.ready[key]
+
+    def _need(self, name: str, i: int, reader: _Compute) -> tuple[float, float, str | None]:
+        """When tensor `name` (instance i as `reader` sees it) is written: (start, end, the
+        collective that wrote it, if one did)."""
+        p = self.plan
+        w = p.writer.get(name)
+        if w is None:
+            return 0.0, 0.0, None
+        j = _instance(i, p.counts[w])
+        if w in p.comms:
+            c = p.comms[w]
+            if (name, j) not in self.ready:
+                deps = [self._need(n, j, reader)[1] for n in c.inputs]
+                if any(p.writer.get(n) is not None for n in c.inputs):  # deferred: wait now
+                    earliest = max([self.now, *deps])
+                else:  # nothing computed feeds it: a weight, prefetched a layer ahead
+                    prev = self.started.get((reader.name, j - 1)) if j else None
+                    earliest = prev if prev is not None else self.phase_start.get(
+                        reader.phase, self.now)
+                self._comm(c, j, max([earliest, *deps]))
+            start, end = self.ready[(name, j)]
+            if self.log is not None and j != i:  # another layer's collective: a fixed time
+                self.log.append((_FIXED, name, end, 0.0))
+            return start, end, w
+        start, end = self.ready.get((name, j), (0.0, 0.0))
+        return start, end, None
+
+    def _expose(self, name: str, seconds_: float, kind: int | None = None) -> None:
+        kind = _EXPOSED if kind is None else kind
+        (self.exposed if kind == _EXPOSED else self.queued)[name] += seconds_
+        if self.log is not None:
+            self.log.append((kind, name, seconds_, 0.0))
+
+    def _wait(self, name: str, now: float, until: float, began: float) -> None:
+        """The compute stream waited from `now` to `until` for collective `name`, which
+        began at `began`: queued until it began, exposed while it ran."""
+        ran = max(now, min(began, until))
+        if ran > now:
+            self._expose(name, ran - now, _QUEUED)
+        if until > ran:
+            self._expose(name, until - ran)
+
+    def _repeat(self, trip: _Trip, left: int) -> None:
+        """The `left` layers after `trip`, each `trip` shifted by its length: their
+        collectives' outputs and spans recorded as the layers would have, their costs added,
+        the streams moved on. (What a compute op wrote can hold nothing back, the compute
+        stream running in order, nor can when an op of the stack started, once the stack is
+        done: not recorded.)"""
+        outputs = [(name, s, e) for kind, name, s, e in trip.log if kind == _READY]
+        for k in range(1, left + 1):
+            start = trip.start + k * trip.length
+            instance = trip.index + k
+            for name, s, e in outputs:
+                self.ready[(name, instance)] = (start + s, start + e)
+            self.spans.extend((name, start + s, start + e) for name, s, e in trip.spans)
+        for kind, name, seconds_, _ in trip.log:
+            if kind in (_EXPOSED, _QUEUED):
+                (self.exposed if kind == _EXPOSED else self.queued)[name] += left * seconds_
+        for name, s, e in trip.spans:
+            self.comm_s[name] += left * (e - s)
+        for g, _ in trip.ahead:
+            self.free[g] += left * trip.length
+        self.now += left * trip.length
+        self.busy += left * trip.busy
 
 
 # what a layer's log records: a collective's output, a compute op's, an op's start, a wait
@@ -437,31 +488,6 @@ def _trip(i: int, start: float, end: float, busy: float, log: list, spans: list,
     return _Trip(i, start, end - start, busy, tuple(entries),
                  tuple((name, s - start, e - start) for name, s, e in spans),
                  tuple((g, free[g] - end) for g in used), fixed)
-
-
-def _repeat(trip: _Trip, left: int, ready: dict, spans: list, free: dict, comm_s: dict,
-            exposed: dict, queued: dict, state: dict, busy: float) -> float:
-    """The `left` layers after `trip`, each `trip` shifted by its length: their collectives'
-    outputs and spans recorded as `simulate` would have, their costs added, the streams moved
-    on. (What a compute op wrote can hold nothing back, the compute stream running in order,
-    nor can when an op of the stack started, once the stack is done: not recorded.) Returns the
-    compute stream's busy time."""
-    outputs = [(name, s, e) for kind, name, s, e in trip.log if kind == _READY]
-    for k in range(1, left + 1):
-        start = trip.start + k * trip.length
-        instance = trip.index + k
-        for name, s, e in outputs:
-            ready[(name, instance)] = (start + s, start + e)
-        spans.extend((name, start + s, start + e) for name, s, e in trip.spans)
-    for kind, name, seconds_, _ in trip.log:
-        if kind in (_EXPOSED, _QUEUED):
-            (exposed if kind == _EXPOSED else queued)[name] += left * seconds_
-    for name, s, e in trip.spans:
-        comm_s[name] += left * (e - s)
-    for g, _ in trip.ahead:
-        free[g] += left * trip.length
-    state["now"] += left * trip.length
-    return busy + left * trip.busy
 
 
 def once_per_step(op: Op, zero: int) -> bool:
