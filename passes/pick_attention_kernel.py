@@ -6,9 +6,9 @@ layout's, else its framework's) is one of KERNELS, every FlashAttention op, forw
 backward, carries `efficiency`, the efficiency of its generation its arithmetic runs at:
 `attention_fused` for cuDNN (its backward `attention_fused_backward`, the same rate in the
 backward's charged FLOPs), which `calibration.toml` gives where measured and which is
-`attention` elsewhere; `attention_triton` and `attention_triton_backward` for Triton's
-(`costmodel.TRITON_SLOWER`). FLOPs, bytes and the ops do not change. Nothing else changes: the
-pass is a mark.
+`attention` elsewhere; `attention_triton` and `attention_triton_backward` for Triton's, and
+`attention_flash1`'s for FlashAttention 1 (`costmodel.SLOWER_THAN_FLASH2`). FLOPs, bytes and the
+ops do not change. Nothing else changes: the pass is a mark.
 
 Why it matters: Megatron-LM's attention is Transformer Engine's `DotProductAttention`, which
 on Hopper and later picks cuDNN's fused attention over FlashAttention ("Disabling
@@ -30,15 +30,18 @@ from __future__ import annotations
 
 from opgraph.core.contracts import LAYOUT, contract, step_pass
 from opgraph.core.ir import Graph, with_params
+from opgraph.cost.costmodel import SLOWER_THAN_FLASH2
 from opgraph.parallel.frameworks import attention_library
 from opgraph.parallel.parallel import Parallel
 
 # An attention library -> for each FlashAttention kind, the efficiency its kernel runs at there
+# (FlashAttention-2's, "flash", is the kinds' own)
 KERNELS = {
     "cudnn": {"flash_attention": "attention_fused",
               "flash_attention_backward": "attention_fused_backward"},
-    "triton": {"flash_attention": "attention_triton",
-               "flash_attention_backward": "attention_triton_backward"},
+    **{kernel: {"flash_attention": f"attention_{kernel}",
+                "flash_attention_backward": f"attention_{kernel}_backward"}
+       for kernel in SLOWER_THAN_FLASH2},
 }
 
 

@@ -91,6 +91,9 @@ def test_the_parsers_names_are_the_tables_keys():
     from opgraph.parallel.frameworks import FRAMEWORKS as TRAITS  # None: the generic model
 
     assert set(TRAITS) == {None, *choices.FRAMEWORKS}
+    from opgraph.passes.pick_attention_kernel import KERNELS  # "flash": the kinds' own rates
+
+    assert ("flash", *KERNELS) == choices.ATTENTION_LIBRARIES
 
 
 @pytest.mark.parametrize("first", ["import opgraph.core.pipeline", "import opgraph.core.verify",

@@ -723,5 +723,5 @@ def test_a_layouts_attention_library_overrides_its_frameworks():
     assert attention_library(Parallel(framework="megatron", attention_library="triton")) == \
         "triton"
     with pytest.raises(OpgraphError, match="attention library 'xformers': choose one of flash, "
-                                          "cudnn, triton"):
+                                          "cudnn, triton, flash1"):
         Parallel(attention_library="xformers")

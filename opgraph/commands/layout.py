@@ -57,7 +57,8 @@ def add_framework_args(group) -> None:
     group.add_argument("--attention-library", choices=ATTENTION_LIBRARIES,
                        help="the attention kernels the job runs: flash (FlashAttention-2), cudnn "
                             "(cuDNN's fused attention), triton (flash-attn's Triton "
-                            "FlashAttention) (default: the framework's; flash without one)")
+                            "FlashAttention), flash1 (FlashAttention 1) (default: the "
+                            "framework's; flash without one)")
 
 
 class _OldRank(argparse.Action):

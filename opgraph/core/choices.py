@@ -12,7 +12,8 @@ order:
 - `PRECISIONS`: `opgraph.passes.precision` (imports it from here);
 - `ADAMW_OPTIONS`: `opgraph.passes.attach_adamw.ADAMW_OPTIONS`;
 - `ZERO_STAGES`, `FRAMEWORKS`, `GRAD_REDUCE_DTYPES`, `ATTENTION_LIBRARIES`:
-  `opgraph.parallel.parallel` (imports them from here).
+  `opgraph.parallel.parallel` (imports them from here); `ATTENTION_LIBRARIES` less "flash":
+  `passes.pick_attention_kernel.KERNELS`.
 """
 
 from __future__ import annotations
@@ -38,5 +39,5 @@ FRAMEWORKS = ("megatron", "deepspeed", "torchtitan", "nanotron")
 # The dtype gradients are reduced in across data-parallel ranks; None: the framework's default.
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 # The attention kernels a framework may run (`opgraph.parallel.frameworks`'s `attention_library`):
-# FlashAttention-2, cuDNN's fused attention, flash-attn's Triton FlashAttention.
-ATTENTION_LIBRARIES = ("flash", "cudnn", "triton")
+# FlashAttention-2, cuDNN's fused attention, flash-attn's Triton FlashAttention, FlashAttention 1.
+ATTENTION_LIBRARIES = ("flash", "cudnn", "triton", "flash1")

@@ -483,15 +483,19 @@ EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "atten
 # parameter): the generation's `matmul`, `attention` and `attention_fused`, the last two in
 # FlashAttention's backward's charged FLOPs, and flash-attn's Triton kernels' forward and
 # backward (`CalibratedCostModel._rates`).
+# How much slower than FlashAttention-2 an earlier attention kernel runs, forward and backward
+# (Dao 2023, FlashAttention-2, section 4.1, measured on A100s; taken to hold on every generation,
+# the kernels using the same mma instructions as FlashAttention-2):
+# - "triton", flash-attn's Triton FlashAttention (`flash_attn_triton.py`): "FlashAttention-2 is
+#   around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x faster
+#   in the backward pass" (the forward: the middle of the range);
+# - "flash1", FlashAttention (flash-attn 1.x): "FlashAttention-2 is around 2x faster than
+#   FlashAttention".
+SLOWER_THAN_FLASH2 = {"triton": (1.4, 2.0), "flash1": (2.0, 2.0)}
 RATES = ("matmul", "attention", "attention_backward", "attention_fused",
-         "attention_fused_backward", "attention_triton", "attention_triton_backward")
-# How much slower flash-attn's Triton FlashAttention (`flash_attn_triton.py`) runs than
-# FlashAttention-2, forward and backward: "FlashAttention-2 is around 1.3-1.5x faster than
-# FlashAttention in Triton in the forward pass and around 2x faster in the backward pass" (Dao
-# 2023, FlashAttention-2, section 4.1, on A100s). The forward takes the middle of the range. Both
-# are taken to hold on every generation: the Triton kernel uses the same mma instructions as
-# FlashAttention-2.
-TRITON_SLOWER = (1.4, 2.0)
+         "attention_fused_backward",
+         *(f"attention_{kernel}{part}" for kernel in SLOWER_THAN_FLASH2
+           for part in ("", "_backward")))
 # The FLOPs of FlashAttention's backward that its efficiency's sources count: 2.5 x its forward's
 # (it recomputes QK^T: five products to the forward's two; Dao 2023, FlashAttention-2, and Shah
 # et al. 2024, FlashAttention-3, report their backward TFLOP/s so, and so does
@@ -562,16 +566,17 @@ class CalibratedCostModel(CostModel):
     def _rates(self, e) -> dict[str, float]:
         """`e`'s efficiencies by name; `attention_fused` (`attention` where the generation has
         none); `attention_backward` and `attention_fused_backward`: those in this model's
-        FLOPs of FlashAttention's backward (`runs_per_charged`); and Triton FlashAttention's
-        forward and backward, FlashAttention-2's over `TRITON_SLOWER`."""
+        FLOPs of FlashAttention's backward (`runs_per_charged`); and each earlier kernel's
+        forward and backward, FlashAttention-2's over its `SLOWER_THAN_FLASH2`."""
         fused = e.attention_fused or e.attention
         per_charged = runs_per_charged("flash_attention_backward", self)
-        forward, backward = TRITON_SLOWER
-        return e.values() | {"attention_fused": fused,
-                             "attention_backward": e.attention / per_charged,
-                             "attention_fused_backward": fused / per_charged,
-                             "attention_triton": e.attention / forward,
-                             "attention_triton_backward": e.attention / per_charged / backward}
+        older = {}
+        for kernel, (forward, backward) in SLOWER_THAN_FLASH2.items():
+            older[f"attention_{kernel}"] = e.attention / forward
+            older[f"attention_{kernel}_backward"] = e.attention / per_charged / backward
+        return e.values() | older | {"attention_fused": fused,
+                                     "attention_backward": e.attention / per_charged,
+                                     "attention_fused_backward": fused / per_charged}
 
     def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
                 peak: float, grid: tuple = (), launches: float = 1.0,

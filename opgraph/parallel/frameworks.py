@@ -144,8 +144,9 @@ Each trait, with where each framework's code says so:
 
 - `attention_library`: the kernels the attention core runs, "flash" (FlashAttention-2, the
   generic model's), "cudnn" (cuDNN's fused attention, at its generation's `attention_fused`
-  efficiency) or "triton" (flash-attn's Triton FlashAttention, at `attention_triton`:
-  `passes.pick_attention_kernel`). Megatron-LM: Transformer Engine's
+  efficiency), "triton" (flash-attn's Triton FlashAttention) or "flash1" (FlashAttention 1),
+  the last two at FlashAttention-2's efficiency over Dao 2023's ratios
+  (`costmodel.SLOWER_THAN_FLASH2`; `passes.pick_attention_kernel`). Megatron-LM: Transformer Engine's
   `DotProductAttention` prefers cuDNN's FusedAttention on Hopper and later
   (`transformer_engine/pytorch/attention/dot_product_attention/utils.py`,
   `get_attention_backend`). torchtitan calls PyTorch's SDPA, nanotron flash-attn: FlashAttention.
