@@ -548,3 +548,12 @@ def test_a_missing_or_empty_path_is_one_line(tmp_path):
         with pytest.raises(OpgraphError) as caught:
             load_cases(path)
         assert "\n" not in str(caught.value)
+
+
+def test_every_layout_field_has_a_case_reader():
+    """A case's `parallel` block takes each field of a layout (`Parallel`) but `gpus`, which
+    the case gives beside it; a field added to the layout needs a reader of its values."""
+    from opgraph.io.cases import PARALLEL_KEYS, READERS
+
+    missing = [key for key in PARALLEL_KEYS if key not in READERS]
+    assert not missing

@@ -63,9 +63,7 @@ def named(text: str, space: Space) -> Named:
     fields, options = parse_layout(text)
     tp = fields.get("tp", 1)
     given = {"gpus": space.gpus, "global_batch": space.batch,
-             "async_tp": space.async_tp and tp > 1, "framework": space.framework,
-             "grad_reduce_dtype": space.grad_reduce_dtype,
-             "attention_library": space.attention_library}
+             "async_tp": space.async_tp and tp > 1, **space.framework_settings()}
     return Named("named", text, given | fields,
                  options.get("recompute", _only(space.recompute, "none")),
                  options.get("precision", _only(space.precision, "bf16")))

@@ -110,17 +110,16 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                         "or @file)")
 
 
-# The flags that set a `Parallel` field of the same name; --no-overlap-grad-reduce clears one.
-FIELDS = ("gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "virtual_stages",
-          "sequence_parallel", "zero", "async_tp", "overlap_param_gather", "first_stage_layers",
-          "last_stage_layers", "stage_layers", "framework", "grad_reduce_dtype",
-          "attention_library")
-
-
 def given_layout(args) -> dict:
-    """The layout fields the flags set (a flag left out sets nothing)."""
-    given = {name: getattr(args, name) for name in FIELDS
-             if getattr(args, name, None) not in (None, False)}
+    """The layout fields the flags set: each `Parallel` field's flag of the same name (a flag
+    left out, or a field without one, sets nothing); --no-overlap-grad-reduce clears one."""
+    import attrs
+
+    from ..parallel.parallel import Parallel
+
+    given = {f.name: getattr(args, f.name) for f in attrs.fields(Parallel)
+             if f.name != "overlap_grad_reduce"
+             and getattr(args, f.name, None) not in (None, False)}
     if getattr(args, "no_overlap_grad_reduce", False):
         given["overlap_grad_reduce"] = False
     return given

@@ -66,10 +66,8 @@ CASE_KEYS = ("id", "family", "source", "model", "hardware", "power_limit_w", "cl
              "parallel", "seq_len", "recompute", "precision", "fuse", "fused_attention",
              "measured", "notes")
 REQUIRED = ("id", "source", "model", "gpus", "seq_len", "measured")
-PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "dp", "zero", "micro_batch", "global_batch",
-                 "virtual_stages", "sequence_parallel", "async_tp", "overlap_grad_reduce",
-                 "overlap_param_gather", "first_stage_layers", "last_stage_layers",
-                 "stage_layers", "framework", "grad_reduce_dtype", "attention_library")
+# every field of a layout but its GPUs, which the case gives beside it
+PARALLEL_KEYS = tuple(f.name for f in attrs.fields(Parallel) if f.name != "gpus")
 MEASURED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib", "peak_memory_gb")
 UNMODELLED_KEYS = ("id", "family", "source", "reason")
 TIMINGS = ("step_time_s", "tokens_per_s_per_gpu")  # exactly one of them

@@ -30,6 +30,9 @@ from ..core.errors import OpgraphError
 from ..core.limits import MAX_DIM, MAX_MICRO_BATCHES, check_whole
 
 SCHEDULES = ("1f1b", "interleaved")
+# The fields that say how the job's framework runs it rather than how the job is laid out: the
+# planner holds them fixed while it searches layouts (`Parallel.settings`, `search.Space`).
+FRAMEWORK_FIELDS = ("framework", "grad_reduce_dtype", "attention_library")
 # ZERO_STAGES, FRAMEWORKS (the training framework the passes follow) and GRAD_REDUCE_DTYPES are
 # the command line's names, in `opgraph.core.choices`.
 
@@ -218,6 +221,10 @@ class Parallel:
         those that hold the same experts (dp x cp / ep)."""
         return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp_degree * self.cp,
                 "edp": self.dp_degree * self.cp // self.ep, "pp": self.pp}[group]
+
+    def settings(self) -> tuple:
+        """Its `FRAMEWORK_FIELDS`' values, in that order."""
+        return tuple(getattr(self, name) for name in FRAMEWORK_FIELDS)
 
     def to_json(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,

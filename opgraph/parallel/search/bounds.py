@@ -27,7 +27,7 @@ from ...passes.split_stages import LAST as LAST_END
 from ...passes.split_stages import STACK, ends, layer_stack, split_stages
 from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
 from ..frameworks import bucket_share
-from ..parallel import Parallel, stage_layers
+from ..parallel import FRAMEWORK_FIELDS, Parallel, stage_layers
 from ..schedule import once_per_step, plan
 from .space import DEGREES, LAYERS, Row
 
@@ -37,8 +37,7 @@ def structure(r: Row) -> tuple:
     """What decides a row's ops and collectives (see the module); rows of one structure
     differ only in numbers."""
     return (r.tp > 1, r.cp > 1, r.ep > 1, r.dp_group > 1, r.edp_group > 1, r.sequence_parallel,
-            r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3), r.framework,
-            r.grad_reduce_dtype, r.attention_library)
+            r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3), r.settings)
 
 
 FIRST, MIDDLE, LAST = ROLES = "first", "middle", "last"
@@ -382,8 +381,7 @@ def _representative(r: Row, layers: int) -> Parallel:
     stages = r.pp if r.pp < 3 else next(p for p in range(3, layers + 1) if layers % p == 0)
     return Parallel(tp=r.tp, cp=r.cp, ep=r.ep, pp=stages, dp=r.dp,
                     sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp,
-                    framework=r.framework, grad_reduce_dtype=r.grad_reduce_dtype,
-                    attention_library=r.attention_library)
+                    **dict(zip(FRAMEWORK_FIELDS, r.settings)))
 
 
 def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True

@@ -21,7 +21,7 @@ from ...passes.split_stages import layer_stack
 from .. import cluster as clusters
 from ..distributed import ParallelResult, check_layout
 from ..frameworks import FRAMEWORKS, Traits, end_split, own_split, run_zero
-from ..parallel import ZERO_STAGES, Parallel
+from ..parallel import FRAMEWORK_FIELDS, ZERO_STAGES, Parallel
 
 # Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
 # attention on shorter blocks is latency-bound); --max-cp lifts it.
@@ -87,12 +87,15 @@ class Space:
         if self.zero is not None and self.zero not in ZERO_STAGES:
             raise OpgraphError(f"--zero {self.zero}: give 0, 1, 2 or 3")
         # the framework's names and its combinations, checked as a layout checks them
-        Parallel(framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype,
-                 attention_library=self.attention_library)
+        Parallel(**self.framework_settings())
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             for value in getattr(self, name) or ():
                 if value not in allowed:
                     raise OpgraphError(f"--{name} {value!r}: choose from {', '.join(allowed)}")
+
+    def framework_settings(self) -> dict:
+        """The `FRAMEWORK_FIELDS` every layout of the space takes, by name."""
+        return {name: getattr(self, name) for name in FRAMEWORK_FIELDS}
 
 
 @attrs.frozen
@@ -171,9 +174,8 @@ class Row(NamedTuple):
     precision: str
     batch: int
     async_tp: bool
-    framework: str | None = None
-    grad_reduce_dtype: str | None = None
-    attention_library: str | None = None
+    # the layout's `FRAMEWORK_FIELDS`, in that order (`Parallel.settings`): the space's
+    settings: tuple = (None,) * len(FRAMEWORK_FIELDS)
 
     def layout(self) -> Parallel:
         return Parallel(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp,
@@ -181,8 +183,15 @@ class Row(NamedTuple):
                         virtual_stages=self.virtual_stages, zero=self.zero,
                         sequence_parallel=self.sequence_parallel, async_tp=self.async_tp,
                         first_stage_layers=self.first, last_stage_layers=self.last,
-                        framework=self.framework, grad_reduce_dtype=self.grad_reduce_dtype,
-                        attention_library=self.attention_library)
+                        **dict(zip(FRAMEWORK_FIELDS, self.settings)))
+
+    def setting(self, name: str):
+        """One of its `FRAMEWORK_FIELDS`."""
+        return self.settings[FRAMEWORK_FIELDS.index(name)]
+
+    @property
+    def framework(self) -> str | None:
+        return self.setting("framework")
 
     @property
     def traits(self) -> Traits:
@@ -196,7 +205,7 @@ class Row(NamedTuple):
     @property
     def wire(self) -> str:
         """The dtype gradients are reduced in (`frameworks.reduce_dtype`)."""
-        return self.grad_reduce_dtype or self.traits.grad_reduce_dtype
+        return self.setting("grad_reduce_dtype") or self.traits.grad_reduce_dtype
 
     def candidate(self) -> Candidate:
         return Candidate(self.layout(), self.recompute, self.precision)
@@ -219,7 +228,7 @@ def row_of(c: Candidate) -> Row:
     return Row(lay.tp, lay.cp, lay.ep, lay.pp, lay.dp_degree, lay.micro_batch,
                lay.virtual_stages, lay.zero, lay.sequence_parallel, lay.first_stage_layers,
                lay.last_stage_layers, c.recompute, c.precision, lay.batch, lay.async_tp,
-               lay.framework, lay.grad_reduce_dtype, lay.attention_library)
+               lay.settings())
 
 
 def _layers(forward: Graph) -> int | None:
@@ -320,6 +329,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
             f"{space.pp} stages as {'/'.join(map(str, own))}, which plan's first, middle and "
             f"last stages cannot hold; profile that layout (opgraph profile --pp "
             f"{space.pp} --framework {space.framework}), or plan another --pp")
+    settings = tuple(space.framework_settings().values())
     for t, c, p in itertools.product(tps, cps, pps):
         if space.gpus % (t * c * p):
             continue
@@ -338,8 +348,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                         continue
                     for v in _virtual(space, layers, p, first, last, per_rank // mb):
                         out += [Row(t, c, e, p, d, mb, v, z, sp_, first, last, r, pr,
-                                    space.batch, space.async_tp and t > 1, space.framework,
-                                    space.grad_reduce_dtype, space.attention_library)
+                                    space.batch, space.async_tp and t > 1, settings)
                                 for z, r, pr in (options if d * c > 1 else alone)
                                 if not _refused(space, p, z)]
     return out
