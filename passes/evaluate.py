@@ -105,20 +105,23 @@ def evaluate(graph: Graph, hardware: Hardware, values: dict | None = None, *,
 
 def interpret(low: Lowered, hardware: Hardware, subs: dict, ops=None) -> Profile:
     """The lowered step `low` at the point `subs` (`resolve`'s) on `hardware`, in Python
-    floats: each op timed by its cost model (`CostModel.op_time`). `ops`: `low.at(subs)`, where
-    the caller has it already."""
+    floats: every op timed by its cost model at once (`CostModel.op_time_list`). `ops`:
+    `low.at(subs)`, where the caller has it already."""
     cost, peak, bandwidth = low.cost, hardware.peak_flops, hardware.bandwidth
+    ops = low.at(subs) if ops is None else ops
+    peaks = [cost.peak(hardware, o.compute) for o in ops]  # each compute dtype's peak
+    times = cost.op_time_list(hardware, [o.kind for o in ops], [o.flops for o in ops],
+                              [o.bytes for o in ops], [o.count for o in ops], peaks,
+                              [o.grid for o in ops], [o.launches for o in ops],
+                              [o.efficiency for o in ops])
     rows, grids = [], {}
     at_peak = 0.0  # the FLOPs as the BF16 peak would see them: FP8 FLOPs scaled to its peak
-    for o in low.at(subs) if ops is None else ops:
-        at = cost.peak(hardware, o.compute)  # its compute dtype's peak
+    for o, at, time in zip(ops, peaks, times, strict=True):
         at_peak += cost.busy_flops(o.flops, at, peak)
         if o.grid:
             grids[o.name] = o.grid
         rows.append(OpCost(o.name, o.kind, o.category, o.phase.value, o.count, o.flops, o.bytes,
-                           cost.op_time(hardware, o.kind, o.flops, o.bytes, o.count, at, o.grid,
-                                        o.launches, o.efficiency),
-                           cost.bound(o.flops, o.bytes, at, bandwidth)))
+                           time, cost.bound(o.flops, o.bytes, at, bandwidth)))
     step = sum(r.time_s for r in rows)
     total_flops = sum(r.flops for r in rows)
     categories = category_costs(rows, step, total_flops)

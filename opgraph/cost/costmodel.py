@@ -377,8 +377,27 @@ class CostModel:
         reads `grid`, a matrix multiply's (GEMMs, M, N) per instance as numbers (`Cost.grid`
         evaluated), `launches`, the kernels an instance launches (`Cost.launches`), and
         `efficiency`, the efficiency its arithmetic runs at (`Cost.efficiency`; None: its
-        kind's); the roofline does not."""
-        return self.time(flops, nbytes, peak, hardware.bandwidth)
+        kind's); the roofline does not. One op of `op_time_list`."""
+        return self.op_time_list(hardware, [kind], [flops], [nbytes], [count], [peak], [grid],
+                                 [launches], [efficiency])[0]
+
+    def op_time_list(self, hardware, kinds, flops, nbytes, counts, peaks, grids, launches,
+                     efficiencies) -> list[float]:
+        """`op_time` of many ops at once, as floats: one column of `op_times` (`evaluate`'s
+        rows; a stage's ops in the schedule). An efficiency None is its kind's."""
+        import numpy as np
+
+        if not kinds:
+            return []
+
+        def column(values):
+            return np.asarray(values, dtype=float)[:, None]
+
+        return self.op_times(
+            hardware, kinds, column(flops), column(nbytes), column(counts), column(peaks),
+            np.array([g or (0.0, 0.0, 0.0) for g in grids], dtype=float).T[:, :, None],
+            column(launches),
+            [e or EFFICIENCY.get(k, "matmul") for k, e in zip(kinds, efficiencies)])[:, 0].tolist()
 
     # whether its time reads each kernel's shape (its count, grid, efficiency and launches),
     # which `opgraph.analysis.sweep` then compiles beside the FLOPs and bytes
@@ -577,20 +596,6 @@ class CalibratedCostModel(CostModel):
         return e.values() | older | {"attention_fused": fused,
                                      "attention_backward": e.attention / per_charged,
                                      "attention_fused_backward": fused / per_charged}
-
-    def op_time(self, hardware, kind: str, flops: float, nbytes: float, count: int,
-                peak: float, grid: tuple = (), launches: float = 1.0,
-                efficiency: str | None = None) -> float:
-        if count == 0:
-            return 0.0
-        e = self.efficiencies(hardware)
-        quantum = shape_factor(kind, grid, flops / count, hardware, e)
-        return self.scaled_time(flops, nbytes, count, peak * hardware.clock_ratio,
-                                hardware.bandwidth,
-                                rate=self._rates(e)[efficiency or EFFICIENCY.get(kind, "matmul")],
-                                half=e.matmul_half_flops, bandwidth_share=e.bandwidth,
-                                launch=e.launch_s, quantum=quantum,
-                                host=host_floor(kind, e.host_s, launches))
 
     shapes = True
 

@@ -354,15 +354,19 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
 def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
     """One instance's seconds of each op of `stage` under `cost`."""
     layout, out = job.layout, {}
+    compute = [o for o in stage.ops if o.group is None]
+    times = cost.op_time_list(job.hardware, [o.kind for o in compute],
+                              [o.flops for o in compute], [o.bytes for o in compute],
+                              [o.count for o in compute], [o.peak for o in compute],
+                              [o.grid for o in compute], [o.launches for o in compute],
+                              [o.efficiency for o in compute])
+    for o, time in zip(compute, times, strict=True):
+        out[o.name] = time / o.count if o.count else 0.0
     for o in stage.ops:
         if o.group is not None:
             out[o.name] = cost.comm_time(o.kind, o.message, layout.size(o.group), job.cluster,
                                          layout.stride(o.group), job.hardware, o.calls)
-        else:
-            out[o.name] = (cost.op_time(job.hardware, o.kind, o.flops, o.bytes, o.count, o.peak,
-                                        o.grid, o.launches, o.efficiency) / o.count
-                           if o.count else 0.0)
-    return out
+    return {o.name: out[o.name] for o in stage.ops}
 
 
 @attrs.frozen
