@@ -65,6 +65,14 @@ def test_help_and_argument_errors_import_no_heavy_module():
     assert first is None, f"`opgraph {' '.join(first[0])}` imported {first[1][:8]}"
 
 
+def test_the_roofline_profile_loads_no_numpy():
+    """The plate (`opgraph profile`, the roofline) is sympy and plain floats: numpy's 60 ms of
+    import is paid by the commands that use it (the calibrated model, sweeps, plans)."""
+    (_, code, loaded), = _probe([(["profile", "--json"], 0)])
+    assert code == 0 and "sympy" in loaded
+    assert not [m for m in loaded if m.split(".")[0] == "numpy"]
+
+
 def test_the_probe_sees_a_heavy_import():
     """The check above can fail: a command that runs (`models` lists the presets) loads them."""
     (_, code, loaded), = _probe([(["models", "--json"], 0)])

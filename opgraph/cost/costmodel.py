@@ -383,21 +383,10 @@ class CostModel:
 
     def op_time_list(self, hardware, kinds, flops, nbytes, counts, peaks, grids, launches,
                      efficiencies) -> list[float]:
-        """`op_time` of many ops at once, as floats: one column of `op_times` (`evaluate`'s
-        rows; a stage's ops in the schedule). An efficiency None is its kind's."""
-        import numpy as np
-
-        if not kinds:
-            return []
-
-        def column(values):
-            return np.asarray(values, dtype=float)[:, None]
-
-        return self.op_times(
-            hardware, kinds, column(flops), column(nbytes), column(counts), column(peaks),
-            np.array([g or (0.0, 0.0, 0.0) for g in grids], dtype=float).T[:, :, None],
-            column(launches),
-            [e or EFFICIENCY.get(k, "matmul") for k, e in zip(kinds, efficiencies)])[:, 0].tolist()
+        """`op_time` of many ops at once, as floats (`evaluate`'s rows; a stage's ops in the
+        schedule): the roofline's `time` of each, in plain floats (numpy is not loaded for
+        it); `CalibratedCostModel` runs one column of `op_times`."""
+        return [self.time(f, b, p, hardware.bandwidth) for f, b, p in zip(flops, nbytes, peaks)]
 
     # whether its time reads each kernel's shape (its count, grid, efficiency and launches),
     # which `opgraph.analysis.sweep` then compiles beside the FLOPs and bytes
@@ -598,6 +587,23 @@ class CalibratedCostModel(CostModel):
                                      "attention_fused_backward": fused / per_charged}
 
     shapes = True
+
+    def op_time_list(self, hardware, kinds, flops, nbytes, counts, peaks, grids, launches,
+                     efficiencies) -> list[float]:
+        """One column of `op_times` (an efficiency None is its kind's)."""
+        import numpy as np
+
+        if not kinds:
+            return []
+
+        def column(values):
+            return np.asarray(values, dtype=float)[:, None]
+
+        return self.op_times(
+            hardware, kinds, column(flops), column(nbytes), column(counts), column(peaks),
+            np.array([g or (0.0, 0.0, 0.0) for g in grids], dtype=float).T[:, :, None],
+            column(launches),
+            [e or EFFICIENCY.get(k, "matmul") for k, e in zip(kinds, efficiencies)])[:, 0].tolist()
 
     def kernel_times(self, figures: dict, attention, flops, nbytes, counts, peaks, bandwidth,
                      grids=None, hosts=None, rates=None):
