@@ -102,6 +102,9 @@ def test_the_parsers_names_are_the_tables_keys():
     from opgraph.passes.pick_attention_kernel import KERNELS  # "flash": the kinds' own rates
 
     assert ("flash", *KERNELS) == choices.ATTENTION_LIBRARIES
+    from opgraph.cost.profile import LIBRARY_NAMES
+
+    assert tuple(LIBRARY_NAMES) == choices.ATTENTION_LIBRARIES
 
 
 @pytest.mark.parametrize("first", ["import opgraph.core.pipeline", "import opgraph.core.verify",

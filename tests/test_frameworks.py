@@ -725,3 +725,15 @@ def test_a_layouts_attention_library_overrides_its_frameworks():
     with pytest.raises(OpgraphError, match="attention library 'xformers': choose one of flash, "
                                           "cudnn, triton, flash1"):
         Parallel(attention_library="xformers")
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--framework", "megatron"], "fused attention (cuDNN)"),
+    (["--attention-library", "triton"], "fused attention (Triton FlashAttention)"),
+    (["--framework", "megatron", "--attention-library", "flash"], "fused attention, "),
+])
+def test_the_report_names_the_attention_kernels(cli, flags, says):
+    """A many-GPU profile's header names the attention kernels where they are not
+    FlashAttention-2's: Megatron-LM's cuDNN, or a library the layout names."""
+    code, out, _ = cli("profile", "--model", "llama3.2-1b", "--gpus", "8", *flags)
+    assert code == 0 and says in out

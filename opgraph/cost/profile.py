@@ -5,6 +5,10 @@ from __future__ import annotations
 import attrs
 
 from ..core.categories import CATEGORIES  # noqa: F401 - the one vocabulary, re-exported here
+
+# An attention library (`core.choices.ATTENTION_LIBRARIES`) as a report names its kernels
+LIBRARY_NAMES = {"flash": "FlashAttention-2", "cudnn": "cuDNN",
+                 "triton": "Triton FlashAttention", "flash1": "FlashAttention 1"}
 from .hardware import Hardware
 from .memory import Memory
 
@@ -70,10 +74,16 @@ class Profile:
 
     @property
     def attention(self) -> str:
-        """"fused attention", "unfused attention", or "no attention" for a model without it."""
+        """"fused attention", "unfused attention", or "no attention" for a model without it;
+        a many-GPU job's fused attention names its kernels where they are not
+        FlashAttention-2's ("fused attention (cuDNN)")."""
         if not any(c.name == "attention" for c in self.categories):
             return "no attention"
-        return f"{'fused' if self.fused_attention else 'unfused'} attention"
+        if not self.fused_attention:
+            return "unfused attention"
+        library = getattr(self.parallel, "attention_library", "flash")
+        return "fused attention" + (f" ({LIBRARY_NAMES[library]})" if library != "flash"
+                                    else "")
 
     def category(self, name: str) -> CategoryCost:
         for c in self.categories:

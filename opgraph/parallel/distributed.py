@@ -51,7 +51,7 @@ from ..passes.evaluate import category_costs, interpret, resolve
 from ..passes.shard import check_divides
 from ..passes.split_stages import layer_stack, split_stages
 from . import cluster as clusters
-from .frameworks import defers_grad_reduce, end_split, own_split, sharding
+from .frameworks import attention_library, defers_grad_reduce, end_split, own_split, sharding
 from .parallel import Parallel, chunk_layers, stage_layers
 from .schedule import (
     GROUPS,
@@ -123,6 +123,8 @@ class ParallelResult:
     waited_by_group: tuple[tuple[str, float], ...] = ()
     # the cost model's slowdown of compute beside the communication it hid
     overlap_slowdown_s: float = 0.0
+    # the attention kernels the job runs (`frameworks.attention_library`)
+    attention_library: str = "flash"
 
     def parts(self) -> dict[str, float]:
         """The step split as the schedule runs rank 0: its compute, the pipeline bubble, the
@@ -467,6 +469,7 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
         later_stage_tail_s=max(tails) - tails[0],
         compute_s=(m - 1) * first.plain.compute_s + first.last.compute_s,
         waited_by_group=tuple(by_group.items()), overlap_slowdown_s=slowdown,
+        attention_library=attention_library(layout),
         memory=fullest.memory, memory_stage=fullest.index, stage_times_s=tuple(per_micro),
         in_flight=in_flight(layout, fullest.index),
         events=events, cost=cost.name, hfu=cost.hfu(busy, step_time, peak))
