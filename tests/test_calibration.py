@@ -114,6 +114,25 @@ def test_hoppers_ceiling_is_the_measured_tables_sustained_rate():
     assert dict(HOPPER.sources)["matmul_ceiling"].startswith("measured")
 
 
+def test_blackwells_ceiling_is_its_tables_sustained_rate_as_hoppers_is():
+    """Blackwell's `matmul_ceiling`, like Hopper's, is the rate `opgraph calibrate --gemms` fits
+    to its table of measured GEMMs (SimuMax's B200 table) with the shipped tile and K
+    overhead, to the catalog's three digits: the same measure on both generations, below the
+    table's best single GEMM (0.655 of the peak)."""
+    from opgraph.cost import gemms
+
+    blackwell = calibration.catalog()["blackwell"]
+    part = hardware.get("b200")
+    best = gemms.fit([g for g in gemms.read(gemms.locate("b200"))
+                      if gemms.seconds(g) >= gemms.MIN_SECONDS],
+                     part.peak_flops * part.clock_ratio / 1e12, part.sms)
+    assert (best.tile_m, best.tile_n, best.k0) == (
+        blackwell.matmul_tile_m, blackwell.matmul_tile_n, blackwell.matmul_k_overhead)
+    assert blackwell.matmul_ceiling == pytest.approx(best.matmul, abs=5e-4)
+    assert blackwell.matmul_ceiling < 0.655
+    assert dict(blackwell.sources)["matmul_ceiling"].startswith("measured")
+
+
 def _attention_kernels():
     from opgraph.cost import attention_table
 
