@@ -487,10 +487,6 @@ DEFAULT = CostModel()
 # Which efficiency of a generation a kind's arithmetic runs at (`opgraph.cost.calibration`); any
 # other kind runs at `matmul`'s (its compute term rarely binds: it is memory-bound).
 EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention_backward"}
-# Every efficiency an op's arithmetic may run at (`Cost.efficiency`, an op's `efficiency`
-# parameter): the generation's `matmul`, `attention` and `attention_fused`, the last two in
-# FlashAttention's backward's charged FLOPs, and flash-attn's Triton kernels' forward and
-# backward (`CalibratedCostModel._rates`).
 # How much slower than FlashAttention-2 an earlier attention kernel runs, forward and backward
 # (Dao 2023, FlashAttention-2, section 4.1, measured on A100s; taken to hold on every generation,
 # the kernels using the same mma instructions as FlashAttention-2):
@@ -500,6 +496,10 @@ EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "atten
 # - "flash1", FlashAttention (flash-attn 1.x): "FlashAttention-2 is around 2x faster than
 #   FlashAttention".
 SLOWER_THAN_FLASH2 = {"triton": (1.4, 2.0), "flash1": (2.0, 2.0)}
+# Every efficiency an op's arithmetic may run at (`Cost.efficiency`, an op's `efficiency`
+# parameter): the generation's `matmul`, `attention` and `attention_fused`, the last two in
+# FlashAttention's backward's charged FLOPs, and each earlier kernel's forward and backward
+# (`CalibratedCostModel._rates`).
 RATES = ("matmul", "attention", "attention_backward", "attention_fused",
          "attention_fused_backward",
          *(f"attention_{kernel}{part}" for kernel in SLOWER_THAN_FLASH2

@@ -8,10 +8,10 @@ sympy expressions of the model's dimensions.
 Invariant: a formula is exactly what `evaluate` adds up: both read the step lowered under the
 same cost model (`opgraph.cost.lowered`, the `cost` argument), each op's per-instance cost times
 its multiplicity `count`, which stays symbolic (`L` for a layer stack), so nothing is unrolled
-and substituting a configuration's values gives `evaluate`'s figure. Time is per op the cost model's `time` with
-`sympy.Max`, `count * Max(flops / peak, bytes / bandwidth)`, summed over ops. The hardware enters
-as two symbols, `peak` (dense FLOP/s) and `bandwidth` (HBM bytes/s), or, given a `Hardware`, as
-its exact numbers.
+and substituting a configuration's values gives `evaluate`'s figure. Time is per op the cost
+model's `time` with `sympy.Max`, `count * Max(flops / peak, bytes / bandwidth)`, summed over ops.
+The hardware enters as two symbols, `peak` (dense FLOP/s) and `bandwidth` (HBM bytes/s), or,
+given a `Hardware`, as its exact numbers.
 
 Under the calibrated cost model (`CalibratedCostModel`) a kernel's time is its formula, `count
 * Max(host_s, launch_s + Max((flops + matmul_half_flops) / (efficiency * peak), bytes /

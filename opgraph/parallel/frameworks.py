@@ -146,8 +146,8 @@ Each trait, with where each framework's code says so:
   generic model's), "cudnn" (cuDNN's fused attention, at its generation's `attention_fused`
   efficiency), "triton" (flash-attn's Triton FlashAttention) or "flash1" (FlashAttention 1),
   the last two at FlashAttention-2's efficiency over Dao 2023's ratios
-  (`costmodel.SLOWER_THAN_FLASH2`; `passes.pick_attention_kernel`). Megatron-LM: Transformer Engine's
-  `DotProductAttention` prefers cuDNN's FusedAttention on Hopper and later
+  (`costmodel.SLOWER_THAN_FLASH2`; `passes.pick_attention_kernel`). Megatron-LM: Transformer
+  Engine's `DotProductAttention` prefers cuDNN's FusedAttention on Hopper and later
   (`transformer_engine/pytorch/attention/dot_product_attention/utils.py`,
   `get_attention_backend`). torchtitan calls PyTorch's SDPA, nanotron flash-attn: FlashAttention.
   No framework here defaults to Triton's; a job says it with the layout's `attention_library`
