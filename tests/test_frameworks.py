@@ -737,3 +737,14 @@ def test_the_report_names_the_attention_kernels(cli, flags, says):
     FlashAttention-2's: Megatron-LM's cuDNN, or a library the layout names."""
     code, out, _ = cli("profile", "--model", "llama3.2-1b", "--gpus", "8", *flags)
     assert code == 0 and says in out
+
+
+def test_plan_says_the_attention_library_it_searched_with(cli):
+    """`plan --attention-library` names the kernels in its first line, as profile's report
+    does; without the flag the line is as before."""
+    code, out, _ = cli("plan", "--model", "llama3.2-1b", "--gpus", "8", "--global-batch", "16",
+                       "--attention-library", "triton", "--top", "1")
+    assert code == 0 and out.splitlines()[0].endswith("; attention: Triton FlashAttention")
+    code, out, _ = cli("plan", "--model", "llama3.2-1b", "--gpus", "8", "--global-batch", "16",
+                       "--top", "1")
+    assert code == 0 and out.splitlines()[0].endswith("cost model")

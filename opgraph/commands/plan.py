@@ -300,9 +300,15 @@ def _warn_unsplit(forward, space) -> None:
               "`opgraph profile --pp P` runs one", file=sys.stderr)
 
 
-def _header(forward, part, cluster, seq: int, batch: int, cost: str) -> str:
+def _header(forward, part, cluster, seq: int, batch: int, cost: str,
+            attention: str | None = None) -> str:
+    """The search's first line; `attention`, the layout's attention library where one is
+    given (`--attention-library`), named as the profile's report names it."""
+    from ..cost.profile import LIBRARY_NAMES
+
+    kernels = f"; attention: {LIBRARY_NAMES[attention]}" if attention else ""
     return (f"{forward.name} on {part.name}, cluster {cluster.id}: {batch:,} sequences x "
-            f"{seq:,} tokens per step; {cost} cost model")
+            f"{seq:,} tokens per step; {cost} cost model{kernels}")
 
 
 def _counts(found) -> str:
@@ -387,7 +393,7 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None, why=None
     from ..io.outputs.report import format_plan, layout_text
     from .layout import layout_warnings
 
-    print(_header(forward, part, cluster, seq, batch, args.cost))
+    print(_header(forward, part, cluster, seq, batch, args.cost, args.attention_library))
     print(_counts(found))
     print()
     print(format_plan(found.best))
@@ -491,6 +497,6 @@ def _curve(args, curve, forward, part, cluster, seq, batch) -> int:
         return 0
     from ..io.outputs.report import format_curve
 
-    print(_header(forward, part, cluster, seq, batch, args.cost))
+    print(_header(forward, part, cluster, seq, batch, args.cost, args.attention_library))
     print(format_curve(curve))
     return 0
