@@ -31,7 +31,7 @@ from ..core.symbols import B, S
 from ..cost import formula as fm
 from ..cost.costmodel import DEFAULT, CostModel
 from ..cost.hardware import Hardware
-from ..cost.lowered import lower_op
+from ..cost.lowered import lower, lower_op
 
 T = sympy.Symbol("T", positive=True)  # tokens per step, B*S, as a continuous quantity
 DIMS = ("tokens", "seq_len")
@@ -119,10 +119,10 @@ def _fixed(graph: Graph, values: dict, free: sympy.Symbol) -> dict:
     return {sym: v for sym, v in resolve(graph, values).items() if sym != free}
 
 
-def _time(graph: Graph, ops, hardware: Hardware, cost: CostModel) -> sympy.Expr:
+def _time(graph: Graph, ops, hardware: Hardware, cost: CostModel, low=None) -> sympy.Expr:
     hw = fm.hardware_values(hardware)
     return fm.step_time(graph, ops, hw[fm.PEAK], hw[fm.BANDWIDTH], cost,
-                        peaks={"fp8": hw.get(fm.PEAK_FP8)})
+                        peaks={"fp8": hw.get(fm.PEAK_FP8)}, low=low)
 
 
 @attrs.frozen
@@ -202,8 +202,9 @@ def max_share(graph: Graph, hardware: Hardware, category: str | None = None, sha
     x = B if dim == "tokens" else S
     mine = fm.select(graph, op=op, category=category)
     fixed = _fixed(graph, values, x)
-    part = _time(graph, mine, hardware, cost).xreplace(fixed)
-    step = _time(graph, graph.ops(), hardware, cost).xreplace(fixed)
+    low = lower(graph, cost)  # the part and the whole step read one lowering
+    part = _time(graph, mine, hardware, cost, low).xreplace(fixed)
+    step = _time(graph, graph.ops(), hardware, cost, low).xreplace(fixed)
     g = part - sympy.Rational(repr(share)) * step
     what, kind = (op, "op") if op else (category, "category")
     seq, batch = int(fixed.get(S, 0)), int(fixed.get(B, 0))

@@ -308,8 +308,8 @@ def parallel_setup(args) -> ParallelSetup:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
     layout = layout_from(args, seq, base)
     part = load_hardware(args)
-    cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
-    job = JobSpec(forward=forward, hardware=part, layout=layout, seq_len=seq, cluster=cluster,
+    named = {"cluster": clusters.get(args.cluster)} if args.cluster else {}  # else the part's
+    job = JobSpec(forward=forward, hardware=part, layout=layout, seq_len=seq, **named,
                   cost=cost_model(args), fused_attention=not args.no_fused_attention,
                   adamw=getattr(args, "adamw", "mixed"), **given)
     profile = job.profile(rank=args.trace_rank)

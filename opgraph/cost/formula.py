@@ -229,15 +229,15 @@ def lowered_time(o: LoweredOp, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel =
 
 
 def step_time(graph: Graph, ops, peak=PEAK, bandwidth=BANDWIDTH, cost: CostModel = DEFAULT,
-              peaks: dict | None = None, rates=None) -> sympy.Expr:
+              peaks: dict | None = None, rates=None, low: Lowered | None = None) -> sympy.Expr:
     """The summed time of `ops` (a list of the graph's ops); `peaks` and `rates` as
-    `lowered_time`'s."""
-    low = lower(graph, cost)
+    `lowered_time`'s; `low`, the graph lowered under `cost`, where the caller has it."""
+    low = low or lower(graph, cost)
     return sympy.Add(*(lowered_time(low.op(op.name), peak, bandwidth, cost, peaks, rates)
                        for op in ops))
 
 
-# The quantities a formula can be of: (graph, op, cost, costs) -> that op's share of the step.
+# The quantities a formula can be of: (graph, op, cost, low) -> that op's share of the step.
 QUANTITIES: dict[str, Callable] = {"flops": op_flops, "bytes": op_bytes, "time": op_time}
 
 

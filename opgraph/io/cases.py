@@ -149,13 +149,11 @@ class Case:
         roofline), as `opgraph profile` runs the case's flags."""
         from ..parallel.job import JobSpec
 
-        part = self.part()
-        return JobSpec(forward=self.forward(), hardware=part, layout=self.parallel,
+        named = {"cluster": clusters.get(self.cluster)} if self.cluster else {}  # else the part's
+        return JobSpec(forward=self.forward(), hardware=self.part(), layout=self.parallel,
                        seq_len=self.seq_len, recompute=self.recompute, precision=self.precision,
                        fuse=None if self.fuse == "none" else self.fuse,
-                       fused_attention=self.fused_attention,
-                       cluster=clusters.get(self.cluster) if self.cluster
-                       else clusters.for_hardware(part),
+                       fused_attention=self.fused_attention, **named,
                        **({} if cost is None else {"cost": cost}))
 
     def forward(self) -> Graph:

@@ -123,8 +123,6 @@ class ParallelResult:
     waited_by_group: tuple[tuple[str, float], ...] = ()
     # the cost model's slowdown of compute beside the communication it hid
     overlap_slowdown_s: float = 0.0
-    # the attention kernels the job runs (`frameworks.attention_library`)
-    attention_library: str = "flash"
 
     def parts(self) -> dict[str, float]:
         """The step split as the schedule runs rank 0: its compute, the pipeline bubble, the
@@ -141,6 +139,11 @@ class ParallelResult:
                 **{f"{group}_exposed": s for group, s in self.waited_by_group},
                 "later_stage_tail": self.later_stage_tail_s,
                 "overlap_slowdown": self.overlap_slowdown_s}
+
+    @property
+    def attention_library(self) -> str:
+        """The attention kernels the job runs (`frameworks.attention_library`)."""
+        return attention_library(self.layout)
 
     def to_json(self) -> dict:
         return {"cost": self.cost, "gpus": self.layout.world, "cluster": self.cluster.id,
@@ -368,7 +371,7 @@ def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
         if o.group is not None:
             out[o.name] = cost.comm_time(o.kind, o.message, layout.size(o.group), job.cluster,
                                          layout.stride(o.group), job.hardware, o.calls)
-    return {o.name: out[o.name] for o in stage.ops}
+    return out
 
 
 @attrs.frozen
@@ -469,7 +472,6 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
         later_stage_tail_s=max(tails) - tails[0],
         compute_s=(m - 1) * first.plain.compute_s + first.last.compute_s,
         waited_by_group=tuple(by_group.items()), overlap_slowdown_s=slowdown,
-        attention_library=attention_library(layout),
         memory=fullest.memory, memory_stage=fullest.index, stage_times_s=tuple(per_micro),
         in_flight=in_flight(layout, fullest.index),
         events=events, cost=cost.name, hfu=cost.hfu(busy, step_time, peak))
