@@ -32,8 +32,10 @@ pipeline stages keeps the parameters gathered for the step, ZeRO-1's shape. Each
 is a call of its own unless the framework issues one call for many: Megatron's buckets
 (`frameworks.reduces_in_buckets`) and FSDP's wrapped modules (`frameworks.groups_by_module`: a
 layer's weights, or the root's, in one call); each weight then pays its share of that call's
-latency (its `calls` parameter). When a data-parallel reduction runs (each micro-batch or once
-per step) and what it overlaps is the schedule's business (`opgraph.parallel.schedule`).
+latency (its `calls` parameter). A framework whose ZeRO-3 calls take a list of one tensor per
+rank (`Traits.list_collectives`) runs a copy kernel per rank beside each (its `launches`). When
+a data-parallel reduction runs (each micro-batch or once per step) and what it overlaps is the
+schedule's business (`opgraph.parallel.schedule`).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def _shard(t: Tensor, group: str) -> Tensor:
 def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase, region,
                 count, group: str, role: Role = Role.ACTIVATION, grad_of: str | None = None,
                 forward: str | None = None, before: str | None = None,
-                dtype: str | None = None, calls=None) -> str:
+                dtype: str | None = None, calls=None, launches=None) -> str:
     t = graph.tensor(source)
     params = {"group": group, "axis": AXIS, "size": GROUPS[group]} if kind != "all_reduce" \
         else {"group": group}
@@ -83,6 +85,8 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
         params["dtype"] = dtype
     if calls is not None:  # its share of a bucket's or a module's one call (`Cost.calls`)
         params["calls"] = calls
+    if launches is not None:  # the kernels its call runs (`Cost.launches`)
+        params["launches"] = launches
     (shape,) = rules.infer_shapes(kind, [t], params)
     graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region),
                      before=before)
@@ -94,7 +98,8 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
 @step_pass(at=REPLICATE, bind=lambda o: o.replicated and o.layout and {"layout": o.layout},
            structure={"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
                                            reduce_dtype(p), traits(p).regather_in_recompute,
-                                           traits(p).zero1_all_reduces, groups_by_module(p))})
+                                           traits(p).zero1_all_reduces, groups_by_module(p),
+                                           traits(p).list_collectives)})
 @contract(requires=("optimizer",), forbids=("replicated",))
 def replicate(graph: Graph, layout: Parallel) -> Graph:
     """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes
@@ -124,13 +129,14 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
         module_numel = modules.get((w.region, group_of(w)))
         # its share of its module's one call: its parameters over the module's
         _replicate_update(out, update, sharding(layout), wire, order, bucketed, whole,
-                          None if module_numel is None else w.numel / module_numel)
+                          None if module_numel is None else w.numel / module_numel,
+                          traits(layout).list_collectives)
     return out
 
 
 def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
                       order: dict | None, bucketed: bool = False,
-                      whole: bool = False, module=None) -> None:
+                      whole: bool = False, module=None, listed: bool = False) -> None:
     grad = out.tensor(update.inputs[0])
     w = out.tensor(grad.grad_of)
     group = group_of(w)
@@ -141,6 +147,9 @@ def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
         where["calls"] = bucket_share(grad.numel, GROUPS[group])
     if module is not None:
         where["calls"] = module
+    # a list-form call copies each rank's piece by a kernel of its own
+    # (`Traits.list_collectives`): its NCCL kernel and one copy per rank
+    copies = {"launches": 1 + GROUPS[group]} if zero == 3 and listed else {}
     if zero == 0 or (zero == 1 and whole):
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,
@@ -155,14 +164,15 @@ def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
     else:
         shard = None
     if zero == 3:
-        _gather_weight(out, w, group, order, where.get("calls"))
+        _gather_weight(out, w, group, order, where.get("calls"), copies.get("launches"))
     # ZeRO-1 keeps the full gradient buffer (the shard is a view of it); ZeRO-2/3 keep only the
     # shard, the full gradient a per-layer transient
     full = [t for t in out.tensors() if t.grad_of == w.name]
     if shard is None:
         shard = _collective(out, grad.name, "reduce_scatter", f"{grad.name}@dp",
                             phase=Phase.BACKWARD, role=Role.GRADIENT,
-                            grad_of=w.name if zero >= 2 else None, dtype=wire, **where)
+                            grad_of=w.name if zero >= 2 else None, dtype=wire, **where,
+                            **copies)
     if zero >= 2:
         for t in full:
             out.replace_tensor(attrs.evolve(t, grad_of=None))
@@ -188,10 +198,11 @@ def _slice(out: Graph, source: str, group: str, update: Op) -> str:
 
 
 def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None,
-                   calls=None) -> None:
+                   calls=None, launches=None) -> None:
     """FSDP: `w` becomes its shard; each phase's readers read a copy gathered for them. With
     `order` (each op's place in the order), the recomputation and the backward share one,
-    gathered before the first of them (FSDP2). `calls`: its share of its module's one call."""
+    gathered before the first of them (FSDP2). `calls`: its share of its module's one call;
+    `launches`: the kernels a call runs (`Traits.list_collectives`)."""
     readers = [op for op in out.consumers(w.name) if op.phase is not Phase.OPTIMIZER]
     out.replace_tensor(_shard(w, group))
     if order is None:
@@ -208,7 +219,7 @@ def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None,
         # while ops the order puts later (a recomputation) went ahead
         gathered = _collective(out, w.name, "all_gather", f"{w.name}@{phase.value}",
                                phase=phase, region=w.region, count=w.count, group=group,
-                               before=mine[0].name, calls=calls)
+                               before=mine[0].name, calls=calls, launches=launches)
         for op in mine:
             out.replace_op(attrs.evolve(op, inputs=tuple(gathered if n == w.name else n
                                                         for n in op.inputs)))

@@ -331,6 +331,7 @@ def test_profile_takes_the_framework_flags(cli):
     ("torchtitan", {"zero": 3, "pp": 2, "recompute": ("none",)}),  # gathered once a step
     ("megatron", {"tp": 8, "sequence_parallel": True, "zero": 1, "recompute": ("none",)}),
     ("deepspeed", {"pp": 2, "tp": 4, "zero": 1, "recompute": ("selective",)}),
+    ("deepspeed-0.3", {"pp": 1, "zero": 3, "recompute": ("full",)}),  # a copy per rank
 ])
 def test_plan_figures_are_profiles_for_each_framework(framework, constraints):
     forward, cost = preset("llama3.2-1b"), cost_model("calibrated")
@@ -748,3 +749,32 @@ def test_plan_says_the_attention_library_it_searched_with(cli):
     code, out, _ = cli("plan", "--model", "llama3.2-1b", "--gpus", "8", "--global-batch", "16",
                        "--top", "1")
     assert code == 0 and out.splitlines()[0].endswith("cost model")
+
+
+# --- DeepSpeed before v0.5.5: list-form ZeRO-3 collectives, a copy per rank ---------------------
+
+@pytest.mark.parametrize("cost", ["roofline", "calibrated"])
+def test_early_deepspeed_copies_each_ranks_piece_beside_every_zero3_collective(cost):
+    """DeepSpeed v0.3's ZeRO-3 gathers and reduce-scatters each weight through torch.distributed's
+    list calls, whose NCCL process group copies each of the n ranks' pieces by a kernel of its
+    own: every data-parallel all-gather and reduce-scatter takes n x launch_s longer than
+    later DeepSpeed's (the generation's `launch_s`, the gap a kernel adds), and nothing else
+    changes; on the roofline, which charges a kernel only its bytes, nothing does."""
+    from opgraph.cost.calibration import for_hardware
+
+    f, dp = preset("llama3.2-1b"), 8
+    runs = {fw: profile_parallel(f, H100, Parallel(dp=dp, zero=3, global_batch=16, framework=fw),
+                                 cost=cost_model(cost)).parallel
+            for fw in ("deepspeed", "deepspeed-0.3")}
+    later, early = ({t.name: t for t in runs[fw].communication}
+                    for fw in ("deepspeed", "deepspeed-0.3"))
+    assert later.keys() == early.keys() and later
+    copy_s = for_hardware(H100).launch_s if cost == "calibrated" else 0.0
+    for name, t in early.items():
+        assert t.collective in ("all_gather", "reduce_scatter") and t.group == "dp"
+        assert t.time_s - later[name].time_s == pytest.approx(t.count * dp * copy_s, rel=1e-9,
+                                                              abs=1e-15)
+    if cost == "roofline":
+        assert runs["deepspeed-0.3"].step_time_s == runs["deepspeed"].step_time_s
+    else:
+        assert runs["deepspeed-0.3"].step_time_s > runs["deepspeed"].step_time_s

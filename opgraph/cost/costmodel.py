@@ -71,7 +71,8 @@ class Cost:
     grid: tuple = attrs.field(default=(), converter=tuple)
     # the kernels one instance launches, each costing the host `host_s` (`host_floor`): 1, or
     # the op's `launches` parameter (a grouped GEMM its framework issues as one GEMM per expert,
-    # `passes/unroll_expert_gemms.py`)
+    # `passes/unroll_expert_gemms.py`); a collective's, the kernels its call runs on its stream
+    # (`frameworks.Traits.list_collectives`: its NCCL kernel and a copy per rank)
     launches: sympy.Expr = sympy.S.One
     # the efficiency of its generation its arithmetic runs at (`CalibratedCostModel`): its
     # kind's (`EFFICIENCY`: `attention` for FlashAttention's kernels, else `matmul`), or the
@@ -204,7 +205,8 @@ def _whole_expr(value) -> sympy.Expr:
 def _own_cost(graph: Graph, op: Op) -> Cost:
     if op.kind in rules.COLLECTIVE_KINDS:
         return Cost(sympy.Integer(0), sympy.Integer(0), None, message_bytes(graph, op),
-                    calls=sympy.sympify(op.param("calls", 1)))
+                    calls=sympy.sympify(op.param("calls", 1)),
+                    launches=_whole_expr(op.param("launches", 1)))
     ins = [graph.tensor(n) for n in op.inputs]
     outs = [graph.tensor(n) for n in op.outputs]
     params = dict(op.params)
@@ -438,13 +440,21 @@ class CostModel:
         return collectives.lines(kind.replace("_", "-"), group, cluster, stride)
 
     def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
-                  hardware=None, calls: float = 1.0) -> float:
+                  hardware=None, calls: float = 1.0, launches: float = 1.0) -> float:
         """Seconds of one collective of `kind` moving `message` bytes per GPU: the fastest of
         its `comm_lines`, as NCCL's tuner picks (`opgraph.parallel.collectives.seconds`), its
         latency paid `calls` times (`Cost.calls`: a weight's share of a bucket's or a module's
-        one call)."""
-        return min(latency * calls + per_byte * float(message) for latency, per_byte
-                   in self.comm_lines(kind, group, cluster, stride, hardware))
+        one call); and the `launches` - 1 kernels its call runs beside NCCL's
+        (`Cost.launches`) at `copy_s` each, `calls` times too."""
+        extra = (launches - 1) * calls * self.copy_s(hardware) if launches > 1 else 0.0
+        return extra + min(latency * calls + per_byte * float(message) for latency, per_byte
+                           in self.comm_lines(kind, group, cluster, stride, hardware))
+
+    def copy_s(self, hardware) -> float:
+        """Seconds each kernel a collective's call runs beside NCCL's adds to it (a list-form
+        call's copy per rank, `Cost.launches`): none on the roofline, whose kernels cost only
+        their bytes (a rank's piece, negligible beside the message)."""
+        return 0.0
 
     def slowdown(self, hardware) -> float:
         """The share of hidden communication time added to the compute beside it."""
@@ -660,6 +670,10 @@ class CalibratedCostModel(CostModel):
 
     def slowdown(self, hardware) -> float:
         return self.efficiencies(hardware).overlap_slowdown
+
+    def copy_s(self, hardware) -> float:
+        """`launch_s`: the gap a kernel adds on its stream."""
+        return self.efficiencies(hardware).launch_s
 
 
 def split_k(count, m, n, sms, tile_m, tile_n, ceil: Callable = math.ceil,

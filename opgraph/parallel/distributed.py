@@ -370,7 +370,8 @@ def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
     for o in stage.ops:
         if o.group is not None:
             out[o.name] = cost.comm_time(o.kind, o.message, layout.size(o.group), job.cluster,
-                                         layout.stride(o.group), job.hardware, o.calls)
+                                         layout.stride(o.group), job.hardware, o.calls,
+                                         o.launches)
     return out
 
 

@@ -166,6 +166,24 @@ Each trait, with where each framework's code says so:
   PyTorch's FSDP1 flattens a wrapped module's parameters into one `FlatParameter`
   (`torch/distributed/fsdp/_flat_param.py`), gathered and reduced whole. Without FSDP (ZeRO-0)
   the gradients' all-reduce stays a call per weight (DDP's 25 MB buckets are not modelled).
+- `list_collectives`: each ZeRO-3 weight's all-gather and gradient reduce-scatter is a
+  `torch.distributed` call on a list of one tensor per rank, whose NCCL process group copies
+  every rank's piece out of (or into) one flat buffer by a copy of its own, on the collective's
+  stream: a call then runs 1 + n kernels over n ranks (`Cost.launches` of the collective, each
+  further kernel at the calibrated `launch_s`, `CostModel.comm_time`). DeepSpeed from ZeRO-3's
+  first release (v0.3.12, March 2021) to v0.5.4: `Init._allgather_param` gathers each parameter
+  by `torch.distributed.all_gather(partitions, ...)` into `world_size` narrowed views, and
+  `_reduce_scatter_gradient` reduces each gradient by `torch.distributed.reduce_scatter(
+  input_list[rank], input_list)` (`deepspeed/runtime/zero/partition_parameters.py` at v0.3.13);
+  PyTorch's `ProcessGroupNCCL::allgather` copies the flat result to each output tensor in turn
+  ("Copy the flattened output tensors to the outputs") and `reduce_scatter` each input into
+  its flat buffer (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`). DeepSpeed v0.5.5 gathers
+  into one flat tensor where PyTorch has `_all_gather_base` (#1188, "ZeRO3, improved parameter
+  all-gather operation"), v0.6.0 reduce-scatters coalesced (`deepspeed/runtime/comm/coalesced_collectives.py`, #1453): the row
+  "deepspeed-0.3" is DeepSpeed before them (Narayanan et al.'s ZeRO-3 runs, April 2021),
+  "deepspeed" after. The same `_allgather_param` also synchronizes the device before each
+  gather (`torch.cuda.synchronize()`), which can hold the next gather back behind the compute
+  queued before it; not modelled (the gathers are prefetched as the generic model's).
 - `vocab_multiple`: the vocabulary is padded to a multiple of this x the tensor-parallel
   degree, so that it splits over the TP group (`padded_vocab_shard`); None: not padded, and
   the vocabulary must divide by the degree. Megatron-LM: `--make-vocab-size-divisible-by`,
@@ -211,8 +229,11 @@ class Traits:
     gemm_per_expert: bool = False
     attention_library: str = "flash"
     groups_by_module: bool = False
+    list_collectives: bool = False
 
 
+_DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
+                    overlaps_reduce_at=frozenset({3}), gemm_per_expert=True)
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
@@ -221,8 +242,8 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn"),
-    "deepspeed": Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
-                        overlaps_reduce_at=frozenset({3}), gemm_per_expert=True),
+    "deepspeed": _DEEPSPEED,
+    "deepspeed-0.3": attrs.evolve(_DEEPSPEED, list_collectives=True),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
                        balances_stages=True, vocab_multiple=1,
                        overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,

@@ -25,7 +25,8 @@ import re
 
 import attrs
 
-from ..core.choices import ATTENTION_LIBRARIES, FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
+from ..core.choices import (ATTENTION_LIBRARIES, DEEPSPEED, FRAMEWORKS, GRAD_REDUCE_DTYPES,
+                            ZERO_STAGES)
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_DIM, MAX_MICRO_BATCHES, check_whole
 
@@ -166,11 +167,11 @@ class Parallel:
             if self.stage_layers[0] == 0:
                 raise OpgraphError("the first pipeline stage holds no layer in stage layers "
                                    f"{list(self.stage_layers)}; give it one or more")
-        if self.framework == "deepspeed" and self.pp > 1 and self.zero >= 2:
+        if self.framework in DEEPSPEED and self.pp > 1 and self.zero >= 2:
             # deepspeed/runtime/pipe/engine.py asserts it: "ZeRO-2 and ZeRO-3 are incompatible
             # with pipeline parallelism"
-            raise OpgraphError(f"--framework deepspeed runs --pp {self.pp} with ZeRO 0 or 1 "
-                               f"only (its pipeline engine refuses ZeRO-{self.zero}); give "
+            raise OpgraphError(f"--framework {self.framework} runs --pp {self.pp} with ZeRO 0 "
+                               f"or 1 only (its pipeline engine refuses ZeRO-{self.zero}); give "
                                "--zero 0 or 1")
 
     # --- derived ----------------------------------------------------------------------------------

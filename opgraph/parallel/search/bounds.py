@@ -221,17 +221,20 @@ def _waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple[_Wai
     return tuple(out)
 
 
-def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line) -> dict[int, np.ndarray]:
+def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line,
+                copy_s: float) -> dict[int, np.ndarray]:
     """Each collective's seconds per instance over the rows, as `distributed._times` gives
     them: each algorithm NCCL may run takes a time affine in the message, so `line(kind,
     group, layout)` gives their intercepts and slopes (`CostModel.comm_lines`) once per kind
-    and layout, and a collective takes the least of them over the rows' messages."""
+    and layout, and a collective takes the least of them over the rows' messages; the kernels
+    its call runs beside NCCL's add `copy_s` each (`CostModel.comm_time`)."""
     lines = _over_rows(group, line)
     out = {}
     for k in range(f.n_ops):
         if f.groups[k] is not None:
             base, slope = lines(f.kinds[k], f.groups[k])
-            out[k] = (base * nums.calls[k] + slope * nums.messages[k]).min(axis=0)
+            extra = np.maximum(nums.launches[k] - 1, 0) * nums.calls[k] * copy_s
+            out[k] = extra + (base * nums.calls[k] + slope * nums.messages[k]).min(axis=0)
     return out
 
 
@@ -597,7 +600,7 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
                     values[len(values) - k:])
     held, moved = values[4 * k:4 * k + 14], values[4 * k + 14:len(values) - 4 * k]
     parts = len(held) // 2
-    times = _comm_times(f, nums, rows_, line)
+    times = _comm_times(f, nums, rows_, line, cost.copy_s(hardware))
     compute = _op_times(f, nums, hardware, cost)
     stack, first, last = (place @ compute for place in f.places)
     stack = stack + _waited_time(f, nums, times, compute, rows_)
@@ -899,7 +902,7 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
     communicated = np.zeros(n)  # the first stage's communication over the step
     for role, f in s.stages.items():
         nums = numbers[role] = _numbers(f, cols.env | {LAYERS: cols.layers[role]}, n)
-        times = _comm_times(f, nums, group, line)
+        times = _comm_times(f, nums, group, line, cost.copy_s(hardware))
         compute = _op_times(f, nums, hardware, cost)
         comm = np.zeros_like(compute)
         for k, t in times.items():

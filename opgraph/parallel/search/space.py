@@ -10,6 +10,7 @@ from typing import NamedTuple
 import attrs
 import sympy
 
+from ...core.choices import DEEPSPEED
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
 from ...core.limits import MAX_MICRO_BATCHES
@@ -357,7 +358,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
 def _refused(space: Space, stages: int, zero: int) -> bool:
     """Whether the framework cannot run ZeRO stage `zero` on `stages` pipeline stages (as
     `Parallel` checks it: DeepSpeed's pipeline engine takes ZeRO 0 and 1 only)."""
-    return space.framework == "deepspeed" and stages > 1 and zero >= 2
+    return space.framework in DEEPSPEED and stages > 1 and zero >= 2
 
 
 def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict,
