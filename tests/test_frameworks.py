@@ -754,14 +754,19 @@ def test_plan_says_the_attention_library_it_searched_with(cli):
 # --- DeepSpeed before v0.5.5: list-form ZeRO-3 collectives, a copy per rank ---------------------
 
 @pytest.mark.parametrize("cost", ["roofline", "calibrated"])
-def test_early_deepspeed_copies_each_ranks_piece_beside_every_zero3_collective(cost):
+def test_early_deepspeed_copies_each_ranks_piece_beside_every_zero3_collective(cost,
+                                                                              monkeypatch):
     """DeepSpeed v0.3's ZeRO-3 gathers and reduce-scatters each weight through torch.distributed's
     list calls, whose NCCL process group copies each of the n ranks' pieces by a kernel of its
     own: every data-parallel all-gather and reduce-scatter takes n x launch_s longer than
     later DeepSpeed's (the generation's `launch_s`, the gap a kernel adds), and nothing else
-    changes; on the roofline, which charges a kernel only its bytes, nothing does."""
+    changes (its synchronize before each gather left out here: the next test); on the
+    roofline, which charges a kernel only its bytes, nothing does."""
     from opgraph.cost.calibration import for_hardware
+    from opgraph.parallel import frameworks
 
+    monkeypatch.setattr(frameworks, "FRAMEWORKS",
+                        _without("deepspeed-0.3", syncs_before_gather=False))
     f, dp = preset("llama3.2-1b"), 8
     runs = {fw: profile_parallel(f, H100, Parallel(dp=dp, zero=3, global_batch=16, framework=fw),
                                  cost=cost_model(cost)).parallel
@@ -778,3 +783,22 @@ def test_early_deepspeed_copies_each_ranks_piece_beside_every_zero3_collective(c
         assert runs["deepspeed-0.3"].step_time_s == runs["deepspeed"].step_time_s
     else:
         assert runs["deepspeed-0.3"].step_time_s > runs["deepspeed"].step_time_s
+
+
+def test_early_deepspeed_gathers_each_weight_after_the_compute_before_it():
+    """DeepSpeed v0.3 synchronizes the device before each ZeRO-3 gather and waits on it before
+    the sub-module runs: no gather runs beside compute, so the compute stream waits out every
+    weight gather whole (its exposed time is its time), where later DeepSpeed prefetches a
+    layer ahead and hides most of it. (A backward gather may also queue behind the
+    reduce-scatters on the data-parallel stream: that wait is its `queued_s`, apart.)"""
+    f = preset("llama3.2-1b")
+    runs = {fw: profile_parallel(f, H100, Parallel(dp=8, zero=3, global_batch=16, framework=fw),
+                                 cost=cost_model("calibrated")).parallel
+            for fw in ("deepspeed", "deepspeed-0.3")}
+    gathers = {fw: [t for t in r.communication if t.collective == "all_gather"]
+               for fw, r in runs.items()}
+    assert gathers["deepspeed-0.3"]
+    for t in gathers["deepspeed-0.3"]:
+        assert t.exposed_s == pytest.approx(t.time_s, rel=1e-9)
+    later = gathers["deepspeed"]
+    assert sum(t.exposed_s for t in later) < 0.5 * sum(t.time_s for t in later)

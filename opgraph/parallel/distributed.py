@@ -33,6 +33,8 @@ FP8 peak of one), / (step time x peak), by the cost model's one definition (`Cos
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import sympy
 
@@ -51,7 +53,8 @@ from ..passes.evaluate import category_costs, interpret, resolve
 from ..passes.shard import check_divides
 from ..passes.split_stages import layer_stack, split_stages
 from . import cluster as clusters
-from .frameworks import attention_library, defers_grad_reduce, end_split, own_split, sharding
+from .frameworks import (attention_library, defers_grad_reduce, end_split, own_split, sharding,
+                         traits)
 from .parallel import Parallel, chunk_layers, stage_layers
 from .schedule import (
     GROUPS,
@@ -412,6 +415,8 @@ def step_figures(job: Job, cost: CostModel = DEFAULT) -> ParallelResult:
 def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResult, _Timed]:
     layout = job.layout
     deferred = ("dp", "edp") if defers_grad_reduce(layout) else ()
+    run = functools.partial(simulate, async_tp=layout.async_tp, deferred=deferred,
+                            prefetch=not traits(layout).syncs_before_gather)
     drawn = None if rank is None else layout.rank_stage(rank)
     timed = []
     for i, stage in enumerate(job.stages):
@@ -419,15 +424,11 @@ def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResu
         keep = drawn is not None and job.kinds[drawn] == i
         # the figures from runs that add a layer stack's steady layers at once; a drawn stage's
         # plain micro-batch is run once more, every op on its own, for its events
-        plain = simulate(stage.plain, times, async_tp=layout.async_tp, deferred=deferred,
-                         keep_events=False)
-        last = simulate(stage.last, times, async_tp=layout.async_tp, deferred=deferred,
-                        keep_events=keep)
-        first = None if stage.first is None else simulate(
-            stage.first, times, async_tp=layout.async_tp, deferred=deferred, keep_events=keep)
+        plain = run(stage.plain, times, keep_events=False)
+        last = run(stage.last, times, keep_events=keep)
+        first = None if stage.first is None else run(stage.first, times, keep_events=keep)
         timed.append(_Timed(stage, times, plain, last,
-                            simulate(stage.plain, times, async_tp=layout.async_tp,
-                                     deferred=deferred) if keep else None,
+                            run(stage.plain, times) if keep else None,
                             first, None if first is None
                             else plain if layout.micro_batches > 1 else last))
     per_stage = [timed[k] for k in job.kinds]

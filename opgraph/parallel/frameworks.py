@@ -181,9 +181,18 @@ Each trait, with where each framework's code says so:
   into one flat tensor where PyTorch has `_all_gather_base` (#1188, "ZeRO3, improved parameter
   all-gather operation"), v0.6.0 reduce-scatters coalesced (`deepspeed/runtime/comm/coalesced_collectives.py`, #1453): the row
   "deepspeed-0.3" is DeepSpeed before them (Narayanan et al.'s ZeRO-3 runs, April 2021),
-  "deepspeed" after. The same `_allgather_param` also synchronizes the device before each
-  gather (`torch.cuda.synchronize()`), which can hold the next gather back behind the compute
-  queued before it; not modelled (the gathers are prefetched as the generic model's).
+  "deepspeed" after.
+- `syncs_before_gather`: a ZeRO-3 weight's gather waits until the compute queued before it
+  has run, rather than being prefetched a layer ahead (`schedule.simulate`'s `prefetch` off):
+  the weights' gathers and the compute run one after the other. DeepSpeed's first ZeRO-3
+  (the row "deepspeed-0.3", as `list_collectives` says): `Init._allgather_param` calls
+  `torch.cuda.synchronize()` before it issues each parameter's gather, and the stage-3
+  coordinator's `fetch_sub_module` waits on the gathers in flight, its comm stream and the
+  device (`_synchronize_communication`) before the sub-module runs and only then prefetches
+  the next sub-modules' parameters, each gather after a synchronize of its own
+  (`deepspeed/runtime/zero/stage3.py` at v0.3.13); so at most the last gather of a prefetch
+  runs beside the compute that follows, which opgraph leaves out. Later DeepSpeed drops the
+  synchronize (#1188).
 - `vocab_multiple`: the vocabulary is padded to a multiple of this x the tensor-parallel
   degree, so that it splits over the TP group (`padded_vocab_shard`); None: not padded, and
   the vocabulary must divide by the degree. Megatron-LM: `--make-vocab-size-divisible-by`,
@@ -230,6 +239,7 @@ class Traits:
     attention_library: str = "flash"
     groups_by_module: bool = False
     list_collectives: bool = False
+    syncs_before_gather: bool = False
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
@@ -243,7 +253,7 @@ FRAMEWORKS: dict[str | None, Traits] = {
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn"),
     "deepspeed": _DEEPSPEED,
-    "deepspeed-0.3": attrs.evolve(_DEEPSPEED, list_collectives=True),
+    "deepspeed-0.3": attrs.evolve(_DEEPSPEED, list_collectives=True, syncs_before_gather=True),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
                        balances_stages=True, vocab_multiple=1,
                        overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,

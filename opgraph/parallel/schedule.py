@@ -205,12 +205,14 @@ def _instance(i: int, n: int) -> int:
 
 
 def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple = (),
-             keep_events: bool = True) -> Run:
+             keep_events: bool = True, prefetch: bool = True) -> Run:
     """Run a planned micro-batch once: `seconds[op]` is one instance's time. Collectives of
     the `deferred` groups wait for the compute that reads them rather than starting when
-    their input is written (Megatron-LM without `--overlap-grad-reduce`). Returns the span
-    of the compute stream (with what it waited for). `Streams` does the work."""
-    return Streams(p, seconds, async_tp, deferred, keep_events).run()
+    their input is written (Megatron-LM without `--overlap-grad-reduce`). A weight's gather
+    starts a layer ahead of its reader, or, without `prefetch`, once the compute before its
+    reader has run (a framework that synchronizes the device before each gather). Returns the
+    span of the compute stream (with what it waited for). `Streams` does the work."""
+    return Streams(p, seconds, async_tp, deferred, keep_events, prefetch).run()
 
 
 class Streams:
@@ -226,9 +228,10 @@ class Streams:
     that layer shifted by its length, added at once (`_repeat`)."""
 
     def __init__(self, p: Plan, seconds: dict, async_tp: bool = False, deferred: tuple = (),
-                 keep_events: bool = True):
+                 keep_events: bool = True, prefetch: bool = True):
         self.plan, self.seconds = p, seconds
         self.async_tp, self.deferred, self.keep_events = async_tp, deferred, keep_events
+        self.prefetch = prefetch
         comms = p.comms
         self.ready: dict[tuple[str, int], tuple[float, float]] = {}  # (tensor, i) -> writer's
         self.free = dict.fromkeys(GROUPS, 0.0)  # when each group's stream is next free
@@ -381,10 +384,13 @@ class Streams:
                 deps = [self._need(n, j, reader)[1] for n in c.inputs]
                 if any(p.writer.get(n) is not None for n in c.inputs):  # deferred: wait now
                     earliest = max([self.now, *deps])
-                else:  # nothing computed feeds it: a weight, prefetched a layer ahead
+                elif self.prefetch:  # nothing computed feeds it: a weight, prefetched a
+                    # layer ahead
                     prev = self.started.get((reader.name, j - 1)) if j else None
                     earliest = prev if prev is not None else self.phase_start.get(
                         reader.phase, self.now)
+                else:  # a weight gathered once the compute before its reader has run
+                    earliest = self.now
                 self._comm(c, j, max([earliest, *deps]))
             start, end = self.ready[(name, j)]
             if self.log is not None and j != i:  # another layer's collective: a fixed time
