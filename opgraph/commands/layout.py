@@ -51,8 +51,8 @@ def add_framework_args(group) -> None:
                             "FSDP2's gathers (torchtitan), Megatron-LM's sequence-parallel inputs, "
                             "DeepSpeed's reductions after the pipeline flush, each one's "
                             "gradient-reduction dtype; deepspeed-0.3 is DeepSpeed before v0.5.5, "
-                            "whose ZeRO-3 calls copy each rank's piece apart (default: a generic "
-                            "FSDP-like model)")
+                            "whose ZeRO-3 calls copy each rank's piece apart and whose gathers "
+                            "wait for the compute (default: a generic FSDP-like model)")
     group.add_argument("--grad-reduce-dtype", choices=GRAD_REDUCE_DTYPES,
                        help="the dtype gradients are reduced in across data-parallel ranks "
                             "(default: the framework's; fp32 without one)")
