@@ -38,6 +38,14 @@ FRAMEWORK_FIELDS = ("framework", "grad_reduce_dtype", "attention_library")
 # the command line's names, in `opgraph.core.choices`.
 
 
+def group_size(group: str, tp: int, cp: int, ep: int, dp: int, pp: int) -> int:
+    """GPUs in one group of a layout of these degrees: "dp" is the ranks that hold the same
+    weights (dp x cp, as Megatron-LM reduces gradients over data and context parallel ranks
+    together), "edp" those that hold the same experts (dp x cp / ep). `Parallel.size`, and the
+    planner's rows, which are not layouts yet."""
+    return {"tp": tp, "cp": cp, "ep": ep, "dp": dp * cp, "edp": dp * cp // ep, "pp": pp}[group]
+
+
 def _whole(value, name):
     return check_whole(value, name, MAX_DIM) if value is not None else None
 
@@ -217,11 +225,8 @@ class Parallel:
         return inner[group]
 
     def size(self, group: str) -> int:
-        """GPUs in one group: "dp" is the ranks that hold the same weights (dp x cp, as
-        Megatron-LM reduces gradients over data and context parallel ranks together), "edp"
-        those that hold the same experts (dp x cp / ep)."""
-        return {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp_degree * self.cp,
-                "edp": self.dp_degree * self.cp // self.ep, "pp": self.pp}[group]
+        """GPUs in one group (`group_size`)."""
+        return group_size(group, self.tp, self.cp, self.ep, self.dp_degree, self.pp)
 
     def settings(self) -> tuple:
         """Its `FRAMEWORK_FIELDS`' values, in that order."""

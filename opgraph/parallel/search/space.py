@@ -21,8 +21,8 @@ from ...passes.recompute import POLICIES
 from ...passes.split_stages import layer_stack
 from .. import cluster as clusters
 from ..distributed import ParallelResult, check_layout
-from ..frameworks import FRAMEWORKS, Traits, end_split, own_split, run_zero
-from ..parallel import FRAMEWORK_FIELDS, ZERO_STAGES, Parallel
+from ..frameworks import Traits, end_split, own_split, reduce_dtype, run_zero, traits
+from ..parallel import FRAMEWORK_FIELDS, ZERO_STAGES, Parallel, group_size
 
 # Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
 # attention on shorter blocks is latency-bound); --max-cp lifts it.
@@ -190,13 +190,18 @@ class Row(NamedTuple):
         """One of its `FRAMEWORK_FIELDS`."""
         return self.settings[FRAMEWORK_FIELDS.index(name)]
 
+    # the fields `frameworks`' rules read of a layout, so that they read a row alike
     @property
     def framework(self) -> str | None:
         return self.setting("framework")
 
     @property
+    def grad_reduce_dtype(self) -> str | None:
+        return self.setting("grad_reduce_dtype")
+
+    @property
     def traits(self) -> Traits:
-        return FRAMEWORKS[self.framework]
+        return traits(self)
 
     @property
     def zero_run(self) -> int:
@@ -206,18 +211,22 @@ class Row(NamedTuple):
     @property
     def wire(self) -> str:
         """The dtype gradients are reduced in (`frameworks.reduce_dtype`)."""
-        return self.setting("grad_reduce_dtype") or self.traits.grad_reduce_dtype
+        return reduce_dtype(self)
 
     def candidate(self) -> Candidate:
         return Candidate(self.layout(), self.recompute, self.precision)
 
-    @property
-    def dp_group(self) -> int:  # `Parallel.size("dp")`: the ranks holding the same weights
-        return self.dp * self.cp
+    def size(self, group: str) -> int:
+        """`Parallel.size`: GPUs in one group."""
+        return group_size(group, self.tp, self.cp, self.ep, self.dp, self.pp)
 
     @property
-    def edp_group(self) -> int:  # `Parallel.size("edp")`
-        return self.dp * self.cp // self.ep
+    def dp_group(self) -> int:  # the ranks holding the same weights
+        return self.size("dp")
+
+    @property
+    def edp_group(self) -> int:
+        return self.size("edp")
 
     @property
     def micro_batches(self) -> int:
