@@ -35,7 +35,8 @@ ADAMW_OPTIONS = ("mixed", "bf16-moments", "no-master", "bf16", "8bit")
 ZERO_STAGES = (0, 1, 2, 3)
 # The training framework whose behaviour the passes follow (how it shards, gathers, reduces and
 # recomputes); None: opgraph's generic data parallelism (FSDP-like, gradients reduced in FP32).
-# "deepspeed-0.3": DeepSpeed before v0.5.5, whose ZeRO-3 collectives copy one tensor per rank.
+# "deepspeed-0.3": DeepSpeed before v0.5.5, whose ZeRO-3 collectives copy one tensor per rank
+# and whose gathers wait for the compute before them (`opgraph.parallel.frameworks`).
 FRAMEWORKS = ("megatron", "deepspeed", "deepspeed-0.3", "torchtitan", "nanotron")
 # The frameworks that run DeepSpeed's pipeline engine (ZeRO 0 or 1 under a pipeline).
 DEEPSPEED = ("deepspeed", "deepspeed-0.3")
