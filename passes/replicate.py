@@ -77,7 +77,8 @@ def _shard(t: Tensor, group: str) -> Tensor:
 def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase, region,
                 count, group: str, role: Role = Role.ACTIVATION, grad_of: str | None = None,
                 forward: str | None = None, before: str | None = None,
-                dtype: str | None = None, calls=None, launches=None) -> str:
+                dtype: str | None = None, calls=None, launches=None,
+                bucket: str | None = None) -> str:
     t = graph.tensor(source)
     params = {"group": group, "axis": AXIS, "size": GROUPS[group]} if kind != "all_reduce" \
         else {"group": group}
@@ -87,6 +88,8 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
         params["calls"] = calls
     if launches is not None:  # the kernels its call runs (`Cost.launches`)
         params["launches"] = launches
+    if bucket is not None:  # DDP's resident copy of what it reduces (`Traits.ddp_buckets`)
+        params["bucket"] = bucket
     (shape,) = rules.infer_shapes(kind, [t], params)
     graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region),
                      before=before)
@@ -99,7 +102,7 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
            structure={"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
                                            reduce_dtype(p), traits(p).regather_in_recompute,
                                            traits(p).zero1_all_reduces, groups_by_module(p),
-                                           traits(p).list_collectives)})
+                                           traits(p).list_collectives, traits(p).ddp_buckets)})
 @contract(requires=("optimizer",), forbids=("replicated",))
 def replicate(graph: Graph, layout: Parallel) -> Graph:
     """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes
@@ -130,13 +133,14 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
         # its share of its module's one call: its parameters over the module's
         _replicate_update(out, update, sharding(layout), wire, order, bucketed, whole,
                           None if module_numel is None else w.numel / module_numel,
-                          traits(layout).list_collectives)
+                          traits(layout).list_collectives, traits(layout).ddp_buckets)
     return out
 
 
 def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
                       order: dict | None, bucketed: bool = False,
-                      whole: bool = False, module=None, listed: bool = False) -> None:
+                      whole: bool = False, module=None, listed: bool = False,
+                      ddp: bool = False) -> None:
     grad = out.tensor(update.inputs[0])
     w = out.tensor(grad.grad_of)
     group = group_of(w)
@@ -153,7 +157,8 @@ def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
     if zero == 0 or (zero == 1 and whole):
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,
-                              dtype=wire, **where)
+                              dtype=wire, bucket=w.dtype.name if ddp and zero == 0 else None,
+                              **where)
         out.replace_tensor(attrs.evolve(grad, grad_of=None))
         if zero == 0:
             out.replace_op(attrs.evolve(update, inputs=(reduced, *update.inputs[1:])))

@@ -332,6 +332,7 @@ def test_profile_takes_the_framework_flags(cli):
     ("megatron", {"tp": 8, "sequence_parallel": True, "zero": 1, "recompute": ("none",)}),
     ("deepspeed", {"pp": 2, "tp": 4, "zero": 1, "recompute": ("selective",)}),
     ("deepspeed-0.3", {"pp": 1, "zero": 3, "recompute": ("full",)}),  # a copy per rank
+    ("nanotron", {"pp": 1, "zero": 0, "recompute": ("none",)}),  # DDP's buckets
 ])
 def test_plan_figures_are_profiles_for_each_framework(framework, constraints):
     forward, cost = preset("llama3.2-1b"), cost_model("calibrated")
@@ -802,3 +803,18 @@ def test_early_deepspeed_gathers_each_weight_after_the_compute_before_it():
         assert t.exposed_s == pytest.approx(t.time_s, rel=1e-9)
     later = gathers["deepspeed"]
     assert sum(t.exposed_s for t in later) < 0.5 * sum(t.time_s for t in later)
+
+
+# --- nanotron's DDP: a bucket copy of every gradient ---------------------------------------------
+
+@pytest.mark.parametrize("zero, dp, buckets", [(0, 8, True), (1, 8, False), (0, 1, False)])
+def test_nanotron_without_zero_keeps_ddps_buckets_beside_its_fp32_gradients(zero, dp, buckets):
+    """nanotron wraps the model in PyTorch DDP when it runs more than one data-parallel rank and
+    no ZeRO stage; DDP's reducer keeps its buckets, a BF16 copy of every gradient, all step,
+    beside nanotron's FP32 gradient buffers: 4 + 2 bytes a parameter resident for gradients,
+    where ZeRO-1 (no DDP) or one rank keeps the 4."""
+    f = preset("llama3.2-1b")
+    layout = Parallel(dp=dp, zero=zero, global_batch=16, framework="nanotron")
+    memory = profile_parallel(f, H100, layout).parallel.memory
+    params = memory.weights // 2  # BF16 weights, whole on every data-parallel rank
+    assert memory.gradients == (4 + 2 * buckets) * params

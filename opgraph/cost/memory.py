@@ -81,8 +81,9 @@ def footprint(graph: Graph) -> Footprint:
 
 def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
     """The tensors resident all step, by part: the weights (and the FP8 copies of those a
-    framework casts once a step, `passes.cache_fp8_weights`), one gradient buffer per weight,
-    the optimizer states."""
+    framework casts once a step, `passes.cache_fp8_weights`), one gradient buffer per weight
+    (and the copy a DDP bucket keeps of what an all-reduce reduces, in its `bucket` dtype:
+    `frameworks.Traits.ddp_buckets`), the optimizer states."""
     weights = graph.weights()
     cached = [graph.tensor(n) for op in graph.ops() if op.param("cached") for n in op.outputs]
     names = {w.name for w in weights}
@@ -90,6 +91,9 @@ def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
     for t in graph.tensors():  # one buffer per weight, however many partials write it
         if t.role is Role.GRADIENT and t.grad_of in names:
             grads.setdefault(t.grad_of, t)
+    buckets = [attrs.evolve(graph.tensor(op.inputs[0]), name=f"{op.name}.bucket",
+                            dtype=DTYPES[op.param("bucket")], grad_of=None)
+               for op in graph.ops() if op.param("bucket")]
     states: dict[str, Tensor] = {}
     for op in graph.ops():
         for name in op.inputs:
@@ -97,7 +101,7 @@ def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
             if (op.phase is Phase.OPTIMIZER and t.role is Role.OPTIMIZER_STATE
                     and op.kind not in rules.COLLECTIVE_KINDS):  # a gather reads the update
                 states.setdefault(name, t)
-    return dict(zip(RESIDENT, (list(weights) + cached, list(grads.values()),
+    return dict(zip(RESIDENT, (list(weights) + cached, list(grads.values()) + buckets,
                                list(states.values()))))
 
 

@@ -72,6 +72,19 @@ Each trait, with where each framework's code says so:
 - `zero1_all_reduces`: under ZeRO-1, the gradients are all-reduced whole (each rank then
   updates its shard of the optimizer and all-gathers its updated weights), not
   reduce-scattered: nanotron, as `overlaps_reduce_at` says.
+- `ddp_buckets`: without ZeRO the gradients are all-reduced through PyTorch DDP, whose reducer
+  allocates its buckets when the model is wrapped and keeps them: a copy of every gradient in
+  the parameters' dtype, resident all step beside the gradients the job keeps (`gradient_as_
+  bucket_view` off, DDP's default; "the saved memory size will be equal to the total gradients
+  size" where it is on, `torch.nn.parallel.DistributedDataParallel`'s documentation). The
+  all-reduce carries a `bucket` parameter (its dtype) and `memory.resident_tensors` holds the
+  copy among the gradients. nanotron wraps the model in DDP without that option whenever the
+  data-parallel size is above 1 and no ZeRO stage runs (`trainer.py`, `_init_model`,
+  `DistributedDataParallel(model, process_group=..., broadcast_buffers=False,
+  bucket_cap_mb=...)`), its FP32 accumulation then reading the BF16 buckets in its hook
+  (`optim/gradient_accumulator.py`, `get_fp32_accum_hook`). Megatron-LM's DDP keeps its
+  gradients in the bucket itself (`param.main_grad` a view of its grad buffer), and FSDP has
+  no such copy: the generic model.
 - `adds_grads_in_fp32`: each micro-batch's weight gradients are written in BF16 and added
   into FP32 buffers by kernels of their own (`passes.accumulate_grads`), rather than
   accumulated in FP32 by the weight-gradient GEMM itself. nanotron: its
@@ -240,6 +253,7 @@ class Traits:
     groups_by_module: bool = False
     list_collectives: bool = False
     syncs_before_gather: bool = False
+    ddp_buckets: bool = False
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
@@ -257,7 +271,7 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
                        balances_stages=True, vocab_multiple=1,
                        overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,
-                       adds_grads_in_fp32=True),
+                       adds_grads_in_fp32=True, ddp_buckets=True),
 }
 
 
