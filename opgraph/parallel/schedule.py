@@ -10,7 +10,9 @@ its group's stream (one per parallel degree: tp, cp, ep, dp, pp), in the order i
   and so runs under the backward of the layers after it);
 - a collective of a weight (FSDP's all-gather) is prefetched one layer ahead: it may start when
   the previous layer's use of the weight begins (FSDP2's default prefetch), the first one when
-  its phase begins;
+  its phase begins; without `prefetch` (a framework that synchronizes the device before each
+  gather, `frameworks.Traits.syncs_before_gather`) it starts when the compute stream reaches
+  its reader;
 - a compute op waits for the collectives it reads. Where the collective is `overlapped` with
   its reader (ring attention's K/V passing under the attention; tensor-parallel communication
   under its matmul with `--async-tp`), the reader may start with it and ends no earlier than it;
@@ -42,6 +44,10 @@ data-parallel tail and the optimizer. Where interleaved chunks differ in size (u
 stages with virtual stages, as Llama 3 405B ran), the span is `interleaved_span`'s, Megatron's
 interleaved schedule simulated chunk by chunk (with equal chunks it is the formula above). The
 bubble reported is the span less `m` x the first stage's own micro-batch time.
+
+**What the planner may take as sure** (`sure_waits`, `releases`, `released_bound`, at the end):
+facts of a micro-batch's schedule that hold whatever its ops' times, from which the planner
+(`opgraph.parallel.search`) bounds a layout's step from below before it runs `Streams`.
 """
 
 from __future__ import annotations
@@ -589,3 +595,169 @@ def interleaved_span(chunks: list[list[float]], micro_batches: int,
         if not progressed:
             raise RuntimeError("the interleaved schedule deadlocked")  # a bug, not an input
     return max(free)
+
+# --- What the planner may take as sure of a micro-batch -----------------------------------------
+#
+# `opgraph.parallel.search` bounds a layout's step from below before it runs `Streams`, from
+# facts of the schedule above that hold whatever the ops' times: where the compute stream must
+# wait on communication every micro-batch (`sure_waits`: a `_need` on a chain of collectives it
+# cannot overlap), and the earliest each collective can start (`releases`: `_op`'s start of the
+# collectives of what it wrote, or a weight's from its phase's start, prefetched). A framework
+# that starts gathers later (`prefetch` off) only lengthens the span these bound.
+
+# The groups whose collectives `sure_waits` counts: tensor and expert parallelism (context
+# parallelism's run under their readers, `overlapped`; data parallelism's are not
+# read by the next op).
+WAITED_GROUPS = ("tp", "ep")
+
+
+@attrs.frozen
+class Waits:
+    """A run of consecutive compute ops of one region and count (none once per step), and
+    where in it the stream surely waits (`sure_waits`): `targets` are (a reader's position in
+    `ops`, its chains: (the position of the first op writing the chain's input, the chain's
+    collectives, first to last, and the index in `targets` of the last reader at or before
+    that op, or -1)), in order."""
+
+    ops: tuple[int, ...]  # op indices
+    targets: tuple
+
+
+def _chain(graph: Graph, name: str, index: dict, once: tuple):
+    """The waited collectives that write `name`, first to last, each reading only the one
+    before it, and the compute ops the first reads; None if they are not such a chain."""
+    chain = []
+    c = graph.producer(name)
+    while True:
+        if (c is None or c.kind not in COLLECTIVE_KINDS or c.param("group") not in WAITED_GROUPS
+                or c.name not in index or once[index[c.name]]):
+            return None
+        chain.append(index[c.name])
+        writers = {graph.producer(n) for n in c.inputs}
+        if None in writers:
+            return None
+        if any(w.kind in COLLECTIVE_KINDS for w in writers):
+            if len(writers) > 1:
+                return None
+            c = writers.pop()
+            continue
+        return tuple(reversed(chain)), writers
+
+
+def sure_waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple[Waits, ...]:
+    """Where the compute stream surely waits for communication, every micro-batch: a compute
+    op that reads a chain of collectives of a group that does not overlap its reader
+    (`overlapped`; tensor parallelism's without --async-tp, checked per row), the
+    first reading what compute ops of the same run wrote (the same region and count; the
+    optimizer's ops count as compute, so a run is the same in the last micro-batch). The chain
+    starts no earlier than the first of those writers ends (`simulate` starts a
+    collective when one input is written) and each collective no earlier than the one before it
+    ends, so the reader starts no earlier than that writer's end plus the chain; the ops between
+    them run in the meantime. The planner's `search.bounds._waited_time` takes the longest
+    path through a run's ops with these edges. Returns the runs with a wait."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    runs: list[list[int]] = []
+    for i, op in enumerate(ops):
+        if collective[i]:
+            continue
+        last = ops[runs[-1][-1]] if runs else None
+        if (last is not None and not once[i] and not once[runs[-1][-1]]
+                and last.region == op.region and last.count == op.count):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    out = []
+    for run in runs:
+        where = {ops[k].name: j for j, k in enumerate(run)}
+        targets = []
+        for j, k in enumerate(run):
+            if once[k]:
+                continue
+            chains = []
+            for name in ops[k].inputs:
+                found = _chain(graph, name, index, once)
+                if found is None:
+                    continue
+                chain, writers = found
+                first = min((where.get(w.name, -1) for w in writers), default=-1)
+                if (0 <= first < j and all(w.name in where for w in writers)
+                        and all(ops[c].count == ops[k].count for c in chain)):
+                    chains.append((first, chain))
+            if chains:
+                targets.append((j, tuple(
+                    (first, chain, max((t for t, (at, _) in enumerate(targets) if at <= first),
+                                       default=-1))
+                    for first, chain in chains)))
+        if targets:
+            out.append(Waits(tuple(run), tuple(targets)))
+    return tuple(out)
+
+
+@attrs.frozen
+class Releases:
+    """A micro-batch's compute ops cut into segments as `plan` cuts them (a run of
+    one region's ops, repeated, or one op outside any), and the segment from which each of
+    its collectives can start: its input's writer's, or (a weight's) the first."""
+
+    compute: tuple  # (ops, (segments, ops)): the plan's compute ops, 1 where in a segment
+    comm: tuple  # per group (ops, (segments, ops)): its collectives, 1 where released
+
+
+def releases(graph: Graph, ops: list, collective: list, planned: list) -> Releases:
+    """The `Releases` of the micro-batch that runs the `planned` ops."""
+    import numpy as np
+
+    segment: dict[int, int] = {}
+    index = {op.name: i for i, op in enumerate(ops)}
+    n, region = -1, None
+    for i, op in enumerate(ops):
+        if collective[i] or not planned[i]:
+            continue
+        if n < 0 or op.region is None or op.region != region:
+            n += 1
+        region, segment[i] = op.region, n
+    released: dict[int, int] = {}
+    for i, op in enumerate(ops):  # in order: a collective's producers come before it
+        if not collective[i] or not planned[i] or op.kind == "identity":
+            continue
+        at = 0
+        for name in op.inputs:
+            producer = graph.producer(name)
+            if producer is None:
+                continue
+            k = index[producer.name]
+            at = max(at, released.get(k, 0) if collective[k] else segment.get(k, 0))
+        released[i] = at
+
+    def matrix(where: dict) -> tuple:
+        out = np.zeros((n + 1, len(where)))
+        out[list(where.values()), np.arange(len(where))] = 1.0
+        return np.array(list(where), dtype=int), out
+
+    groups: dict[str, dict] = {}
+    for i, seg in released.items():
+        groups.setdefault(ops[i].param("group"), {})[i] = seg
+    return Releases(matrix(segment), tuple(matrix(g) for g in groups.values()))
+
+
+def released_bound(r: Releases, compute, comm):
+    """A lower bound of the micro-batch's span from its communication streams: a collective
+    starts no earlier than the compute stream reaches the segment that releases it (every op
+    of the segments before has run), and each group's run one after another on its stream, so
+    the span is at least, for every segment and group, the compute before the segment plus
+    the group's collectives released there or later (`simulate`'s tail takes in the
+    last of them). `compute` and `comm` are each op's time over the rows (a row per op).
+    Gradient reductions are never deferred here: a searched layout overlaps them
+    (`Parallel.overlap_grad_reduce`'s default)."""
+    import numpy as np
+
+    out = np.zeros(compute.shape[1])
+    ops, segments = r.compute
+    if not r.comm or not len(ops):
+        return out
+    before = np.cumsum(segments @ compute[ops], axis=0)
+    before = np.vstack([np.zeros((1, before.shape[1])), before[:-1]])  # each segment's start
+    for ops, segments in r.comm:
+        later = np.cumsum((segments @ comm[ops])[::-1], axis=0)[::-1]  # released there or later
+        out = np.maximum(out, (before + later).max(axis=0))
+    return out * (1 - 1e-6)

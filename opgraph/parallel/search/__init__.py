@@ -34,11 +34,12 @@ at once, those formulas are evaluated on numpy arrays (`_Program`), and from the
   a matrix product over the lives), its activations times the micro-batches in flight
   (`distributed.in_flight`), the fullest stage's; rows that do not fit are dropped;
 - a lower bound of the step (`_step_bound`): from lower bounds of each stage's plain and last
-  micro-batch — its compute plus the communication the stream surely waits for (`_waits`: a
-  chain of tensor- or expert-parallel collectives from one op of a layer to another, less the
-  ops that run between them; a mixture of experts' all-gather and all-to-all), the
+  micro-batch — its compute plus the communication the stream surely waits for
+  (`schedule.sure_waits`: a chain of tensor- or expert-parallel collectives from one op of a
+  layer to another, less the ops that run between them; a mixture of experts' all-gather and
+  all-to-all), the
   optimizer in the last, and each communication stream's collectives after the compute that
-  releases them (`_released`) — through the pipeline span and the tail, as
+  releases them (`schedule.released_bound`) — through the pipeline span and the tail, as
   `distributed.step_figures` combines them. For the fastest layouts of Llama 3 8B on 64 GPUs
   and of Llama 3.1 405B on 16,384 it is 2.2% and 1.1% below the step.
 

@@ -13,7 +13,6 @@ import sympy
 
 from ...core import contracts, pipeline
 from ...core.ir import DTYPES, Graph, Phase
-from ...core.rules import COLLECTIVE_KINDS
 from ...core.symbols import B, cp, dp, edp, ep, pp, tp
 from ...cost.costmodel import CostModel
 from ...cost.hardware import Hardware
@@ -28,7 +27,7 @@ from ...passes.split_stages import STACK, ends, layer_stack, split_stages
 from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
 from ..frameworks import bucket_share
 from ..parallel import FRAMEWORK_FIELDS, Parallel, stage_layers
-from ..schedule import once_per_step, plan
+from ..schedule import Waits, once_per_step, plan, released_bound, releases, sure_waits
 from .space import DEGREES, LAYERS, Row
 
 # --- structures ---------------------------------------------------------------------------------
@@ -75,8 +74,8 @@ class _StageFormulas:
     moments: tuple[tuple[str, str], ...]  # each op's (name, phase), where a peak may happen
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
     optimizer_rows: tuple[int, ...]  # the compute ops of the last one only (the optimizer)
-    releases: tuple  # (plain, last): each one's `_Releases`
-    waits: tuple[_Waits, ...]  # where the stream must wait for communication (`_waits`)
+    releases: tuple  # (plain, last): each one's `schedule.Releases`
+    waits: tuple[Waits, ...]  # where the stream must wait for communication (`schedule.sure_waits`)
     plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
 
 
@@ -113,9 +112,9 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         tuple((op.name, op.phase.value) for op in live.ops),
         tuple(i for i in range(len(ops)) if not collective[i] and not once[i]),
         tuple(i for i in range(len(ops)) if not collective[i] and once[i]),
-        (_releases(graph, ops, collective, [not o for o in once]),
-         _releases(graph, ops, collective, [True] * len(ops))),
-        _waits(graph, ops, collective, once))
+        (releases(graph, ops, collective, [not o for o in once]),
+         releases(graph, ops, collective, [True] * len(ops))),
+        sure_waits(graph, ops, collective, once))
 
 
 def _grids(ops: list) -> list:
@@ -131,94 +130,6 @@ def _fixed(expr, fixed: dict, memo: dict):
     if expr not in memo:
         memo[expr] = sympy.sympify(expr).xreplace(fixed)
     return memo[expr]
-
-
-# The groups whose collectives `_waits` counts: tensor and expert parallelism (context
-# parallelism's run under their readers, `schedule.overlapped`; data parallelism's are not
-# read by the next op).
-_WAITED = ("tp", "ep")
-
-
-@attrs.frozen
-class _Waits:
-    """A run of consecutive compute ops of one region and count (none once per step), and
-    where in it the stream surely waits (`_waits`): `targets` are (a reader's position in
-    `ops`, its chains: (the position of the first op writing the chain's input, the chain's
-    collectives, first to last, and the index in `targets` of the last reader at or before
-    that op, or -1)), in order."""
-
-    ops: tuple[int, ...]  # op indices
-    targets: tuple
-
-
-def _chain(graph: Graph, name: str, index: dict, once: tuple):
-    """The waited collectives that write `name`, first to last, each reading only the one
-    before it, and the compute ops the first reads; None if they are not such a chain."""
-    chain = []
-    c = graph.producer(name)
-    while True:
-        if (c is None or c.kind not in COLLECTIVE_KINDS or c.param("group") not in _WAITED
-                or c.name not in index or once[index[c.name]]):
-            return None
-        chain.append(index[c.name])
-        writers = {graph.producer(n) for n in c.inputs}
-        if None in writers:
-            return None
-        if any(w.kind in COLLECTIVE_KINDS for w in writers):
-            if len(writers) > 1:
-                return None
-            c = writers.pop()
-            continue
-        return tuple(reversed(chain)), writers
-
-
-def _waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple[_Waits, ...]:
-    """Where the compute stream surely waits for communication, every micro-batch: a compute
-    op that reads a chain of collectives of a group that does not overlap its reader
-    (`schedule.overlapped`; tensor parallelism's without --async-tp, checked per row), the
-    first reading what compute ops of the same run wrote (the same region and count; the
-    optimizer's ops count as compute, so a run is the same in the last micro-batch). The chain
-    starts no earlier than the first of those writers ends (`schedule.simulate` starts a
-    collective when one input is written) and each collective no earlier than the one before it
-    ends, so the reader starts no earlier than that writer's end plus the chain; the ops between
-    them run in the meantime. `_waited_time` takes the longest path through a run's ops with
-    these edges. Returns the runs with a wait."""
-    index = {op.name: i for i, op in enumerate(ops)}
-    runs: list[list[int]] = []
-    for i, op in enumerate(ops):
-        if collective[i]:
-            continue
-        last = ops[runs[-1][-1]] if runs else None
-        if (last is not None and not once[i] and not once[runs[-1][-1]]
-                and last.region == op.region and last.count == op.count):
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    out = []
-    for run in runs:
-        where = {ops[k].name: j for j, k in enumerate(run)}
-        targets = []
-        for j, k in enumerate(run):
-            if once[k]:
-                continue
-            chains = []
-            for name in ops[k].inputs:
-                found = _chain(graph, name, index, once)
-                if found is None:
-                    continue
-                chain, writers = found
-                first = min((where.get(w.name, -1) for w in writers), default=-1)
-                if (0 <= first < j and all(w.name in where for w in writers)
-                        and all(ops[c].count == ops[k].count for c in chain)):
-                    chains.append((first, chain))
-            if chains:
-                targets.append((j, tuple(
-                    (first, chain, max((t for t, (at, _) in enumerate(targets) if at <= first),
-                                       default=-1))
-                    for first, chain in chains)))
-        if targets:
-            out.append(_Waits(tuple(run), tuple(targets)))
-    return tuple(out)
 
 
 def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line,
@@ -276,10 +187,10 @@ def _comm_line(cost: CostModel, cluster, hardware: Hardware):
 
 def _waited_time(f: _StageFormulas | _ComputeFormulas, nums: _Numbers, times: dict,
                  compute: np.ndarray, group: list) -> np.ndarray:
-    """Each row's time the stage surely waits on communication per micro-batch (`_waits`):
-    in each run, the longest path through one instance of its ops (each op after the one
-    before it, a chain's reader after the chain's writer and the chain), less the ops' own
-    time, times the instances."""
+    """Each row's time the stage surely waits on communication per micro-batch
+    (`schedule.sure_waits`): in each run, the longest path through one instance of its ops
+    (each op after the one before it, a chain's reader after the chain's writer and the
+    chain), less the ops' own time, times the instances."""
     total = np.zeros(nums.flops.shape[1])
     if not f.waits:
         return total
@@ -304,72 +215,6 @@ def _waited_time(f: _StageFormulas | _ComputeFormulas, nums: _Numbers, times: di
             before.append(idle)
         total += instances * idle
     return total * (1 - 1e-6)
-
-
-@attrs.frozen
-class _Releases:
-    """A micro-batch's compute ops cut into segments as `schedule.plan` cuts them (a run of
-    one region's ops, repeated, or one op outside any), and the segment from which each of
-    its collectives can start: its input's writer's, or (a weight's) the first."""
-
-    compute: tuple  # (ops, (segments, ops)): the plan's compute ops, 1 where in a segment
-    comm: tuple  # per group (ops, (segments, ops)): its collectives, 1 where released
-
-
-def _releases(graph: Graph, ops: list, collective: list, planned: list) -> _Releases:
-    """The `_Releases` of the micro-batch that runs the `planned` ops."""
-    segment: dict[int, int] = {}
-    index = {op.name: i for i, op in enumerate(ops)}
-    n, region = -1, None
-    for i, op in enumerate(ops):
-        if collective[i] or not planned[i]:
-            continue
-        if n < 0 or op.region is None or op.region != region:
-            n += 1
-        region, segment[i] = op.region, n
-    released: dict[int, int] = {}
-    for i, op in enumerate(ops):  # in order: a collective's producers come before it
-        if not collective[i] or not planned[i] or op.kind == "identity":
-            continue
-        at = 0
-        for name in op.inputs:
-            producer = graph.producer(name)
-            if producer is None:
-                continue
-            k = index[producer.name]
-            at = max(at, released.get(k, 0) if collective[k] else segment.get(k, 0))
-        released[i] = at
-
-    def matrix(where: dict) -> tuple:
-        out = np.zeros((n + 1, len(where)))
-        out[list(where.values()), np.arange(len(where))] = 1.0
-        return np.array(list(where), dtype=int), out
-
-    groups: dict[str, dict] = {}
-    for i, seg in released.items():
-        groups.setdefault(ops[i].param("group"), {})[i] = seg
-    return _Releases(matrix(segment), tuple(matrix(g) for g in groups.values()))
-
-
-def _released(r: _Releases, compute: np.ndarray, comm: np.ndarray) -> np.ndarray:
-    """A lower bound of the micro-batch's span from its communication streams: a collective
-    starts no earlier than the compute stream reaches the segment that releases it (every op
-    of the segments before has run), and each group's run one after another on its stream, so
-    the span is at least, for every segment and group, the compute before the segment plus
-    the group's collectives released there or later (`schedule.simulate`'s tail takes in the
-    last of them). `compute` and `comm` are each op's time over the rows (a row per op).
-    Gradient reductions are never deferred here: a searched layout overlaps them
-    (`Parallel.overlap_grad_reduce`'s default)."""
-    out = np.zeros(compute.shape[1])
-    ops, segments = r.compute
-    if not r.comm or not len(ops):
-        return out
-    before = np.cumsum(segments @ compute[ops], axis=0)
-    before = np.vstack([np.zeros((1, before.shape[1])), before[:-1]])  # each segment's start
-    for ops, segments in r.comm:
-        later = np.cumsum((segments @ comm[ops])[::-1], axis=0)[::-1]  # released there or later
-        out = np.maximum(out, (before + later).max(axis=0))
-    return out * (1 - 1e-6)
 
 
 @attrs.frozen
@@ -439,9 +284,10 @@ def compute_key(r: Row, layers: int | None) -> tuple:
 @attrs.frozen
 class _ComputeFormulas:
     """A compute key's forward and backward ops over `DEGREES`, before the step is split into
-    stages or replicated: the compute ops and the collectives `_waits` pairs with them (in
-    `_StageFormulas`' layout: counts, FLOPs, bytes, messages), and where each op runs: a stack
-    op on every stage, `LAYERS` times; an end op on the first or the last stage (or both).
+    stages or replicated: the compute ops and the collectives `schedule.sure_waits` pairs with
+    them (in `_StageFormulas`' layout: counts, FLOPs, bytes, messages), and where each op
+    runs: a stack op on every stage, `LAYERS` times; an end op on the first or the last stage
+    (or both).
     After them the bytes `_held` gives: what one layer of the stack holds, then the ends."""
 
     kinds: tuple[str, ...]
@@ -451,7 +297,7 @@ class _ComputeFormulas:
     tape: _Tape
     n_ops: int
     places: tuple[np.ndarray, ...]  # the stack, the first end, the last: (ops,) 1 where it runs
-    waits: tuple[_Waits, ...]  # `_waits` of the stack's ops
+    waits: tuple[Waits, ...]  # `schedule.sure_waits` of the stack's ops
 
 
 def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
@@ -473,7 +319,7 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     lowered = [low.op(op.name) for op in ops]
     collective = [o.group is not None for o in lowered]
     once = (False,) * len(ops)
-    waits = _waits(graph, ops, collective, once)
+    waits = sure_waits(graph, ops, collective, once)
     if side is not None:  # a run counts on every stage only where all its ops are the stack's
         waits = tuple(w for w in waits if all(side[ops[k].name] == {STACK} for k in w.ops))
     formulas = ([o.count for o in lowered] + [o.flops for o in lowered]
@@ -563,7 +409,7 @@ def _moving(moved: np.ndarray, zero: np.ndarray, lines) -> np.ndarray:
             if count.any():
                 base, slope = (part.min(axis=0) for part in lines(kind, group))
                 out[j] += np.where(zero >= least, count * base + slope * size, 0.0)
-    return out * (1 - 2e-6)  # below `_released`'s, the same sums in another order
+    return out * (1 - 2e-6)  # below `schedule.released_bound`'s, the same sums in another order
 
 
 def _held_bytes(held: np.ndarray, cols: _Columns) -> np.ndarray:
@@ -912,9 +758,9 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
         # a micro-batch takes at least its compute and surely-waited communication, and at
         # least what its streams run after the compute that releases it; the last one adds
         # the optimizer and what runs once per step
-        plain[role] = np.maximum(busy, _released(f.releases[0], compute, comm))
+        plain[role] = np.maximum(busy, released_bound(f.releases[0], compute, comm))
         last[role] = np.maximum(busy + compute[list(f.optimizer_rows)].sum(axis=0),
-                                _released(f.releases[1], compute, comm))
+                                released_bound(f.releases[1], compute, comm))
         once = np.array(f.once)
         serial[role] = (compute + comm)[~once].sum(axis=0)
         serial_last[role] = serial[role] + (compute + comm)[once].sum(axis=0)
