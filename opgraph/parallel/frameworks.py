@@ -192,9 +192,11 @@ Each trait, with where each framework's code says so:
   ("Copy the flattened output tensors to the outputs") and `reduce_scatter` each input into
   its flat buffer (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`). DeepSpeed v0.5.5 gathers
   into one flat tensor where PyTorch has `_all_gather_base` (#1188, "ZeRO3, improved parameter
-  all-gather operation"), v0.6.0 reduce-scatters coalesced
-  (`deepspeed/runtime/comm/coalesced_collectives.py`, #1453): the row "deepspeed-0.3" is
-  DeepSpeed before them (Narayanan et al.'s ZeRO-3 runs, April 2021), "deepspeed" after.
+  all-gather operation"), v0.6.0 reduce-scatters coalesced through `_reduce_scatter_base`
+  (`deepspeed/runtime/comm/coalesced_collectives.py`, #1453, whose fallback warns that the
+  list-form `torch.distributed.reduce_scatter` "will result in suboptimal performance"): the
+  row "deepspeed-0.3" is DeepSpeed before them (Narayanan et al.'s ZeRO-3 runs, April 2021),
+  "deepspeed" after.
 - `syncs_before_gather`: a ZeRO-3 weight's gather waits until the compute queued before it
   has run, rather than being prefetched a layer ahead (`schedule.simulate`'s `prefetch` off):
   the weights' gathers and the compute run one after the other. DeepSpeed's first ZeRO-3
