@@ -48,6 +48,7 @@ from opgraph.core.contracts import REPLICATE, contract, step_pass
 from opgraph.core.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.core.symbols import dp, edp, ep
 from opgraph.parallel.frameworks import (
+    Traits,
     bucket_share,
     groups_by_module,
     reduce_dtype,
@@ -113,12 +114,11 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     out.dims = {**out.dims, dp: layout.size("dp")}
     if layout.ep > 1:
         out.dims[edp] = layout.size("edp")
-    wire, bucketed = reduce_dtype(layout), reduces_in_buckets(layout)
     # where the backward's gather serves the recomputation too, it goes before whichever runs
     # first: the ops' place in the order, which no insertion here changes
-    order = None if traits(layout).regather_in_recompute else {
-        op.name: i for i, op in enumerate(graph.ops())}
-    whole = traits(layout).zero1_all_reduces
+    how = _How(sharding(layout), reduce_dtype(layout), reduces_in_buckets(layout), traits(layout),
+               None if traits(layout).regather_in_recompute else {
+                   op.name: i for i, op in enumerate(graph.ops())})
     weights = [(update, graph.tensor(graph.tensor(update.inputs[0]).grad_of))
                for update in graph.ops() if update.kind == "adamw"]
     # a group of one GPU has nothing to reduce or shard
@@ -131,34 +131,46 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     for update, w in weights:
         module_numel = modules.get((w.region, group_of(w)))
         # its share of its module's one call: its parameters over the module's
-        _replicate_update(out, update, sharding(layout), wire, order, bucketed, whole,
-                          None if module_numel is None else w.numel / module_numel,
-                          traits(layout).list_collectives, traits(layout).ddp_buckets)
+        _replicate_update(out, update, how,
+                          None if module_numel is None else w.numel / module_numel)
     return out
 
 
-def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
-                      order: dict | None, bucketed: bool = False,
-                      whole: bool = False, module=None, listed: bool = False,
-                      ddp: bool = False) -> None:
+@attrs.frozen
+class _How:
+    """What the layout decides of every weight's reduction and sharding: the ZeRO stage it
+    runs, the dtype its gradients travel in, whether they go in buckets, its framework's
+    traits, and each op's place in the order where the backward's gather serves the
+    recomputation too (else None)."""
+
+    zero: int
+    wire: str
+    bucketed: bool
+    traits: Traits
+    order: dict | None
+
+
+def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
+    """One weight's reduction and sharding; `module`: its share of its FSDP module's call."""
+    zero, wire = how.zero, how.wire
     grad = out.tensor(update.inputs[0])
     w = out.tensor(grad.grad_of)
     group = group_of(w)
     where = {"region": update.region, "count": update.count, "group": group}
     # in a bucket (`frameworks.reduces_in_buckets`) or an FSDP module (`module`, its share:
     # `frameworks.groups_by_module`) the weight's reduction and gather are its share of one call
-    if bucketed:
+    if how.bucketed:
         where["calls"] = bucket_share(grad.numel, GROUPS[group])
     if module is not None:
         where["calls"] = module
     # a list-form call copies each rank's piece by a kernel of its own
     # (`Traits.list_collectives`): its NCCL kernel and one copy per rank
-    copies = {"launches": 1 + GROUPS[group]} if zero == 3 and listed else {}
-    if zero == 0 or (zero == 1 and whole):
+    copies = {"launches": 1 + GROUPS[group]} if zero == 3 and how.traits.list_collectives else {}
+    if zero == 0 or (zero == 1 and how.traits.zero1_all_reduces):
+        ddp = zero == 0 and how.traits.ddp_buckets  # DDP's resident copy (`Traits.ddp_buckets`)
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,
-                              dtype=wire, bucket=w.dtype.name if ddp and zero == 0 else None,
-                              **where)
+                              dtype=wire, bucket=w.dtype.name if ddp else None, **where)
         out.replace_tensor(attrs.evolve(grad, grad_of=None))
         if zero == 0:
             out.replace_op(attrs.evolve(update, inputs=(reduced, *update.inputs[1:])))
@@ -169,7 +181,7 @@ def _replicate_update(out: Graph, update: Op, zero: int, wire: str,
     else:
         shard = None
     if zero == 3:
-        _gather_weight(out, w, group, order, where.get("calls"), copies.get("launches"))
+        _gather_weight(out, w, group, how.order, where.get("calls"), copies.get("launches"))
     # ZeRO-1 keeps the full gradient buffer (the shard is a view of it); ZeRO-2/3 keep only the
     # shard, the full gradient a per-layer transient
     full = [t for t in out.tensors() if t.grad_of == w.name]
