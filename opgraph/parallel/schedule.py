@@ -596,14 +596,15 @@ def interleaved_span(chunks: list[list[float]], micro_batches: int,
             raise RuntimeError("the interleaved schedule deadlocked")  # a bug, not an input
     return max(free)
 
+
 # --- What the planner may take as sure of a micro-batch -----------------------------------------
 #
 # `opgraph.parallel.search` bounds a layout's step from below before it runs `Streams`, from
 # facts of the schedule above that hold whatever the ops' times: where the compute stream must
 # wait on communication every micro-batch (`sure_waits`: a `_need` on a chain of collectives it
 # cannot overlap), and the earliest each collective can start (`releases`: `_op`'s start of the
-# collectives of what it wrote, or a weight's from its phase's start, prefetched). A framework
-# that starts gathers later (`prefetch` off) only lengthens the span these bound.
+# collectives of what it wrote, or a weight's from the micro-batch's start, prefetched). A
+# framework that starts gathers later (`prefetch` off) only lengthens the span these bound.
 
 # The groups whose collectives `sure_waits` counts: tensor and expert parallelism (context
 # parallelism's run under their readers, `overlapped`; data parallelism's are not
