@@ -103,7 +103,8 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
            structure={"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
                                            reduce_dtype(p), traits(p).regather_in_recompute,
                                            traits(p).zero1_all_reduces, groups_by_module(p),
-                                           traits(p).list_collectives, traits(p).ddp_buckets)})
+                                           traits(p).list_collectives, traits(p).ddp_buckets,
+                                           traits(p).copies_out_gathers)})
 @contract(requires=("optimizer",), forbids=("replicated",))
 def replicate(graph: Graph, layout: Parallel) -> Graph:
     """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes
@@ -181,7 +182,8 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
     else:
         shard = None
     if zero == 3:
-        _gather_weight(out, w, group, how.order, where.get("calls"), copies.get("launches"))
+        _gather_weight(out, w, group, how.order, where.get("calls"), copies.get("launches"),
+                       how.traits.copies_out_gathers)
     # ZeRO-1 keeps the full gradient buffer (the shard is a view of it); ZeRO-2/3 keep only the
     # shard, the full gradient a per-layer transient
     full = [t for t in out.tensors() if t.grad_of == w.name]
@@ -202,6 +204,19 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
                     **where)
 
 
+def _copy_out(out: Graph, gathered: str, reader: Op) -> str:
+    """The weight `gathered` as its readers see it: copied out of the gathered buffer by a
+    kernel on the compute stream just before its first `reader` (a reshape to its own shape,
+    made a copy), in that reader's phase."""
+    t = out.tensor(gathered)
+    name = f"{gathered}.out"
+    out.add_tensor(attrs.evolve(t, name=name), before=reader.name)
+    out.add_op(Op(f"{name}.copy", "reshape", "elementwise", (gathered,), (name,), count=t.count,
+                  phase=reader.phase, params={"shape": t.shape, "copy": True},
+                  region=t.region), before=reader.name)
+    return name
+
+
 def _slice(out: Graph, source: str, group: str, update: Op) -> str:
     """This rank's 1/size shard of `source` along the first dimension, a view of it."""
     t = out.tensor(source)
@@ -215,11 +230,12 @@ def _slice(out: Graph, source: str, group: str, update: Op) -> str:
 
 
 def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None,
-                   calls=None, launches=None) -> None:
+                   calls=None, launches=None, copy_out: bool = False) -> None:
     """FSDP: `w` becomes its shard; each phase's readers read a copy gathered for them. With
     `order` (each op's place in the order), the recomputation and the backward share one,
     gathered before the first of them (FSDP2). `calls`: its share of its module's one call;
-    `launches`: the kernels a call runs (`Traits.list_collectives`)."""
+    `launches`: the kernels a call runs (`Traits.list_collectives`); `copy_out`: the readers
+    read it through a copy out of the gathered buffer (`Traits.copies_out_gathers`)."""
     readers = [op for op in out.consumers(w.name) if op.phase is not Phase.OPTIMIZER]
     out.replace_tensor(_shard(w, group))
     if order is None:
@@ -237,6 +253,8 @@ def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None,
         gathered = _collective(out, w.name, "all_gather", f"{w.name}@{phase.value}",
                                phase=phase, region=w.region, count=w.count, group=group,
                                before=mine[0].name, calls=calls, launches=launches)
+        if copy_out:
+            gathered = _copy_out(out, gathered, mine[0])
         for op in mine:
             out.replace_op(attrs.evolve(op, inputs=tuple(gathered if n == w.name else n
                                                         for n in op.inputs)))

@@ -82,14 +82,17 @@ def test_fsdp_all_gathers_per_weight(framework, policy, per_weight):
 
 def test_fsdp2_gathers_before_the_recomputation_and_the_backward_reads_the_same_copy():
     """FSDP2's pre-backward unshard comes before the layer's recomputation; every re-run op
-    and backward kernel reading a weight reads that one gathered copy."""
+    and backward kernel reading a weight reads that one gathered copy, as FSDP2 copies it out
+    of the gathered buffer once (`Traits.copies_out_gathers`)."""
     step = compile_parallel(preset("llama3.2-1b"), Parallel(dp=8, zero=3, framework="torchtitan"),
                             recompute="full")
     order = [op.name for op in step.ops()]
     w = "layers.q_proj.weight"
     (gather,) = [op for op in step.ops() if op.kind == "all_gather" and op.inputs[0] == w
                  and op.phase is not Phase.FORWARD]
-    readers = [op for op in step.consumers(gather.outputs[0])]
+    (copy,) = step.consumers(gather.outputs[0])
+    assert copy.kind == "reshape" and copy.param("copy")
+    readers = [op for op in step.consumers(copy.outputs[0])]
     assert {op.phase for op in readers} == {Phase.RECOMPUTE, Phase.BACKWARD}
     assert order.index(gather.name) < min(order.index(op.name) for op in readers)
     assert order.index(gather.name) < order.index("layers.q_proj.re")
@@ -818,3 +821,31 @@ def test_nanotron_without_zero_keeps_ddps_buckets_beside_its_fp32_gradients(zero
     memory = profile_parallel(f, H100, layout).parallel.memory
     params = memory.weights // 2  # BF16 weights, whole on every data-parallel rank
     assert memory.gradients == (4 + 2 * buckets) * params
+
+
+# --- FSDP2: the gathered buffer copied out into the parameters ----------------------------------
+
+def test_fsdp2_copies_each_gathered_weight_out_on_the_compute_stream(monkeypatch):
+    """FSDP2's `foreach_all_gather_copy_out` splits each gathered buffer into the unsharded
+    parameters by a copy on the compute stream: per gather, every micro-batch, the weight read
+    and written, 2 x its bytes, and on the roofline that over the HBM bandwidth more compute
+    time than without the copy."""
+    from opgraph.parallel import frameworks
+
+    f, layout = preset("llama3.2-1b"), Parallel(dp=8, zero=3, global_batch=16,
+                                                framework="torchtitan")
+    with_copy = profile_parallel(f, H100, layout)
+    step = compile_parallel(f, layout)
+    subs = resolve(step)
+    gathers = [op for op in step.ops() if op.kind == "all_gather"]
+    moved = layout.micro_batches * sum(
+        float((2 * step.tensor(op.outputs[0]).nbytes * op.count).xreplace(subs))
+        for op in gathers)
+    copies = [r for r in with_copy.ops if r.name.endswith(".out.copy")]
+    assert len(copies) == len(gathers)
+    assert sum(r.bytes for r in copies) == pytest.approx(moved, rel=1e-12)
+    monkeypatch.setattr(frameworks, "FRAMEWORKS", _without("torchtitan", copies_out_gathers=False))
+    without = profile_parallel(f, H100, layout)
+    assert not [r for r in without.ops if r.name.endswith(".out.copy")]
+    assert with_copy.parallel.compute_s - without.parallel.compute_s == pytest.approx(
+        moved / H100.bandwidth, rel=1e-9)

@@ -37,7 +37,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 # recomputes); None: opgraph's generic data parallelism (FSDP-like, gradients reduced in FP32).
 # "deepspeed-0.3": DeepSpeed before v0.5.5, whose ZeRO-3 collectives copy one tensor per rank
 # and whose gathers wait for the compute before them (`opgraph.parallel.frameworks`).
-FRAMEWORKS = ("megatron", "deepspeed", "deepspeed-0.3", "torchtitan", "nanotron")
+FRAMEWORKS = ("megatron", "deepspeed", "deepspeed-0.3", "torchtitan", "nanotron", "composer")
 # The frameworks that run DeepSpeed's pipeline engine (ZeRO 0 or 1 under a pipeline).
 DEEPSPEED = ("deepspeed", "deepspeed-0.3")
 # The dtype gradients are reduced in across data-parallel ranks; None: the framework's default.

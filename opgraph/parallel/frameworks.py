@@ -26,7 +26,9 @@ Each trait, with where each framework's code says so:
   recomputation of its layer. FSDP2 (torchtitan) does not: its pre-forward hook returns at once
   while the module's state is PRE_BACKWARD, "the pre-backward hook is responsible for the
   unshard" (`torch/distributed/fsdp/_fully_shard/_fsdp_state.py`, `_pre_forward`), so the
-  recomputation reads the backward's gathered copy. DeepSpeed ZeRO-3 does: its pre-forward
+  recomputation reads the backward's gathered copy. Nor does PyTorch's FSDP1, which Composer
+  (LLM Foundry's trainer) runs: its pre-backward hook unshards the module's `FlatParameter`
+  and the re-run forward finds it unsharded. DeepSpeed ZeRO-3 does: its pre-forward
   module hook fetches the sub-module's parameters whenever the forward runs, the checkpointed
   re-run included (`deepspeed/runtime/zero/parameter_offload.py`, `_pre_forward_module_hook`
   -> `PartitionedParameterCoordinator.fetch_sub_module`).
@@ -110,7 +112,10 @@ Each trait, with where each framework's code says so:
   `--no-rope-fusion`, `megatron/training/arguments.py`): the generic model. Its
   vocab-parallel cross-entropy is eager too unless `--cross-entropy-loss-fusion`
   (`megatron/core/tensor_parallel/cross_entropy.py`), but no layout field says which a run
-  used (SimuMax's B200 runs set it), so Megatron's loss is left fused here.
+  used (SimuMax's B200 runs set it), so Megatron's loss is left fused here. Composer's MPT
+  (LLM Foundry) runs flash-attn's fused cross-entropy unless its config says otherwise
+  (`loss_fn` defaults to `fused_crossentropy`, `llmfoundry/models/mpt/modeling_mpt.py`; its
+  `gpu` extras install the kernel, `xentropy-cuda-lib`): the generic model.
 - `compiles_blocks_only`: torch.compile covers the transformer blocks alone, so the ops outside
   the layer stack (the final norm, the loss) stay eager in a compiled run. torchtitan:
   `apply_compile` compiles each `TransformerBlock` (`torchtitan/parallelisms/
@@ -177,8 +182,18 @@ Each trait, with where each framework's code says so:
   buffer for one all-gather (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`,
   `foreach_all_gather`) and reduces its gradients in one reduce-scatter (`foreach_reduce`).
   PyTorch's FSDP1 flattens a wrapped module's parameters into one `FlatParameter`
-  (`torch/distributed/fsdp/_flat_param.py`), gathered and reduced whole. Without FSDP (ZeRO-0)
-  the gradients' all-reduce stays a call per weight (DDP's 25 MB buckets are not modelled).
+  (`torch/distributed/fsdp/_flat_param.py`), gathered and reduced whole; Composer wraps each
+  transformer block so (its models' `fsdp_wrap_fn`). Without FSDP (ZeRO-0) the gradients'
+  all-reduce stays a call per weight (DDP's 25 MB buckets are not modelled).
+- `copies_out_gathers`: each ZeRO-3 weight's gather lands in one flat buffer of its module,
+  which a copy kernel on the compute stream splits into the unsharded parameters before they
+  are read: every gather is followed by a memory-bound copy of the whole weight (read and
+  written), and the flat buffer is live until it runs. FSDP2 (torchtitan):
+  `foreach_all_gather_copy_out` waits for the all-gather on the current stream and copies
+  its output into each parameter's all-gather outputs with `split_with_sizes_copy`
+  (`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`, called from
+  `FSDPParamGroup.wait_for_unshard`). FSDP1 gathers into its `FlatParameter`'s storage, of
+  which the parameters are views: no copy (the generic model).
 - `list_collectives`: each ZeRO-3 weight's all-gather and gradient reduce-scatter is a
   `torch.distributed` call on a list of one tensor per rank, whose NCCL process group copies
   every rank's piece out of (or into) one flat buffer by a copy of its own, on the collective's
@@ -256,15 +271,18 @@ class Traits:
     list_collectives: bool = False
     syncs_before_gather: bool = False
     ddp_buckets: bool = False
+    copies_out_gathers: bool = False
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                     overlaps_reduce_at=frozenset({3}), gemm_per_expert=True)
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
+    "composer": Traits(regather_in_recompute=False, groups_by_module=True),
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
-                         compiles_blocks_only=True, groups_by_module=True),
+                         compiles_blocks_only=True, groups_by_module=True,
+                         copies_out_gathers=True),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn"),
