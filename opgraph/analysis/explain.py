@@ -180,7 +180,7 @@ def perturb(cost: CostModel, names: tuple[str, ...], factor: float) -> CostModel
     """`cost` with each generation's efficiencies `names` times `factor` (`attrs.evolve` of
     its table): a calibrated model moved, every rule as it was.
 
-        perturb(cost, ("matmul", "attention"), 1 - LEFT_OUT_ERROR)   # kernels 9.3% slower
+        perturb(cost, ("matmul", "attention"), 1 - LEFT_OUT_ERROR)   # kernels 9.1% slower
     """
     if not isinstance(cost, CalibratedCostModel):
         raise OpgraphError("--sensitivity moves the calibrated model's efficiencies by its "
