@@ -33,9 +33,11 @@ is a call of its own unless the framework issues one call for many: Megatron's b
 (`frameworks.reduces_in_buckets`) and FSDP's wrapped modules (`frameworks.groups_by_module`: a
 layer's weights, or the root's, in one call); each weight then pays its share of that call's
 latency (its `calls` parameter). A framework whose ZeRO-3 calls take a list of one tensor per
-rank (`Traits.list_collectives`) runs a copy kernel per rank beside each (its `launches`). When
-a data-parallel reduction runs (each micro-batch or once per step) and what it overlaps is the
-schedule's business (`opgraph.parallel.schedule`).
+rank (`Traits.list_collectives`) runs a copy kernel per rank beside each (its `launches`); one
+that gathers into a module's flat buffer copies each weight out of it on the compute stream
+before its readers (`Traits.copies_out_gathers`: FSDP2). When a data-parallel reduction runs
+(each micro-batch or once per step) and what it overlaps is the schedule's business
+(`opgraph.parallel.schedule`).
 """
 
 from __future__ import annotations
