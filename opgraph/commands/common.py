@@ -284,9 +284,10 @@ def parallel_setup(args) -> ParallelSetup:
     from .layout import layout_from, layout_warnings
 
     base = None
-    # the step's options: each flag given, else the launch config's, else the default
-    given = {name: getattr(args, name) for name, default in
-             (("recompute", "none"), ("precision", "bf16"), ("fuse", None))
+    # the step's options: each flag given, else the launch config's, else the job's default
+    defaults = {f.name: f.default for f in attrs.fields(JobSpec)
+                if f.name in ("recompute", "precision", "fuse")}
+    given = {name: getattr(args, name) for name, default in defaults.items()
              if getattr(args, name, default) != default}
     launch = _launch(args)
     if launch is not None:

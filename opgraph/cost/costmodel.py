@@ -446,7 +446,7 @@ class CostModel:
         latency paid `calls` times (`Cost.calls`: a weight's share of a bucket's or a module's
         one call); and the `launches` - 1 kernels its call runs beside NCCL's
         (`Cost.launches`) at `copy_s` each, `calls` times too."""
-        extra = (launches - 1) * calls * self.copy_s(hardware) if launches > 1 else 0.0
+        extra = beside_nccl_s(launches, calls, self.copy_s(hardware))
         return extra + min(latency * calls + per_byte * float(message) for latency, per_byte
                            in self.comm_lines(kind, group, cluster, stride, hardware))
 
@@ -537,6 +537,13 @@ def runs_per_charged(kind: str, model: CostModel) -> float:
 # multi_tensor_apply; torch.optim.AdamW's fused and foreach forms, which torchtitan and nanotron
 # run): no one op of them waits on the host's `host_s`.
 BATCHED = frozenset({"adamw"})
+
+
+def beside_nccl_s(launches, calls, copy_s, maximum=max):
+    """The time the `launches` - 1 kernels a collective's call runs beside NCCL's add to it,
+    `copy_s` each, `calls` times (`Cost.launches`, `CostModel.comm_time`): numbers, or numpy
+    arrays with `np.maximum` (`opgraph.parallel.search`'s rows)."""
+    return maximum(launches - 1, 0) * calls * copy_s
 
 
 def host_floor(kind: str, host_s, launches=1):
@@ -898,6 +905,7 @@ __all__ = [
     "Cost",
     "CostModel",
     "attention_role",
+    "beside_nccl_s",
     "compute_dtype",
     "cost_model",
     "exp_factor",

@@ -14,7 +14,7 @@ import sympy
 from ...core import contracts, pipeline
 from ...core.ir import DTYPES, Graph, Phase
 from ...core.symbols import B, cp, dp, edp, ep, pp, tp
-from ...cost.costmodel import CostModel
+from ...cost.costmodel import CostModel, beside_nccl_s
 from ...cost.hardware import Hardware
 from ...cost.lowered import Lowered, lower
 from ...cost.memory import RESIDENT, Memory, liveness, resident_tensors, saved
@@ -144,7 +144,7 @@ def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line,
     for k in range(f.n_ops):
         if f.groups[k] is not None:
             base, slope = lines(f.kinds[k], f.groups[k])
-            extra = np.maximum(nums.launches[k] - 1, 0) * nums.calls[k] * copy_s
+            extra = beside_nccl_s(nums.launches[k], nums.calls[k], copy_s, np.maximum)
             out[k] = extra + (base * nums.calls[k] + slope * nums.messages[k]).min(axis=0)
     return out
 
