@@ -58,6 +58,25 @@ def test_a_job_smaller_than_a_node_sits_in_one_node():
     assert nvl72.for_job(144) is nvl72 and nvl72.for_job(144).tier_for(144) is nvl72.tiers[1]
 
 
+@pytest.mark.parametrize("gpus, domain", [(128, 64), (256, 64), (512, 64), (96, 48),
+                                           (144, 72), (1152, 72), (72, 72)])
+def test_a_job_over_nvl72_racks_takes_segments_of_whole_trays(gpus, domain):
+    """A GB200 job larger than one NVL72 rack (18 trays of 4 GPUs) is placed in segments of
+    whole trays, the largest count of at most 18 that divides its trays (Slurm's --segment, as
+    Megatron-Bridge's launcher picks it): each segment is the NVLink domain its groups see. So
+    256 GPUs (64 trays) sit in four segments of 16 trays, and an expert-parallel group of 32
+    stays on NVLink, where in 72-GPU nodes it would straddle two."""
+    nvl72 = cluster.get("gb200-nvl72")
+    trays = gpus // 4
+    assert domain == 4 * max(n for n in range(1, 19) if trays % n == 0)
+    job = nvl72.for_job(gpus)
+    assert job.gpus_per_node == domain and job.nics == domain  # one NIC per GPU still
+    assert job.tiers == nvl72.tiers
+    inside = domain % 32 == 0
+    assert (job.tier_for(32) is nvl72.tiers[0]) == inside
+    assert nvl72.spans_nodes(32)  # in whole 72-GPU racks it would cross the network
+
+
 def test_h800_cluster_is_nvlink_cut_to_400_bidirectional():
     """DeepSeek-V3's H800 nodes (arXiv:2412.19437, sections 3.1-3.2.2): NVLink at 400 GB/s
     bidirectional per GPU (the H100's 900 cut for export), 50 GB/s of InfiniBand per GPU."""
@@ -191,6 +210,11 @@ def test_a_users_cluster_file(tmp_path):
     (GOOD.replace("latency_us = 5", "latency_us = 5\ntopology = 'mesh'"), "must be switch"),
     (GOOD.replace("[mine.network]", "[mine.netwrk]"), "unknown key 'netwrk'"),
     (GOOD + "name = 3\n", "quoted string"),
+    (GOOD.replace("gpus_per_node = 4", "gpus_per_node = 4\ngpus_per_tray = 3"), "divides it"),
+    (GOOD.replace("gpus_per_node = 4", "gpus_per_node = 4\ngpus_per_tray = 4"), "below"),
+    (GOOD.replace("gpus_per_node = 4", "gpus_per_node = 4\ngpus_per_tray = true"), "whole"),
+    (GOOD.replace("gpus_per_node = 4", "gpus_per_node = 4\ngpus_per_tray = 2").replace(
+        "gbits_per_s = 100", "gbits_per_s = 100\nnics_per_node = 3"), "over the node's 2 trays"),
     ("[mine]\ngpus_per_node = ", "not valid TOML"),
     ("", "defines no cluster"),
     ("mine = 3\n", "must be a table"),

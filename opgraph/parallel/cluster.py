@@ -16,7 +16,10 @@ context parallelism, then pipeline and data parallelism: a group of `n` GPUs who
 consecutive ranks. It stays inside a node iff `n * stride <= gpus_per_node` and the node holds a
 whole number of such spans (otherwise some groups straddle two nodes, and a collective is as slow
 as its slowest group); any other group crosses the network, the slowest tier it spans. A job
-smaller than a node (`Cluster.for_job`) sits in one node, every group inside it.
+smaller than a node (`Cluster.for_job`) sits in one node, every group inside it. Where a node is
+an NVLink domain of hosts (`gpus_per_tray`: a GB200 NVL72 rack of 18 compute trays of 4 GPUs), a
+larger job is placed in segments of whole trays, the most trays of one domain that divide the
+job's (`Cluster.for_job`): each segment is the node its groups see.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ MAX_GPUS_PER_NODE = 1024  # an NVL576 rack is the largest NVLink domain sold
 MAX_GBYTES_PER_S = 1e5  # 100 TB/s per GPU per direction: 50x NVLink 5
 MAX_LATENCY_US = 1e4  # 10 ms per step would be a broken network, not a slow one
 
-_CLUSTER_KEYS = {"name", "gpus_per_node", "source", "node", "network"}
+_CLUSTER_KEYS = {"name", "gpus_per_node", "gpus_per_tray", "source", "node", "network"}
 _TIER_KEYS = {"name", "gbytes_per_s", "gbits_per_s", "latency_us", "tree_latency_us", "link",
               "topology", "source"}
 # NCCL's protocols: LL (8-byte stores, each with its flag), LL128 (128-byte lines, 120 bytes of
@@ -135,12 +138,36 @@ class Cluster:
     nics_per_node: int | None = None  # None: one NIC per GPU
     # the GPUs of a job smaller than one node (`for_job`): all of it sits in one node
     job_gpus: int | None = None
+    # the GPUs of one host where a node is an NVLink domain of several (None: the node is one)
+    gpus_per_tray: int | None = None
 
     def for_job(self, gpus: int) -> Cluster:
         """The cluster as a job of `gpus` GPUs sees it: one that fits in a node runs in one
         node, every group inside it (64 GPUs of a 72-GPU NVLink domain talk over NVLink, though
-        64 does not divide 72); a larger job is placed in whole nodes, as the module says."""
-        return attrs.evolve(self, job_gpus=gpus) if gpus < self.gpus_per_node else self
+        64 does not divide 72); a larger job is placed in whole nodes, as the module says.
+
+        Where a node is a domain of trays (`gpus_per_tray`), a larger job takes segments of
+        whole trays: the most trays of one domain that divide the job's, as Slurm's
+        `--segment` places a job on NVL72 racks and Megatron-Bridge's launcher asks for it
+        (`scripts/performance/utils/executors.py`: with 4 GPUs a node, the largest segment of
+        at most 18 nodes that divides the job's). Each segment is then a node of the job:
+        256 GB200s are 64 trays, in segments of 16, so 64 GPUs share an NVLink domain.
+
+            >>> get("gb200-nvl72").for_job(256).gpus_per_node
+            64
+        """
+        if gpus < self.gpus_per_node:
+            return attrs.evolve(self, job_gpus=gpus)
+        tray = self.gpus_per_tray
+        if tray is None or gpus % tray:
+            return self
+        trays, most = gpus // tray, self.gpus_per_node // tray
+        segment = max(n for n in range(1, most + 1) if trays % n == 0)
+        if segment == most:
+            return self
+        nics = self.nics_per_node
+        return attrs.evolve(self, gpus_per_node=segment * tray,
+                            nics_per_node=None if nics is None else nics * segment // most)
 
     @property
     def nics(self) -> int:
@@ -323,6 +350,12 @@ def _parse(cluster_id: str, table: object, where: str) -> Cluster:
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= MAX_GPUS_PER_NODE:
         raise OpgraphError(f"{where}: gpus_per_node = {gpus!r} must be a whole number from 1 "
                            f"to {MAX_GPUS_PER_NODE}")
+    tray = table.get("gpus_per_tray")
+    if tray is not None and (isinstance(tray, bool) or not isinstance(tray, int) or tray < 1
+                             or tray >= gpus or gpus % tray):
+        raise OpgraphError(f"{where}: gpus_per_tray = {tray!r} must be a whole number below "
+                           f"gpus_per_node ({gpus}) that divides it (the GPUs of one host of "
+                           "the NVLink domain); leave it out where a node is one host")
     tables = {name: table[name] for name in TIER_NAMES}
     nics, measured = None, None
     if isinstance(tables["network"], dict):  # the NICs and the table are the network's
@@ -334,6 +367,9 @@ def _parse(cluster_id: str, table: object, where: str) -> Cluster:
                              or not 1 <= nics <= MAX_NICS_PER_NODE):
         raise OpgraphError(f"{where[:-1]}.network]: nics_per_node = {nics!r} must be a whole "
                            f"number from 1 to {MAX_NICS_PER_NODE}")
+    if tray is not None and nics is not None and nics % (gpus // tray):
+        raise OpgraphError(f"{where[:-1]}.network]: nics_per_node = {nics} must divide evenly "
+                           f"over the node's {gpus // tray} trays of {tray} GPUs")
     tiers = tuple(_parse_tier(tables[name], f"{where[:-1]}.{name}]", name) for name in TIER_NAMES)
     if nics is not None:  # the network's bandwidth is per NIC: share the node's NICs per GPU
         tiers = (tiers[0], attrs.evolve(tiers[1], bandwidth=tiers[1].bandwidth * nics / gpus))
@@ -346,7 +382,8 @@ def _parse(cluster_id: str, table: object, where: str) -> Cluster:
         raise OpgraphError(f"{where[:-1]}.network]: topology must be switch; a mesh describes "
                            "the links inside one node")
     return Cluster(id=cluster_id, name=_text(table, "name", where, cluster_id), gpus_per_node=gpus,
-                   tiers=tiers, source=_text(table, "source", where, ""), nics_per_node=nics)
+                   tiers=tiers, source=_text(table, "source", where, ""), nics_per_node=nics,
+                   gpus_per_tray=tray)
 
 
 def load(path: str | Path) -> dict[str, Cluster]:
