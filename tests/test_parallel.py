@@ -859,5 +859,20 @@ def test_stage_layers_must_add_up_to_the_model():
     from opgraph.parallel.parallel import stage_layers
 
     assert stage_layers(16, Parallel(pp=4, stage_layers=[6, 5, 5, 0])) == [6, 5, 5, 0]
-    with pytest.raises(OpgraphError, match="add up to 17; the model has 16 layers"):
+    with pytest.raises(OpgraphError, match="add up to 17; the layer stack has 16"):
         stage_layers(16, Parallel(pp=4, stage_layers=(6, 5, 5, 1)))
+
+
+def test_a_pipeline_error_on_a_model_of_two_stacks_says_which_layers_it_counts():
+    """DeepSeek-V2-Lite has 27 layers: 1 dense, then 26 of experts, the stack the pipeline
+    splits. Stage layers that count all 27 are refused, and the one-line error says the counts
+    are the split stack's and where the dense layer runs."""
+    from opgraph.parallel.distributed import check_layout
+
+    forward = preset("deepseek-v2-lite")
+    check_layout(forward, Parallel(pp=2, stage_layers=(13, 13)))
+    with pytest.raises(OpgraphError) as err:
+        check_layout(forward, Parallel(pp=2, stage_layers=(14, 13)))
+    message = str(err.value)
+    assert "add up to 27; the layer stack has 26" in message and "\n" not in message
+    assert "its 1 other layer (dense_layers) run on the end stages" in message

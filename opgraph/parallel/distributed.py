@@ -169,7 +169,24 @@ def check_layout(forward: Graph, layout: Parallel, seq: int | None = None) -> No
         check_divides(forward, layout, seq)
     if layout.pp > 1:
         region = layer_stack(forward)
-        stage_layers(int(sympy.sympify(region.count).xreplace(forward.dims)), layout)
+        try:
+            stage_layers(int(sympy.sympify(region.count).xreplace(forward.dims)), layout)
+        except OpgraphError as err:
+            raise OpgraphError(f"{err}{_outside_stack(forward, region)}") from None
+
+
+def _outside_stack(forward: Graph, region) -> str:
+    """What a pipeline error adds where the model has layers outside the stack it splits
+    (DeepSeek's dense-first layers): that the counts are the stack's, and where the rest run."""
+    others = [r for r in forward.regions() if r.parent is None and r is not region]
+    if not others:
+        return ""
+    fixed = sum(int(sympy.sympify(r.count).xreplace(forward.dims)) for r in others)
+    layers = "1 other layer" if fixed == 1 else f"{fixed} other layers"
+    return (f" (the pipeline splits {forward.name}'s stack {region.name!r}; its {layers} "
+            f"({', '.join(r.name for r in others)}) run on the end stages beside it, "
+            "and the layer counts of --stage-layers, --first-stage-layers and "
+            "--last-stage-layers are the stack's)")
 
 
 def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None,

@@ -280,7 +280,7 @@ def chunk_layers(layers: int, layout: Parallel) -> list[list[int]]:
     if layout.stage_layers is not None:
         if sum(layout.stage_layers) != layers or not any(layout.stage_layers):
             raise OpgraphError(f"stage layers {list(layout.stage_layers)} add up to "
-                               f"{sum(layout.stage_layers)}; the model has {layers} layers")
+                               f"{sum(layout.stage_layers)}; the layer stack has {layers}")
         return [[n] for n in layout.stage_layers]
     if first is None and last is None:
         if layers % (p * v):
