@@ -46,7 +46,7 @@ from ..core.symbols import S
 from ..core.verify import check_dims
 from ..cost.costmodel import DEFAULT, CostModel
 from ..cost.hardware import Hardware
-from ..cost.lowered import lower
+from ..cost.lowered import OpValues, lower
 from ..cost.memory import Memory
 from ..cost.profile import OpCost, Profile
 from ..passes.evaluate import category_costs, interpret, resolve
@@ -215,22 +215,15 @@ def held_micro_batches(p, v, m, stage, minimum=min, where=lambda c, a, b: a if c
 
 
 @attrs.frozen
-class StageOp:
-    """One op of a stage, as numbers: what its time depends on."""
+class StageOp(OpValues):
+    """One op of a stage at the job's point (`lowered.OpValues`: its count, FLOPs and bytes
+    over the count, a collective's message and share of a call, a matrix multiply's grid and
+    the kernels it launches) and what the schedule reads beside: the peak its arithmetic runs
+    at, and whether it runs once a step (the optimizer, ZeRO-0/1's reductions) rather than
+    every micro-batch."""
 
-    name: str
-    kind: str
-    count: int
-    flops: float  # over its count
-    bytes: float
-    peak: float  # the peak its arithmetic runs at
-    group: str | None  # a collective's group
-    message: float  # a collective's buffer per GPU
-    once: bool  # runs once per step (the optimizer, ZeRO-0/1's reductions), not per micro-batch
-    grid: tuple = ()  # a matrix multiply's (GEMMs, M, N) per instance (`costmodel.Cost.grid`)
-    calls: float = 1.0  # a collective's share of one NCCL call (`costmodel.Cost.calls`)
-    launches: float = 1.0  # the kernels one instance launches (`costmodel.Cost.launches`)
-    efficiency: str = "matmul"  # the efficiency its arithmetic runs at (`Cost.efficiency`)
+    peak: float
+    once: bool
 
 
 @attrs.frozen
@@ -357,11 +350,10 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
     subs = resolve(graph, values)
     at = low.at(subs)
     profile = interpret(low, hardware, subs, at)
-    ops = tuple(StageOp(o.name, o.kind, o.count, o.flops, o.bytes, cost.peak(hardware, o.compute),
-                        o.group, o.message,
+    ops = tuple(StageOp(*attrs.astuple(o, recurse=False), cost.peak(hardware, o.compute),
                         o.phase is Phase.OPTIMIZER or once_per_step(graph.op(o.name),
-                                                                    sharding(layout)),
-                        o.grid, o.calls, o.launches, o.efficiency) for o in at)
+                                                                    sharding(layout)))
+                for o in at)
     ordered = graph.ops()
     per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
                  and not once_per_step(op, sharding(layout))]

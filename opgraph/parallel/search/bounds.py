@@ -59,6 +59,9 @@ class _StageFormulas:
     layers: int | None  # the model's (None: several stacks, one stage)
     names: tuple[str, ...]
     kinds: tuple[str, ...]
+    categories: tuple[str, ...]
+    phases: tuple[Phase, ...]
+    computes: tuple[str | None, ...]  # each op's peak's name (`Cost.compute`)
     groups: tuple[str | None, ...]
     once: tuple[bool, ...]
     peaks: tuple[float, ...]
@@ -103,7 +106,8 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
     return _StageFormulas(
         graph, layers, tuple(o.name for o in lowered), tuple(o.kind for o in lowered),
-        tuple(o.group for o in lowered), once,
+        tuple(o.category for o in lowered), tuple(o.phase for o in lowered),
+        tuple(o.cost.compute for o in lowered), tuple(o.group for o in lowered), once,
         tuple(cost.peak(hardware, o.cost.compute) for o in lowered),
         tuple(o.cost.efficiency for o in lowered), exprs,
         program.tape(exprs),
@@ -829,11 +833,12 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
     stages = []
     for role, index in _roles(r.pp):
         f, nums = g.structure.stages[role], g.numbers[role]
-        ops = tuple(StageOp(f.names[k], f.kinds[k], int(nums.counts[k, col]),
-                            float(nums.flops[k, col]), float(nums.bytes[k, col]), f.peaks[k],
-                            f.groups[k], float(nums.messages[k, col]), f.once[k],
-                            _grid(nums.grids[:, k, col]), float(nums.calls[k, col]),
-                            float(nums.launches[k, col]), f.efficiencies[k])
+        ops = tuple(StageOp(f.names[k], f.kinds[k], f.categories[k], f.phases[k],
+                            int(nums.counts[k, col]), float(nums.flops[k, col]),
+                            float(nums.bytes[k, col]), f.computes[k], f.efficiencies[k],
+                            _grid(nums.grids[:, k, col]), float(nums.launches[k, col]),
+                            f.groups[k], float(nums.messages[k, col]),
+                            float(nums.calls[k, col]), f.peaks[k], f.once[k])
                     for k in range(f.n_ops))
         plain, last = _plans(f, counts[role], r.zero_run, values)
         degrees = dict(zip(DEGREES, map(sympy.Integer, (
