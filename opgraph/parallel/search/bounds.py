@@ -630,7 +630,9 @@ def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
     # counts and sizes are whole numbers: rounded, their sums carry no rounding error; the
     # resident parts may not be (a ZeRO shard is 1/dp of a buffer), and for the memory filter
     # a byte either way does not matter (the layouts returned are made whole exactly)
-    whole = np.rint
+    def whole(rows):  # in place: `values` is this call's own array
+        return np.rint(rows, out=rows)
+
     end = 4 * k + 2 * m + len(RESIDENT)
     return _Numbers(whole(values[:k]), values[k:2 * k], values[2 * k:3 * k],
                     values[3 * k:4 * k], whole(values[4 * k:4 * k + m]),
