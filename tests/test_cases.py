@@ -477,6 +477,31 @@ def test_a_case_says_every_stages_layers(tmp_path):
             stage_layers(4, case.parallel)
 
 
+def test_a_cases_stage_layers_count_the_stack_the_pipeline_splits(tmp_path):
+    """A small DeepSeek-V2 config of 1 dense layer and 4 of experts: the pipeline splits the 4
+    (the dense one runs on the first stage), as `profile --stage-layers` counts them, so a
+    case file reads [3, 1] and refuses [4, 1], saying which layers it counts."""
+    model = {"model_type": "deepseek_v2", "hidden_size": 64, "intermediate_size": 128,
+             "moe_intermediate_size": 32, "num_hidden_layers": 5, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "n_shared_experts": 1, "n_routed_experts": 4,
+             "num_experts_per_tok": 2, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+             "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8,
+             "qk_nope_head_dim": 8, "v_head_dim": 16, "vocab_size": 100,
+             "max_position_embeddings": 128}
+
+    def deepseek(layers):
+        return _with(lambda c: (c.update(model=model),
+                                c["parallel"].update(tp=1, stage_layers=layers)))
+
+    (case,) = load_cases(_write(tmp_path, deepseek([3, 1])))
+    assert case.parallel.stage_layers == (3, 1)
+    with pytest.raises(OpgraphError) as err:
+        load_cases(_write(tmp_path, deepseek([4, 1])))
+    message = str(err.value)
+    assert "add up to 5; the layer stack has 4" in message and "dense_layers" in message
+    assert "\n" not in message
+
+
 BAD = [  # (what, the file's data, words the message must hold)
     ("unknown case key", _with(lambda c: c.update(gpu=8)), ["'gpu'", "mine"]),
     ("unknown parallel key", _with(lambda c: c["parallel"].update(tensor_parallel=2)),

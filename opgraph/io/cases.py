@@ -46,10 +46,10 @@ from ..core.errors import OpgraphError
 from ..core.fusion import POLICIES as FUSION_POLICIES
 from ..core.ir import Graph
 from ..core.limits import MAX_DIM, check_whole
-from ..core.symbols import L, S
+from ..core.symbols import S
 from ..cost import hardware as parts
 from ..parallel import cluster as clusters
-from ..parallel.parallel import FRAMEWORKS, GRAD_REDUCE_DTYPES, Parallel, stage_layers
+from ..parallel.parallel import FRAMEWORKS, GRAD_REDUCE_DTYPES, Parallel
 from ..passes.precision import PRECISIONS
 from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
 
@@ -442,11 +442,12 @@ def _check_model(case: Case, file: str, built: dict) -> None:
         if key not in built:
             built[key] = _model_graph(case.model, case.id)
         graph = _at_seq_len(built[key], case)
-        if L in graph.dims:
-            try:
-                stage_layers(int(graph.dims[L]), case.parallel)
-            except OpgraphError as e:
-                raise OpgraphError(f"case {case.id}: {e}") from None
+        from ..parallel.distributed import check_pipeline  # the CLI's check: the same stack
+
+        try:
+            check_pipeline(graph, case.parallel)
+        except OpgraphError as e:
+            raise OpgraphError(f"case {case.id}: {e}") from None
     except OpgraphError as e:  # the messages name the case; add the file
         raise OpgraphError(f"{file}: {e}") from None
 

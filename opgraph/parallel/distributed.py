@@ -167,12 +167,20 @@ def check_layout(forward: Graph, layout: Parallel, seq: int | None = None) -> No
     check_divides(forward, layout)
     if seq is not None and seq != forward.dims.get(S):
         check_divides(forward, layout, seq)
-    if layout.pp > 1:
-        region = layer_stack(forward)
-        try:
-            stage_layers(int(sympy.sympify(region.count).xreplace(forward.dims)), layout)
-        except OpgraphError as err:
-            raise OpgraphError(f"{err}{_outside_stack(forward, region)}") from None
+    check_pipeline(forward, layout)
+
+
+def check_pipeline(forward: Graph, layout: Parallel) -> None:
+    """A one-line error where the layout's pipeline does not split the layer stack it splits
+    (`layer_stack`: the one a dimension counts, where the model has several): uneven stages
+    that do not add up to it, an even split it does not divide."""
+    if layout.pp == 1:
+        return
+    region = layer_stack(forward)
+    try:
+        stage_layers(int(sympy.sympify(region.count).xreplace(forward.dims)), layout)
+    except OpgraphError as err:
+        raise OpgraphError(f"{err}{_outside_stack(forward, region)}") from None
 
 
 def _outside_stack(forward: Graph, region) -> str:
