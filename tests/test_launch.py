@@ -605,6 +605,10 @@ MEGATRON_LAUNCHES = [
     # multi-head latent attention, a dense first layer, shared and routed experts
     Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
            parallel=Parallel(tp=2, ep=8, gpus=64, global_batch=256, zero=1)),
+    # uneven end stages: --decoder-first-pipeline-num-layers counts the dense layer too
+    Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
+           parallel=Parallel(pp=2, ep=8, gpus=64, global_batch=256, zero=1,
+                             first_stage_layers=12, last_stage_layers=14)),
     # a low-rank query, every layer with experts, multi-token prediction (DeepSeek-V3's form)
     Launch(model=attrs.evolve(megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), q_lora_rank=768,
                               first_dense=0, mtp_depth=1), seq_len=4096,
@@ -617,6 +621,23 @@ def test_megatron_round_trip(launch):
     again = read_megatron(to_megatron(launch), gpus=launch.parallel.gpus)
     assert again == launch
     assert again.unknown == ()
+
+
+def test_megatron_counts_a_first_stages_dense_layers():
+    """DeepSeek-V2-Lite's 27 layers are 1 dense and 26 of experts; the pipeline splits the 26,
+    the dense one on the first stage. Megatron's --decoder-first-pipeline-num-layers counts
+    every decoder layer there: 12 of the stack are 13 of Megatron's, and 1 (the dense layer
+    alone) is refused in one line."""
+    launch = Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
+                    parallel=Parallel(pp=2, gpus=2, first_stage_layers=12,
+                                      last_stage_layers=14))
+    text = to_megatron(launch)
+    args = shlex.split(text)
+    assert args[args.index("--decoder-first-pipeline-num-layers") + 1] == "13"
+    assert args[args.index("--decoder-last-pipeline-num-layers") + 1] == "14"
+    alone = text.replace("--decoder-first-pipeline-num-layers 13",
+                         "--decoder-first-pipeline-num-layers 1")
+    assert "no layer of experts" in one_line_error(read_megatron, alone, gpus=2)
 
 
 def test_a_reduce_dtype_neither_framework_runs_is_refused():

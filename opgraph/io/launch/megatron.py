@@ -196,7 +196,7 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     flags = _Flags(parsed)
     tp = flags.whole("--tensor-model-parallel-size", 1)
     model, seq_len = _mg_model(flags, tp)
-    layout = _mg_layout(flags, model.layers, tp, gpus)
+    layout = _mg_layout(flags, model.layers, tp, gpus, getattr(model, "first_dense", 0))
     recompute = _mg_recompute(flags)
     half = flags.switch("--bf16") | flags.switch("--fp16")
     if flags.text("--fp8-format") is not None:
@@ -390,7 +390,12 @@ def _mg_zero(flags: _Flags) -> int:
     return 1 if flags.switch("--use-distributed-optimizer") else 0
 
 
-def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None) -> Parallel:
+def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
+               first_dense: int = 0) -> Parallel:
+    """The layout. Megatron's --decoder-first-pipeline-num-layers counts every decoder layer of
+    the first stage, a DeepSeek's `first_dense` dense layers among them; a layout's
+    `first_stage_layers` counts the layers of the stack the pipeline splits (the dense layers
+    run on the first stage beside them, `passes.split_stages`), so `first_dense` fewer."""
     pp = flags.whole("--pipeline-model-parallel-size", 1)
     cp = flags.whole("--context-parallel-size", 1)
     if gpus is None:
@@ -423,9 +428,22 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None) -> Paralle
         overlap_grad_reduce=flags.switch("--overlap-grad-reduce"),
         overlap_param_gather=flags.switch("--overlap-param-gather"),
         grad_reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else None,
-        first_stage_layers=flags.whole("--decoder-first-pipeline-num-layers"),
+        first_stage_layers=_mg_first_stage(flags, first_dense),
         last_stage_layers=flags.whole("--decoder-last-pipeline-num-layers"),
         attention_library=_mg_attention(flags))
+
+
+def _mg_first_stage(flags: _Flags, first_dense: int) -> int | None:
+    """--decoder-first-pipeline-num-layers less the dense layers it counts (see `_mg_layout`)."""
+    first = flags.whole("--decoder-first-pipeline-num-layers")
+    if first is None or not first_dense:
+        return first
+    if first <= first_dense:
+        raise OpgraphError(f"Megatron --decoder-first-pipeline-num-layers {first} leaves the "
+                           f"first stage no layer of experts after the model's {first_dense} "
+                           "dense layers; opgraph runs the dense layers on the first stage "
+                           f"beside at least one more: give more than {first_dense}")
+    return first - first_dense
 
 
 # Megatron-LM's --attention-backend (`AttnBackend`, megatron/core/transformer/enums.py) -> the
@@ -504,7 +522,9 @@ def to_megatron(launch: Launch) -> str:
                                f"{p.pp} x {p.virtual_stages} chunks for Megatron")
         args += ["--num-layers-per-virtual-pipeline-stage",
                  str(config.layers // p.pp // p.virtual_stages)]
-    for flag, value in (("--decoder-first-pipeline-num-layers", p.first_stage_layers),
+    dense = config.first_dense if isinstance(config, DeepSeekV2Config) else 0
+    for flag, value in (("--decoder-first-pipeline-num-layers",
+                         None if p.first_stage_layers is None else p.first_stage_layers + dense),
                         ("--decoder-last-pipeline-num-layers", p.last_stage_layers)):
         if value is not None:
             args += [flag, str(value)]
