@@ -50,6 +50,20 @@ def layer_stack(graph: Graph):
     return counted[0]
 
 
+def layers_before(graph: Graph) -> int:
+    """The layers of the model's other stacks that run before the split one, on the first
+    stage (DeepSeek's k dense-first layers): the fixed trip counts of the top-level regions
+    whose ops feed the stack (`ends`); 0 for a model of one stack."""
+    region = layer_stack(graph)
+    others = [r for r in graph.regions() if r.parent is None and r is not region]
+    if not others:
+        return 0
+    side = ends(graph)
+    first = {op.region for op in graph.ops() if side.get(op.name) == {FIRST}}
+    return sum(int(sympy.sympify(r.count).xreplace(graph.dims)) for r in others
+               if any(graph.within(h, r.name) for h in first if h is not None))
+
+
 def ends(graph: Graph) -> dict[str, set[str]]:
     """Each op's place: {STACK}, {FIRST}, {LAST} or {FIRST, LAST} (see the module)."""
     region = layer_stack(graph)

@@ -517,3 +517,31 @@ def test_the_bound_counts_megatrons_reductions_as_replicate_charges_them():
                 for op in step.ops() if op.kind == "reduce_scatter"
                 and op.param("group") == "dp" and op.phase is Phase.BACKWARD)
     assert charged < calls / 2  # a call per weight would charge every reduction one
+
+
+def test_a_pipeline_balances_the_decoder_layers_of_a_model_with_dense_first_layers():
+    """A model with layers before the stack the pipeline splits (DeepSeek's dense-first ones,
+    on the first stage) is split with its decoder layers balanced: each middle stage takes
+    c = ceil(all / stages), the first stage c less the dense ones, the last the rest. For
+    DeepSeek-V3's 61 layers (3 dense) that is Megatron-Bridge's own layouts: on 16 stages 4
+    (3 dense and 1), 4 x 14, 1; on 8 stages 8 (3 and 5), 8 x 6, 5; on 4, 16 (3 and 13), 16,
+    16, 13 (`recipes/deepseek/deepseek_v3.py`, layout_map)."""
+    import attrs
+
+    from opgraph.models import deepseek
+    from opgraph.parallel.search.space import _splits
+    from opgraph.passes.split_stages import layers_before
+
+    v3 = deepseek.build(attrs.evolve(deepseek.DEEPSEEK_V2_LITE, layers=61, first_dense=3,
+                                     mtp_depth=1))
+    assert layers_before(v3) == 3
+    assert _splits(58, 16, v3) == [(1, 1)] and 1 + 14 * 4 + 1 == 58
+    assert _splits(58, 8, v3) == [(5, 5)] and 5 + 6 * 8 + 5 == 58
+    assert _splits(58, 4, v3) == [(13, 13)] and 13 + 2 * 16 + 13 == 58
+    lite = preset("deepseek-v2-lite")  # 27 layers: 1 dense, 26 of experts
+    assert layers_before(lite) == 1 and layers_before(preset("llama3-8b")) == 0
+    assert _splits(26, 3, lite) == [(8, 9)]  # 9 decoder layers on each stage
+    assert _splits(26, 2, lite) == [(None, None)]  # even where it divides
+    rows_ = rows(lite, H100, Space(gpus=3, batch=3, pp=3, tp=1, ep=1), 4096,
+                 Searcher(lite, H100, seq_len=4096).cluster)
+    assert rows_ and {(r.first, r.last) for r in rows_} == {(8, 9)}
