@@ -270,10 +270,10 @@ def _splits(layers: int, stages: int, forward: Graph | None = None,
     middle and last stages cannot hold); else even, or (where that does not divide) one layer
     fewer on each end stage, as Llama 3 405B's 126 layers on 16 stages (7, 8 x 14, 7); but
     first, for a model with layers before its split stack (`split_stages.layers_before`:
-    DeepSeek's dense-first ones, on the first stage), the decoder layers balanced: each middle stage
-    takes c = ceil(all layers / stages), the first stage c less those before the stack, the
-    last the rest, as Megatron-Bridge's DeepSeek-V3 layout puts its 61 layers on 16 stages
-    (4 with the 3 dense, 4 x 14, 1; `recipes/deepseek/deepseek_v3.py`, layout_map)."""
+    DeepSeek's dense-first ones, on the first stage), the decoder layers balanced: each
+    middle stage takes c = ceil(all layers / stages), the first stage c less those before the
+    stack, the last the rest, as Megatron-Bridge's DeepSeek-V3 layout puts its 61 layers on
+    16 stages (4 with the 3 dense, 4 x 14, 1; `recipes/deepseek/deepseek_v3.py`, layout_map)."""
     own = None if forward is None else own_split(forward, stages, framework)
     if own is not None:
         ends = end_split(own)
