@@ -258,6 +258,9 @@ def test_hardware_clusters_lists_the_catalog(cli):
     # the NICs that share comes from: DGX H100's 8 x ConnectX-7, AWS p5's 32 x 100 Gb/s EFA
     assert (listed["dgx-h100"]["nics_per_node"], listed["hf-ultrascale-h100"]["nics_per_node"]) \
         == (8, 32)
+    # an NVL72 rack is 18 trays of 4 GPUs (DGX GB200 user guide); a DGX is one host
+    assert (listed["gb200-nvl72"]["gpus_per_tray"], listed["dgx-h100"]["gpus_per_tray"]) \
+        == (4, None)
     # NCCL's ring step under LL, LL128 and Simple (tuning.cc hwLat): NVLink .6/1.9/3.4 us, the
     # network 2.7/4/14; a tier with its own latency (MI300X's) has one for every protocol
     node, network = listed["dgx-h100"]["tiers"]

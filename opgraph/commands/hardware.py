@@ -51,7 +51,7 @@ def format_catalog(parts: list[Hardware]) -> str:
 def cluster_json(c) -> dict:
     """One cluster as `--clusters --json` lists it: bytes/s per GPU per direction, seconds."""
     return {"id": c.id, "name": c.name, "gpus_per_node": c.gpus_per_node, "source": c.source,
-            "nics_per_node": c.nics,
+            "nics_per_node": c.nics, "gpus_per_tray": c.gpus_per_tray,
             "tiers": [{"name": t.name, "bandwidth_bytes_per_s": t.bandwidth,
                        "latency_s": t.latency_s, "link": t.link,
                        "ring_latency_s": _ring_latencies(t), "topology": t.topology,
@@ -84,8 +84,11 @@ def format_clusters(found: list) -> str:
                      f"{_latencies_us(node):>13} {net.bandwidth / 1e9:>12g} "
                      f"{_latencies_us(net):>13}")
     lines += ["", "GB/s per GPU, each way; a ring step's latency under NCCL's protocols,",
-              "LL/LL128/Simple (one figure: the tier's own, for every protocol)", "",
-              "sources:"] + [f"  {c.id}: {c.source or '(none given)'}" for c in found]
+              "LL/LL128/Simple (one figure: the tier's own, for every protocol)"]
+    lines += [f"{c.id}: a node of {c.gpus_per_node // c.gpus_per_tray} trays of "
+              f"{c.gpus_per_tray} GPUs; a larger job runs in segments of whole trays"
+              for c in found if c.gpus_per_tray]
+    lines += ["", "sources:"] + [f"  {c.id}: {c.source or '(none given)'}" for c in found]
     return "\n".join(lines)
 
 
