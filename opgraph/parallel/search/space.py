@@ -263,7 +263,8 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def _splits(layers: int, stages: int, forward: Graph | None = None,
-            framework: str | None = None) -> list[tuple[int | None, int | None]]:
+            framework: str | None = None,
+            before: int | None = None) -> list[tuple[int | None, int | None]]:
     """The pipeline splits tried for `stages` stages: the framework's own where it makes one
     (`frameworks.own_split`, as `distributed.framework_split` gives `profile`), none where
     that needs every stage's layers said (`Parallel.stage_layers`, which the search's first,
@@ -273,15 +274,17 @@ def _splits(layers: int, stages: int, forward: Graph | None = None,
     DeepSeek's dense-first ones, on the first stage), the decoder layers balanced: each
     middle stage takes c = ceil(all layers / stages), the first stage c less those before the
     stack, the last the rest, as Megatron-Bridge's DeepSeek-V3 layout puts its 61 layers on
-    16 stages (4 with the 3 dense, 4 x 14, 1; `recipes/deepseek/deepseek_v3.py`, layout_map)."""
+    16 stages (4 with the 3 dense, 4 x 14, 1; `recipes/deepseek/deepseek_v3.py`, layout_map).
+    `before`: `layers_before(forward)`, where the caller has it."""
     own = None if forward is None else own_split(forward, stages, framework)
     if own is not None:
         ends = end_split(own)
         return [] if ends is None else [ends]
     if stages == 1 or layers % stages == 0:
         return [(None, None)]
-    before = 0 if forward is None or stages < 3 else layers_before(forward)
-    if before:
+    if before is None:
+        before = 0 if forward is None or stages < 3 else layers_before(forward)
+    if before and stages > 2:
         each = -(-(layers + before) // stages)
         first, last = each - before, layers - (each - before) - (stages - 2) * each
         if 1 <= first and 1 <= last <= each:
@@ -342,7 +345,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     out: list[Row] = []
     checked: dict = {}
     # each stage count's splits once (a framework's own weighs the model's blocks)
-    splits = {p: _splits(layers, p, forward, space.framework) for p in pps}
+    before = layers_before(forward) if layers is not None and max(pps) > 2 else 0
+    splits = {p: _splits(layers, p, forward, space.framework, before) for p in pps}
     own = unsplit_degrees(forward, space).get(space.pp) if space.pp else None
     if own is not None:
         raise OpgraphError(
