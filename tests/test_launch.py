@@ -609,6 +609,19 @@ MEGATRON_LAUNCHES = [
     Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
            parallel=Parallel(pp=2, ep=8, gpus=64, global_batch=256, zero=1,
                              first_stage_layers=12, last_stage_layers=14)),
+    # Llama 3 405B as the paper ran it: interleaved, the end stages one layer short
+    # (--pipeline-model-parallel-layout, the first chunk the embedding alone)
+    Launch(model=megatron_named(llama.LLAMA3_1_405B, 8192), seq_len=8192,
+           parallel=Parallel(tp=8, pp=16, gpus=8192, global_batch=2048, virtual_stages=8,
+                             sequence_parallel=True, zero=1, first_stage_layers=7,
+                             last_stage_layers=7)),
+    # every stage's count said (nanotron's kind of split), as a layout string
+    Launch(model=megatron_named(llama.LLAMA3_2_1B, 2048), seq_len=2048,
+           parallel=Parallel(pp=4, gpus=4, stage_layers=(6, 4, 3, 3))),
+    # interleaved and uneven with a dense first layer
+    Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
+           parallel=Parallel(pp=4, ep=2, gpus=8, global_batch=8, virtual_stages=2,
+                             first_stage_layers=5, last_stage_layers=5)),
     # a low-rank query, every layer with experts, multi-token prediction (DeepSeek-V3's form)
     Launch(model=attrs.evolve(megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), q_lora_rank=768,
                               first_dense=0, mtp_depth=1), seq_len=4096,
@@ -638,6 +651,40 @@ def test_megatron_counts_a_first_stages_dense_layers():
     alone = text.replace("--decoder-first-pipeline-num-layers 13",
                          "--decoder-first-pipeline-num-layers 1")
     assert "no layer of experts" in one_line_error(read_megatron, alone, gpus=2)
+
+
+def test_megatron_reads_megatron_bridges_deepseek_v3_layout():
+    """Megatron-Bridge lays DeepSeek-V3's 61 layers (3 dense) and its prediction module out on
+    16 stages as the embedding and 4 decoder layers, 14 stages of 4, 1 and the prediction module
+    and the loss (recipes/deepseek/deepseek_v3.py, layout_map): opgraph's split stack of 58
+    then has 1, 4 x 14, 1 (the dense layers on the first stage beside its 1)."""
+    v3 = attrs.evolve(megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), layers=61,
+                      first_dense=3, mtp_depth=1)
+    text = to_megatron(Launch(model=v3, seq_len=4096, parallel=Parallel(pp=16, gpus=16)))
+    even = "--pipeline-model-parallel-size 16"
+    text = text.replace(even, even + " --pipeline-model-parallel-layout 'Etttt|(tttt|)*14tmL'")
+    layout = read_megatron(text, gpus=16).parallel
+    assert (layout.virtual_stages, layout.first_stage_layers, layout.last_stage_layers) == (
+        1, 1, 1)
+
+
+@pytest.mark.parametrize("layout, words", [
+    ("Et|x|L", "E, t, m and L"),
+    ("E(t)*99999999|L", "repeats"),
+    ("Ett|ttL|tt", "not a multiple"),
+    ("tE|ttt|tt|ttL", "embedding (E) opens"),
+    ("Ett|tt|tt|ttLt", "embedding (E) opens"),
+    ("Ett|tt|tt|tttL", "holds 18 decoder layers"),
+    ("Ett|tttt|t|tL", "split as `chunk_layers` does"),
+])
+def test_a_megatron_layout_opgraph_cannot_hold_is_one_line(layout, words):
+    """--pipeline-model-parallel-layout is parsed (never evaluated) and refused in one line
+    where it is malformed or splits the layers as no opgraph layout does (Llama 3.2 1B's 16
+    layers on 2 stages of 2 chunks)."""
+    text = ("--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --seq-length 2048 "
+            "--vocab-size 1000 --micro-batch-size 1 --bf16 --pipeline-model-parallel-size 2 "
+            f"--pipeline-model-parallel-layout {shlex.quote(layout.replace('t', 'tt'))}")
+    assert words in one_line_error(read_megatron, text, gpus=2)
 
 
 def test_a_reduce_dtype_neither_framework_runs_is_refused():

@@ -164,7 +164,9 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     --tokenizer-type GPT2BPETokenizer and no --vocab-size the vocabulary is GPT-2's 50,257.
 
     The layout: dp = gpus / (tp x cp x pp), `gpus` being the caller's or a torchrun launcher's
-    (--nproc-per-node x --nnodes) at the head of the text. --use-distributed-optimizer is ZeRO 1;
+    (--nproc-per-node x --nnodes) at the head of the text; the pipeline split from
+    --decoder-first/last-pipeline-num-layers or --pipeline-model-parallel-layout (`_mg_split`).
+    --use-distributed-optimizer is ZeRO 1;
     Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by --data-parallel-sharding-strategy;
     --tp-comm-overlap async tensor parallelism; --overlap-grad-reduce the gradient reduction
     under the backward (without it, Megatron's default, after it); --grad-reduce-in-bf16 the
@@ -196,7 +198,8 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     flags = _Flags(parsed)
     tp = flags.whole("--tensor-model-parallel-size", 1)
     model, seq_len = _mg_model(flags, tp)
-    layout = _mg_layout(flags, model.layers, tp, gpus, getattr(model, "first_dense", 0))
+    layout = _mg_layout(flags, model.layers, tp, gpus, getattr(model, "first_dense", 0),
+                        getattr(model, "mtp_depth", 0))
     recompute = _mg_recompute(flags)
     half = flags.switch("--bf16") | flags.switch("--fp16")
     if flags.text("--fp8-format") is not None:
@@ -391,11 +394,12 @@ def _mg_zero(flags: _Flags) -> int:
 
 
 def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
-               first_dense: int = 0) -> Parallel:
+               first_dense: int = 0, mtp: int = 0) -> Parallel:
     """The layout. Megatron's --decoder-first-pipeline-num-layers counts every decoder layer of
     the first stage, a DeepSeek's `first_dense` dense layers among them; a layout's
     `first_stage_layers` counts the layers of the stack the pipeline splits (the dense layers
-    run on the first stage beside them, `passes.split_stages`), so `first_dense` fewer."""
+    run on the first stage beside them, `passes.split_stages`), so `first_dense` fewer.
+    --pipeline-model-parallel-layout gives every model chunk's layers (`_mg_split`)."""
     pp = flags.whole("--pipeline-model-parallel-size", 1)
     cp = flags.whole("--context-parallel-size", 1)
     if gpus is None:
@@ -419,6 +423,18 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
                                f"disagrees with {from_layers} from "
                                "--num-layers-per-virtual-pipeline-stage; give one")
         virtual = from_layers
+    split: dict = {"first_stage_layers": _mg_first_stage(flags, first_dense),
+                   "last_stage_layers": flags.whole("--decoder-last-pipeline-num-layers")}
+    text = flags.text("--pipeline-model-parallel-layout")
+    if text is not None:
+        given = [f for f in ("--num-layers-per-virtual-pipeline-stage",
+                             "--num-virtual-stages-per-pipeline-rank",
+                             "--decoder-first-pipeline-num-layers",
+                             "--decoder-last-pipeline-num-layers") if f in flags.flags]
+        if given:
+            raise OpgraphError(f"Megatron --pipeline-model-parallel-layout and {given[0]} both "
+                               "split the pipeline; give one")
+        virtual, split = _mg_split(text, pp, layers, first_dense, mtp)
     return Parallel(
         tp=tp, pp=pp, cp=cp, ep=flags.whole("--expert-model-parallel-size", 1),
         dp=gpus // (tp * cp * pp), gpus=gpus, micro_batch=micro,
@@ -428,9 +444,106 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
         overlap_grad_reduce=flags.switch("--overlap-grad-reduce"),
         overlap_param_gather=flags.switch("--overlap-param-gather"),
         grad_reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else None,
-        first_stage_layers=_mg_first_stage(flags, first_dense),
-        last_stage_layers=flags.whole("--decoder-last-pipeline-num-layers"),
-        attention_library=_mg_attention(flags))
+        attention_library=_mg_attention(flags), **split)
+
+
+# Megatron-LM's --pipeline-model-parallel-layout (megatron/core/transformer/
+# pipeline_parallel_layer_layout.py, `PipelineParallelLayerLayout`): the model chunks, pp x v of
+# them separated by "|", chunk c on pipeline rank c % pp as its virtual stage c // pp; each the
+# letters of what it runs: E the embedding, t a decoder layer, m a multi-token prediction
+# module, L the loss. "(...)*n" and "x*n" repeat; commas are cosmetic. Parsed, never evaluated.
+_MG_LAYOUT_LETTERS = frozenset("EtmL")
+_MG_LAYOUT_MAX = 1 << 16  # letters and bars once the repeats are written out
+
+
+def _mg_unroll(text: str) -> list[str]:
+    """The layout's chunks, its repeats written out (Megatron's two patterns, in its order)."""
+    shown = text
+    text = text.replace(",", "")
+
+    def repeat(match: re.Match) -> str:
+        times = int(match.group(2))
+        if len(match.group(1)) * times > _MG_LAYOUT_MAX:
+            raise OpgraphError(f"Megatron --pipeline-model-parallel-layout {shown!r} repeats to "
+                               f"more than {_MG_LAYOUT_MAX:,} letters")
+        return match.group(1) * times
+
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", repeat, text)
+    text = re.sub(r"(.)\*(\d+)", repeat, text)
+    if len(text) > _MG_LAYOUT_MAX or set(text) - _MG_LAYOUT_LETTERS - {"|"}:
+        raise OpgraphError(f"Megatron --pipeline-model-parallel-layout {shown!r}: write chunks "
+                           "of E, t, m and L separated by |, with (...)*n or x*n to repeat")
+    return text.split("|")
+
+
+def _mg_split(text: str, pp: int, layers: int, first_dense: int, mtp: int):
+    """(virtual stages, the layout's split fields) of a --pipeline-model-parallel-layout: the
+    embedding first, the loss last, the prediction modules in the last chunk, the dense layers
+    in the first; then its decoder layers per chunk as a layout says them (`chunk_layers`):
+    even, uneven end stages (interleaved or not), or every stage's count."""
+    from ...parallel.parallel import chunk_layers
+
+    chunks = _mg_unroll(text)
+    where = f"Megatron --pipeline-model-parallel-layout {text!r}"
+    if len(chunks) % pp:
+        raise OpgraphError(f"{where} has {len(chunks)} chunks, not a multiple of "
+                           f"--pipeline-model-parallel-size {pp}")
+    joined = "".join(chunks)
+    if (joined.count("E"), joined.count("L")) != (1, 1) or not chunks[0].startswith("E") \
+            or not chunks[-1].endswith("L"):
+        raise OpgraphError(f"{where}: the embedding (E) opens the first chunk and the loss (L) "
+                           "closes the last, once each")
+    if joined.count("m") != mtp or chunks[-1].count("m") != mtp:
+        raise OpgraphError(f"{where}: the model's {mtp} multi-token prediction modules (m) run "
+                           "in the last chunk, before the loss; opgraph places them there")
+    counts = [c.count("t") for c in chunks]
+    if sum(counts) != layers:
+        raise OpgraphError(f"{where} holds {sum(counts)} decoder layers (t); --num-layers is "
+                           f"{layers}")
+    if counts[0] < first_dense:
+        raise OpgraphError(f"{where}: the model's {first_dense} dense layers come first and run "
+                           "on the first stage in opgraph; its first chunk holds "
+                           f"{counts[0]}")
+    virtual = len(chunks) // pp
+    stages = [[counts[v * pp + r] for v in range(virtual)] for r in range(pp)]
+    stages[0][0] -= first_dense
+    totals = [sum(s) for s in stages]
+    stack = layers - first_dense
+    fields: dict = {}
+    if any(n != counts[0] for n in counts[1:]) or first_dense:
+        fields = {"first_stage_layers": totals[0], "last_stage_layers": totals[-1]}
+    if pp == 1:
+        if virtual > 1:
+            raise OpgraphError(f"{where}: one pipeline stage runs one model chunk")
+        return 1, {}
+    candidates = [{}, fields] + ([{"stage_layers": tuple(totals)}] if virtual == 1 else [])
+    for split in candidates:
+        try:
+            cut = chunk_layers(stack, Parallel(pp=pp, virtual_stages=virtual, **split))
+        except OpgraphError:
+            continue
+        if cut == stages:
+            return virtual, split
+    raise OpgraphError(f"{where} gives the stages {[list(s) for s in stages]} decoder layers "
+                       "per chunk; opgraph's interleaved stages split as `chunk_layers` does "
+                       "(equal chunks, or the end stages' outer chunks short): this one is not")
+
+
+def _mg_layout_text(config: Config, p: Parallel, dense: int) -> str:
+    """The --pipeline-model-parallel-layout of a layout's split (`chunk_layers`), the inverse
+    of `_mg_split`: the dense layers and the embedding in the first chunk, the prediction
+    modules and the loss in the last."""
+    from ...parallel.parallel import chunk_layers
+
+    stages = chunk_layers(config.layers - dense, p)
+    chunks = []
+    for v in range(p.virtual_stages):
+        for r in range(p.pp):
+            n = stages[r][v] + (dense if (r, v) == (0, 0) else 0)
+            chunks.append("t" * n)
+    chunks[0] = "E" + chunks[0]
+    chunks[-1] += "m" * getattr(config, "mtp_depth", 0) + "L"
+    return "|".join(chunks)
 
 
 def _mg_first_stage(flags: _Flags, first_dense: int) -> int | None:
@@ -516,18 +629,21 @@ def to_megatron(launch: Launch) -> str:
              str(p.pp), "--context-parallel-size", str(p.cp), "--expert-model-parallel-size",
              str(p.ep), "--micro-batch-size", str(p.micro_batch), "--global-batch-size",
              str(p.global_batch)]
-    if p.virtual_stages > 1:
-        if config.layers % (p.pp * p.virtual_stages):
-            raise OpgraphError(f"{config.layers} layers do not divide into pp x virtual stages = "
-                               f"{p.pp} x {p.virtual_stages} chunks for Megatron")
-        args += ["--num-layers-per-virtual-pipeline-stage",
-                 str(config.layers // p.pp // p.virtual_stages)]
     dense = config.first_dense if isinstance(config, DeepSeekV2Config) else 0
-    for flag, value in (("--decoder-first-pipeline-num-layers",
-                         None if p.first_stage_layers is None else p.first_stage_layers + dense),
-                        ("--decoder-last-pipeline-num-layers", p.last_stage_layers)):
-        if value is not None:
-            args += [flag, str(value)]
+    uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
+    if p.stage_layers is not None or (p.virtual_stages > 1 and (
+            uneven or config.layers % (p.pp * p.virtual_stages))):
+        args += ["--pipeline-model-parallel-layout", _mg_layout_text(config, p, dense)]
+    else:
+        if p.virtual_stages > 1:
+            args += ["--num-layers-per-virtual-pipeline-stage",
+                     str(config.layers // p.pp // p.virtual_stages)]
+        for flag, value in (("--decoder-first-pipeline-num-layers",
+                             None if p.first_stage_layers is None
+                             else p.first_stage_layers + dense),
+                            ("--decoder-last-pipeline-num-layers", p.last_stage_layers)):
+            if value is not None:
+                args += [flag, str(value)]
     args += [flag for flag, on in (("--sequence-parallel", p.sequence_parallel),
                                    ("--tp-comm-overlap", p.async_tp),
                                    ("--overlap-grad-reduce", p.overlap_grad_reduce),
