@@ -80,6 +80,9 @@ EMITTED = [
     ("megatron", "llama3-70b", "256", ("--tp", "4", "--cp", "8", "--pp", "8",
                                        "--seq-len", "32768")),
     ("megatron", "llama3.1-405b", "512", ("--tp", "8", "--pp", "16", "--cp", "1")),
+    # Llama 3's interleaved stages, one layer short at each end: --pipeline-model-parallel-layout
+    ("megatron", "llama3.1-405b", "512", ("--tp", "8", "--pp", "16", "--cp", "1",
+                                          "--virtual-stages", "8")),
     ("megatron", "llama3.2-1b", "8", ("--tp", "1", "--pp", "2")),
     ("megatron", "mixtral-8x7b", "16", ("--tp", "2", "--pp", "1", "--cp", "1")),
     ("megatron", "qwen2-7b", "16", ("--tp", "2", "--pp", "2", "--cp", "1")),
@@ -88,6 +91,19 @@ EMITTED = [
     # latent attention, a dense first layer and 64 experts: one GEMM per expert under Megatron
     ("megatron", "deepseek-v2-lite", "16", ("--tp", "1", "--pp", "1", "--cp", "1", "--ep", "8")),
 ]
+
+
+def test_megatron_writes_the_llama_3_papers_interleaved_split(cli, monkeypatch):
+    """126 layers on 16 stages of 8 chunks split only with the end stages a layer short (the
+    first chunk the embedding alone): Megatron-LM takes that as a layout string, so the plan's
+    first choice is the one written."""
+    code, text, err = cli("plan", "--model", "llama3.1-405b", "--gpus", "512",
+                          "--global-batch", "1024", "--max-micro-batch", "1", "--recompute",
+                          "full", "--precision", "bf16", "--tp", "8", "--pp", "16", "--cp", "1",
+                          "--virtual-stages", "8", "--top", "1", "--emit", "megatron")
+    assert code == 0, err
+    assert "wrote layout #1 for megatron: tp8 cp1 pp16(7/.../7)" in err
+    assert "--pipeline-model-parallel-layout 'E|t|t|" in text
 
 
 def test_every_preset_an_emitter_writes_has_a_round_trip():
