@@ -671,6 +671,8 @@ def test_megatron_reads_megatron_bridges_deepseek_v3_layout():
 @pytest.mark.parametrize("layout, words", [
     ("Et|x|L", "E, t, m and L"),
     ("E(t)*99999999|L", "repeats"),
+    ("E(t)*" + "9" * 5000 + "|L", "repeats"),  # past Python's digits limit: still one line
+    ("Ett|tt|tt|tLt", "embedding (E) opens"),
     ("Ett|ttL|tt", "not a multiple"),
     ("tE|ttt|tt|ttL", "embedding (E) opens"),
     ("Ett|tt|tt|ttLt", "embedding (E) opens"),

@@ -462,7 +462,10 @@ def _mg_unroll(text: str) -> list[str]:
     text = text.replace(",", "")
 
     def repeat(match: re.Match) -> str:
-        times = int(match.group(2))
+        if len(match.group(2)) > 6:  # a count that long repeats past any cap
+            times = _MG_LAYOUT_MAX + 1
+        else:
+            times = int(match.group(2))
         if len(match.group(1)) * times > _MG_LAYOUT_MAX:
             raise OpgraphError(f"Megatron --pipeline-model-parallel-layout {shown!r} repeats to "
                                f"more than {_MG_LAYOUT_MAX:,} letters")
@@ -490,9 +493,11 @@ def _mg_split(text: str, pp: int, layers: int, first_dense: int, mtp: int):
                            f"--pipeline-model-parallel-size {pp}")
     joined = "".join(chunks)
     if (joined.count("E"), joined.count("L")) != (1, 1) or not chunks[0].startswith("E") \
-            or not chunks[-1].endswith("L"):
+            or not chunks[-1].endswith("L") \
+            or not all(re.fullmatch("E?t*m*L?", c) for c in chunks):
         raise OpgraphError(f"{where}: the embedding (E) opens the first chunk and the loss (L) "
-                           "closes the last, once each")
+                           "closes the last, once each, the decoder layers (t) before the "
+                           "prediction modules (m) in a chunk")
     if joined.count("m") != mtp or chunks[-1].count("m") != mtp:
         raise OpgraphError(f"{where}: the model's {mtp} multi-token prediction modules (m) run "
                            "in the last chunk, before the loss; opgraph places them there")
