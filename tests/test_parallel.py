@@ -875,4 +875,8 @@ def test_a_pipeline_error_on_a_model_of_two_stacks_says_which_layers_it_counts()
         check_layout(forward, Parallel(pp=2, stage_layers=(14, 13)))
     message = str(err.value)
     assert "add up to 27; the layer stack has 26" in message and "\n" not in message
-    assert "its 1 other layer (dense_layers) run on the end stages" in message
+    assert "its 1 other layer (dense_layers) runs on the end stages" in message
+    # an even split that does not divide: the error names the split plan would make
+    with pytest.raises(OpgraphError, match="--first-stage-layers 8 --last-stage-layers 9 "
+                                           "splits it as plan would"):
+        check_layout(forward, Parallel(pp=3))

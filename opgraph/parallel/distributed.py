@@ -51,7 +51,7 @@ from ..cost.memory import Memory
 from ..cost.profile import OpCost, Profile
 from ..passes.evaluate import category_costs, interpret, resolve
 from ..passes.shard import check_divides
-from ..passes.split_stages import layer_stack, split_stages
+from ..passes.split_stages import layer_stack, layers_before, split_stages
 from . import cluster as clusters
 from .frameworks import (attention_library, defers_grad_reduce, end_split, own_split, sharding,
                          traits)
@@ -177,10 +177,42 @@ def check_pipeline(forward: Graph, layout: Parallel) -> None:
     if layout.pp == 1:
         return
     region = layer_stack(forward)
+    layers = int(sympy.sympify(region.count).xreplace(forward.dims))
     try:
-        stage_layers(int(sympy.sympify(region.count).xreplace(forward.dims)), layout)
+        stage_layers(layers, layout)
     except OpgraphError as err:
-        raise OpgraphError(f"{err}{_outside_stack(forward, region)}") from None
+        hint = ""
+        said = (layout.first_stage_layers, layout.last_stage_layers, layout.stage_layers)
+        ends = uneven_ends(layers, layout.pp, layers_before(forward))
+        if said == (None, None, None) and layout.virtual_stages == 1 and ends is not None:
+            hint = (f"; --first-stage-layers {ends[0]} --last-stage-layers {ends[1]} splits it "
+                    "as plan would")
+        raise OpgraphError(f"{err}{_outside_stack(forward, region)}{hint}") from None
+
+
+def uneven_ends(layers: int, stages: int, before: int = 0) -> tuple[int, int] | None:
+    """(first, last) stage layers of a stack of `layers` over `stages` stages (3 or more) that
+    an even split does not divide, or None: for a model with `before` layers ahead of the
+    stack on the first stage (`split_stages.layers_before`: DeepSeek's dense ones), the decoder
+    layers balanced, c = ceil((layers + before) / stages) on each middle stage, c less `before`
+    on the first, the rest on the last (Megatron-Bridge's DeepSeek-V3 layouts, `recipes/
+    deepseek/deepseek_v3.py` layout_map: 61 layers on 16 stages as 4 with the 3 dense, 4 x 14,
+    1); else one layer fewer on each end stage (Llama 3 405B's 126 on 16: 7, 8 x 14, 7).
+
+        >>> uneven_ends(58, 16, before=3), uneven_ends(126, 16)
+        ((1, 1), (7, 7))
+    """
+    if stages < 3:
+        return None
+    if before:
+        each = -(-(layers + before) // stages)
+        first, last = each - before, layers - (each - before) - (stages - 2) * each
+        if 1 <= first and 1 <= last <= each:
+            return first, last
+    if (layers + 2) % stages == 0 and (layers + 2) // stages > 1:
+        end = (layers + 2) // stages - 1
+        return end, end
+    return None
 
 
 def _outside_stack(forward: Graph, region) -> str:
@@ -191,8 +223,9 @@ def _outside_stack(forward: Graph, region) -> str:
         return ""
     fixed = sum(int(sympy.sympify(r.count).xreplace(forward.dims)) for r in others)
     layers = "1 other layer" if fixed == 1 else f"{fixed} other layers"
+    verb = "runs" if fixed == 1 else "run"
     return (f" (the pipeline splits {forward.name}'s stack {region.name!r}; its {layers} "
-            f"({', '.join(r.name for r in others)}) run on the end stages beside it, "
+            f"({', '.join(r.name for r in others)}) {verb} on the end stages beside it, "
             "and the layer counts of --stage-layers, --first-stage-layers and "
             "--last-stage-layers are the stack's)")
 

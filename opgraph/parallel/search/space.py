@@ -20,7 +20,7 @@ from ...passes.precision import PRECISIONS
 from ...passes.recompute import POLICIES
 from ...passes.split_stages import layer_stack, layers_before
 from .. import cluster as clusters
-from ..distributed import ParallelResult, check_layout
+from ..distributed import ParallelResult, check_layout, uneven_ends
 from ..frameworks import Traits, end_split, own_split, reduce_dtype, run_zero, traits
 from ..parallel import FRAMEWORK_FIELDS, ZERO_STAGES, Parallel, group_size
 
@@ -268,14 +268,9 @@ def _splits(layers: int, stages: int, forward: Graph | None = None,
     """The pipeline splits tried for `stages` stages: the framework's own where it makes one
     (`frameworks.own_split`, as `distributed.framework_split` gives `profile`), none where
     that needs every stage's layers said (`Parallel.stage_layers`, which the search's first,
-    middle and last stages cannot hold); else even, or (where that does not divide) one layer
-    fewer on each end stage, as Llama 3 405B's 126 layers on 16 stages (7, 8 x 14, 7); but
-    first, for a model with layers before its split stack (`split_stages.layers_before`:
-    DeepSeek's dense-first ones, on the first stage), the decoder layers balanced: each
-    middle stage takes c = ceil(all layers / stages), the first stage c less those before the
-    stack, the last the rest, as Megatron-Bridge's DeepSeek-V3 layout puts its 61 layers on
-    16 stages (4 with the 3 dense, 4 x 14, 1; `recipes/deepseek/deepseek_v3.py`, layout_map).
-    `before`: `layers_before(forward)`, where the caller has it."""
+    middle and last stages cannot hold); else even, or (where that does not divide) the uneven
+    ends `distributed.uneven_ends` gives, which `profile`'s error suggests too. `before`:
+    `split_stages.layers_before(forward)`, where the caller has it."""
     own = None if forward is None else own_split(forward, stages, framework)
     if own is not None:
         ends = end_split(own)
@@ -284,15 +279,8 @@ def _splits(layers: int, stages: int, forward: Graph | None = None,
         return [(None, None)]
     if before is None:
         before = 0 if forward is None or stages < 3 else layers_before(forward)
-    if before and stages > 2:
-        each = -(-(layers + before) // stages)
-        first, last = each - before, layers - (each - before) - (stages - 2) * each
-        if 1 <= first and 1 <= last <= each:
-            return [(first, last)]
-    if stages > 2 and (layers + 2) % stages == 0 and (layers + 2) // stages > 1:
-        end = (layers + 2) // stages - 1
-        return [(end, end)]
-    return []
+    ends = uneven_ends(layers, stages, before)
+    return [] if ends is None else [ends]
 
 
 def _pipelines(space: Space, layers: int | None) -> list[int]:
