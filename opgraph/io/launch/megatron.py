@@ -15,7 +15,7 @@ from ...core.datafile import read_small
 from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
-from ...parallel.parallel import Parallel
+from ...parallel.parallel import Parallel, chunk_layers
 from .record import Config, Launch, _config, _not_real, _real_names, _whole_text
 
 MEGATRON_SOURCE = "megatron arguments"
@@ -484,8 +484,6 @@ def _mg_split(text: str, pp: int, layers: int, first_dense: int, mtp: int):
     embedding first, the loss last, the prediction modules in the last chunk, the dense layers
     in the first; then its decoder layers per chunk as a layout says them (`chunk_layers`):
     even, uneven end stages (interleaved or not), or every stage's count."""
-    from ...parallel.parallel import chunk_layers
-
     chunks = _mg_unroll(text)
     where = f"Megatron --pipeline-model-parallel-layout {text!r}"
     if len(chunks) % pp:
@@ -538,8 +536,6 @@ def _mg_layout_text(config: Config, p: Parallel, dense: int) -> str:
     """The --pipeline-model-parallel-layout of a layout's split (`chunk_layers`), the inverse
     of `_mg_split`: the dense layers and the embedding in the first chunk, the prediction
     modules and the loss in the last."""
-    from ...parallel.parallel import chunk_layers
-
     stages = chunk_layers(config.layers - dense, p)
     chunks = []
     for v in range(p.virtual_stages):
