@@ -689,6 +689,23 @@ def test_a_megatron_layout_opgraph_cannot_hold_is_one_line(layout, words):
     assert words in one_line_error(read_megatron, text, gpus=2)
 
 
+@pytest.mark.parametrize("modules, policy", [
+    ("", "selective"), ("core_attn", "selective"), ("core_attn mla_up_proj", "selective"),
+    ("mla_up_proj", "none"), ("moe_act layernorm", "none")])
+def test_megatron_selective_recomputation_reruns_the_listed_modules(modules, policy):
+    """Megatron-Core's selective recomputation re-runs the modules --recompute-modules lists,
+    the attention core where none are given (TransformerConfig.recompute_modules): opgraph's
+    selective is the attention core, so a list without core_attn re-runs nothing it models,
+    and the modules it does not model are reported."""
+    text = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+            "--vocab-size 1000 --micro-batch-size 1 --bf16 --recompute-granularity selective"
+            + (f" --recompute-modules {modules}" if modules else ""))
+    launch = read_megatron(text, gpus=1)
+    assert launch.recompute == policy
+    assert ("--recompute-modules" in " ".join(launch.unknown)) == (
+        bool(modules) and modules != "core_attn")
+
+
 def test_a_reduce_dtype_neither_framework_runs_is_refused():
     launch = Launch(model="llama3-8b", seq_len=8192,
                     parallel=Parallel(gpus=8, zero=3, grad_reduce_dtype="fp16"))

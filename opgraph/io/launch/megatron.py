@@ -173,9 +173,10 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     reduction in BF16 (the layout's `grad_reduce_dtype`; without it FP32); --attention-backend
     flash or fused the attention library (FlashAttention-2 or cuDNN's; auto, the default,
     cuDNN's on Hopper).
-    Recomputation: selective (--recompute-activations, or --recompute-granularity selective), or
-    full with --recompute-method uniform --recompute-num-layers 1 (every layer; other methods are
-    an error). Precision: --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
+    Recomputation: selective (--recompute-activations, or --recompute-granularity selective),
+    the attention core where --recompute-modules lists core_attn or is not given (its other
+    modules are not modelled, and said so: `_mg_recompute`), or full with --recompute-method
+    uniform --recompute-num-layers 1 (every layer; other methods are an error). Precision: --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
     Megatron's hand-fused kernels (bias-GeLU, bias-dropout-add, softmax) are read as elementwise
     fusion, unless a --no-...-fusion flag turns one off.
 
@@ -575,17 +576,24 @@ def _mg_attention(flags: _Flags) -> str | None:
 
 
 def _mg_recompute(flags: _Flags) -> str:
+    """Selective recomputation re-runs the modules --recompute-modules lists, ["core_attn"]
+    where none are given (Megatron-Core's `TransformerConfig.recompute_modules`): the attention
+    core is opgraph's "selective"; any other module (mla_up_proj, moe_act, layernorm, ...) is
+    not modelled and is reported as such, and without core_attn nothing modelled is re-run."""
     granularity = flags.text("--recompute-granularity")
     method = flags.text("--recompute-method")
     count = flags.whole("--recompute-num-layers")
     if flags.switch("--recompute-activations"):
         granularity = "selective"  # as Megatron's arguments.py sets it
-    if "--recompute-modules" in flags and flags.flags["--recompute-modules"] != ["core_attn"]:
-        flags.read.discard("--recompute-modules")  # other modules are not modelled: left over
+    modules = ["core_attn"]
+    if "--recompute-modules" in flags:
+        modules = flags.flags["--recompute-modules"]
+        if modules != ["core_attn"]:
+            flags.read.discard("--recompute-modules")  # other modules are not modelled: left over
     if granularity is None:
         return "none"
     if granularity == "selective":
-        return "selective"
+        return "selective" if "core_attn" in modules else "none"
     if method != "uniform" or count != 1:
         raise OpgraphError(f"Megatron full recomputation with --recompute-method {method} "
                            f"--recompute-num-layers {count} is not modelled; opgraph re-runs "
