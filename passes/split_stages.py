@@ -50,12 +50,18 @@ def layer_stack(graph: Graph):
     return counted[0]
 
 
+def other_stacks(graph: Graph) -> list:
+    """The model's top-level regions beside the stack the pipeline splits (`layer_stack`):
+    DeepSeek's dense-first layers and its prediction modules; none for a model of one stack."""
+    region = layer_stack(graph)
+    return [r for r in graph.regions() if r.parent is None and r is not region]
+
+
 def layers_before(graph: Graph) -> int:
     """The layers of the model's other stacks that run before the split one, on the first
-    stage (DeepSeek's k dense-first layers): the fixed trip counts of the top-level regions
-    whose ops feed the stack (`ends`); 0 for a model of one stack."""
-    region = layer_stack(graph)
-    others = [r for r in graph.regions() if r.parent is None and r is not region]
+    stage (DeepSeek's k dense-first layers): the fixed trip counts of the `other_stacks` whose
+    ops feed the stack (`ends`); 0 for a model of one stack."""
+    others = other_stacks(graph)
     if not others:
         return 0
     side = ends(graph)

@@ -51,7 +51,7 @@ from ..cost.memory import Memory
 from ..cost.profile import OpCost, Profile
 from ..passes.evaluate import category_costs, interpret, resolve
 from ..passes.shard import check_divides
-from ..passes.split_stages import layer_stack, layers_before, split_stages
+from ..passes.split_stages import layer_stack, layers_before, other_stacks, split_stages
 from . import cluster as clusters
 from .frameworks import (attention_library, defers_grad_reduce, end_split, own_split, sharding,
                          traits)
@@ -218,7 +218,7 @@ def uneven_ends(layers: int, stages: int, before: int = 0) -> tuple[int, int] | 
 def _outside_stack(forward: Graph, region) -> str:
     """What a pipeline error adds where the model has layers outside the stack it splits
     (DeepSeek's dense-first layers): that the counts are the stack's, and where the rest run."""
-    others = [r for r in forward.regions() if r.parent is None and r is not region]
+    others = other_stacks(forward)
     if not others:
         return ""
     fixed = sum(int(sympy.sympify(r.count).xreplace(forward.dims)) for r in others)

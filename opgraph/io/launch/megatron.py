@@ -176,7 +176,8 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     Recomputation: selective (--recompute-activations, or --recompute-granularity selective),
     the attention core where --recompute-modules lists core_attn or is not given (its other
     modules are not modelled, and said so: `_mg_recompute`), or full with --recompute-method
-    uniform --recompute-num-layers 1 (every layer; other methods are an error). Precision: --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
+    uniform --recompute-num-layers 1 (every layer; other methods are an error). Precision:
+    --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
     Megatron's hand-fused kernels (bias-GeLU, bias-dropout-add, softmax) are read as elementwise
     fusion, unless a --no-...-fusion flag turns one off.
 
