@@ -3,6 +3,7 @@ against the published runs they describe; what is not understood is reported; ba
 line; and writing a launch back gives a file that reads to the same launch."""
 
 import math
+import re
 import shlex
 import textwrap
 
@@ -818,3 +819,108 @@ def test_torchtitan_experts_under_tp_are_reported(toml):
                                                "tensor_parallel_degree = 2")))
     assert launch.parallel.tp == 2
     assert any("expert_tensor_parallel_degree" in note for note in launch.unknown)
+
+
+# --- Megatron-Bridge's recipe runner: the Megatron form of Gemma 2 ------------------------------
+
+BRIDGE_LAUNCHES = [
+    Launch(model="gemma2-2b", seq_len=8192, parallel=Parallel(gpus=8, zero=1)),
+    Launch(model="gemma2-2b", seq_len=4096,
+           parallel=Parallel(tp=2, gpus=16, global_batch=64, micro_batch=2, zero=3,
+                             sequence_parallel=True),
+           recompute="full", precision="fp8", fuse="elementwise"),
+    Launch(model="gemma2-2b", seq_len=8192,
+           parallel=Parallel(gpus=8, zero=1, overlap_param_gather=True, virtual_stages=1)),
+    Launch(model="gemma2-2b", seq_len=8192,
+           parallel=Parallel(tp=1, gpus=8, zero=2, grad_reduce_dtype="bf16",
+                             overlap_grad_reduce=False), recompute="selective"),
+    Launch(model="gemma2-2b", seq_len=8192, parallel=Parallel(gpus=4, zero=0)),
+]
+
+
+@pytest.mark.parametrize("launch", BRIDGE_LAUNCHES)
+def test_megatron_bridge_round_trip(launch):
+    """Gemma 2's soft-capping and sandwich norms have no Megatron-LM flag; Megatron-Bridge's
+    recipe builds it, and the writer says every field opgraph reads."""
+    text = to_megatron(launch)
+    assert text.startswith("scripts/training/run_recipe.py --recipe gemma2_2b_pretrain_config")
+    again = read_megatron(text, gpus=launch.parallel.gpus)
+    assert again == launch
+    assert again.unknown == ()
+
+
+def test_megatron_bridge_reads_the_recipes_own_settings():
+    """What the overrides leave alone is as gemma2_2b_pretrain_2gpu_h100_bf16_config sets it
+    (Megatron-Bridge recipes/gemma/h100/gemma2.py over recipes/common.py): TP 2, global batch
+    32, micro-batch 2, 4,096 tokens, the distributed optimizer, gradients reduced in bf16
+    (grad_reduce_in_fp32 False) and not overlapped, no recomputation, bf16_mixed."""
+    launch = read_megatron("torchrun --nproc-per-node 4 --nnodes 1 "
+                           "scripts/training/run_recipe.py --recipe gemma2_2b_pretrain_config "
+                           "--dataset mock -ms 100 --lr 3e-4 checkpoint.save=/tmp/x")
+    p = launch.parallel
+    assert (launch.model, launch.seq_len, launch.recompute, launch.precision) == (
+        "gemma2-2b", 4096, "none", "bf16")
+    assert (p.tp, p.pp, p.cp, p.dp, p.gpus, p.global_batch, p.micro_batch, p.zero) == (
+        2, 1, 1, 2, 4, 32, 2, 1)
+    assert (p.grad_reduce_dtype, p.overlap_grad_reduce, p.overlap_param_gather) == (
+        "bf16", False, False)
+    assert launch.unknown == ()
+    # _pretrain_common's Megatron FSDP default overlaps its parameter gathers: ZeRO-3's prefetch
+    fsdp = read_megatron("--recipe gemma2_2b_pretrain_config ddp.use_megatron_fsdp=true "
+                         "ddp.data_parallel_sharding_strategy=optim_grads_params "
+                         "ddp.overlap_param_gather=true", gpus=4)
+    assert (fsdp.parallel.zero, fsdp.parallel.overlap_param_gather) == (3, False)
+    # the short forms are the overrides they stand for
+    short = read_megatron("--recipe gemma2_2b_pretrain_2gpu_h100_bf16_config -tp 1 -gb 64 "
+                          "-mb 1 -sl 8192", gpus=8)
+    assert (short.parallel.tp, short.parallel.dp, short.parallel.global_batch,
+            short.parallel.micro_batch, short.seq_len) == (1, 8, 64, 1, 8192)
+
+
+def test_megatron_bridge_keys_it_does_not_model_are_reported():
+    launch = read_megatron("--recipe gemma2_2b_pretrain_config model.cuda_graph_impl=full "
+                           "model.recompute_granularity=selective "
+                           "model.recompute_modules=[core_attn,mlp]", gpus=2)
+    assert launch.unknown == ("model.cuda_graph_impl",
+                              "model.recompute_modules=['core_attn', 'mlp']")
+    assert launch.recompute == "selective"
+
+
+@pytest.mark.parametrize("args, words", [
+    ("model.tensor_model_paralel_size=2", "did you mean model.tensor_model_parallel_size?"),
+    ("modle.tensor_model_parallel_size=2", "no section for modle.tensor_model_parallel_size"),
+    ("model.context_parallel_size=2", "without context parallelism"),
+    ("--mode sft", "opgraph models pre-training"),
+    ("--tp 2", "has no option --tp"),
+    ("model.num_layers_in_first_pipeline_stage=4", "even pipeline splits"),
+    ("mixed_precision=bf16_with_mxfp8_mixed", "mixed_precision=bf16_with_mxfp8_mixed"),
+    ("model.recompute_granularity=full model.recompute_method=block", "not modelled"),
+    ("model.tensor_model_parallel_size=two", "give a whole number"),
+    ("model.sequence_parallel=1", "give true or false"),
+    ("model.seq_length=2048", "give dataset.seq_length"),
+    ("-tp", "takes a value"),
+    ("stray", "neither an option nor a KEY=VALUE override"),
+])
+def test_megatron_bridge_bad_input_is_one_line(args, words):
+    with pytest.raises(OpgraphError, match=re.escape(words)):
+        read_megatron(f"--recipe gemma2_2b_pretrain_config {args}", gpus=8)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("scripts/training/run_recipe.py --model gemma2_2b", "give --recipe"),
+    ("--recipe llama3_8b_pretrain_config", "opgraph reads gemma2_2b_pretrain_config"),
+    ("scripts/training/run_recipe.py -tp 2", "lack --recipe"),
+])
+def test_megatron_bridge_recipes_it_does_not_read(text, words):
+    with pytest.raises(OpgraphError, match=re.escape(words)):
+        read_megatron(text, gpus=8)
+
+
+@pytest.mark.parametrize("layout, words", [
+    (Parallel(cp=2, gpus=8), "without context parallelism"),
+    (Parallel(pp=13, gpus=13, first_stage_layers=1, last_stage_layers=1), "even pipeline"),
+    (Parallel(tp=2, gpus=8, async_tp=True), "comm_overlap"),
+])
+def test_megatron_bridge_cannot_say_everything(layout, words):
+    with pytest.raises(OpgraphError, match=re.escape(words)):
+        to_megatron(Launch(model="gemma2-2b", seq_len=8192, parallel=layout))

@@ -55,7 +55,7 @@ def test_a_scaling_curve_skips_the_hopeless_sizes(cli, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (("--model", "gemma2-2b", "--emit", "megatron"), "gemma2-2b is not one"),
+    (("--model", "bert-base", "--emit", "megatron"), "bert-base is not one"),
     (("--model", "llama3.2-1b", "--emit", "torchtitan"), "llama3.2-1b is not one"),
     (("--model", "gpt2", "--gpus", "8:16:x2", "--rank"), "one --gpus"),
 ])
@@ -90,6 +90,8 @@ EMITTED = [
     ("megatron", "gpt3-175b", "256", ("--tp", "1", "--pp", "16", "--cp", "1")),  # 50,257 rows: tp 1
     # latent attention, a dense first layer and 64 experts: one GEMM per expert under Megatron
     ("megatron", "deepseek-v2-lite", "16", ("--tp", "1", "--pp", "1", "--cp", "1", "--ep", "8")),
+    # soft-capping and sandwich norms, which Megatron-LM's flags lack: Megatron-Bridge's recipe
+    ("megatron", "gemma2-2b", "8", ("--pp", "1")),
 ]
 
 
@@ -107,10 +109,10 @@ def test_megatron_writes_the_llama_3_papers_interleaved_split(cli, monkeypatch):
 
 
 def test_every_preset_an_emitter_writes_has_a_round_trip():
-    from opgraph.io.launch import PRESET_CONFIGS, TORCHTITAN_MODELS
+    from opgraph.io.launch import BRIDGE_PRESETS, PRESET_CONFIGS, TORCHTITAN_MODELS
 
     tried = {(framework, model) for framework, model, _, _ in EMITTED}
-    assert tried == ({("megatron", m) for m in PRESET_CONFIGS}
+    assert tried == ({("megatron", m) for m in (*PRESET_CONFIGS, *BRIDGE_PRESETS)}
                      | {("torchtitan", m) for m in TORCHTITAN_MODELS.values()})
 
 

@@ -109,8 +109,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--torchtitan", metavar="TRAIN_TOML",
                    help="read the model, batch, degrees and options from a torchtitan job file")
     g.add_argument("--megatron-args", metavar="ARGS|@FILE",
-                   help="read them from Megatron-LM's command-line arguments (a quoted string, "
-                        "or @file)")
+                   help="read them from Megatron-LM's command-line arguments, or "
+                        "Megatron-Bridge's run_recipe.py line (a quoted string, or @file)")
 
 
 def given_layout(args) -> dict:

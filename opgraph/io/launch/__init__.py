@@ -25,13 +25,16 @@ what it is, and take no part in equality: `read_torchtitan(f)` of the file `to_t
 wrote equals `l`, and so does `read_megatron(to_megatron(l), gpus=l.parallel.gpus)` (Megatron's
 arguments do not carry the world size: the launcher does).
 
-The package: `record.py` holds the `Launch` both formats read into and write from, and what
-their readers share; `torchtitan.py` and `megatron.py` each one framework's reader and writer.
+The package: `record.py` holds the `Launch` the formats read into and write from, and what
+their readers share; `torchtitan.py` and `megatron.py` each one framework's reader and writer,
+and `bridge.py` Megatron-Bridge's recipe runner, the Megatron form of a model Megatron-LM's
+flags cannot describe (Gemma 2), which `read_megatron` and `to_megatron` hand over to.
 """
 
 from __future__ import annotations
 
 from ...core.errors import OpgraphError
+from .bridge import BRIDGE_PRESETS, BRIDGE_SOURCE, RECIPES, read_bridge, to_bridge
 from .megatron import GPT2_BPE_VOCAB, MEGATRON_MODEL, MEGATRON_SOURCE, read_megatron, to_megatron
 from .record import FUSE, PRECISIONS, PRESET_CONFIGS, RECOMPUTE, Config, Launch
 from .torchtitan import TORCHTITAN_MODELS, read_torchtitan, to_torchtitan
@@ -45,25 +48,32 @@ def check_emittable(model: str, framework: str) -> None:
             raise OpgraphError(f"--emit torchtitan writes the presets of torchtitan's model "
                                f"flavors ({', '.join(TORCHTITAN_MODELS.values())}); {model} "
                                "is not one")
-    elif model not in PRESET_CONFIGS:
-        raise OpgraphError(f"--emit megatron writes a Llama-, GPT-2- or DeepSeek-V2-shaped "
-                           f"preset ({', '.join(PRESET_CONFIGS)}); {model} is not one")
+    elif model not in PRESET_CONFIGS and model not in BRIDGE_PRESETS:
+        raise OpgraphError(f"--emit megatron writes Megatron-LM's flags for a Llama-, GPT-2- or "
+                           f"DeepSeek-V2-shaped preset ({', '.join(PRESET_CONFIGS)}) and "
+                           f"Megatron-Bridge's recipe for {', '.join(BRIDGE_PRESETS)}; {model} "
+                           "is not one")
 
 
 __all__ = [
+    "BRIDGE_PRESETS",
+    "BRIDGE_SOURCE",
     "FUSE",
     "GPT2_BPE_VOCAB",
     "MEGATRON_MODEL",
     "MEGATRON_SOURCE",
     "PRECISIONS",
     "PRESET_CONFIGS",
+    "RECIPES",
     "RECOMPUTE",
     "TORCHTITAN_MODELS",
     "Config",
     "Launch",
     "check_emittable",
+    "read_bridge",
     "read_megatron",
     "read_torchtitan",
+    "to_bridge",
     "to_megatron",
     "to_torchtitan",
 ]

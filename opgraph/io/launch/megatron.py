@@ -16,7 +16,8 @@ from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel, chunk_layers
-from .record import Config, Launch, _config, _not_real, _real_names, _whole_text
+from .bridge import BRIDGE_PRESETS, is_bridge, read_bridge, to_bridge
+from .record import PRESET_CONFIGS, Config, Launch, _config, _not_real, _real_names, _whole_text
 
 MEGATRON_SOURCE = "megatron arguments"
 MEGATRON_MODEL = "megatron-model"  # the name of a model read from Megatron's dimensions
@@ -181,6 +182,10 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     Megatron's hand-fused kernels (bias-GeLU, bias-dropout-add, softmax) are read as elementwise
     fusion, unless a --no-...-fusion flag turns one off.
 
+    Megatron-Bridge's recipe runner (run_recipe.py with --recipe and KEY=VALUE overrides), the
+    Megatron form of models these flags cannot describe (Gemma 2), is read by
+    `bridge.read_bridge`.
+
         >>> read_megatron("--num-layers 2 --hidden-size 64 --num-attention-heads 4 "
         ...               "--seq-length 128 --vocab-size 1000 --micro-batch-size 1 --bf16",
         ...               gpus=2).parallel.dp
@@ -196,6 +201,8 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     elif launcher_gpus is not None and launcher_gpus != gpus:
         raise OpgraphError(f"--gpus {gpus} differs from the launcher's {launcher_gpus} GPUs; "
                            "give one")
+    if is_bridge(text.split()):
+        return read_bridge(tokens, gpus)
     parsed, stray = _mg_flags(tokens)
     flags = _Flags(parsed)
     tp = flags.whole("--tensor-model-parallel-size", 1)
@@ -607,6 +614,9 @@ def to_megatron(launch: Launch) -> str:
     `gpus=launch.parallel.gpus` to read them back; a preset is written as its dimensions and
     reads back as a config named "megatron-model").
 
+    A preset Megatron-LM's flags cannot describe but a Megatron-Bridge recipe builds (Gemma 2)
+    is written as that recipe's command line (`bridge.to_bridge`).
+
     A vocabulary that tp divides is kept as it is (--make-vocab-size-divisible-by 1 where 128 x
     tp does not divide it); any other is padded by Megatron. torchtitan's per-op selective
     recomputation ("selective-op") has no Megatron form and is an error.
@@ -614,6 +624,9 @@ def to_megatron(launch: Launch) -> str:
         >>> to_megatron(Launch(model="gpt2", seq_len=1024, parallel=Parallel(gpus=1)))[:38]
         '--num-layers 12 --hidden-size 768 --nu'
     """
+    if isinstance(launch.model, str) and launch.model not in PRESET_CONFIGS \
+            and launch.model in BRIDGE_PRESETS:
+        return to_bridge(launch)
     config = _config(launch.model, "Megatron")
     p = launch.parallel
     seq = launch.seq_len or config.seq_len or config.positions
