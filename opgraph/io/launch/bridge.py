@@ -32,7 +32,7 @@ from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel
-from .record import Launch, _whole_text
+from .record import MEGATRON_SHARDING, Launch, _whole_text, megatron_recompute
 
 BRIDGE_SOURCE = "megatron-bridge recipe"
 BRIDGE_SCRIPT = "scripts/training/run_recipe.py"
@@ -122,7 +122,6 @@ _SECTIONS = ("model.", "train.", "ddp.", "dataset.", "dist.", "comm_overlap.", "
 _PRECISIONS = {"bf16_mixed": "bf16", "fp16_mixed": "bf16",
                "bf16_with_fp8_current_scaling_mixed": "fp8",
                "bf16_with_fp8_delayed_scaling_mixed": "fp8"}
-_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 
 
 def is_bridge(tokens: list[str]) -> bool:
@@ -290,31 +289,27 @@ def _zero(s: dict) -> int:
     """Megatron FSDP by its sharding strategy, else the distributed optimizer (ZeRO 1)."""
     if _switch(s, "ddp.use_megatron_fsdp"):
         strategy = s["ddp.data_parallel_sharding_strategy"]
-        if strategy not in _SHARDING:
+        if strategy not in MEGATRON_SHARDING:
             raise OpgraphError(f"Megatron-Bridge ddp.data_parallel_sharding_strategy="
-                               f"{strategy}: give one of {', '.join(_SHARDING)}")
-        return _SHARDING[strategy]
+                               f"{strategy}: give one of {', '.join(MEGATRON_SHARDING)}")
+        return MEGATRON_SHARDING[strategy]
     return 1 if _switch(s, "ddp.use_distributed_optimizer") else 0
 
 
 def _recompute(s: dict, unknown: list[str]) -> str:
-    """As Megatron-LM's flags (`megatron._mg_recompute`): selective re-runs the listed modules,
-    ["core_attn"] where none are listed; full only every layer, uniformly."""
-    granularity = s["model.recompute_granularity"]
-    if granularity is None:
-        return "none"
-    if granularity == "selective":
-        modules = s["model.recompute_modules"] or ["core_attn"]
-        if modules != ["core_attn"]:
-            unknown.append(f"model.recompute_modules={modules}")
-        return "selective" if "core_attn" in modules else "none"
-    if granularity == "full" and s["model.recompute_method"] == "uniform" \
-            and s["model.recompute_num_layers"] == 1:
-        return "full"
-    raise OpgraphError(f"Megatron-Bridge model.recompute_granularity={granularity} with "
-                       f"model.recompute_method={s['model.recompute_method']} is not modelled; "
-                       "opgraph re-runs every layer (full, uniform, 1 layer) or the attention "
-                       "core (selective)")
+    """As Megatron-LM's flags (`record.megatron_recompute`); modules beside the attention
+    core are reported as not modelled."""
+    granularity, method = s["model.recompute_granularity"], s["model.recompute_method"]
+    modules = s["model.recompute_modules"]
+    if granularity == "selective" and modules not in (None, ["core_attn"]):
+        unknown.append(f"model.recompute_modules={modules}")
+    policy = megatron_recompute(granularity, method, s["model.recompute_num_layers"], modules)
+    if policy is None:
+        raise OpgraphError(f"Megatron-Bridge model.recompute_granularity={granularity} with "
+                           f"model.recompute_method={method} is not modelled; opgraph re-runs "
+                           "every layer (full, uniform, 1 layer) or the attention core "
+                           "(selective)")
+    return policy
 
 
 def to_bridge(launch: Launch) -> str:
@@ -338,7 +333,7 @@ def to_bridge(launch: Launch) -> str:
     for refused, why in refusals:
         if refused:
             raise OpgraphError(f"Megatron-Bridge: {why}")
-    sharding = {v: k for k, v in _SHARDING.items()}
+    sharding = {v: k for k, v in MEGATRON_SHARDING.items()}
     values = {
         "model.tensor_model_parallel_size": p.tp, "model.pipeline_model_parallel_size": p.pp,
         "model.context_parallel_size": p.cp,

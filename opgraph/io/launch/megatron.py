@@ -17,7 +17,8 @@ from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel, chunk_layers
 from .bridge import BRIDGE_PRESETS, is_bridge, read_bridge, to_bridge
-from .record import PRESET_CONFIGS, Config, Launch, _config, _not_real, _real_names, _whole_text
+from .record import (MEGATRON_SHARDING, PRESET_CONFIGS, Config, Launch, _config, _not_real,
+                     _real_names, _whole_text, megatron_recompute)
 
 MEGATRON_SOURCE = "megatron arguments"
 MEGATRON_MODEL = "megatron-model"  # the name of a model read from Megatron's dimensions
@@ -62,7 +63,6 @@ _MG_QUIET = frozenset((
     "--manual-gc", "--no-async-tensor-model-parallel-allreduce",
     "--no-gradient-accumulation-fusion", "--no-rope-fusion",
 ))  # overlapping DP communication with compute, and flash attention, are what opgraph assumes
-_MG_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
 GPT2_BPE_VOCAB = 50257  # rows of GPT-2's BPE vocabulary (openai-community/gpt2 config.json)
 
 
@@ -398,7 +398,7 @@ def _mg_zero(flags: _Flags) -> int:
     """ZeRO stage: the distributed optimizer shards optimizer states; Megatron FSDP as told."""
     strategy = flags.text("--data-parallel-sharding-strategy") or "optim_grads_params"
     if flags.switch("--use-megatron-fsdp") | flags.switch("--use-custom-fsdp"):
-        return _MG_SHARDING[strategy]
+        return MEGATRON_SHARDING[strategy]
     return 1 if flags.switch("--use-distributed-optimizer") else 0
 
 
@@ -593,20 +593,17 @@ def _mg_recompute(flags: _Flags) -> str:
     count = flags.whole("--recompute-num-layers")
     if flags.switch("--recompute-activations"):
         granularity = "selective"  # as Megatron's arguments.py sets it
-    modules = ["core_attn"]
+    modules = None
     if "--recompute-modules" in flags:
         modules = flags.flags["--recompute-modules"]
         if modules != ["core_attn"]:
             flags.read.discard("--recompute-modules")  # other modules are not modelled: left over
-    if granularity is None:
-        return "none"
-    if granularity == "selective":
-        return "selective" if "core_attn" in modules else "none"
-    if method != "uniform" or count != 1:
+    policy = megatron_recompute(granularity, method, count, modules)
+    if policy is None:
         raise OpgraphError(f"Megatron full recomputation with --recompute-method {method} "
                            f"--recompute-num-layers {count} is not modelled; opgraph re-runs "
                            "every layer: --recompute-method uniform --recompute-num-layers 1")
-    return "full"
+    return policy
 
 
 def to_megatron(launch: Launch) -> str:
@@ -740,7 +737,7 @@ def _mg_zero_args(zero: int) -> list[str]:
     if zero == 1:
         return ["--use-distributed-optimizer"]
     if zero in (2, 3):
-        strategy = {2: "optim_grads", 3: "optim_grads_params"}[zero]
+        strategy = {v: k for k, v in MEGATRON_SHARDING.items()}[zero]
         return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy]
     return []
 

@@ -28,6 +28,25 @@ FUSE = (None, FUSION_POLICIES[0])
 
 
 
+# Megatron's data-parallel sharding strategies (Megatron FSDP's `data_parallel_sharding_strategy`)
+# as ZeRO stages; both Megatron forms (Megatron-LM's flags, Megatron-Bridge's overrides) read them.
+MEGATRON_SHARDING = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+
+def megatron_recompute(granularity: str | None, method: str | None, count: int | None,
+                       modules: list[str] | None) -> str | None:
+    """Megatron-Core's recomputation (`TransformerConfig`'s recompute_granularity, _method,
+    _num_layers and _modules) as opgraph's policy. Selective re-runs the listed modules,
+    ["core_attn"] where none are listed: the attention core is opgraph's "selective", and
+    without it nothing opgraph models is re-run ("none"); full is opgraph's "full" where it
+    re-runs every layer (uniform, one layer at a time), and None (not modelled) otherwise."""
+    if granularity is None:
+        return "none"
+    if granularity == "selective":
+        return "selective" if "core_attn" in (modules or ["core_attn"]) else "none"
+    return "full" if method == "uniform" and count == 1 else None
+
+
 # The model configurations a launch writes: the shapes Megatron's flags describe.
 Config = LlamaConfig | GPT2Config | DeepSeekV2Config
 
