@@ -53,7 +53,8 @@ class Recipe:
     source: str = ""
 
 
-# What `_pretrain_common` (src/megatron/bridge/recipes/common.py) sets that opgraph reads.
+# The keys opgraph reads, as `_pretrain_common` (src/megatron/bridge/recipes/common.py) sets them
+# (or the field's own default, where it sets none); a recipe sets some of them again.
 _COMMON = {
     "train.global_batch_size": 32, "train.micro_batch_size": 2, "dataset.seq_length": 4096,
     "ddp.use_distributed_optimizer": True, "ddp.use_megatron_fsdp": False,
@@ -229,14 +230,10 @@ def _parse(tokens: list[str]) -> tuple[Recipe, dict, list[str]]:
                            f"{', '.join(_BY_NAME)} (Megatron-LM's flags describe the other "
                            "models)")
     if "model.seq_length" in values and values["model.seq_length"] != values.get(
-            "dataset.seq_length", recipe_of(recipe_name).settings["dataset.seq_length"]):
+            "dataset.seq_length", _BY_NAME[recipe_name].settings["dataset.seq_length"]):
         raise OpgraphError("Megatron-Bridge's run_recipe.py sets model.seq_length from "
                            "dataset.seq_length; give dataset.seq_length")
-    return recipe_of(recipe_name), {k: v for k, v in values.items() if k in _COMMON}, unknown
-
-
-def recipe_of(name: str) -> Recipe:
-    return _BY_NAME[name]
+    return _BY_NAME[recipe_name], {k: v for k, v in values.items() if k in _COMMON}, unknown
 
 
 def _check_key(key: str) -> None:
