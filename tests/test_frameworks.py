@@ -680,7 +680,7 @@ def test_nanotron_pipelines_profile_and_plan_with_its_split(stages, split):
     space = Space(gpus=8, batch=32, framework="nanotron", pp=stages, precision=("bf16",),
                   micro_batch=1, recompute=("none",))
     found = rows(forward, H100, space, 4096, searcher.cluster)
-    assert found and {(row.first, row.last) for row in found} == {split}
+    assert found and {(row.first_stage_layers, row.last_stage_layers) for row in found} == {split}
     for row in found:  # every layout listed, interleaved or not, profiles as the plan says
         candidate = row.candidate()
         mine = searcher.one(candidate).result

@@ -92,7 +92,7 @@ def test_an_uneven_split_is_profile_too(searchers):
     found = rows(forward, H100, Space(gpus=256, batch=32, tp=8, pp=16, cp=1, zero=1,
                                       micro_batch=1, recompute=("full",), precision=("bf16",),
                                       sequence_parallel=True), 8192, searcher.cluster)
-    assert [(r.first, r.last, r.virtual_stages) for r in found] == [
+    assert [(r.first_stage_layers, r.last_stage_layers, r.virtual_stages) for r in found] == [
         (7, 7, v) for v in (1, 2, 4, 8)]
     for r in (found[0], found[-1]):
         _same_as_profile(searcher, r, forward, c)
@@ -118,7 +118,7 @@ def test_the_space_covers_every_option():
     split = rows(llama, H100, Space(gpus=128, batch=16, tp=8, pp=16, recompute=("full",),
                                     precision=("bf16",), zero=1), 8192,
                  Searcher(llama, H100, seq_len=8192).cluster)
-    assert {(r.first, r.last) for r in split} == {(7, 7)}
+    assert {(r.first_stage_layers, r.last_stage_layers) for r in split} == {(7, 7)}
 
 
 def test_branch_and_bound_returns_the_fastest():
@@ -259,10 +259,11 @@ def test_interleaving_with_uneven_ends_is_bounded_on_both_sides(searchers):
     by_structure: dict = {}
     for r in rows(forward, H100, Space(gpus=12, batch=24, cp=1, tp=1, precision=("bf16",),
                                        recompute=("none",), zero=1), 4096, searcher.cluster):
-        if r.first is not None and r.virtual_stages > 1:
+        if r.first_stage_layers is not None and r.virtual_stages > 1:
             by_structure.setdefault(structure(r), []).append(r)
-    assert {(r.pp, r.first, r.virtual_stages) for g in by_structure.values() for r in g} >= {
-        (3, 5, 2), (3, 5, 3), (3, 5, 6), (6, 2, 3)}
+    assert {(r.pp, r.first_stage_layers, r.virtual_stages)
+            for g in by_structure.values() for r in g} >= {(3, 5, 2), (3, 5, 3), (3, 5, 6),
+                                                          (6, 2, 3)}
     tight = 0.0
     for group in by_structure.values():
         g = searcher.evaluate(group)
@@ -544,4 +545,4 @@ def test_a_pipeline_balances_the_decoder_layers_of_a_model_with_dense_first_laye
     assert _splits(26, 2, lite) == [(None, None)]  # even where it divides
     rows_ = rows(lite, H100, Space(gpus=3, batch=3, pp=3, tp=1, ep=1), 4096,
                  Searcher(lite, H100, seq_len=4096).cluster)
-    assert rows_ and {(r.first, r.last) for r in rows_} == {(8, 9)}
+    assert rows_ and {(r.first_stage_layers, r.last_stage_layers) for r in rows_} == {(8, 9)}

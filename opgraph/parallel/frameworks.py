@@ -372,14 +372,9 @@ def bucket_share(numel, ranks):
 def sharding(layout: Parallel) -> int:
     """The ZeRO stage the job runs: the layout's, but 1 where the framework keeps FSDP's
     parameters gathered over a pipeline's micro-batches (`Traits.unshards_once_with_pp`)."""
-    return run_zero(layout.zero, layout.pp, layout.framework)
-
-
-def run_zero(zero: int, stages: int, framework: str | None) -> int:
-    """`sharding` from the three fields it reads (the search holds rows, not layouts)."""
-    if zero == 3 and stages > 1 and FRAMEWORKS[framework].unshards_once_with_pp:
+    if layout.zero == 3 and layout.pp > 1 and traits(layout).unshards_once_with_pp:
         return 1
-    return zero
+    return layout.zero
 
 
 def own_split(forward, stages: int, framework: str | None) -> tuple[int, ...] | None:

@@ -21,6 +21,7 @@ A layout written out is the compact form `plan` prints (`outputs.report.layout_t
 
 from __future__ import annotations
 
+import operator
 import re
 
 import attrs
@@ -34,16 +35,9 @@ SCHEDULES = ("1f1b", "interleaved")
 # The fields that say how the job's framework runs it rather than how the job is laid out: the
 # planner holds them fixed while it searches layouts (`Parallel.settings`, `search.Space`).
 FRAMEWORK_FIELDS = ("framework", "grad_reduce_dtype", "attention_library")
+_SETTINGS = operator.attrgetter(*FRAMEWORK_FIELDS)
 # ZERO_STAGES, FRAMEWORKS (the training framework the passes follow) and GRAD_REDUCE_DTYPES are
 # the command line's names, in `opgraph.core.choices`.
-
-
-def group_size(group: str, tp: int, cp: int, ep: int, dp: int, pp: int) -> int:
-    """GPUs in one group of a layout of these degrees: "dp" is the ranks that hold the same
-    weights (dp x cp, as Megatron-LM reduces gradients over data and context parallel ranks
-    together), "edp" those that hold the same experts (dp x cp / ep). `Parallel.size`, and the
-    planner's rows, which are not layouts yet."""
-    return {"tp": tp, "cp": cp, "ep": ep, "dp": dp * cp, "edp": dp * cp // ep, "pp": pp}[group]
 
 
 def _whole(value, name):
@@ -64,8 +58,72 @@ def _stage_list(value):
     return out
 
 
+class LayoutFields:
+    """What a layout's fields give: its data-parallel degree, GPUs, batch, micro-batches, the
+    groups' sizes and strides. `Parallel` takes it, and so does the planner's `search.Row`,
+    which holds the same fields unchecked (the search holds tens of thousands)."""
+
+    __slots__ = ()
+
+    @property
+    def dp_degree(self) -> int:
+        if self.dp is not None:
+            return self.dp
+        return self.gpus // (self.tp * self.cp * self.pp) if self.gpus else 1
+
+    @property
+    def world(self) -> int:
+        """GPUs in the job: tp x cp x pp x dp."""
+        return self.tp * self.cp * self.pp * self.dp_degree
+
+    @property
+    def batch(self) -> int:
+        """Sequences per optimizer step over the whole job."""
+        return self.global_batch or self.dp_degree * self.micro_batch
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches each data-parallel rank runs per optimizer step."""
+        return self.batch // (self.dp_degree * self.micro_batch)
+
+    @property
+    def is_single(self) -> bool:
+        """One GPU and one micro-batch: the plate's step, which no parallel pass touches."""
+        return self.world == 1 and self.micro_batches == 1
+
+    def rank_stage(self, rank: int) -> int | None:
+        """The pipeline stage GPU `rank` runs (pipeline parallelism is outermost), or None if
+        the job has no such rank."""
+        if not 0 <= rank < self.world:
+            return None
+        return rank // (self.tp * self.cp * self.dp_degree)
+
+    def stride(self, group: str) -> int:
+        """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp).
+        The gradient-reduction groups ("dp", "edp") take in the context-parallel ranks, which
+        hold the same weights; so they start at stride tp."""
+        inner = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp,
+                 "edp": self.tp * self.ep, "pp": self.tp * self.cp * self.dp_degree}
+        return inner[group]
+
+    def size(self, group: str) -> int:
+        """GPUs in one group: "dp" is the ranks that hold the same weights (dp x cp, as
+        Megatron-LM reduces gradients over data and context parallel ranks together), "edp"
+        those that hold the same experts (dp x cp / ep). (The planner asks this of every row
+        several times: a chain of comparisons, not a dict built each call.)"""
+        if group == "dp":
+            return self.dp_degree * self.cp
+        if group == "edp":
+            return self.dp_degree * self.cp // self.ep
+        return getattr(self, group)  # tp, cp, ep, pp: the degree itself
+
+    def settings(self) -> tuple:
+        """Its `FRAMEWORK_FIELDS`' values, in that order."""
+        return _SETTINGS(self)
+
+
 @attrs.frozen(kw_only=True)
-class Parallel:
+class Parallel(LayoutFields):
     """One layout. `micro_batch` and `global_batch` are in sequences; `dp` None means
     gpus / (tp x cp x pp); `global_batch` None means one micro-batch per data-parallel rank.
 
@@ -182,56 +240,6 @@ class Parallel:
                                f"or 1 only (its pipeline engine refuses ZeRO-{self.zero}); give "
                                "--zero 0 or 1")
 
-    # --- derived ----------------------------------------------------------------------------------
-    @property
-    def dp_degree(self) -> int:
-        if self.dp is not None:
-            return self.dp
-        return self.gpus // (self.tp * self.cp * self.pp) if self.gpus else 1
-
-    @property
-    def world(self) -> int:
-        """GPUs in the job: tp x cp x pp x dp."""
-        return self.tp * self.cp * self.pp * self.dp_degree
-
-    @property
-    def batch(self) -> int:
-        """Sequences per optimizer step over the whole job."""
-        return self.global_batch or self.dp_degree * self.micro_batch
-
-    @property
-    def micro_batches(self) -> int:
-        """Micro-batches each data-parallel rank runs per optimizer step."""
-        return self.batch // (self.dp_degree * self.micro_batch)
-
-    @property
-    def is_single(self) -> bool:
-        """One GPU and one micro-batch: the plate's step, which no parallel pass touches."""
-        return self.world == 1 and self.micro_batches == 1
-
-    def rank_stage(self, rank: int) -> int | None:
-        """The pipeline stage GPU `rank` runs (pipeline parallelism is outermost), or None if
-        the job has no such rank."""
-        if not 0 <= rank < self.world:
-            return None
-        return rank // (self.tp * self.cp * self.dp_degree)
-
-    def stride(self, group: str) -> int:
-        """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp).
-        The gradient-reduction groups ("dp", "edp") take in the context-parallel ranks, which
-        hold the same weights; so they start at stride tp."""
-        inner = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp,
-                 "edp": self.tp * self.ep, "pp": self.tp * self.cp * self.dp_degree}
-        return inner[group]
-
-    def size(self, group: str) -> int:
-        """GPUs in one group (`group_size`)."""
-        return group_size(group, self.tp, self.cp, self.ep, self.dp_degree, self.pp)
-
-    def settings(self) -> tuple:
-        """Its `FRAMEWORK_FIELDS`' values, in that order."""
-        return tuple(getattr(self, name) for name in FRAMEWORK_FIELDS)
-
     def to_json(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
                 "dp": self.dp_degree, "micro_batch": self.micro_batch,
@@ -245,6 +253,10 @@ class Parallel:
                 "overlap_param_gather": self.overlap_param_gather,
                 "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype,
                 "attention_library": self.attention_library}
+
+
+# Every field of a layout, in `Parallel`'s order (the planner's rows hold the same).
+LAYOUT_FIELDS = tuple(f.name for f in attrs.fields(Parallel))
 
 
 def stage_layers(layers: int, layout: Parallel) -> list[int]:

@@ -25,7 +25,7 @@ from ...passes.split_stages import FIRST as FIRST_END
 from ...passes.split_stages import LAST as LAST_END
 from ...passes.split_stages import STACK, ends, layer_stack, split_stages
 from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
-from ..frameworks import bucket_share
+from ..frameworks import bucket_share, reduce_dtype, sharding, traits
 from ..parallel import FRAMEWORK_FIELDS, Parallel, stage_layers
 from ..schedule import Waits, once_per_step, plan, released_bound, releases, sure_waits
 from .space import DEGREES, LAYERS, Row
@@ -35,8 +35,9 @@ from .space import DEGREES, LAYERS, Row
 def structure(r: Row) -> tuple:
     """What decides a row's ops and collectives (see the module); rows of one structure
     differ only in numbers."""
-    return (r.tp > 1, r.cp > 1, r.ep > 1, r.dp_group > 1, r.edp_group > 1, r.sequence_parallel,
-            r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3), r.settings)
+    return (r.tp > 1, r.cp > 1, r.ep > 1, r.size("dp") > 1, r.size("edp") > 1,
+            r.sequence_parallel, r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3),
+            r.settings())
 
 
 FIRST, MIDDLE, LAST = ROLES = "first", "middle", "last"
@@ -233,7 +234,7 @@ def _representative(r: Row, layers: int) -> Parallel:
     stages = r.pp if r.pp < 3 else next(p for p in range(3, layers + 1) if layers % p == 0)
     return Parallel(tp=r.tp, cp=r.cp, ep=r.ep, pp=stages, dp=r.dp,
                     sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp,
-                    **dict(zip(FRAMEWORK_FIELDS, r.settings)))
+                    **{name: getattr(r, name) for name in FRAMEWORK_FIELDS})
 
 
 def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True
@@ -265,7 +266,7 @@ def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r
     step = _step(forward, r, layout, passes)
     low = lower(step, cost)
     return _Structure(structure(r), {
-        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, r.zero_run,
+        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, sharding(r),
                              layers, low, formulas, program)
         for role, i in _roles(layout.pp)})
 
@@ -281,8 +282,8 @@ def compute_key(r: Row, layers: int | None) -> tuple:
     it: they add collectives, shard the optimizer and the resident memory, and cut the same
     ops apart. Rows of one `structure` share it (`Searcher` computes it once a structure)."""
     passes = _passes(r, _representative(r, layers), replicated=False)
-    return (*map(pipeline.pass_key, passes), r.traits.regather_in_recompute,
-            r.traits.buckets_grads, r.wire)
+    return (*map(pipeline.pass_key, passes), traits(r).regather_in_recompute,
+            traits(r).buckets_grads, reduce_dtype(r))
 
 
 @attrs.frozen
@@ -334,9 +335,10 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     places = tuple(np.array([not c and place in where for where, c in zip(runs, collective)],
                             dtype=float) for place in (STACK, FIRST_END, LAST_END))
     stack = layer_stack(graph).count if layers is not None else None
-    formulas += (_held(graph, stack) + _moved(graph, stack, r.traits.regather_in_recompute,
-                                              r.traits.buckets_grads,
-                                              DTYPES[r.wire].itemsize) + _grids(lowered)
+    formulas += (_held(graph, stack) + _moved(graph, stack, traits(r).regather_in_recompute,
+                                              traits(r).buckets_grads,
+                                              DTYPES[reduce_dtype(r)].itemsize)
+                 + _grids(lowered)
                  + [o.cost.launches for o in lowered])
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     return _ComputeFormulas(
@@ -596,14 +598,15 @@ def _columns(rows_: list[Row], layers: int | None) -> _Columns:
 
     env = dict(zip((tp, cp, ep, dp, edp, B), (
         column([r.tp for r in rows_]), column([r.cp for r in rows_]),
-        column([r.ep for r in rows_]), column([r.dp_group for r in rows_]),
-        column([r.edp_group for r in rows_]), column([r.micro_batch for r in rows_]))))
+        column([r.ep for r in rows_]), column([r.size("dp") for r in rows_]),
+        column([r.size("edp") for r in rows_]), column([r.micro_batch for r in rows_]))))
     per_row = [_stage_layers(r, layers) for r in rows_]
     return _Columns(env, column([r.pp for r in rows_]), column([r.micro_batches for r in rows_]),
                     column([r.virtual_stages for r in rows_]),
-                    column([r.zero_run for r in rows_]),
+                    column([sharding(r) for r in rows_]),
                     {role: column([x.get(role, 0) for x in per_row]) for role in ROLES},
-                    column([r.virtual_stages > 1 and (r.first, r.last) != (None, None)
+                    column([r.virtual_stages > 1
+                            and (r.first_stage_layers, r.last_stage_layers) != (None, None)
                             for r in rows_]))
 
 
@@ -719,7 +722,7 @@ def _grid(values: np.ndarray) -> tuple:
 
 def _stage_layers(r: Row, layers: int) -> dict[str, int]:
     """The layers on each role's stage."""
-    return _split_layers(layers, r.pp, r.first, r.last)
+    return _split_layers(layers, r.pp, r.first_stage_layers, r.last_stage_layers)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -842,9 +845,9 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
                             f.groups[k], float(nums.messages[k, col]),
                             float(nums.calls[k, col]), f.peaks[k], f.once[k])
                     for k in range(f.n_ops))
-        plain, last = _plans(f, counts[role], r.zero_run, values)
+        plain, last = _plans(f, counts[role], sharding(r), values)
         degrees = dict(zip(DEGREES, map(sympy.Integer, (
-            r.tp, r.cp, r.ep, r.dp_group, r.edp_group, counts[role], r.micro_batch))))
+            r.tp, r.cp, r.ep, r.size("dp"), r.size("edp"), counts[role], r.micro_batch))))
         memory = g.peaks[role].memory(f, col, degrees, float(g.held[role][col]), capacity)
         stages.append(Stage(None, ops, plain, last, None, memory, index))
     distinct = [index for _, index in _roles(r.pp)]

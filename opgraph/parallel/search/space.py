@@ -5,7 +5,7 @@ job (`rows`)."""
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from collections import namedtuple
 
 import attrs
 import sympy
@@ -21,8 +21,8 @@ from ...passes.recompute import POLICIES
 from ...passes.split_stages import layer_stack, layers_before
 from .. import cluster as clusters
 from ..distributed import ParallelResult, check_layout, uneven_ends
-from ..frameworks import Traits, end_split, own_split, reduce_dtype, run_zero, traits
-from ..parallel import FRAMEWORK_FIELDS, ZERO_STAGES, Parallel, group_size
+from ..frameworks import end_split, own_split
+from ..parallel import FRAMEWORK_FIELDS, LAYOUT_FIELDS, ZERO_STAGES, LayoutFields, Parallel
 
 # Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
 # attention on shorter blocks is latency-bound); --max-cp lifts it.
@@ -157,88 +157,27 @@ class Found:
 
 # --- the space ----------------------------------------------------------------------------------
 
-class Row(NamedTuple):
-    """A candidate before it is one (`Candidate`): the search holds tens of thousands."""
+class Row(LayoutFields, namedtuple("_RowFields", (*LAYOUT_FIELDS, "recompute", "precision"))):
+    """A candidate before it is one (`Candidate`): a `Parallel`'s fields (`LAYOUT_FIELDS`),
+    unchecked, and the step's options; the search holds tens of thousands. It reads as a layout
+    does (`LayoutFields`), so the frameworks' rules take it as they take a layout."""
 
-    tp: int
-    cp: int
-    ep: int
-    pp: int
-    dp: int
-    micro_batch: int
-    virtual_stages: int
-    zero: int
-    sequence_parallel: bool
-    first: int | None
-    last: int | None
-    recompute: str
-    precision: str
-    batch: int
-    async_tp: bool
-    # the layout's `FRAMEWORK_FIELDS`, in that order (`Parallel.settings`): the space's
-    settings: tuple = (None,) * len(FRAMEWORK_FIELDS)
+    __slots__ = ()
 
     def layout(self) -> Parallel:
-        return Parallel(tp=self.tp, cp=self.cp, ep=self.ep, pp=self.pp, dp=self.dp,
-                        micro_batch=self.micro_batch, global_batch=self.batch,
-                        virtual_stages=self.virtual_stages, zero=self.zero,
-                        sequence_parallel=self.sequence_parallel, async_tp=self.async_tp,
-                        first_stage_layers=self.first, last_stage_layers=self.last,
-                        **dict(zip(FRAMEWORK_FIELDS, self.settings)))
-
-    def setting(self, name: str):
-        """One of its `FRAMEWORK_FIELDS`."""
-        return self.settings[FRAMEWORK_FIELDS.index(name)]
-
-    # the fields `frameworks`' rules read of a layout, so that they read a row alike
-    @property
-    def framework(self) -> str | None:
-        return self.setting("framework")
-
-    @property
-    def grad_reduce_dtype(self) -> str | None:
-        return self.setting("grad_reduce_dtype")
-
-    @property
-    def traits(self) -> Traits:
-        return traits(self)
-
-    @property
-    def zero_run(self) -> int:
-        """The ZeRO stage the job runs (`frameworks.sharding`)."""
-        return run_zero(self.zero, self.pp, self.framework)
-
-    @property
-    def wire(self) -> str:
-        """The dtype gradients are reduced in (`frameworks.reduce_dtype`)."""
-        return reduce_dtype(self)
+        return Parallel(**{name: getattr(self, name) for name in LAYOUT_FIELDS})
 
     def candidate(self) -> Candidate:
         return Candidate(self.layout(), self.recompute, self.precision)
 
-    def size(self, group: str) -> int:
-        """`Parallel.size`: GPUs in one group."""
-        return group_size(group, self.tp, self.cp, self.ep, self.dp, self.pp)
-
-    @property
-    def dp_group(self) -> int:  # the ranks holding the same weights
-        return self.size("dp")
-
-    @property
-    def edp_group(self) -> int:
-        return self.size("edp")
-
-    @property
-    def micro_batches(self) -> int:
-        return self.batch // (self.dp * self.micro_batch)
-
 
 def row_of(c: Candidate) -> Row:
+    """The row of a candidate, written as the search writes its rows: dp and the global batch
+    explicit, the GPUs left to them."""
     lay = c.layout
-    return Row(lay.tp, lay.cp, lay.ep, lay.pp, lay.dp_degree, lay.micro_batch,
-               lay.virtual_stages, lay.zero, lay.sequence_parallel, lay.first_stage_layers,
-               lay.last_stage_layers, c.recompute, c.precision, lay.batch, lay.async_tp,
-               lay.settings())
+    resolved = {"dp": lay.dp_degree, "gpus": None, "global_batch": lay.batch}
+    return Row(*(resolved.get(name, getattr(lay, name)) for name in LAYOUT_FIELDS),
+               c.recompute, c.precision)
 
 
 def _layers(forward: Graph) -> int | None:
@@ -342,7 +281,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
             f"{space.pp} stages as {'/'.join(map(str, own))}, which plan's first, middle and "
             f"last stages cannot hold; profile that layout (opgraph profile --pp "
             f"{space.pp} --framework {space.framework}), or plan another --pp")
-    settings = tuple(space.framework_settings().values())
+    # the fields the search does not vary: the space's framework settings, else the defaults
+    fixed = {f.name: f.default for f in attrs.fields(Parallel)} | space.framework_settings()
     for t, c, p in itertools.product(tps, cps, pps):
         if space.gpus % (t * c * p):
             continue
@@ -360,8 +300,13 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                     if per_rank % mb or per_rank // mb > MAX_MICRO_BATCHES:  # `Parallel`'s bound
                         continue
                     for v in _virtual(space, layers, p, first, last, per_rank // mb):
-                        out += [Row(t, c, e, p, d, mb, v, z, sp_, first, last, r, pr,
-                                    space.batch, space.async_tp and t > 1, settings)
+                        out += [Row(**{**fixed, "tp": t, "cp": c, "ep": e, "pp": p, "dp": d,
+                                       "micro_batch": mb,
+                                       "global_batch": space.batch, "virtual_stages": v,
+                                       "sequence_parallel": sp_, "zero": z,
+                                       "first_stage_layers": first, "last_stage_layers": last,
+                                       "async_tp": space.async_tp and t > 1},
+                                    recompute=r, precision=pr)
                                 for z, r, pr in (options if d * c > 1 else alone)
                                 if not _refused(space, p, z)]
     return out
