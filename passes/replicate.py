@@ -58,12 +58,22 @@ from opgraph.parallel.frameworks import (
     sharding,
     traits,
 )
-from opgraph.parallel.parallel import Parallel
+from opgraph.parallel.parallel import SHARDED_FROM, Parallel
 
 AXIS = 0  # FSDP shards a parameter along its first dimension
 
 
 GROUPS = {"dp": dp, "edp": edp}
+
+
+def gather_phases(regather: bool) -> dict[Phase, tuple[Phase, ...]]:
+    """The all-gathers ZeRO-3 issues for one weight, by the phase each is made for, and the
+    phases whose readers each serves: one a phase, or, where the framework does not gather
+    again for the recomputation (`Traits.regather_in_recompute` off: FSDP2, whose backward's
+    unshard is made before the layer's recomputation), the backward's serving both."""
+    if regather:
+        return {phase: (phase,) for phase in (Phase.FORWARD, Phase.RECOMPUTE, Phase.BACKWARD)}
+    return {Phase.FORWARD: (Phase.FORWARD,), Phase.BACKWARD: (Phase.RECOMPUTE, Phase.BACKWARD)}
 
 
 def group_of(w: Tensor) -> str:
@@ -168,14 +178,17 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
         where["calls"] = module
     # a list-form call copies each rank's piece by a kernel of its own
     # (`Traits.list_collectives`): its NCCL kernel and one copy per rank
-    copies = {"launches": 1 + GROUPS[group]} if zero == 3 and how.traits.list_collectives else {}
-    if zero == 0 or (zero == 1 and how.traits.zero1_all_reduces):
-        ddp = zero == 0 and how.traits.ddp_buckets  # DDP's resident copy (`Traits.ddp_buckets`)
+    sharded = {part: zero >= least for part, least in SHARDED_FROM.items()}
+    copies = ({"launches": 1 + GROUPS[group]}
+              if sharded["weights"] and how.traits.list_collectives else {})
+    if not sharded["gradients"] and (not sharded["optimizer"] or how.traits.zero1_all_reduces):
+        # DDP's resident copy (`Traits.ddp_buckets`)
+        ddp = not sharded["optimizer"] and how.traits.ddp_buckets
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,
                               dtype=wire, bucket=w.dtype.name if ddp else None, **where)
         out.replace_tensor(attrs.evolve(grad, grad_of=None))
-        if zero == 0:
+        if not sharded["optimizer"]:
             out.replace_op(attrs.evolve(update, inputs=(reduced, *update.inputs[1:])))
             return
         # ZeRO-1 all-reducing the whole gradient (`Traits.zero1_all_reduces`): the rank's
@@ -183,7 +196,7 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
         shard = _slice(out, reduced, group, update)
     else:
         shard = None
-    if zero == 3:
+    if sharded["weights"]:
         _gather_weight(out, w, group, how.order, where.get("calls"), copies.get("launches"),
                        how.traits.copies_out_gathers)
     # ZeRO-1 keeps the full gradient buffer (the shard is a view of it); ZeRO-2/3 keep only the
@@ -192,15 +205,16 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
     if shard is None:
         shard = _collective(out, grad.name, "reduce_scatter", f"{grad.name}@dp",
                             phase=Phase.BACKWARD, role=Role.GRADIENT,
-                            grad_of=w.name if zero >= 2 else None, dtype=wire, **where,
+                            grad_of=w.name if sharded["gradients"] else None,
+                            dtype=wire, **where,
                             **copies)
-    if zero >= 2:
+    if sharded["gradients"]:
         for t in full:
             out.replace_tensor(attrs.evolve(t, grad_of=None))
     for name in (*update.inputs[1:], *update.outputs):  # the optimizer works on its shard
         out.replace_tensor(_shard(out.tensor(name), group))
     out.replace_op(attrs.evolve(update, inputs=(shard, *update.inputs[1:])))
-    if zero in (1, 2) and update.param("copy"):  # the updated BF16 weights, gathered back
+    if not sharded["weights"] and update.param("copy"):  # the updated BF16 weights, gathered back
         copy = update.outputs[-2] if update.param("zero_grad") else update.outputs[-1]
         _collective(out, copy, "all_gather", f"{w.name}@updated", phase=Phase.OPTIMIZER,
                     **where)
@@ -240,11 +254,8 @@ def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None,
     read it through a copy out of the gathered buffer (`Traits.copies_out_gathers`)."""
     readers = [op for op in out.consumers(w.name) if op.phase is not Phase.OPTIMIZER]
     out.replace_tensor(_shard(w, group))
-    if order is None:
-        phases = {phase: (phase,) for phase in (Phase.FORWARD, Phase.RECOMPUTE, Phase.BACKWARD)}
-    else:
-        phases = {Phase.FORWARD: (Phase.FORWARD,),
-                  Phase.BACKWARD: (Phase.RECOMPUTE, Phase.BACKWARD)}
+    phases = gather_phases(regather=order is None)
+    if order is not None:
         readers.sort(key=lambda op: order[op.name])
     for phase, served in phases.items():
         mine = [op for op in readers if op.phase in served]

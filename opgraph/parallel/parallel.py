@@ -35,6 +35,12 @@ SCHEDULES = ("1f1b", "interleaved")
 # The fields that say how the job's framework runs it rather than how the job is laid out: the
 # planner holds them fixed while it searches layouts (`Parallel.settings`, `search.Space`).
 FRAMEWORK_FIELDS = ("framework", "grad_reduce_dtype", "attention_library")
+# The ZeRO stage from which each resident part is a 1/group shard (Rajbhandari et al. 2020:
+# P_os, P_os+g, P_os+g+p): the optimizer states from ZeRO-1, the gradients from ZeRO-2 (the
+# full gradient a per-layer transient, reduced as soon as it is made, every micro-batch), the
+# weights from ZeRO-3 (gathered for their readers). `passes.replicate` follows it, and so do
+# the schedule (`schedule.once_per_step`) and the planner's bound (`search.bounds`).
+SHARDED_FROM = {"optimizer": 1, "gradients": 2, "weights": 3}
 _SETTINGS = operator.attrgetter(*FRAMEWORK_FIELDS)
 # ZERO_STAGES, FRAMEWORKS (the training framework the passes follow) and GRAD_REDUCE_DTYPES are
 # the command line's names, in `opgraph.core.choices`.

@@ -56,6 +56,7 @@ import attrs
 
 from ..core.ir import Graph, Op, Phase
 from ..core.rules import COLLECTIVE_KINDS
+from .parallel import SHARDED_FROM
 
 GROUPS = ("tp", "cp", "ep", "dp", "edp", "pp")
 
@@ -510,7 +511,8 @@ def once_per_step(op: Op, zero: int) -> bool:
         return True
     if op.kind not in COLLECTIVE_KINDS or op.param("group") not in ("dp", "edp"):
         return False
-    return op.phase is Phase.OPTIMIZER or (op.phase is Phase.BACKWARD and zero <= 1)
+    return op.phase is Phase.OPTIMIZER or (op.phase is Phase.BACKWARD
+                                           and zero < SHARDED_FROM["gradients"])
 
 
 def pipeline_span(stage_times: list[float], micro_batches: int, virtual: int) -> float:

@@ -19,14 +19,14 @@ from ...cost.hardware import Hardware
 from ...cost.lowered import Lowered, lower
 from ...cost.memory import RESIDENT, Memory, liveness, resident_tensors, saved
 from ...passes.evaluate import resolve
-from ...passes.replicate import GROUPS
+from ...passes.replicate import GROUPS, gather_phases
 from ...passes.replicate import group_of as replicate_group
 from ...passes.split_stages import FIRST as FIRST_END
 from ...passes.split_stages import LAST as LAST_END
 from ...passes.split_stages import STACK, ends, layer_stack, split_stages
 from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
 from ..frameworks import bucket_share, reduce_dtype, sharding, traits
-from ..parallel import FRAMEWORK_FIELDS, Parallel, stage_layers
+from ..parallel import FRAMEWORK_FIELDS, SHARDED_FROM, Parallel, stage_layers
 from ..schedule import Waits, once_per_step, plan, released_bound, releases, sure_waits
 from .space import DEGREES, LAYERS, Row
 
@@ -389,9 +389,9 @@ def _moved(graph: Graph, stack, regather: bool = True, buckets: bool = False,
                 w = graph.tensor(grad.grad_of)
                 if replicate_group(w) != group or (stack in w.count.free_symbols) != in_stack:
                     continue
-                merged = {} if regather else {Phase.RECOMPUTE: Phase.BACKWARD}
-                phases = len({merged.get(op.phase, op.phase) for op in graph.consumers(w.name)
-                              if op.phase is not Phase.OPTIMIZER})
+                read = {op.phase for op in graph.consumers(w.name)}
+                phases = sum(1 for served in gather_phases(regather).values()
+                             if read & set(served))
                 gathered.append(w.nbytes * w.count * phases)
                 gathers.append(w.count * phases)
                 reduced.append(grad.numel * wire * update.count)
@@ -410,8 +410,9 @@ def _moving(moved: np.ndarray, zero: np.ndarray, lines) -> np.ndarray:
     out = np.zeros((2, len(zero)))
     for j, group in enumerate(("dp", "edp")):
         gathered, gathers, reduced, reductions = moved[4 * j:4 * j + 4]
-        for kind, size, count, least in (("all_gather", gathered, gathers, 3),
-                                         ("reduce_scatter", reduced, reductions, 2)):
+        for kind, size, count, least in (
+                ("all_gather", gathered, gathers, SHARDED_FROM["weights"]),
+                ("reduce_scatter", reduced, reductions, SHARDED_FROM["gradients"])):
             if count.any():
                 base, slope = (part.min(axis=0) for part in lines(kind, group))
                 out[j] += np.where(zero >= least, count * base + slope * size, 0.0)
@@ -419,14 +420,13 @@ def _moving(moved: np.ndarray, zero: np.ndarray, lines) -> np.ndarray:
 
 
 def _held_bytes(held: np.ndarray, cols: _Columns) -> np.ndarray:
-    """`_held`'s parts (a row each, over the layouts) summed as the ZeRO stage shards them
-    (`replicate`: ZeRO-1 the optimizer states, ZeRO-2 the gradients too, ZeRO-3 the weights
-    too, over each group)."""
+    """`_held`'s parts (a row each, over the layouts) summed as the ZeRO stage shards them over
+    each group (`parallel.SHARDED_FROM`, which `replicate` follows)."""
     zero, groups = cols.zero, (cols.env[dp], cols.env[edp])
     total = held[-1].copy()
-    for i, least in enumerate((3, 2, 1)):  # the ZeRO stage that shards each part
+    for i, part in enumerate(RESIDENT):
         for j, size in enumerate(groups):
-            total += held[2 * i + j] / np.where(zero >= least, size, 1.0)
+            total += held[2 * i + j] / np.where(zero >= SHARDED_FROM[part], size, 1.0)
     return total
 
 
