@@ -30,6 +30,7 @@ import sympy
 from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.core.symbols import pp
+from opgraph.parallel.frameworks import traits
 from opgraph.parallel.parallel import Parallel, stage_layers
 
 FIRST, LAST, STACK = "first", "last", "stack"
@@ -138,12 +139,15 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
                            if r.name == region.name else r)
     for op in keep:
         out.add_op(attrs.evolve(op, count=op.count.xreplace(swap)))
-    _sends(out, graph, region, stage, layout.pp, empty=not counts[stage])
+    blocking = traits(layout).blocking_p2p
+    _sends(out, graph, region, stage, layout.pp, empty=not counts[stage], blocking=blocking)
+    if blocking:
+        _receives(out, graph, region, stage, layout.pp)
     return out
 
 
 def _sends(out: Graph, graph: Graph, region, stage: int, stages: int,
-           empty: bool = False) -> None:
+           empty: bool = False, blocking: bool = False) -> None:
     """The stage's point-to-point transfers per micro-batch: the stack's output forward (not
     on the last stage), the gradient of its input back (not on the first); a stage without
     layers (`empty`) passes on what it received, the stack's output and its gradient."""
@@ -165,4 +169,36 @@ def _sends(out: Graph, graph: Graph, region, stage: int, stages: int,
         name = f"{source}@{what}"
         out.add_tensor(Tensor(name, t.shape, t.dtype, Role.ACTIVATION))
         out.add_op(Op(f"pp.{what}", "send_recv", "communication", (source,), (name,),
-                      phase=phase, params={"group": "pp"}))
+                      phase=phase, params={"group": "pp", **_blocking(blocking)}))
+
+
+def _blocking(blocking: bool) -> dict:
+    """A transfer's parameter where it blocks the compute stream (`Traits.blocking_p2p`)."""
+    return {"blocking": True} if blocking else {}
+
+
+def _receives(out: Graph, graph: Graph, region, stage: int, stages: int) -> None:
+    """Where transfers block the compute stream (`frameworks.Traits.blocking_p2p`), the
+    stage's receives too, each just before the first op that reads what it receives: the
+    stack's input in the forward (not on the first stage), the gradient of its output in the
+    backward (not on the last). A stage whose ops read neither (one without layers) gets
+    none."""
+    entering, handed = region.carries[0]
+    wanted = []
+    if stage > 0:
+        wanted.append(({entering}, Phase.FORWARD, "recv_forward"))
+    if stage < stages - 1:
+        grads = {t.name for t in graph.tensors() if t.grad_of == handed}
+        wanted.append((grads, Phase.BACKWARD, "recv_backward"))
+    for names, phase, what in wanted:
+        reader = next((op for op in out.ops() if op.phase is phase
+                       and any(n in names for n in op.inputs)), None)
+        if reader is None:
+            continue
+        source = next(n for n in reader.inputs if n in names)
+        t = out.tensor(source)
+        name = f"{source}@{what}"
+        out.add_tensor(Tensor(name, t.shape, t.dtype, Role.ACTIVATION), before=reader.name)
+        out.add_op(Op(f"pp.{what}", "send_recv", "communication", (source,), (name,),
+                      phase=phase, params={"group": "pp", **_blocking(True)}),
+                   before=reader.name)

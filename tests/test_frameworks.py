@@ -189,9 +189,13 @@ def test_full_recomputation_already_regathers():
 
 # --- DeepSpeed: the pipeline engine reduces after the flush ------------------------------------
 
-def test_deepspeed_pipeline_reduces_gradients_after_the_flush():
+def test_deepspeed_pipeline_reduces_gradients_after_the_flush(monkeypatch):
     """DeepSpeed's TrainSchedule issues ReduceGrads after the last backward: the same step as
-    a layout whose reduction waits for the backward (in FP32, to compare like with like)."""
+    a layout whose reduction waits for the backward (in FP32, to compare like with like; its
+    blocking transfers, tested below, left out)."""
+    from opgraph.parallel import frameworks
+
+    monkeypatch.setattr(frameworks, "FRAMEWORKS", _without("deepspeed", blocking_p2p=False))
     f = preset("llama3.2-1b")
     base = Parallel(pp=2, dp=4, global_batch=16)
     deepspeed = profile_parallel(f, H100, attrs.evolve(base, framework="deepspeed",
@@ -200,6 +204,54 @@ def test_deepspeed_pipeline_reduces_gradients_after_the_flush():
     overlaps = profile_parallel(f, H100, base).parallel
     assert deepspeed.step_time_s == pytest.approx(waits.step_time_s, rel=1e-12)
     assert deepspeed.step_time_s > overlaps.step_time_s
+
+
+def test_deepspeed_pipeline_transfers_block_the_compute_stream():
+    """DeepSpeed's pipeline engine sends and receives with blocking torch.distributed calls
+    (deepspeed/runtime/pipe/p2p.py): every stage receives what its neighbour sends, and each
+    transfer, sent or received, is waited out whole on the compute stream. On two stages of
+    m micro-batches, the first sends m activations and receives m gradients, the last the
+    reverse; the generic model's m sends run beside the compute."""
+    from opgraph.passes.split_stages import split_stages
+
+    f = preset("llama3.2-1b")
+    m = 4
+    base = Parallel(pp=2, dp=1, micro_batch=1, global_batch=m)
+    runs = {fw: profile_parallel(f, H100, attrs.evolve(base, framework=fw)).parallel
+            for fw in ("deepspeed", None)}
+    step = compile_parallel(f, attrs.evolve(base, framework="deepspeed"))
+    layout = attrs.evolve(base, framework="deepspeed")
+    for stage, names in ((0, {"pp.send_forward", "pp.recv_backward"}),
+                         (1, {"pp.recv_forward", "pp.send_backward"})):
+        ops = [op for op in split_stages(step, layout, stage).ops() if op.kind == "send_recv"]
+        assert {op.name for op in ops} == names
+        assert all(op.param("blocking") for op in ops)
+    ds = [t for t in runs["deepspeed"].communication if t.group == "pp"]
+    generic = [t for t in runs[None].communication if t.group == "pp"]
+    assert sum(t.count for t in ds) == 2 * m and sum(t.count for t in generic) == m
+    for t in ds:
+        assert t.exposed_s + t.queued_s == pytest.approx(t.time_s, rel=1e-9)
+    assert sum(t.exposed_s for t in generic) == 0
+    assert runs["deepspeed"].step_time_s > runs[None].step_time_s
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"zero": 2}, "ZeRO 0 or 1 only"),
+    ({"virtual_stages": 2, "global_batch": 8}, "no interleaving"),
+])
+def test_deepspeed_pipelines_run_what_its_engine_runs(fields, words):
+    """DeepSpeed's pipeline engine refuses ZeRO-2 and -3 (deepspeed/runtime/pipe/engine.py)
+    and runs one chunk of layers a stage (TrainSchedule: no interleaving); a layout and the
+    planner's space both keep to that."""
+    from opgraph.parallel import cluster as clusters
+
+    with pytest.raises(OpgraphError, match=words):
+        Parallel(pp=2, dp=2, framework="deepspeed", **fields)
+    found = rows(preset("llama3.2-1b"), H100, Space(gpus=8, batch=32, pp=2,
+                                                    framework="deepspeed"), 2048,
+                 clusters.for_hardware(H100))
+    assert found and {r.virtual_stages for r in found} == {1}
+    assert max(r.zero for r in found) <= 1
 
 
 @pytest.mark.parametrize("zero, overlapped", [(0, False), (1, False), (2, False), (3, True)])

@@ -58,6 +58,17 @@ Each trait, with where each framework's code says so:
   pipeline to drain rather than running under the backward. DeepSpeed's pipeline engine issues
   `ReduceGrads` after the last micro-batch's backward (`deepspeed/runtime/pipe/schedule.py`,
   `TrainSchedule.steps`; `deepspeed/runtime/pipe/engine.py`, `_exec_reduce_grads`).
+- `blocking_p2p`: a pipeline stage's point-to-point transfers block its compute stream: each
+  activation or gradient it sends, and each it receives, runs on the stage's critical path
+  (`passes.split_stages` writes the receives too; `schedule.plan` makes the next compute op
+  wait). DeepSpeed's pipeline engine sends and receives with `p2p.send` / `p2p.recv`, which
+  assert `async_op == False` and call `torch.distributed.send` / `recv`
+  (`deepspeed/runtime/pipe/p2p.py`); with NCCL each makes the current stream wait for the
+  transfer, which needs the neighbour at its matching receive or send. Megatron-LM's
+  schedules post them as batched `isend`/`irecv` and wait only where the data is needed; the
+  generic model and the others send asynchronously. (Both neighbours waiting on a transfer
+  does not make DeepSpeed's `TrainSchedule` run in lockstep: simulated step by step with
+  pairwise rendezvous, equal stages take 1F1B's span plus the transfers.)
 - `overlaps_reduce_at`: the ZeRO stages at which the gradient reduction runs under the
   backward by default; at the others it runs after the backward, exposed. DeepSpeed's
   `zero_optimization.overlap_comm` defaults to True at stage 3 only
@@ -272,10 +283,11 @@ class Traits:
     syncs_before_gather: bool = False
     ddp_buckets: bool = False
     copies_out_gathers: bool = False
+    blocking_p2p: bool = False
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
-                    overlaps_reduce_at=frozenset({3}), gemm_per_expert=True)
+                    overlaps_reduce_at=frozenset({3}), gemm_per_expert=True, blocking_p2p=True)
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "composer": Traits(regather_in_recompute=False, groups_by_module=True),

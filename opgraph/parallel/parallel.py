@@ -245,6 +245,11 @@ class Parallel(LayoutFields):
             raise OpgraphError(f"--framework {self.framework} runs --pp {self.pp} with ZeRO 0 "
                                f"or 1 only (its pipeline engine refuses ZeRO-{self.zero}); give "
                                "--zero 0 or 1")
+        if self.framework in DEEPSPEED and self.virtual_stages > 1:
+            # deepspeed/runtime/pipe/schedule.py: TrainSchedule runs one model chunk per stage
+            # (1F1B, no interleaved schedule)
+            raise OpgraphError(f"--framework {self.framework}'s pipeline engine runs one chunk "
+                               "of layers per stage (no interleaving); give --virtual-stages 1")
 
     def to_json(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,

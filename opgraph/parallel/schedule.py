@@ -100,6 +100,7 @@ class _Comm:
     count: int
     phase: str
     kind: str
+    blocking: bool = False  # run in line on the compute stream (`blocking_anchors`)
 
 
 @attrs.frozen
@@ -138,6 +139,7 @@ class Plan:
     writer: dict  # tensor -> op name (of the ops chosen)
     comm_readers: dict  # tensor -> names of the collectives that read it
     counts: dict  # op name -> instances
+    tail: tuple[str, ...] = ()  # blocking transfers run after the last compute op
 
 
 def plan(graph: Graph, ops: list[Op], subs: dict, writes: dict | None = None) -> Plan:
@@ -149,7 +151,7 @@ def plan(graph: Graph, ops: list[Op], subs: dict, writes: dict | None = None) ->
     counts = {op.name: int(op.count.xreplace(subs)) for op in ops}
     comms = {op.name: _Comm(op.name, op.param("group"), writes.get(op.name, op.outputs[0]),
                             () if op.name in writes else op.inputs, counts[op.name],
-                            op.phase.value, op.kind)
+                            op.phase.value, op.kind, bool(op.param("blocking")))
              for op in ops if op.kind in COLLECTIVE_KINDS}
     writer = {n: op.name for op in ops
               for n in ((writes[op.name],) if op.name in writes else op.outputs)}
@@ -157,20 +159,57 @@ def plan(graph: Graph, ops: list[Op], subs: dict, writes: dict | None = None) ->
     for c in comms.values():
         for n in c.inputs:
             comm_readers.setdefault(n, []).append(c.name)
+    anchors, tail = blocking_anchors(ops, comms, writer)
     segments: list[list[_Compute]] = []
     for op in ops:
         if op.kind in COLLECTIVE_KINDS:
             continue
         item = _Compute(op.name, op.region, counts[op.name], op.phase.value, op.kind,
                         op.inputs, op.outputs,
-                        tuple(n for n in op.inputs if writer.get(n) in comms),
-                        tuple(c for n in op.outputs for c in comm_readers.get(n, ())))
+                        tuple(n for n in op.inputs if writer.get(n) in comms)
+                        + anchors.get(op.name, ()),
+                        tuple(c for n in op.outputs for c in comm_readers.get(n, ())
+                              if not comms[c].blocking))
         if segments and op.region is not None and segments[-1][0].region == op.region:
             segments[-1].append(item)
         else:
             segments.append([item])
     return Plan(tuple(_blocks(segment) for segment in segments), comms, writer,
-                {k: tuple(v) for k, v in comm_readers.items()}, counts)
+                {k: tuple(v) for k, v in comm_readers.items()}, counts, tail)
+
+
+def blocking_anchors(ops: list[Op], comms: dict, writer: dict
+                     ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """Where each blocking transfer (`frameworks.Traits.blocking_p2p`) runs in line: the
+    compute op that waits for it, by name, with the tensors it waits on, and the transfers
+    left for the end of the micro-batch. A send runs when the compute stream has finished the
+    pass that wrote what it sends (DeepSpeed's engine sends between passes): before the first
+    op after its writer in another phase, else at the end. A receive runs just before the op
+    the graph places after it (its reader)."""
+    compute = [op for op in ops if op.kind not in COLLECTIVE_KINDS]
+    at = {op.name: i for i, op in enumerate(compute)}
+    anchors: dict[str, list[str]] = {}
+    tail: list[str] = []
+    placed = 0  # compute ops before the current one in `ops`
+    for op in ops:
+        if op.kind not in COLLECTIVE_KINDS:
+            placed += 1
+            continue
+        c = comms.get(op.name)
+        if c is None or not c.blocking:
+            continue
+        written = [at[writer[n]] for n in c.inputs if writer.get(n) in at]
+        if written:
+            last = max(written)
+            after = next((i for i in range(last + 1, len(compute))
+                          if compute[i].phase is not compute[last].phase), None)
+        else:
+            after = placed if placed < len(compute) else None
+        if after is None:
+            tail.append(c.name)
+        else:
+            anchors.setdefault(compute[after].name, []).append(c.output)
+    return {k: tuple(v) for k, v in anchors.items()}, tuple(tail)
 
 
 def prefetched_gathers(graph: Graph) -> dict[str, str]:
@@ -267,6 +306,10 @@ class Streams:
                         for seg in segments for b in seg if isinstance(b, _Block)}
         for segment in segments:
             self._segment(segment)
+        for name in self.plan.tail:  # blocking transfers after the last compute op, in line
+            c = self.plan.comms[name]
+            for i in range(c.count):
+                self._comm(c, i, self.now)
         tail, t = self.now, self.now
         for name, start, end in sorted(self.spans, key=lambda span: span[2]):
             if end > t:
@@ -389,8 +432,8 @@ class Streams:
             c = p.comms[w]
             if (name, j) not in self.ready:
                 deps = [self._need(n, j, reader)[1] for n in c.inputs]
-                if any(p.writer.get(n) is not None for n in c.inputs):  # deferred: wait now
-                    earliest = max([self.now, *deps])
+                if c.blocking or any(p.writer.get(n) is not None for n in c.inputs):
+                    earliest = max([self.now, *deps])  # in line, or deferred: from now
                 elif self.prefetch:  # nothing computed feeds it: a weight, prefetched a
                     # layer ahead
                     prev = self.started.get((reader.name, j - 1)) if j else None

@@ -350,7 +350,8 @@ def _virtual(space: Space, layers: int, p: int, first, last, m: int) -> list[int
     stage's: the end stages' outer chunks hold one layer fewer, as `chunk_layers` cuts them,
     Llama 3 405B's schedule; two uneven stages have no middle one, and do not interleave)."""
     uneven = first is not None or last is not None
-    if p == 1 or (p == 2 and uneven):
+    # DeepSpeed's pipeline engine does not interleave (as `Parallel` checks it)
+    if p == 1 or (p == 2 and uneven) or space.framework in DEEPSPEED:
         return [1] if space.virtual_stages in (None, 1) else []
     # a middle stage's layers, as `chunk_layers` splits what the end stages leave
     ends = (first is not None) + (last is not None)
