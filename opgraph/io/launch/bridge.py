@@ -50,7 +50,6 @@ class Recipe:
     settings: dict
     aliases: tuple[str, ...] = ()
     context_parallel: bool = True
-    source: str = ""
 
 
 # The keys opgraph reads, as `_pretrain_common` (src/megatron/bridge/recipes/common.py) sets them
@@ -84,8 +83,7 @@ RECIPES: tuple[Recipe, ...] = (
         "model.tensor_model_parallel_size": 2,
         "ddp.grad_reduce_in_fp32": False, "ddp.overlap_grad_reduce": False,
         "ddp.overlap_param_gather": False, "ddp.data_parallel_sharding_strategy": "no_shard"},
-        aliases=("gemma2_2b_pretrain_2gpu_h100_bf16_config",), context_parallel=False,
-        source="Megatron-Bridge recipes/gemma/h100/gemma2.py"),
+        aliases=("gemma2_2b_pretrain_2gpu_h100_bf16_config",), context_parallel=False),
 )
 BRIDGE_PRESETS = {r.preset: r for r in RECIPES}
 _BY_NAME = {name: r for r in RECIPES for name in (r.name, *r.aliases)}
