@@ -121,7 +121,9 @@ class LayoutFields:
             return self.dp_degree * self.cp
         if group == "edp":
             return self.dp_degree * self.cp // self.ep
-        return getattr(self, group)  # tp, cp, ep, pp: the degree itself
+        if group in ("tp", "cp", "ep", "pp"):
+            return getattr(self, group)  # the degree itself
+        raise KeyError(group)
 
     def settings(self) -> tuple:
         """Its `FRAMEWORK_FIELDS`' values, in that order."""
