@@ -2,6 +2,7 @@
 against the published runs they describe; what is not understood is reported; bad input is one
 line; and writing a launch back gives a file that reads to the same launch."""
 
+import json
 import math
 import re
 import shlex
@@ -924,3 +925,18 @@ def test_megatron_bridge_recipes_it_does_not_read(text, words):
 def test_megatron_bridge_cannot_say_everything(layout, words):
     with pytest.raises(OpgraphError, match=re.escape(words)):
         to_megatron(Launch(model="gemma2-2b", seq_len=8192, parallel=layout))
+
+
+def test_a_megatron_bridge_script_profiles_from_the_command_line(cli, tmp_path):
+    """`profile --megatron-args @run.sh` reads a Megatron-Bridge launch script as written (the
+    launcher gives the GPUs), and names on stderr the key it does not model."""
+    script = tmp_path / "run.sh"
+    script.write_text("torchrun --nproc-per-node 8 --nnodes 2 \\\n"
+                      "    scripts/training/run_recipe.py --recipe gemma2_2b_pretrain_config \\\n"
+                      "    -tp 2 -gb 64 model.cuda_graph_impl=full\n")
+    code, out, err = cli("profile", "--megatron-args", f"@{script}", "--json")
+    assert code == 0, err
+    assert "model.cuda_graph_impl is not modelled" in err
+    got = json.loads(out)
+    assert (got["parallel"]["tp"], got["parallel"]["dp"], got["parallel"]["zero"]) == (2, 8, 1)
+    assert got["seq_len"] == 4096  # the recipe's own
