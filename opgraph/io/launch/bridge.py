@@ -204,12 +204,12 @@ def _parse(tokens: list[str]) -> tuple[Recipe, dict, list[str]]:
             elif name == "--mode":
                 mode = value
             elif name in _SHORT:
-                values[_SHORT[name]] = _value(value)
+                values[_SHORT[name]] = _value(value, _SHORT[name])
         elif "=" in token:
             key, _, value = token.partition("=")
             key = key.lstrip("+")
             _check_key(key)
-            values[key] = _value(value)
+            values[key] = _value(value, key)
             if key not in _COMMON and key not in _QUIET_KEYS and not key.startswith(
                     _QUIET_SECTIONS):
                 unknown.append(key)
@@ -250,7 +250,7 @@ def _check_key(key: str) -> None:
 _LIST = re.compile(r"\[([A-Za-z0-9_, ]*)\]")
 
 
-def _value(text: str):
+def _value(text: str, key: str):
     """An override's value as OmegaConf reads it: true/false, null, a whole number, a list of
     names, or text (quotes stripped). Parsed, never evaluated."""
     bare = text.strip().strip("'\"")
@@ -259,7 +259,7 @@ def _value(text: str):
     if bare.lower() in ("null", "none", "~"):
         return None
     if bare.isascii() and bare.isdigit():
-        return _whole_text(bare, "Megatron-Bridge override")
+        return _whole_text(bare, f"Megatron-Bridge {key}")
     match = _LIST.fullmatch(bare)
     if match:
         return [part.strip() for part in match.group(1).split(",") if part.strip()]
@@ -296,6 +296,9 @@ def _recompute(s: dict, unknown: list[str]) -> str:
     core are reported as not modelled."""
     granularity, method = s["model.recompute_granularity"], s["model.recompute_method"]
     modules = s["model.recompute_modules"]
+    if modules is not None and not isinstance(modules, list):
+        raise OpgraphError(f"Megatron-Bridge model.recompute_modules={modules}: give a list of "
+                           "module names, such as [core_attn]")
     if granularity == "selective" and modules not in (None, ["core_attn"]):
         unknown.append(f"model.recompute_modules={modules}")
     policy = megatron_recompute(granularity, method, s["model.recompute_num_layers"], modules)
