@@ -854,13 +854,15 @@ def test_megatron_bridge_reads_the_recipes_own_settings():
     """What the overrides leave alone is as gemma2_2b_pretrain_2gpu_h100_bf16_config sets it
     (Megatron-Bridge recipes/gemma/h100/gemma2.py over recipes/common.py): TP 2, global batch
     32, micro-batch 2, 4,096 tokens, the distributed optimizer, gradients reduced in bf16
-    (grad_reduce_in_fp32 False) and not overlapped, no recomputation, bf16_mixed."""
+    (grad_reduce_in_fp32 False) and not overlapped, no recomputation, bf16_mixed; and, as
+    Megatron-Core's TransformerConfig leaves them, the bias fusions off: no fused element-wise
+    kernels, as Megatron-LM's arguments read with a --no-...-fusion flag."""
     launch = read_megatron("torchrun --nproc-per-node 4 --nnodes 1 "
                            "scripts/training/run_recipe.py --recipe gemma2_2b_pretrain_config "
                            "--dataset mock -ms 100 --lr 3e-4 checkpoint.save=/tmp/x")
     p = launch.parallel
-    assert (launch.model, launch.seq_len, launch.recompute, launch.precision) == (
-        "gemma2-2b", 4096, "none", "bf16")
+    assert (launch.model, launch.seq_len, launch.recompute, launch.precision, launch.fuse) == (
+        "gemma2-2b", 4096, "none", "bf16", None)
     assert (p.tp, p.pp, p.cp, p.dp, p.gpus, p.global_batch, p.micro_batch, p.zero) == (
         2, 1, 1, 2, 4, 32, 2, 1)
     assert (p.grad_reduce_dtype, p.overlap_grad_reduce, p.overlap_param_gather) == (

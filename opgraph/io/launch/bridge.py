@@ -68,7 +68,9 @@ _COMMON = {
     "model.num_layers_in_first_pipeline_stage": None,
     "model.num_layers_in_last_pipeline_stage": None,
     "model.pipeline_model_parallel_layout": None,
-    "model.bias_activation_fusion": True, "model.bias_dropout_fusion": True,
+    # Megatron-Core's TransformerConfig leaves the bias fusions off; Bridge's GPTModelProvider
+    # turns the masked-softmax one on (models/gpt_provider.py)
+    "model.bias_activation_fusion": False, "model.bias_dropout_fusion": False,
     "model.masked_softmax_fusion": True, "comm_overlap.tp_comm_overlap": False,
 }
 
