@@ -844,8 +844,8 @@ def test_megatron_bridge_round_trip(launch):
     """Gemma 2's soft-capping and sandwich norms have no Megatron-LM flag; Megatron-Bridge's
     recipe builds it, and the writer says every field opgraph reads."""
     text = to_megatron(launch)
-    assert text.startswith("scripts/training/run_recipe.py --recipe gemma2_2b_pretrain_config")
-    again = read_megatron(text, gpus=launch.parallel.gpus)
+    assert "scripts/training/run_recipe.py --recipe gemma2_2b_pretrain_config" in text
+    again = read_megatron(text)  # the launcher says the GPUs
     assert again == launch
     assert again.unknown == ()
 

@@ -138,7 +138,7 @@ def test_the_emitted_layout_reads_back_to_the_plans_figures(cli, monkeypatch, tm
     path = tmp_path / ("job.toml" if framework == "torchtitan" else "args.txt")
     path.write_text(text)
     source = ("--torchtitan", str(path)) if framework == "torchtitan" else (
-        "--megatron-args", f"@{path}", "--gpus", gpus)
+        "--megatron-args", f"@{path}")  # its launcher line says the GPUs
     code, out, err = cli("profile", *source, "--json")  # no flags: one default cost model
     assert code == 0, err
     back = json.loads(out)

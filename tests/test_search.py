@@ -329,7 +329,7 @@ def test_emitted_config_profiles_back_to_the_same_figures(cli, tmp_path, emit):
     path.write_text(text)
     flag = "--torchtitan" if emit == "torchtitan" else "--megatron-args"
     code, out, _ = cli("profile", flag, str(path) if emit == "torchtitan" else f"@{path}",
-                       "--gpus", "16", "--cost", "calibrated", "--json")
+                       "--cost", "calibrated", "--json")
     assert code == 0
     prof = json.loads(out)
     keys = ("tp", "pp", "cp", "dp", "micro_batch", "virtual_stages", "zero",

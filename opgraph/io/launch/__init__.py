@@ -5,7 +5,7 @@ back again.
     launch = read_torchtitan("llama3_8b.toml", gpus=64)
     launch.model, launch.parallel.dp, launch.recompute      # "llama3-8b", 64, "selective-op"
     launch = read_megatron("--num-layers 96 --hidden-size 12288 ...", gpus=64)
-    text = to_megatron(launch)                              # the arguments again, one line
+    text = to_megatron(launch)              # torchrun ... pretrain_gpt.py and the arguments again
 
 Nothing a file says is dropped in silence. A key or flag the framework itself does not have (a
 misspelling: `tensor_paralel_degree`) is a one-line OpgraphError with the nearest real name, as
@@ -22,8 +22,8 @@ the ranks that hold the same weights, dp x cp, are one, so sharding has nothing 
 so two Launches of one job
 compare equal however they were written. `source` and `unknown` say where a Launch came from, not
 what it is, and take no part in equality: `read_torchtitan(f)` of the file `to_torchtitan(l)`
-wrote equals `l`, and so does `read_megatron(to_megatron(l), gpus=l.parallel.gpus)` (Megatron's
-arguments do not carry the world size: the launcher does).
+wrote equals `l`, and so does `read_megatron(to_megatron(l))` (Megatron's arguments do not carry
+the world size, so the writer puts torchrun's line for it in front: `record.launcher`).
 
 The package: `record.py` holds the `Launch` the formats read into and write from, and what
 their readers share; `torchtitan.py` and `megatron.py` each one framework's reader and writer,

@@ -32,7 +32,7 @@ from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel
-from .record import MEGATRON_SHARDING, Launch, _whole_text, megatron_recompute
+from .record import MEGATRON_SHARDING, Launch, _whole_text, launcher, megatron_recompute
 
 BRIDGE_SOURCE = "megatron-bridge recipe"
 BRIDGE_SCRIPT = "scripts/training/run_recipe.py"
@@ -313,8 +313,8 @@ def _recompute(s: dict, unknown: list[str]) -> str:
 
 
 def to_bridge(launch: Launch) -> str:
-    """run_recipe.py's command line for `launch`, every field opgraph reads written out (the
-    launcher, which gives the GPUs, left to the user): the recipe, then an override a line,
+    """run_recipe.py's command line for `launch`, every field opgraph reads written out, behind
+    torchrun's line for its GPUs (`record.launcher`): the recipe, then an override a line,
     continued with backslashes as a shell script writes it."""
     recipe = BRIDGE_PRESETS.get(launch.model) if isinstance(launch.model, str) else None
     if recipe is None:
@@ -356,7 +356,8 @@ def to_bridge(launch: Launch) -> str:
     }
     values |= {f"model.{k}_fusion": launch.fuse is not None
                for k in ("bias_activation", "bias_dropout", "masked_softmax")}
-    head = shlex.join([BRIDGE_SCRIPT, "--recipe", recipe.name, "--mode", "pretrain"])
+    head = shlex.join([*launcher(p.gpus, BRIDGE_SCRIPT), "--recipe", recipe.name, "--mode",
+                       "pretrain"])
     lines = [head, *(shlex.quote(f"{key}={_text(value)}") for key, value in values.items())]
     return " \\\n    ".join(lines)
 

@@ -18,10 +18,11 @@ from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel, chunk_layers
 from .bridge import BRIDGE_PRESETS, is_bridge, read_bridge, to_bridge
 from .record import (MEGATRON_SHARDING, PRESET_CONFIGS, Config, Launch, _config, _not_real,
-                     _real_names, _whole_text, megatron_recompute)
+                     _real_names, _whole_text, launcher, megatron_recompute)
 
 MEGATRON_SOURCE = "megatron arguments"
 MEGATRON_MODEL = "megatron-model"  # the name of a model read from Megatron's dimensions
+MEGATRON_SCRIPT = "pretrain_gpt.py"  # Megatron-LM's GPT (and Llama, DeepSeek) pre-training
 
 
 # Flag names as NVIDIA/Megatron-LM spells them: megatron/training/arguments.py at core_r0.11.0
@@ -607,9 +608,10 @@ def _mg_recompute(flags: _Flags) -> str:
 
 
 def to_megatron(launch: Launch) -> str:
-    """Megatron-LM's arguments for a launch, one line: the inverse of `read_megatron` (give
-    `gpus=launch.parallel.gpus` to read them back; a preset is written as its dimensions and
-    reads back as a config named "megatron-model").
+    """Megatron-LM's command line for a launch, one line: torchrun's line for its GPUs
+    (`record.launcher`), `pretrain_gpt.py` and its arguments; the inverse of `read_megatron`,
+    which takes the GPUs from the launcher (a preset is written as its dimensions and reads back
+    as a config named "megatron-model").
 
     A preset Megatron-LM's flags cannot describe but a Megatron-Bridge recipe builds (Gemma 2)
     is written as that recipe's command line (`bridge.to_bridge`).
@@ -618,8 +620,8 @@ def to_megatron(launch: Launch) -> str:
     tp does not divide it); any other is padded by Megatron. torchtitan's per-op selective
     recomputation ("selective-op") has no Megatron form and is an error.
 
-        >>> to_megatron(Launch(model="gpt2", seq_len=1024, parallel=Parallel(gpus=1)))[:38]
-        '--num-layers 12 --hidden-size 768 --nu'
+        >>> to_megatron(Launch(model="gpt2", seq_len=1024, parallel=Parallel(gpus=16)))[:78]
+        'torchrun --nproc-per-node 8 --nnodes 2 pretrain_gpt.py --num-layers 12 --hidde'
     """
     if isinstance(launch.model, str) and launch.model not in PRESET_CONFIGS \
             and launch.model in BRIDGE_PRESETS:
@@ -683,7 +685,7 @@ def to_megatron(launch: Launch) -> str:
         args += ["--fp8-format", "hybrid"]
     if launch.fuse is None:
         args += list(_MG_NO_FUSION)
-    return shlex.join(args)
+    return shlex.join(launcher(p.gpus, MEGATRON_SCRIPT) + args)
 
 
 def _mg_llama_args(config: LlamaConfig) -> list[str]:

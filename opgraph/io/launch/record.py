@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 from pathlib import Path
 
 import attrs
@@ -45,6 +46,19 @@ def megatron_recompute(granularity: str | None, method: str | None, count: int |
     if granularity == "selective":
         return "selective" if "core_attn" in (modules or ["core_attn"]) else "none"
     return "full" if method == "uniform" and count == 1 else None
+
+
+GPUS_PER_NODE = 8  # the nodes a written launcher line assumes (DGX / HGX: 8 GPUs each)
+
+
+def launcher(gpus: int, script: str) -> list[str]:
+    """torchrun's line for `gpus` GPUs in front of `script`: 8 processes a node where the GPUs
+    fill whole nodes of 8, else the most that divide them. A reader takes the job's GPUs from
+    it (--nproc-per-node x --nnodes), so what a writer emits needs no --gpus beside it; the
+    rendezvous (--master-addr, --node-rank) is the site's to add."""
+    per_node = math.gcd(gpus, GPUS_PER_NODE)
+    return ["torchrun", "--nproc-per-node", str(per_node), "--nnodes", str(gpus // per_node),
+            script]
 
 
 # The model configurations a launch writes: the shapes Megatron's flags describe.
