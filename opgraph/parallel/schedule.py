@@ -52,6 +52,8 @@ facts of a micro-batch's schedule that hold whatever its ops' times, from which 
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from ..core.ir import Graph, Op, Phase
@@ -595,6 +597,22 @@ def interleaved_span(chunks: list[list[float]], micro_batches: int,
     p, v, m = len(chunks), len(chunks[0]), micro_batches
     if m % p:
         return None
+    backward_share = 1 - forward_share
+    free = [0.0] * p
+    events = _interleaved_events(p, v, m)
+    ends = [0.0] * len(events)
+    for n, (i, k, forward, dep) in enumerate(events):
+        start = free[i] if dep < 0 else max(free[i], ends[dep])
+        free[i] = ends[n] = start + chunks[i][k] * (forward_share if forward else backward_share)
+    return max(free)
+
+
+@functools.lru_cache(maxsize=64)
+def _interleaved_events(p: int, v: int, m: int) -> tuple[tuple[int, int, bool, int], ...]:
+    """`interleaved_span`'s schedule, which depends on the shape alone: every forward and
+    backward of every stage as (stage, chunk, forward, the index of the one it waits for or
+    -1), in an order that puts each after what it waits for and each stage's in its own order;
+    the span is then one pass over it."""
     total, width = m * v, p * v
 
     def chunk_of(n: int, forward: bool) -> int:
@@ -614,8 +632,8 @@ def interleaved_span(chunks: list[list[float]], micro_batches: int,
             f, b = f + 1, b + 1
         order += [(False, n) for n in range(b, total)]
         orders.append(order)
-    done: dict[tuple[bool, int, int], float] = {}  # (forward, micro-batch, global chunk) -> end
-    free = [0.0] * p
+    placed: dict[tuple[bool, int, int], int] = {}  # (forward, micro-batch, global chunk) -> index
+    events: list[tuple[int, int, bool, int]] = []
     at = [0] * p
     left = sum(map(len, orders))
     while left:
@@ -629,17 +647,16 @@ def interleaved_span(chunks: list[list[float]], micro_batches: int,
                     dep = (True, j, g - 1) if g else None
                 else:
                     dep = (False, j, g + 1) if g < width - 1 else (True, j, g)
-                if dep is not None and dep not in done:
+                if dep is not None and dep not in placed:
                     break
-                start = max(free[i], done[dep] if dep is not None else 0.0)
-                share = forward_share if forward else 1 - forward_share
-                free[i] = done[(forward, j, g)] = start + chunks[i][k] * share
+                placed[(forward, j, g)] = len(events)
+                events.append((i, k, forward, -1 if dep is None else placed[dep]))
                 at[i] += 1
                 left -= 1
                 progressed = True
         if not progressed:
             raise RuntimeError("the interleaved schedule deadlocked")  # a bug, not an input
-    return max(free)
+    return tuple(events)
 
 
 # --- What the planner may take as sure of a micro-batch -----------------------------------------
