@@ -18,8 +18,11 @@ copy on each).
 
 Between stages each micro-batch's activation travels forward and its gradient back: a stage
 that is not the last sends the stack's output (`send_recv` over the group `pp`), a stage that is
-not the first sends the gradient of the stack's input back. Left out: the tied embedding's
-gradient all-reduce between the first and the last stage (once per step).
+not the first sends the gradient of the stack's input back. Where the framework's transfers
+block the compute stream (`frameworks.Traits.blocking_p2p`: DeepSpeed's pipeline engine), the
+receiving stage's receives are written too, just before what reads them, and every transfer
+is marked `blocking` for the schedule to run in line. Left out: the tied embedding's gradient
+all-reduce between the first and the last stage (once per step).
 """
 
 from __future__ import annotations
