@@ -347,7 +347,7 @@ def rank(report: Report, capacity: dict[str, float] | None = None) -> tuple[Rank
 
 def _model_label(case: Case) -> str:
     m = case.model
-    hidden = m.get("hidden_size") or m.get("n_embd")
+    hidden = m.get("hidden_size") or m.get("n_embd") or m.get("n_embed")  # BLOOM's spelling
     layers = m.get("num_hidden_layers") or m.get("n_layer")
     return f"{m.get('model_type')} d{hidden} L{layers}"
 
