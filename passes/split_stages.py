@@ -32,7 +32,7 @@ import sympy
 
 from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Graph, Op, Phase, Role, Tensor
-from opgraph.core.symbols import pp
+from opgraph.core.symbols import pp, tp
 from opgraph.parallel.frameworks import traits
 from opgraph.parallel.parallel import Parallel, stage_layers
 
@@ -142,18 +142,36 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
                            if r.name == region.name else r)
     for op in keep:
         out.add_op(attrs.evolve(op, count=op.count.xreplace(swap)))
-    blocking = traits(layout).blocking_p2p
-    _sends(out, graph, region, stage, layout.pp, empty=not counts[stage], blocking=blocking)
-    if blocking:
-        _receives(out, graph, region, stage, layout.pp)
+    how = _Transfers(traits(layout).blocking_p2p,
+                     traits(layout).partitions_p2p and layout.tp > 1
+                     and not layout.sequence_parallel)
+    _sends(out, graph, region, stage, layout.pp, empty=not counts[stage], how=how)
+    if how.blocking:
+        _receives(out, graph, region, stage, layout.pp, how)
     return out
 
 
+@attrs.frozen
+class _Transfers:
+    """How the framework moves a stage's activations and gradients: `blocking` the compute
+    stream (`frameworks.Traits.blocking_p2p`), and `partitioned` over the tensor-parallel group
+    (`Traits.partitions_p2p`: each TP rank sends its 1/tp slice, the receiver gathers it)."""
+
+    blocking: bool = False
+    partitioned: bool = False
+
+    def params(self, when: str) -> dict:
+        """A transfer's parameters; where it blocks, when it runs in line: "after" the pass
+        that wrote it (a send), "before" the op placed after it (a receive)."""
+        return {"group": "pp", **({"blocking": when} if self.blocking else {})}
+
+
 def _sends(out: Graph, graph: Graph, region, stage: int, stages: int,
-           empty: bool = False, blocking: bool = False) -> None:
+           empty: bool = False, how: _Transfers = _Transfers()) -> None:
     """The stage's point-to-point transfers per micro-batch: the stack's output forward (not
     on the last stage), the gradient of its input back (not on the first); a stage without
-    layers (`empty`) passes on what it received, the stack's output and its gradient."""
+    layers (`empty`) passes on what it received, the stack's output and its gradient.
+    Partitioned, each sends its tensor-parallel slice (`_slice`)."""
     entering, handed = region.carries[0] if region.carries else (None, None)
     if handed is None:
         raise OpgraphError(f"{graph.name}'s layer stack carries no tensor from layer to layer, "
@@ -169,23 +187,39 @@ def _sends(out: Graph, graph: Graph, region, stage: int, stages: int,
         t = out.tensor(source) if out.has_tensor(source) else graph.tensor(source)
         if not out.has_tensor(source):
             out.add_tensor(attrs.evolve(t, count=sympy.Integer(1), region=None))
+        sent = source
+        if how.partitioned:  # the slice is taken as soon as what it slices is written
+            writer = out.producer(source)
+            order = [op.name for op in out.ops()]
+            after = order.index(writer.name) + 1 if writer is not None else 0
+            sent = _slice(out, source, phase, order[after] if after < len(order) else None)
         name = f"{source}@{what}"
-        out.add_tensor(Tensor(name, t.shape, t.dtype, Role.ACTIVATION))
-        out.add_op(Op(f"pp.{what}", "send_recv", "communication", (source,), (name,),
-                      phase=phase, params={"group": "pp", **_blocking(blocking)}))
+        out.add_tensor(Tensor(name, out.tensor(sent).shape, t.dtype, Role.ACTIVATION))
+        out.add_op(Op(f"pp.{what}", "send_recv", "communication", (sent,), (name,),
+                      phase=phase, params=how.params("after")))
 
 
-def _blocking(blocking: bool) -> dict:
-    """A transfer's parameter where it blocks the compute stream (`Traits.blocking_p2p`)."""
-    return {"blocking": True} if blocking else {}
+def _slice(out: Graph, source: str, phase: Phase, before: str | None) -> str:
+    """A view of `source`'s first 1/tp along its first axis: the bytes one tensor-parallel rank
+    sends or receives of it (DeepSpeed's PartitionedTensor: a contiguous 1/tp of the flattened
+    tensor, which it copies; the copy, 1/tp of the tensor's bytes, is left out)."""
+    t = out.tensor(source)
+    name = f"{source}@tp_slice"
+    size = t.shape[0] / tp
+    out.add_tensor(Tensor(name, (size, *t.shape[1:]), t.dtype, Role.ACTIVATION), before=before)
+    out.add_op(Op(f"{name}.slice", "slice", "elementwise", (source,), (name,), phase=phase,
+                  params={"axis": 0, "size": size}), before=before)
+    return name
 
 
-def _receives(out: Graph, graph: Graph, region, stage: int, stages: int) -> None:
+def _receives(out: Graph, graph: Graph, region, stage: int, stages: int,
+              how: _Transfers) -> None:
     """Where transfers block the compute stream (`frameworks.Traits.blocking_p2p`), the
     stage's receives too, each just before the first op that reads what it receives: the
     stack's input in the forward (not on the first stage), the gradient of its output in the
-    backward (not on the last). A stage whose ops read neither (one without layers) gets
-    none."""
+    backward (not on the last); partitioned, the received slice is then gathered over the
+    tensor-parallel group before that op. A stage whose ops read neither (one without layers)
+    gets none."""
     entering, handed = region.carries[0]
     wanted = []
     if stage > 0:
@@ -199,9 +233,19 @@ def _receives(out: Graph, graph: Graph, region, stage: int, stages: int) -> None
         if reader is None:
             continue
         source = next(n for n in reader.inputs if n in names)
-        t = out.tensor(source)
+        # what arrives, sized as the sender's slice (a view of the tensor it stands for)
+        arriving = _slice(out, source, phase, reader.name) if how.partitioned else source
+        t = out.tensor(arriving)
         name = f"{source}@{what}"
         out.add_tensor(Tensor(name, t.shape, t.dtype, Role.ACTIVATION), before=reader.name)
-        out.add_op(Op(f"pp.{what}", "send_recv", "communication", (source,), (name,),
-                      phase=phase, params={"group": "pp", **_blocking(True)}),
-                   before=reader.name)
+        out.add_op(Op(f"pp.{what}", "send_recv", "communication", (arriving,), (name,),
+                      phase=phase, params=how.params("before")), before=reader.name)
+        if how.partitioned:
+            full = out.tensor(source)
+            gathered = f"{source}@{what}.gathered"
+            out.add_tensor(Tensor(gathered, full.shape, full.dtype, Role.ACTIVATION),
+                           before=reader.name)
+            out.add_op(Op(f"pp.{what}.gather", "all_gather", "communication", (name,),
+                          (gathered,), phase=phase,
+                          params={"group": "tp", "axis": 0, "size": tp,
+                                  "blocking": "before"}), before=reader.name)

@@ -235,6 +235,34 @@ def test_deepspeed_pipeline_transfers_block_the_compute_stream():
     assert runs["deepspeed"].step_time_s > runs[None].step_time_s
 
 
+def test_deepspeed_partitions_pipeline_transfers_over_tensor_parallelism():
+    """DeepSpeed's pipeline engine sends each tensor-parallel rank's 1/tp of an activation or
+    gradient (its `pipe_partitioned` / `grad_partitioned` defaults) and the receiving stage
+    all-gathers them over its tensor-parallel group before use."""
+    from opgraph.passes.split_stages import split_stages
+
+    f = preset("llama3.2-1b")
+    layout = Parallel(tp=2, pp=2, dp=1, micro_batch=1, global_batch=4, framework="deepspeed")
+    step = compile_parallel(f, layout)
+    first, second = (split_stages(step, layout, i) for i in (0, 1))
+    send = first.op("pp.send_forward")
+    recv, gather = second.op("pp.recv_forward"), second.op("pp.recv_forward.gather")
+    subs = resolve(first)
+    sliced = first.producer(send.inputs[0])  # the view the send reads
+    full = first.tensor(sliced.inputs[0]).nbytes
+    assert float(message_bytes(first, send).xreplace(subs)) == pytest.approx(
+        float(full.xreplace(subs)) / 2)
+    assert float(message_bytes(second, recv).xreplace(resolve(second))) == pytest.approx(
+        float(full.xreplace(subs)) / 2)
+    assert (gather.kind, gather.param("group")) == ("all_gather", "tp")
+    assert float(message_bytes(second, gather).xreplace(resolve(second))) == pytest.approx(
+        float(full.xreplace(subs)))  # the gathered activation
+    # with sequence parallelism the activation is sharded already: no slice, no gather
+    sp = attrs.evolve(layout, sequence_parallel=True)
+    ops = {op.name for op in split_stages(compile_parallel(f, sp), sp, 1).ops()}
+    assert "pp.recv_forward" in ops and "pp.recv_forward.gather" not in ops
+
+
 @pytest.mark.parametrize("fields, words", [
     ({"zero": 2}, "ZeRO 0 or 1 only"),
     ({"virtual_stages": 2, "global_batch": 8}, "no interleaving"),

@@ -69,6 +69,14 @@ Each trait, with where each framework's code says so:
   generic model and the others send asynchronously. (Both neighbours waiting on a transfer
   does not make DeepSpeed's `TrainSchedule` run in lockstep: simulated step by step with
   pairwise rendezvous, equal stages take 1F1B's span plus the transfers.)
+- `partitions_p2p`: with tensor parallelism (and no sequence parallelism, which shards the
+  activations already), each rank of a stage's tensor-parallel group sends and receives only
+  its 1/tp slice of each activation and gradient, and the receiving stage all-gathers the
+  slices over its group before using them. DeepSpeed's pipeline engine: `pipe_partitioned`
+  and `grad_partitioned`, on by default (`deepspeed/runtime/config.py`), wrap what a stage
+  sends in a `PartitionedTensor` over the slice-parallel group and rebuild it with `.full()`
+  on arrival (`deepspeed/runtime/pipe/engine.py`). It applies where the transfers block
+  (`blocking_p2p`), which writes the receives that gather.
 - `overlaps_reduce_at`: the ZeRO stages at which the gradient reduction runs under the
   backward by default; at the others it runs after the backward, exposed. DeepSpeed's
   `zero_optimization.overlap_comm` defaults to True at stage 3 only
@@ -284,10 +292,12 @@ class Traits:
     ddp_buckets: bool = False
     copies_out_gathers: bool = False
     blocking_p2p: bool = False
+    partitions_p2p: bool = False
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
-                    overlaps_reduce_at=frozenset({3}), gemm_per_expert=True, blocking_p2p=True)
+                    overlaps_reduce_at=frozenset({3}), gemm_per_expert=True, blocking_p2p=True,
+                    partitions_p2p=True)
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "composer": Traits(regather_in_recompute=False, groups_by_module=True),

@@ -184,10 +184,11 @@ def blocking_anchors(ops: list[Op], comms: dict, writer: dict
                      ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
     """Where each blocking transfer (`frameworks.Traits.blocking_p2p`) runs in line: the
     compute op that waits for it, by name, with the tensors it waits on, and the transfers
-    left for the end of the micro-batch. A send runs when the compute stream has finished the
-    pass that wrote what it sends (DeepSpeed's engine sends between passes): before the first
-    op after its writer in another phase, else at the end. A receive runs just before the op
-    the graph places after it (its reader)."""
+    left for the end of the micro-batch. A send (`blocking` "after") runs when the compute
+    stream has finished the pass that wrote what it sends (DeepSpeed's engine sends between
+    passes): before the first op after its writer in another phase, else at the end. A receive
+    (`blocking` "before"), and what gathers it, runs just before the op the graph places after
+    it (its reader)."""
     compute = [op for op in ops if op.kind not in COLLECTIVE_KINDS]
     at = {op.name: i for i, op in enumerate(compute)}
     anchors: dict[str, list[str]] = {}
@@ -201,7 +202,7 @@ def blocking_anchors(ops: list[Op], comms: dict, writer: dict
         if c is None or not c.blocking:
             continue
         written = [at[writer[n]] for n in c.inputs if writer.get(n) in at]
-        if written:
+        if op.param("blocking") == "after" and written:
             last = max(written)
             after = next((i for i in range(last + 1, len(compute))
                           if compute[i].phase is not compute[last].phase), None)
