@@ -142,8 +142,9 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
                            if r.name == region.name else r)
     for op in keep:
         out.add_op(attrs.evolve(op, count=op.count.xreplace(swap)))
-    how = _Transfers(traits(layout).blocking_p2p,
-                     traits(layout).partitions_p2p and layout.tp > 1
+    blocking = traits(layout).blocking_p2p
+    # partitioned where the receiving stage's gather is written: with the blocking receives
+    how = _Transfers(blocking, blocking and traits(layout).partitions_p2p and layout.tp > 1
                      and not layout.sequence_parallel)
     _sends(out, graph, region, stage, layout.pp, empty=not counts[stage], how=how)
     if how.blocking:
