@@ -235,6 +235,17 @@ def test_deepspeed_pipeline_transfers_block_the_compute_stream():
     assert runs["deepspeed"].step_time_s > runs[None].step_time_s
 
 
+@pytest.mark.parametrize("framework, adds", [("deepspeed-bf16", True), ("deepspeed", False)])
+def test_deepspeeds_bf16_optimizer_adds_each_micro_batchs_gradients_into_fp32(framework, adds):
+    """DeepSpeed's BF16_Optimizer adds every BF16 gradient into its FP32 copy after each
+    micro-batch's backward (bf16_optimizer.py, update_hp_grads); its FP16 path accumulates in
+    FP16: an add a weight on the one, none on the other."""
+    f = preset("llama3.2-1b")
+    step = compile_parallel(f, Parallel(pp=2, dp=2, global_batch=8, framework=framework))
+    adds_ = [op for op in step.ops() if op.name.startswith("accumulate.")]
+    assert len(adds_) == (len(f.weights()) if adds else 0)
+
+
 def test_deepspeed_partitions_pipeline_transfers_over_tensor_parallelism():
     """DeepSpeed's pipeline engine sends each tensor-parallel rank's 1/tp of an activation or
     gradient (its `pipe_partitioned` / `grad_partitioned` defaults) and the receiving stage

@@ -36,10 +36,13 @@ ZERO_STAGES = (0, 1, 2, 3)
 # The training framework whose behaviour the passes follow (how it shards, gathers, reduces and
 # recomputes); None: opgraph's generic data parallelism (FSDP-like, gradients reduced in FP32).
 # "deepspeed-0.3": DeepSpeed before v0.5.5, whose ZeRO-3 collectives copy one tensor per rank
-# and whose gathers wait for the compute before them (`opgraph.parallel.frameworks`).
-FRAMEWORKS = ("megatron", "deepspeed", "deepspeed-0.3", "torchtitan", "nanotron", "composer")
+# and whose gathers wait for the compute before them; "deepspeed-bf16": DeepSpeed training in
+# BF16 through its BF16 optimizer, which adds each micro-batch's gradients into FP32
+# (`opgraph.parallel.frameworks`).
+FRAMEWORKS = ("megatron", "deepspeed", "deepspeed-0.3", "deepspeed-bf16", "torchtitan",
+              "nanotron", "composer")
 # The frameworks that run DeepSpeed's pipeline engine (ZeRO 0 or 1 under a pipeline).
-DEEPSPEED = ("deepspeed", "deepspeed-0.3")
+DEEPSPEED = ("deepspeed", "deepspeed-0.3", "deepspeed-bf16")
 # The dtype gradients are reduced in across data-parallel ranks; None: the framework's default.
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 # The attention kernels a framework may run (`opgraph.parallel.frameworks`'s `attention_library`):

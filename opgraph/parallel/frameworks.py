@@ -112,6 +112,12 @@ Each trait, with where each framework's code says so:
   `FP32GradientAccumulator` (`src/nanotron/optim/gradient_accumulator.py`, `backward`:
   `fp32_grad.add_(half_param.grad)` for every parameter after `loss.backward()`), which
   `accumulate_grad_in_fp32` turns on (its examples and the playbook's benchmark script set it).
+  DeepSpeed training in BF16 (the row "deepspeed-bf16"): its `BF16_Optimizer`, which a BF16
+  job runs with `zero_optimization.stage` 0 as its own ZeRO-1, adds every gradient into its FP32
+  copy after each micro-batch's backward (`deepspeed/runtime/bf16_optimizer.py`,
+  `update_hp_grads`: `hp_grad.add_(lp.grad.to(hp_grad.dtype))`, called by the pipeline
+  engine's `_exec_backward_pass` from its BF16 support, #1801, April 2022). Its FP16 path
+  accumulates in FP16 (the row "deepspeed").
   Megatron-LM's `--gradient-accumulation-fusion` (on by default) accumulates in the GEMM: the
   generic model.
 - `eager`: the op kinds the framework runs as eager PyTorch, each as the several kernels its
@@ -310,6 +316,7 @@ FRAMEWORKS: dict[str | None, Traits] = {
                        attention_library="cudnn"),
     "deepspeed": _DEEPSPEED,
     "deepspeed-0.3": attrs.evolve(_DEEPSPEED, list_collectives=True, syncs_before_gather=True),
+    "deepspeed-bf16": attrs.evolve(_DEEPSPEED, adds_grads_in_fp32=True),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
                        balances_stages=True, vocab_multiple=1,
                        overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,
