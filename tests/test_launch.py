@@ -945,3 +945,10 @@ def test_a_megatron_bridge_script_profiles_from_the_command_line(cli, tmp_path):
     got = json.loads(out)
     assert (got["parallel"]["tp"], got["parallel"]["dp"], got["parallel"]["zero"]) == (2, 8, 1)
     assert got["seq_len"] == 4096  # the recipe's own
+
+
+def test_megatron_bridge_without_a_launcher_needs_the_gpus():
+    with pytest.raises(OpgraphError, match=re.escape("give the number of GPUs (--gpus)")):
+        read_megatron("scripts/training/run_recipe.py --recipe gemma2_2b_pretrain_config")
+    with pytest.raises(OpgraphError, match=re.escape("not divisible by tp x cp x pp = 2")):
+        read_megatron("--recipe gemma2_2b_pretrain_config", gpus=3)  # the recipe's TP 2

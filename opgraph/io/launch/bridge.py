@@ -32,7 +32,8 @@ from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel
-from .record import MEGATRON_SHARDING, Launch, _whole_text, launcher, megatron_recompute
+from .record import (MEGATRON_SHARDING, Launch, _whole_text, data_parallel, launcher,
+                     megatron_recompute)
 
 BRIDGE_SOURCE = "megatron-bridge recipe"
 BRIDGE_SCRIPT = "scripts/training/run_recipe.py"
@@ -90,21 +91,16 @@ RECIPES: tuple[Recipe, ...] = (
 BRIDGE_PRESETS = {r.preset: r for r in RECIPES}
 _BY_NAME = {name: r for r in RECIPES for name in (r.name, *r.aliases)}
 
-# run_recipe.py's short forms (its COMMON_OVERRIDE_FIELDS and argparse short names)
-_SHORT = {
-    "-gb": "train.global_batch_size", "--global_batch_size": "train.global_batch_size",
-    "-mb": "train.micro_batch_size", "--micro_batch_size": "train.micro_batch_size",
-    "-sl": "dataset.seq_length", "--seq_length": "dataset.seq_length",
-    "-tp": "model.tensor_model_parallel_size",
-    "--tensor_model_parallel_size": "model.tensor_model_parallel_size",
-    "-pp": "model.pipeline_model_parallel_size",
-    "--pipeline_model_parallel_size": "model.pipeline_model_parallel_size",
-    "-cp": "model.context_parallel_size", "--context_parallel_size": "model.context_parallel_size",
-    "-vp": "model.virtual_pipeline_model_parallel_size",
-    "--virtual_pipeline_model_parallel_size": "model.virtual_pipeline_model_parallel_size",
-    "-ep": "model.expert_model_parallel_size",
-    "--expert_model_parallel_size": "model.expert_model_parallel_size",
+# run_recipe.py's short forms (its COMMON_OVERRIDE_FIELDS and argparse short names): `-tp 2` or
+# `--tensor_model_parallel_size 2`, the key's own field name, for each key below
+_SHORT_KEYS = {
+    "gb": "train.global_batch_size", "mb": "train.micro_batch_size", "sl": "dataset.seq_length",
+    "tp": "model.tensor_model_parallel_size", "pp": "model.pipeline_model_parallel_size",
+    "cp": "model.context_parallel_size", "vp": "model.virtual_pipeline_model_parallel_size",
+    "ep": "model.expert_model_parallel_size",
 }
+_SHORT = {form: key for short, key in _SHORT_KEYS.items()
+          for form in (f"-{short}", f"--{key.partition('.')[2]}")}
 # run_recipe.py options and ConfigContainer keys that do not change the step's time
 _QUIET_OPTIONS = frozenset((
     "-ms", "--max_steps", "--lr", "--min_lr", "--warmup_iters", "--pretrained_checkpoint",
@@ -136,9 +132,6 @@ def read_bridge(tokens: list[str], gpus: int | None) -> Launch:
     (the caller's or the launcher's)."""
     recipe, values, unknown = _parse(tokens)
     s = recipe.settings | values
-    if gpus is None:
-        raise OpgraphError("Megatron-Bridge's arguments do not say how many GPUs the job has "
-                           "(the launcher does): give the number of GPUs (--gpus)")
     whole = {key: _whole(s, key) for key in (
         "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
         "model.context_parallel_size", "model.expert_model_parallel_size",
@@ -148,9 +141,7 @@ def read_bridge(tokens: list[str], gpus: int | None) -> Launch:
     if cp > 1 and not recipe.context_parallel:
         raise OpgraphError(f"Megatron-Bridge's {recipe.name} runs its own attention, without "
                            "context parallelism; give model.context_parallel_size=1")
-    gpus = check_whole(gpus, "--gpus", MAX_DIM)
-    if gpus % (tp * cp * pp):
-        raise OpgraphError(f"--gpus {gpus} is not divisible by tp x cp x pp = {tp * cp * pp}")
+    gpus, dp = data_parallel(gpus, tp * cp * pp, "Megatron-Bridge's")
     for key in ("model.num_layers_in_first_pipeline_stage",
                 "model.num_layers_in_last_pipeline_stage", "model.pipeline_model_parallel_layout"):
         if s[key] is not None:
@@ -159,7 +150,7 @@ def read_bridge(tokens: list[str], gpus: int | None) -> Launch:
     virtual, zero = s[VIRTUAL], _zero(s)
     layout = Parallel(
         tp=tp, pp=pp, cp=cp, ep=whole["model.expert_model_parallel_size"],
-        dp=gpus // (tp * cp * pp), gpus=gpus, micro_batch=whole["train.micro_batch_size"],
+        dp=dp, gpus=gpus, micro_batch=whole["train.micro_batch_size"],
         global_batch=whole["train.global_batch_size"],
         virtual_stages=1 if virtual is None else _whole(s, VIRTUAL),
         sequence_parallel=_switch(s, "model.sequence_parallel"), zero=zero,

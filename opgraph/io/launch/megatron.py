@@ -18,7 +18,8 @@ from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel, chunk_layers
 from .bridge import BRIDGE_PRESETS, is_bridge, read_bridge, to_bridge
 from .record import (MEGATRON_SHARDING, PRESET_CONFIGS, Config, Launch, _config, _not_real,
-                     _real_names, _whole_text, launcher, megatron_recompute)
+                     _real_names, _whole_text, data_parallel, launcher,
+                     megatron_recompute)
 
 MEGATRON_SOURCE = "megatron arguments"
 MEGATRON_MODEL = "megatron-model"  # the name of a model read from Megatron's dimensions
@@ -412,12 +413,7 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
     --pipeline-model-parallel-layout gives every model chunk's layers (`_mg_split`)."""
     pp = flags.whole("--pipeline-model-parallel-size", 1)
     cp = flags.whole("--context-parallel-size", 1)
-    if gpus is None:
-        raise OpgraphError("Megatron's arguments do not say how many GPUs the job has (the "
-                           "launcher does): give the number of GPUs (--gpus)")
-    gpus = check_whole(gpus, "--gpus", MAX_DIM)
-    if gpus % (tp * cp * pp):
-        raise OpgraphError(f"--gpus {gpus} is not divisible by tp x cp x pp = {tp * cp * pp}")
+    gpus, dp = data_parallel(gpus, tp * cp * pp, "Megatron's")
     micro = flags.whole("--micro-batch-size")
     if micro is None:
         raise OpgraphError("Megatron arguments lack --micro-batch-size; give it")
@@ -447,7 +443,7 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
         virtual, split = _mg_split(text, pp, layers, first_dense, mtp)
     return Parallel(
         tp=tp, pp=pp, cp=cp, ep=flags.whole("--expert-model-parallel-size", 1),
-        dp=gpus // (tp * cp * pp), gpus=gpus, micro_batch=micro,
+        dp=dp, gpus=gpus, micro_batch=micro,
         global_batch=flags.whole("--global-batch-size"), virtual_stages=virtual or 1,
         sequence_parallel=flags.switch("--sequence-parallel"), zero=_mg_zero(flags),
         async_tp=flags.switch("--tp-comm-overlap"),

@@ -51,6 +51,20 @@ def megatron_recompute(granularity: str | None, method: str | None, count: int |
 GPUS_PER_NODE = 8  # the nodes a written launcher line assumes (DGX / HGX: 8 GPUs each)
 
 
+def data_parallel(gpus: int | None, model_ranks: int, what: str) -> tuple[int, int]:
+    """(GPUs, data-parallel degree) of a Megatron job whose arguments (`what`: Megatron's,
+    Megatron-Bridge's) give tp x cp x pp = `model_ranks` but not the world size, which the
+    launcher or the caller (`gpus`) does."""
+    if gpus is None:
+        raise OpgraphError(f"{what} arguments do not say how many GPUs the job has (the "
+                           "launcher does): give the number of GPUs (--gpus)")
+    gpus = check_whole(gpus, "--gpus", MAX_DIM)
+    if gpus % model_ranks:
+        raise OpgraphError(f"--gpus {gpus} is not divisible by tp x cp x pp = {model_ranks}")
+    return gpus, gpus // model_ranks
+
+
+
 def launcher(gpus: int, script: str) -> list[str]:
     """torchrun's line for `gpus` GPUs in front of `script`: 8 processes a node where the GPUs
     fill whole nodes of 8, else the most that divide them. A reader takes the job's GPUs from
