@@ -5,7 +5,8 @@ Invariant established: every forward op whose outputs need a gradient has backwa
 they need, and write gradient tensors (`grad_of=` naming the primal); each weight ends with one
 final gradient tensor (`gradient_of(graph, weight)`), which the optimizer consumes.
 
-Which kernels a backward is made of is one table, VJP_RULES, keyed by op kind; every kernel is
+Which kernels a backward is made of is each kind's VJP rule (`vjp`, declared with the kind in
+its family's module, `opgraph.core.rules`; VJP_RULES is their table); every kernel is
 well typed, an op of a kind with a shape rule and a FLOP rule (`opgraph.core.rules`): a matmul's
 backward is two real matmuls, dX = dY W^T (`transpose_b` flipped) and dW = X^T dY
 (`contract="leading"`, the token dims summed, the weight's shape). Nothing here is costed: what
@@ -24,7 +25,6 @@ from collections.abc import Callable
 from opgraph.core import rules
 from opgraph.core.contracts import BACKWARD, contract, step_pass
 from opgraph.core.ir import FP32, DType, Graph, Op, Phase, Role, Tensor
-from opgraph.parallel import collectives
 
 
 class _Context:
@@ -82,120 +82,9 @@ class _Context:
         return name
 
 
-# --- VJP rules: (ctx, op) -> backward kernels -----------------------------------------------------
-
-def one_kernel(saves: str) -> Callable:
-    """A backward that is one kernel reading the output gradient and the saved forward tensors
-    (`saves`: "none", "inputs" or "inputs+outputs"), writing each input's gradient."""
-    def _one_kernel_vjp(ctx: _Context, op: Op) -> list[Op]:
-        ins = list(op.inputs) if saves != "none" else []
-        outs = list(op.outputs) if saves == "inputs+outputs" else []
-        dys = [g for g in map(ctx.grad, op.outputs) if g is not None]
-        kernel = ctx.emit(op, "grad", f"{op.kind}_backward", dys + ins + outs, list(op.inputs),
-                          dys=len(dys), saved_inputs=len(ins), saved_outputs=len(outs),
-                          wrt=ctx.wrt(op, list(op.inputs)))
-        return [kernel] if kernel else []
-    _one_kernel_vjp.__name__ = f"_one_kernel_vjp_{saves.replace('+', '_')}"
-    return _one_kernel_vjp
-
-
-def _matmul_vjp(ctx: _Context, op: Op) -> list[Op]:
-    """dA = dY B^T and dB = A^T dY (and a bias's gradient with dB): two matmuls. Per head
-    (attention's P.V) they are dP = dO V^T and dV = P^T dO, per-head matmuls too."""
-    a, b, *bias = op.inputs
-    dy = ctx.grad(op.outputs[0])
-    if op.param("heads") is not None:
-        kernels = [ctx.emit(op, "dA", "matmul", [dy, b], [a], grad="a"),
-                   ctx.emit(op, "dB", "matmul", [a, dy], [b], grad="b")]
-    else:  # None drops a parameter
-        transposed = bool(op.param("transpose_b"))
-        # dB sums the token dims for a weight b[K, N]; a batched b[..., K, N] keeps them
-        weight = len(ctx.graph.tensor(b).shape) == 2
-        db = ({"contract": "leading", "bias": bool(bias) or None} if weight
-              else {"transpose_a": True})
-        kernels = [ctx.emit(op, "dA", "matmul", [dy, b], [a], transpose_b=not transposed or None),
-                   ctx.emit(op, "dB", "matmul", [a, dy], [b, *bias], transpose_b=None,
-                            transpose_out=transposed or None, **db)]
-    return [k for k in kernels if k is not None]
-
-
-def _expert_matmul_vjp(ctx: _Context, op: Op) -> list[Op]:
-    """dX = dY W^T and dW = X^T dY through the same routing: two expert matmuls. The routing
-    (which experts) is not differentiable; the gates' gradient comes from `moe_combine`."""
-    a, w, experts = op.inputs
-    dy = ctx.grad(op.outputs[0])
-    # x[..., in] went to each of its K experts: its gradient sums the K slots
-    broadcast = len(ctx.graph.tensor(a).shape) == len(ctx.graph.tensor(experts).shape)
-    kernels = [ctx.emit(op, "dA", "expert_matmul", [dy, w, experts], [a], transpose_b=True,
-                        reduce_slots=broadcast or None),
-               ctx.emit(op, "dB", "expert_matmul", [a, dy, experts], [w], contract="leading",
-                        experts=ctx.graph.tensor(w).shape[0])]
-    return [k for k in kernels if k is not None]
-
-
-def flash_attention_backward(ctx: _Context, op: Op) -> list[Op]:
-    """FlashAttention's backward: one kernel reading dO, Q, K, V and O, writing dQ, dK, dV."""
-    q, k, v = op.inputs
-    do = ctx.grad(op.outputs[0])
-    kernel = ctx.emit(op, "grad", "flash_attention_backward", [do, q, k, v, *op.outputs],
-                      [q, k, v], dys=1, saved_inputs=3, saved_outputs=1,
-                      wrt=ctx.wrt(op, [q, k, v]))
-    return [kernel] if kernel else []
-
-
-def _split_vjp(ctx: _Context, op: Op) -> list[Op]:
-    """One kernel joining the pieces' gradients (zeros for a piece nobody read) into the input's,
-    shaped by the saved input; `present` says which pieces have a gradient."""
-    present = tuple(i for i, n in enumerate(op.outputs) if ctx.grad(n) is not None)
-    dys = [ctx.grad(op.outputs[i]) for i in present]
-    kernel = ctx.emit(op, "grad", "split_backward", [*dys, *op.inputs], list(op.inputs),
-                      dys=len(dys), saved_inputs=1, saved_outputs=0, present=present,
-                      wrt=ctx.wrt(op, list(op.inputs)))
-    return [kernel] if kernel else []
-
-
-def _collective_vjp(ctx: _Context, op: Op) -> list[Op]:
-    """A collective's gradient is the collective `opgraph.parallel.collectives` pairs it with
-    (Megatron's f and g: all-gather <-> reduce-scatter, all-reduce <-> identity), over the same
-    group."""
-    kind = collectives.backward(op.kind.replace("_", "-")).replace("-", "_")
-    dy = ctx.grad(op.outputs[0])
-    kernel = ctx.emit(op, "grad", kind, [dy], [op.inputs[0]])
-    return [kernel] if kernel else []
-
-
-VJP_RULES: dict[str, Callable] = {
-    "embedding": one_kernel("inputs"),  # scatter-add of dY rows into the table's gradient
-    "matmul": _matmul_vjp,
-    "rmsnorm": one_kernel("inputs"),
-    "layernorm": one_kernel("inputs"),
-    "rope": one_kernel("none"),  # the inverse rotation of dY
-    "attention_scores": one_kernel("inputs+outputs"),  # softmax backward needs P; then dQ, dK
-    "flash_attention": flash_attention_backward,
-    "swiglu": one_kernel("inputs"),
-    "gelu": one_kernel("inputs"),
-    "relu": one_kernel("inputs"),  # dY where x > 0
-    # dY where kept: the kernel reads its mask; the saved input stands in for it (where dropout
-    # follows a softmax, the softmax's backward keeps that tensor anyway)
-    "dropout": one_kernel("inputs"),
-    "add": one_kernel("none"),
-    "cross_entropy": one_kernel("inputs"),  # softmax(logits) - onehot(targets)
-    "topk": one_kernel("inputs+outputs"),  # softmax backward from the gates, into the logits
-    "expert_matmul": _expert_matmul_vjp,
-    "moe_combine": one_kernel("inputs"),  # dY times each gate; dGate = <expert output, dY>
-    "mul": one_kernel("inputs"),  # dA = dY * b, dB = dY * a
-    "scale": one_kernel("none"),  # dY * factor
-    "geglu": one_kernel("inputs"),
-    "softcap": one_kernel("inputs"),  # dY * (1 - tanh(x / cap)^2)
-    # views: the saved input gives the gradient's shape (its bytes are the cost model's call)
-    "slice": one_kernel("inputs"),  # dY placed into a zero gradient of x's shape
-    "split": _split_vjp,
-    "concat": one_kernel("inputs"),  # dY cut back into the inputs' pieces
-    "broadcast": one_kernel("inputs"),  # dY summed over the broadcast dims
-    "reshape": one_kernel("inputs"),  # dY read in x's shape
-    "gather": one_kernel("inputs"),  # dY's rows scatter-added into x's gradient
-    **{kind: _collective_vjp for kind in rules.COLLECTIVE_KINDS},
-}
+# Which kernels a backward is made of: each kind's `vjp` (its family's module in
+# `opgraph.core.rules`), one table keyed by kind.
+VJP_RULES: dict[str, Callable] = rules.VJP_RULES
 
 
 # --- the pass -------------------------------------------------------------------------------------
@@ -235,8 +124,8 @@ def derive_backward(graph: Graph, *, weight_grad_dtype: DType = FP32) -> Graph:
         try:
             rule = VJP_RULES[op.kind]
         except KeyError:
-            raise NotImplementedError(f"no backward rule for op kind {op.kind!r} "
-                                      f"(op {op.name}); add one to VJP_RULES") from None
+            raise NotImplementedError(f"no backward rule for op kind {op.kind!r} (op {op.name}); "
+                                      "declare its vjp (opgraph.core.kinds.define_kind)") from None
         for kernel in rule(ctx, op):
             out.add_op(kernel)
     return out

@@ -41,7 +41,7 @@ from opgraph.core.ir import FP8, FP32, Graph, Op, Phase, Role, Tensor
 # [in, out]; a mixture of experts' [E, in, out], its grouped GEMM (Transformer Engine's
 # GroupedLinear and torchao's float8 grouped matmul run the experts in FP8 too).
 # `kinds.define_kind(fp8_weight_dims=...)` adds a kind of the user's.
-FP8_KINDS: dict[str, int] = {"matmul": 2, "expert_matmul": 3}
+FP8_KINDS: dict[str, int] = rules.FP8_KINDS  # a kind's `fp8_weight_dims`
 
 
 def fp8_matmuls(graph: Graph) -> list[Op]:

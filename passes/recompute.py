@@ -39,12 +39,13 @@ from collections.abc import Callable
 
 import attrs
 
+from opgraph.core import rules
 from opgraph.core.contracts import RECOMPUTE, contract, step_pass
 from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Graph, Op, Phase
 
 ATTENTION_CORE = ("attention_scores", "flash_attention")  # and the P.V matmul that reads scores
-SAVE_KINDS = ("matmul", "expert_matmul", "flash_attention")
+SAVE_KINDS = rules.KEPT  # the matmuls and the attention kernel (a kind's `kept`)
 
 
 def _none(graph: Graph, op: Op) -> bool:

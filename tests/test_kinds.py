@@ -515,17 +515,47 @@ def test_a_user_kind_declares_its_eager_kernels(monkeypatch):
 # --- a kind owns its traits: every one through define_kind, read back, cleared ----------------
 
 def test_define_kind_takes_every_trait_a_kind_has():
-    """Completeness: each of `define_kind`'s arguments is a field of `Kind` (but its name,
-    `replace` and the rows of its backward kernel, which are the backward kind's own), and
-    each field is an argument (but the backward's name, which follows from `vjp`)."""
+    """Completeness: each of `define_kind`'s arguments is a field of `Kind` (but `replace`),
+    and each field is an argument (but the backward's name, which follows from `vjp`, and the
+    group, a user's kind being a forward kind)."""
     import inspect
 
     import attrs
 
     arguments = set(inspect.signature(kinds.define_kind).parameters)
     fields = {f.name for f in attrs.fields(kinds.Kind)}
-    backward_rows = {"backward_flops", "backward_shape", "backward_view"}
-    assert arguments - {"name", "replace"} - backward_rows == fields - {"name", "backward"}
+    assert arguments - {"replace"} == fields - {"backward", "group"}
+
+
+def test_every_table_row_is_a_kind_records_trait():
+    """The built-in kinds are records declared in their families' modules; each per-trait
+    table's row is the trait of a record (its backward kernel's for `<kind>_backward`), so no
+    table holds a row no kind declares."""
+    from opgraph.core.rules import attention, dense, kernels, loss, moe, norm, optimizer
+    from opgraph.core.rules import pointwise, views
+
+    declared = [k for family in (dense, norm, attention, pointwise, loss, moe, views, optimizer,
+                                 kernels) for k in family.KINDS]
+    builtin = set(rules.KINDS) - set(kinds.defined_kinds())
+    assert {k.name for k in declared} == builtin
+    assert len(declared) == len(builtin)  # each declared once
+    owner = {k.backward: (k, "backward_") for k in declared if k.backward}
+    owner |= {k.name: (k, "") for k in declared}
+    traits = {"SHAPE_RULES": "shape", "FLOP_RULES": "flops", "VIEWS": "view",
+              "GEMM_GRIDS": "grid", "ATTENTION_SCORES": "scores", "EFFICIENCY": "efficiency",
+              "EAGER_BYTES": "eager", "SHARDING": "shards", "CP_GATHERS": "cp_gathers",
+              "OPERANDS": "operands", "FP8_KINDS": "fp8_weight_dims", "VJP_RULES": "vjp",
+              "BACKWARD_COST": "backward_cost", "ACTIVE_FRACTION": "active_fraction"}
+    for table, trait in traits.items():
+        for name, row in getattr(rules, table).items():
+            if name not in owner:  # a user's kind (a fixture's), with its backward kernel
+                continue
+            record, prefix = owner[name]
+            if prefix and trait in ("shape", "flops", "view", "scores", "efficiency"):
+                trait_of = prefix + trait
+            else:
+                trait_of = trait
+            assert row == getattr(record, trait_of), (table, name)
 
 
 def _routed_share(tensor, op, weight):

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 import attrs
 
 from .errors import OpgraphError
+from . import rules
 from .rules import FLOP_RULES
 
 CLASSES = ("pointwise", "reduction", "matmul")
@@ -114,22 +115,9 @@ class FusionPolicy:
         return attrs.evolve(self, name=f"{self.name}-pairs", pairs=self.pairs - set(pairs))
 
 
-# Kind -> class for the built-in kinds (backward kernels added by `_with_backward`).
-KIND_CLASSES: dict[str, str] = _with_backward({
-    "add": "pointwise",
-    "rope": "pointwise",
-    "swiglu": "pointwise",
-    "gelu": "pointwise",
-    "relu": "pointwise",
-    "dropout": "pointwise",
-    "rmsnorm": "reduction",
-    "layernorm": "reduction",
-    "cross_entropy": "reduction",
-    "moe_combine": "reduction",
-    "matmul": "matmul",
-    "expert_matmul": "matmul",
-    "attention_scores": "matmul",
-})
+# Kind -> class for the built-in kinds, their backward kernels included (each kind's
+# `fusion_class`, declared in its family's module of `opgraph.core.rules`).
+KIND_CLASSES: dict[str, str] = dict(rules.FUSION_CLASSES)
 
 _VECTOR = ("pointwise", "reduction")
 VECTOR_PAIRS = frozenset((a, b) for a in _VECTOR for b in _VECTOR)
@@ -139,7 +127,7 @@ MATMUL_PAIRS = frozenset({(c, "matmul") for c in _VECTOR} | {("matmul", c) for c
 
 # Kind -> class for kinds made by `kinds.define_kind(fusion_class=...)` (and their backward
 # kernels), which the built-in policies read as they read their own.
-DEFINED_CLASSES: dict[str, str] = {}
+DEFINED_CLASSES: dict[str, str] = rules.DEFINED_FUSION_CLASSES
 
 ELEMENTWISE = FusionPolicy("elementwise", KIND_CLASSES, VECTOR_PAIRS, max_matmuls=0,
                            defined=True)

@@ -8,13 +8,12 @@ the reference table of the built-in ones.
                                vjp="inputs", backward_flops=per_input(3))
     y = squared_relu.op(g, [x])                 # or g.op("squared_relu", [x], category=...)
 
-Invariant: a kind is its rows in the per-kind tables, nowhere else. `define_kind` writes them
-(`rules.SHAPE_RULES`, `rules.FLOP_RULES`, `rules.VIEWS`, `derive_backward.VJP_RULES`,
-`costmodel.BACKWARD_COST`, how parallelism splits it, `rules.SHARDING` and `rules.CP_GATHERS`,
-and the rows of its backward kernel `<kind>_backward`) and lists the
-kind in `rules.FORWARD_KINDS`, so every pass, the verifier, the cost model and everything built
-on it (`evaluate`, `formula`, `solve`, `sweep`) treat it as they treat a built-in one. `kind`
-reads a kind back from those tables.
+Invariant: a kind is one record (`rules.Kind`), made by `rules.kind` with every trait it has,
+and its rows in the per-trait tables are made from it by `rules.register`. The built-in kinds are
+declared that way in their families' modules (`opgraph.core.rules.dense`, `.attention`, ...);
+`define_kind` declares a user's kind the same way, so every pass, the verifier, the cost model and
+everything built on it (`evaluate`, `formula`, `solve`, `sweep`) treat it as they treat a built-in
+one. `kind` reads a kind's record back.
 
 The reference table (`kind_table`, in docs/writing-a-model.md) is computed, not written: each
 built-in kind has an example (EXAMPLES) whose forward FLOPs its FLOP rule gives and whose backward
@@ -26,85 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import attrs
 import sympy
 
 from ..cost import costmodel
 from ..passes import derive_backward as _backward
-from ..passes import precision, recompute
-from . import fusion, parameters, rules
+from . import fusion, rules
 from .errors import OpgraphError
 from .ir import BF16, INT32, Graph, Op, Phase, Role, Tensor
-from .symbols import B, D, E, F, H, H_kv, K, S, V, d_h, dim
-
-SAVES = ("none", "inputs", "inputs+outputs")
-
-same_shape = rules._same_shape  # element-wise: every input has the first one's shape
-
-
-@attrs.frozen
-class Kind:
-    """One op kind, as its table rows: `kind("matmul").flops`.
-
-    `shape(inputs, params) -> [output shapes]` (raise `rules.ShapeError` when they do not fit);
-    `flops(inputs, outputs, params) -> FLOPs` of one instance; `vjp(ctx, op) -> [backward
-    kernels]` (None: no gradient flows through it); `backward` the name of its one-kernel
-    backward kind, if it has one; `view(inputs, params) -> bool` whether an op of it moves no
-    bytes (None: never); `category` the profile category its ops are filed under by `op`;
-    `backward_cost` how the plate's convention charges its backward (`costmodel.scaled`)."""
-
-    name: str
-    shape: Callable
-    flops: Callable
-    vjp: Callable | None = None
-    backward: str | None = None
-    view: Callable | None = None
-    category: str = "elementwise"
-    backward_cost: Callable = costmodel.scaled
-    grid: Callable | None = None  # a matrix multiply's (GEMMs, M, N) rule (`rules.GEMM_GRIDS`)
-    eager: Callable | None = None  # its eager PyTorch kernels' bytes (`rules.EAGER_BYTES`)
-    eager_backward: Callable | None = None  # theirs backward (`rules.EAGER_BACKWARD_BYTES`)
-    shards: tuple[str, ...] = ()  # its roles when parallelism splits it (`rules.SHARDING`)
-    cp_gathers: tuple[int, ...] = ()  # inputs context parallelism gathers (`rules.CP_GATHERS`)
-    fusion_class: str | None = None  # what fuses with it (`fusion.DEFINED_CLASSES`)
-    kept: bool = False  # selective-op recomputation keeps its output (`recompute.SAVE_KINDS`)
-    operands: int | None = None  # leading operands whose dtype sets its peak (`OPERANDS`)
-    active_fraction: Callable | None = None  # a routed weight's share a token reads
-    fp8_weight_dims: int | None = None  # the FP8 recipe covers it (`precision.FP8_KINDS`)
-
-    def op(self, g, inputs: Sequence, *, name: str | None = None, category: str | None = None,
-           **params) -> Tensor:
-        """An op of this kind in builder `g`: `squared_relu.op(g, [x])`."""
-        return g.op(self.name, inputs, category=category or self.category,
-                    name=name or self.name, **params)
+from .rules.base import SAVES, Example, Kind, twice_forward
+from .rules.base import _same_shape as same_shape  # element-wise: every input has the first's
 
 
 _DEFINED: dict[str, Kind] = {}  # kinds made by define_kind, by name
-_CATEGORY: dict[str, str] = {}
-
-
-def _no_vjp(ctx, op) -> list:
-    """No gradient flows through this kind."""
-    return []
-
-
-def _always(ins, params) -> bool:
-    """A view whatever its inputs (unless `copy=True`)."""
-    return not params.get("copy")
-
-
-def twice_forward(kind: str) -> Callable:
-    """The backward FLOP rule of `<kind>_backward` by the plate's ratio: twice the forward
-    kind's FLOPs, re-derived from the saved inputs (from the gradients' shapes when nothing is
-    saved, as for an element-wise kind)."""
-    def _twice_forward(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
-        _, fwd_ins, _ = rules._saved(ins, params)
-        fwd_ins = fwd_ins or outs
-        shapes = rules.SHAPE_RULES[kind](fwd_ins, params)
-        fwd_outs = [Tensor(f"{kind}.out{i}", s) for i, s in enumerate(shapes)]
-        return 2 * rules.FLOP_RULES[kind](fwd_ins, fwd_outs, params)
-    _twice_forward.__name__ = f"_{kind}_twice_forward"
-    return _twice_forward
 
 
 def define_kind(name: str, *, shape: Callable, flops: Callable,
@@ -116,7 +48,13 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                 shards: Sequence[str] = (), cp_gathers: Sequence[int] = (),
                 fusion_class: str | None = None, kept: bool = False,
                 operands: int | None = None, active_fraction: Callable | None = None,
-                fp8_weight_dims: int | None = None, replace: bool = False) -> Kind:
+                fp8_weight_dims: int | None = None, eager_saved: Callable | None = None,
+                eager_workspace: Callable | None = None,
+                eager_backward_workspace: Callable | None = None,
+                scores: Callable | None = None, backward_scores: Callable | None = None,
+                efficiency: str | None = None, backward_efficiency: str | None = None,
+                example: Example | None = None, variants: Sequence[Example] = (),
+                replace: bool = False) -> Kind:
     """Define op kind `name` in every table; returns its `Kind`.
 
     - `shape`, `flops`: its shape and FLOP rules (`rules.per_element(n)` for n FLOPs per output
@@ -159,6 +97,16 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     - `fp8_weight_dims`: the FP8 recipe (`--precision fp8`) casts both operands of an op of it
       whose second input is a weight of this many dimensions, and of its backward kernels
       (`passes.precision.FP8_KINDS`; give `operands` too, so that it runs at the FP8 peak).
+    - `eager_saved`, `eager_workspace`, `eager_backward_workspace`: for a kind a framework runs
+      eagerly, `(inputs, outputs, params) -> ((name, shape, dtype), ...)`: the tensors its
+      autograd keeps beyond its inputs, and those its kernels (forward, backward) hold while
+      they run (`rules.EAGER_SAVED`, `EAGER_WORKSPACE`, `EAGER_BACKWARD_WORKSPACE`).
+    - `scores`, `backward_scores`: for an attention kernel and its backward, `(inputs, outputs,
+      params) -> (scores, d_qk + d_v, query rows)`, the exponentials and rows the calibrated
+      model times (`rules.ATTENTION_SCORES`); `efficiency`, `backward_efficiency`: the
+      calibrated efficiency class of its kernels (`rules.EFFICIENCY`; None: "matmul").
+    - `example`, `variants`: an op of it on symbolic tensors (`rules.Example`), for the
+      reference table.
 
     Defining a kind that exists raises OpgraphError unless `replace=True`.
 
@@ -186,93 +134,47 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                            f"{', '.join(rules.SHARD_ROLES)}")
     if name in _DEFINED:
         remove_kind(name)
-    backward = f"{name}_backward" if isinstance(vjp, str) else None
-    rule = (_backward.one_kernel(vjp) if isinstance(vjp, str)
-            else _no_vjp if vjp is None else vjp)
-    view_rule = _view_rule(view)
-    if backward_cost is None:
-        backward_cost = costmodel.scaled_flops if view_rule is not None else costmodel.scaled
-    record = Kind(name, shape, flops, rule, backward, view_rule, category, backward_cost, grid,
-                  eager, eager_backward, tuple(shards), tuple(cp_gathers), fusion_class, kept,
-                  operands, active_fraction, fp8_weight_dims)
-    rules.SHAPE_RULES[name] = shape
-    rules.FLOP_RULES[name] = flops
-    _backward.VJP_RULES[name] = rule
-    costmodel.BACKWARD_COST[name] = backward_cost
-    # the tables a trait has a row in only where the kind declares it
-    for value, table in ((view_rule, rules.VIEWS), (grid, rules.GEMM_GRIDS),
-                         (eager, rules.EAGER_BYTES), (eager_backward, rules.EAGER_BACKWARD_BYTES),
-                         (tuple(shards) or None, rules.SHARDING),
-                         (tuple(cp_gathers) or None, rules.CP_GATHERS),
-                         (fusion_class, fusion.DEFINED_CLASSES), (operands, costmodel.OPERANDS),
-                         (active_fraction, parameters.ACTIVE_FRACTION),
-                         (fp8_weight_dims, precision.FP8_KINDS)):
-        if value is not None:
-            table[name] = value
-    if fusion_class is not None and backward is not None:  # its backward fuses as it does
-        fusion.DEFINED_CLASSES[backward] = fusion_class
-    if kept:
-        recompute.SAVE_KINDS = (*recompute.SAVE_KINDS, name)
-    rules.FORWARD_KINDS = (*rules.FORWARD_KINDS, name)
-    if backward is not None:
-        rules.SHAPE_RULES[backward] = backward_shape or rules.backward_shape(name)
-        rules.FLOP_RULES[backward] = backward_flops or twice_forward(name)
-        if _view_rule(backward_view) is not None:
-            rules.VIEWS[backward] = _view_rule(backward_view)
-        rules.BACKWARD_KINDS = (*rules.BACKWARD_KINDS, backward)
+    record = rules.kind(
+        name, shape=shape, flops=flops, vjp=vjp, backward_flops=backward_flops,
+        backward_shape=backward_shape, view=view, backward_view=backward_view,
+        backward_cost=backward_cost, category=category, grid=grid, eager=eager,
+        eager_backward=eager_backward, eager_saved=eager_saved, eager_workspace=eager_workspace,
+        eager_backward_workspace=eager_backward_workspace, shards=tuple(shards),
+        cp_gathers=tuple(cp_gathers), fusion_class=fusion_class, kept=kept, operands=operands,
+        active_fraction=active_fraction, fp8_weight_dims=fp8_weight_dims, scores=scores,
+        backward_scores=backward_scores, efficiency=efficiency,
+        backward_efficiency=backward_efficiency, example=example, variants=tuple(variants))
+    rules.register(record, builtin=False)
     _DEFINED[name] = record
     costmodel._own_of.cache_clear()  # costs kept by op were made by the rules before
     return record
 
 
-def _view_rule(view: bool | Callable) -> Callable | None:
-    if callable(view):
-        return view
-    return _always if view else None
-
-
 def _tables() -> tuple[dict, ...]:
-    """Every per-kind table a kind has rows in: `define_kind` writes its rows, `remove_kind`
-    clears them (and `recompute.SAVE_KINDS`, a tuple)."""
-    return (rules.SHAPE_RULES, rules.FLOP_RULES, rules.VIEWS, _backward.VJP_RULES,
-            costmodel.BACKWARD_COST, rules.GEMM_GRIDS, rules.EAGER_BYTES,
-            rules.EAGER_BACKWARD_BYTES, rules.SHARDING, rules.CP_GATHERS,
-            fusion.DEFINED_CLASSES, costmodel.OPERANDS, parameters.ACTIVE_FRACTION,
-            precision.FP8_KINDS)
+    """Every per-kind table a kind has rows in (`rules.register` writes them)."""
+    return (rules.SHAPE_RULES, rules.FLOP_RULES, rules.VIEWS, rules.VJP_RULES,
+            rules.BACKWARD_COST, rules.GEMM_GRIDS, rules.ATTENTION_SCORES, rules.EFFICIENCY,
+            rules.EAGER_BYTES, rules.EAGER_BACKWARD_BYTES, rules.EAGER_SAVED,
+            rules.EAGER_WORKSPACE, rules.EAGER_BACKWARD_WORKSPACE, rules.SHARDING,
+            rules.CP_GATHERS, rules.FUSION_CLASSES, rules.DEFINED_FUSION_CLASSES, rules.KEPT,
+            rules.OPERANDS, rules.ACTIVE_FRACTION, rules.FP8_KINDS)
 
 
 def remove_kind(name: str) -> None:
     """Take a kind made by `define_kind` out of every table (a test cleaning up after itself)."""
-    record = _DEFINED.pop(name, None)
-    if record is None:
+    if _DEFINED.pop(name, None) is None:
         raise OpgraphError(f"op kind {name!r} was not made by define_kind")
-    recompute.SAVE_KINDS = tuple(k for k in recompute.SAVE_KINDS if k != name)
-    for table in _tables():
-        table.pop(name, None)
-        if record.backward:
-            table.pop(record.backward, None)
-    rules.FORWARD_KINDS = tuple(k for k in rules.FORWARD_KINDS if k != name)
-    rules.BACKWARD_KINDS = tuple(k for k in rules.BACKWARD_KINDS if k != record.backward)
+    rules.unregister(name)
     costmodel._own_of.cache_clear()
 
 
 def kind(name: str) -> Kind:
-    """Any forward kind, built in or defined, as its table rows: `kind("geglu").flops`."""
-    if name in _DEFINED:
-        return _DEFINED[name]
-    if name not in rules.FORWARD_KINDS:
+    """Any forward kind, built in or defined, its record: `kind("geglu").flops`."""
+    found = rules.KINDS.get(name)
+    if found is None or found.group != "forward":
         raise OpgraphError(f"unknown op kind {name!r}; the kinds are "
                            f"{', '.join(sorted(rules.FORWARD_KINDS))}")
-    backward = f"{name}_backward"
-    return Kind(name, rules.SHAPE_RULES[name], rules.FLOP_RULES[name],
-                _backward.VJP_RULES[name], backward if backward in rules.SHAPE_RULES else None,
-                rules.VIEWS.get(name), EXAMPLES[name].category if name in EXAMPLES else
-                "elementwise", costmodel.BACKWARD_COST[name], rules.GEMM_GRIDS.get(name),
-                rules.EAGER_BYTES.get(name), rules.EAGER_BACKWARD_BYTES.get(name),
-                rules.SHARDING.get(name, ()), rules.CP_GATHERS.get(name, ()),
-                {**fusion.DEFINED_CLASSES, **fusion.KIND_CLASSES}.get(name),
-                name in recompute.SAVE_KINDS, costmodel.OPERANDS.get(name),
-                parameters.ACTIVE_FRACTION.get(name), precision.FP8_KINDS.get(name))
+    return found
 
 
 def defined_kinds() -> tuple[str, ...]:
@@ -287,94 +189,33 @@ def builtin_kinds() -> tuple[str, ...]:
 
 # --- the reference table --------------------------------------------------------------------------
 
-@attrs.frozen
-class Example:
-    """One op of a kind on symbolic tensors: `inputs` are (name, shape, role) triples."""
+def example_graph(kind_name: str, example: Example) -> Graph:
+    """A one-op graph of `example`, an op of `kind_name` (its inputs fed from outside)."""
+    graph = Graph(f"example-{kind_name}")
+    tensors = []
+    for name, shape, role in example.inputs:
+        dtype = INT32 if role is Role.INPUT else BF16
+        tensors.append(graph.add_tensor(Tensor(name, shape, dtype, role)))
+    params = dict(example.params)
+    shapes = rules.infer_shapes(kind_name, tensors, params)
+    outs = [graph.add_tensor(Tensor("out" if i == 0 else f"out{i}", s))
+            for i, s in enumerate(shapes)]
+    graph.add_op(Op(kind_name, kind_name, rules.KINDS[kind_name].category,
+                    [t.name for t in tensors], [t.name for t in outs], params=params))
+    return graph
 
-    inputs: tuple
-    params: tuple = ()
-    category: str = "elementwise"
-
-    def graph(self, kind_name: str) -> Graph:
-        """A one-op graph of this example (its inputs fed from outside)."""
-        graph = Graph(f"example-{kind_name}")
-        tensors = []
-        for name, shape, role in self.inputs:
-            dtype = INT32 if role is Role.INPUT else BF16
-            tensors.append(graph.add_tensor(Tensor(name, shape, dtype, role)))
-        params = dict(self.params)
-        shapes = rules.infer_shapes(kind_name, tensors, params)
-        outs = [graph.add_tensor(Tensor("out" if i == 0 else f"out{i}", s))
-                for i, s in enumerate(shapes)]
-        graph.add_op(Op(kind_name, kind_name, self.category, [t.name for t in tensors],
-                        [t.name for t in outs], params=params))
-        return graph
-
-
-def _x(shape, name="x", role=Role.ACTIVATION):
-    return (name, shape, role)
-
-
-def _w(shape, name="w"):
-    return (name, shape, Role.WEIGHT)
-
-
-def _ids(shape, name="ids"):
-    return (name, shape, Role.INPUT)
-
-
-M, W, R = dim("M"), dim("W"), dim("R")
-_QKV = (_x((B, S, H * d_h), "q"), _x((B, S, H_kv * d_h), "k"))
-_ATTN = {"heads": H, "kv_heads": H_kv, "causal": True}
 
 # One example per built-in forward kind, in the shapes a model gives it (VARIANTS: more, for
-# parameters that change the count).
-EXAMPLES: dict[str, Example] = {
-    "embedding": Example((_ids((B, S)), _w((V, D), "table")), category="embedding"),
-    "matmul": Example((_x((B, S, D)), _w((D, F))), category="matmul"),
-    "rmsnorm": Example((_x((B, S, D)), _w((D,))), category="norm"),
-    "layernorm": Example((_x((B, S, D)), _w((D,)), _w((D,), "b")), category="norm"),
-    "rope": Example((_x((B, S, H * d_h)),)),
-    "attention_scores": Example(_QKV, tuple(_ATTN.items()), "attention"),
-    "flash_attention": Example((*_QKV, _x((B, S, H_kv * d_h), "v")), tuple(_ATTN.items()),
-                               "attention"),
-    "swiglu": Example((_x((B, S, F), "gate"), _x((B, S, F), "up"))),
-    "gelu": Example((_x((B, S, F)),)),
-    "add": Example((_x((B, S, D), "a"), _x((B, S, D), "b"))),
-    "cross_entropy": Example((_x((B, S, V), "logits"), _ids((B, S), "targets")),
-                             category="output_head"),
-    "topk": Example((_x((B, S, E), "logits"),), (("k", K),), "routing"),
-    "expert_matmul": Example((_x((B, S, D)), _w((E, D, F)), _ids((B, S, K), "experts")),
-                             category="matmul"),
-    "moe_combine": Example((_x((B, S, K, D), "y"), _x((B, S, K), "gates")), category="routing"),
-    "mul": Example((_x((B, S, F), "a"), _x((B, S, F), "b"))),
-    "scale": Example((_x((B, S, D)),), (("factor", 2),)),
-    "geglu": Example((_x((B, S, F), "gate"), _x((B, S, F), "up"))),
-    "softcap": Example((_x((B, S, V)),), (("cap", 30),)),
-    "slice": Example((_x((B, S, H * d_h)),), (("axis", -1), ("size", d_h), ("start", 0))),
-    "split": Example((_x((B, S, 2 * D)),), (("axis", -1), ("sizes", (D, D)))),
-    "concat": Example((_x((B, S, H, d_h), "a"), _x((B, S, H, d_h), "b")), (("axis", -1),)),
-    "broadcast": Example((_x((B, S, 1, d_h)),), (("shape", (B, S, H, d_h)),)),
-    "reshape": Example((_x((B, S, H * d_h)),), (("shape", (B, S, H, d_h)),)),
-    "gather": Example((_x((B, S, D)), _ids((B, M), "positions"))),
-    "relu": Example((_x((B, S, F)),)),
-    "dropout": Example((_x((B, H, S, S)),), (("p", 0.1),)),
-}
-VARIANTS: tuple[tuple[str, Example], ...] = (
-    ("flash_attention", Example(EXAMPLES["flash_attention"].inputs,
-                                (*_ATTN.items(), ("window", W)), "attention")),
-    ("flash_attention", Example(EXAMPLES["flash_attention"].inputs,
-                                (*_ATTN.items(), ("softcap", 50)), "attention")),
-    ("gelu", Example(EXAMPLES["gelu"].inputs, (("approximate", "none"),))),
-    ("rope", Example(EXAMPLES["rope"].inputs, (("heads", H), ("rotary", R)))),
-    ("flash_attention", Example(EXAMPLES["flash_attention"].inputs,
-                                (*_ATTN.items(), ("alibi", True)), "attention")),
-)
+# parameters that change the count): each kind's `example` and `variants`.
+EXAMPLES: dict[str, Example] = {name: rules.KINDS[name].example for name in rules.FORWARD_KINDS
+                                if rules.KINDS[name].example is not None}
+VARIANTS: tuple[tuple[str, Example], ...] = tuple(
+    (name, e) for name in rules.FORWARD_KINDS for e in rules.KINDS[name].variants)
 
 
 def _figures(kind_name: str, example: Example) -> tuple[sympy.Expr, sympy.Expr, str]:
     """Forward FLOPs, backward FLOPs (its kernels' own rules) and whether it is a view."""
-    graph = example.graph(kind_name)
+    graph = example_graph(kind_name, example)
     (op,) = graph.ops()
     forward = rules.rule_flops(graph, op)
     step = _backward.derive_backward(graph)
@@ -421,5 +262,6 @@ def kind_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["EXAMPLES", "SAVES", "VARIANTS", "Example", "Kind", "builtin_kinds", "define_kind", "kind",
+__all__ = ["EXAMPLES", "SAVES", "VARIANTS", "Example", "Kind", "builtin_kinds", "define_kind",
+           "example_graph", "kind",
            "kind_table", "remove_kind", "same_shape", "twice_forward"]

@@ -13,19 +13,13 @@ from collections.abc import Callable, Iterable
 
 import sympy
 
+from . import rules
 from .ir import Graph, Op, Phase, Tensor
 
 
-def _routed_experts(tensor: Callable[[str], Tensor], op: Op, weight: Tensor) -> sympy.Expr:
-    """K of E experts: K the routing's last dimension, E the expert weight's first."""
-    experts = tensor(op.inputs[2])
-    return experts.shape[-1] / weight.shape[0]
-
-
 # kind -> (a tensor by name, the op, the weight) -> the share of the weight one token reads
-ACTIVE_FRACTION: dict[str, Callable[[Callable, Op, Tensor], sympy.Expr]] = {
-    "expert_matmul": _routed_experts,
-}
+# (a kind's `active_fraction`: the expert matmul's in `opgraph.core.rules.moe`)
+ACTIVE_FRACTION: dict[str, Callable[[Callable, Op, Tensor], sympy.Expr]] = rules.ACTIVE_FRACTION
 
 
 def _readers(graph: Graph, weight: Tensor) -> list[tuple[Op, Callable[[str], Tensor]]]:

@@ -84,7 +84,7 @@ class Cost:
 # --- the peak an op runs at: a matrix multiply whose operands are all FP8 runs at the part's
 # dense FP8 peak (the precision pass's casts make them so); everything else at the BF16 peak ----
 
-OPERANDS: dict[str, int] = {"matmul": 2, "expert_matmul": 2}  # kind -> its leading operands
+OPERANDS: dict[str, int] = rules.OPERANDS  # kind -> its leading operands (a kind's `operands`)
 PEAKS: dict[str, str] = {"fp8": "fp8_flops"}  # dtype -> the Hardware field of its dense peak
 
 
@@ -113,22 +113,10 @@ def _operands_dtype(inputs: list, kind: str) -> str | None:
 # --- the plate's backward convention, per forward kind: (scaled FLOPs, scaled bytes, the
 # kernel's own bytes) -> the kernel's (FLOPs, bytes) -----------------------------------------------
 
-def scaled(flops, nbytes, own_bytes) -> tuple:
-    """The plate's rule: FLOPs and bytes both the forward's, scaled."""
-    return flops, nbytes
-
-
-def scaled_flops(flops, nbytes, own_bytes) -> tuple:
-    """FLOPs scaled from the forward; bytes those of the kernel's own tensors (FlashAttention's
-    backward: its traffic is Q, K, V, O and their gradients, not twice the forward's)."""
-    return flops, own_bytes
-
-
-BACKWARD_COST: dict[str, Callable] = {
-    kind: scaled for kind in rules.FORWARD_KINDS} | {"flash_attention": scaled_flops}
-# A view's backward moves its own tensors: twice a free view's nothing would hide a broadcast's
-# reduction of dY, or a slice's gradient written at the input's size.
-BACKWARD_COST |= {kind: scaled_flops for kind in rules.VIEWS if kind in rules.FORWARD_KINDS}
+scaled, scaled_flops = rules.scaled, rules.scaled_flops  # the two conventions a kind picks from
+# forward kind -> its backward's convention (a kind's `backward_cost`: `scaled_flops` for
+# FlashAttention and the views, whose backward moves its own tensors)
+BACKWARD_COST: dict[str, Callable] = rules.BACKWARD_COST
 
 
 def own_bytes(graph: Graph, op: Op) -> sympy.Expr:
@@ -496,7 +484,7 @@ DEFAULT = CostModel()
 
 # Which efficiency of a generation a kind's arithmetic runs at (`opgraph.cost.calibration`); any
 # other kind runs at `matmul`'s (its compute term rarely binds: it is memory-bound).
-EFFICIENCY = {"flash_attention": "attention", "flash_attention_backward": "attention_backward"}
+EFFICIENCY: dict[str, str] = rules.EFFICIENCY  # kind -> its class (`efficiency`), else "matmul"
 # How much slower than FlashAttention-2 an earlier attention kernel runs, forward and backward
 # (Dao 2023, FlashAttention-2, section 4.1, measured on A100s; taken to hold on every generation,
 # the kernels using the same mma instructions as FlashAttention-2):
@@ -726,7 +714,7 @@ def wave_quantum(count, m, n, sms, tile_m, tile_n, ceil: Callable = math.ceil, s
 # The head dims the published attention efficiencies are measured at (d_qk + d_v = 128 + 128):
 # `attention` is FlashAttention's fraction of the peak there.
 REFERENCE_HEAD_DIMS = 256
-ATTENTION_KINDS = frozenset(rules.ATTENTION_SCORES)
+ATTENTION_KINDS = rules.ATTENTION_SCORES  # the attention kernels (a kind's `scores`), by kind
 
 
 def exp_factor(flops, scores, head_dims, ratio):

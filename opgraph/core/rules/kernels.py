@@ -1,0 +1,129 @@
+"""Kernels the passes make, not a model: a fused kernel (`opgraph.core.rewrite.Replacement.fuse`),
+FP8's tensor-wise scaling casts (`opgraph.passes.precision`, as torchao's Float8Linear and
+Transformer Engine do it; the pass places them in both phases itself, so they have no VJP), and
+collectives (`opgraph.passes.shard`, `opgraph.parallel.collectives`)."""
+
+from __future__ import annotations
+
+import sympy
+
+from ..ir import Op, Tensor
+from .base import (
+    Shape,
+    _always_view,
+    _fmt,
+    _no_flops,
+    _require,
+    count_flops,
+    infer_shapes,
+    kind,
+    per_element,
+)
+
+# A fused kernel's params carry the member ops (`body`, in execution order), the tensors that stay
+# inside it (`inner`) and the names of what it writes (`outputs`), so its shapes and FLOPs are its
+# members', derived by their own rules; its traffic is its boundary tensors, like any op's.
+#
+# A collective moves a tensor between the GPUs of a group. Its parameters name the group
+# (`group`: a parallel degree, "tp", "cp", "ep", "dp" or "pp") and, for a gather or scatter, the
+# dimension it joins or splits (`axis`) and the group's size (`size`: the degree's symbol). They
+# do no arithmetic the roofline counts (a reduction's adds run on the communication kernel's own
+# SMs) and move no HBM bytes on the compute stream: their time is the network's (`costmodel`).
+
+
+def _fused_tensors(ins: list[Tensor], params: dict) -> dict[str, Tensor]:
+    """Every tensor a fused kernel's members touch, by name; the kernel's outputs re-derived by
+    the members' shape rules (their dtype is not a shape's concern)."""
+    known = {t.name: t for t in (*ins, *params["inner"])}
+    for op in params["body"]:
+        shapes = infer_shapes(op.kind, [known[n] for n in op.inputs], dict(op.params))
+        for name, shape in zip(op.outputs, shapes):
+            known.setdefault(name, Tensor(name, shape))
+    return known
+
+
+def _fused_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    known = _fused_tensors(ins, params)
+    return [known[name].shape for name in params["outputs"]]
+
+
+def _fused_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """Fusion moves no arithmetic: the members' FLOPs, each by its kind's rule."""
+    known = _fused_tensors(ins, params) | {t.name: t for t in outs}
+    return sympy.Add(*(count_flops(op.kind, [known[n] for n in op.inputs],
+                                   [known[n] for n in op.outputs], dict(op.params))
+                       for op in params["body"]))
+
+
+def _amax_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """A tensor -> its largest magnitude, one scalar (the tensor-wise scale follows from it)."""
+    _require(len(ins) == 1, lambda: f"amax reads one tensor, not {len(ins)}")
+    return [()]
+
+
+def _cast_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """A tensor and its amax -> the tensor scaled into the FP8 range, in the output's dtype."""
+    _require(len(ins) == 2 and ins[1].shape == (), "cast reads a tensor and its scalar amax")
+    return [ins[0].shape]
+
+
+def _amax_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """|x| and the running max: 2 per element read."""
+    return 2 * ins[0].numel
+
+
+def _gathered(ins: list[Tensor], params: dict, grow: bool) -> list[Shape]:
+    _require(len(ins) == 1, lambda: f"a collective reads one tensor, not {len(ins)}")
+    axis, size = int(params["axis"]), params["size"]
+    shape = list(ins[0].shape)
+    _require(-len(shape) <= axis < len(shape), lambda: f"axis {axis} of {_fmt(ins[0].shape)}")
+    shape[axis] = shape[axis] * size if grow else shape[axis] / size
+    return [tuple(shape)]
+
+
+def _all_gather_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Each GPU's shard -> the whole, `size` shards joined along `axis`."""
+    return _gathered(ins, params, grow=True)
+
+
+def _reduce_scatter_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Each GPU's partial sum of the whole -> its shard of the sum, split along `axis`."""
+    return _gathered(ins, params, grow=False)
+
+
+def _exchange_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    _require(len(ins) == 1, lambda: f"a collective reads one tensor, not {len(ins)}")
+    return [ins[0].shape]
+
+
+def _collective_vjp(ctx, op: Op) -> list[Op]:
+    """A collective's gradient is the collective `opgraph.parallel.collectives` pairs it with
+    (Megatron's f and g: all-gather <-> reduce-scatter, all-reduce <-> identity), over the same
+    group."""
+    from ...parallel import collectives  # the pairing's home; parallel imports core
+
+    paired = collectives.backward(op.kind.replace("_", "-")).replace("-", "_")
+    dy = ctx.grad(op.outputs[0])
+    kernel = ctx.emit(op, "grad", paired, [dy], [op.inputs[0]])
+    return [kernel] if kernel else []
+
+
+KINDS = (
+    kind("fused", shape=_fused_shape, flops=_fused_flops, vjp=None, group="fused"),
+    kind("amax", shape=_amax_shape, flops=_amax_flops, vjp=None, group="precision"),
+    kind("cast", shape=_cast_shape,
+         flops=per_element(2),  # times the scale (fp8_max / amax), clamped to the range
+         vjp=None, group="precision"),
+    kind("all_reduce", shape=_exchange_shape,  # partial sums -> their sum, on every GPU
+         flops=_no_flops, vjp=_collective_vjp, group="collective"),
+    kind("reduce_scatter", shape=_reduce_scatter_shape, flops=_no_flops, vjp=_collective_vjp,
+         group="collective"),
+    kind("all_gather", shape=_all_gather_shape, flops=_no_flops, vjp=_collective_vjp,
+         group="collective"),
+    kind("all_to_all", shape=_exchange_shape,  # tokens to their experts' GPUs and back
+         flops=_no_flops, vjp=_collective_vjp, group="collective"),
+    kind("send_recv", shape=_exchange_shape,  # to the next pipeline stage (or back)
+         flops=_no_flops, vjp=_collective_vjp, group="collective"),
+    kind("identity", shape=_exchange_shape,  # Megatron's f: a copy forward, an all-reduce back
+         flops=_no_flops, vjp=_collective_vjp, view=_always_view, group="collective"),
+)
