@@ -8,17 +8,8 @@ from __future__ import annotations
 import sympy
 
 from ..ir import Op, Tensor
-from .base import (
-    Shape,
-    _always_view,
-    _fmt,
-    _no_flops,
-    _require,
-    count_flops,
-    infer_shapes,
-    kind,
-    per_element,
-)
+from .base import (Shape, _always_view, _fmt, _no_flops, _require, count_flops, infer_shapes, kind,
+                   per_element)
 
 # A fused kernel's params carry the member ops (`body`, in execution order), the tensors that stay
 # inside it (`inner`) and the names of what it writes (`outputs`), so its shapes and FLOPs are its

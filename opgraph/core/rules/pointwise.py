@@ -8,20 +8,8 @@ import sympy
 from ..ir import Tensor
 from ..symbols import B, D, F, H, S, V, d_h, dim
 from .attention import SOFTCAP_BACKWARD_FLOPS, SOFTCAP_FLOPS
-from .base import (
-    _F32,
-    Example,
-    Shape,
-    _no_backward_flops,
-    _no_flops,
-    _require,
-    _same_shape,
-    _saved,
-    kind,
-    per_element,
-    per_input,
-    x_,
-)
+from .base import (_F32, Example, Shape, _no_backward_flops, _no_flops, _require, _same_shape,
+                   _saved, kind, per_element, per_input, x_)
 
 # RoPE on a fraction of each head (GPT-NeoX's `rotary_pct`): `rotary=R` of each head's d
 # dimensions are rotated, the rest pass through; one kernel reads and writes the whole tensor
