@@ -789,9 +789,9 @@ def test_no_collective_is_exposed_longer_than_it_runs(model, layout, cost):
 @pytest.mark.parametrize("argv", [
     ("--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--ep", "8", "--global-batch", "64"),
     # a pipeline: the last stage's tail (its optimizer after rank 0's) is waited for too (on the
-    # roofline, where that stage's longer tail shows)
+    # roofline, without ZeRO, where that stage's longer tail shows)
     ("--model", "llama3-70b", "--gpus", "64", "--tp", "8", "--pp", "2", "--global-batch", "64",
-     "--sequence-parallel", "--zero", "1", "--cost", "roofline"),
+     "--sequence-parallel", "--zero", "0", "--cost", "roofline"),
 ])
 def test_the_table_shows_the_queueing_on_a_line_of_its_own(cli, argv):
     """The communication table's exposed column adds up to the exposed communication: each
@@ -880,3 +880,17 @@ def test_a_pipeline_error_on_a_model_of_two_stacks_says_which_layers_it_counts()
     with pytest.raises(OpgraphError, match="--first-stage-layers 8 --last-stage-layers 9 "
                                            "splits it as plan would"):
         check_layout(forward, Parallel(pp=3))
+
+
+def test_a_pipeline_stage_runs_every_layer_forward_before_any_backward():
+    """A pipeline stage holds no op between its layers' forward and backward ops (the loss is
+    on the last stage), yet a micro-batch runs the stage's layers forward, then backward: the
+    schedule's trips are one pass's, not a layer's forward then its backward."""
+    job = Parallel(pp=2, dp=2, zero=3, global_batch=4)
+    result = profile_parallel(preset("llama3.2-1b"), H100, job, rank=0).parallel
+    first = [e for e in result.events if e.track == "compute" and e.name.endswith(" [mb 0]")]
+    forward = [e for e in first if e.phase == "forward"]
+    backward = [e for e in first if e.phase != "forward"]
+    assert max(e.end_s for e in forward) <= min(e.start_s for e in backward) + 1e-12
+    q = sum(e.name == "layers.q_proj [mb 0]" for e in forward)
+    assert q > 1 and q == sum(e.name == "layers.q_proj.dA [mb 0]" for e in backward)

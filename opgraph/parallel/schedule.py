@@ -93,6 +93,21 @@ def overlapped(group: str, async_tp: bool) -> bool:
     return group == "cp" or (group == "tp" and async_tp)
 
 
+def same_trip(region, forward: bool, op) -> bool:
+    """Whether compute op `op` runs in the trip of the op before it (of `region`, in the
+    forward pass or not): one region's ops repeat together, a forward pass's apart from the
+    backward's (its recomputation with it). A pipeline stage holds nothing between its
+    layers' forward and backward ops, yet runs every layer forward before any backward."""
+    return (region is not None and op.region == region
+            and _forward(op) == forward)
+
+
+def _forward(op) -> bool:
+    phase = op.phase
+    return (phase is Phase.FORWARD if isinstance(phase, Phase)
+            else phase == Phase.FORWARD.value)
+
+
 @attrs.frozen
 class _Comm:
     name: str
@@ -172,7 +187,7 @@ def plan(graph: Graph, ops: list[Op], subs: dict, writes: dict | None = None) ->
                         + anchors.get(op.name, ()),
                         tuple(c for n in op.outputs for c in comm_readers.get(n, ())
                               if not comms[c].blocking))
-        if segments and op.region is not None and segments[-1][0].region == op.region:
+        if segments and same_trip(segments[-1][-1].region, _forward(segments[-1][-1]), op):
             segments[-1].append(item)
         else:
             segments.append([item])
@@ -677,7 +692,7 @@ WAITED_GROUPS = ("tp", "ep")
 
 @attrs.frozen
 class Waits:
-    """A run of consecutive compute ops of one region and count (none once per step), and
+    """A run of consecutive compute ops of one region, pass and count (none once per step), and
     where in it the stream surely waits (`sure_waits`): `targets` are (a reader's position in
     `ops`, its chains: (the position of the first op writing the chain's input, the chain's
     collectives, first to last, and the index in `targets` of the last reader at or before
@@ -726,7 +741,8 @@ def sure_waits(graph: Graph, ops: list, collective: list, once: tuple) -> tuple[
             continue
         last = ops[runs[-1][-1]] if runs else None
         if (last is not None and not once[i] and not once[runs[-1][-1]]
-                and last.region == op.region and last.count == op.count):
+                and last.region == op.region and _forward(last) == _forward(op)
+                and last.count == op.count):
             runs[-1].append(i)
         else:
             runs.append([i])
@@ -773,13 +789,13 @@ def releases(graph: Graph, ops: list, collective: list, planned: list) -> Releas
 
     segment: dict[int, int] = {}
     index = {op.name: i for i, op in enumerate(ops)}
-    n, region = -1, None
+    n, prev = -1, None
     for i, op in enumerate(ops):
         if collective[i] or not planned[i]:
             continue
-        if n < 0 or op.region is None or op.region != region:
+        if n < 0 or not same_trip(prev.region, _forward(prev), op):
             n += 1
-        region, segment[i] = op.region, n
+        prev, segment[i] = op, n
     released: dict[int, int] = {}
     for i, op in enumerate(ops):  # in order: a collective's producers come before it
         if not collective[i] or not planned[i] or op.kind == "identity":
