@@ -820,6 +820,95 @@ def releases(graph: Graph, ops: list, collective: list, planned: list) -> Releas
     return Releases(matrix(segment), tuple(matrix(g) for g in groups.values()))
 
 
+@attrs.frozen
+class Cycles:
+    """Where a layer stack's trips are held back by one group's stream. In a segment of
+    repeated trips, every collective of the group that reduces what an op at position `k2`
+    or later writes is started in trip t once that op has run; every weight's gather first
+    read at `k` or earlier is started in trip t + 1 only when its reader needs it
+    (`Streams._need`), behind them all on the stream. So from `k2`'s end in one trip to its
+    end in the next takes at least those reductions, those gathers and the compute from `k` to
+    `k2`, for any reader `k <= k2`."""
+
+    compute: tuple[int, ...]  # the compute ops' indices, in order (positions)
+    # (first position, end position, gathers ((first reader, op), ...), reductions ((first
+    # writer, op), ...)) of each segment with both, each once a trip
+    segments: tuple
+
+
+def cycles(graph: Graph, ops: list, collective: list, planned: list, group: str = "dp"
+           ) -> Cycles:
+    """The `Cycles` of `group` in the micro-batch that runs the `planned` ops (only a group
+    whose collectives block their readers, as data parallelism's do)."""
+    index = {op.name: i for i, op in enumerate(ops)}
+    positions, starts = [], []
+    for i, op in enumerate(ops):
+        if collective[i] or not planned[i]:
+            continue
+        if not positions or not same_trip(ops[positions[-1]].region,
+                                          _forward(ops[positions[-1]]), op):
+            starts.append(len(positions))
+        positions.append(i)
+    starts.append(len(positions))
+    at = {i: row for row, i in enumerate(positions)}
+
+    def first(ops_):  # the first of these compute ops, by position
+        return min((at[index[o.name]] for o in ops_
+                    if o is not None and index.get(o.name) in at), default=None)
+
+    gathers, reductions = [], []
+    for c, op in enumerate(ops):
+        if not (collective[c] and planned[c] and op.param("group") == group
+                and not op.param("blocking")):
+            continue
+        writers = [graph.producer(n) for n in op.inputs]
+        if all(w is None or index.get(w.name) not in at for w in writers):
+            k = first(o for n in op.outputs for o in graph.consumers(n))
+            if k is not None:  # a weight's gather: started by its first reader
+                gathers.append((k, c))
+        elif all(w is None or w.kind not in COLLECTIVE_KINDS for w in writers):
+            k2 = first(writers)  # started when its first writer has run
+            if k2 is not None:
+                reductions.append((k2, c))
+    segments = []
+    for a, b in zip(starts, starts[1:]):
+        counts = {ops[positions[j]].count for j in range(a, b)}
+        if len(counts) != 1:
+            continue
+        (trips,) = counts
+        mine = [tuple(sorted((k, c) for k, c in found if a <= k < b and ops[c].count == trips))
+                for found in (gathers, reductions)]
+        if all(mine):
+            segments.append((a, b, *mine))
+    return Cycles(tuple(positions), tuple(segments))
+
+
+def cycle_bound(c: Cycles, compute, comm, counts):
+    """A lower bound of the micro-batch's span from `Cycles`: its compute, plus in each
+    segment of T trips (T - 1) times what its longest cycle takes beyond a trip's compute.
+    `compute`, `comm` are each op's time over all its instances, `counts` its instances (a row
+    per op, a column per row)."""
+    import numpy as np
+
+    pos = list(c.compute)
+    out = compute[pos].sum(axis=0) if pos else np.zeros(compute.shape[1])
+    for a, b, gathers, reductions in c.segments:
+        trips = np.maximum(counts[pos[a]], 1)
+        ran = np.vstack([np.zeros((1, compute.shape[1])),
+                         np.cumsum(compute[pos[a:b]] / trips, axis=0)])  # a trip's, up to each
+        gathered = np.cumsum([comm[g] / np.maximum(counts[g], 1) for _, g in gathers], axis=0)
+        reduced = np.cumsum([comm[r] / np.maximum(counts[r], 1)
+                             for _, r in reversed(reductions)], axis=0)[::-1]
+        cycle = np.zeros_like(out)
+        for i, (k, _) in enumerate(gathers):  # the gathers read at k or before, and ...
+            for j, (k2, _) in enumerate(reductions):  # ... the reductions from k2 on
+                if k <= k2:
+                    cycle = np.maximum(cycle, gathered[i] + reduced[j]
+                                       + ran[k2 - a + 1] - ran[k - a])
+        out = out + (trips - 1) * np.maximum(cycle - ran[-1], 0.0)
+    return out * (1 - 1e-6)
+
+
 def released_bound(r: Releases, compute, comm):
     """A lower bound of the micro-batch's span from its communication streams: a collective
     starts no earlier than the compute stream reaches the segment that releases it (every op

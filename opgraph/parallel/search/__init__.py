@@ -38,10 +38,13 @@ at once, those formulas are evaluated on numpy arrays (`_Program`), and from the
   (`schedule.sure_waits`: a chain of tensor- or expert-parallel collectives from one op of a
   layer to another, less the ops that run between them; a mixture of experts' all-gather and
   all-to-all), the
-  optimizer in the last, and each communication stream's collectives after the compute that
-  releases them (`schedule.released_bound`) — through the pipeline span and the tail, as
+  optimizer in the last, each communication stream's collectives after the compute that
+  releases them (`schedule.released_bound`), and each layer stack's trips held back by the
+  data-parallel stream (`schedule.cycle_bound`: under ZeRO-3 a backward layer's gradient
+  reductions and the next layer's gathers queue on it between one trip and the next) —
+  through the pipeline span and the tail, as
   `distributed.step_figures` combines them. For the fastest layouts of Llama 3 8B on 64 GPUs
-  and of Llama 3.1 405B on 16,384 it is 2.2% and 1.1% below the step.
+  and of Llama 3.1 405B on 16,384 it is 1.9% and 1.0% below the step.
 
 **A bound before compiling.** A structure's compile costs about 50 ms on this machine's core
 and a large space has hundreds of structures (four ZeRO stages x four recomputation policies x

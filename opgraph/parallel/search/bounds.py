@@ -27,7 +27,8 @@ from ...passes.split_stages import STACK, ends, layer_stack, split_stages
 from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
 from ..frameworks import bucket_share, reduce_dtype, sharding, traits
 from ..parallel import FRAMEWORK_FIELDS, SHARDED_FROM, Parallel, stage_layers
-from ..schedule import Waits, once_per_step, plan, released_bound, releases, sure_waits
+from ..schedule import (Cycles, Waits, cycle_bound, cycles, once_per_step, plan, released_bound,
+                        releases, sure_waits)
 from .space import DEGREES, LAYERS, Row
 
 # --- structures ---------------------------------------------------------------------------------
@@ -79,6 +80,7 @@ class _StageFormulas:
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
     optimizer_rows: tuple[int, ...]  # the compute ops of the last one only (the optimizer)
     releases: tuple  # (plain, last): each one's `schedule.Releases`
+    cycles: Cycles  # where the data-parallel stream holds a stack's trips back (plain)
     waits: tuple[Waits, ...]  # where the stream must wait for communication (`schedule.sure_waits`)
     plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
 
@@ -119,6 +121,7 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         tuple(i for i in range(len(ops)) if not collective[i] and once[i]),
         (releases(graph, ops, collective, [not o for o in once]),
          releases(graph, ops, collective, [True] * len(ops))),
+        cycles(graph, ops, collective, [not o for o in once]),
         sure_waits(graph, ops, collective, once))
 
 
@@ -767,9 +770,13 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
         # a micro-batch takes at least its compute and surely-waited communication, and at
         # least what its streams run after the compute that releases it; the last one adds
         # the optimizer and what runs once per step
-        plain[role] = np.maximum(busy, released_bound(f.releases[0], compute, comm))
-        last[role] = np.maximum(busy + compute[list(f.optimizer_rows)].sum(axis=0),
-                                released_bound(f.releases[1], compute, comm))
+        # and at least its compute with each stack's trips as long as its data-parallel
+        # stream lets them be (`schedule.cycles`)
+        held = cycle_bound(f.cycles, compute, comm, nums.counts)
+        plain[role] = np.maximum.reduce([busy, held,
+                                         released_bound(f.releases[0], compute, comm)])
+        last[role] = np.maximum.reduce([busy + compute[list(f.optimizer_rows)].sum(axis=0),
+                                        held, released_bound(f.releases[1], compute, comm)])
         once = np.array(f.once)
         serial[role] = (compute + comm)[~once].sum(axis=0)
         serial_last[role] = serial[role] + (compute + comm)[once].sum(axis=0)
