@@ -25,7 +25,7 @@ from ...passes.split_stages import FIRST as FIRST_END
 from ...passes.split_stages import LAST as LAST_END
 from ...passes.split_stages import STACK, ends, layer_stack, split_stages
 from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
-from ..frameworks import bucket_share, reduce_dtype, sharding, traits
+from ..frameworks import bucket_share, defers_grad_reduce, reduce_dtype, sharding, traits
 from ..parallel import FRAMEWORK_FIELDS, SHARDED_FROM, Parallel, stage_layers
 from ..schedule import (Cycles, Waits, cycle_bound, cycles, once_per_step, plan, released_bound,
                         releases, sure_waits)
@@ -758,6 +758,7 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
     p, m, v = cols.p, cols.m, cols.v
     numbers, plain, last, serial, serial_last = {}, {}, {}, {}, {}
     communicated = np.zeros(n)  # the first stage's communication over the step
+    deferred = np.array([defers_grad_reduce(r) for r in group])
     for role, f in s.stages.items():
         nums = numbers[role] = _numbers(f, cols.env | {LAYERS: cols.layers[role]}, n)
         times = _comm_times(f, nums, group, line, cost.copy_s(hardware))
@@ -771,8 +772,9 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
         # least what its streams run after the compute that releases it; the last one adds
         # the optimizer and what runs once per step
         # and at least its compute with each stack's trips as long as its data-parallel
-        # stream lets them be (`schedule.cycles`)
-        held = cycle_bound(f.cycles, compute, comm, nums.counts)
+        # stream lets them be (`schedule.cycles`), where each trip's reductions start when
+        # their gradients are written (not deferred to the backward's end)
+        held = np.where(deferred, 0.0, cycle_bound(f.cycles, compute, comm, nums.counts))
         plain[role] = np.maximum.reduce([busy, held,
                                          released_bound(f.releases[0], compute, comm)])
         last[role] = np.maximum.reduce([busy + compute[list(f.optimizer_rows)].sum(axis=0),
