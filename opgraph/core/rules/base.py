@@ -276,15 +276,21 @@ def kind(name: str, *, shape: Callable, flops: Callable,
     `backward_flops` names a `<name>_backward` kernel it makes; None: no gradient. A view's
     backward is costed by its own bytes (`scaled_flops`), any other's by the plate's
     convention (`scaled`). `traits` are `Kind`'s other fields."""
+    if group not in GROUPS:
+        raise ValueError(f"kind {name!r}: group {group!r}; give one of {', '.join(GROUPS)}")
     one = isinstance(vjp, str)
+    if one:
+        rule = one_kernel(vjp)
+    elif vjp is None and group == "forward":
+        rule = _no_vjp  # no gradient flows through it
+    else:
+        rule = vjp  # its own VJP rule (or none: a kind only the passes make)
     makes_backward = one or backward_flops is not None
     backward = f"{name}_backward" if makes_backward and group == "forward" else None
     view_rule = _view_rule(view)
     if backward_cost is None:
         backward_cost = scaled_flops if view_rule is not None else scaled
-    return Kind(name, shape, flops,
-                vjp=one_kernel(vjp) if one else vjp if vjp is not None or group != "forward"
-                else _no_vjp,
+    return Kind(name, shape, flops, vjp=rule,
                 backward=backward, view=view_rule, backward_cost=backward_cost,
                 backward_shape=((backward_shape or _default_backward_shape(name)) if backward
                                 else None),
