@@ -1,6 +1,8 @@
 """Op kinds: a user's kind defined here, outside the package, goes through every pass, the
 verifier, `formula`, `sweep` and `solve`; the built-in kinds' costs as formulas."""
 
+import re
+
 import attrs
 import numpy as np
 import pytest
@@ -663,3 +665,17 @@ def test_each_declared_trait_reaches_what_reads_it(squared_relu):
             assert active_fraction(graph, graph.tensor("w")).xreplace(graph.dims) == expected
         finally:
             kinds.remove_kind("routed_gemm")
+
+
+@pytest.mark.parametrize("traits, message", [
+    ({"efficiency": "fast"}, "efficiency='fast'; give one of matmul"),
+    ({"scores": 3}, "scores must be a rule"),
+    ({"example": ("x",)}, "example and variants are rules.Example records"),
+])
+def test_define_kind_refuses_a_trait_it_cannot_use(traits, message):
+    """The library validates as the command line does: a trait of the wrong form is a one-line
+    OpgraphError naming it, and no table gets a row."""
+    with pytest.raises(OpgraphError, match=re.escape(message)):
+        kinds.define_kind("bad_kind", shape=kinds.same_shape, flops=rules.per_element(1),
+                          **traits)
+    assert "bad_kind" not in rules.SHAPE_RULES

@@ -132,6 +132,18 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     if unknown:
         raise OpgraphError(f"kind {name!r}: shards={tuple(shards)!r}; its roles are among "
                            f"{', '.join(rules.SHARD_ROLES)}")
+    for trait, value in (("efficiency", efficiency), ("backward_efficiency",
+                                                       backward_efficiency)):
+        if value is not None and value not in costmodel.RATES:
+            raise OpgraphError(f"kind {name!r}: {trait}={value!r}; give one of "
+                               f"{', '.join(costmodel.RATES)} or None")
+    for trait, value in (("shape", shape), ("flops", flops), ("scores", scores),
+                         ("backward_scores", backward_scores), ("grid", grid)):
+        if value is not None and not callable(value):
+            raise OpgraphError(f"kind {name!r}: {trait} must be a rule (a function), "
+                               f"not {type(value).__name__}")
+    if any(not isinstance(e, Example) for e in (example, *variants) if e is not None):
+        raise OpgraphError(f"kind {name!r}: example and variants are rules.Example records")
     if name in _DEFINED:
         remove_kind(name)
     record = rules.kind(
