@@ -53,7 +53,7 @@ from ..passes.evaluate import category_costs, interpret, resolve
 from ..passes.shard import check_divides
 from ..passes.split_stages import layer_stack, layers_before, other_stacks, split_stages
 from . import cluster as clusters
-from .frameworks import (attention_library, defers_grad_reduce, end_split, own_split, sharding,
+from .frameworks import (DEFERRED_GROUPS, attention_library, defers_grad_reduce, end_split, own_split, sharding,
                          traits)
 from .parallel import Parallel, chunk_layers, stage_layers
 from .schedule import (
@@ -464,7 +464,7 @@ def step_figures(job: Job, cost: CostModel = DEFAULT) -> ParallelResult:
 
 def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResult, _Timed]:
     layout = job.layout
-    deferred = ("dp", "edp") if defers_grad_reduce(layout) else ()
+    deferred = DEFERRED_GROUPS if defers_grad_reduce(layout) else ()
     run = functools.partial(simulate, async_tp=layout.async_tp, deferred=deferred,
                             prefetch=not traits(layout).syncs_before_gather)
     drawn = None if rank is None else layout.rank_stage(rank)

@@ -345,6 +345,10 @@ def reduce_dtype(layout: Parallel) -> str:
     return layout.grad_reduce_dtype or traits(layout).grad_reduce_dtype
 
 
+# The groups whose gradient reductions `defers_grad_reduce` holds back to their reader.
+DEFERRED_GROUPS = ("dp", "edp")
+
+
 def defers_grad_reduce(layout: Parallel) -> bool:
     """Whether the gradient reduction waits for the backward to end: the layout says so
     (`overlap_grad_reduce` off), or its framework reduces after the pipeline's flush, or does

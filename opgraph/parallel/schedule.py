@@ -310,6 +310,12 @@ class Streams:
         self.busy = 0.0  # its ops' time so far
         self.log: list | None = None  # a layer's writes, while one is watched
 
+    def _deferred(self, c: _Comm) -> bool:
+        """Whether collective `c` waits for its reader: a gradient reduction of a `deferred`
+        group. The gather of the updated weights after the optimizer's update (ZeRO-1/2)
+        still starts when the update has written them, as the framework issues it then."""
+        return c.group in self.deferred and c.phase == Phase.BACKWARD.value
+
     def run(self) -> Run:
         """The micro-batch: each segment (a layer stack's body, or ops outside one), then the
         collectives still running after the last compute op, exposed, each for the part of
@@ -411,7 +417,7 @@ class Streams:
         self.now = end
         for reader in op.feeds:  # collectives of what it wrote start now
             c = comms[reader]
-            if c.group not in self.deferred:
+            if not self._deferred(c):
                 self._comm(c, _instance(i, c.count),
                            start if overlapped(c.group, self.async_tp) else end)
 
@@ -434,7 +440,7 @@ class Streams:
         comms = self.plan.comms
         for name in self.plan.comm_readers.get(c.output, ()):
             nxt = comms[name]
-            if nxt.group not in self.deferred:
+            if not self._deferred(nxt):
                 self._comm(nxt, _instance(i, nxt.count), end)
         return self.ready[key]
 
@@ -781,6 +787,7 @@ class Releases:
 
     compute: tuple  # (ops, (segments, ops)): the plan's compute ops, 1 where in a segment
     comm: tuple  # per group (ops, (segments, ops)): its collectives, 1 where released
+    groups: tuple = ()  # the group of each of `comm`
 
 
 def releases(graph: Graph, ops: list, collective: list, planned: list) -> Releases:
@@ -817,7 +824,7 @@ def releases(graph: Graph, ops: list, collective: list, planned: list) -> Releas
     groups: dict[str, dict] = {}
     for i, seg in released.items():
         groups.setdefault(ops[i].param("group"), {})[i] = seg
-    return Releases(matrix(segment), tuple(matrix(g) for g in groups.values()))
+    return Releases(matrix(segment), tuple(matrix(g) for g in groups.values()), tuple(groups))
 
 
 @attrs.frozen
@@ -909,15 +916,15 @@ def cycle_bound(c: Cycles, compute, comm, counts):
     return out * (1 - 1e-6)
 
 
-def released_bound(r: Releases, compute, comm):
+def released_bound(r: Releases, compute, comm, skip: tuple = ()):
     """A lower bound of the micro-batch's span from its communication streams: a collective
     starts no earlier than the compute stream reaches the segment that releases it (every op
     of the segments before has run), and each group's run one after another on its stream, so
     the span is at least, for every segment and group, the compute before the segment plus
     the group's collectives released there or later (`simulate`'s tail takes in the
     last of them). `compute` and `comm` are each op's time over the rows (a row per op).
-    Gradient reductions are never deferred here: a searched layout overlaps them
-    (`Parallel.overlap_grad_reduce`'s default)."""
+    The groups in `skip` are left out: those whose collectives a layout defers to their
+    reader (`simulate`'s `deferred`), which a plain micro-batch may never start."""
     import numpy as np
 
     out = np.zeros(compute.shape[1])
@@ -926,7 +933,9 @@ def released_bound(r: Releases, compute, comm):
         return out
     before = np.cumsum(segments @ compute[ops], axis=0)
     before = np.vstack([np.zeros((1, before.shape[1])), before[:-1]])  # each segment's start
-    for ops, segments in r.comm:
+    for group, (ops, segments) in zip(r.groups, r.comm):
+        if group in skip:
+            continue
         later = np.cumsum((segments @ comm[ops])[::-1], axis=0)[::-1]  # released there or later
         out = np.maximum(out, (before + later).max(axis=0))
     return out * (1 - 1e-6)

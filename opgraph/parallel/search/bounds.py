@@ -25,7 +25,8 @@ from ...passes.split_stages import FIRST as FIRST_END
 from ...passes.split_stages import LAST as LAST_END
 from ...passes.split_stages import STACK, ends, layer_stack, split_stages
 from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
-from ..frameworks import bucket_share, defers_grad_reduce, reduce_dtype, sharding, traits
+from ..frameworks import (DEFERRED_GROUPS, bucket_share, defers_grad_reduce, reduce_dtype,
+                          sharding, traits)
 from ..parallel import FRAMEWORK_FIELDS, SHARDED_FROM, Parallel, stage_layers
 from ..schedule import (Cycles, Waits, cycle_bound, cycles, once_per_step, plan, released_bound,
                         releases, sure_waits)
@@ -107,6 +108,16 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
     one, many = live.copy_matrices()
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
+    # a gather of what nothing computes this micro-batch (a weight), read only by ops run once
+    # a step (the cached FP8 casts): `simulate` starts it when its reader runs, so in no plain
+    # micro-batch
+    index = {op.name: i for i, op in enumerate(ops)}
+    idle = tuple(collective[i] and not once[i]
+                 and all(graph.producer(n) is None or once[index[graph.producer(n).name]]
+                         for n in op.inputs)
+                 and all(once[index[r.name]] for n in op.outputs for r in graph.consumers(n))
+                 for i, op in enumerate(ops))
+    plain_ops = [not (o or x) for o, x in zip(once, idle)]
     return _StageFormulas(
         graph, layers, tuple(o.name for o in lowered), tuple(o.kind for o in lowered),
         tuple(o.category for o in lowered), tuple(o.phase for o in lowered),
@@ -119,9 +130,9 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         tuple((op.name, op.phase.value) for op in live.ops),
         tuple(i for i in range(len(ops)) if not collective[i] and not once[i]),
         tuple(i for i in range(len(ops)) if not collective[i] and once[i]),
-        (releases(graph, ops, collective, [not o for o in once]),
-         releases(graph, ops, collective, [True] * len(ops))),
-        cycles(graph, ops, collective, [not o for o in once]),
+        (releases(graph, ops, collective, plain_ops),
+         releases(graph, ops, collective, [not x for x in idle])),
+        cycles(graph, ops, collective, plain_ops),
         sure_waits(graph, ops, collective, once))
 
 
@@ -392,7 +403,8 @@ def _moved(graph: Graph, stack, regather: bool = True, buckets: bool = False,
                 w = graph.tensor(grad.grad_of)
                 if replicate_group(w) != group or (stack in w.count.free_symbols) != in_stack:
                     continue
-                read = {op.phase for op in graph.consumers(w.name)}
+                # the phases that read it every micro-batch (a cast cached once a step: not)
+                read = {op.phase for op in graph.consumers(w.name) if not op.param("cached")}
                 phases = sum(1 for served in gather_phases(regather).values()
                              if read & set(served))
                 gathered.append(w.nbytes * w.count * phases)
@@ -404,7 +416,7 @@ def _moved(graph: Graph, stack, regather: bool = True, buckets: bool = False,
     return out
 
 
-def _moving(moved: np.ndarray, zero: np.ndarray, lines) -> np.ndarray:
+def _moving(moved: np.ndarray, zero: np.ndarray, lines, deferred=None) -> np.ndarray:
     """The seconds each data-parallel stream (a row each: dp, edp) takes per micro-batch for
     `_moved`'s part (a row per formula, over the layouts): the all-gathers under ZeRO-3, the
     reduce-scatters under ZeRO-2 and 3; `lines(kind, group)` gives each algorithm's intercept
@@ -418,7 +430,10 @@ def _moving(moved: np.ndarray, zero: np.ndarray, lines) -> np.ndarray:
                 ("reduce_scatter", reduced, reductions, SHARDED_FROM["gradients"])):
             if count.any():
                 base, slope = (part.min(axis=0) for part in lines(kind, group))
-                out[j] += np.where(zero >= least, count * base + slope * size, 0.0)
+                moves = zero >= least
+                if kind == "reduce_scatter" and deferred is not None:
+                    moves = moves & ~deferred  # held back to its reader: not every micro-batch
+                out[j] += np.where(moves, count * base + slope * size, 0.0)
     return out * (1 - 2e-6)  # below `schedule.released_bound`'s, the same sums in another order
 
 
@@ -467,7 +482,9 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     # ends no earlier than the last of them: its layers' (and where one stage holds all, the
     # ends')
     lines = _over_rows(rows_, line)
-    per_layer, ends_ = _moving(moved[:8], cols.zero, lines), _moving(moved[8:], cols.zero, lines)
+    deferred = np.array([defers_grad_reduce(r) for r in rows_])
+    per_layer = _moving(moved[:8], cols.zero, lines, deferred)
+    ends_ = _moving(moved[8:], cols.zero, lines, deferred)
     for role in ROLES:
         streams = cols.layers[role] * per_layer + np.where(p == 1, ends_, 0.0)  # each its own
         plain[role] = np.maximum(plain[role], np.where(plain[role] > 0, streams.max(axis=0),
@@ -775,8 +792,11 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
         # stream lets them be (`schedule.cycles`), where each trip's reductions start when
         # their gradients are written (not deferred to the backward's end)
         held = np.where(deferred, 0.0, cycle_bound(f.cycles, compute, comm, nums.counts))
-        plain[role] = np.maximum.reduce([busy, held,
-                                         released_bound(f.releases[0], compute, comm)])
+        # (a layout that defers its gradient reductions to their reader runs none in a plain
+        # micro-batch: `distributed._schedule`'s `deferred`)
+        released = np.where(deferred, released_bound(f.releases[0], compute, comm, DEFERRED_GROUPS),
+                            released_bound(f.releases[0], compute, comm))
+        plain[role] = np.maximum.reduce([busy, held, released])
         last[role] = np.maximum.reduce([busy + compute[list(f.optimizer_rows)].sum(axis=0),
                                         held, released_bound(f.releases[1], compute, comm)])
         once = np.array(f.once)
