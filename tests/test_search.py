@@ -586,3 +586,22 @@ def test_a_pipeline_balances_the_decoder_layers_of_a_model_with_dense_first_laye
     rows_ = rows(lite, H100, Space(gpus=3, batch=3, pp=3, tp=1, ep=1), 4096,
                  Searcher(lite, H100, seq_len=4096).cluster)
     assert rows_ and {(r.first_stage_layers, r.last_stage_layers) for r in rows_} == {(8, 9)}
+
+
+def test_an_odd_layer_stack_splits_over_two_stages_in_plan_and_profile_alike():
+    """Gemma 2's stack is 13 pairs of layers: two stages take 7 and 6 (the head's one fewer,
+    `distributed.uneven_ends`), under the generic framework and under nanotron's own split
+    (11 and 2) alike, and the planner's figure is `profile`'s for the same layout."""
+    forward = preset("gemma2-2b")
+    for framework in (None, "nanotron"):
+        searcher = Searcher(forward, H100, seq_len=4096, cost=cost_model("roofline"))
+        space = Space(gpus=16, batch=32, tp=2, pp=2, zero=1, sequence_parallel=True,
+                      recompute=("none",), precision=("bf16",), max_micro_batch=1,
+                      framework=framework)
+        found = searcher.search(space, top=1).best[0]
+        layout = found.layout
+        assert (layout.first_stage_layers, layout.last_stage_layers) == (
+            (7, 6) if framework is None else (11, 2))
+        step = profile_parallel(forward, H100, layout, cost=cost_model("roofline"),
+                                values={"S": 4096}).parallel.step_time_s
+        assert found.step_time_s == pytest.approx(step, rel=1e-9)

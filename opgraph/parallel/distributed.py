@@ -53,8 +53,8 @@ from ..passes.evaluate import category_costs, interpret, resolve
 from ..passes.shard import check_divides
 from ..passes.split_stages import layer_stack, layers_before, other_stacks, split_stages
 from . import cluster as clusters
-from .frameworks import (DEFERRED_GROUPS, attention_library, defers_grad_reduce, end_split, own_split, sharding,
-                         traits)
+from .frameworks import (DEFERRED_GROUPS, attention_library, defers_grad_reduce, end_split,
+                         own_split, sharding, traits)
 from .parallel import Parallel, chunk_layers, stage_layers
 from .schedule import (
     GROUPS,
@@ -178,6 +178,7 @@ def check_pipeline(forward: Graph, layout: Parallel) -> None:
         return
     region = layer_stack(forward)
     layers = int(sympy.sympify(region.count).xreplace(forward.dims))
+    layout = framework_split(forward, layout)  # nanotron's own split where none is named
     try:
         stage_layers(layers, layout)
     except OpgraphError as err:
@@ -191,17 +192,22 @@ def check_pipeline(forward: Graph, layout: Parallel) -> None:
 
 
 def uneven_ends(layers: int, stages: int, before: int = 0) -> tuple[int, int] | None:
-    """(first, last) stage layers of a stack of `layers` over `stages` stages (3 or more) that
-    an even split does not divide, or None: for a model with `before` layers ahead of the
-    stack on the first stage (`split_stages.layers_before`: DeepSeek's dense ones), the decoder
-    layers balanced, c = ceil((layers + before) / stages) on each middle stage, c less `before`
-    on the first, the rest on the last (Megatron-Bridge's DeepSeek-V3 layouts, `recipes/
-    deepseek/deepseek_v3.py` layout_map: 61 layers on 16 stages as 4 with the 3 dense, 4 x 14,
-    1); else one layer fewer on each end stage (Llama 3 405B's 126 on 16: 7, 8 x 14, 7).
+    """(first, last) stage layers of a stack of `layers` over `stages` stages that an even
+    split does not divide, or None. Two stages: the last, which holds the head, one layer
+    fewer (Gemma 2's 13 pairs of layers: 7 and 6). Three or more: for a model with `before`
+    layers ahead of the stack on the first stage (`split_stages.layers_before`: DeepSeek's
+    dense ones), the decoder layers balanced, c = ceil((layers + before) / stages) on each
+    middle stage, c less `before` on the first, the rest on the last (Megatron-Bridge's
+    DeepSeek-V3 layouts, `recipes/deepseek/deepseek_v3.py` layout_map: 61 layers on 16 stages
+    as 4 with the 3 dense, 4 x 14, 1); else one layer fewer on each end stage (Llama 3 405B's
+    126 on 16: 7, 8 x 14, 7).
 
-        >>> uneven_ends(58, 16, before=3), uneven_ends(126, 16)
-        ((1, 1), (7, 7))
+        >>> uneven_ends(58, 16, before=3), uneven_ends(126, 16), uneven_ends(13, 2)
+        ((1, 1), (7, 7), (7, 6))
     """
+    if stages == 2:
+        first = -(-(layers + before) // 2) - before  # the stack's share beside `before`
+        return (first, layers - first) if 1 <= layers - first <= first else None
     if stages < 3:
         return None
     if before:

@@ -244,8 +244,12 @@ class _Structure:
 
 def _representative(r: Row, layers: int) -> Parallel:
     """A layout of `r`'s structure with an even pipeline split (its stages' graphs count L /
-    pp layers, which `LAYERS` replaces): any split of the same stage count reads the same."""
-    stages = r.pp if r.pp < 3 else next(p for p in range(3, layers + 1) if layers % p == 0)
+    pp layers, which `LAYERS` replaces): any split of the same stage count reads the same.
+    Where two stages cannot split the stack evenly (Gemma 2's 13 pairs of layers), more
+    stages stand in for them: the first and last stage read alike, the middle one unread."""
+    stages = r.pp
+    if r.pp > 2 or (r.pp == 2 and layers % 2):
+        stages = next((p for p in range(3, layers + 1) if layers % p == 0), r.pp)
     return Parallel(tp=r.tp, cp=r.cp, ep=r.ep, pp=stages, dp=r.dp,
                     sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp,
                     **{name: getattr(r, name) for name in FRAMEWORK_FIELDS})
