@@ -13,6 +13,7 @@ import sympy
 from opgraph import hardware
 from opgraph.cost.costmodel import cost_model
 from opgraph.parallel.distributed import profile_parallel
+from opgraph.parallel.frameworks import end_split, own_split
 from opgraph.core.errors import OpgraphError
 from opgraph.models import preset
 from opgraph.parallel.search import Searcher, Space, rows, structure
@@ -589,10 +590,12 @@ def test_a_pipeline_balances_the_decoder_layers_of_a_model_with_dense_first_laye
 
 
 def test_an_odd_layer_stack_splits_over_two_stages_in_plan_and_profile_alike():
-    """Gemma 2's stack is 13 pairs of layers: two stages take 7 and 6 (the head's one fewer,
-    `distributed.uneven_ends`), under the generic framework and under nanotron's own split
-    (11 and 2) alike, and the planner's figure is `profile`'s for the same layout."""
+    """Gemma 2's stack is 13 pairs of layers: two stages take 7 and 6 under the generic
+    framework (the head's one fewer, `distributed.uneven_ends`) and nanotron's own split under
+    nanotron (`frameworks.own_split`: its blocks' costs), and the planner's figure is
+    `profile`'s for the same layout."""
     forward = preset("gemma2-2b")
+    nanotron = end_split(own_split(forward, 2, "nanotron"))
     for framework in (None, "nanotron"):
         searcher = Searcher(forward, H100, seq_len=4096, cost=cost_model("roofline"))
         space = Space(gpus=16, batch=32, tp=2, pp=2, zero=1, sequence_parallel=True,
@@ -601,7 +604,7 @@ def test_an_odd_layer_stack_splits_over_two_stages_in_plan_and_profile_alike():
         found = searcher.search(space, top=1).best[0]
         layout = found.layout
         assert (layout.first_stage_layers, layout.last_stage_layers) == (
-            (7, 6) if framework is None else (11, 2))
+            (13 - 13 // 2, 13 // 2) if framework is None else nanotron)
         step = profile_parallel(forward, H100, layout, cost=cost_model("roofline"),
                                 values={"S": 4096}).parallel.step_time_s
         assert found.step_time_s == pytest.approx(step, rel=1e-9)

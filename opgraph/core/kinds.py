@@ -164,12 +164,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
 
 def _tables() -> tuple[dict, ...]:
     """Every per-kind table a kind has rows in (`rules.register` writes them)."""
-    return (rules.SHAPE_RULES, rules.FLOP_RULES, rules.VIEWS, rules.VJP_RULES,
-            rules.BACKWARD_COST, rules.GEMM_GRIDS, rules.ATTENTION_SCORES, rules.EFFICIENCY,
-            rules.EAGER_BYTES, rules.EAGER_BACKWARD_BYTES, rules.EAGER_SAVED,
-            rules.EAGER_WORKSPACE, rules.EAGER_BACKWARD_WORKSPACE, rules.SHARDING,
-            rules.CP_GATHERS, rules.FUSION_CLASSES, rules.DEFINED_FUSION_CLASSES, rules.KEPT,
-            rules.OPERANDS, rules.ACTIVE_FRACTION, rules.FP8_KINDS)
+    return rules.TABLES
 
 
 def remove_kind(name: str) -> None:

@@ -53,6 +53,7 @@ facts of a micro-batch's schedule that hold whatever its ops' times, from which 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import attrs
 
@@ -93,13 +94,27 @@ def overlapped(group: str, async_tp: bool) -> bool:
     return group == "cp" or (group == "tp" and async_tp)
 
 
-def same_trip(region, forward: bool, op) -> bool:
-    """Whether compute op `op` runs in the trip of the op before it (of `region`, in the
-    forward pass or not): one region's ops repeat together, a forward pass's apart from the
-    backward's (its recomputation with it). A pipeline stage holds nothing between its
-    layers' forward and backward ops, yet runs every layer forward before any backward."""
-    return (region is not None and op.region == region
-            and _forward(op) == forward)
+def same_trip(prev, op) -> bool:
+    """Whether compute op `op` runs in the trip of `prev`, the compute op before it: one
+    region's ops repeat together, a forward pass's apart from the backward's (its
+    recomputation with it). A pipeline stage holds nothing between its layers' forward and
+    backward ops, yet runs every layer forward before any backward."""
+    return (prev is not None and prev.region is not None and op.region == prev.region
+            and _forward(op) == _forward(prev))
+
+
+def segments_of(ops: list, collective: list, planned: list) -> list[list[int]]:
+    """The `planned` compute ops' indices in order, cut into segments as `plan` cuts them
+    (`same_trip`): what `releases` and `cycles` read a micro-batch by."""
+    out: list[list[int]] = []
+    for i, op in enumerate(ops):
+        if collective[i] or not planned[i]:
+            continue
+        if out and same_trip(ops[out[-1][-1]], op):
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
 
 
 def _forward(op) -> bool:
@@ -187,7 +202,7 @@ def plan(graph: Graph, ops: list[Op], subs: dict, writes: dict | None = None) ->
                         + anchors.get(op.name, ()),
                         tuple(c for n in op.outputs for c in comm_readers.get(n, ())
                               if not comms[c].blocking))
-        if segments and same_trip(segments[-1][-1].region, _forward(segments[-1][-1]), op):
+        if segments and same_trip(segments[-1][-1], op):
             segments[-1].append(item)
         else:
             segments.append([item])
@@ -794,15 +809,10 @@ def releases(graph: Graph, ops: list, collective: list, planned: list) -> Releas
     """The `Releases` of the micro-batch that runs the `planned` ops."""
     import numpy as np
 
-    segment: dict[int, int] = {}
+    segment = {i: n for n, run in enumerate(segments_of(ops, collective, planned))
+               for i in run}
+    n = max(segment.values(), default=-1)
     index = {op.name: i for i, op in enumerate(ops)}
-    n, prev = -1, None
-    for i, op in enumerate(ops):
-        if collective[i] or not planned[i]:
-            continue
-        if n < 0 or not same_trip(prev.region, _forward(prev), op):
-            n += 1
-        prev, segment[i] = op, n
     released: dict[int, int] = {}
     for i, op in enumerate(ops):  # in order: a collective's producers come before it
         if not collective[i] or not planned[i] or op.kind == "identity":
@@ -848,15 +858,9 @@ def cycles(graph: Graph, ops: list, collective: list, planned: list, group: str 
     """The `Cycles` of `group` in the micro-batch that runs the `planned` ops (only a group
     whose collectives block their readers, as data parallelism's do)."""
     index = {op.name: i for i, op in enumerate(ops)}
-    positions, starts = [], []
-    for i, op in enumerate(ops):
-        if collective[i] or not planned[i]:
-            continue
-        if not positions or not same_trip(ops[positions[-1]].region,
-                                          _forward(ops[positions[-1]]), op):
-            starts.append(len(positions))
-        positions.append(i)
-    starts.append(len(positions))
+    runs = segments_of(ops, collective, planned)
+    positions = [i for run in runs for i in run]
+    starts = [0, *itertools.accumulate(map(len, runs))]
     at = {i: row for row, i in enumerate(positions)}
 
     def first(ops_):  # the first of these compute ops, by position

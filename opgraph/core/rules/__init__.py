@@ -135,12 +135,16 @@ def register(k: Kind, *, builtin: bool = True) -> None:
     BACKWARD_KINDS = (*BACKWARD_KINDS, k.backward)
 
 
+# Every per-kind table `register` writes rows into, keyed by a kind's (or its backward's) name.
+TABLES = (SHAPE_RULES, FLOP_RULES, VIEWS, VJP_RULES, BACKWARD_COST, SHARDING, CP_GATHERS, KEPT,
+          FUSION_CLASSES, DEFINED_FUSION_CLASSES, *(t for _, t in _ROWS))
+
+
 def unregister(name: str) -> None:
     """Take kind `name` and its backward kernel out of every table."""
     k = KINDS.pop(name)
     names = {name, k.backward} - {None}
-    for table in (SHAPE_RULES, FLOP_RULES, VIEWS, VJP_RULES, BACKWARD_COST, SHARDING, CP_GATHERS,
-                  KEPT, FUSION_CLASSES, DEFINED_FUSION_CLASSES, *(t for _, t in _ROWS)):
+    for table in TABLES:
         for n in names:
             table.pop(n, None)
     ATTENTION_BACKWARD.difference_update(names)
@@ -239,10 +243,10 @@ __all__ = ["ACTIVE_FRACTION", "ATTENTION_BACKWARD", "ATTENTION_SCORES", "BACKWAR
            "BACKWARD_KINDS", "COLLECTIVE_KINDS", "CP_GATHERS", "DEFINED_FUSION_CLASSES",
            "EAGER_BACKWARD_BYTES", "EAGER_BACKWARD_WORKSPACE", "EAGER_BYTES", "EAGER_SAVED",
            "EAGER_WORKSPACE", "EFFICIENCY", "FLOP_RULES", "FORWARD_KINDS", "FP8_KINDS",
-           "FUSION_CLASSES", "GEMM_GRIDS", "GROUPS", "KEPT", "KINDS", "OPERANDS",
-           "PRECISION_KINDS", "SAVES", "SHAPE_RULES", "SHARDING", "SHARD_ROLES", "VIEWS",
-           "VJP_RULES", "Example", "Kind", "Shape", "ShapeError", "attention_scores",
-           "backward_shape", "count_flops", "eager_backward_bytes", "eager_bytes",
-           "eager_saved", "eager_workspace", "gemm_grid", "infer_shapes", "is_view", "kind",
-           "per_element", "per_input", "register", "rule_flops", "same", "scaled",
-           "scaled_flops", "sequence_gather", "shards_as", "twice_forward", "unregister"]
+           "FUSION_CLASSES", "GEMM_GRIDS", "GROUPS", "KEPT", "KINDS", "OPERANDS", "PRECISION_KINDS",
+           "SAVES", "SHAPE_RULES", "SHARDING", "SHARD_ROLES", "TABLES", "VIEWS", "VJP_RULES",
+           "Example", "Kind", "Shape", "ShapeError", "attention_scores", "backward_shape",
+           "count_flops", "eager_backward_bytes", "eager_bytes", "eager_saved", "eager_workspace",
+           "gemm_grid", "infer_shapes", "is_view", "kind", "per_element", "per_input", "register",
+           "rule_flops", "same", "scaled", "scaled_flops", "sequence_gather", "shards_as",
+           "twice_forward", "unregister"]

@@ -420,12 +420,14 @@ def _moved(graph: Graph, stack, regather: bool = True, buckets: bool = False,
     return out
 
 
-def _moving(moved: np.ndarray, zero: np.ndarray, lines, deferred=None) -> np.ndarray:
+def _moving(moved: np.ndarray, zero: np.ndarray, lines, deferred: np.ndarray) -> np.ndarray:
     """The seconds each data-parallel stream (a row each: dp, edp) takes per micro-batch for
     `_moved`'s part (a row per formula, over the layouts): the all-gathers under ZeRO-3, the
     reduce-scatters under ZeRO-2 and 3; `lines(kind, group)` gives each algorithm's intercept
     and slope over the layouts. Each collective takes at least the least intercept plus the
-    least slope times its message, so their sum is a bound whatever algorithm each runs."""
+    least slope times its message, so their sum is a bound whatever algorithm each runs.
+    A `deferred` layout's reductions wait for their reader (`frameworks.defers_grad_reduce`):
+    not every micro-batch's."""
     out = np.zeros((2, len(zero)))
     for j, group in enumerate(("dp", "edp")):
         gathered, gathers, reduced, reductions = moved[4 * j:4 * j + 4]
@@ -435,8 +437,8 @@ def _moving(moved: np.ndarray, zero: np.ndarray, lines, deferred=None) -> np.nda
             if count.any():
                 base, slope = (part.min(axis=0) for part in lines(kind, group))
                 moves = zero >= least
-                if kind == "reduce_scatter" and deferred is not None:
-                    moves = moves & ~deferred  # held back to its reader: not every micro-batch
+                if kind == "reduce_scatter":
+                    moves = moves & ~deferred
                 out[j] += np.where(moves, count * base + slope * size, 0.0)
     return out * (1 - 2e-6)  # below `schedule.released_bound`'s, the same sums in another order
 
