@@ -86,8 +86,7 @@ class Fused:
 # --- graph surgery that keeps an op's place in the order ------------------------------------
 
 def _retag_tensor(graph: Graph, name: str, **changes) -> None:
-    node = graph.nx.nodes[("tensor", name)]
-    node["payload"] = attrs.evolve(node["payload"], **changes)
+    graph.replace_tensor(attrs.evolve(graph.tensor(name), **changes))
 
 
 def _backward_of(graph: Graph) -> set[str]:

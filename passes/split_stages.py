@@ -134,14 +134,13 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
     used = {n for op in keep for n in (*op.inputs, *op.outputs)}
     for t in graph.tensors():
         if t.name in used:
-            out.add_tensor(attrs.evolve(t, count=t.count.xreplace(swap)))
+            out.add_tensor(_recounted(t, swap))
     held = {op.region for op in keep}
     for r in graph.regions():  # those the stage runs ops of (a fixed stack at the other end: not)
         if any(graph.within(h, r.name) for h in held if h is not None):
-            out.add_region(attrs.evolve(r, count=r.count.xreplace(swap))
-                           if r.name == region.name else r)
+            out.add_region(_recounted(r, swap) if r.name == region.name else r)
     for op in keep:
-        out.add_op(attrs.evolve(op, count=op.count.xreplace(swap)))
+        out.add_op(_recounted(op, swap))
     blocking = traits(layout).blocking_p2p
     # partitioned where the receiving stage's gather is written: with the blocking receives
     how = _Transfers(blocking, blocking and traits(layout).partitions_p2p and layout.tp > 1
@@ -150,6 +149,13 @@ def split_stages(graph: Graph, layout: Parallel, stage: int) -> Graph:
     if how.blocking:
         _receives(out, graph, region, stage, layout.pp, how)
     return out
+
+
+def _recounted(record, swap: dict):
+    """`record` (a tensor, op or region) with the stack's count swapped for the stage's in its
+    own count; itself where its count does not hold it (most of a step's records)."""
+    count = record.count.xreplace(swap)
+    return record if count == record.count else attrs.evolve(record, count=count)
 
 
 @attrs.frozen

@@ -167,6 +167,7 @@ class Graph:
         self.nx = nx.DiGraph()
         self._seq = 0
         self._order: list[Op] | None = None
+        self._tensors: list[Tensor] | None = None  # `tensors()`, until a tensor changes
         self._regions: dict[str, Region] = {}  # by name, in the order they were made
 
     # --- construction -------------------------------------------------------------------------
@@ -176,6 +177,7 @@ class Graph:
         if node in self.nx:
             raise ValueError(f"tensor {tensor.name!r} is already in graph {self.name!r}")
         self.nx.add_node(node, payload=tensor, seq=self._place(before))
+        self._tensors = None
         return tensor
 
     def add_op(self, op: Op, *, before: str | None = None) -> Op:
@@ -218,6 +220,7 @@ class Graph:
         """Put `tensor` in place of the tensor of the same name (a new shape, say), keeping
         its edges and its place in the order."""
         self.nx.nodes[_tnode(tensor.name)]["payload"] = tensor
+        self._tensors = None
         return tensor
 
     def remove_op(self, name: str) -> None:
@@ -226,6 +229,7 @@ class Graph:
 
     def remove_tensor(self, name: str) -> None:
         self.nx.remove_node(_tnode(name))
+        self._tensors = None
 
     def copy(self, name: str | None = None) -> Graph:
         new = Graph(name or self.name, self.dims, seq_len=self.seq_len,
@@ -233,6 +237,7 @@ class Graph:
         new.nx = self.nx.copy()
         new._seq = self._seq
         new._order = self._order  # the same ops in the same order until either one changes
+        new._tensors = self._tensors
         new._regions = dict(self._regions)
         return new
 
@@ -257,8 +262,11 @@ class Graph:
 
     def tensors(self) -> list[Tensor]:
         """All tensors, in the order they were added."""
-        nodes = [(d["seq"], d["payload"]) for n, d in self.nx.nodes(data=True) if n[0] == "tensor"]
-        return [t for _, t in sorted(nodes, key=lambda pair: pair[0])]
+        if self._tensors is None:
+            nodes = [(d["seq"], d["payload"]) for n, d in self.nx.nodes(data=True)
+                     if n[0] == "tensor"]
+            self._tensors = [t for _, t in sorted(nodes, key=lambda pair: pair[0])]
+        return list(self._tensors)
 
     def ops(self) -> list[Op]:
         """All ops in a deterministic topological order (ties broken by insertion order)."""

@@ -36,6 +36,8 @@ Each pairing is an involution: backward of backward is the kind itself.
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable
 
 import attrs
@@ -390,6 +392,7 @@ def on_cluster(kind: str, size, group, cluster: Cluster, stride=1) -> sympy.Expr
                  _network_bandwidth(row, g / per_node, per_node, cluster), True), True))
 
 
+@functools.lru_cache(maxsize=4096)  # a step asks it of every collective: a few distinct
 def lines(kind: str, group_size: int, cluster: Cluster,
           stride: int = 1) -> tuple[tuple[float, float], ...]:
     """Each algorithm and protocol NCCL may run for one collective, as (seconds at no message,

@@ -463,10 +463,18 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     a plain one). It reads a subset of the ops, waits and streams `_evaluate`'s bound reads,
     so it is at most that bound. The fullest stage holds at least what its layers hold
     (`_held`; the ends too where one stage holds all). Neither needs a stage compiled."""
-    n = len(rows_)
     cols = _columns(rows_, layers)
     p = cols.p
-    values = f.tape.run(cols.env | {LAYERS: np.ones(n)}, n)  # every count at one layer
+    # the ops' numbers and times depend on the degrees and the micro-batch alone: worked out
+    # once for each distinct set of them (a tenth of the rows), then spread over the rows
+    index: dict = {}
+    spread = np.array([index.setdefault(_degrees(r), i) for i, r in enumerate(rows_)])
+    firsts = np.fromiter(index.values(), dtype=int, count=len(index))
+    spread = np.searchsorted(firsts, spread)  # each row's distinct set, as an index into them
+    distinct = [rows_[i] for i in firsts]
+    n = len(distinct)
+    env = {symbol: column[firsts] for symbol, column in cols.env.items()}
+    values = f.tape.run(env | {LAYERS: np.ones(n)}, n)  # every count at one layer
     k = f.n_ops
     grids = values[len(values) - 4 * k:len(values) - k].reshape(3, k, n)
     # before `replicate` no collective shares a call (`Cost.calls`): the data-parallel ones
@@ -474,12 +482,14 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     nums = _Numbers(np.rint(values[:k]), values[k:2 * k], values[2 * k:3 * k],
                     values[3 * k:4 * k], *(np.zeros((0, n)),) * 3, grids, np.ones((k, n)),
                     values[len(values) - k:])
-    held, moved = values[4 * k:4 * k + 14], values[4 * k + 14:len(values) - 4 * k]
+    held = values[4 * k:4 * k + 14][:, spread]
+    moved = values[4 * k + 14:len(values) - 4 * k][:, spread]
     parts = len(held) // 2
-    times = _comm_times(f, nums, rows_, line, cost.copy_s(hardware))
+    times = _comm_times(f, nums, distinct, line, cost.copy_s(hardware))
     compute = _op_times(f, nums, hardware, cost)
     stack, first, last = (place @ compute for place in f.places)
-    stack = stack + _waited_time(f, nums, times, compute, rows_)
+    stack = stack + _waited_time(f, nums, times, compute, distinct)
+    stack, first, last = stack[spread], first[spread], last[spread]
     plain = {role: stack * cols.layers[role] for role in ROLES}
     plain[FIRST] = plain[FIRST] + first + np.where(p == 1, last, 0.0)
     plain[LAST] = np.where(p > 1, plain[LAST] + last, 0.0)
@@ -487,7 +497,10 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     # ZeRO-2/3's collectives of a micro-batch run one after another on their stream, which
     # ends no earlier than the last of them: its layers' (and where one stage holds all, the
     # ends')
-    lines = _over_rows(rows_, line)
+    distinct_lines = _over_rows(distinct, line)
+
+    def lines(kind: str, group: str) -> tuple[np.ndarray, np.ndarray]:
+        return tuple(part[:, spread] for part in distinct_lines(kind, group))
     deferred = np.array([defers_grad_reduce(r) for r in rows_])
     per_layer = _moving(moved[:8], cols.zero, lines, deferred)
     ends_ = _moving(moved[8:], cols.zero, lines, deferred)
@@ -500,6 +513,13 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
         p == 1, _held_bytes(held[parts:], cols), 0.0)
     return (_step_bound(plain, plain, p, cols.m, cols.v, cols.chunked) * (1 - 1e-9),
             memory * (1 - 1e-9))
+
+
+def _degrees(r: Row) -> tuple:
+    """What a compute key's numbers and times read of a row (`_compute_bound`): the degrees
+    (which decide the groups' sizes and strides), the micro-batch and whether TP overlaps its
+    matmuls."""
+    return r.tp, r.cp, r.ep, r.pp, r.dp, r.gpus, r.micro_batch, r.async_tp
 
 
 def _plans(f: _StageFormulas, layers: int, zero: int, values: dict):

@@ -89,9 +89,10 @@ class Searcher:
             self.compile_s += time.perf_counter() - t0
         return self.computes[key]
 
-    def compute_key(self, r: Row) -> tuple:
-        """`compute_key(r)`, once a structure (rows of one share it)."""
-        key = structure(r)
+    def compute_key(self, r: Row, key: tuple | None = None) -> tuple:
+        """`compute_key(r)`, once a structure (rows of one share it); `key` is `r`'s
+        structure where the caller has it."""
+        key = structure(r) if key is None else key
         if key not in self.compute_keys:
             self.compute_keys[key] = compute_key(r, self.layers)
         return self.compute_keys[key]
@@ -148,9 +149,14 @@ class Searcher:
                                "rank); change --gpus, the batch or the constraints")
         by_key: dict[tuple, list[int]] = {}
         by_compute: dict[tuple, list[int]] = {}
+        computed: dict[tuple, list[int]] = {}  # a structure's key -> its compute key's rows
         for i, r in enumerate(found):
-            by_key.setdefault(structure(r), []).append(i)
-            by_compute.setdefault(self.compute_key(r), []).append(i)
+            key = structure(r)
+            if key not in by_key:
+                by_key[key] = []
+                computed[key] = by_compute.setdefault(self.compute_key(r, key), [])
+            by_key[key].append(i)
+            computed[key].append(i)
         floor = np.empty(len(found))
         capacity = self.hardware.memory_bytes
         for members in progressed(list(by_compute.values()), "plan: bounding layouts",

@@ -282,7 +282,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
             f"last stages cannot hold; profile that layout (opgraph profile --pp "
             f"{space.pp} --framework {space.framework}), or plan another --pp")
     # the fields the search does not vary: the space's framework settings, else the defaults
-    fixed = {f.name: f.default for f in attrs.fields(Parallel)} | space.framework_settings()
+    fixed = ({f.name: f.default for f in attrs.fields(Parallel)} | space.framework_settings()
+             | {"zero": None})
     for t, c, p in itertools.product(tps, cps, pps):
         if space.gpus % (t * c * p):
             continue
@@ -300,16 +301,22 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                     if per_rank % mb or per_rank // mb > MAX_MICRO_BATCHES:  # `Parallel`'s bound
                         continue
                     for v in _virtual(space, layers, p, first, last, per_rank // mb):
-                        out += [Row(**{**fixed, "tp": t, "cp": c, "ep": e, "pp": p, "dp": d,
-                                       "micro_batch": mb,
-                                       "global_batch": space.batch, "virtual_stages": v,
-                                       "sequence_parallel": sp_, "zero": z,
+                        row = [*Row(**{**fixed, "tp": t, "cp": c, "ep": e, "pp": p, "dp": d,
+                                       "micro_batch": mb, "global_batch": space.batch,
+                                       "virtual_stages": v, "sequence_parallel": sp_,
                                        "first_stage_layers": first, "last_stage_layers": last,
                                        "async_tp": space.async_tp and t > 1},
-                                    recompute=r, precision=pr)
-                                for z, r, pr in (options if d * c > 1 else alone)
-                                if not _refused(space, p, z)]
+                                    recompute=None, precision=None)]
+                        for z, r, pr in (options if d * c > 1 else alone):
+                            if not _refused(space, p, z):
+                                row[ZERO], row[RECOMPUTE_AT], row[PRECISION_AT] = z, r, pr
+                                out.append(Row._make(row))
     return out
+
+
+# where a row's ZeRO stage and step options sit, which `rows` sets last
+ZERO, RECOMPUTE_AT, PRECISION_AT = (Row._fields.index(name)
+                                    for name in ("zero", "recompute", "precision"))
 
 
 def _refused(space: Space, stages: int, zero: int) -> bool:
