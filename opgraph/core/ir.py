@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import heapq
 from collections.abc import Iterable, Iterator
 
 import attrs
@@ -275,9 +276,32 @@ class Graph:
         return list(self._order)
 
     def _sorted_order(self) -> list[Op]:
-        seq = nx.get_node_attributes(self.nx, "seq")
-        order = nx.lexicographical_topological_sort(self.nx, key=seq.__getitem__)
-        return [self.nx.nodes[n]["payload"] for n in order if n[0] == "op"]
+        """The ops in the lexicographic topological order of the nodes by `seq` (ties: the
+        order the nodes were added), as networkx's `lexicographical_topological_sort` gives it;
+        Kahn's algorithm over a heap, written out because passes ask it of every graph they
+        make."""
+        nodes, pred, succ = self.nx.nodes, self.nx.pred, self.nx.succ
+        waiting = {}
+        ready = []
+        for i, (n, d) in enumerate(nodes(data=True)):
+            waiting[n] = [len(pred[n]), (d["seq"], i, n)]
+            if not waiting[n][0]:
+                ready.append(waiting[n][1])
+        heapq.heapify(ready)
+        out = []
+        while ready:
+            _, _, n = heapq.heappop(ready)
+            if n[0] == "op":
+                out.append(nodes[n]["payload"])
+            for m in succ[n]:
+                entry = waiting[m]
+                entry[0] -= 1
+                if not entry[0]:
+                    heapq.heappush(ready, entry[1])
+            del waiting[n]
+        if waiting:
+            raise nx.NetworkXUnfeasible(f"graph {self.name!r} contains a cycle")
+        return out
 
     def _insertion_order(self) -> list[Op] | None:
         """The ops by insertion, where every op comes after the producers of its inputs (as

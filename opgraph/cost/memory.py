@@ -173,12 +173,16 @@ class Liveness:
                          "optimizer": fp.optimizer}
         at = {op.name: i for i, op in enumerate(self.ops)}
         kept = {t.name for t in saved(graph)}
+        read_by: dict[str, list] = {}  # each tensor's consumers, in the order they run
+        for op in self.ops:
+            for name in dict.fromkeys(op.inputs):
+                read_by.setdefault(name, []).append(op)
         self.lives: list[_Life] = []
         for t in graph.tensors():
             if _resident_tensor(graph, t):
                 continue
             writer = graph.producer(t.name)
-            consumers = graph.consumers(t.name)
+            consumers = read_by.get(t.name, [])
             readers = [at[op.name] for op in consumers]
             # a kernel that accumulates into a partial gradient writes the sum in its buffer:
             # the partial ends where that kernel begins, and its output is the one copy there
