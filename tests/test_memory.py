@@ -194,7 +194,8 @@ def test_copy_matrices_are_copies(recompute):
     count = 1000
     for i in range(len(live.ops)):
         for j, life in enumerate(live.lives):
-            assert one[i, j] + many[i, j] * count == live.copies(life, i, count), (i, j)
+            assert int(one[i, j]) + int(many[i, j]) * count == live.copies(life, i, count), (
+                i, j)
 
 
 @pytest.mark.parametrize("zero", [0, 2, 3])

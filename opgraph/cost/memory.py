@@ -215,7 +215,7 @@ class Liveness:
         return 0
 
     def copy_matrices(self):
-        """`copies` at every op and life at once: two arrays (ops x lives), `one` and `many`,
+        """`copies` at every op and life at once: two int8 arrays (ops x lives), `one` and `many`,
         such that the copies of life j live while op i runs are `one[i, j] + many[i, j] x`
         its count (a saved tensor's whole count inside its lifetime, the count less one
         elsewhere in its region; any other tensor one, inside its lifetime)."""
@@ -235,8 +235,9 @@ class Liveness:
                 in_region[:, j] = member[life.region]
         elsewhere = saved & in_region & ~inside
         many = (saved & inside) | elsewhere
-        one = (~saved & inside).astype(float) - elsewhere
-        return one, many.astype(float)
+        # small whole numbers, held as bytes: a search keeps a pair per compiled stage
+        one = (~saved & inside).astype(np.int8) - elsewhere
+        return one, many.astype(np.int8)
 
     def moment(self, i: int) -> Moment:
         """The bytes live while the `i`-th op runs."""

@@ -74,8 +74,9 @@ class _StageFormulas:
     tape: _Tape  # the exprs as one program over arrays
     n_ops: int
     n_lives: int
-    one: np.ndarray  # (ops, lives): 1 a life counted once at op i, -1 its count less one
-    many: np.ndarray  # (ops, lives): 1 where every copy of a life counts at op i
+    # (ops, 2 x lives), int8 (`Liveness.copy_matrices`): `one`, 1 where a life counts once at
+    # op i, -1 its count less one; beside it `many`, 1 where every copy of a life counts
+    copies: np.ndarray
     saved: np.ndarray  # (lives,) bool: a saved activation (else transient)
     moments: tuple[tuple[str, str], ...]  # each op's (name, phase), where a peak may happen
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
@@ -84,6 +85,14 @@ class _StageFormulas:
     cycles: Cycles  # where the data-parallel stream holds a stack's trips back (plain)
     waits: tuple[Waits, ...]  # where the stream must wait for communication (`schedule.sure_waits`)
     plans: dict = attrs.field(factory=dict, eq=False)  # layers -> (plain, last)
+
+    @property
+    def one(self) -> np.ndarray:
+        return self.copies[:, :self.n_lives]
+
+    @property
+    def many(self) -> np.ndarray:
+        return self.copies[:, self.n_lives:]
 
 
 def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: dict,
@@ -106,7 +115,7 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
                 + [o.cost.calls if c else 1 for o, c in zip(lowered, collective)]
                 + [o.cost.launches for o in lowered])
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
-    one, many = live.copy_matrices()
+    copies = np.hstack(live.copy_matrices())  # `one` and `many` side by side, int8
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
     # a gather of what nothing computes this micro-batch (a weight), read only by ops run once
     # a step (the cached FP8 casts): `simulate` starts it when its reader runs, so in no plain
@@ -126,7 +135,7 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         tuple(o.cost.efficiency for o in lowered), exprs,
         program.tape(exprs),
         len(ops),
-        len(live.lives), one, many, np.array([life.saved for life in live.lives], dtype=bool),
+        len(live.lives), copies, np.array([life.saved for life in live.lives], dtype=bool),
         tuple((op.name, op.phase.value) for op in live.ops),
         tuple(i for i in range(len(ops)) if not collective[i] and not once[i]),
         tuple(i for i in range(len(ops)) if not collective[i] and once[i]),
@@ -733,7 +742,7 @@ def _peak(f: _StageFormulas, nums: _Numbers) -> _Peak:
         zero = np.zeros(n)
         return _Peak(np.zeros(n, dtype=int), w, g, o, zero, zero)
     sizes, counted = nums.sizes, nums.sizes * nums.life_counts
-    live = np.hstack([f.one, f.many]) @ np.vstack([sizes, counted])  # (ops, rows)
+    live = f.copies.astype(float) @ np.vstack([sizes, counted])  # (ops, rows)
     at = np.argmax(live, axis=0)  # the first op where the most is live
     each = f.one[at] * sizes.T + f.many[at] * counted.T  # (rows, lives) there
     acts = each[:, f.saved].sum(axis=1)

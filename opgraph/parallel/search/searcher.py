@@ -240,11 +240,23 @@ class Searcher:
     def fitting(self, space: Space) -> int:
         """How many layouts of `space` fit in memory: every structure evaluated that has a
         layout whose memory floor fits (a search evaluates only those its bounds cannot rule
-        out)."""
+        out). A structure that no search has needed is compiled for its count alone and not
+        kept: a lifted space has a thousand, each a graph and its formulas."""
         pending = self._space(space)
-        return sum(len(self._fits(self._group(pending, si)))
-                   for si, members in enumerate(pending.members)
-                   if np.isfinite(pending.floor[members]).any())
+        count = 0
+        for si, members in enumerate(pending.members):
+            if not np.isfinite(pending.floor[members]).any():
+                continue
+            group = pending.groups.get(si)
+            if group is None:
+                rows_ = [pending.rows[i] for i in members]
+                key = structure(rows_[0])
+                kept = key in self.structures
+                group = self.evaluate(rows_)
+                if not kept:
+                    del self.structures[key]
+            count += len(self._fits(group))
+        return count
 
 
 def search(forward: Graph, hardware: Hardware, space: Space, *, top: int = 10,
