@@ -33,8 +33,6 @@ FP8 peak of one), / (step time x peak), by the cost model's one definition (`Cos
 
 from __future__ import annotations
 
-import functools
-
 import attrs
 import sympy
 
@@ -461,18 +459,34 @@ def schedule(job: Job, cost: CostModel = DEFAULT, *, rank: int | None = None
     return result, _rows(first, job.layout.micro_batches)
 
 
-def step_figures(job: Job, cost: CostModel = DEFAULT) -> ParallelResult:
+def step_figures(job: Job, cost: CostModel = DEFAULT, runs: dict | None = None
+                 ) -> ParallelResult:
     """The job's figures under `cost` alone: `schedule` without the rows of a report, for a
     job whose stages carry no profile (`opgraph.parallel.search` builds them from compiled
-    formulas)."""
-    return _schedule(job, cost, None)[0]
+    formulas). `runs`, a dict the caller keeps, holds each micro-batch simulated, for the
+    next job that runs the same plan with the same op times and options (a search's layouts
+    that differ only in their micro-batch or virtual-stage counts)."""
+    return _schedule(job, cost, None, runs)[0]
 
 
-def _schedule(job: Job, cost: CostModel, rank: int | None) -> tuple[ParallelResult, _Timed]:
+def _schedule(job: Job, cost: CostModel, rank: int | None, runs: dict | None = None
+              ) -> tuple[ParallelResult, _Timed]:
     layout = job.layout
     deferred = DEFERRED_GROUPS if defers_grad_reduce(layout) else ()
-    run = functools.partial(simulate, async_tp=layout.async_tp, deferred=deferred,
-                            prefetch=not traits(layout).syncs_before_gather)
+    options = dict(async_tp=layout.async_tp, deferred=deferred,
+                   prefetch=not traits(layout).syncs_before_gather)
+
+    def run(plan, times, keep_events=True):
+        if runs is None:
+            return simulate(plan, times, keep_events=keep_events, **options)
+        # `simulate` is a function of the plan, the times and the options alone; the entry
+        # holds the plan, so its id is not reused while the entry lives
+        key = (id(plan), keep_events, *options.values(), *times.items())
+        found = runs.get(key)
+        if found is None or found[0] is not plan:
+            found = runs[key] = (plan, simulate(plan, times, keep_events=keep_events,
+                                                **options))
+        return found[1]
     drawn = None if rank is None else layout.rank_stage(rank)
     timed = []
     for i, stage in enumerate(job.stages):

@@ -74,6 +74,7 @@ class Searcher:
         self.program = _Program()  # the formulas' steps over arrays, shared by the structures
         self._last: _Pending | None = None  # the last space searched
         self.n_mfu = int(mfu_parameters(forward).xreplace(resolve(forward, self.values)))
+        self._runs: dict = {}  # the micro-batches `exact` simulated (`step_figures`' `runs`)
         self.compile_s = 0.0
 
     def compute(self, r: Row) -> _ComputeFormulas:
@@ -118,7 +119,8 @@ class Searcher:
 
     def exact(self, g: _Group, col: int) -> Ranked:
         """Row `col` of a group, scheduled as `profile` schedules it."""
-        return Ranked(g.rows[col].candidate(), step_figures(self._job_of(g, col), self.cost))
+        return Ranked(g.rows[col].candidate(),
+                      step_figures(self._job_of(g, col), self.cost, self._runs))
 
     def _job_of(self, g: _Group, col: int) -> Job:
         return _job(g, col, self.forward, self.hardware, self.cluster,
