@@ -41,7 +41,7 @@ def median_seconds(fn, runs: int = RUNS) -> float:
 def processes(commands: dict[str, list[str]], cwd: str) -> dict[str, list[float]]:
     """Wall times of fresh interpreters running each command, taken in turn (a, b, c, a, b,
     c, ...) so that load from elsewhere on the machine falls on all of them alike."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPGRAPH_CACHE_DIR": "off"}
     times = {name: [] for name in commands}
     for run in range(RUNS + 1):
         for name, argv in commands.items():
@@ -99,7 +99,7 @@ def main() -> int:
             "step = compile_step(preset({!r})); evaluate(step, part); "
             "print(time.perf_counter() - t, len(step.ops()))")
     inner = {"llama3-8b": [], "llama3.1-405b": []}
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPGRAPH_CACHE_DIR": "off"}
     ops = {}
     for _ in range(RUNS):  # interleaved, so drift hits both
         for name, samples in inner.items():

@@ -8,8 +8,11 @@ the wall-clock ratio and the CPU-time ratio (the child's user + system seconds) 
 latter steadier on a shared machine. The commands are the searches the docs and earlier issues
 recorded for each case (docs/planning.md; the DeepSeek-V2-Lite `--rank` search is issue #13's).
 
---quick leaves out the two longest searches (Mixtral and DeepSeek-V2-Lite). Subprocesses run
-this checkout's code (PYTHONPATH), each once: a plan is timed from one run.
+Each plan runs twice with a fresh cache folder (`opgraph.parallel.search.cache`): "cold", with
+nothing to read and writing the structures it compiled, what a first run costs; then "warm",
+reading them back, what the next run of the same model, part and cost model costs. --quick
+leaves out the two longest searches (Mixtral and DeepSeek-V2-Lite). Subprocesses run this
+checkout's code (PYTHONPATH), each once: a plan is timed from one run.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import resource
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+# no cache unless a run names one (`opgraph.parallel.search.cache`)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OPGRAPH_CACHE_DIR": "off"}
 
 # (what the issue calls it, the arguments after `opgraph`, the issue's target as x one profile)
 PLANS = [
@@ -39,12 +44,14 @@ LONG = ("Mixtral 8x7B on 64", "DeepSeek-V2-Lite --rank on 8")
 HELP_TARGET_S = 0.3
 
 
-def timed(args: str) -> tuple[float, float, str]:
-    """Wall and CPU seconds of one `python -m opgraph ARGS`, and its output."""
+def timed(args: str, cache: str = "off") -> tuple[float, float, str]:
+    """Wall and CPU seconds of one `python -m opgraph ARGS`, and its output; `cache`, the
+    folder its plan keeps compiled structures in (`OPGRAPH_CACHE_DIR`)."""
     argv = [sys.executable, "-m", "opgraph", *shlex.split(args)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(argv, env=ENV, cwd=ROOT, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, env={**ENV, "OPGRAPH_CACHE_DIR": cache}, cwd=ROOT,
+                          capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -75,11 +82,14 @@ def main(quick: bool) -> None:
     for name, args, target in PLANS:
         if quick and name in LONG:
             continue
-        wall, cpu, out = timed(args)
-        ratio_wall, ratio_cpu = wall / profile_wall, cpu / profile_cpu
-        print(f"{name:<30} {wall:>8.1f} {cpu:>8.1f} {ratio_wall:>6.1f}x {ratio_cpu:>6.1f}x "
-              f"{target:>6}x  {'yes' if ratio_cpu <= target else 'no'}", flush=True)
-        notes.append(f"  {name}: opgraph {args}\n    {summary(out)}")
+        with tempfile.TemporaryDirectory() as folder:
+            for when in ("cold", "warm"):  # the first run writes the cache the second reads
+                wall, cpu, out = timed(args, folder)
+                ratio_wall, ratio_cpu = wall / profile_wall, cpu / profile_cpu
+                print(f"{f'{name}, {when}':<30} {wall:>8.1f} {cpu:>8.1f} {ratio_wall:>6.1f}x "
+                      f"{ratio_cpu:>6.1f}x {target:>6}x  {'yes' if ratio_cpu <= target else 'no'}",
+                      flush=True)
+                notes.append(f"  {name}, {when}: opgraph {args}\n    {summary(out)}")
     help_wall, help_cpu = best("--help", 5)
     print(f"{'--help (best of 5)':<30} {help_wall:>8.2f} {help_cpu:>8.2f} {'':>7} {'':>7} "
           f"{HELP_TARGET_S:>6}s  {'yes' if help_wall <= HELP_TARGET_S else 'no'} (wall)")

@@ -38,6 +38,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+# a page shows what a first run prints: no structures read from a cache of an earlier one
+# (`opgraph.parallel.search.cache`)
+os.environ["OPGRAPH_CACHE_DIR"] = "off"
+
 import attrs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,6 +16,11 @@ if "sympy" not in sys.modules:  # pytest loads this file before any test module 
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
+# `opgraph plan` keeps compiled structures for the next run in the user's cache folder
+# (`opgraph.parallel.search.cache`); the suite writes nowhere outside its temporary folders,
+# and a test of the cache names its own folder.
+os.environ["OPGRAPH_CACHE_DIR"] = "off"
+
 # The suite runs in one process whose heap only grows: sympy's caches, each module's compiled
 # steps and searchers, the published runs compiled once a process. CPython rescans all of it in
 # a full collection each time the long-lived objects grow by a quarter, 30 times over

@@ -101,6 +101,11 @@ def register(subparsers) -> None:
                         "layout (the fixed degrees, ZeRO stage, micro-batch, virtual stages, "
                         "sequence parallelism and recomputation lifted; the precision and the "
                         "--max-* bounds kept), and how far it is from the best of them")
+    o.add_argument("--no-cache", action="store_true",
+                   help="compile every structure and keep none for the next run (by default "
+                        "plan keeps them in $OPGRAPH_CACHE_DIR, else ~/.cache/opgraph, and "
+                        "reads them back when the model, part, cost model and code are the "
+                        "same; OPGRAPH_CACHE_DIR=off turns that off)")
     o.add_argument("--plot", metavar="FILE",
                    help="with a range of --gpus: draw tokens/s per GPU and MFU against GPUs "
                         "(.png or .svg)")
@@ -204,7 +209,19 @@ def run(args) -> int:
     spaces = [_space(args, n, batch) for n in sizes]  # every constraint checked up front
     resident = _resident_bytes(forward, seq, spaces[0])
     hopeless = {n: _hopeless(resident, n, part) for n in sizes}
-    searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost)
+    from ..parallel.search import cache
+
+    searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost,
+                        cache=None if args.no_cache else cache.folder())
+    code = _searched(args, searcher, sizes, spaces, hopeless, resident, forward, part,
+                     cluster, seq, batch)
+    searcher.save()  # for the next run (`opgraph.parallel.search.cache`)
+    return code
+
+
+def _searched(args, searcher, sizes, spaces, hopeless, resident, forward, part, cluster,
+              seq: int, batch: int) -> int:
+    """The search of one size, or of each size of a curve, and its report."""
     if len(sizes) == 1:
         if hopeless[sizes[0]]:
             raise OpgraphError(f"no layout of {forward.name} on {sizes[0]:,} x {part.id} fits "
@@ -312,9 +329,11 @@ def _header(forward, part, cluster, seq: int, batch: int, cost: str,
 
 
 def _counts(found) -> str:
+    read = (f" ({found.read:,} of {found.read + found.compiled:,} read from the cache)"
+            if found.read else "")
     return (f"searched {found.searched:,} layouts over {found.structures} structures, "
             f"{found.evaluated} of them evaluated ({found.fit:,} of their layouts fit in memory, "
-            f"{found.scheduled:,} scheduled exactly); compiled in {found.compile_s:.2f} s, "
+            f"{found.scheduled:,} scheduled exactly); compiled in {found.compile_s:.2f} s{read}, "
             f"evaluated in {found.evaluate_s:.2f} s ({found.layouts_per_s:,.0f} layouts/s)")
 
 
@@ -425,7 +444,7 @@ def _json(found, part, cluster, seq, cost) -> dict:
             "hardware": part.id, "cluster": cluster.id, "seq_len": seq, "cost": cost,
             "searched": found.searched, "fit": found.fit, "scheduled": found.scheduled,
             "structures": found.structures, "evaluated": found.evaluated,
-            "compile_s": found.compile_s,
+            "compile_s": found.compile_s, "compiled": found.compiled, "read": found.read,
             "evaluate_s": found.evaluate_s, "layouts_per_s": found.layouts_per_s,
             "layouts": [r.to_json() for r in found.best]}
 

@@ -81,9 +81,16 @@ slowdown on all the communication (`_step_upper`). Only the rows between the two
 scheduled exactly: for the README's Llama 3 layout 414 of the 568 faster are counted under
 their upper bound, and 280 scheduled, against 694 without it.
 
+**Kept between runs** (`cache.py`): `opgraph plan` writes the structures it compiled to a
+file named by a digest of everything they depend on (the code, the model, the part, the cost
+model, the sequence length), and a later run of the same context reads them back instead of
+compiling them; a stage's graph is left out of the file and made again, checked against the
+cached formulas, for the few layouts scheduled exactly.
+
 The package: `space.py` (the constraints, the records of a layout, every layout of a job),
 `bounds.py` (structures compiled into formulas, evaluated as arrays; memory and the bounds of
-the step), `searcher.py` (branch and bound: `Searcher`, `search`).
+the step), `searcher.py` (branch and bound: `Searcher`, `search`), `cache.py` (compiled
+structures kept between runs).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class _StageFormulas:
     """One stage of a structure: its graph, its ops' fixed facts, and the formulas of every
     number that varies, over `DEGREES`."""
 
-    graph: Graph
+    graph: Graph | None  # None once written to the cache (`Searcher.stage_graph` remakes it)
     layers: int | None  # the model's (None: several stacks, one stage)
     names: tuple[str, ...]
     kinds: tuple[str, ...]
@@ -531,16 +531,18 @@ def _degrees(r: Row) -> tuple:
     return r.tp, r.cp, r.ep, r.pp, r.dp, r.gpus, r.micro_batch, r.async_tp
 
 
-def _plans(f: _StageFormulas, layers: int, zero: int, values: dict):
-    """The schedule's plans of the stage holding `layers` layers."""
+def _plans(f: _StageFormulas, layers: int, zero: int, values: dict, graph: Graph | None = None):
+    """The schedule's plans of the stage holding `layers` layers; `graph`, the stage's graph
+    where `f` holds none (read from the cache, `Searcher.stage_graph`)."""
     if layers not in f.plans:
-        subs = resolve(f.graph, values)
+        graph = f.graph if graph is None else graph
+        subs = resolve(graph, values)
         if f.layers is not None:  # the stack's L / pp is this stage's layers
             subs[pp] = sympy.Rational(f.layers, layers)
-        ordered = f.graph.ops()
+        ordered = graph.ops()
         per_micro = [op for op in ordered if op.phase is not Phase.OPTIMIZER
                      and not once_per_step(op, zero)]
-        f.plans[layers] = (plan(f.graph, per_micro, subs), plan(f.graph, ordered, subs))
+        f.plans[layers] = (plan(graph, per_micro, subs), plan(graph, ordered, subs))
     return f.plans[layers]
 
 
@@ -893,8 +895,9 @@ def _step_upper(serial: dict, serial_last: dict, plain: dict, p, m, v, chunked) 
 
 
 def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, tokens: int,
-         n_mfu: int, values: dict, layers: int) -> Job:
-    """Row `col` of a group as `distributed.prepare` compiles it, from the arrays' numbers."""
+         n_mfu: int, values: dict, layers: int, graph_of=None) -> Job:
+    """Row `col` of a group as `distributed.prepare` compiles it, from the arrays' numbers;
+    `graph_of(role)`, a stage's graph where the structure holds none (`_plans`)."""
     r = g.rows[col]
     layout = r.layout()
     capacity = hardware.memory_bytes
@@ -909,7 +912,9 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
                             f.groups[k], float(nums.messages[k, col]),
                             float(nums.calls[k, col]), f.peaks[k], f.once[k])
                     for k in range(f.n_ops))
-        plain, last = _plans(f, counts[role], sharding(r), values)
+        plain, last = _plans(f, counts[role], sharding(r), values,
+                             None if f.graph is not None or counts[role] in f.plans
+                             else graph_of(role))
         degrees = dict(zip(DEGREES, map(sympy.Integer, (
             r.tp, r.cp, r.ep, r.size("dp"), r.size("edp"), counts[role], r.micro_batch))))
         memory = g.peaks[role].memory(f, col, degrees, float(g.held[role][col]), capacity)

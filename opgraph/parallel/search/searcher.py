@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -17,8 +18,10 @@ from ...cost.costmodel import DEFAULT, CostModel
 from ...cost.hardware import Hardware
 from ...io.outputs.progress import progress, progressed
 from ...passes.evaluate import resolve
+from ...passes.split_stages import split_stages
 from .. import cluster as clusters
 from ..distributed import Job, step_figures
+from . import cache
 from .bounds import (
     _comm_line,
     _compile_compute,
@@ -30,6 +33,7 @@ from .bounds import (
     _job,
     _Program,
     _representative,
+    _roles,
     _step,
     _Structure,
     compute_key,
@@ -56,7 +60,11 @@ class Searcher:
     the searches need them and kept (a scaling curve's sizes share them)."""
 
     def __init__(self, forward: Graph, hardware: Hardware, *, seq_len: int | None = None,
-                 cluster: clusters.Cluster | None = None, cost: CostModel = DEFAULT):
+                 cluster: clusters.Cluster | None = None, cost: CostModel = DEFAULT,
+                 cache: Path | None = None):
+        """`cache`: a folder whose file for this search's context (`cache.context`) gives
+        the structures compiled by an earlier run, and which `save` writes (`opgraph plan`
+        passes `cache.folder()`); None compiles everything and writes nothing."""
         self.forward, self.hardware, self.cost = forward, hardware, cost
         self.seq = seq_len or forward.seq_len
         if self.seq is None:
@@ -76,17 +84,23 @@ class Searcher:
         self.n_mfu = int(mfu_parameters(forward).xreplace(resolve(forward, self.values)))
         self._runs: dict = {}  # the micro-batches `exact` simulated (`step_figures`' `runs`)
         self.compile_s = 0.0
+        self.compiled = self.read = 0  # structures and compute keys compiled, read from the cache
+        self._cache = cache
+        self._stored: dict | None = None  # the cache's file, once read
+        self._graphs: dict = {}  # (structure, role) -> a stage graph the cache's file lacks
 
     def compute(self, r: Row) -> _ComputeFormulas:
         """The compute formulas of `r`'s compute key (`compute_key`), compiled once."""
         key = self.compute_key(r)
         if key not in self.computes:
             t0 = time.perf_counter()
-            graph = _step(self.forward, r, _representative(r, self.layers), self.passes,
-                          replicated=False)
-            self.computes[key] = _compile_compute(graph, self.hardware, self.cost, self.values,
-                                                  self.layers, self.compute_formulas,
-                                                  self.program, r)
+            found = self._stored_entry("computes", key)
+            if found is None:
+                graph = _step(self.forward, r, _representative(r, self.layers), self.passes,
+                              replicated=False)
+                found = _compile_compute(graph, self.hardware, self.cost, self.values,
+                                         self.layers, self.compute_formulas, self.program, r)
+            self.computes[key] = found
             self.compile_s += time.perf_counter() - t0
         return self.computes[key]
 
@@ -102,11 +116,45 @@ class Searcher:
         key = structure(r)
         if key not in self.structures:
             t0 = time.perf_counter()
-            self.structures[key] = _compile_structure(
-                self.forward, self.layers, self.hardware, r, self.values, self.cost,
-                self.passes, self.formulas, self.program)
+            found = self._stored_entry("structures", key)
+            if found is None:
+                found = _compile_structure(self.forward, self.layers, self.hardware, r,
+                                           self.values, self.cost, self.passes, self.formulas,
+                                           self.program)
+            self.structures[key] = found
             self.compile_s += time.perf_counter() - t0
         return self.structures[key]
+
+    def _stored_entry(self, kind: str, key: tuple):
+        """The cache file's `kind` ("structures" or "computes") entry for `key`, counted as
+        read; else None, counted as compiled (the caller compiles it)."""
+        if self._cache is not None and self._stored is None:
+            self._stored = cache.load(self._cache, self._context()) or {}
+        found = (self._stored or {}).get(kind, {}).get(key)
+        if found is None:
+            self.compiled += 1
+        else:
+            self.read += 1
+        return found
+
+    def _context(self) -> str:
+        return cache.context(self.forward, self.hardware, self.cost, self.values, self.layers)
+
+    def save(self) -> bool:
+        """Write what this searcher holds compiled to its cache's file, with the file's
+        other entries (`opgraph.parallel.search.cache`), where it compiled something the file
+        lacked; True if written."""
+        if self._cache is None or not self.compiled:
+            return False
+        stored = self._stored or {}
+        # without their stages' graphs, which are most of the file and of the time to read it
+        # back (`stage_graph` makes one again where an exact schedule needs it)
+        light = {key: attrs.evolve(s, stages={role: attrs.evolve(f, graph=None, plans={})
+                                              for role, f in s.stages.items()})
+                 for key, s in self.structures.items()}
+        return cache.save(self._cache, self._context(),
+                          {**stored.get("structures", {}), **light},
+                          {**stored.get("computes", {}), **self.computes})
 
     def forget(self) -> None:
         """Drop the last space's arrays (`_space`), keeping the compiled structures."""
@@ -124,7 +172,31 @@ class Searcher:
 
     def _job_of(self, g: _Group, col: int) -> Job:
         return _job(g, col, self.forward, self.hardware, self.cluster,
-                    g.rows[col].batch * self.seq, self.n_mfu, self.values, self.layers)
+                    g.rows[col].batch * self.seq, self.n_mfu, self.values, self.layers,
+                    lambda role: self.stage_graph(g.structure, g.rows[col], role))
+
+    def stage_graph(self, s: _Structure, r: Row, role: str) -> Graph:
+        """The graph of `s`'s stage `role` (its first, middle or last stage), made again by
+        the passes and `split_stages` where `s` came from the cache without it; each op as
+        the cached formulas name it, or `s` is compiled anew (a graph that does not match its
+        formulas is never scheduled)."""
+        f = s.stages[role]
+        if f.graph is not None:
+            return f.graph
+        key = (s.key, role)
+        if key not in self._graphs:
+            t0 = time.perf_counter()
+            layout = _representative(r, self.layers)
+            step = _step(self.forward, r, layout, self.passes)
+            graph = split_stages(step, layout, dict(_roles(layout.pp))[role])
+            if tuple(op.name for op in graph.ops()) != f.names:  # not the cached structure
+                fresh = _compile_structure(self.forward, self.layers, self.hardware, r,
+                                           self.values, self.cost, self.passes, self.formulas,
+                                           self.program)
+                graph = fresh.stages[role].graph
+            self._graphs[key] = graph
+            self.compile_s += time.perf_counter() - t0
+        return self._graphs[key]
 
     def job(self, candidate: Candidate) -> Job:
         """The job `exact` schedules for `candidate`: `distributed.step_figures(job, cost)`
@@ -184,7 +256,7 @@ class Searcher:
         """The `top` fastest layouts of `space` (see the module), with the search's counts."""
         if top < 1:
             raise OpgraphError("--top must be 1 or more")
-        t0, compiled = time.perf_counter(), self.compile_s
+        t0, compiled, counts = time.perf_counter(), self.compile_s, (self.compiled, self.read)
         pending = self._space(space)
         # best first over two kinds of entry: a structure not yet evaluated, at its rows' least
         # compute bound (col -1), and a fitting row of one evaluated, at its bound
@@ -219,7 +291,8 @@ class Searcher:
         return Found(tuple(r for _, _, r in best), len(pending.rows),
                      sum(len(self._fits(g)) for g in groups), scheduled,
                      len(pending.members), len(pending.groups), spent, elapsed - spent,
-                     min(float(g.fullest.min()) for g in groups))
+                     min(float(g.fullest.min()) for g in groups),
+                     self.compiled - counts[0], self.read - counts[1])
 
     def faster_than(self, space: Space, step_time_s: float) -> int:
         """How many layouts of `space` that fit run a step faster than `step_time_s` (where a

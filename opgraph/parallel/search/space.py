@@ -149,6 +149,10 @@ class Found:
     compile_s: float
     evaluate_s: float  # everything else: enumerating, the bounds, the arrays, the exact ones
     smallest_memory: float  # bytes per GPU: the least any layout needs
+    # structures and compute keys this search compiled, and those it read from the cache
+    # (`opgraph.parallel.search.cache`) instead
+    compiled: int = 0
+    read: int = 0
 
     @property
     def layouts_per_s(self) -> float:
