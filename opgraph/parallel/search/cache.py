@@ -21,7 +21,8 @@ that does not load (cut short, another format) is a miss and is written again.
 
 The folder is `$OPGRAPH_CACHE_DIR`, else `$XDG_CACHE_HOME/opgraph`, else `~/.cache/opgraph`;
 `OPGRAPH_CACHE_DIR=off` (or empty) keeps nothing, as `plan --no-cache` does. The files are
-Python pickles, which run code when read, so a file is read only from a folder and a file the
+Python pickles (zlib-compressed), which run code when read, so a file is read only from a
+folder and a file the
 user owns that no one else may write (the folder is made so: mode 0700). The newest `KEEP`
 files are kept. Writes go to a temporary file renamed into place, so a reader never sees half
 a file.
@@ -37,13 +38,15 @@ import pickle
 import stat
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 ENV = "OPGRAPH_CACHE_DIR"
 OFF = ("", "off", "0", "none")
 KEEP = 16  # files kept in the folder, the most recently used
 SUFFIX = ".structures"
-FORMAT = 1  # the files' layout: {"format", "structures", "computes"}
+FORMAT = 2  # the files' layout: MAGIC, then zlib({"format", "structures", "computes"})
+MAGIC = b"opgraph compiled structures\n"
 
 
 def folder() -> Path | None:
@@ -108,8 +111,10 @@ def load(where: Path, name: str) -> dict | None:
     try:
         if not (_private(where) and _private(path)):
             return None
-        with open(path, "rb") as f:
-            found = pickle.load(f)
+        data = path.read_bytes()
+        if not data.startswith(MAGIC):
+            return None
+        found = pickle.loads(zlib.decompress(data[len(MAGIC):]))
         if not (isinstance(found, dict) and found.get("format") == FORMAT):
             return None
         os.utime(path)  # used now: kept among the newest
@@ -127,9 +132,12 @@ def save(where: Path, name: str, structures: dict, computes: dict) -> bool:
             return False
         fd, tmp = tempfile.mkstemp(dir=where, suffix=".tmp")
         try:
+            data = pickle.dumps({"format": FORMAT, "structures": structures,
+                                 "computes": computes}, protocol=pickle.HIGHEST_PROTOCOL)
             with os.fdopen(fd, "wb") as f:
-                pickle.dump({"format": FORMAT, "structures": structures,
-                             "computes": computes}, f, protocol=pickle.HIGHEST_PROTOCOL)
+                # compressed: the liveness matrices are bands of small integers (DeepSeek-V2-
+                # Lite's --rank search: 119 MB as pickled, 7.3 MB so, 0.2 s each way)
+                f.write(MAGIC + zlib.compress(data, 1))
             os.replace(tmp, where / f"{name}{SUFFIX}")
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
