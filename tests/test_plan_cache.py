@@ -152,3 +152,20 @@ def test_a_stage_graph_made_again_must_match_the_cached_formulas(tmp_path):
     again = warm.stage_graph(wrong, r, roles[-1])  # compiled anew: its own op order
     assert tuple(op.name for op in again.ops()) == names
     assert structure(r) == s.key
+
+
+def test_the_layouts_that_fit_are_counted_once_for_every_run(tmp_path):
+    """`fitting` compiles a structure no search needed for its count alone, and keeps the
+    count: a second run of the same context counts the same from the file, compiling
+    nothing."""
+    from opgraph.parallel.search import Searcher, Space
+
+    forward, part = preset("llama3.2-1b"), hardware.get("h100-sxm")
+    space = Space(gpus=8, batch=8, max_pp=2, max_micro_batch=2)
+    cold = Searcher(forward, part, cache=tmp_path)
+    fit = cold.fitting(space)
+    assert cold.compiled and cold.fits and cold.save()
+    warm = Searcher(forward, part, cache=tmp_path)
+    assert warm.fitting(space) == fit
+    assert warm.compiled == 0 and not warm.structures
+    assert Searcher(forward, part).fitting(space) == fit  # and as one without a cache counts

@@ -45,7 +45,8 @@ ENV = "OPGRAPH_CACHE_DIR"
 OFF = ("", "off", "0", "none")
 KEEP = 16  # files kept in the folder, the most recently used
 SUFFIX = ".structures"
-FORMAT = 2  # the files' layout: MAGIC, then zlib({"format", "structures", "computes"})
+FORMAT = 3  # the files' layout: MAGIC, then zlib({"format", "structures", "computes",
+# "fits"}): the last, how many of a structure's rows fit (`Searcher.fitting`)
 MAGIC = b"opgraph compiled structures\n"
 
 
@@ -105,8 +106,8 @@ def context(forward, hardware, cost, values: dict, layers) -> str:
 
 
 def load(where: Path, name: str) -> dict | None:
-    """The context's file read back (`{"structures": ..., "computes": ...}`), or None: none
-    yet, or one that is not the user's alone, or that does not load."""
+    """The context's file read back (`{"structures": ..., "computes": ..., "fits": ...}`),
+    or None: none yet, or one that is not the user's alone, or that does not load."""
     path = where / f"{name}{SUFFIX}"
     try:
         if not (_private(where) and _private(path)):
@@ -123,7 +124,7 @@ def load(where: Path, name: str) -> dict | None:
         return None
 
 
-def save(where: Path, name: str, structures: dict, computes: dict) -> bool:
+def save(where: Path, name: str, structures: dict, computes: dict, fits: dict) -> bool:
     """Write the context's file (whole, then renamed into place) and keep the newest `KEEP`;
     False where the folder cannot be written (the search's answer does not depend on it)."""
     try:
@@ -133,7 +134,8 @@ def save(where: Path, name: str, structures: dict, computes: dict) -> bool:
         fd, tmp = tempfile.mkstemp(dir=where, suffix=".tmp")
         try:
             data = pickle.dumps({"format": FORMAT, "structures": structures,
-                                 "computes": computes}, protocol=pickle.HIGHEST_PROTOCOL)
+                                 "computes": computes, "fits": fits},
+                                protocol=pickle.HIGHEST_PROTOCOL)
             with os.fdopen(fd, "wb") as f:
                 # compressed: the liveness matrices are bands of small integers (DeepSeek-V2-
                 # Lite's --rank search: 119 MB as pickled, 7.3 MB so, 0.2 s each way)

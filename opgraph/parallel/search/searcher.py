@@ -88,6 +88,7 @@ class Searcher:
         self._cache = cache
         self._stored: dict | None = None  # the cache's file, once read
         self._graphs: dict = {}  # (structure, role) -> a stage graph the cache's file lacks
+        self.fits: dict = {}  # (structure, its rows) -> how many fit (`fitting`)
 
     def compute(self, r: Row) -> _ComputeFormulas:
         """The compute formulas of `r`'s compute key (`compute_key`), compiled once."""
@@ -125,16 +126,17 @@ class Searcher:
             self.compile_s += time.perf_counter() - t0
         return self.structures[key]
 
-    def _stored_entry(self, kind: str, key: tuple):
-        """The cache file's `kind` ("structures" or "computes") entry for `key`, counted as
-        read; else None, counted as compiled (the caller compiles it)."""
+    def _stored_entry(self, kind: str, key: tuple, counted: bool = True):
+        """The cache file's `kind` ("structures", "computes" or "fits") entry for `key`,
+        `counted` as read; else None, counted as compiled (the caller compiles it)."""
         if self._cache is not None and self._stored is None:
             self._stored = cache.load(self._cache, self._context()) or {}
         found = (self._stored or {}).get(kind, {}).get(key)
-        if found is None:
-            self.compiled += 1
-        else:
-            self.read += 1
+        if counted:
+            if found is None:
+                self.compiled += 1
+            else:
+                self.read += 1
         return found
 
     def _context(self) -> str:
@@ -144,7 +146,8 @@ class Searcher:
         """Write what this searcher holds compiled to its cache's file, with the file's
         other entries (`opgraph.parallel.search.cache`), where it compiled something the file
         lacked; True if written."""
-        if self._cache is None or not self.compiled:
+        if self._cache is None or not (self.compiled or set(self.fits) - set(
+                (self._stored or {}).get("fits", {}))):
             return False
         stored = self._stored or {}
         # without their stages' graphs, which are most of the file and of the time to read it
@@ -154,7 +157,8 @@ class Searcher:
                  for key, s in self.structures.items()}
         return cache.save(self._cache, self._context(),
                           {**stored.get("structures", {}), **light},
-                          {**stored.get("computes", {}), **self.computes})
+                          {**stored.get("computes", {}), **self.computes},
+                          {**stored.get("fits", {}), **self.fits})
 
     def forget(self) -> None:
         """Drop the last space's arrays (`_space`), keeping the compiled structures."""
@@ -316,21 +320,29 @@ class Searcher:
         """How many layouts of `space` fit in memory: every structure evaluated that has a
         layout whose memory floor fits (a search evaluates only those its bounds cannot rule
         out). A structure that no search has needed is compiled for its count alone and not
-        kept: a lifted space has a thousand, each a graph and its formulas."""
+        kept: a lifted space has a thousand, each a graph and its formulas. What it counted
+        is kept instead, by the structure and its rows, and goes to the cache's file (`save`)
+        for the next run of the same context."""
         pending = self._space(space)
         count = 0
         for si, members in enumerate(pending.members):
             if not np.isfinite(pending.floor[members]).any():
                 continue
             group = pending.groups.get(si)
-            if group is None:
-                rows_ = [pending.rows[i] for i in members]
-                key = structure(rows_[0])
-                kept = key in self.structures
-                group = self.evaluate(rows_)
-                if not kept:
-                    del self.structures[key]
-            count += len(self._fits(group))
+            if group is not None:
+                count += len(self._fits(group))
+                continue
+            rows_ = tuple(pending.rows[i] for i in members)
+            key = structure(rows_[0])
+            if (key, rows_) not in self.fits:
+                stored = self._stored_entry("fits", (key, rows_), counted=False)
+                if stored is None:
+                    kept = key in self.structures
+                    stored = len(self._fits(self.evaluate(list(rows_))))
+                    if not kept:
+                        del self.structures[key]
+                self.fits[(key, rows_)] = stored
+            count += self.fits[(key, rows_)]
         return count
 
 
