@@ -161,8 +161,10 @@ class Searcher:
                           {**stored.get("fits", {}), **self.fits})
 
     def forget(self) -> None:
-        """Drop the last space's arrays (`_space`), keeping the compiled structures."""
+        """Drop the last space's arrays (`_space`) and the micro-batches its exact schedules
+        ran, keeping the compiled structures."""
         self._last = None
+        self._runs = {}
 
     def evaluate(self, group: list[Row]) -> _Group:
         """A structure's rows as arrays (they must share one structure)."""
