@@ -47,6 +47,23 @@ def test_a_warm_plan_reads_every_structure_back_and_answers_as_a_cold_one(
     assert _answer(uncached) == _answer(cold) and uncached["read"] == 0
 
 
+def test_a_plan_run_from_anywhere_keeps_and_reads_its_structures(tmp_path):
+    """The whole process, from a folder that is not the checkout (the code digest finds the
+    installed packages, not the checkout's folders)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, cache.ENV: str(tmp_path / "cache")}
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "opgraph", *PLAN], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        outputs.append(json.loads(done.stdout))
+    assert outputs[0]["read"] == 0 and outputs[1]["compiled"] == 0
+    assert _answer(outputs[0]) == _answer(outputs[1])
+
+
 def test_no_cache_neither_reads_nor_writes(cli, monkeypatch, tmp_path):
     found = _plan(cli, monkeypatch, tmp_path, "--no-cache")
     assert found["read"] == 0 and not any(tmp_path.iterdir())
@@ -130,7 +147,9 @@ def test_a_folder_that_cannot_be_written_stops_nothing(cli, monkeypatch, tmp_pat
 def test_a_stage_graph_made_again_must_match_the_cached_formulas(tmp_path):
     """A structure read back holds no graphs (`Searcher.save` leaves them out); an exact
     schedule makes its stage's graph again, and where that graph's ops are not the ones the
-    cached formulas name, the structure is compiled anew rather than scheduled on a mismatch."""
+    cached formulas name, nothing is scheduled on the mismatch: the file is removed and the
+    search stops, saying so in one line."""
+    from opgraph.core.errors import OpgraphError
     from opgraph.parallel.search import Searcher, Space, rows, structure
 
     forward, part = preset("llama3.2-1b"), hardware.get("h100-sxm")
@@ -149,9 +168,10 @@ def test_a_stage_graph_made_again_must_match_the_cached_formulas(tmp_path):
     names = s.stages[roles[-1]].names
     wrong = attrs.evolve(s, stages={**s.stages, roles[-1]: attrs.evolve(
         s.stages[roles[-1]], names=names[::-1])})
-    again = warm.stage_graph(wrong, r, roles[-1])  # compiled anew: its own op order
-    assert tuple(op.name for op in again.ops()) == names
-    assert structure(r) == s.key
+    assert list(tmp_path.glob(f"*{cache.SUFFIX}"))
+    with pytest.raises(OpgraphError, match="does not match the structures"):
+        warm.stage_graph(wrong, r, roles[-1])
+    assert not list(tmp_path.glob(f"*{cache.SUFFIX}")) and structure(r) == s.key
 
 
 def test_the_layouts_that_fit_are_counted_once_for_every_run(tmp_path):

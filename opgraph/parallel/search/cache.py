@@ -7,7 +7,7 @@ is most of a plan's time, and a user re-running `plan` on the same model and par
 So the `Searcher` that `plan` makes keeps what it compiled in one file, named by a digest
 (`context`) of everything a compiled structure depends on besides its own key:
 
-- the code: every source and data file of the `opgraph`, `passes` and `models` packages, and
+- the code: every source and data file of the `opgraph` package, its passes and its models, and
   the versions of Python, sympy, networkx and numpy (`fingerprint`); any edit is a new context;
 - the model: its graph, every tensor, op and region as its record prints (`repr`: each field,
   the formulas included), its dimensions and sequence lengths;
@@ -74,7 +74,8 @@ def fingerprint() -> str:
     return h.hexdigest()
 
 
-PACKAGES = ("opgraph", "passes", "models")  # the code a compiled structure comes from
+# the code a compiled structure comes from (the passes and models install as these names)
+PACKAGES = ("opgraph", "opgraph.passes", "opgraph.models")
 SOURCES = (".py", ".toml", ".json", ".csv")  # its files: the code, and the data it reads
 
 
@@ -151,6 +152,15 @@ def save(where: Path, name: str, structures: dict, computes: dict, fits: dict) -
         return True
     except Exception:  # a read-only home, a full disk: the next run compiles again
         return False
+
+
+def remove(where: Path | None, name: str) -> Path | None:
+    """Remove the context's file (one found not to match what the code compiles); its path."""
+    if where is None:
+        return None
+    path = where / f"{name}{SUFFIX}"
+    path.unlink(missing_ok=True)
+    return path
 
 
 def _private(path: Path) -> bool:

@@ -183,9 +183,10 @@ class Searcher:
 
     def stage_graph(self, s: _Structure, r: Row, role: str) -> Graph:
         """The graph of `s`'s stage `role` (its first, middle or last stage), made again by
-        the passes and `split_stages` where `s` came from the cache without it; each op as
-        the cached formulas name it, or `s` is compiled anew (a graph that does not match its
-        formulas is never scheduled)."""
+        the passes and `split_stages` where `s` came from the cache without it. Its ops must
+        be the ones the cached formulas name (the passes are deterministic, so they are); a
+        graph that is not is never scheduled: the file is removed and the search stops,
+        saying so."""
         f = s.stages[role]
         if f.graph is not None:
             return f.graph
@@ -196,10 +197,10 @@ class Searcher:
             step = _step(self.forward, r, layout, self.passes)
             graph = split_stages(step, layout, dict(_roles(layout.pp))[role])
             if tuple(op.name for op in graph.ops()) != f.names:  # not the cached structure
-                fresh = _compile_structure(self.forward, self.layers, self.hardware, r,
-                                           self.values, self.cost, self.passes, self.formulas,
-                                           self.program)
-                graph = fresh.stages[role].graph
+                where = cache.remove(self._cache, self._context())
+                raise OpgraphError(f"the plan cache {where} does not match the structures "
+                                   "this code compiles; it is removed: run the command again "
+                                   "(or with --no-cache)")
             self._graphs[key] = graph
             self.compile_s += time.perf_counter() - t0
         return self._graphs[key]
