@@ -189,3 +189,17 @@ def test_the_layouts_that_fit_are_counted_once_for_every_run(tmp_path):
     assert warm.fitting(space) == fit
     assert warm.compiled == 0 and not warm.structures
     assert Searcher(forward, part).fitting(space) == fit  # and as one without a cache counts
+
+
+def test_the_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(cache.ENV, str(tmp_path))
+    assert cache.folder() == tmp_path
+    for off in ("off", "", "OFF", "none", "0"):
+        monkeypatch.setenv(cache.ENV, off)
+        assert cache.folder() is None
+    monkeypatch.delenv(cache.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.folder() == tmp_path / "xdg" / "opgraph"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.folder() == tmp_path / "home" / ".cache" / "opgraph"

@@ -55,8 +55,12 @@ def folder() -> Path | None:
     given = os.environ.get(ENV)
     if given is not None:
         return None if given.strip().lower() in OFF else Path(given).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "opgraph"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "opgraph"
+    try:
+        return Path.home() / ".cache" / "opgraph"
+    except (RuntimeError, KeyError):  # no home folder to find: keep nothing
+        return None
 
 
 @functools.lru_cache(maxsize=1)
