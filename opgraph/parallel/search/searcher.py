@@ -151,8 +151,10 @@ class Searcher:
             return False
         stored = self._stored or {}
         # without their stages' graphs, which are most of the file and of the time to read it
-        # back (`stage_graph` makes one again where an exact schedule needs it)
-        light = {key: attrs.evolve(s, stages={role: attrs.evolve(f, graph=None, plans={})
+        # back; with the schedule's plans made from them (`bounds._plans`), so the layouts
+        # scheduled this run need no graph the next (`stage_graph` makes one again for any
+        # other)
+        light = {key: attrs.evolve(s, stages={role: attrs.evolve(f, graph=None)
                                               for role, f in s.stages.items()})
                  for key, s in self.structures.items()}
         return cache.save(self._cache, self._context(),
