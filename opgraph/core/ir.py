@@ -63,12 +63,22 @@ def _expr(value) -> sympy.Expr:
 
 
 def _shape(dims: Iterable) -> tuple[sympy.Expr, ...]:
+    if type(dims) is tuple and all(isinstance(d, sympy.Basic) for d in dims):
+        return dims  # already one (a record copied with `attrs.evolve`, most of a pass's)
     return tuple(_expr(d) for d in dims)
 
 
 def _params(value) -> tuple[tuple[str, object], ...]:
+    if type(value) is tuple and _sorted_pairs(value):
+        return value  # already one (a record copied with `attrs.evolve`)
     items = value.items() if isinstance(value, dict) else value
     return tuple(sorted((str(k), v) for k, v in items))
+
+
+def _sorted_pairs(value: tuple) -> bool:
+    """Whether `value` is already `_params`' form: (str, value) pairs in key order."""
+    keys = [pair[0] if type(pair) is tuple and len(pair) == 2 else None for pair in value]
+    return all(type(k) is str for k in keys) and keys == sorted(keys)
 
 
 @attrs.frozen
@@ -120,7 +130,12 @@ class Op:
     region: str | None = None  # the innermost region (repeated block) it runs in
 
     def param(self, key: str, default=None):
-        return dict(self.params).get(key, default)
+        # a few pairs: a scan (from the end, as a dict of them keeps the last of a key), not a
+        # dict made each call
+        for name, value in reversed(self.params):
+            if name == key:
+                return value
+        return default
 
 
 def _carries(value) -> tuple[tuple[str, str], ...]:
