@@ -611,3 +611,47 @@ def test_an_odd_layer_stack_splits_over_two_stages_in_plan_and_profile_alike():
         step = profile_parallel(forward, H100, layout, cost=cost_model("roofline"),
                                 values={"S": 4096}).parallel.step_time_s
         assert found.step_time_s == pytest.approx(step, rel=1e-9)
+
+
+def test_the_rows_columns_are_each_rows_own_figures():
+    """`bounds._columns` reads the rows into arrays once and works out each rule of a few
+    fields once per distinct value of them: every column equals the row's own figure, the
+    rule applied to the row itself, over rows of every framework, ZeRO stage, pipeline split
+    and interleaving, some with the gradient reduction not overlapped."""
+    from opgraph.parallel.frameworks import defers_grad_reduce, sharding
+    from opgraph.parallel.search.bounds import (
+        FRAMEWORK_FIELDS, ROLES, _columns, _Fields, _stage_layers)
+    from opgraph.core.symbols import B, cp, dp, edp, ep, tp
+
+    forward = preset("llama3.2-1b")
+    searcher = Searcher(forward, H100, seq_len=2048)
+    found = []
+    for framework in (None, "megatron", "torchtitan", "deepspeed", "nanotron"):
+        found += rows(forward, H100, Space(gpus=16, batch=32, framework=framework), 2048,
+                      searcher.cluster)
+    picked = random.Random(5).sample(found, 3000)
+    picked = [r._replace(overlap_grad_reduce=False) if i % 3 == 0 else r
+              for i, r in enumerate(picked)]
+    assert {r.framework for r in picked} == {None, "megatron", "torchtitan", "deepspeed",
+                                             "nanotron"}
+    assert {r.pp for r in picked} >= {1, 2, 4} and {r.virtual_stages for r in picked} > {1}
+    cols = _columns(picked, searcher.layers)
+    expected = {tp: [r.tp for r in picked], cp: [r.cp for r in picked],
+                ep: [r.ep for r in picked], dp: [r.size("dp") for r in picked],
+                edp: [r.size("edp") for r in picked], B: [r.micro_batch for r in picked]}
+    for symbol, values in expected.items():
+        assert cols.env[symbol].tolist() == values, symbol
+    assert cols.p.tolist() == [r.pp for r in picked]
+    assert cols.m.tolist() == [r.micro_batches for r in picked]
+    assert cols.v.tolist() == [r.virtual_stages for r in picked]
+    assert cols.zero.tolist() == [sharding(r) for r in picked]
+    for role in ROLES:
+        assert cols.layers[role].tolist() == [
+            _stage_layers(r, searcher.layers).get(role, 0) for r in picked], role
+    assert cols.chunked.tolist() == [
+        float(r.virtual_stages > 1 and (r.first_stage_layers, r.last_stage_layers)
+              != (None, None)) for r in picked]
+    deferred = _Fields(picked).per_distinct(("zero", "pp", "overlap_grad_reduce",
+                                             *FRAMEWORK_FIELDS), defers_grad_reduce)
+    assert deferred == [defers_grad_reduce(r) for r in picked]
+    assert any(deferred) and not all(deferred)

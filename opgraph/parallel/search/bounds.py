@@ -27,7 +27,7 @@ from ...passes.split_stages import STACK, ends, layer_stack, split_stages
 from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
 from ..frameworks import (DEFERRED_GROUPS, bucket_share, defers_grad_reduce, reduce_dtype,
                           sharding, traits)
-from ..parallel import FRAMEWORK_FIELDS, SHARDED_FROM, Parallel, stage_layers
+from ..parallel import FRAMEWORK_FIELDS, SHARDED_FROM, LayoutFields, Parallel, stage_layers
 from ..schedule import (Cycles, Waits, cycle_bound, cycles, once_per_step, plan, released_bound,
                         releases, sure_waits)
 from .space import DEGREES, LAYERS, Row
@@ -472,12 +472,14 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     a plain one). It reads a subset of the ops, waits and streams `_evaluate`'s bound reads,
     so it is at most that bound. The fullest stage holds at least what its layers hold
     (`_held`; the ends too where one stage holds all). Neither needs a stage compiled."""
-    cols = _columns(rows_, layers)
+    fields = _Fields(rows_)
+    cols = _columns(rows_, layers, fields)
     p = cols.p
     # the ops' numbers and times depend on the degrees and the micro-batch alone: worked out
     # once for each distinct set of them (a tenth of the rows), then spread over the rows
     index: dict = {}
-    spread = np.array([index.setdefault(_degrees(r), i) for i, r in enumerate(rows_)])
+    spread = np.array([index.setdefault(key, i) for i, key in enumerate(
+        zip(*(fields.columns[name] for name in DEGREE_FIELDS)))])
     firsts = np.fromiter(index.values(), dtype=int, count=len(index))
     spread = np.searchsorted(firsts, spread)  # each row's distinct set, as an index into them
     distinct = [rows_[i] for i in firsts]
@@ -510,7 +512,8 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
 
     def lines(kind: str, group: str) -> tuple[np.ndarray, np.ndarray]:
         return tuple(part[:, spread] for part in distinct_lines(kind, group))
-    deferred = np.array([defers_grad_reduce(r) for r in rows_])
+    deferred = np.array(fields.per_distinct(("zero", "pp", "overlap_grad_reduce",
+                                             *FRAMEWORK_FIELDS), defers_grad_reduce))
     per_layer = _moving(moved[:8], cols.zero, lines, deferred)
     ends_ = _moving(moved[8:], cols.zero, lines, deferred)
     for role in ROLES:
@@ -524,11 +527,9 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
             memory * (1 - 1e-9))
 
 
-def _degrees(r: Row) -> tuple:
-    """What a compute key's numbers and times read of a row (`_compute_bound`): the degrees
-    (which decide the groups' sizes and strides), the micro-batch and whether TP overlaps its
-    matmuls."""
-    return r.tp, r.cp, r.ep, r.pp, r.dp, r.gpus, r.micro_batch, r.async_tp
+# What a compute key's numbers and times read of a row (`_compute_bound`): the degrees (which
+# decide the groups' sizes and strides), the micro-batch and whether TP overlaps its matmuls.
+DEGREE_FIELDS = ("tp", "cp", "ep", "pp", "dp", "gpus", "micro_batch", "async_tp")
 
 
 def _plans(f: _StageFormulas, layers: int, zero: int, values: dict, graph: Graph | None = None):
@@ -649,23 +650,58 @@ class _Columns:
     chunked: np.ndarray
 
 
-def _columns(rows_: list[Row], layers: int | None) -> _Columns:
-    def column(values):
-        return np.array(values, dtype=float)
-
+def _columns(rows_: list[Row], layers: int | None, fields: _Fields | None = None) -> _Columns:
+    """The rows' numbers as columns: their fields read once into an array (`_Fields`), the
+    layout's own rules (`LayoutFields`: group sizes, micro-batches) applied to whole columns,
+    and each rule of a few fields (the ZeRO stage the framework runs, each role's layers) once
+    per distinct value of those fields."""
+    f = _Fields(rows_) if fields is None else fields
     env = dict(zip((tp, cp, ep, dp, edp, B), (
-        column([r.tp for r in rows_]), column([r.cp for r in rows_]),
-        column([r.ep for r in rows_]), column([r.size("dp") for r in rows_]),
-        column([r.size("edp") for r in rows_]), column([r.micro_batch for r in rows_]))))
-    per_row = [_stage_layers(r, layers) for r in rows_]
-    return _Columns(env, column([r.pp for r in rows_]), column([r.micro_batches for r in rows_]),
-                    column([r.virtual_stages for r in rows_]),
-                    column([sharding(r) for r in rows_]),
-                    {role: column([x.get(role, 0) for x in per_row]) for role in ROLES},
-                    column([r.virtual_stages > 1
-                            and (r.first_stage_layers, r.last_stage_layers) != (None, None)
-                            for r in rows_]))
+        f.tp, f.cp, f.ep, f.size("dp"), f.size("edp"), f.micro_batch)))
+    # the fields each rule reads: the ZeRO stage, the stages and the framework (`sharding`),
+    # the stages and their split (`_stage_layers`)
+    per_row = f.per_distinct(("zero", "pp", "first_stage_layers", "last_stage_layers",
+                              *FRAMEWORK_FIELDS),
+                             lambda r: (sharding(r), _stage_layers(r, layers)))
+    split = [layers_ for _, layers_ in per_row]
+    chunked = (f.virtual_stages > 1) & ((f.column("first_stage_layers") != None)  # noqa: E711
+                                        | (f.column("last_stage_layers") != None))  # noqa: E711
+    return _Columns({k: v.astype(float) for k, v in env.items()}, f.pp.astype(float),
+                    f.micro_batches.astype(float), f.virtual_stages.astype(float),
+                    np.array([zero for zero, _ in per_row], dtype=float),
+                    {role: np.array([x.get(role, 0) for x in split], dtype=float)
+                     for role in ROLES},
+                    chunked.astype(float))
 
+
+class _Fields(LayoutFields):
+    """Rows' fields as columns (`LAYOUT_FIELDS` and the options, each an array over the rows;
+    the global batch, one for all of them, a number), so that `LayoutFields`' rules (`size`,
+    `micro_batches`) give whole columns."""
+
+    NUMBERS = ("tp", "cp", "ep", "pp", "dp", "micro_batch", "virtual_stages", "zero")
+
+    def __init__(self, rows_: list[Row]):
+        self.rows = rows_
+        self.columns = dict(zip(Row._fields, zip(*rows_)))  # name -> the rows' values
+        for name in self.NUMBERS:
+            setattr(self, name, np.array(self.columns[name], dtype=np.int64))
+        batches = set(self.columns["global_batch"])
+        if len(batches) != 1 or None in batches:  # rows of one space share it
+            raise ValueError("rows of more than one global batch")
+        self.global_batch = batches.pop()
+
+    def column(self, name: str) -> np.ndarray:
+        return np.array(self.columns[name], dtype=object)
+
+    def per_distinct(self, names: tuple[str, ...], rule) -> list:
+        """`rule(row)` for every row, worked out once per distinct value of `names`' fields."""
+        keys = list(zip(*(self.columns[n] for n in names)))
+        found: dict = {}
+        for key, r in zip(keys, self.rows):
+            if key not in found:
+                found[key] = rule(r)
+        return [found[key] for key in keys]
 
 @attrs.frozen
 class _Numbers:
