@@ -230,16 +230,15 @@ class Searcher:
                                f"and {space.batch:,} sequences per step within the "
                                f"constraints (at most {MAX_MICRO_BATCHES:,} micro-batches per "
                                "rank); change --gpus, the batch or the constraints")
-        by_key: dict[tuple, list[int]] = {}
+        by_key: dict[tuple, tuple[list[int], list[int]]] = {}  # its rows, its compute key's
         by_compute: dict[tuple, list[int]] = {}
-        computed: dict[tuple, list[int]] = {}  # a structure's key -> its compute key's rows
         for i, r in enumerate(found):
             key = structure(r)
-            if key not in by_key:
-                by_key[key] = []
-                computed[key] = by_compute.setdefault(self.compute_key(r, key), [])
-            by_key[key].append(i)
-            computed[key].append(i)
+            lists = by_key.get(key)  # the key hashed once a row
+            if lists is None:
+                lists = by_key[key] = ([], by_compute.setdefault(self.compute_key(r, key), []))
+            lists[0].append(i)
+            lists[1].append(i)
         floor = np.empty(len(found))
         capacity = self.hardware.memory_bytes
         for members in progressed(list(by_compute.values()), "plan: bounding layouts",
@@ -249,7 +248,7 @@ class Searcher:
                                           self.hardware, self.cost, self._line)
             # a row that surely does not fit cannot be among the best
             floor[members] = np.where(memory > capacity, np.inf, step) if capacity else step
-        self._last = _Pending(space, found, [np.array(m) for m in by_key.values()], floor)
+        self._last = _Pending(space, found, [np.array(m) for m, _ in by_key.values()], floor)
         return self._last
 
     def _group(self, pending: _Pending, si: int) -> _Group:
