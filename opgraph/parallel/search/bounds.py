@@ -463,6 +463,11 @@ def _held_bytes(held: np.ndarray, cols: _Columns) -> np.ndarray:
     return total
 
 
+# What a compute key's numbers and times read of a row (`_compute_bound`): the degrees (which
+# decide the groups' sizes and strides), the micro-batch and whether TP overlaps its matmuls.
+DEGREE_FIELDS = ("tp", "cp", "ep", "pp", "dp", "gpus", "micro_batch", "async_tp")
+
+
 def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
                    hardware: Hardware, cost: CostModel, line) -> tuple[np.ndarray, np.ndarray]:
     """Lower bounds of each row's step and memory from its compute key alone. Each stage's
@@ -525,11 +530,6 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
         p == 1, _held_bytes(held[parts:], cols), 0.0)
     return (_step_bound(plain, plain, p, cols.m, cols.v, cols.chunked) * (1 - 1e-9),
             memory * (1 - 1e-9))
-
-
-# What a compute key's numbers and times read of a row (`_compute_bound`): the degrees (which
-# decide the groups' sizes and strides), the micro-batch and whether TP overlaps its matmuls.
-DEGREE_FIELDS = ("tp", "cp", "ep", "pp", "dp", "gpus", "micro_batch", "async_tp")
 
 
 def _plans(f: _StageFormulas, layers: int, zero: int, values: dict, graph: Graph | None = None):
@@ -702,6 +702,7 @@ class _Fields(LayoutFields):
             if key not in found:
                 found[key] = rule(r)
         return [found[key] for key in keys]
+
 
 @attrs.frozen
 class _Numbers:
