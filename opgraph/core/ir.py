@@ -68,17 +68,18 @@ def _shape(dims: Iterable) -> tuple[sympy.Expr, ...]:
     return tuple(_expr(d) for d in dims)
 
 
+class _Params(tuple):
+    """An op's parameters as `_params` makes them: (str, value) pairs in key order. A tuple in
+    every other way (equal to, hashed and printed as one)."""
+
+    __slots__ = ()
+
+
 def _params(value) -> tuple[tuple[str, object], ...]:
-    if type(value) is tuple and _sorted_pairs(value):
+    if type(value) is _Params:
         return value  # already one (a record copied with `attrs.evolve`)
     items = value.items() if isinstance(value, dict) else value
-    return tuple(sorted((str(k), v) for k, v in items))
-
-
-def _sorted_pairs(value: tuple) -> bool:
-    """Whether `value` is already `_params`' form: (str, value) pairs in key order."""
-    keys = [pair[0] if type(pair) is tuple and len(pair) == 2 else None for pair in value]
-    return all(type(k) is str for k in keys) and keys == sorted(keys)
+    return _Params(sorted((str(k), v) for k, v in items))
 
 
 @attrs.frozen
