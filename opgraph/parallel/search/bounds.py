@@ -482,11 +482,7 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     p = cols.p
     # the ops' numbers and times depend on the degrees and the micro-batch alone: worked out
     # once for each distinct set of them (a tenth of the rows), then spread over the rows
-    index: dict = {}
-    spread = np.array([index.setdefault(key, i) for i, key in enumerate(
-        zip(*(fields.columns[name] for name in DEGREE_FIELDS)))])
-    firsts = np.fromiter(index.values(), dtype=int, count=len(index))
-    spread = np.searchsorted(firsts, spread)  # each row's distinct set, as an index into them
+    firsts, spread = _distinct(fields, DEGREE_FIELDS)
     distinct = [rows_[i] for i in firsts]
     n = len(distinct)
     env = {symbol: column[firsts] for symbol, column in cols.env.items()}
@@ -750,6 +746,10 @@ class _Peak:
     activations: np.ndarray  # for one micro-batch
     transient: np.ndarray
 
+    def spread(self, spread: np.ndarray) -> _Peak:
+        """The peak over rows from the peak over their distinct columns (`_distinct`)."""
+        return _Peak(*(getattr(self, a.name)[spread] for a in attrs.fields(_Peak)))
+
     def memory(self, f: _StageFormulas, col: int, degrees: dict, held: float,
                capacity) -> Memory:
         """Column `col`'s peak as `figures` gives it: each part summed exactly (its formulas
@@ -840,25 +840,34 @@ class _Group:
     bound: np.ndarray  # a lower bound of each row's step time
     upper: np.ndarray  # an upper bound of it (`_step_upper`)
     fullest: np.ndarray  # each row's memory per GPU (its fullest stage's)
+    spread: np.ndarray  # each row's column in `numbers` (rows alike in them share one)
 
 
 def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
               cost: CostModel, line) -> _Group:
-    n = len(group)
-    cols = _columns(group, layers)
+    fields = _Fields(group)
+    cols = _columns(group, layers, fields)
     p, m, v = cols.p, cols.m, cols.v
+    # each stage's numbers and times depend on the degrees, the micro-batch, the stages' split
+    # and whether the reductions are deferred, not on the micro-batches or the virtual stages:
+    # worked out once per distinct set of those fields (`_distinct`), then spread over the rows
+    firsts, spread = _distinct(fields, EVALUATED_FIELDS)
+    distinct = [group[i] for i in firsts]
+    n = len(distinct)
+    env = {symbol: column[firsts] for symbol, column in cols.env.items()}
     numbers, plain, last, serial, serial_last = {}, {}, {}, {}, {}
-    communicated = np.zeros(n)  # the first stage's communication over the step
-    deferred = np.array([defers_grad_reduce(r) for r in group])
+    communicated = np.zeros(len(group))  # the first stage's communication over the step
+    deferred = np.array(fields.per_distinct(("zero", "pp", "overlap_grad_reduce",
+                                             *FRAMEWORK_FIELDS), defers_grad_reduce))[firsts]
     for role, f in s.stages.items():
-        nums = numbers[role] = _numbers(f, cols.env | {LAYERS: cols.layers[role]}, n)
-        times = _comm_times(f, nums, group, line, cost.copy_s(hardware))
+        nums = numbers[role] = _numbers(f, env | {LAYERS: cols.layers[role][firsts]}, n)
+        times = _comm_times(f, nums, distinct, line, cost.copy_s(hardware))
         compute = _op_times(f, nums, hardware, cost)
         comm = np.zeros_like(compute)
         for k, t in times.items():
             comm[k] = nums.counts[k] * t
         busy = compute[list(f.busy_rows)].sum(axis=0) + _waited_time(f, nums, times, compute,
-                                                                     group)
+                                                                     distinct)
         # a micro-batch takes at least its compute and surely-waited communication, and at
         # least what its streams run after the compute that releases it; the last one adds
         # the optimizer and what runs once per step
@@ -870,25 +879,44 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
         # micro-batch: `distributed._schedule`'s `deferred`)
         released = np.where(deferred, released_bound(f.releases[0], compute, comm, DEFERRED_GROUPS),
                             released_bound(f.releases[0], compute, comm))
-        plain[role] = np.maximum.reduce([busy, held, released])
+        plain[role] = np.maximum.reduce([busy, held, released])[spread]
         last[role] = np.maximum.reduce([busy + compute[list(f.optimizer_rows)].sum(axis=0),
-                                        held, released_bound(f.releases[1], compute, comm)])
+                                        held, released_bound(f.releases[1], compute, comm)]
+                                       )[spread]
         once = np.array(f.once)
-        serial[role] = (compute + comm)[~once].sum(axis=0)
-        serial_last[role] = serial[role] + (compute + comm)[once].sum(axis=0)
-        if role == FIRST:
-            communicated = (comm * np.where(once[:, None], 1, m)).sum(axis=0)
+        serial[role] = (compute + comm)[~once].sum(axis=0)[spread]
+        serial_last[role] = serial[role] + (compute + comm)[once].sum(axis=0)[spread]
+        if role == FIRST:  # once-a-step collectives once, the others each micro-batch
+            communicated = comm[once].sum(axis=0)[spread] + m * comm[~once].sum(axis=0)[spread]
     bound = _step_bound(plain, last, p, m, v, cols.chunked)
     upper = (_step_upper(serial, serial_last, plain, p, m, v, cols.chunked)
              + cost.slowdown(hardware) * communicated)
-    peaks = {role: _peak(f, numbers[role]) for role, f in s.stages.items()}
+    peaks = {role: _peak(f, numbers[role]).spread(spread) for role, f in s.stages.items()}
     index = {FIRST: 0.0, MIDDLE: 1.0, LAST: p - 1}
     held = {role: _in_flight(p, v, m, index[role]) for role in s.stages}
     totals = np.stack([pk.weights + pk.gradients + pk.optimizer
                        + np.floor(pk.activations * held[role]) + pk.transient
                        for role, pk in peaks.items()])
     return _Group(s, group, numbers, peaks, held, bound * (1 - 1e-9), upper * (1 + 1e-9),
-                  totals.max(axis=0))
+                  totals.max(axis=0), spread)
+
+
+# What a structure's arrays read of a row besides its micro-batches and virtual stages
+# (`_evaluate`): the degrees and micro-batch, the stages' split, and what decides whether its
+# gradient reductions are deferred.
+EVALUATED_FIELDS = ("tp", "cp", "ep", "pp", "dp", "gpus", "micro_batch", "async_tp",
+                    "first_stage_layers", "last_stage_layers", "zero", "overlap_grad_reduce",
+                    *FRAMEWORK_FIELDS)
+
+
+def _distinct(fields: _Fields, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The first row of each distinct value of `names`' fields, and each row's index into
+    those."""
+    index: dict = {}
+    first = np.array([index.setdefault(key, i) for i, key in enumerate(
+        zip(*(fields.columns[name] for name in names)))])
+    firsts = np.fromiter(index.values(), dtype=int, count=len(index))
+    return firsts, np.searchsorted(firsts, first)
 
 
 def _step_bound(plain: dict, last: dict, p, m, v, chunked) -> np.ndarray:
@@ -941,13 +969,13 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
     counts = _stage_layers(r, layers)
     stages = []
     for role, index in _roles(r.pp):
-        f, nums = g.structure.stages[role], g.numbers[role]
+        f, nums, d = g.structure.stages[role], g.numbers[role], g.spread[col]
         ops = tuple(StageOp(f.names[k], f.kinds[k], f.categories[k], f.phases[k],
-                            int(nums.counts[k, col]), float(nums.flops[k, col]),
-                            float(nums.bytes[k, col]), f.computes[k], f.efficiencies[k],
-                            _grid(nums.grids[:, k, col]), float(nums.launches[k, col]),
-                            f.groups[k], float(nums.messages[k, col]),
-                            float(nums.calls[k, col]), f.peaks[k], f.once[k])
+                            int(nums.counts[k, d]), float(nums.flops[k, d]),
+                            float(nums.bytes[k, d]), f.computes[k], f.efficiencies[k],
+                            _grid(nums.grids[:, k, d]), float(nums.launches[k, d]),
+                            f.groups[k], float(nums.messages[k, d]),
+                            float(nums.calls[k, d]), f.peaks[k], f.once[k])
                     for k in range(f.n_ops))
         plain, last = _plans(f, counts[role], sharding(r), values,
                              None if f.graph is not None or counts[role] in f.plans
