@@ -28,7 +28,9 @@ the passes `profile` runs (`pipeline.step_passes`; a pass shared by several stru
 once), its stages cut by `split_stages` with the stack's trip count a symbol (`LAYERS`), and
 every op's count, FLOPs, bytes and message, every tensor's size and count in the liveness
 analysis and the resident memory kept as formulas of `DEGREES`. Over all of a structure's rows
-at once, those formulas are evaluated on numpy arrays (`_Program`), and from them:
+at once, those formulas are evaluated on numpy arrays (`_Program`; once per distinct set of the
+degrees, micro-batch and split, which rows differing only in their micro-batch or
+virtual-stage counts share, then spread over the rows), and from them:
 
 - memory per GPU: each stage's liveness peak (`Liveness.copy_matrices`: each op's live bytes as
   a matrix product over the lives), its activations times the micro-batches in flight
