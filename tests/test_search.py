@@ -655,3 +655,31 @@ def test_the_rows_columns_are_each_rows_own_figures():
                                              *FRAMEWORK_FIELDS), defers_grad_reduce)
     assert deferred == [defers_grad_reduce(r) for r in picked]
     assert any(deferred) and not all(deferred)
+
+
+def test_memory_alone_is_the_structures_memory():
+    """`fitting` compiles a structure no search needed for its stages' memory alone
+    (`bounds._compile_memory`); each row's memory from that is the full structure's, row by
+    row, over structures of every pipeline depth, ZeRO stage and recomputation policy."""
+    from opgraph.parallel.search.bounds import (_compile_memory, _memory_of, _representative,
+                                                _roles, _step)
+    from opgraph.passes.split_stages import split_stages
+
+    forward = preset("llama3.2-1b")
+    searcher = Searcher(forward, H100, seq_len=2048)
+    found = rows(forward, H100, Space(gpus=16, batch=32, max_micro_batch=2), 2048,
+                 searcher.cluster)
+    groups: dict = {}
+    for r in found:
+        groups.setdefault(structure(r), []).append(r)
+    picked = random.Random(3).sample(sorted(groups.values(), key=len), 12)
+    assert {g[0].pp > 1 for g in picked} == {True, False}
+    for group in picked:
+        full = searcher.evaluate(group).fullest
+        r = group[0]
+        layout = _representative(r, searcher.layers)
+        step = _step(forward, r, layout, {})
+        stages = {role: _compile_memory(split_stages(step, layout, i), searcher.values,
+                                        searcher.layers, {}, searcher.program)
+                  for role, i in _roles(layout.pp)}
+        assert _memory_of(stages, group, searcher.layers).tolist() == full.tolist()

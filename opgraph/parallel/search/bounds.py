@@ -99,18 +99,14 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
                    zero: int, layers: int, step: Lowered, fixed_memo: dict,
                    program: _Program) -> _StageFormulas:
     low = lower(graph, cost, like=step)  # the stage's ops: the step's, and its sends
-    # the stack's count (L / pp) becomes the stage's layers; the other dimensions numbers
-    fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES and s != pp}
-    fixed[pp] = sympy.Integer(layers or 1) / LAYERS
+    fixed = _stage_fixed(graph, values, layers)
     ops, lowered = graph.ops(), low.ops
     collective = [o.group is not None for o in lowered]
     live = liveness(graph)
     formulas = ([o.count for o in lowered] + [o.flops for o in lowered]
                 + [o.bytes for o in lowered]
                 + [o.cost.message if c else 0 for o, c in zip(lowered, collective)]
-                + [life.tensor.nbytes for life in live.lives]
-                + [life.tensor.count for life in live.lives]
-                + [live.resident[name] for name in RESIDENT]
+                + _memory_formulas(live)
                 + _grids(lowered)
                 + [o.cost.calls if c else 1 for o, c in zip(lowered, collective)]
                 + [o.cost.launches for o in lowered])
@@ -143,6 +139,79 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
          releases(graph, ops, collective, [not x for x in idle])),
         cycles(graph, ops, collective, plain_ops),
         sure_waits(graph, ops, collective, once))
+
+
+def _stage_fixed(graph: Graph, values: dict, layers: int | None) -> dict:
+    """What a stage's formulas fix: the stack's count (L / pp) becomes the stage's layers
+    (`LAYERS`), the other dimensions but the degrees numbers."""
+    fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES and s != pp}
+    fixed[pp] = sympy.Integer(layers or 1) / LAYERS
+    return fixed
+
+
+def _memory_formulas(live) -> list:
+    """A stage's memory as formulas, in `_StageFormulas.exprs`' order: each life's bytes and
+    count, then the resident parts."""
+    return ([life.tensor.nbytes for life in live.lives]
+            + [life.tensor.count for life in live.lives]
+            + [live.resident[name] for name in RESIDENT])
+
+
+@attrs.frozen
+class _MemoryFormulas:
+    """One stage's memory alone (`Searcher.fitting` counts the layouts that fit without the
+    rest of a structure): its lives as `_StageFormulas` holds them, and `_memory_formulas`
+    as one program (sizes, counts, resident parts)."""
+
+    tape: _Tape
+    n_lives: int
+    copies: np.ndarray
+    saved: np.ndarray
+    moments: tuple[tuple[str, str], ...]
+
+
+def _compile_memory(graph: Graph, values: dict, layers: int | None, fixed_memo: dict,
+                    program: _Program) -> _MemoryFormulas:
+    live = liveness(graph)
+    fixed = _stage_fixed(graph, values, layers)
+    exprs = [_fixed(e, fixed, fixed_memo) for e in _memory_formulas(live)]
+    return _MemoryFormulas(program.tape(exprs), len(live.lives),
+                           np.hstack(live.copy_matrices()),
+                           np.array([life.saved for life in live.lives], dtype=bool),
+                           tuple((op.name, op.phase.value) for op in live.ops))
+
+
+def _memory_numbers(f: _MemoryFormulas, env: dict, n: int) -> _Numbers:
+    """`_numbers` of a stage's memory alone: its lives' sizes and counts and the resident
+    parts (no op's)."""
+    values = f.tape.run(env, n)
+    m, none = f.n_lives, np.zeros((0, n))
+    return _Numbers(none, none, none, none, np.rint(values[:m]), np.rint(values[m:2 * m]),
+                    np.rint(values[2 * m:]), np.zeros((3, 0, n)), none, none)
+
+
+def _memory_of(stages: dict, rows_: list[Row], layers: int | None) -> np.ndarray:
+    """Each row's memory per GPU (its fullest stage's) from its stages' memory alone
+    (`_compile_memory`), as `_evaluate` gives it."""
+    fields = _Fields(rows_)
+    cols = _columns(rows_, layers, fields)
+    firsts, spread = _distinct(fields, EVALUATED_FIELDS)
+    env = {symbol: column[firsts] for symbol, column in cols.env.items()}
+    peaks = {role: _peak(f, _memory_numbers(f, env | {LAYERS: cols.layers[role][firsts]},
+                                            len(firsts))).spread(spread)
+             for role, f in stages.items()}
+    return _fullest(peaks, cols.p, cols.v, cols.m)[1]
+
+
+def _fullest(peaks: dict, p, v, m) -> tuple[dict, np.ndarray]:
+    """Each role's micro-batches in flight, and each row's memory per GPU: its fullest stage's,
+    each stage's peak with the activations of its micro-batches in flight."""
+    index = {FIRST: 0.0, MIDDLE: 1.0, LAST: p - 1}
+    held = {role: _in_flight(p, v, m, index[role]) for role in peaks}
+    totals = np.stack([pk.weights + pk.gradients + pk.optimizer
+                       + np.floor(pk.activations * held[role]) + pk.transient
+                       for role, pk in peaks.items()])
+    return held, totals.max(axis=0)
 
 
 def _grids(ops: list) -> list:
@@ -774,7 +843,7 @@ class _Peak:
                       capacity=int(capacity) if capacity else None)
 
 
-def _peak(f: _StageFormulas, nums: _Numbers) -> _Peak:
+def _peak(f: _StageFormulas | _MemoryFormulas, nums: _Numbers) -> _Peak:
     n = nums.sizes.shape[1]
     w, g, o = nums.resident
     if not f.moments:
@@ -783,7 +852,8 @@ def _peak(f: _StageFormulas, nums: _Numbers) -> _Peak:
     sizes, counted = nums.sizes, nums.sizes * nums.life_counts
     live = f.copies.astype(float) @ np.vstack([sizes, counted])  # (ops, rows)
     at = np.argmax(live, axis=0)  # the first op where the most is live
-    each = f.one[at] * sizes.T + f.many[at] * counted.T  # (rows, lives) there
+    here = f.copies[at]  # (rows, 2 x lives): `one`, then `many`
+    each = here[:, :f.n_lives] * sizes.T + here[:, f.n_lives:] * counted.T  # (rows, lives)
     acts = each[:, f.saved].sum(axis=1)
     return _Peak(at, w, g, o, acts, each[:, ~f.saved].sum(axis=1))
 
@@ -892,13 +962,9 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
     upper = (_step_upper(serial, serial_last, plain, p, m, v, cols.chunked)
              + cost.slowdown(hardware) * communicated)
     peaks = {role: _peak(f, numbers[role]).spread(spread) for role, f in s.stages.items()}
-    index = {FIRST: 0.0, MIDDLE: 1.0, LAST: p - 1}
-    held = {role: _in_flight(p, v, m, index[role]) for role in s.stages}
-    totals = np.stack([pk.weights + pk.gradients + pk.optimizer
-                       + np.floor(pk.activations * held[role]) + pk.transient
-                       for role, pk in peaks.items()])
+    held, fullest = _fullest(peaks, p, v, m)
     return _Group(s, group, numbers, peaks, held, bound * (1 - 1e-9), upper * (1 + 1e-9),
-                  totals.max(axis=0), spread)
+                  fullest, spread)
 
 
 # What a structure's arrays read of a row besides its micro-batches and virtual stages

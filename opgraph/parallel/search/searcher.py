@@ -25,12 +25,14 @@ from . import cache
 from .bounds import (
     _comm_line,
     _compile_compute,
+    _compile_memory,
     _compile_structure,
     _compute_bound,
     _ComputeFormulas,
     _evaluate,
     _Group,
     _job,
+    _memory_of,
     _Program,
     _representative,
     _roles,
@@ -302,6 +304,27 @@ class Searcher:
                      min(float(g.fullest.min()) for g in groups),
                      self.compiled - counts[0], self.read - counts[1])
 
+    def _fitting(self, group: list[Row]) -> int:
+        """How many of a structure's rows fit: from the structure where one is compiled, else
+        from its stages' memory alone (`bounds._compile_memory`: the passes, the stage cuts
+        and the liveness, none of the rest), compiled for the count and not kept."""
+        key = structure(group[0])
+        if key in self.structures or self._stored_entry("structures", key,
+                                                        counted=False) is not None:
+            return len(self._fits(self.evaluate(group)))
+        t0 = time.perf_counter()
+        r = group[0]
+        layout = _representative(r, self.layers)
+        step = _step(self.forward, r, layout, self.passes)
+        stages = {role: _compile_memory(split_stages(step, layout, i), self.values, self.layers,
+                                        self.formulas, self.program)
+                  for role, i in _roles(layout.pp)}
+        self.compiled += 1
+        self.compile_s += time.perf_counter() - t0
+        fullest = _memory_of(stages, group, self.layers)
+        capacity = self.hardware.memory_bytes
+        return int((fullest <= capacity).sum()) if capacity else len(group)
+
     def faster_than(self, space: Space, step_time_s: float) -> int:
         """How many layouts of `space` that fit run a step faster than `step_time_s` (where a
         layout of one's own ranks): each whose upper bound is below it surely does; each other
@@ -323,10 +346,10 @@ class Searcher:
     def fitting(self, space: Space) -> int:
         """How many layouts of `space` fit in memory: every structure evaluated that has a
         layout whose memory floor fits (a search evaluates only those its bounds cannot rule
-        out). A structure that no search has needed is compiled for its count alone and not
-        kept: a lifted space has a thousand, each a graph and its formulas. What it counted
-        is kept instead, by the structure and its rows, and goes to the cache's file (`save`)
-        for the next run of the same context."""
+        out). For a structure that no search has needed, only its stages' memory is compiled,
+        for its count alone, and not kept (`_fitting`): a lifted space has a thousand. What it
+        counted is kept instead, by the structure and its rows, and goes to the cache's file
+        (`save`) for the next run of the same context."""
         pending = self._space(space)
         count = 0
         for si, members in enumerate(pending.members):
@@ -341,10 +364,7 @@ class Searcher:
             if (key, rows_) not in self.fits:
                 stored = self._stored_entry("fits", (key, rows_), counted=False)
                 if stored is None:
-                    kept = key in self.structures
-                    stored = len(self._fits(self.evaluate(list(rows_))))
-                    if not kept:
-                        del self.structures[key]
+                    stored = self._fitting(list(rows_))
                 self.fits[(key, rows_)] = stored
             count += self.fits[(key, rows_)]
         return count
