@@ -22,10 +22,14 @@ that does not load (cut short, another format) is a miss and is written again.
 The folder is `$OPGRAPH_CACHE_DIR`, else `$XDG_CACHE_HOME/opgraph`, else `~/.cache/opgraph`;
 `OPGRAPH_CACHE_DIR=off` (or empty) keeps nothing, as `plan --no-cache` does. The files are
 Python pickles (zlib-compressed), which run code when read, so a file is read only from a
-folder and a file the
-user owns that no one else may write (the folder is made so: mode 0700). The newest `KEEP`
-files are kept. Writes go to a temporary file renamed into place, so a reader never sees half
-a file.
+folder and a file the user owns that no one else may write (the folder is made so: mode
+0700). The `KEEP` most recently used files are kept. Writes go to a temporary file renamed into
+place, so a reader never sees half a file.
+
+What a file holds: the structures (their stages without their graphs, which are most of a
+structure's size and of the time to read it back: `Searcher.stage_graph` makes one again where
+a layout not scheduled before needs it, and stops the search if it does not match), the
+compute keys' formulas, the schedule's plans, and `Searcher.fitting`'s counts.
 """
 
 from __future__ import annotations
