@@ -111,7 +111,6 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
                 + [o.cost.calls if c else 1 for o, c in zip(lowered, collective)]
                 + [o.cost.launches for o in lowered])
     exprs = tuple(_fixed(e, fixed, fixed_memo) for e in formulas)
-    copies = np.hstack(live.copy_matrices())  # `one` and `many` side by side, int8
     once = tuple(op.phase is Phase.OPTIMIZER or once_per_step(op, zero) for op in ops)
     # a gather of what nothing computes this micro-batch (a weight), read only by ops run once
     # a step (the cached FP8 casts): `simulate` starts it when its reader runs, so in no plain
@@ -131,8 +130,7 @@ def _compile_stage(graph: Graph, hardware: Hardware, cost: CostModel, values: di
         tuple(o.cost.efficiency for o in lowered), exprs,
         program.tape(exprs),
         len(ops),
-        len(live.lives), copies, np.array([life.saved for life in live.lives], dtype=bool),
-        tuple((op.name, op.phase.value) for op in live.ops),
+        *_lives(live),
         tuple(i for i in range(len(ops)) if not collective[i] and not once[i]),
         tuple(i for i in range(len(ops)) if not collective[i] and once[i]),
         (releases(graph, ops, collective, plain_ops),
@@ -175,10 +173,16 @@ def _compile_memory(graph: Graph, values: dict, layers: int | None, fixed_memo: 
     live = liveness(graph)
     fixed = _stage_fixed(graph, values, layers)
     exprs = [_fixed(e, fixed, fixed_memo) for e in _memory_formulas(live)]
-    return _MemoryFormulas(program.tape(exprs), len(live.lives),
-                           np.hstack(live.copy_matrices()),
-                           np.array([life.saved for life in live.lives], dtype=bool),
-                           tuple((op.name, op.phase.value) for op in live.ops))
+    return _MemoryFormulas(program.tape(exprs), *_lives(live))
+
+
+def _lives(live) -> tuple:
+    """A stage's lives as `_StageFormulas` and `_MemoryFormulas` hold them: how many, their
+    copy matrices side by side (`one`, `many`: int8), which are saved activations, and where a
+    peak may happen (each op's name and phase)."""
+    return (len(live.lives), np.hstack(live.copy_matrices()),
+            np.array([life.saved for life in live.lives], dtype=bool),
+            tuple((op.name, op.phase.value) for op in live.ops))
 
 
 def _memory_numbers(f: _MemoryFormulas, env: dict, n: int) -> _Numbers:
@@ -193,12 +197,10 @@ def _memory_numbers(f: _MemoryFormulas, env: dict, n: int) -> _Numbers:
 def _memory_of(stages: dict, rows_: list[Row], layers: int | None) -> np.ndarray:
     """Each row's memory per GPU (its fullest stage's) from its stages' memory alone
     (`_compile_memory`), as `_evaluate` gives it."""
-    fields = _Fields(rows_)
-    cols = _columns(rows_, layers, fields)
-    firsts, spread = _distinct(fields, EVALUATED_FIELDS)
-    env = {symbol: column[firsts] for symbol, column in cols.env.items()}
-    peaks = {role: _peak(f, _memory_numbers(f, env | {LAYERS: cols.layers[role][firsts]},
-                                            len(firsts))).spread(spread)
+    d = _distinct(rows_, layers, EVALUATED_FIELDS)
+    cols = d.cols
+    peaks = {role: _peak(f, _memory_numbers(f, d.env | {LAYERS: cols.layers[role][d.firsts]},
+                                            len(d.rows))).spread(d.spread)
              for role, f in stages.items()}
     return _fullest(peaks, cols.p, cols.v, cols.m)[1]
 
@@ -355,16 +357,25 @@ def _passes(r: Row, layout: Parallel, replicated: bool = True) -> list:
                                 replicated=replicated)
 
 
+def _stage_graphs(forward: Graph, r: Row, layers: int | None, passes: dict,
+                  roles: tuple[str, ...] = ROLES) -> tuple[Graph, dict[str, Graph]]:
+    """The step of `r`'s structure (`_step`) and the graph of each of its stages named in
+    `roles` (its first, middle and last: `_roles`), cut by `split_stages`."""
+    layout = _representative(r, layers)
+    step = _step(forward, r, layout, passes)
+    return step, {role: split_stages(step, layout, i) for role, i in _roles(layout.pp)
+                  if role in roles}
+
+
 def _compile_structure(forward: Graph, layers: int | None, hardware: Hardware, r: Row,
                        values: dict, cost: CostModel, passes: dict, formulas: dict,
                        program: _Program) -> _Structure:
-    layout = _representative(r, layers)
-    step = _step(forward, r, layout, passes)
+    step, graphs = _stage_graphs(forward, r, layers, passes)
     low = lower(step, cost)
     return _Structure(structure(r), {
-        role: _compile_stage(split_stages(step, layout, i), hardware, cost, values, sharding(r),
-                             layers, low, formulas, program)
-        for role, i in _roles(layout.pp)})
+        role: _compile_stage(graph, hardware, cost, values, sharding(r), layers, low, formulas,
+                             program)
+        for role, graph in graphs.items()})
 
 
 # --- the bound before compiling -----------------------------------------------------------------
@@ -546,16 +557,12 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     a plain one). It reads a subset of the ops, waits and streams `_evaluate`'s bound reads,
     so it is at most that bound. The fullest stage holds at least what its layers hold
     (`_held`; the ends too where one stage holds all). Neither needs a stage compiled."""
-    fields = _Fields(rows_)
-    cols = _columns(rows_, layers, fields)
-    p = cols.p
     # the ops' numbers and times depend on the degrees and the micro-batch alone: worked out
     # once for each distinct set of them (a tenth of the rows), then spread over the rows
-    firsts, spread = _distinct(fields, DEGREE_FIELDS)
-    distinct = [rows_[i] for i in firsts]
-    n = len(distinct)
-    env = {symbol: column[firsts] for symbol, column in cols.env.items()}
-    values = f.tape.run(env | {LAYERS: np.ones(n)}, n)  # every count at one layer
+    d = _distinct(rows_, layers, DEGREE_FIELDS)
+    cols, spread, distinct = d.cols, d.spread, d.rows
+    p, n = cols.p, len(distinct)
+    values = f.tape.run(d.env | {LAYERS: np.ones(n)}, n)  # every count at one layer
     k = f.n_ops
     grids = values[len(values) - 4 * k:len(values) - k].reshape(3, k, n)
     # before `replicate` no collective shares a call (`Cost.calls`): the data-parallel ones
@@ -582,10 +589,8 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
 
     def lines(kind: str, group: str) -> tuple[np.ndarray, np.ndarray]:
         return tuple(part[:, spread] for part in distinct_lines(kind, group))
-    deferred = np.array(fields.per_distinct(("zero", "pp", "overlap_grad_reduce",
-                                             *FRAMEWORK_FIELDS), defers_grad_reduce))
-    per_layer = _moving(moved[:8], cols.zero, lines, deferred)
-    ends_ = _moving(moved[8:], cols.zero, lines, deferred)
+    per_layer = _moving(moved[:8], cols.zero, lines, cols.deferred)
+    ends_ = _moving(moved[8:], cols.zero, lines, cols.deferred)
     for role in ROLES:
         streams = cols.layers[role] * per_layer + np.where(p == 1, ends_, 0.0)  # each its own
         plain[role] = np.maximum(plain[role], np.where(plain[role] > 0, streams.max(axis=0),
@@ -713,6 +718,8 @@ class _Columns:
     layers: dict  # role -> layers (0 where the row has no such stage)
     # 1 where interleaved chunks differ in size (uneven ends, `distributed.interleaved_span`)
     chunked: np.ndarray
+    # whether the gradient reductions wait for their reader (`frameworks.defers_grad_reduce`)
+    deferred: np.ndarray
 
 
 def _columns(rows_: list[Row], layers: int | None, fields: _Fields | None = None) -> _Columns:
@@ -724,7 +731,8 @@ def _columns(rows_: list[Row], layers: int | None, fields: _Fields | None = None
     env = dict(zip((tp, cp, ep, dp, edp, B), (
         f.tp, f.cp, f.ep, f.size("dp"), f.size("edp"), f.micro_batch)))
     # the fields each rule reads: the ZeRO stage, the stages and the framework (`sharding`),
-    # the stages and their split (`_stage_layers`)
+    # the stages and their split (`_stage_layers`); below, with whether the reduction overlaps
+    # the backward (`defers_grad_reduce`)
     per_row = f.per_distinct(("zero", "pp", "first_stage_layers", "last_stage_layers",
                               *FRAMEWORK_FIELDS),
                              lambda r: (sharding(r), _stage_layers(r, layers)))
@@ -736,7 +744,9 @@ def _columns(rows_: list[Row], layers: int | None, fields: _Fields | None = None
                     np.array([zero for zero, _ in per_row], dtype=float),
                     {role: np.array([x.get(role, 0) for x in split], dtype=float)
                      for role in ROLES},
-                    chunked.astype(float))
+                    chunked.astype(float),
+                    np.array(f.per_distinct(("zero", "pp", "overlap_grad_reduce",
+                                             *FRAMEWORK_FIELDS), defers_grad_reduce)))
 
 
 class _Fields(LayoutFields):
@@ -915,22 +925,17 @@ class _Group:
 
 def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
               cost: CostModel, line) -> _Group:
-    fields = _Fields(group)
-    cols = _columns(group, layers, fields)
-    p, m, v = cols.p, cols.m, cols.v
     # each stage's numbers and times depend on the degrees, the micro-batch, the stages' split
     # and whether the reductions are deferred, not on the micro-batches or the virtual stages:
     # worked out once per distinct set of those fields (`_distinct`), then spread over the rows
-    firsts, spread = _distinct(fields, EVALUATED_FIELDS)
-    distinct = [group[i] for i in firsts]
-    n = len(distinct)
-    env = {symbol: column[firsts] for symbol, column in cols.env.items()}
+    d = _distinct(group, layers, EVALUATED_FIELDS)
+    cols, spread, distinct = d.cols, d.spread, d.rows
+    p, m, v, n = cols.p, cols.m, cols.v, len(distinct)
     numbers, plain, last, serial, serial_last = {}, {}, {}, {}, {}
     communicated = np.zeros(len(group))  # the first stage's communication over the step
-    deferred = np.array(fields.per_distinct(("zero", "pp", "overlap_grad_reduce",
-                                             *FRAMEWORK_FIELDS), defers_grad_reduce))[firsts]
+    deferred = cols.deferred[d.firsts]
     for role, f in s.stages.items():
-        nums = numbers[role] = _numbers(f, env | {LAYERS: cols.layers[role][firsts]}, n)
+        nums = numbers[role] = _numbers(f, d.env | {LAYERS: cols.layers[role][d.firsts]}, n)
         times = _comm_times(f, nums, distinct, line, cost.copy_s(hardware))
         compute = _op_times(f, nums, hardware, cost)
         comm = np.zeros_like(compute)
@@ -975,14 +980,30 @@ EVALUATED_FIELDS = ("tp", "cp", "ep", "pp", "dp", "gpus", "micro_batch", "async_
                     *FRAMEWORK_FIELDS)
 
 
-def _distinct(fields: _Fields, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """The first row of each distinct value of `names`' fields, and each row's index into
-    those."""
+@attrs.frozen
+class _Distinct:
+    """Rows' columns (`_columns`) and their distinct sets of some fields: the first row of
+    each set (`firsts`, `rows`), each row's set (`spread`: an index into them), and the degrees
+    at the sets (`env`), for the arrays that read those fields alone."""
+
+    cols: _Columns
+    firsts: np.ndarray
+    spread: np.ndarray
+    rows: list
+    env: dict
+
+
+def _distinct(rows_: list[Row], layers: int | None, names: tuple[str, ...]) -> _Distinct:
+    """`rows_`' columns and their distinct sets of `names`' fields (see `_Distinct`)."""
+    fields = _Fields(rows_)
+    cols = _columns(rows_, layers, fields)
     index: dict = {}
     first = np.array([index.setdefault(key, i) for i, key in enumerate(
         zip(*(fields.columns[name] for name in names)))])
     firsts = np.fromiter(index.values(), dtype=int, count=len(index))
-    return firsts, np.searchsorted(firsts, first)
+    return _Distinct(cols, firsts, np.searchsorted(firsts, first),
+                     [rows_[i] for i in firsts],
+                     {symbol: column[firsts] for symbol, column in cols.env.items()})
 
 
 def _step_bound(plain: dict, last: dict, p, m, v, chunked) -> np.ndarray:

@@ -18,7 +18,6 @@ from ...cost.costmodel import DEFAULT, CostModel
 from ...cost.hardware import Hardware
 from ...io.outputs.progress import progress, progressed
 from ...passes.evaluate import resolve
-from ...passes.split_stages import split_stages
 from .. import cluster as clusters
 from ..distributed import Job, step_figures
 from . import cache
@@ -35,7 +34,7 @@ from .bounds import (
     _memory_of,
     _Program,
     _representative,
-    _roles,
+    _stage_graphs,
     _step,
     _Structure,
     compute_key,
@@ -197,9 +196,7 @@ class Searcher:
         key = (s.key, role)
         if key not in self._graphs:
             t0 = time.perf_counter()
-            layout = _representative(r, self.layers)
-            step = _step(self.forward, r, layout, self.passes)
-            graph = split_stages(step, layout, dict(_roles(layout.pp))[role])
+            graph = _stage_graphs(self.forward, r, self.layers, self.passes, (role,))[1][role]
             if tuple(op.name for op in graph.ops()) != f.names:  # not the cached structure
                 where = cache.remove(self._cache, self._context())
                 raise OpgraphError(f"the plan cache {where} does not match the structures "
@@ -313,12 +310,10 @@ class Searcher:
                                                         counted=False) is not None:
             return len(self._fits(self.evaluate(group)))
         t0 = time.perf_counter()
-        r = group[0]
-        layout = _representative(r, self.layers)
-        step = _step(self.forward, r, layout, self.passes)
-        stages = {role: _compile_memory(split_stages(step, layout, i), self.values, self.layers,
-                                        self.formulas, self.program)
-                  for role, i in _roles(layout.pp)}
+        stages = {role: _compile_memory(graph, self.values, self.layers, self.formulas,
+                                        self.program)
+                  for role, graph in _stage_graphs(self.forward, group[0], self.layers,
+                                                   self.passes)[1].items()}
         self.compiled += 1
         self.compile_s += time.perf_counter() - t0
         fullest = _memory_of(stages, group, self.layers)
