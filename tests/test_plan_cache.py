@@ -184,7 +184,7 @@ def test_the_layouts_that_fit_are_counted_once_for_every_run(tmp_path):
     space = Space(gpus=8, batch=8, max_pp=2, max_micro_batch=2)
     cold = Searcher(forward, part, cache=tmp_path)
     fit = cold.fitting(space)
-    assert cold.compiled and cold.fits and cold.save()
+    assert cold.compiled and cold.fit_counts and cold.save()
     warm = Searcher(forward, part, cache=tmp_path)
     assert warm.fitting(space) == fit
     assert warm.compiled == 0 and not warm.structures

@@ -89,7 +89,7 @@ class Searcher:
         self._cache = cache
         self._stored: dict | None = None  # the cache's file, once read
         self._graphs: dict = {}  # (structure, role) -> a stage graph the cache's file lacks
-        self.fits: dict = {}  # (structure, its rows) -> how many fit (`fitting`)
+        self.fit_counts: dict = {}  # (structure, its rows) -> how many fit (`fitting`)
 
     def compute(self, r: Row) -> _ComputeFormulas:
         """The compute formulas of `r`'s compute key (`compute_key`), compiled once."""
@@ -147,10 +147,10 @@ class Searcher:
         """Write what this searcher holds compiled to its cache's file, with the file's
         other entries (`opgraph.parallel.search.cache`), where it compiled something the file
         lacked; True if written."""
-        if self._cache is None or not (self.compiled or set(self.fits) - set(
-                (self._stored or {}).get("fits", {}))):
-            return False
         stored = self._stored or {}
+        counted = any(key not in stored.get("fits", {}) for key in self.fit_counts)
+        if self._cache is None or not (self.compiled or counted):
+            return False
         # without their stages' graphs, which are most of the file and of the time to read it
         # back; with the schedule's plans made from them (`bounds._plans`), so the layouts
         # scheduled this run need no graph the next (`stage_graph` makes one again for any
@@ -161,7 +161,7 @@ class Searcher:
         return cache.save(self._cache, self._context(),
                           {**stored.get("structures", {}), **light},
                           {**stored.get("computes", {}), **self.computes},
-                          {**stored.get("fits", {}), **self.fits})
+                          {**stored.get("fits", {}), **self.fit_counts})
 
     def forget(self) -> None:
         """Drop the last space's arrays (`_space`) and the micro-batches its exact schedules
@@ -356,12 +356,12 @@ class Searcher:
                 continue
             rows_ = tuple(pending.rows[i] for i in members)
             key = structure(rows_[0])
-            if (key, rows_) not in self.fits:
+            if (key, rows_) not in self.fit_counts:
                 stored = self._stored_entry("fits", (key, rows_), counted=False)
                 if stored is None:
                     stored = self._fitting(list(rows_))
-                self.fits[(key, rows_)] = stored
-            count += self.fits[(key, rows_)]
+                self.fit_counts[(key, rows_)] = stored
+            count += self.fit_counts[(key, rows_)]
         return count
 
 
