@@ -113,6 +113,7 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
 
 @step_pass(at=REPLICATE, bind=lambda o: o.replicated and o.layout and {"layout": o.layout},
            structure={"layout": lambda p: (sharding(p), p.size("dp") > 1, p.size("edp") > 1,
+                                           p.replicate > 1,
                                            reduce_dtype(p), traits(p).regather_in_recompute,
                                            traits(p).zero1_all_reduces, groups_by_module(p),
                                            traits(p).list_collectives, traits(p).ddp_buckets,
@@ -131,7 +132,7 @@ def replicate(graph: Graph, layout: Parallel) -> Graph:
     # first: the ops' place in the order, which no insertion here changes
     how = _How(sharding(layout), reduce_dtype(layout), reduces_in_buckets(layout), traits(layout),
                None if traits(layout).regather_in_recompute else {
-                   op.name: i for i, op in enumerate(graph.ops())})
+                   op.name: i for i, op in enumerate(graph.ops())}, layout.replicate)
     weights = [(update, graph.tensor(graph.tensor(update.inputs[0]).grad_of))
                for update in graph.ops() if update.kind == "adamw"]
     # a group of one GPU has nothing to reduce or shard
@@ -161,6 +162,7 @@ class _How:
     bucketed: bool
     traits: Traits
     order: dict | None
+    replicas: int = 1
 
 
 def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
@@ -187,6 +189,7 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
         reduced = _collective(out, grad.name, "all_reduce", f"{grad.name}@dp",
                               phase=Phase.BACKWARD, role=Role.GRADIENT, grad_of=w.name,
                               dtype=wire, bucket=w.dtype.name if ddp else None, **where)
+        reduced = _across_replicas(out, reduced, how, where)
         out.replace_tensor(attrs.evolve(grad, grad_of=None))
         if not sharded["optimizer"]:
             out.replace_op(attrs.evolve(update, inputs=(reduced, *update.inputs[1:])))
@@ -208,6 +211,7 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
                             grad_of=w.name if sharded["gradients"] else None,
                             dtype=wire, **where,
                             **copies)
+        shard = _across_replicas(out, shard, how, where)
     if sharded["gradients"]:
         for t in full:
             out.replace_tensor(attrs.evolve(t, grad_of=None))
@@ -218,6 +222,21 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
         copy = update.outputs[-2] if update.param("zero_grad") else update.outputs[-1]
         _collective(out, copy, "all_gather", f"{w.name}@updated", phase=Phase.OPTIMIZER,
                     **where)
+
+
+def _across_replicas(out: Graph, reduced: str, how: _How, where: dict) -> str:
+    """HSDP (`how.replicas` > 1): the gradient `reduced` within a replica, all-reduced across
+    the replicas that hold the same shard (the "dpr" group), in the reduction's dtype; it takes
+    over what `reduced` was a gradient of. Without replicas, `reduced` itself."""
+    if how.replicas == 1:
+        return reduced
+    t = out.tensor(reduced)
+    name = _collective(out, reduced, "all_reduce", f"{reduced}@dpr", phase=Phase.BACKWARD,
+                       role=Role.GRADIENT, grad_of=t.grad_of, dtype=how.wire,
+                       **{**where, "group": "dpr"})
+    if t.grad_of is not None:
+        out.replace_tensor(attrs.evolve(t, grad_of=None))
+    return name
 
 
 def _copy_out(out: Graph, gathered: str, reader: Op) -> str:

@@ -330,12 +330,16 @@ def test_torchtitan_gradient_accumulation_and_ddp(toml):
     assert p.micro_batches == 64 // (4 * 2)
 
 
-def test_torchtitan_hsdp_is_reported(toml):
+def test_torchtitan_hsdp_is_read_as_replicas(toml):
+    """Replicate 2 beside shard -1 on 16 GPUs: FSDP over each replica's 8 ranks, the two
+    replicas all-reducing their shards (torchtitan's HSDP), nothing left unmodelled."""
     text = TORCHTITAN_8B.replace("data_parallel_replicate_degree = 1",
                                  "data_parallel_replicate_degree = 2")
     launch = read_torchtitan(toml(text), gpus=16)
-    assert (launch.parallel.dp, launch.parallel.zero) == (2 * 8, 3)
-    assert any("HSDP" in entry for entry in launch.unknown)
+    p = launch.parallel
+    assert (p.dp, p.zero, p.replicate) == (2 * 8, 3, 2)
+    assert (p.size("dp"), p.size("dpr")) == (8, 2)
+    assert not any("replicate" in entry for entry in launch.unknown)
 
 
 def test_torchtitan_real_keys_opgraph_does_not_model_are_reported(toml):
@@ -534,6 +538,13 @@ TORCHTITAN_LAUNCHES = [
     # training.mixed_precision_reduce = "bfloat16"
     Launch(model="llama3-8b", seq_len=8192,
            parallel=Parallel(gpus=8, zero=3, grad_reduce_dtype="bf16")),
+    # HSDP: FSDP within each of 4 replicas (data_parallel_replicate_degree), with and
+    # without context parallelism (the shard group is then dp_shard x cp)
+    Launch(model="llama3-70b", seq_len=8192, recompute="full",
+           parallel=Parallel(tp=8, gpus=256, micro_batch=1, global_batch=512,
+                             sequence_parallel=True, zero=3, replicate=4)),
+    Launch(model="llama3-8b", seq_len=32768, recompute="full",
+           parallel=Parallel(cp=2, gpus=64, micro_batch=1, zero=3, replicate=8)),
     # deepseek_v3's 16B flavor, experts spread over 8 of the 16 FSDP ranks
     Launch(model="deepseek-v2-lite", seq_len=4096,
            parallel=Parallel(gpus=16, ep=8, micro_batch=2, zero=3)),
@@ -590,6 +601,10 @@ MEGATRON_LAUNCHES = [
                              sequence_parallel=True, async_tp=True, zero=1,
                              overlap_param_gather=True,
                              first_stage_layers=7, last_stage_layers=7)),
+    # the distributed optimizer in 4 replicas (--num-distributed-optimizer-instances)
+    Launch(model=megatron_named(llama.LLAMA3_8B, 8192), seq_len=8192,
+           parallel=Parallel(tp=2, gpus=64, micro_batch=1, global_batch=256, zero=1,
+                             replicate=4)),
     Launch(model=megatron_named(llama.MIXTRAL_8X7B, 4096), seq_len=4096,
            parallel=Parallel(tp=2, ep=8, gpus=64, global_batch=256, zero=3)),
     Launch(model=megatron_named(llama.QWEN2_7B, 8192), seq_len=8192, recompute="selective",

@@ -376,7 +376,7 @@ def test_emitted_config_profiles_back_to_the_same_figures(cli, tmp_path, emit):
                        "--cost", "calibrated", "--json")
     assert code == 0
     prof = json.loads(out)
-    keys = ("tp", "pp", "cp", "dp", "micro_batch", "virtual_stages", "zero",
+    keys = ("tp", "pp", "cp", "dp", "micro_batch", "virtual_stages", "zero", "replicate",
             "sequence_parallel")
     (best,) = [x for x in ranked if all(x[k] == prof["parallel"][k] for k in keys)
                and (x["recompute"], x["precision"]) == (prof["recompute"], prof["precision"])]

@@ -40,6 +40,10 @@ def add_sharding_args(group) -> None:
                        help="data-parallel sharding: 0 none (default), 1 optimizer states "
                             "(Megatron's distributed optimizer), 2 and gradients, 3 and "
                             "parameters (FSDP)")
+    group.add_argument("--replicate", type=whole(MAX_DIM), metavar="N",
+                       help="with --zero 1-3, HSDP: N replicas, each sharding over dp x cp / N "
+                            "ranks, their gradient shards all-reduced across replicas "
+                            "(torchtitan's data_parallel_replicate_degree; default 1)")
     add_framework_args(group)
 
 

@@ -68,6 +68,10 @@ def register(subparsers) -> None:
     c.add_argument("--zero", type=int, choices=ZERO, metavar="{0,1,2,3}",
                    help="only this data-parallel sharding: 0 none, 1 optimizer states, 2 and "
                         "gradients, 3 and parameters (FSDP) (default: every one)")
+    c.add_argument("--replicate", type=whole(MAX_DIM), metavar="N",
+                   help="only layouts with N HSDP replicas (each sharding over dp x cp / N "
+                        "ranks; 1: none) (default: none, and at ZeRO-3 also one replica per "
+                        "node's shard group where the framework runs HSDP)")
     c.add_argument("--micro-batch", type=whole(MAX_DIM), metavar="N",
                    help="only this micro-batch, in sequences (default: up to "
                         "--max-micro-batch)")
@@ -132,7 +136,8 @@ def _space(args, gpus: int, batch: int):
     from ..parallel.search import Space
 
     return Space(gpus=gpus, batch=batch, tp=args.tp, cp=args.cp, ep=args.ep, pp=args.pp,
-                 dp=args.dp, zero=args.zero, micro_batch=args.micro_batch,
+                 dp=args.dp, zero=args.zero, replicate=args.replicate,
+                 micro_batch=args.micro_batch,
                  virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel,
                  recompute=tuple(args.recompute) if args.recompute else None,
                  precision=tuple(args.precision) if args.precision else None,
@@ -339,7 +344,7 @@ def _counts(found) -> str:
 
 # The constraints that fix the layout; --rank lifts them. The precision (a choice of numerics,
 # not of layout) and the --max-* bounds stay.
-FIXING = ("tp", "cp", "ep", "pp", "dp", "zero", "micro_batch", "virtual_stages",
+FIXING = ("tp", "cp", "ep", "pp", "dp", "zero", "replicate", "micro_batch", "virtual_stages",
           "sequence_parallel", "recompute")
 
 

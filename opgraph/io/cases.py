@@ -181,6 +181,8 @@ class Case:
                "seq_len": self.seq_len, "recompute": self.recompute,
                "precision": self.precision, "fuse": self.fuse,
                "fused_attention": self.fused_attention, "measured": {}, "notes": self.notes}
+        if p.replicate > 1:  # HSDP's replicas: written where there are any
+            out["parallel"]["replicate"] = p.replicate
         if self.cluster is None:
             del out["cluster"]
         if not self.family:
@@ -364,7 +366,7 @@ READERS: dict[str, Callable] = {
     # parallel
     "tp": _whole, "pp": _whole, "cp": _whole, "ep": _whole, "dp": _whole,
     "micro_batch": _whole, "global_batch": _whole, "virtual_stages": _whole,
-    "zero": _zero, "sequence_parallel": _flag, "async_tp": _flag, "overlap_grad_reduce": _flag,
+    "zero": _zero, "replicate": _whole, "sequence_parallel": _flag, "async_tp": _flag, "overlap_grad_reduce": _flag,
     "overlap_param_gather": _flag,
     "first_stage_layers": _whole, "last_stage_layers": _whole, "stage_layers": _layer_list,
     "framework": _choice(lambda: FRAMEWORKS, "a framework"),

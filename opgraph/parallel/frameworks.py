@@ -259,6 +259,15 @@ Each trait, with where each framework's code says so:
   torchtitan shards an uneven vocabulary as DTensor does; DeepSpeed splits none: not padded.
   Only a split vocabulary is padded here: at TP 1 the model's own size is kept (Megatron pads
   GPT-2's to 50,304 there, 0.1% more).
+- `replicates_at`: the ZeRO stages at which the framework runs HSDP's replicas (the layout's
+  `replicate`: shard within a replica, all-reduce the shards across replicas). torchtitan:
+  `data_parallel_replicate_degree` beside `data_parallel_shard_degree`, FSDP2 over a 2-D mesh
+  (`torchtitan/distributed/parallel_dims.py`), ZeRO-3. Megatron-LM:
+  `--num-distributed-optimizer-instances`, its distributed optimizer over intra-instance
+  groups whose gradients are then all-reduced across instances
+  (`megatron/core/parallel_state.py`), ZeRO-1. Composer: FSDP1's `HYBRID_SHARD`, ZeRO-3.
+  DeepSpeed (whose ZeRO++ keeps a second copy of the weights, not replicated shards) and
+  nanotron: none. The generic model: ZeRO-1 to 3.
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -299,28 +308,31 @@ class Traits:
     copies_out_gathers: bool = False
     blocking_p2p: bool = False
     partitions_p2p: bool = False
+    replicates_at: frozenset[int] = frozenset({1, 2, 3})
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                     overlaps_reduce_at=frozenset({3}), gemm_per_expert=True, blocking_p2p=True,
-                    partitions_p2p=True)
+                    partitions_p2p=True, replicates_at=frozenset())
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
-    "composer": Traits(regather_in_recompute=False, groups_by_module=True),
+    "composer": Traits(regather_in_recompute=False, groups_by_module=True,
+                       replicates_at=frozenset({3})),
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
                          compiles_blocks_only=True, groups_by_module=True,
-                         copies_out_gathers=True),
+                         copies_out_gathers=True, replicates_at=frozenset({3})),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
-                       attention_library="cudnn"),
+                       attention_library="cudnn", replicates_at=frozenset({1})),
     "deepspeed": _DEEPSPEED,
     "deepspeed-0.3": attrs.evolve(_DEEPSPEED, list_collectives=True, syncs_before_gather=True),
     "deepspeed-bf16": attrs.evolve(_DEEPSPEED, adds_grads_in_fp32=True),
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
                        balances_stages=True, vocab_multiple=1,
                        overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,
-                       adds_grads_in_fp32=True, ddp_buckets=True),
+                       adds_grads_in_fp32=True, ddp_buckets=True,
+                       replicates_at=frozenset()),
 }
 
 
@@ -346,7 +358,7 @@ def reduce_dtype(layout: Parallel) -> str:
 
 
 # The groups whose gradient reductions `defers_grad_reduce` holds back to their reader.
-DEFERRED_GROUPS = ("dp", "edp")
+DEFERRED_GROUPS = ("dp", "dpr", "edp")
 
 
 def defers_grad_reduce(layout: Parallel) -> bool:

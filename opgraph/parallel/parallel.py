@@ -107,22 +107,29 @@ class LayoutFields:
     def stride(self, group: str) -> int:
         """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp).
         The gradient-reduction groups ("dp", "edp") take in the context-parallel ranks, which
-        hold the same weights; so they start at stride tp."""
+        hold the same weights; so they start at stride tp. HSDP's replicas ("dpr") are the
+        outer part of those ranks: consecutive shard groups (torchtitan's mesh order
+        dp_replicate, dp_shard, cp, tp; Megatron-LM's intra- and inter-instance groups)."""
         inner = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp,
-                 "edp": self.tp * self.ep, "pp": self.tp * self.cp * self.dp_degree}
+                 "edp": self.tp * self.ep, "pp": self.tp * self.cp * self.dp_degree,
+                 "dpr": self.tp * self.dp_degree * self.cp // self.replicate}
         return inner[group]
 
     def size(self, group: str) -> int:
-        """GPUs in one group: "dp" is the ranks that hold the same weights (dp x cp, as
-        Megatron-LM reduces gradients over data and context parallel ranks together), "edp"
-        those that hold the same experts (dp x cp / ep). (The planner asks this of every row
-        several times: a chain of comparisons, not a dict built each call.)"""
+        """GPUs in one group: "dp" is the ranks a weight's gradients are reduced over and its
+        sharded parts split over (dp x cp, as Megatron-LM reduces gradients over data and
+        context parallel ranks together; under HSDP, one replica's dp x cp / replicate),
+        "dpr" the replicas that hold the same shard (`replicate`), "edp" the ranks that hold
+        the same experts (dp x cp / ep). (The planner asks this of every row several times:
+        a chain of comparisons, not a dict built each call.)"""
         if group == "dp":
-            return self.dp_degree * self.cp
+            return self.dp_degree * self.cp // self.replicate
         if group == "edp":
             return self.dp_degree * self.cp // self.ep
         if group in ("tp", "cp", "ep", "pp"):
             return getattr(self, group)  # the degree itself
+        if group == "dpr":
+            return self.replicate
         raise KeyError(group)
 
     def settings(self) -> tuple:
@@ -139,6 +146,12 @@ class Parallel(LayoutFields):
     sharded (Megatron's distributed optimizer), 2 and gradients, 3 and parameters (FSDP,
     torchtitan's default); gradients are reduced in `grad_reduce_dtype`, else the framework's
     default (`opgraph.parallel.frameworks.reduce_dtype`: FP32 but for DeepSpeed's BF16).
+    `replicate` > 1 is HSDP (hybrid sharding): the dp x cp ranks that hold the same weights
+    form `replicate` replicas, each sharding what `zero` shards over its own dp x cp /
+    replicate ranks (the "dp" group); a gradient is reduce-scattered within a replica and its
+    shard then all-reduced across the replicas (the "dpr" group). torchtitan's
+    `data_parallel_replicate_degree` with FSDP (ZeRO-3); Megatron-LM's
+    `--num-distributed-optimizer-instances` with its distributed optimizer (ZeRO-1).
     `first_stage_layers` / `last_stage_layers` make the end stages uneven (Megatron's
     `--decoder-first-pipeline-num-layers`), the rest split evenly over the middle stages, and
     with virtual stages into chunks as `chunk_layers` cuts them. `stage_layers` names every
@@ -167,6 +180,7 @@ class Parallel(LayoutFields):
     virtual_stages: int = 1
     sequence_parallel: bool = False
     zero: int = 0
+    replicate: int = 1
     async_tp: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
@@ -179,7 +193,7 @@ class Parallel(LayoutFields):
 
     def __attrs_post_init__(self):
         for name in ("tp", "pp", "cp", "ep", "dp", "gpus", "micro_batch", "global_batch",
-                     "virtual_stages", "first_stage_layers", "last_stage_layers"):
+                     "virtual_stages", "first_stage_layers", "last_stage_layers", "replicate"):
             _whole(getattr(self, name), name.replace("_", "-"))
         if self.zero not in ZERO_STAGES:
             raise OpgraphError(f"zero {self.zero!r}: give 0, 1, 2 or 3")
@@ -205,6 +219,8 @@ class Parallel(LayoutFields):
         if (self.dp_degree * self.cp) % self.ep:
             raise OpgraphError(f"--ep {self.ep} must divide dp x cp = {self.dp_degree * self.cp} "
                                "(experts are spread over the data-parallel ranks)")
+        if self.replicate > 1:
+            self._check_replicas()
         if self.global_batch is not None and self.global_batch % (self.dp_degree * self.micro_batch):
             raise OpgraphError(f"global batch {self.global_batch} is not divisible by dp x "
                                f"micro-batch = {self.dp_degree} x {self.micro_batch}; give a "
@@ -253,11 +269,36 @@ class Parallel(LayoutFields):
             raise OpgraphError(f"--framework {self.framework}'s pipeline engine runs one chunk "
                                "of layers per stage (no interleaving); give --virtual-stages 1")
 
+    def _check_replicas(self) -> None:
+        """HSDP's constraints (see the class): whole shard groups of two ranks or more, a
+        sharded part to replicate, no experts, a framework that runs replicas at this stage."""
+        from .frameworks import FRAMEWORKS  # frameworks reads this module
+
+        ranks = self.dp_degree * self.cp
+        if ranks % self.replicate or ranks // self.replicate < 2:
+            raise OpgraphError(f"--replicate {self.replicate} must divide dp x cp = {ranks} "
+                               "into shard groups of 2 ranks or more (with shard groups of "
+                               "one, give --zero 0: plain data parallelism)")
+        if self.zero == 0:
+            raise OpgraphError(f"--replicate {self.replicate} replicates sharded states: give "
+                               "--zero 1, 2 or 3 (HSDP is --zero 3)")
+        if self.ep > 1:
+            raise OpgraphError(f"--replicate {self.replicate} with --ep {self.ep}: opgraph does "
+                               "not model replicated expert shards; leave one out")
+        traits = FRAMEWORKS.get(self.framework)
+        if traits is not None and self.zero not in traits.replicates_at:
+            stages = ", ".join(f"ZeRO-{z}" for z in sorted(traits.replicates_at))
+            raise OpgraphError(
+                f"--framework {self.framework} runs no replicated shards at ZeRO-{self.zero}"
+                + (f" (only at {stages})" if stages else "") + "; leave out --replicate"
+                + (f" or give --zero {min(traits.replicates_at)}" if stages else ""))
+
     def to_json(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
                 "dp": self.dp_degree, "micro_batch": self.micro_batch,
                 "global_batch": self.batch, "micro_batches": self.micro_batches,
                 "virtual_stages": self.virtual_stages, "zero": self.zero,
+                "replicate": self.replicate,
                 "sequence_parallel": self.sequence_parallel, "async_tp": self.async_tp,
                 "first_stage_layers": self.first_stage_layers,
                 "last_stage_layers": self.last_stage_layers,
@@ -350,7 +391,7 @@ def chunk_layers(layers: int, layout: Parallel) -> list[list[int]]:
 # The compact form's words (`parse_layout`): a degree's word and its number (tp8), and the
 # `Parallel` field it sets.
 LAYOUT_WORDS = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "mb": "micro_batch",
-                "v": "virtual_stages", "zero": "zero"}
+                "v": "virtual_stages", "zero": "zero", "rep": "replicate"}
 _NUMBERED = re.compile(r"([a-z]+)([0-9]{1,12})(?:\(([0-9]{1,12}|-)/\.\.\./([0-9]{1,12}|-)\))?")
 MAX_LAYOUT_TEXT = 400  # characters: a layout is a few dozen
 

@@ -61,7 +61,7 @@ from ..core.ir import Graph, Op, Phase
 from ..core.rules import COLLECTIVE_KINDS
 from .parallel import SHARDED_FROM
 
-GROUPS = ("tp", "cp", "ep", "dp", "edp", "pp")
+GROUPS = ("tp", "cp", "ep", "dp", "dpr", "edp", "pp")
 
 
 @attrs.frozen
@@ -585,13 +585,18 @@ def _trip(i: int, start: float, end: float, busy: float, log: list, spans: list,
                  tuple((g, free[g] - end) for g in used), fixed)
 
 
+# the data-parallel groups: a weight's reduction and sharding group, HSDP's replicas, the
+# experts' (`Parallel.size`)
+DATA_GROUPS = ("dp", "dpr", "edp")
+
+
 def once_per_step(op: Op, zero: int) -> bool:
     """Ops a data-parallel rank runs once per step rather than per micro-batch (see the
     module): ZeRO-0/1's gradient reduction and the gather of updated weights, and the FP8
     casts of weights a framework caches (`passes.cache_fp8_weights`)."""
     if op.param("cached"):
         return True
-    if op.kind not in COLLECTIVE_KINDS or op.param("group") not in ("dp", "edp"):
+    if op.kind not in COLLECTIVE_KINDS or op.param("group") not in DATA_GROUPS:
         return False
     return op.phase is Phase.OPTIMIZER or (op.phase is Phase.BACKWARD
                                            and zero < SHARDED_FROM["gradients"])

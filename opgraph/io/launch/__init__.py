@@ -11,7 +11,7 @@ Nothing a file says is dropped in silence. A key or flag the framework itself do
 misspelling: `tensor_paralel_degree`) is a one-line OpgraphError with the nearest real name, as
 the framework's own parser would refuse it (the names: opgraph/data/launch_keys.json). A real
 key or flag opgraph does not model, or a known one set to something opgraph does not model (a
-GPipe schedule, CPU offload, HSDP), is listed in `Launch.unknown`, which the CLI prints as a
+GPipe schedule, CPU offload), is listed in `Launch.unknown`, which the CLI prints as a
 warning naming it; keys that do not change the step's time (paths, logging, checkpoints,
 learning rates) are known and quiet. A setting opgraph cannot stand in for at all (activation
 checkpointing of every second layer, fp32 training) is a one-line OpgraphError that names it,

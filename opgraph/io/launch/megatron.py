@@ -169,8 +169,8 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     The layout: dp = gpus / (tp x cp x pp), `gpus` being the caller's or a torchrun launcher's
     (--nproc-per-node x --nnodes) at the head of the text; the pipeline split from
     --decoder-first/last-pipeline-num-layers or --pipeline-model-parallel-layout (`_mg_split`).
-    --use-distributed-optimizer is ZeRO 1;
-    Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by --data-parallel-sharding-strategy;
+    --use-distributed-optimizer is ZeRO 1, with --num-distributed-optimizer-instances its
+    replicas (`Parallel.replicate`); Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by --data-parallel-sharding-strategy;
     --tp-comm-overlap async tensor parallelism; --overlap-grad-reduce the gradient reduction
     under the backward (without it, Megatron's default, after it); --grad-reduce-in-bf16 the
     reduction in BF16 (the layout's `grad_reduce_dtype`; without it FP32); --attention-backend
@@ -446,6 +446,7 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
         dp=dp, gpus=gpus, micro_batch=micro,
         global_batch=flags.whole("--global-batch-size"), virtual_stages=virtual or 1,
         sequence_parallel=flags.switch("--sequence-parallel"), zero=_mg_zero(flags),
+        replicate=flags.whole("--num-distributed-optimizer-instances", 1),
         async_tp=flags.switch("--tp-comm-overlap"),
         overlap_grad_reduce=flags.switch("--overlap-grad-reduce"),
         overlap_param_gather=flags.switch("--overlap-param-gather"),
@@ -677,6 +678,8 @@ def to_megatron(launch: Launch) -> str:
                                "give --attention-library flash or cudnn")
         args += ["--attention-backend", backend[p.attention_library]]
     args += _mg_zero_args(p.zero) + _mg_recompute_args(launch.recompute) + ["--bf16"]
+    if p.replicate > 1:  # the distributed optimizer's replicas (`Parallel.replicate`)
+        args += ["--num-distributed-optimizer-instances", str(p.replicate)]
     if launch.precision == "fp8":
         args += ["--fp8-format", "hybrid"]
     if launch.fuse is None:

@@ -104,9 +104,9 @@ def read_torchtitan(path: str | Path, gpus: int | None = None) -> Launch:
 
     Data parallelism: `data_parallel_shard_degree` ranks run FSDP (ZeRO 3), -1 meaning the GPUs
     left over (then `gpus` is needed); `data_parallel_replicate_degree` ranks alone run DDP
-    (ZeRO 0). Both above one is HSDP: read as FSDP over all shard x replicate ranks (sharding
-    within the shard group and all-reducing across the replicas is not modelled separately) and
-    listed in `unknown`. With context parallelism torchtitan's FSDP shards over the cp ranks
+    (ZeRO 0). Both above one is HSDP: FSDP within each replica's shard x cp ranks, the
+    gradient shards all-reduced across the replicas (the layout's `replicate`). With context
+    parallelism torchtitan's FSDP shards over the cp ranks
     too (ZeRO 3 over dp x cp, opgraph's sharding group, even where the shard degree is 1).
     FSDP reduces gradients in `mixed_precision_reduce` (float32; bfloat16 is the layout's
     `grad_reduce_dtype`). Tensor parallelism always shards the sequence.
@@ -303,11 +303,12 @@ def _tt_virtual_stages(keys: dict, model: str, pp: int, unknown: list[str]) -> i
     return stages // pp
 
 
-def _tt_data_parallel(keys: dict, model_ranks: int, cp: int, gpus: int | None,
-                      unknown: list[str]) -> tuple[int, int]:
-    """The data-parallel degree and ZeRO stage: FSDP over the shard and context-parallel ranks
-    (torchtitan's `dp_shard_cp` mesh: its ParallelDims.fsdp_enabled is dp_shard > 1 or
-    cp > 1, torchtitan/distributed/parallel_dims.py), DDP over the replicas."""
+def _tt_data_parallel(keys: dict, model_ranks: int, cp: int,
+                      gpus: int | None) -> tuple[int, int, int]:
+    """The data-parallel degree, ZeRO stage and HSDP replicas: FSDP over the shard and
+    context-parallel ranks (torchtitan's `dp_shard_cp` mesh: its ParallelDims.fsdp_enabled is
+    dp_shard > 1 or cp > 1, torchtitan/distributed/parallel_dims.py), replicated over the
+    replicas (DDP where nothing is sharded)."""
     replicate = _tt_whole(keys, "parallelism.data_parallel_replicate_degree", 1)
     shard = keys.get("parallelism.data_parallel_shard_degree", -1)
     if shard == -1:
@@ -325,10 +326,7 @@ def _tt_data_parallel(keys: dict, model_ranks: int, cp: int, gpus: int | None,
         raise OpgraphError(f"torchtitan config's degrees (replicate x shard x tp x cp x pp) "
                            f"make {replicate * shard * model_ranks} GPUs, not --gpus {gpus}")
     fsdp = shard * cp > 1
-    if fsdp and replicate > 1:
-        unknown.append(f"data_parallel_replicate_degree = {replicate} with shard degree {shard} "
-                       f"and cp {cp} (HSDP, read as FSDP over {replicate * shard * cp} ranks)")
-    return replicate * shard, 3 if fsdp else 0
+    return replicate * shard, 3 if fsdp else 0, replicate if fsdp else 1
 
 
 def _tt_batches(keys: dict, dp: int, pp: int, legacy: bool) -> tuple[int, int]:
@@ -366,7 +364,7 @@ def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
     pp = _tt_whole(keys, "parallelism.pipeline_parallel_degree", 1)
     cp = _tt_whole(keys, "parallelism.context_parallel_degree", 1)
     ep = _tt_whole(keys, "parallelism.expert_parallel_degree", 1)
-    dp, zero = _tt_data_parallel(keys, tp * cp * pp, cp, gpus, unknown)
+    dp, zero, replicate = _tt_data_parallel(keys, tp * cp * pp, cp, gpus)
     if tp > 1 and _has_experts(model):
         unknown.append(f"expert_tensor_parallel_degree 1 with tensor_parallel_degree {tp} "
                        "(read as the experts split over TP)")
@@ -382,7 +380,7 @@ def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
     layout = Parallel(
         tp=tp, pp=pp, cp=cp, ep=ep, dp=dp, gpus=gpus, micro_batch=micro, global_batch=total,
         virtual_stages=_tt_virtual_stages(keys, model, pp, unknown),
-        sequence_parallel=tp > 1, zero=zero,
+        sequence_parallel=tp > 1, zero=zero, replicate=replicate,
         async_tp=_tt_flag(keys, "parallelism.enable_async_tensor_parallel"),
         grad_reduce_dtype="bf16" if reduce == "bfloat16" else None)
     return Launch(model=model, seq_len=_tt_whole(keys, "training.seq_len", 2048),
@@ -461,7 +459,11 @@ def to_torchtitan(launch: Launch) -> str:
         raise OpgraphError("torchtitan runs the experts whole on each TP rank "
                            "(expert_tensor_parallel_degree 1) where opgraph splits them over "
                            "TP: give tp 1 for a model with experts")
-    shard, replicate = (p.dp, 1) if p.zero == 3 else (1, p.dp)
+    if p.dp % p.replicate:
+        raise OpgraphError(f"torchtitan's replicas are a mesh dimension of the data-parallel "
+                           f"ranks: --replicate {p.replicate} must divide dp {p.dp}, not only "
+                           f"dp x cp")
+    shard, replicate = (p.dp // p.replicate, p.replicate) if p.zero == 3 else (1, p.dp)
     local = p.global_batch // p.dp if p.pp > 1 else p.micro_batch
     config = PRESET_CONFIGS[launch.model]
     model = {"name": name, "flavor": flavor}

@@ -215,7 +215,8 @@ def write_chrome_trace(profile: Profile, graph: Graph, path: str | os.PathLike) 
     write_atomic(path, dump)
 
 
-TRACKS = ("compute", "tp", "cp", "ep", "dp", "edp", "pp")  # a many-GPU timeline's tracks, in order
+# a many-GPU timeline's tracks, in order
+TRACKS = ("compute", "tp", "cp", "ep", "dp", "dpr", "edp", "pp")
 
 
 def timeline(profile: Profile, rank: int) -> dict:

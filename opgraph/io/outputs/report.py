@@ -82,7 +82,10 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
         options.append(f"stages of {'/'.join(map(str, lay.stage_layers))} layers")
     if lay.virtual_stages > 1:
         options.append(f"{lay.virtual_stages} virtual stages")
-    options += [f"ZeRO-{lay.zero}"] + (["sequence parallel"] if lay.sequence_parallel else []) + (
+    zero = f"ZeRO-{lay.zero}" + (
+        f" in {lay.replicate} replicas of {lay.size('dp')} ranks (HSDP)" if lay.replicate > 1
+        else "")
+    options += [zero] + (["sequence parallel"] if lay.sequence_parallel else []) + (
         ["async TP"] if lay.async_tp else [])
     lines = [
         f"{p.model} on {lay.world:,} x {p.hardware.describe()}",
@@ -177,7 +180,8 @@ def memory_warning(p: Profile) -> str | None:
 
 
 def layout_text(layout, recompute: str, precision: str) -> str:
-    """A layout in one short line: `tp8 cp1 pp16(7/8/7) dp64 mb1 v1 zero1 sp full bf16`."""
+    """A layout in one short line: `tp8 cp1 pp16(7/8/7) dp64 mb1 v1 zero1 sp full bf16`;
+    HSDP's replicas after the ZeRO stage (`zero3 rep4`)."""
     split = ""
     if layout.first_stage_layers is not None or layout.last_stage_layers is not None:
         split = f"({layout.first_stage_layers or '-'}/.../{layout.last_stage_layers or '-'})"
@@ -186,6 +190,7 @@ def layout_text(layout, recompute: str, precision: str) -> str:
     ep = f" ep{layout.ep}" if layout.ep > 1 else ""
     return (f"tp{layout.tp} cp{layout.cp} pp{layout.pp}{split} dp{layout.dp_degree}{ep} "
             f"mb{layout.micro_batch} v{layout.virtual_stages} zero{layout.zero}"
+            f"{f' rep{layout.replicate}' if layout.replicate > 1 else ''}"
             f"{' sp' if layout.sequence_parallel else ''} {recompute} {precision}")
 
 

@@ -37,7 +37,7 @@ from .space import DEGREES, LAYERS, Row
 def structure(r: Row) -> tuple:
     """What decides a row's ops and collectives (see the module); rows of one structure
     differ only in numbers."""
-    return (r.tp > 1, r.cp > 1, r.ep > 1, r.size("dp") > 1, r.size("edp") > 1,
+    return (r.tp > 1, r.cp > 1, r.ep > 1, r.size("dp") > 1, r.size("edp") > 1, r.replicate > 1,
             r.sequence_parallel, r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3),
             r.settings())
 
@@ -252,7 +252,7 @@ def _over_rows(rows_: list, line):
     """`line` over the rows: `lines(kind, group)` gives each algorithm's intercept and slope
     (a row each) over the rows (a column each), each distinct layout's read once."""
     index: dict = {}
-    where = np.array([index.setdefault((r.tp, r.cp, r.ep, r.pp, r.dp), len(index))
+    where = np.array([index.setdefault((r.tp, r.cp, r.ep, r.pp, r.dp, r.replicate), len(index))
                       for r in rows_])
 
     @functools.cache
@@ -267,7 +267,7 @@ def _over_rows(rows_: list, line):
 def _comm_line(cost: CostModel, cluster, hardware: Hardware):
     """`_comm_times`'s `line`: each algorithm's time at no message and seconds per byte
     (`CostModel.comm_lines`), over the group `group` names in the layout of `degrees` (tp,
-    cp, ep, pp, dp), each distinct group size and stride read once."""
+    cp, ep, pp, dp, replicate), each distinct group size and stride read once."""
 
     @functools.cache
     def affine(kind: str, size: int, stride: int, gpus: int) -> tuple[tuple[float, float], ...]:
@@ -275,8 +275,8 @@ def _comm_line(cost: CostModel, cluster, hardware: Hardware):
 
     @functools.cache
     def layout(degrees: tuple) -> Parallel:
-        t, c, e, p, d = degrees
-        return Parallel(tp=t, cp=c, ep=e, pp=p, dp=d)
+        t, c, e, p, d, n = degrees
+        return Parallel(tp=t, cp=c, ep=e, pp=p, dp=d, replicate=n, zero=1 if n > 1 else 0)
 
     def line(kind: str, group: str, degrees: tuple) -> tuple[tuple[float, float], ...]:
         lay = layout(degrees)
@@ -331,8 +331,8 @@ def _representative(r: Row, layers: int) -> Parallel:
     if r.pp > 2 or (r.pp == 2 and layers % 2):
         stages = next((p for p in range(3, layers + 1) if layers % p == 0), r.pp)
     return Parallel(tp=r.tp, cp=r.cp, ep=r.ep, pp=stages, dp=r.dp,
-                    sequence_parallel=r.sequence_parallel, zero=r.zero, async_tp=r.async_tp,
-                    **{name: getattr(r, name) for name in FRAMEWORK_FIELDS})
+                    sequence_parallel=r.sequence_parallel, zero=r.zero, replicate=r.replicate,
+                    async_tp=r.async_tp, **{name: getattr(r, name) for name in FRAMEWORK_FIELDS})
 
 
 def _step(forward: Graph, r: Row, layout: Parallel, memo: dict, replicated: bool = True
@@ -545,7 +545,7 @@ def _held_bytes(held: np.ndarray, cols: _Columns) -> np.ndarray:
 
 # What a compute key's numbers and times read of a row (`_compute_bound`): the degrees (which
 # decide the groups' sizes and strides), the micro-batch and whether TP overlaps its matmuls.
-DEGREE_FIELDS = ("tp", "cp", "ep", "pp", "dp", "gpus", "micro_batch", "async_tp")
+DEGREE_FIELDS = ("tp", "cp", "ep", "pp", "dp", "replicate", "gpus", "micro_batch", "async_tp")
 
 
 def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
@@ -754,7 +754,7 @@ class _Fields(LayoutFields):
     the global batch, one for all of them, a number), so that `LayoutFields`' rules (`size`,
     `micro_batches`) give whole columns."""
 
-    NUMBERS = ("tp", "cp", "ep", "pp", "dp", "micro_batch", "virtual_stages", "zero")
+    NUMBERS = ("tp", "cp", "ep", "pp", "dp", "replicate", "micro_batch", "virtual_stages", "zero")
 
     def __init__(self, rows_: list[Row]):
         self.rows = rows_
@@ -975,7 +975,7 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
 # What a structure's arrays read of a row besides its micro-batches and virtual stages
 # (`_evaluate`): the degrees and micro-batch, the stages' split, and what decides whether its
 # gradient reductions are deferred.
-EVALUATED_FIELDS = ("tp", "cp", "ep", "pp", "dp", "gpus", "micro_batch", "async_tp",
+EVALUATED_FIELDS = ("tp", "cp", "ep", "pp", "dp", "replicate", "gpus", "micro_batch", "async_tp",
                     "first_stage_layers", "last_stage_layers", "zero", "overlap_grad_reduce",
                     *FRAMEWORK_FIELDS)
 

@@ -21,7 +21,7 @@ from ...passes.recompute import POLICIES
 from ...passes.split_stages import layer_stack, layers_before
 from .. import cluster as clusters
 from ..distributed import ParallelResult, check_layout, uneven_ends
-from ..frameworks import end_split, own_split
+from ..frameworks import FRAMEWORKS, end_split, own_split
 from ..parallel import FRAMEWORK_FIELDS, LAYOUT_FIELDS, ZERO_STAGES, LayoutFields, Parallel
 
 # Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
@@ -49,6 +49,7 @@ class Space:
     pp: int | None = None
     dp: int | None = None
     zero: int | None = None
+    replicate: int | None = None
     micro_batch: int | None = None
     virtual_stages: int | None = None
     sequence_parallel: bool | None = None
@@ -87,6 +88,11 @@ class Space:
                                "interleaving needs pipeline stages")
         if self.zero is not None and self.zero not in ZERO_STAGES:
             raise OpgraphError(f"--zero {self.zero}: give 0, 1, 2 or 3")
+        if self.replicate is not None and self.replicate < 1:
+            raise OpgraphError("--replicate must be 1 or more")
+        if (self.replicate or 1) > 1 and self.zero == 0:
+            raise OpgraphError(f"--replicate {self.replicate} contradicts --zero 0: replicas "
+                               "hold sharded states (HSDP is --zero 3)")
         # the framework's names and its combinations, checked as a layout checks them
         Parallel(**self.framework_settings())
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
@@ -311,16 +317,42 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                                        "first_stage_layers": first, "last_stage_layers": last,
                                        "async_tp": space.async_tp and t > 1},
                                     recompute=None, precision=None)]
+                        replicas = {z: _replicas(space, z, d * c, t, e, node)
+                                    for z in zeros}
                         for z, r, pr in (options if d * c > 1 else alone):
-                            if not _refused(space, p, z):
-                                row[ZERO], row[RECOMPUTE_AT], row[PRECISION_AT] = z, r, pr
+                            if _refused(space, p, z):
+                                continue
+                            for n in replicas[z]:
+                                row[ZERO], row[REPLICAS_AT] = z, n
+                                row[RECOMPUTE_AT], row[PRECISION_AT] = r, pr
                                 out.append(Row._make(row))
     return out
 
 
-# where a row's ZeRO stage and step options sit, which `rows` sets last
-ZERO, RECOMPUTE_AT, PRECISION_AT = (Row._fields.index(name)
-                                    for name in ("zero", "recompute", "precision"))
+# where a row's ZeRO stage, replicas and step options sit, which `rows` sets last
+ZERO, REPLICAS_AT, RECOMPUTE_AT, PRECISION_AT = (
+    Row._fields.index(name) for name in ("zero", "replicate", "recompute", "precision"))
+
+
+def _replicas(space: Space, zero: int, ranks: int, t: int, e: int, node: int) -> list[int]:
+    """HSDP's replica counts tried at ZeRO stage `zero` over `ranks` = dp x cp ranks that hold
+    the same weights, at tensor-parallel degree `t` and expert degree `e` (as `Parallel`
+    checks them: shard groups of 2 ranks or more, a framework that replicates at `zero`, no
+    experts). The space's count where it names one; else none (1), and at ZeRO-3 also the
+    replicas whose shard groups each fill one node (torchtitan's HSDP: FSDP inside a node,
+    replicas across nodes), where there are two or more."""
+    def valid(n: int) -> bool:
+        return n == 1 or (ranks % n == 0 and ranks // n >= 2 and zero >= 1 and e == 1
+                          and zero in FRAMEWORKS[space.framework].replicates_at)
+
+    if space.replicate is not None:
+        return [space.replicate] if valid(space.replicate) else []
+    shard = node // t
+    out = [1]
+    if zero == 3 and shard >= 2 and ranks % shard == 0 and valid(ranks // shard) \
+            and ranks // shard >= 2:
+        out.append(ranks // shard)
+    return out
 
 
 def _refused(space: Space, stages: int, zero: int) -> bool:
