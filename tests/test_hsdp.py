@@ -125,3 +125,15 @@ def test_plan_figures_with_replicas_are_profiles(framework, constraints):
             assert getattr(mine, name) == pytest.approx(getattr(theirs, name), rel=1e-9,
                                                         abs=1e-12), (name, candidate)
         assert mine.memory.total == theirs.memory.total
+
+
+@pytest.mark.parametrize("constraints, words", [
+    ({"zero": 0, "replicate": 2}, "contradicts --zero 0"),
+    ({"framework": "deepspeed", "replicate": 2}, "deepspeed runs no replicated shards"),
+    ({"framework": "megatron", "zero": 3, "replicate": 2}, "(only --zero 1)"),
+])
+def test_plan_constraints_no_layout_can_meet_say_why(constraints, words):
+    """A search for replicas the framework or ZeRO stage cannot hold stops on one line that
+    says so, not on 'no layout divides'."""
+    with pytest.raises(OpgraphError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        Space(gpus=64, batch=256, **constraints)

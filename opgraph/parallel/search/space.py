@@ -90,9 +90,17 @@ class Space:
             raise OpgraphError(f"--zero {self.zero}: give 0, 1, 2 or 3")
         if self.replicate is not None and self.replicate < 1:
             raise OpgraphError("--replicate must be 1 or more")
-        if (self.replicate or 1) > 1 and self.zero == 0:
-            raise OpgraphError(f"--replicate {self.replicate} contradicts --zero 0: replicas "
-                               "hold sharded states (HSDP is --zero 3)")
+        if (self.replicate or 1) > 1:
+            if self.zero == 0:
+                raise OpgraphError(f"--replicate {self.replicate} contradicts --zero 0: "
+                                   "replicas hold sharded states (HSDP is --zero 3)")
+            at = FRAMEWORKS.get(self.framework)
+            if at is not None and not at.replicates_at & ({self.zero} if self.zero else
+                                                          {1, 2, 3}):
+                stages = ", ".join(f"--zero {z}" for z in sorted(at.replicates_at))
+                raise OpgraphError(f"--framework {self.framework} runs no replicated shards"
+                                   + (f" at --zero {self.zero} (only {stages})" if stages
+                                      else "") + "; leave out --replicate")
         # the framework's names and its combinations, checked as a layout checks them
         Parallel(**self.framework_settings())
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
