@@ -465,6 +465,20 @@ def test_a_small_good_case_takes_the_clis_defaults(tmp_path):
     assert "cluster" not in case.to_json() and load_cases(again) == [case]
 
 
+def test_a_case_runs_hsdp_replicas(tmp_path):
+    """`replicate` in a case's parallel block: written back only where there are replicas, and
+    checked as a layout checks it."""
+    (case,) = load_cases(_write(tmp_path, _with(
+        lambda c: c["parallel"].update(tp=1, zero=3, replicate=2))))
+    assert (case.parallel.dp_degree, case.parallel.replicate, case.parallel.size("dp")) == (4, 2, 2)
+    assert case.to_json()["parallel"]["replicate"] == 2
+    assert load_cases(_write(tmp_path, {"cases": [case.to_json()]})) == [case]
+    assert "replicate" not in load_cases(_write(tmp_path, {"cases": [GOOD]}))[0].to_json()[
+        "parallel"]
+    with pytest.raises(OpgraphError, match="--zero 1, 2 or 3"):
+        load_cases(_write(tmp_path, _with(lambda c: c["parallel"].update(tp=1, replicate=2))))
+
+
 def test_a_case_says_every_stages_layers(tmp_path):
     (case,) = load_cases(_write(tmp_path, _with(
         lambda c: c["parallel"].update(stage_layers=[3, 1]))))
