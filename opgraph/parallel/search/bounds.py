@@ -419,9 +419,14 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     is kept apart from the stages' (here the stack's count, not its share per stage, becomes
     `LAYERS`)."""
     fixed = {s: v for s, v in resolve(graph, values).items() if s not in DEGREES}
-    side = None
+    side = stack = None
     if layers is not None:
-        fixed[layer_stack(graph).count] = LAYERS
+        # the stack's count as `LAYERS`, through the one dimension it counts: L = LAYERS, or
+        # for Gemma 2's L / 2 pairs L = 2 LAYERS. (Replacing the count itself missed every
+        # formula sympy had multiplied out: L x FLOPs / 2 kept L, thirteen pairs' FLOPs for one.)
+        count = sympy.sympify(layer_stack(graph).count)
+        (stack,) = count.free_symbols  # `space._layers`: a count of one dimension
+        fixed[stack] = sympy.solve(sympy.Eq(count, LAYERS), stack)[0]
         side = ends(graph)
     low = lower(graph, cost)
     # a micro-batch's ops: not the optimizer's, nor the FP8 weight casts run once a step
@@ -441,7 +446,6 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     runs = [side[op.name] if side is not None else {FIRST_END} for op in ops]
     places = tuple(np.array([not c and place in where for where, c in zip(runs, collective)],
                             dtype=float) for place in (STACK, FIRST_END, LAST_END))
-    stack = layer_stack(graph).count if layers is not None else None
     formulas += (_held(graph, stack) + _moved(graph, stack, traits(r).regather_in_recompute,
                                               traits(r).buckets_grads,
                                               DTYPES[reduce_dtype(r)].itemsize)
@@ -456,8 +460,8 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
 
 
 def _held(graph: Graph, stack) -> list:
-    """The bytes a stage surely holds, as formulas: for the layer stack (the tensors counted by
-    its trip count `stack`, here one layer) and then for the ends, each resident part's
+    """The bytes a stage surely holds, as formulas: for the layer stack (the tensors whose
+    count holds `stack`, the dimension the stack's trip count counts, here one layer) and then for the ends, each resident part's
     tensors (`memory.resident_tensors`) whose copies the data-parallel group and the expert
     data-parallel group hold (`replicate.group_of`), and the saved activations
     (`memory.saved`: all live at the backward's first op), but the carried ones."""
