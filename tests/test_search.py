@@ -683,3 +683,16 @@ def test_memory_alone_is_the_structures_memory():
                                         searcher.layers, {}, searcher.program)
                   for role, i in _roles(layout.pp)}
         assert _memory_of(stages, group, searcher.layers).tolist() == full.tolist()
+
+
+def test_the_overlap_slowdown_adds_its_least_share_to_the_bound():
+    """`_slowed`: a step is at least max(bound, C + W) + s x max(0, T - W) over every wait W,
+    least at W = bound - C. Compute 1.8 s and a bound of 2.0 leave 0.2 s of waits; 1.0 s of
+    communication then hides at least 0.8 s, slowing compute by 10% of it; none where the
+    waits can cover it all, or with no slowdown."""
+    from opgraph.parallel.search.bounds import _slowed
+
+    bound, computed = np.array([2.0, 2.0, 1.0]), np.array([1.8, 1.8, 1.5])
+    communicated = np.array([1.0, 0.1, 0.5])
+    assert _slowed(bound, computed, communicated, 0.1) == pytest.approx([2.08, 2.0, 1.55])
+    assert (_slowed(bound, computed, communicated, 0.0) == bound).all()

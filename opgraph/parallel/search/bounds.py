@@ -442,10 +442,11 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
     formulas = ([o.count for o in lowered] + [o.flops for o in lowered]
                 + [o.bytes for o in lowered]
                 + [o.cost.message if c else 0 for o, c in zip(lowered, collective)])
-    # where each compute op runs; with no one stack, all on the one stage
+    # where each op runs; with no one stack, all on the one stage (a compute op's time and a
+    # collective's are apart: `_op_times` gives the collectives none)
     runs = [side[op.name] if side is not None else {FIRST_END} for op in ops]
-    places = tuple(np.array([not c and place in where for where, c in zip(runs, collective)],
-                            dtype=float) for place in (STACK, FIRST_END, LAST_END))
+    places = tuple(np.array([place in where for where in runs], dtype=float)
+                   for place in (STACK, FIRST_END, LAST_END))
     formulas += (_held(graph, stack) + _moved(graph, stack, traits(r).regather_in_recompute,
                                               traits(r).buckets_grads,
                                               DTYPES[reduce_dtype(r)].itemsize)
@@ -579,7 +580,12 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     parts = len(held) // 2
     times = _comm_times(f, nums, distinct, line, cost.copy_s(hardware))
     compute = _op_times(f, nums, hardware, cost)
+    comm = np.zeros_like(compute)
+    for k, t in times.items():
+        comm[k] = nums.counts[k] * t
     stack, first, last = (place @ compute for place in f.places)
+    busy = [part[spread] for part in (stack, first, last)]  # compute alone, for `_slowed`
+    sent = [(place @ comm)[spread] for place in f.places]
     stack = stack + _waited_time(f, nums, times, compute, distinct)
     stack, first, last = stack[spread], first[spread], last[spread]
     plain = {role: stack * cols.layers[role] for role in ROLES}
@@ -602,8 +608,17 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     most = np.max(np.stack(list(cols.layers.values())), axis=0)  # the fullest stage's layers
     memory = most * _held_bytes(held[:parts], cols) + np.where(
         p == 1, _held_bytes(held[parts:], cols), 0.0)
-    return (_step_bound(plain, plain, p, cols.m, cols.v, cols.chunked) * (1 - 1e-9),
-            memory * (1 - 1e-9))
+    # the first stage's compute and communication over the step, at least (no optimizer, no
+    # data-parallel reduction run once a step, no pipeline send), for the overlap slowdown
+    on_first = cols.layers[FIRST]
+    computed, communicated = (
+        cols.m * (stack_ * on_first + first_ + np.where(p == 1, last_, 0.0))
+        for stack_, first_, last_ in (busy, sent))
+    communicated = communicated + cols.m * (on_first * per_layer
+                                            + np.where(p == 1, ends_, 0.0)).sum(axis=0)
+    bound = _slowed(_step_bound(plain, plain, p, cols.m, cols.v, cols.chunked), computed,
+                    communicated, cost.slowdown(hardware))
+    return bound * (1 - 1e-9), memory * (1 - 1e-9)
 
 
 def _plans(f: _StageFormulas, layers: int, zero: int, values: dict, graph: Graph | None = None):
@@ -967,13 +982,34 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
         serial_last[role] = serial[role] + (compute + comm)[once].sum(axis=0)[spread]
         if role == FIRST:  # once-a-step collectives once, the others each micro-batch
             communicated = comm[once].sum(axis=0)[spread] + m * comm[~once].sum(axis=0)[spread]
-    bound = _step_bound(plain, last, p, m, v, cols.chunked)
+            computed = (m * compute[list(f.busy_rows)].sum(axis=0)[spread]
+                        + compute[list(f.optimizer_rows)].sum(axis=0)[spread])
+    bound = _slowed(_step_bound(plain, last, p, m, v, cols.chunked), computed, communicated,
+                    cost.slowdown(hardware))
     upper = (_step_upper(serial, serial_last, plain, p, m, v, cols.chunked)
              + cost.slowdown(hardware) * communicated)
     peaks = {role: _peak(f, numbers[role]).spread(spread) for role, f in s.stages.items()}
     held, fullest = _fullest(peaks, p, v, m)
     return _Group(s, group, numbers, peaks, held, bound * (1 - 1e-9), upper * (1 + 1e-9),
                   fullest, spread)
+
+
+def _slowed(bound: np.ndarray, computed: np.ndarray, communicated: np.ndarray,
+            slowdown: float) -> np.ndarray:
+    """A step bound with the overlap slowdown's least share added. The exact step
+    (`distributed._schedule`) is the first stage's span S plus `slowdown` x its hidden
+    communication H. S is at least `bound`, and at least its compute C plus every wait W the
+    compute stream made (each micro-batch's span is its ops' time and the waits charged to
+    its collectives); H, the collectives' time T less what was waited through, is at least
+    T - W, and at least 0. So the step is at least max(bound, C + W) + slowdown x max(0, T - W)
+    for some W >= 0, which is least at W = bound - C: the bound plus slowdown x max(0, T -
+    (bound - C)). `computed` is C over the step (m micro-batches' compute and the optimizer),
+    `communicated` T (once-a-step collectives once, the others m times, as
+    `distributed._transfers` counts them)."""
+    if not slowdown:
+        return bound
+    floor = np.maximum(bound, computed)
+    return floor + slowdown * np.maximum(0.0, communicated - (floor - computed))
 
 
 # What a structure's arrays read of a row besides its micro-batches and virtual stages
