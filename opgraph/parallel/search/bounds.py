@@ -462,10 +462,11 @@ def _compile_compute(graph: Graph, hardware: Hardware, cost: CostModel, values: 
 
 def _held(graph: Graph, stack) -> list:
     """The bytes a stage surely holds, as formulas: for the layer stack (the tensors whose
-    count holds `stack`, the dimension the stack's trip count counts, here one layer) and then for the ends, each resident part's
-    tensors (`memory.resident_tensors`) whose copies the data-parallel group and the expert
-    data-parallel group hold (`replicate.group_of`), and the saved activations
-    (`memory.saved`: all live at the backward's first op), but the carried ones."""
+    count holds `stack`, the dimension the stack's trip count counts, here one layer) and then
+    for the ends, each resident part's tensors (`memory.resident_tensors`) whose copies the
+    data-parallel group and the expert data-parallel group hold (`replicate.group_of`), and the
+    saved activations (`memory.saved`: all live at the backward's first op), but the carried
+    ones."""
     parts = resident_tensors(graph)
     # a tensor a stack carries from layer to layer is one buffer handed on, not a copy per
     # layer, and a stage sends its last one on: left out
