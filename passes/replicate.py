@@ -13,6 +13,9 @@ weight `w` with gradient `g` and `dp` ranks (Rajbhandari et al. 2020, ZeRO; PyTo
   it is made); only its 1/dp shard stays resident.
 - ZeRO-3 / FSDP: the weight itself is a 1/dp shard; every op that reads it (forward, and again
   backward, as FSDP reshards after the forward) reads a gathered copy, a transient buffer.
+- HSDP (the layout's `replicate` > 1): each of the replicas shards as above over its own ranks
+  (the group `dp`, `Parallel.size`), and the gradient reduced within it is all-reduced across
+  the replicas that hold the same shard (the group `dpr`), in the reduction's dtype.
 
 Shards split a tensor's first dimension (FSDP's dim-0 sharding). The group is every rank that
 holds the same weight: the data-parallel ranks and the context-parallel ones (they hold the same

@@ -355,12 +355,9 @@ def _replicas(space: Space, zero: int, ranks: int, t: int, e: int, node: int) ->
 
     if space.replicate is not None:
         return [space.replicate] if valid(space.replicate) else []
-    shard = node // t
-    out = [1]
-    if zero == 3 and shard >= 2 and ranks % shard == 0 and valid(ranks // shard) \
-            and ranks // shard >= 2:
-        out.append(ranks // shard)
-    return out
+    shard = node // t  # the ranks of one replica in a node
+    n = ranks // shard if shard >= 2 and ranks % shard == 0 else 1
+    return [1, n] if zero == 3 and n > 1 and valid(n) else [1]
 
 
 def _refused(space: Space, stages: int, zero: int) -> bool:
