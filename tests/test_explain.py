@@ -174,16 +174,18 @@ def test_the_compare_table(planned):
 
 def test_the_compare_json(cli, tmp_path):
     """One plan: named layouts, and a launch config of the same layout (Megatron-LM's
-    arguments, read as `profile --megatron-args` reads them) giving the same figures; a
-    torchtitan job of another model gives the reason."""
+    arguments, read as `profile --megatron-args` reads them: a Megatron-LM job) giving the
+    same figures where the plan follows Megatron-LM too; a torchtitan job of another model
+    gives the reason."""
     layout = Parallel(tp=2, dp=4, micro_batch=2, global_batch=32, zero=1)
     args = tmp_path / "args.txt"
     args.write_text(to_megatron(Launch(model="llama3.2-1b", seq_len=2048, parallel=layout)))
     job = tmp_path / "job.toml"
     job.write_text(to_torchtitan(Launch(model="llama3-8b", seq_len=2048,
                                         parallel=Parallel(gpus=8, global_batch=32, zero=3))))
-    code, out, _ = cli(*PLAN, "--top", "1", "--compare", "tp2,mb2,zero1;tp3",
-                       "--compare-config", str(args), "--compare-config", str(job), "--json")
+    code, out, _ = cli(*PLAN, "--framework", "megatron", "--top", "1", "--compare",
+                       "tp2,mb2,zero1;tp3", "--compare-config", str(args), "--compare-config",
+                       str(job), "--json")
     assert code == 0
     data = json.loads(out)
     assert len(data["layouts"]) == 1  # --top 1: the plan's own list keeps one

@@ -489,7 +489,8 @@ def test_a_torchtitan_job_file_predicts_as_its_flags(cli, tmp_path):
     code, out, err = cli("profile", "--torchtitan", str(path), "--gpus", "8", "--json")
     assert code == 0 and err == ""
     code, flags, _ = cli("profile", "--gpus", "8", "--zero", "3", "--micro-batch", "2",
-                         "--recompute", "selective-op", "--fuse", "elementwise", "--json")
+                         "--recompute", "selective-op", "--fuse", "elementwise",
+                         "--framework", "torchtitan", "--json")  # a torchtitan job runs as one
     _same_prediction(json.loads(out), json.loads(flags))
 
 
@@ -513,7 +514,7 @@ def test_megatron_arguments_predict_as_their_flags(cli, tmp_path):
     code, flags, err = cli("profile", "--config", str(config), "--gpus", "8", "--tp", "8",
                            "--micro-batch", "4", "--sequence-parallel", "--recompute",
                            "selective", "--fuse", "elementwise", "--hardware", "a100-sxm-80gb",
-                           "--no-overlap-grad-reduce", "--json")
+                           "--no-overlap-grad-reduce", "--framework", "megatron", "--json")
     assert code == 0, err
     _same_prediction(json.loads(out), json.loads(flags))
 

@@ -362,12 +362,13 @@ def test_plan_json(cli):
 @pytest.mark.parametrize("emit", ["torchtitan", "megatron"])
 def test_emitted_config_profiles_back_to_the_same_figures(cli, tmp_path, emit):
     """The best layout torchtitan (or Megatron-LM) can express, emitted, then read by
-    `profile --torchtitan` (`--megatron-args`): the plan's figures."""
+    `profile --torchtitan` (`--megatron-args`): the plan's figures, each layout ranked as the
+    framework it is written for runs it (`--emit X` plans as `--framework X`)."""
     argv = ("plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "32",
             "--seq-len", "4096", "--recompute", "full", "--precision", "bf16",
             "--zero", "3", "--cp", "1", "--max-pp", "2", "--max-micro-batch", "2",
             "--max-virtual-stages", "2")
-    code, out, _ = cli(*argv, "--top", "30", "--json")
+    code, out, _ = cli(*argv, "--framework", emit, "--top", "30", "--json")
     ranked = json.loads(out)["layouts"]
     code, text, _ = cli(*argv, "--top", "1", "--emit", emit)
     assert code == 0

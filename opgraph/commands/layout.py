@@ -113,10 +113,12 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rank", type=int, dest="trace_rank", action=_OldRank,
                    help=argparse.SUPPRESS)
     g.add_argument("--torchtitan", metavar="TRAIN_TOML",
-                   help="read the model, batch, degrees and options from a torchtitan job file")
+                   help="read the model, batch, degrees and options from a torchtitan job file "
+                        "(a torchtitan job: --framework torchtitan unless given)")
     g.add_argument("--megatron-args", metavar="ARGS|@FILE",
                    help="read them from Megatron-LM's command-line arguments, or "
-                        "Megatron-Bridge's run_recipe.py line (a quoted string, or @file)")
+                        "Megatron-Bridge's run_recipe.py line (a quoted string, or @file; a "
+                        "Megatron-LM job: --framework megatron unless given)")
 
 
 def given_layout(args) -> dict:

@@ -99,7 +99,8 @@ def register(subparsers) -> None:
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.add_argument("--emit", choices=EMITS,
                    help="print the best layout as a torchtitan job TOML or Megatron-LM "
-                        "arguments (the best that format can express) instead of the table")
+                        "arguments (the best that format can express, ranked as that framework "
+                        "runs it: --framework torchtitan or megatron) instead of the table")
     o.add_argument("--rank", action="store_true",
                    help="also say where the best layout under the constraints ranks among every "
                         "layout (the fixed degrees, ZeRO stage, micro-batch, virtual stages, "
@@ -174,6 +175,8 @@ def run(args) -> int:
                            "one out")
     if args.emit and len(sizes) > 1:
         raise OpgraphError("--emit writes one job's config: give one --gpus")
+    if args.emit:  # the layouts ranked as the framework they are written for runs them
+        args.framework = args.emit
     if args.rank and len(sizes) > 1:
         raise OpgraphError("--rank places one job's layout: give one --gpus")
     explained = [flag for flag, given in (("--compare", args.compare),

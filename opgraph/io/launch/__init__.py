@@ -19,11 +19,14 @@ and says so where it is the framework's default rather than what the file wrote.
 
 A Launch holds its layout resolved (`dp`, `gpus` and the global batch explicit; ZeRO stage 0 where
 the ranks that hold the same weights, dp x cp, are one, so sharding has nothing to shard over),
-so two Launches of one job
-compare equal however they were written. `source` and `unknown` say where a Launch came from, not
-what it is, and take no part in equality: `read_torchtitan(f)` of the file `to_torchtitan(l)`
-wrote equals `l`, and so does `read_megatron(to_megatron(l))` (Megatron's arguments do not carry
-the world size, so the writer puts torchrun's line for it in front: `record.launcher`).
+and a config is its framework's job: a reader sets the layout's `framework` ("torchtitan", or
+"megatron" for Megatron-LM's arguments and Megatron-Bridge's line), and a writer refuses a
+layout that follows another (`record.own_framework`). So two Launches of one job compare equal
+however they were written. `source` and `unknown` say where a Launch came from, not what it is,
+and take no part in equality: `read_torchtitan(f)` of the file `to_torchtitan(l)` wrote equals
+`l` (its framework torchtitan), and so does `read_megatron(to_megatron(l))` (Megatron's
+arguments do not carry the world size, so the writer puts torchrun's line for it in front:
+`record.launcher`).
 
 The package: `record.py` holds the `Launch` the formats read into and write from, and what
 their readers share; `torchtitan.py` and `megatron.py` each one framework's reader and writer,

@@ -33,7 +33,7 @@ from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel
 from .record import (MEGATRON_SHARDING, Launch, _whole_text, data_parallel, launcher,
-                     megatron_recompute)
+                     megatron_recompute, own_framework)
 
 BRIDGE_SOURCE = "megatron-bridge recipe"
 BRIDGE_SCRIPT = "scripts/training/run_recipe.py"
@@ -159,7 +159,8 @@ def read_bridge(tokens: list[str], gpus: int | None) -> Launch:
         # what opgraph calls the parameter gather's overlap is the distributed optimizer's
         # (ZeRO 1-2); Megatron FSDP's ZeRO-3 prefetch is modelled with ZeRO-3 itself
         overlap_param_gather=_switch(s, "ddp.overlap_param_gather") and zero in (1, 2),
-        grad_reduce_dtype=None if _switch(s, "ddp.grad_reduce_in_fp32") else "bf16")
+        grad_reduce_dtype=None if _switch(s, "ddp.grad_reduce_in_fp32") else "bf16",
+        framework="megatron")
     precision = _PRECISIONS.get(s["mixed_precision"])
     if precision is None:
         raise OpgraphError(f"Megatron-Bridge mixed_precision={s['mixed_precision']}: opgraph "
@@ -312,6 +313,7 @@ def to_bridge(launch: Launch) -> str:
         raise OpgraphError(f"Megatron-Bridge recipes opgraph writes: "
                            f"{', '.join(BRIDGE_PRESETS)}; {launch.model!r} is not one")
     p = launch.parallel
+    own_framework(p, "megatron")
     refusals = ((p.cp > 1 and not recipe.context_parallel,
                  f"{recipe.name} runs its own attention, without context parallelism"),
                 (p.stage_layers is not None or p.first_stage_layers is not None

@@ -19,7 +19,7 @@ from ...parallel.parallel import Parallel, chunk_layers
 from .bridge import BRIDGE_PRESETS, is_bridge, read_bridge, to_bridge
 from .record import (MEGATRON_SHARDING, PRESET_CONFIGS, Config, Launch, _config, _not_real,
                      _real_names, _whole_text, data_parallel, launcher,
-                     megatron_recompute)
+                     megatron_recompute, own_framework)
 
 MEGATRON_SOURCE = "megatron arguments"
 MEGATRON_MODEL = "megatron-model"  # the name of a model read from Megatron's dimensions
@@ -451,7 +451,7 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
         overlap_grad_reduce=flags.switch("--overlap-grad-reduce"),
         overlap_param_gather=flags.switch("--overlap-param-gather"),
         grad_reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else None,
-        attention_library=_mg_attention(flags), **split)
+        attention_library=_mg_attention(flags), framework="megatron", **split)
 
 
 # Megatron-LM's --pipeline-model-parallel-layout (megatron/core/transformer/
@@ -625,6 +625,7 @@ def to_megatron(launch: Launch) -> str:
         return to_bridge(launch)
     config = _config(launch.model, "Megatron")
     p = launch.parallel
+    own_framework(p, "megatron")
     seq = launch.seq_len or config.seq_len or config.positions
     args: list[str] = ["--num-layers", str(config.layers), "--hidden-size", str(config.d_model),
                        "--num-attention-heads", str(config.heads)]

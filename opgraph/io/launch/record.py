@@ -104,6 +104,16 @@ def _resolved(layout: Parallel) -> Parallel:
                         zero=layout.zero if layout.size("dp") > 1 else 0)
 
 
+def own_framework(layout: Parallel, framework: str) -> None:
+    """A launch written as `framework`'s config runs `framework`'s behaviour (its reader sets
+    the layout's framework so): one that follows another framework is a one-line error,
+    rather than a file that profiles back to other figures."""
+    if layout.framework not in (None, framework):
+        raise OpgraphError(f"the layout follows --framework {layout.framework}; a {framework} "
+                           f"config runs {framework}'s: plan or profile it with --framework "
+                           f"{framework}")
+
+
 def _one_of(choices: tuple):
     def check(launch, attribute, value) -> None:
         if value not in choices:

@@ -12,7 +12,7 @@ from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel
-from .record import PRESET_CONFIGS, Config, Launch, _not_real, _real_names
+from .record import PRESET_CONFIGS, Config, Launch, _not_real, _real_names, own_framework
 
 # Key names as torchtitan spells them. The 2025 layout: pytorch/torchtitan
 # torchtitan/config/job_config.py and torchtitan/models/llama3/train_configs/llama3_8b.toml, as of
@@ -382,7 +382,7 @@ def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
         virtual_stages=_tt_virtual_stages(keys, model, pp, unknown),
         sequence_parallel=tp > 1, zero=zero, replicate=replicate,
         async_tp=_tt_flag(keys, "parallelism.enable_async_tensor_parallel"),
-        grad_reduce_dtype="bf16" if reduce == "bfloat16" else None)
+        grad_reduce_dtype="bf16" if reduce == "bfloat16" else None, framework="torchtitan")
     return Launch(model=model, seq_len=_tt_whole(keys, "training.seq_len", 2048),
                   parallel=layout, recompute=_tt_recompute(keys),
                   precision=_tt_precision(keys, unknown),
@@ -435,6 +435,7 @@ def to_torchtitan(launch: Launch) -> str:
                            f"{', '.join(by_preset)}")
     name, flavor = by_preset[launch.model]
     p = launch.parallel
+    own_framework(p, "torchtitan")
     if p.size("dp") > 1 and p.zero not in (0, 3):
         raise OpgraphError(f"torchtitan has no ZeRO stage {p.zero}: it runs FSDP (zero 3) or "
                            "DDP (zero 0)")
