@@ -204,6 +204,21 @@ def test_the_compare_json(cli, tmp_path):
                                "same job")
 
 
+def test_a_config_of_another_framework_than_the_plans_is_noted(cli, tmp_path):
+    """A launch config is its framework's job: beside a plan that follows another framework,
+    the comparison says so on stderr, and not where the plan follows the config's."""
+    args = tmp_path / "args.txt"
+    args.write_text(to_megatron(Launch(model="llama3.2-1b", seq_len=2048,
+                                       parallel=Parallel(tp=2, dp=4, micro_batch=2,
+                                                         global_batch=32, zero=1))))
+    code, _, err = cli(*PLAN, "--top", "1", "--compare-config", str(args))
+    assert code == 0
+    assert f"{args} runs megatron's behaviour, the plan's layouts the generic model's" in err
+    code, _, err = cli(*PLAN, "--framework", "megatron", "--top", "1", "--compare-config",
+                       str(args))
+    assert code == 0 and "behaviour" not in err
+
+
 def _no_search(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the search ran")

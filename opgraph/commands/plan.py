@@ -383,6 +383,11 @@ def _named(args, space, model: str, seq: int) -> list:
         layout, notes = from_config(path, space, model, seq)
         for note in notes:
             print(f"opgraph: warning: {note} is not modelled; ignored", file=sys.stderr)
+        runs = dict(layout.fields).get("framework")
+        if runs != space.framework:  # a config is its framework's job (`opgraph.io.launch`)
+            print(f"opgraph: note: {path} runs {runs}'s behaviour, the plan's layouts "
+                  f"{space.framework or 'the generic model'}'s; give --framework {runs} to "
+                  "rank them as it runs them", file=sys.stderr)
         out.append(layout)
     return out
 
