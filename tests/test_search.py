@@ -159,6 +159,11 @@ def test_branch_and_bound_returns_the_fastest():
     ("deepseek-v2-lite", 4096, {"gpus": 8, "batch": 16}),  # the dense layer on stage 0
     # Gemma 2's stack counts L / 2 pairs of layers: one trip is one pair's FLOPs, not 13's
     ("gemma2-2b", 4096, {"gpus": 16, "batch": 32, "pp": 2, "precision": ("bf16",)}),
+    # Megatron's FP8 weight casts, cached a step, are weights the stage holds, not saved
+    # activations a second time
+    ("llama3.2-1b", 4096, {"gpus": 48, "batch": 96, "framework": "megatron", "tp": 2, "pp": 1,
+                           "cp": 4, "zero": 0, "recompute": ("selective",),
+                           "sequence_parallel": True, "precision": ("fp8",)}),
     # FP8 saves the residual stream the layers carry (31, 32, 32, 31): the most layers hold
     # one buffer of it, not a copy each
     ("llama3.1-405b", 8192, {"gpus": 1024, "batch": 256, "tp": 2, "cp": 1, "pp": 4, "zero": 1,

@@ -473,7 +473,11 @@ def _held(graph: Graph, stack) -> list:
     carried = {n for r in graph.regions() for pair in r.carries for n in pair}
     chosen = [[t for t in parts[name] if replicate_group(t) == group]
               for name in RESIDENT for group in ("dp", "edp")]
-    chosen.append([t for t in saved(graph) if t.name not in carried])
+    # nor the FP8 casts of weights cast once a step (`passes.cache_fp8_weights`), which the
+    # stage's liveness does not count among the saved activations
+    chosen.append([t for t in saved(graph) if t.name not in carried
+                   and not (graph.producer(t.name) is not None
+                            and graph.producer(t.name).param("cached"))])
     out = []
     for in_stack in (True, False):
         for tensors in chosen:
