@@ -69,8 +69,8 @@ def after_compile(model: str, gpus: int, batch: int) -> None:
         searcher.evaluate(group)
     arrays = time.perf_counter() - start
     print(f"(b) the arrays alone: {len(found):,} layouts' compute bounds in {bounds:.2f} s = "
-          f"{len(found) / bounds:,.0f} layouts/s (target 1,000,000); their memory and bounds from all "
-          f"{len(groups)} structures (the rest compiled in {compiled:.1f} s first) in "
+          f"{len(found) / bounds:,.0f} layouts/s (target 1,000,000); their memory and bounds "
+          f"from all {len(groups)} structures (the rest compiled in {compiled:.1f} s first) in "
           f"{arrays:.2f} s = {len(found) / arrays:,.0f} layouts/s")
 
 

@@ -366,7 +366,8 @@ READERS: dict[str, Callable] = {
     # parallel
     "tp": _whole, "pp": _whole, "cp": _whole, "ep": _whole, "dp": _whole,
     "micro_batch": _whole, "global_batch": _whole, "virtual_stages": _whole,
-    "zero": _zero, "replicate": _whole, "sequence_parallel": _flag, "async_tp": _flag, "overlap_grad_reduce": _flag,
+    "zero": _zero, "replicate": _whole, "sequence_parallel": _flag, "async_tp": _flag,
+    "overlap_grad_reduce": _flag,
     "overlap_param_gather": _flag,
     "first_stage_layers": _whole, "last_stage_layers": _whole, "stage_layers": _layer_list,
     "framework": _choice(lambda: FRAMEWORKS, "a framework"),

@@ -170,7 +170,8 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     (--nproc-per-node x --nnodes) at the head of the text; the pipeline split from
     --decoder-first/last-pipeline-num-layers or --pipeline-model-parallel-layout (`_mg_split`).
     --use-distributed-optimizer is ZeRO 1, with --num-distributed-optimizer-instances its
-    replicas (`Parallel.replicate`); Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by --data-parallel-sharding-strategy;
+    replicas (`Parallel.replicate`); Megatron FSDP (--use-megatron-fsdp) ZeRO 0-3 by
+    --data-parallel-sharding-strategy;
     --tp-comm-overlap async tensor parallelism; --overlap-grad-reduce the gradient reduction
     under the backward (without it, Megatron's default, after it); --grad-reduce-in-bf16 the
     reduction in BF16 (the layout's `grad_reduce_dtype`; without it FP32); --attention-backend
