@@ -270,28 +270,10 @@ class Parallel(LayoutFields):
                                "of layers per stage (no interleaving); give --virtual-stages 1")
 
     def _check_replicas(self) -> None:
-        """HSDP's constraints (see the class): whole shard groups of two ranks or more, a
-        sharded part to replicate, no experts, a framework that runs replicas at this stage."""
-        from .frameworks import FRAMEWORKS  # frameworks reads this module
-
-        ranks = self.dp_degree * self.cp
-        if ranks % self.replicate or ranks // self.replicate < 2:
-            raise OpgraphError(f"--replicate {self.replicate} must divide dp x cp = {ranks} "
-                               "into shard groups of 2 ranks or more (with shard groups of "
-                               "one, give --zero 0: plain data parallelism)")
-        if self.zero == 0:
-            raise OpgraphError(f"--replicate {self.replicate} replicates sharded states: give "
-                               "--zero 1, 2 or 3 (HSDP is --zero 3)")
-        if self.ep > 1:
-            raise OpgraphError(f"--replicate {self.replicate} with --ep {self.ep}: opgraph does "
-                               "not model replicated expert shards; leave one out")
-        traits = FRAMEWORKS.get(self.framework)
-        if traits is not None and self.zero not in traits.replicates_at:
-            stages = ", ".join(f"ZeRO-{z}" for z in sorted(traits.replicates_at))
-            raise OpgraphError(
-                f"--framework {self.framework} runs no replicated shards at ZeRO-{self.zero}"
-                + (f" (only at {stages})" if stages else "") + "; leave out --replicate"
-                + (f" or give --zero {min(traits.replicates_at)}" if stages else ""))
+        problem = replicas_problem(self.replicate, self.dp_degree * self.cp, self.zero,
+                                   self.ep, self.framework)
+        if problem is not None:
+            raise OpgraphError(problem)
 
     def to_json(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
@@ -307,6 +289,36 @@ class Parallel(LayoutFields):
                 "overlap_param_gather": self.overlap_param_gather,
                 "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype,
                 "attention_library": self.attention_library}
+
+
+def replicas_problem(replicate: int, ranks: int, zero: int, ep: int,
+                     framework: str | None) -> str | None:
+    """Why HSDP's `replicate` replicas of `ranks` = dp x cp ranks cannot run at ZeRO stage
+    `zero` with expert degree `ep` under `framework`, in one line; None where they can (and
+    for one replica): whole shard groups of two ranks or more, a sharded part to replicate,
+    no experts, a framework that runs replicas at this stage (`Traits.replicates_at`). The
+    layout checks it, and the planner enumerates only the counts it allows."""
+    from .frameworks import FRAMEWORKS  # frameworks reads this module
+
+    if replicate == 1:
+        return None
+    if ranks % replicate or ranks // replicate < 2:
+        return (f"--replicate {replicate} must divide dp x cp = {ranks} into shard groups of 2 "
+                "ranks or more (with shard groups of one, give --zero 0: plain data "
+                "parallelism)")
+    if zero == 0:
+        return (f"--replicate {replicate} replicates sharded states: give --zero 1, 2 or 3 "
+                "(HSDP is --zero 3)")
+    if ep > 1:
+        return (f"--replicate {replicate} with --ep {ep}: opgraph does not model replicated "
+                "expert shards; leave one out")
+    traits = FRAMEWORKS.get(framework)
+    if traits is not None and zero not in traits.replicates_at:
+        stages = ", ".join(f"ZeRO-{z}" for z in sorted(traits.replicates_at))
+        return (f"--framework {framework} runs no replicated shards at ZeRO-{zero}"
+                + (f" (only at {stages})" if stages else "") + "; leave out --replicate"
+                + (f" or give --zero {min(traits.replicates_at)}" if stages else ""))
+    return None
 
 
 # Every field of a layout, in `Parallel`'s order (the planner's rows hold the same).

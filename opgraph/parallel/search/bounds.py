@@ -248,6 +248,15 @@ def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line,
     return out
 
 
+def _comm_totals(times: dict, nums: _Numbers, like: np.ndarray) -> np.ndarray:
+    """Each collective's time over all its instances (a row per op, 0 for the compute ops,
+    shaped `like` the compute times), from `_comm_times`' seconds per instance."""
+    comm = np.zeros_like(like)
+    for k, t in times.items():
+        comm[k] = nums.counts[k] * t
+    return comm
+
+
 def _over_rows(rows_: list, line):
     """`line` over the rows: `lines(kind, group)` gives each algorithm's intercept and slope
     (a row each) over the rows (a column each), each distinct layout's read once."""
@@ -276,6 +285,7 @@ def _comm_line(cost: CostModel, cluster, hardware: Hardware):
     @functools.cache
     def layout(degrees: tuple) -> Parallel:
         t, c, e, p, d, n = degrees
+        # the groups' sizes and strides alone: replicas need some ZeRO stage to be a layout
         return Parallel(tp=t, cp=c, ep=e, pp=p, dp=d, replicate=n, zero=1 if n > 1 else 0)
 
     def line(kind: str, group: str, degrees: tuple) -> tuple[tuple[float, float], ...]:
@@ -585,9 +595,7 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     parts = len(held) // 2
     times = _comm_times(f, nums, distinct, line, cost.copy_s(hardware))
     compute = _op_times(f, nums, hardware, cost)
-    comm = np.zeros_like(compute)
-    for k, t in times.items():
-        comm[k] = nums.counts[k] * t
+    comm = _comm_totals(times, nums, compute)
     stack, first, last = (place @ compute for place in f.places)
     busy = [part[spread] for part in (stack, first, last)]  # compute alone, for `_slowed`
     sent = [(place @ comm)[spread] for place in f.places]
@@ -962,9 +970,7 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
         nums = numbers[role] = _numbers(f, d.env | {LAYERS: cols.layers[role][d.firsts]}, n)
         times = _comm_times(f, nums, distinct, line, cost.copy_s(hardware))
         compute = _op_times(f, nums, hardware, cost)
-        comm = np.zeros_like(compute)
-        for k, t in times.items():
-            comm[k] = nums.counts[k] * t
+        comm = _comm_totals(times, nums, compute)
         busy = compute[list(f.busy_rows)].sum(axis=0) + _waited_time(f, nums, times, compute,
                                                                      distinct)
         # a micro-batch takes at least its compute and surely-waited communication, and at

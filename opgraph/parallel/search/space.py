@@ -22,7 +22,8 @@ from ...passes.split_stages import layer_stack, layers_before
 from .. import cluster as clusters
 from ..distributed import ParallelResult, check_layout, uneven_ends
 from ..frameworks import FRAMEWORKS, end_split, own_split
-from ..parallel import FRAMEWORK_FIELDS, LAYOUT_FIELDS, ZERO_STAGES, LayoutFields, Parallel
+from ..parallel import (FRAMEWORK_FIELDS, LAYOUT_FIELDS, ZERO_STAGES, LayoutFields, Parallel,
+                        replicas_problem)
 
 # Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
 # attention on shorter blocks is latency-bound); --max-cp lifts it.
@@ -345,13 +346,11 @@ ZERO, REPLICAS_AT, RECOMPUTE_AT, PRECISION_AT = (
 def _replicas(space: Space, zero: int, ranks: int, t: int, e: int, node: int) -> list[int]:
     """HSDP's replica counts tried at ZeRO stage `zero` over `ranks` = dp x cp ranks that hold
     the same weights, at tensor-parallel degree `t` and expert degree `e` (as `Parallel`
-    checks them: shard groups of 2 ranks or more, a framework that replicates at `zero`, no
-    experts). The space's count where it names one; else none (1), and at ZeRO-3 also the
+    checks them: `parallel.replicas_problem`). The space's count where it names one; else none (1), and at ZeRO-3 also the
     replicas whose shard groups each fill one node (torchtitan's HSDP: FSDP inside a node,
     replicas across nodes), where there are two or more."""
     def valid(n: int) -> bool:
-        return n == 1 or (ranks % n == 0 and ranks // n >= 2 and zero >= 1 and e == 1
-                          and zero in FRAMEWORKS[space.framework].replicates_at)
+        return replicas_problem(n, ranks, zero, e, space.framework) is None
 
     if space.replicate is not None:
         return [space.replicate] if valid(space.replicate) else []
