@@ -149,8 +149,13 @@ def test_a_layout_that_does_not_fit_gives_its_memory(planned):
     r = row.result
     assert r.memory.capacity == 30e9 < r.memory.total
     assert r.memory.weights + r.memory.gradients + r.memory.optimizer > 20e9
-    assert row.reason.endswith(f"does not fit: {r.memory.total / 1e9:,.1f} GB per GPU (pipeline "
-                               "stage 0) of 30.0 GB")
+    assert row.reason == (f"does not fit: {r.memory.total / 1e9:,.1f} GB per GPU (pipeline "
+                          "stage 0) of 30.0 GB")
+    # the table still shows its figures, the headroom negative, and the reason beneath
+    figures, why = format_compare([row]).splitlines()[2:]
+    assert f"{r.step_time_s:.3f}" in figures
+    assert figures.split()[-2:] == ["-" + f"{(r.memory.total - 30e9) / 1e9:.1f}", "GB"]
+    assert why.strip() == row.reason
 
 
 # the CLI's plans: a small space (no pipeline or context parallelism), searched in a second

@@ -515,10 +515,12 @@ def test_megatron_casts_each_weight_to_fp8_once_a_step():
     # resident: 8 layers' copies, and each cast's FP32 amax (7 a layer)
     assert generic.memory_stage == megatron.memory_stage == 0
     assert megatron.memory.weights - generic.memory.weights == 8 * (layer + 7 * 4)
-    # kept per micro-batch in flight (2 on stage 0): at the peak, the SwiGLU's backward, the
-    # layer being run backward has used its down projection's copy (D F) already
+    # kept per micro-batch in flight (2 on stage 0): the waiting one keeps every layer's; at
+    # the peak, the SwiGLU's backward, the layer being run backward has used its down
+    # projection's copy (D F) already
     assert generic.in_flight == 2
-    assert generic.memory.activations - megatron.memory.activations == 2 * (8 * layer - d * ffn)
+    assert generic.memory.activations - megatron.memory.activations == 8 * layer + (
+        8 * layer - d * ffn)
     counts = {r.name: r.count for r in run("megatron").ops}
     assert counts["fp8.layers.q_proj.weight.cast"] == 8  # once a step for each of 8 layers
     assert {r.name: r.count for r in run(None).ops}["fp8.layers.q_proj.weight.cast"] == 64

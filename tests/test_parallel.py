@@ -20,7 +20,7 @@ from opgraph.cost.costmodel import DEFAULT, message_bytes
 from opgraph.parallel.distributed import chunk_times, compile_parallel, in_flight, profile_parallel
 from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Phase, Role
-from opgraph.cost.memory import figures, peak
+from opgraph.cost.memory import figures, footprint, peak
 from opgraph.core.symbols import cp, ep, tp
 from opgraph.parallel.parallel import Parallel, chunk_layers, stage_layers
 from opgraph.parallel.schedule import interleaved_span, pipeline_span
@@ -370,10 +370,19 @@ def test_uneven_interleaved_profiles_with_the_simulated_span():
 
 
 def test_in_flight_micro_batches():
-    """1F1B: min(p, m) on the first stage; interleaved, p (1 + (p - 1) / (p v))."""
+    """1F1B: min(p, m) on the first stage; interleaved, p (1 + (p - 1) / (p v)) (Korthikanti et
+    al. 2022, section 4.2.3). A later stage of the interleaved schedule warms up with
+    2 (p - i - 1) + (v - 1) p chunks of 1 / v of the stage, Megatron-LM's
+    `get_pp_rank_microbatches`, and runs one more forward before its first backward: the last
+    of 4 stages in 2 chunks holds (0 + 4 + 1) / 2 micro-batches, where 1F1B's last holds one."""
     assert in_flight(Parallel(pp=4, global_batch=16)) == 4
     assert in_flight(Parallel(pp=4, global_batch=2)) == 2
     assert in_flight(Parallel(pp=4, virtual_stages=2, global_batch=16)) == 4 * (1 + 3 / 8)
+    interleaved = Parallel(pp=4, virtual_stages=2, global_batch=16)
+    assert [in_flight(interleaved, i) for i in range(4)] == [11 / 2, 9 / 2, 7 / 2, 5 / 2]
+    assert in_flight(Parallel(pp=4, global_batch=16), 3) == 1
+    # at most every micro-batch: 4 of them, in 2 chunks each
+    assert in_flight(Parallel(pp=4, virtual_stages=2, global_batch=4)) == 4
 
 
 # --- layouts that do not fit --------------------------------------------------------------------
@@ -627,6 +636,26 @@ def test_memory_per_gpu_is_the_fullest_stages():
     r = profile_parallel(preset("llama3-8b"), H100, Parallel(pp=4, global_batch=16)).parallel
     assert r.memory_stage == 0  # four micro-batches in flight outweigh the head's weights
     assert r.in_flight == 4
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_a_stage_holds_its_waiting_micro_batches_saved_activations_whole(policy):
+    """While stage 0 of four runs one micro-batch's backward, the three others it holds have run
+    their forward and not begun their backward: each holds every activation it saved
+    (`memory.saved`: under full recomputation the layers' inputs alone), not the share live at
+    the running one's peak, where its backward has freed some and made others."""
+    from opgraph.parallel.distributed import prepare
+
+    layout = Parallel(pp=4, global_batch=16)
+    job = prepare(preset("llama3-8b"), H100, layout, recompute=policy)
+    stage = job.stages[0]
+    subs = resolve(stage.graph, {"B": 1})
+    one = figures(peak(stage.graph, subs), subs, None)
+    whole = int(footprint(stage.graph).activations.xreplace(subs))
+    assert stage.memory.resting == whole
+    assert stage.memory.activations == int(one.activations + 3 * whole)
+    if policy == "none":  # the running one's backward has freed some at its peak
+        assert one.activations < whole
 
 
 # --- overlap ------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ later stage's longer tail and the overlap slowdown, which add up to the step) an
 GPU beside the part's capacity. A named layout is profiled as `opgraph profile` profiles it
 (`distributed.profile_parallel`); the search's layouts carry the same figures (relative 1e-9,
 tests/test_search.py). A named layout that is no layout of the job (its degrees do not divide
-the GPUs or the model, its batch is another) or that does not fit is a row with its reason.
+the GPUs or the model, its batch is another) is a row with its reason; one that does not fit
+has its figures and the reason.
 
 **How sure** (`sensitivity`): the top K layouts scheduled again with the calibrated cost model
 moved by its error (`validate.LEFT_OUT_ERROR`): the kernels' efficiencies (matmul, attention)
@@ -163,8 +164,8 @@ def _profiled(searcher: Searcher, n: Named) -> Compared:
     text = layout_text(layout, n.recompute, n.precision)
     reason = None
     if r.memory.fits is False:
-        reason = (f"{text}: does not fit: {r.memory.total / 1e9:,.1f} GB per GPU (pipeline "
-                  f"stage {r.memory_stage}) of {r.memory.capacity / 1e9:,.1f} GB")
+        reason = (f"does not fit: {r.memory.total / 1e9:,.1f} GB per GPU (pipeline stage "
+                  f"{r.memory_stage}) of {r.memory.capacity / 1e9:,.1f} GB")
     return Compared(n.label, text, Candidate(layout, n.recompute, n.precision), r, reason,
                     source)
 

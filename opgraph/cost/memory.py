@@ -142,6 +142,10 @@ class Moment:
     optimizer: sympy.Expr
     activations: sympy.Expr
     transient: sympy.Expr
+    # not part of the peak: the saved activations one micro-batch holds from the end of its
+    # forward to the start of its backward (`Liveness.resting`), what each further micro-batch
+    # a pipeline stage holds in flight adds to it (`distributed.in_flight`)
+    resting: sympy.Expr = sympy.Integer(0)
 
     @property
     def total(self) -> sympy.Expr:
@@ -251,6 +255,23 @@ class Liveness:
         return Moment(op.name, op.phase.value, **self.resident,
                       **{k: sympy.Add(*v) for k, v in parts.items()})
 
+    @property
+    def backward_start(self) -> int | None:
+        """The position of the backward's first kernel (or re-run op): where a micro-batch
+        holds every activation it saved and nothing its backward made (None where there is no
+        backward). Collectives are passed over: a gather the backward issues early, a stage's
+        receive of its gradient, a send of the forward's output run apart from it."""
+        return next((i for i, op in enumerate(self.ops)
+                     if op.phase in (Phase.BACKWARD, Phase.RECOMPUTE)
+                     and op.kind not in rules.COLLECTIVE_KINDS), None)
+
+    def resting(self) -> sympy.Expr:
+        """The saved activations live at the backward's start (`backward_start`): what one
+        micro-batch holds from its forward to its backward, as a pipeline stage holds each of
+        the micro-batches in flight that it is not running."""
+        at = self.backward_start
+        return sympy.Integer(0) if at is None else self.moment(at).activations
+
     def totals(self, subs: dict) -> list[float]:
         """Each op's live bytes at the dimension values `subs` (symbols to numbers): `moment`'s
         total, counted in floats (the same `copies`) to find the peak fast."""
@@ -358,7 +379,8 @@ def peak(graph: Graph, subs: dict) -> Moment:
         return Moment("", "", fp.weights, fp.gradients, fp.optimizer, sympy.Integer(0),
                       sympy.Integer(0))
     totals = live.totals(subs)
-    return live.moment(max(range(len(totals)), key=totals.__getitem__))
+    return attrs.evolve(live.moment(max(range(len(totals)), key=totals.__getitem__)),
+                        resting=live.resting())
 
 
 @attrs.frozen
@@ -375,6 +397,7 @@ class Memory:
     activations: int
     transient: int
     capacity: int | None = None
+    resting: int = 0  # `Moment.resting`, evaluated: not part of the peak
 
     @property
     def total(self) -> int:
@@ -397,4 +420,5 @@ def figures(moment: Moment, subs: dict, capacity: float | None) -> Memory:
     return Memory(moment.op, moment.phase,
                   **{name: int(sympy.sympify(expr).xreplace(subs))
                      for name, expr in moment.parts().items()},
-                  capacity=int(capacity) if capacity else None)
+                  capacity=int(capacity) if capacity else None,
+                  resting=int(sympy.sympify(moment.resting).xreplace(subs)))

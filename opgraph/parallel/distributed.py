@@ -21,9 +21,11 @@ optimizer step; `Profile.parallel` holds the job's figures. `profile_parallel` i
 (`opgraph.analysis.fit`) calls many times without compiling again.
 
 Memory per GPU is the largest over the stages (`memory_stage` says which) of each stage's
-liveness peak for one micro-batch, with its activations times the micro-batches it holds at
-once: 1F1B's stage i keeps up to `p - i` in flight, the interleaved schedule `(p - i) (1 + (p -
-1) / (p v))` (Korthikanti et al. 2022, section 4.2.3, for the first stage).
+liveness peak for one micro-batch, plus, for each further micro-batch it holds at once, the
+activations a micro-batch saves for its backward (all of them, live from its forward's end to
+its backward's start): 1F1B's stage i keeps up to `p - i` in flight, the interleaved schedule
+`(2 (p - i - 1) + (v - 1) p + 1) / v` (Megatron-LM's warm-up; for the first stage Korthikanti
+et al. 2022, section 4.2.3, `p (1 + (p - 1) / (p v))`), at most every micro-batch.
 
 MFU follows the plate's convention per GPU: 6 N tokens per step / (step time x peak x GPUs),
 N the whole model's (not a shard's) MFU parameters. HFU is the first stage's FLOPs over one
@@ -254,9 +256,17 @@ def in_flight(layout: Parallel, stage: int = 0) -> float:
 
 def held_micro_batches(p, v, m, stage, minimum=min, where=lambda c, a, b: a if c else b):
     """`in_flight` of `p` stages of `v` virtual stages running `m` micro-batches: numbers, or
-    numpy arrays with `np.minimum` and `np.where` (the planner's rows)."""
-    held = minimum(p - stage, m)
-    return where(p == 1, 1.0, where(v > 1, held * (1 + (p - 1) / (p * v)), held))
+    numpy arrays with `np.minimum` and `np.where` (the planner's rows).
+
+    A stage runs its warm-up forwards, then one more before its first backward (Megatron-LM's
+    `max_outstanding_backprops`, `megatron/core/pipeline_parallel/schedules.py`): 1F1B's
+    stage i warms up with p - i - 1; the interleaved schedule's with 2 (p - i - 1) + (v - 1) p
+    model chunks of 1 / v of the stage (`get_pp_rank_microbatches`, its group of p micro-batches
+    a chunk), at most all m v. Stage 0's is Korthikanti et al.'s p (1 + (p - 1) / (p v)); a
+    later stage holds nearly as many, where 1F1B's last holds one."""
+    plain = minimum(p - stage, m)
+    chunks = minimum(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / where(v > 1, v, 1)
+    return where(p == 1, 1.0, where(v > 1, chunks, plain))
 
 
 @attrs.frozen
@@ -615,9 +625,11 @@ def _transfers(first: _Timed, job: Job, m: int, waited: dict):
 
 
 def _memory(one: Memory, layout: Parallel, stage: int) -> Memory:
-    """A stage's peak for one micro-batch (`one`, the liveness's) with its saved activations
-    times the micro-batches it holds at once."""
-    return attrs.evolve(one, activations=int(one.activations * in_flight(layout, stage)))
+    """A stage's peak: one micro-batch's (`one`, the liveness's) and, for each further
+    micro-batch it holds at once, what a micro-batch holds between its forward and its
+    backward (`Memory.resting`): the others wait whole while the peak's runs."""
+    return attrs.evolve(one, activations=int(
+        one.activations + (in_flight(layout, stage) - 1) * one.resting))
 
 
 def _timeline(first: _Timed, m: int, bubble: float) -> tuple[Event, ...]:

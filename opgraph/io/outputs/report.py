@@ -233,13 +233,13 @@ def format_compare(rows) -> str:
     """`opgraph plan --compare`'s table (`explain.compare`): each layout's step split as the
     schedule runs rank 0 (`ParallelResult.parts`), seconds that add up to the step, and its
     memory per GPU beside the headroom to the part's capacity; a layout without figures gives
-    its reason."""
+    its reason, and one that does not fit its figures (a negative headroom) and the reason."""
     from ...parallel.schedule import GROUPS
 
-    seen = {g for row in rows if row.reason is None
+    seen = {g for row in rows if row.result is not None
             for g, _ in row.result.waited_by_group}
     groups = [g for g in GROUPS if g in seen]
-    width = max([52] + [len(row.text) for row in rows if row.reason is None])
+    width = max([52] + [len(row.text) for row in rows if row.result is not None])
     lines = [("why this layout: each step as rank 0 runs it, in seconds: compute + bubble + "
               "the wait for each group's communication + a later stage's longer tail + the "
               "overlap slowdown = step"),
@@ -247,18 +247,23 @@ def format_compare(rows) -> str:
               + "".join(f" {g + ' comm':>9}" for g in groups)
               + f" {'tail':>7} {'slowdown':>8} {'mem/GPU':>9} {'headroom':>9}")]
     for row in rows:
-        if row.reason is not None:
+        if row.result is None:
             lines.append(f"{row.label:<6} {row.reason}")
             continue
         r = row.result
         waited = dict(r.waited_by_group)
         capacity = r.memory.capacity
-        headroom = _bytes(capacity - r.memory.total, 1) if capacity else "-"
+        headroom = "-"
+        if capacity:
+            headroom = ("-" if capacity < r.memory.total else "") + _bytes(
+                abs(capacity - r.memory.total), 1)
         lines.append(f"{row.label:<6} {row.text:<{width}} {r.step_time_s:>9.3f} {_pct(r.mfu):>6}"
                      f" {r.compute_s:>8.3f} {r.bubble_s:>7.3f}"
                      + "".join(f" {waited.get(g, 0.0):>9.3f}" for g in groups)
                      + f" {r.later_stage_tail_s:>7.3f} {r.overlap_slowdown_s:>8.3f}"
                      f" {_bytes(r.memory.total, 1):>9} {headroom:>9}")
+        if row.reason is not None:
+            lines.append(f"{'':<6} {row.reason}")
     return "\n".join(lines)
 
 

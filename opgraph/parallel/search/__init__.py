@@ -33,8 +33,9 @@ degrees, micro-batch and split, which rows differing only in their micro-batch o
 virtual-stage counts share, then spread over the rows), and from them:
 
 - memory per GPU: each stage's liveness peak (`Liveness.copy_matrices`: each op's live bytes as
-  a matrix product over the lives), its activations times the micro-batches in flight
-  (`distributed.in_flight`), the fullest stage's; rows that do not fit are dropped;
+  a matrix product over the lives) and, for each further micro-batch in flight
+  (`distributed.in_flight`), the activations live at its backward's start, the fullest
+  stage's; rows that do not fit are dropped;
 - a lower bound of the step (`_step_bound`): from lower bounds of each stage's plain and last
   micro-batch — its compute plus the communication the stream surely waits for
   (`schedule.sure_waits`: a chain of tensor- or expert-parallel collectives from one op of a

@@ -79,6 +79,7 @@ class _StageFormulas:
     copies: np.ndarray
     saved: np.ndarray  # (lives,) bool: a saved activation (else transient)
     moments: tuple[tuple[str, str], ...]  # each op's (name, phase), where a peak may happen
+    resting_at: int | None  # the backward's start (`Liveness.backward_start`)
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
     optimizer_rows: tuple[int, ...]  # the compute ops of the last one only (the optimizer)
     releases: tuple  # (plain, last): each one's `schedule.Releases`
@@ -166,6 +167,7 @@ class _MemoryFormulas:
     copies: np.ndarray
     saved: np.ndarray
     moments: tuple[tuple[str, str], ...]
+    resting_at: int | None
 
 
 def _compile_memory(graph: Graph, values: dict, layers: int | None, fixed_memo: dict,
@@ -178,11 +180,11 @@ def _compile_memory(graph: Graph, values: dict, layers: int | None, fixed_memo: 
 
 def _lives(live) -> tuple:
     """A stage's lives as `_StageFormulas` and `_MemoryFormulas` hold them: how many, their
-    copy matrices side by side (`one`, `many`: int8), which are saved activations, and where a
-    peak may happen (each op's name and phase)."""
+    copy matrices side by side (`one`, `many`: int8), which are saved activations, where a
+    peak may happen (each op's name and phase), and where the backward starts."""
     return (len(live.lives), np.hstack(live.copy_matrices()),
             np.array([life.saved for life in live.lives], dtype=bool),
-            tuple((op.name, op.phase.value) for op in live.ops))
+            tuple((op.name, op.phase.value) for op in live.ops), live.backward_start)
 
 
 def _memory_numbers(f: _MemoryFormulas, env: dict, n: int) -> _Numbers:
@@ -211,8 +213,8 @@ def _fullest(peaks: dict, p, v, m) -> tuple[dict, np.ndarray]:
     index = {FIRST: 0.0, MIDDLE: 1.0, LAST: p - 1}
     held = {role: _in_flight(p, v, m, index[role]) for role in peaks}
     totals = np.stack([pk.weights + pk.gradients + pk.optimizer
-                       + np.floor(pk.activations * held[role]) + pk.transient
-                       for role, pk in peaks.items()])
+                       + np.floor(pk.activations + (held[role] - 1) * pk.resting)
+                       + pk.transient for role, pk in peaks.items()])
     return held, totals.max(axis=0)
 
 
@@ -856,6 +858,7 @@ class _Peak:
     optimizer: np.ndarray
     activations: np.ndarray  # for one micro-batch
     transient: np.ndarray
+    resting: np.ndarray  # the saved activations at the backward's start (`Memory.resting`)
 
     def spread(self, spread: np.ndarray) -> _Peak:
         """The peak over rows from the peak over their distinct columns (`_distinct`)."""
@@ -871,33 +874,41 @@ class _Peak:
         def exact(expr):
             return sympy.sympify(expr).xreplace(degrees)
 
-        parts = {True: [], False: []}
-        live = (f.one[at] != 0) | (f.many[at] != 0) if f.moments else ()
-        for j in np.flatnonzero(live):  # the lives live then
-            size = exact(f.exprs[4 * k + j])
-            count = exact(f.exprs[4 * k + m + j]) if f.many[at, j] else 0
-            parts[bool(f.saved[j])].append(int(f.one[at, j]) * size + count * size)
+        def live_at(i: int) -> dict[bool, int]:  # saved and transient bytes live at op i
+            parts = {True: [], False: []}
+            for j in np.flatnonzero((f.one[i] != 0) | (f.many[i] != 0)):
+                size = exact(f.exprs[4 * k + j])
+                count = exact(f.exprs[4 * k + m + j]) if f.many[i, j] else 0
+                parts[bool(f.saved[j])].append(int(f.one[i, j]) * size + count * size)
+            return {saved: int(sympy.Add(*terms)) for saved, terms in parts.items()}
+
+        here = live_at(at) if f.moments else {True: 0, False: 0}
+        resting = live_at(f.resting_at)[True] if f.resting_at is not None else 0
         resident = f.exprs[4 * k + 2 * m:4 * k + 2 * m + len(RESIDENT)]
         w, g, o = (int(exact(e)) for e in resident)
         name, phase = f.moments[at] if f.moments else ("", "")
-        return Memory(name, phase, w, g, o, int(int(sympy.Add(*parts[True])) * held),
-                      int(sympy.Add(*parts[False])),
-                      capacity=int(capacity) if capacity else None)
+        return Memory(name, phase, w, g, o, int(here[True] + (held - 1) * resting),
+                      here[False], capacity=int(capacity) if capacity else None,
+                      resting=resting)
 
 
 def _peak(f: _StageFormulas | _MemoryFormulas, nums: _Numbers) -> _Peak:
     n = nums.sizes.shape[1]
     w, g, o = nums.resident
+    zero = np.zeros(n)
     if not f.moments:
-        zero = np.zeros(n)
-        return _Peak(np.zeros(n, dtype=int), w, g, o, zero, zero)
+        return _Peak(np.zeros(n, dtype=int), w, g, o, zero, zero, zero)
     sizes, counted = nums.sizes, nums.sizes * nums.life_counts
     live = f.copies.astype(float) @ np.vstack([sizes, counted])  # (ops, rows)
     at = np.argmax(live, axis=0)  # the first op where the most is live
-    here = f.copies[at]  # (rows, 2 x lives): `one`, then `many`
-    each = here[:, :f.n_lives] * sizes.T + here[:, f.n_lives:] * counted.T  # (rows, lives)
-    acts = each[:, f.saved].sum(axis=1)
-    return _Peak(at, w, g, o, acts, each[:, ~f.saved].sum(axis=1))
+
+    def parts(copies):  # (rows, 2 x lives) -> each life's bytes then: (rows, lives)
+        return copies[:, :f.n_lives] * sizes.T + copies[:, f.n_lives:] * counted.T
+    each = parts(f.copies[at])
+    resting = (zero if f.resting_at is None else
+               parts(f.copies[[f.resting_at]])[:, f.saved].sum(axis=1))
+    return _Peak(at, w, g, o, each[:, f.saved].sum(axis=1), each[:, ~f.saved].sum(axis=1),
+                 resting)
 
 
 def _in_flight(p: np.ndarray, v: np.ndarray, m: np.ndarray, stage) -> np.ndarray:
