@@ -652,10 +652,33 @@ def test_a_stage_holds_its_waiting_micro_batches_saved_activations_whole(policy)
     subs = resolve(stage.graph, {"B": 1})
     one = figures(peak(stage.graph, subs), subs, None)
     whole = int(footprint(stage.graph).activations.xreplace(subs))
-    assert stage.memory.resting == whole
+    m = stage.memory
+    assert m.resting + m.resting_before + m.resting_after == whole
     assert stage.memory.activations == int(one.activations + 3 * whole)
     if policy == "none":  # the running one's backward has freed some at its peak
         assert one.activations < whole
+
+
+def test_the_head_runs_in_the_last_stages_last_chunk_and_is_held_once():
+    """Interleaved, 4 stages of 2 chunks: the last stage warms up with (v - 1) p = 4 forwards,
+    all of its first chunk, then runs its last chunk's forward and at once its backward, so that
+    chunk, where the head and the loss run, holds one micro-batch and the first chunk four: its
+    layers' activations 2.5 micro-batches on average, its input (received before the layers)
+    four times, the head's once."""
+    from opgraph.parallel.distributed import prepare, stage_in_flight
+
+    layout = Parallel(pp=4, virtual_stages=2, global_batch=16)
+    assert stage_in_flight(4, 2, 16, 3) == (2.5, 4.0, 1.0)
+    assert stage_in_flight(4, 2, 16, 0) == (5.5, 7.0, 4.0)  # the embedding's chunk: 2p - 1
+    job = prepare(preset("llama3-8b"), H100, layout)
+    stage = next(st for st in job.stages if st.index == 3)
+    subs = resolve(stage.graph, {"B": 1})
+    one = figures(peak(stage.graph, subs), subs, None)
+    m = stage.memory
+    assert m.resting_after > 0  # what the loss keeps for its backward
+    assert m.resting + m.resting_before + m.resting_after == int(
+        footprint(stage.graph).activations.xreplace(subs))
+    assert m.activations == int(one.activations + 1.5 * m.resting + 3 * m.resting_before)
 
 
 # --- overlap ------------------------------------------------------------------------------------

@@ -143,9 +143,12 @@ class Moment:
     activations: sympy.Expr
     transient: sympy.Expr
     # not part of the peak: the saved activations one micro-batch holds from the end of its
-    # forward to the start of its backward (`Liveness.resting`), what each further micro-batch
-    # a pipeline stage holds in flight adds to it (`distributed.in_flight`)
+    # forward to the start of its backward (`Liveness.resting`), in the layer stacks, before
+    # them and after them, what each further micro-batch a pipeline stage holds in flight adds
+    # to it (`distributed.stage_in_flight`)
     resting: sympy.Expr = sympy.Integer(0)
+    resting_before: sympy.Expr = sympy.Integer(0)
+    resting_after: sympy.Expr = sympy.Integer(0)
 
     @property
     def total(self) -> sympy.Expr:
@@ -265,12 +268,26 @@ class Liveness:
                      if op.phase in (Phase.BACKWARD, Phase.RECOMPUTE)
                      and op.kind not in rules.COLLECTIVE_KINDS), None)
 
-    def resting(self) -> sympy.Expr:
+    def resting(self) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
         """The saved activations live at the backward's start (`backward_start`): what one
         micro-batch holds from its forward to its backward, as a pipeline stage holds each of
-        the micro-batches in flight that it is not running."""
+        the micro-batches in flight that it is not running; those of the layer stacks'
+        regions, then those outside them made before the stacks (the embedding's, a stage's
+        input) and after them (the head's, the loss's), by `ends`."""
         at = self.backward_start
-        return sympy.Integer(0) if at is None else self.moment(at).activations
+        parts: tuple[list, list, list] = ([], [], [])
+        for life, where in zip(self.lives, self.ends()):
+            n = self.copies(life, at) if life.saved and at is not None else 0
+            if n:
+                parts[where].append(n * life.tensor.nbytes)
+        return tuple(sympy.Add(*terms) for terms in parts)
+
+    def ends(self) -> list[int]:
+        """Where each life is, as `resting` splits them: 0 in a region (a layer stack), 1
+        outside them, made before the first op of one, 2 made after."""
+        first = next((i for i, op in enumerate(self.ops) if op.region is not None), None)
+        return [0 if life.region is not None else
+                1 if first is None or life.start < first else 2 for life in self.lives]
 
     def totals(self, subs: dict) -> list[float]:
         """Each op's live bytes at the dimension values `subs` (symbols to numbers): `moment`'s
@@ -379,8 +396,9 @@ def peak(graph: Graph, subs: dict) -> Moment:
         return Moment("", "", fp.weights, fp.gradients, fp.optimizer, sympy.Integer(0),
                       sympy.Integer(0))
     totals = live.totals(subs)
+    stack, before, after = live.resting()
     return attrs.evolve(live.moment(max(range(len(totals)), key=totals.__getitem__)),
-                        resting=live.resting())
+                        resting=stack, resting_before=before, resting_after=after)
 
 
 @attrs.frozen
@@ -397,7 +415,10 @@ class Memory:
     activations: int
     transient: int
     capacity: int | None = None
-    resting: int = 0  # `Moment.resting`, evaluated: not part of the peak
+    # `Moment.resting`, `resting_before` and `resting_after`, evaluated: not part of the peak
+    resting: int = 0
+    resting_before: int = 0
+    resting_after: int = 0
 
     @property
     def total(self) -> int:
@@ -421,4 +442,5 @@ def figures(moment: Moment, subs: dict, capacity: float | None) -> Memory:
                   **{name: int(sympy.sympify(expr).xreplace(subs))
                      for name, expr in moment.parts().items()},
                   capacity=int(capacity) if capacity else None,
-                  resting=int(sympy.sympify(moment.resting).xreplace(subs)))
+                  **{name: int(sympy.sympify(getattr(moment, name)).xreplace(subs))
+                     for name in ("resting", "resting_before", "resting_after")})

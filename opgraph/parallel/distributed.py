@@ -23,9 +23,11 @@ optimizer step; `Profile.parallel` holds the job's figures. `profile_parallel` i
 Memory per GPU is the largest over the stages (`memory_stage` says which) of each stage's
 liveness peak for one micro-batch, plus, for each further micro-batch it holds at once, the
 activations a micro-batch saves for its backward (all of them, live from its forward's end to
-its backward's start): 1F1B's stage i keeps up to `p - i` in flight, the interleaved schedule
-`(2 (p - i - 1) + (v - 1) p + 1) / v` (Megatron-LM's warm-up; for the first stage Korthikanti
-et al. 2022, section 4.2.3, `p (1 + (p - 1) / (p v))`), at most every micro-batch.
+its backward's start): 1F1B's stage i keeps up to `p - i` in flight; the interleaved schedule
+keeps each model chunk's own count (`chunk_in_flight`: Megatron-LM's warm-up), `(2 (p - i - 1)
++ (v - 1) p + 1) / v` on average over equal chunks (for the first stage Korthikanti et al.
+2022, section 4.2.3, `p (1 + (p - 1) / (p v))`), and what runs before the layers (the
+embedding) and after them (the head) as many as the stage's first and last chunk.
 
 MFU follows the plate's convention per GPU: 6 N tokens per step / (step time x peak x GPUs),
 N the whole model's (not a shard's) MFU parameters. HFU is the first stage's FLOPs over one
@@ -247,26 +249,47 @@ def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None
     return compile_step(forward, layout=layout, **options)
 
 
-def in_flight(layout: Parallel, stage: int = 0) -> float:
-    """Micro-batches of activations pipeline stage `stage` holds at once (see the module):
-    1F1B's stage i runs p - i forwards before its first backward."""
-    return float(held_micro_batches(layout.pp, layout.virtual_stages, layout.micro_batches,
-                                    stage))
+def in_flight(layout: Parallel, stage: int = 0, chunks=None) -> float:
+    """Micro-batches of the layer stack's activations pipeline stage `stage` holds at once
+    (see the module): `stage_in_flight`'s first figure."""
+    return stage_in_flight(layout.pp, layout.virtual_stages, layout.micro_batches, stage,
+                           chunks)[0]
 
 
-def held_micro_batches(p, v, m, stage, minimum=min, where=lambda c, a, b: a if c else b):
-    """`in_flight` of `p` stages of `v` virtual stages running `m` micro-batches: numbers, or
-    numpy arrays with `np.minimum` and `np.where` (the planner's rows).
+def stage_in_flight(p: int, v: int, m: int, stage: int, chunks=None
+                    ) -> tuple[float, float, float]:
+    """Micro-batches in flight on stage `stage` of `p` in `v` model chunks running `m`: the
+    layer stack's (each chunk's, `chunk_in_flight`, weighted by its layers, `chunks`, the
+    stage's `parallel.chunk_layers`; None: equal chunks), then the first chunk's and the last
+    chunk's, which hold what a stage runs before the stack (the embedding, its input) and
+    after it (the head, the loss)."""
+    counts = chunk_in_flight(p, v, m, stage)
+    sizes = chunks if chunks and sum(chunks) else [1] * len(counts)
+    stack = sum(n * c for n, c in zip(sizes, counts)) / sum(sizes)
+    return stack, float(counts[0]), float(counts[-1])
 
-    A stage runs its warm-up forwards, then one more before its first backward (Megatron-LM's
-    `max_outstanding_backprops`, `megatron/core/pipeline_parallel/schedules.py`): 1F1B's
-    stage i warms up with p - i - 1; the interleaved schedule's with 2 (p - i - 1) + (v - 1) p
-    model chunks of 1 / v of the stage (`get_pp_rank_microbatches`, its group of p micro-batches
-    a chunk), at most all m v. Stage 0's is Korthikanti et al.'s p (1 + (p - 1) / (p v)); a
-    later stage holds nearly as many, where 1F1B's last holds one."""
-    plain = minimum(p - stage, m)
-    chunks = minimum(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / where(v > 1, v, 1)
-    return where(p == 1, 1.0, where(v > 1, chunks, plain))
+
+def chunk_in_flight(p: int, v: int, m: int, stage: int) -> list[int]:
+    """The micro-batches each model chunk of stage `stage` holds at its fullest, when its
+    warm-up's forwards are done and one more has run, no backward yet (Megatron-LM's
+    `max_outstanding_backprops`, `megatron/core/pipeline_parallel/schedules.py`).
+
+    1F1B's stage i warms up with p - i - 1. The interleaved schedule's with
+    2 (p - i - 1) + (v - 1) p (`get_pp_rank_microbatches`), at most all m v, in the order of
+    `get_schedule_table`: p micro-batches (or what is left) through chunk 0, the same through
+    chunk 1, ..., then the next p. So stage 0's first chunk holds 2p - 1 and the others p
+    (Korthikanti et al. 2022, section 4.2.3: p (1 + (p - 1) / (p v)) on average), and the last
+    stage's last chunk, which runs the head, holds one."""
+    if p == 1:
+        return [1] * v
+    if v == 1:
+        return [min(p - stage, m)]
+    forwards = min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+    group = min(p, m)
+    if forwards <= v * group:
+        return [min(group, max(0, forwards - c * group)) for c in range(v)]
+    rest, second = forwards - v * group, min(p, m - group)
+    return [group + min(second, max(0, rest - c * second)) for c in range(v)]
 
 
 @attrs.frozen
@@ -337,12 +360,13 @@ def prepare(forward: Graph, hardware: Hardware, layout: Parallel, *,
         kinds[drawn] = drawn
     distinct = sorted(set(kinds))
     # split_stages binds pp among the dimensions: checked as every pipeline pass is
+    chunks = unequal_chunks(forward, layout)
     stages = tuple(_prepare_stage(check_dims(split_stages(step, layout, i)), hardware, layout,
-                                  values, cost, i) for i in distinct)
+                                  values, cost, i, chunks and chunks[i]) for i in distinct)
     subs = resolve(forward, {k: v for k, v in values.items() if k != "B"})
     return Job(forward, hardware, cluster, layout, stages,
                tuple(distinct.index(k) for k in kinds), layout.batch * int(subs[S]),
-               int(mfu_parameters(forward).xreplace(subs)), unequal_chunks(forward, layout))
+               int(mfu_parameters(forward).xreplace(subs)), chunks)
 
 
 def stage_kinds(forward: Graph, layout: Parallel) -> list[int]:
@@ -378,7 +402,14 @@ def unequal_chunks(forward: Graph, layout: Parallel):
     """`chunk_layers` where interleaving cuts stages into chunks of unequal size, else None."""
     if layout.virtual_stages == 1 or layout.pp < 3:  # two stages: no middle one to time a layer
         return None
-    layers = int(sympy.sympify(layer_stack(forward).count).xreplace(forward.dims))
+    return chunks_of(int(sympy.sympify(layer_stack(forward).count).xreplace(forward.dims)),
+                     layout)
+
+
+def chunks_of(layers: int, layout: Parallel):
+    """`unequal_chunks` of a stack of `layers` layers."""
+    if layout.virtual_stages == 1 or layout.pp < 3:
+        return None
     chunks = chunk_layers(layers, layout)
     if len({n for stage in chunks for n in stage}) == 1:
         return None
@@ -400,7 +431,7 @@ def chunk_times(stage_times: list[float], chunks) -> list[list[float]]:
 
 
 def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: dict,
-                   cost: CostModel, index: int) -> Stage:
+                   cost: CostModel, index: int, chunks=None) -> Stage:
     low = lower(graph, cost)
     subs = resolve(graph, values)
     at = low.at(subs)
@@ -420,7 +451,7 @@ def _prepare_stage(graph: Graph, hardware: Hardware, layout: Parallel, values: d
         first = plan(graph, ahead + (per_micro if layout.micro_batches > 1 else last), subs,
                      writes=gathers)
     return Stage(graph, ops, plan(graph, per_micro, subs), plan(graph, last, subs),
-                 profile, _memory(profile.memory, layout, index), index, first)
+                 profile, _memory(profile.memory, layout, index, chunks), index, first)
 
 
 def _times(stage: Stage, job: Job, cost: CostModel) -> dict[str, float]:
@@ -555,7 +586,7 @@ def _schedule(job: Job, cost: CostModel, rank: int | None, runs: dict | None = N
         compute_s=(m - 1) * first.plain.compute_s + first.last.compute_s,
         waited_by_group=tuple(by_group.items()), overlap_slowdown_s=slowdown,
         memory=fullest.memory, memory_stage=fullest.index, stage_times_s=tuple(per_micro),
-        in_flight=in_flight(layout, fullest.index),
+        in_flight=in_flight(layout, fullest.index, job.chunks and job.chunks[fullest.index]),
         events=events, cost=cost.name, hfu=cost.hfu(busy, step_time, peak))
     return result, first
 
@@ -624,12 +655,26 @@ def _transfers(first: _Timed, job: Job, m: int, waited: dict):
                        first.times[o.name] * o.count * k, exposed, tier, queued)
 
 
-def _memory(one: Memory, layout: Parallel, stage: int) -> Memory:
+def _memory(one: Memory, layout: Parallel, stage: int, chunks=None) -> Memory:
     """A stage's peak: one micro-batch's (`one`, the liveness's) and, for each further
     micro-batch it holds at once, what a micro-batch holds between its forward and its
-    backward (`Memory.resting`): the others wait whole while the peak's runs."""
-    return attrs.evolve(one, activations=int(
-        one.activations + (in_flight(layout, stage) - 1) * one.resting))
+    backward (`Memory.resting`: in the layer stack, before it and after it), each part by
+    its own count (`stage_in_flight`): the others wait whole while the peak's runs."""
+    held = stage_in_flight(layout.pp, layout.virtual_stages, layout.micro_batches, stage,
+                           chunks)
+    resting = (one.resting, one.resting_before, one.resting_after)
+    return attrs.evolve(one, activations=int(held_activations(one.activations, resting, held)))
+
+
+def held_activations(running, resting, held):
+    """The saved activations of a stage's peak (`_memory`), before they are made whole: the
+    running micro-batch's, and for each part of what a waiting one keeps (`resting`: in the
+    layer stack, before it, after it) its count in flight (`held`) less one (numbers, or numpy
+    arrays over a search's layouts)."""
+    total = running
+    for part, count in zip(resting, held, strict=True):
+        total = total + (count - 1) * part
+    return total
 
 
 def _timeline(first: _Timed, m: int, bubble: float) -> tuple[Event, ...]:

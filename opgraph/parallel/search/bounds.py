@@ -24,7 +24,8 @@ from ...passes.replicate import group_of as replicate_group
 from ...passes.split_stages import FIRST as FIRST_END
 from ...passes.split_stages import LAST as LAST_END
 from ...passes.split_stages import STACK, ends, layer_stack, split_stages
-from ..distributed import Job, Stage, StageOp, held_micro_batches, unequal_chunks
+from ..distributed import (Job, Stage, StageOp, chunks_of, held_activations, stage_in_flight,
+                           unequal_chunks)
 from ..frameworks import (DEFERRED_GROUPS, bucket_share, defers_grad_reduce, reduce_dtype,
                           sharding, traits)
 from ..parallel import FRAMEWORK_FIELDS, SHARDED_FROM, LayoutFields, Parallel, stage_layers
@@ -78,6 +79,7 @@ class _StageFormulas:
     # op i, -1 its count less one; beside it `many`, 1 where every copy of a life counts
     copies: np.ndarray
     saved: np.ndarray  # (lives,) bool: a saved activation (else transient)
+    ends: np.ndarray  # (lives,) 0 in a layer stack, 1 outside before it, 2 after (`Liveness.ends`)
     moments: tuple[tuple[str, str], ...]  # each op's (name, phase), where a peak may happen
     resting_at: int | None  # the backward's start (`Liveness.backward_start`)
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
@@ -166,6 +168,7 @@ class _MemoryFormulas:
     n_lives: int
     copies: np.ndarray
     saved: np.ndarray
+    ends: np.ndarray
     moments: tuple[tuple[str, str], ...]
     resting_at: int | None
 
@@ -180,10 +183,12 @@ def _compile_memory(graph: Graph, values: dict, layers: int | None, fixed_memo: 
 
 def _lives(live) -> tuple:
     """A stage's lives as `_StageFormulas` and `_MemoryFormulas` hold them: how many, their
-    copy matrices side by side (`one`, `many`: int8), which are saved activations, where a
-    peak may happen (each op's name and phase), and where the backward starts."""
+    copy matrices side by side (`one`, `many`: int8), which are saved activations, where each
+    is (`Liveness.ends`), where a peak may happen (each op's name and phase), and where the
+    backward starts."""
     return (len(live.lives), np.hstack(live.copy_matrices()),
             np.array([life.saved for life in live.lives], dtype=bool),
+            np.array(live.ends(), dtype=np.int8),
             tuple((op.name, op.phase.value) for op in live.ops), live.backward_start)
 
 
@@ -204,18 +209,37 @@ def _memory_of(stages: dict, rows_: list[Row], layers: int | None) -> np.ndarray
     peaks = {role: _peak(f, _memory_numbers(f, d.env | {LAYERS: cols.layers[role][d.firsts]},
                                             len(d.rows))).spread(d.spread)
              for role, f in stages.items()}
-    return _fullest(peaks, cols.p, cols.v, cols.m)[1]
+    return _fullest(peaks, _in_flight(rows_, cols.m, layers, peaks))
 
 
-def _fullest(peaks: dict, p, v, m) -> tuple[dict, np.ndarray]:
-    """Each role's micro-batches in flight, and each row's memory per GPU: its fullest stage's,
-    each stage's peak with the activations of its micro-batches in flight."""
-    index = {FIRST: 0.0, MIDDLE: 1.0, LAST: p - 1}
-    held = {role: _in_flight(p, v, m, index[role]) for role in peaks}
-    totals = np.stack([pk.weights + pk.gradients + pk.optimizer
-                       + np.floor(pk.activations + (held[role] - 1) * pk.resting)
-                       + pk.transient for role, pk in peaks.items()])
-    return held, totals.max(axis=0)
+def _fullest(peaks: dict, held: dict) -> np.ndarray:
+    """Each row's memory per GPU: its fullest stage's, each stage's peak with the activations
+    of its micro-batches in flight (`held`, `_in_flight`'s)."""
+    totals = np.stack([pk.weights + pk.gradients + pk.optimizer + pk.transient
+                       + np.floor(held_activations(pk.activations, pk.resting_parts,
+                                                   held[role]))
+                       for role, pk in peaks.items()])
+    return totals.max(axis=0)
+
+
+def _in_flight(rows_: list[Row], m: np.ndarray, layers: int | None, roles) -> dict:
+    """Each role's stage's micro-batches in flight over the rows, the layer stack's, the first
+    chunk's and the last's (three arrays), as `distributed.stage_in_flight` gives them: once
+    per distinct pipeline, then spread over the rows."""
+    found: dict = {}
+    keys = [(r.pp, r.virtual_stages, int(n), r.first_stage_layers, r.last_stage_layers)
+            for r, n in zip(rows_, m)]
+    for key in keys:
+        if key not in found:
+            p, v, n, first, last = key
+            chunks = None if layers is None else chunks_of(layers, Parallel(
+                pp=p, virtual_stages=v, first_stage_layers=first, last_stage_layers=last))
+            index = {FIRST: 0, MIDDLE: min(1, p - 1), LAST: p - 1}
+            found[key] = {role: stage_in_flight(p, v, n, index[role],
+                                                chunks and chunks[index[role]])
+                          for role in roles}
+    return {role: tuple(np.array([found[key][role][i] for key in keys]) for i in range(3))
+            for role in roles}
 
 
 def _grids(ops: list) -> list:
@@ -858,38 +882,54 @@ class _Peak:
     optimizer: np.ndarray
     activations: np.ndarray  # for one micro-batch
     transient: np.ndarray
-    resting: np.ndarray  # the saved activations at the backward's start (`Memory.resting`)
+    # the saved activations at the backward's start (`Memory.resting`): in the stack, before
+    # it, after it
+    resting: np.ndarray
+    resting_before: np.ndarray
+    resting_after: np.ndarray
+
+    @property
+    def resting_parts(self) -> tuple[np.ndarray, ...]:
+        return self.resting, self.resting_before, self.resting_after
 
     def spread(self, spread: np.ndarray) -> _Peak:
         """The peak over rows from the peak over their distinct columns (`_distinct`)."""
         return _Peak(*(getattr(self, a.name)[spread] for a in attrs.fields(_Peak)))
 
-    def memory(self, f: _StageFormulas, col: int, degrees: dict, held: float,
+    def memory(self, f: _StageFormulas, col: int, degrees: dict, held: tuple[float, ...],
                capacity) -> Memory:
         """Column `col`'s peak as `figures` gives it: each part summed exactly (its formulas
         at `degrees`), then made whole, at the op the arrays found."""
         at = int(self.at[col])
         k, m = f.n_ops, f.n_lives
 
-        def exact(expr):
-            return sympy.sympify(expr).xreplace(degrees)
+        values: dict = {}  # formula index -> its value at `degrees`, once
 
-        def live_at(i: int) -> dict[bool, int]:  # saved and transient bytes live at op i
-            parts = {True: [], False: []}
-            for j in np.flatnonzero((f.one[i] != 0) | (f.many[i] != 0)):
-                size = exact(f.exprs[4 * k + j])
-                count = exact(f.exprs[4 * k + m + j]) if f.many[i, j] else 0
-                parts[bool(f.saved[j])].append(int(f.one[i, j]) * size + count * size)
-            return {saved: int(sympy.Add(*terms)) for saved, terms in parts.items()}
+        def exact(index: int):
+            if index not in values:
+                values[index] = sympy.sympify(f.exprs[index]).xreplace(degrees)
+            return values[index]
 
-        here = live_at(at) if f.moments else {True: 0, False: 0}
-        resting = live_at(f.resting_at)[True] if f.resting_at is not None else 0
-        resident = f.exprs[4 * k + 2 * m:4 * k + 2 * m + len(RESIDENT)]
-        w, g, o = (int(exact(e)) for e in resident)
+        def live_at(i: int, by, keys, among=None) -> list[int]:
+            """The bytes live at op i of the lives `among` (a mask; None: all), one sum for
+            each of `keys`, by `by` (each life's key): saved or transient, where it is."""
+            parts: dict = {key: [] for key in keys}
+            live = (f.one[i] != 0) | (f.many[i] != 0)
+            for j in np.flatnonzero(live if among is None else live & among):
+                size = exact(4 * k + j)
+                count = exact(4 * k + m + j) if f.many[i, j] else 0
+                parts[by[j]].append(int(f.one[i, j]) * size + count * size)
+            return [int(sympy.Add(*parts[key])) for key in keys]
+
+        saved, transient = (live_at(at, f.saved, (True, False)) if f.moments else (0, 0))
+        resting = [0, 0, 0]  # in the layer stack, before it, after it
+        if f.resting_at is not None:
+            resting = live_at(f.resting_at, f.ends, (0, 1, 2), f.saved)
+        w, g, o = (int(exact(4 * k + 2 * m + i)) for i in range(len(RESIDENT)))
         name, phase = f.moments[at] if f.moments else ("", "")
-        return Memory(name, phase, w, g, o, int(here[True] + (held - 1) * resting),
-                      here[False], capacity=int(capacity) if capacity else None,
-                      resting=resting)
+        return Memory(name, phase, w, g, o, int(held_activations(saved, resting, held)),
+                      transient, capacity=int(capacity) if capacity else None,
+                      **dict(zip(("resting", "resting_before", "resting_after"), resting)))
 
 
 def _peak(f: _StageFormulas | _MemoryFormulas, nums: _Numbers) -> _Peak:
@@ -897,7 +937,7 @@ def _peak(f: _StageFormulas | _MemoryFormulas, nums: _Numbers) -> _Peak:
     w, g, o = nums.resident
     zero = np.zeros(n)
     if not f.moments:
-        return _Peak(np.zeros(n, dtype=int), w, g, o, zero, zero, zero)
+        return _Peak(np.zeros(n, dtype=int), w, g, o, zero, zero, zero, zero, zero)
     sizes, counted = nums.sizes, nums.sizes * nums.life_counts
     live = f.copies.astype(float) @ np.vstack([sizes, counted])  # (ops, rows)
     at = np.argmax(live, axis=0)  # the first op where the most is live
@@ -905,15 +945,12 @@ def _peak(f: _StageFormulas | _MemoryFormulas, nums: _Numbers) -> _Peak:
     def parts(copies):  # (rows, 2 x lives) -> each life's bytes then: (rows, lives)
         return copies[:, :f.n_lives] * sizes.T + copies[:, f.n_lives:] * counted.T
     each = parts(f.copies[at])
-    resting = (zero if f.resting_at is None else
-               parts(f.copies[[f.resting_at]])[:, f.saved].sum(axis=1))
+    resting = (zero, zero, zero)  # in the layer stack, before it, after it
+    if f.resting_at is not None:
+        rest = parts(f.copies[[f.resting_at]])
+        resting = tuple(rest[:, f.saved & (f.ends == where)].sum(axis=1) for where in (0, 1, 2))
     return _Peak(at, w, g, o, each[:, f.saved].sum(axis=1), each[:, ~f.saved].sum(axis=1),
-                 resting)
-
-
-def _in_flight(p: np.ndarray, v: np.ndarray, m: np.ndarray, stage) -> np.ndarray:
-    """`distributed.in_flight` over arrays."""
-    return held_micro_batches(p, v, m, stage, np.minimum, np.where)
+                 *resting)
 
 
 def _op_times(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostModel
@@ -959,7 +996,7 @@ class _Group:
     rows: list
     numbers: dict  # role -> _Numbers
     peaks: dict  # role -> _Peak
-    held: dict  # role -> in-flight micro-batches per row
+    held: dict  # role -> in-flight micro-batches per row: the stack's, the ends' (`_in_flight`)
     bound: np.ndarray  # a lower bound of each row's step time
     upper: np.ndarray  # an upper bound of it (`_step_upper`)
     fullest: np.ndarray  # each row's memory per GPU (its fullest stage's)
@@ -1011,7 +1048,8 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
     upper = (_step_upper(serial, serial_last, plain, p, m, v, cols.chunked)
              + cost.slowdown(hardware) * communicated)
     peaks = {role: _peak(f, numbers[role]).spread(spread) for role, f in s.stages.items()}
-    held, fullest = _fullest(peaks, p, v, m)
+    held = _in_flight(group, m, layers, peaks)
+    fullest = _fullest(peaks, held)
     return _Group(s, group, numbers, peaks, held, bound * (1 - 1e-9), upper * (1 + 1e-9),
                   fullest, spread)
 
@@ -1131,7 +1169,8 @@ def _job(g: _Group, col: int, forward: Graph, hardware: Hardware, cluster, token
                              else graph_of(role))
         degrees = dict(zip(DEGREES, map(sympy.Integer, (
             r.tp, r.cp, r.ep, r.size("dp"), r.size("edp"), counts[role], r.micro_batch))))
-        memory = g.peaks[role].memory(f, col, degrees, float(g.held[role][col]), capacity)
+        memory = g.peaks[role].memory(f, col, degrees,
+                                      tuple(float(h[col]) for h in g.held[role]), capacity)
         stages.append(Stage(None, ops, plain, last, None, memory, index))
     distinct = [index for _, index in _roles(r.pp)]
     kinds = [min(i, 1) if i < r.pp - 1 else i for i in range(r.pp)]
