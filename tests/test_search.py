@@ -364,6 +364,26 @@ def test_plan_json(cli):
     assert first["tokens_per_s_per_gpu"] == pytest.approx(32 * 2048 / first["step_time_s"] / 8)
 
 
+def test_headroom_keeps_memory_free_of_every_layout(cli):
+    """--headroom G: a layout fits where its memory is at most the part's less G GB. Kept just
+    above what the best layout leaves free, that layout no longer fits; every layout listed fits
+    in the rest, and one that did not fit without it does not come back."""
+    argv = ("--gpus", "8", "--global-batch", "32", "--top", "50", "--json")
+    code, out, _ = _plan(cli, *argv)
+    assert code == 0
+    before = json.loads(out)["layouts"]
+    most = max(x["memory"]["total"] for x in before)
+    headroom = (80e9 - most) / 1e9 + 0.5  # the fullest listed no longer fits
+    code, out, _ = _plan(cli, *argv, "--headroom", f"{headroom}")
+    assert code == 0
+    after = json.loads(out)["layouts"]
+    assert after and all(x["memory"]["total"] <= 80e9 - headroom * 1e9 for x in after)
+    fullest = [x for x in before if x["memory"]["total"] == most]
+    key = ("tp", "pp", "cp", "dp", "zero", "micro_batch", "virtual_stages", "recompute")
+    assert not {tuple(x[k] for k in key) for x in fullest} & {tuple(x[k] for k in key)
+                                                             for x in after}
+
+
 @pytest.mark.parametrize("emit", ["torchtitan", "megatron"])
 def test_emitted_config_profiles_back_to_the_same_figures(cli, tmp_path, emit):
     """The best layout torchtitan (or Megatron-LM) can express, emitted, then read by
@@ -436,6 +456,7 @@ def test_rank_of_a_constrained_layout(cli):
     (("--gpus", "8", "--global-batch", "32", "--micro-batch", "32"), "contradicts"),
     (("--gpus", "8", "--global-batch", "32", "--precision", "fp8", "--hardware", "a100-sxm-80gb"),
      "FP8"),
+    (("--gpus", "8", "--global-batch", "32", "--headroom", "80"), "leaves nothing"),
 ])
 def test_bad_input_is_one_line(cli, argv, words):
     code, out, err = _plan(cli, *argv)

@@ -10,7 +10,7 @@ from ..core.choices import PRECISIONS, RECOMPUTE_POLICIES
 from ..core.choices import ZERO_STAGES as ZERO
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
-from .args import check_command_outputs, json_text, whole
+from .args import check_command_outputs, json_text, positive_float, whole
 
 EMITS = ("torchtitan", "megatron")
 # The degrees a constraint fixes (--tp 8) or bounds (--max-tp 4), as the help names them.
@@ -88,6 +88,11 @@ def register(subparsers) -> None:
     c.add_argument("--precision", choices=PRECISIONS, action="append",
                    help="only this precision (repeatable; default: bf16, and fp8 where the "
                         "part has an FP8 peak)")
+    c.add_argument("--headroom", type=positive_float, metavar="GB",
+                   help="keep GB of each GPU's memory free: a layout fits where its live "
+                        "tensors fit in the rest (the CUDA context, NCCL's buffers and the "
+                        "caching allocator's freed blocks take memory they do not count) "
+                        "(default 0)")
     c.add_argument("--async-tp", action="store_true",
                    help="overlap tensor-parallel communication with its matmul")
     from .layout import add_framework_args
@@ -193,6 +198,8 @@ def run(args) -> int:
     from ..cost import hardware as hw
 
     part = hw.get(args.hardware)
+    if args.headroom is not None:
+        part = hw.with_headroom(part, args.headroom)
     if part.memory_bytes is None:
         # Warned, not refused: the ranking by speed still holds, and a part's sheet may give no
         # memory (a what-if of a future part); but nothing is ruled out for its size.
@@ -326,14 +333,17 @@ def _warn_unsplit(forward, space) -> None:
 
 
 def _header(forward, part, cluster, seq: int, batch: int, cost: str,
-            attention: str | None = None) -> str:
+            attention: str | None = None, headroom: float | None = None) -> str:
     """The search's first line; `attention`, the layout's attention library where one is
-    given (`--attention-library`), named as the profile's report names it."""
+    given (`--attention-library`), named as the profile's report names it; `headroom`, the
+    GB kept free (`--headroom`: `part` holds the rest)."""
     from ..cost.profile import LIBRARY_NAMES
 
     kernels = f"; attention: {LIBRARY_NAMES[attention]}" if attention else ""
+    kept = (f"; layouts fit in {part.memory_bytes / 1e9:,.1f} GB, {headroom:g} GB of each "
+            "GPU's kept free" if headroom else "")
     return (f"{forward.name} on {part.name}, cluster {cluster.id}: {batch:,} sequences x "
-            f"{seq:,} tokens per step; {cost} cost model{kernels}")
+            f"{seq:,} tokens per step; {cost} cost model{kernels}{kept}")
 
 
 def _counts(found) -> str:
@@ -425,7 +435,8 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None, why=None
     from ..io.outputs.report import format_plan, layout_text
     from .layout import layout_warnings
 
-    print(_header(forward, part, cluster, seq, batch, args.cost, args.attention_library))
+    print(_header(forward, part, cluster, seq, batch, args.cost, args.attention_library,
+                  args.headroom))
     print(_counts(found))
     print()
     print(format_plan(found.best))
@@ -529,6 +540,7 @@ def _curve(args, curve, forward, part, cluster, seq, batch) -> int:
         return 0
     from ..io.outputs.report import format_curve
 
-    print(_header(forward, part, cluster, seq, batch, args.cost, args.attention_library))
+    print(_header(forward, part, cluster, seq, batch, args.cost, args.attention_library,
+                  args.headroom))
     print(format_curve(curve))
     return 0
