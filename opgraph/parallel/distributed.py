@@ -400,7 +400,7 @@ def framework_split(forward: Graph, layout: Parallel) -> Parallel:
 
 def unequal_chunks(forward: Graph, layout: Parallel):
     """`chunk_layers` where interleaving cuts stages into chunks of unequal size, else None."""
-    if layout.virtual_stages == 1 or layout.pp < 3:  # two stages: no middle one to time a layer
+    if layout.virtual_stages == 1 or layout.pp < 3:  # before `layer_stack`: one stack or more
         return None
     return chunks_of(int(sympy.sympify(layer_stack(forward).count).xreplace(forward.dims)),
                      layout)
@@ -408,7 +408,7 @@ def unequal_chunks(forward: Graph, layout: Parallel):
 
 def chunks_of(layers: int, layout: Parallel):
     """`unequal_chunks` of a stack of `layers` layers."""
-    if layout.virtual_stages == 1 or layout.pp < 3:
+    if layout.virtual_stages == 1 or layout.pp < 3:  # two stages: no middle one to time a layer
         return None
     chunks = chunk_layers(layers, layout)
     if len({n for stage in chunks for n in stage}) == 1:

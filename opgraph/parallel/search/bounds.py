@@ -79,7 +79,7 @@ class _StageFormulas:
     # op i, -1 its count less one; beside it `many`, 1 where every copy of a life counts
     copies: np.ndarray
     saved: np.ndarray  # (lives,) bool: a saved activation (else transient)
-    ends: np.ndarray  # (lives,) 0 in a layer stack, 1 outside before it, 2 after (`Liveness.ends`)
+    ends: np.ndarray  # (lives,) 0 in a layer stack, 1 before it, 2 after (`Liveness.ends`)
     moments: tuple[tuple[str, str], ...]  # each op's (name, phase), where a peak may happen
     resting_at: int | None  # the backward's start (`Liveness.backward_start`)
     busy_rows: tuple[int, ...]  # the compute ops of every micro-batch
@@ -215,9 +215,9 @@ def _memory_of(stages: dict, rows_: list[Row], layers: int | None) -> np.ndarray
 def _fullest(peaks: dict, held: dict) -> np.ndarray:
     """Each row's memory per GPU: its fullest stage's, each stage's peak with the activations
     of its micro-batches in flight (`held`, `_in_flight`'s)."""
-    totals = np.stack([pk.weights + pk.gradients + pk.optimizer + pk.transient
+    totals = np.stack([pk.weights + pk.gradients + pk.optimizer
                        + np.floor(held_activations(pk.activations, pk.resting_parts,
-                                                   held[role]))
+                                                   held[role])) + pk.transient
                        for role, pk in peaks.items()])
     return totals.max(axis=0)
 
@@ -996,7 +996,7 @@ class _Group:
     rows: list
     numbers: dict  # role -> _Numbers
     peaks: dict  # role -> _Peak
-    held: dict  # role -> in-flight micro-batches per row: the stack's, the ends' (`_in_flight`)
+    held: dict  # role -> in-flight micro-batches per row (`_in_flight`)
     bound: np.ndarray  # a lower bound of each row's step time
     upper: np.ndarray  # an upper bound of it (`_step_upper`)
     fullest: np.ndarray  # each row's memory per GPU (its fullest stage's)
