@@ -187,17 +187,23 @@ def memory_split(predictions) -> str:
         groups.setdefault(key, []).append(
             (c.parallel.micro_batch, c.measured_peak_memory_bytes, p.predicted_peak_memory_bytes))
     slopes, intercepts = [], []
-    for rows in groups.values():
+    by_tp: dict = {}  # one pipeline stage: the slope's ratio by tensor-parallel degree
+    for key, rows in groups.items():
         if len({b for b, _, _ in rows}) < 2:
             continue
         measured, predicted = _line(rows, 1), _line(rows, 2)
         if predicted[0] > 0 and predicted[1] > 0:
             slopes.append(measured[0] / predicted[0])
             intercepts.append(measured[1] / predicted[1])
+            if key[4] == 1:
+                by_tp.setdefault(key[3], []).append(measured[0] / predicted[0])
+    per_tp = ", ".join(f"TP {tp} {statistics.median(r):.2f} ({len(r)})"
+                       for tp, r in sorted(by_tp.items()))
     return (f"    split over {len(slopes)} groups differing only in micro-batch size, measured / "
             f"predicted (medians): per sequence of micro-batch (activations) "
             f"{statistics.median(slopes):.2f}, at micro-batch 0 (weights, gradients, optimizer) "
-            f"{statistics.median(intercepts):.2f}")
+            f"{statistics.median(intercepts):.2f}\n"
+            f"    per sequence, one pipeline stage, by TP degree (groups): {per_tp}")
 
 
 def _line(rows, column: int) -> tuple[float, float]:
