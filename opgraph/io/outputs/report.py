@@ -112,8 +112,8 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
         (f"MFU{' ceiling' if r.cost == 'roofline' else '        '}    {r.mfu * 100:.1f}%  "
          f"(6 x {p.mfu_parameters:,} params x tokens / step time x peak x GPUs)"),
         format_memory(r.memory.to_json()).replace("memory      ", "memory/GPU  ", 1)
-        + (f"; activations x {r.in_flight:g} micro-batches in flight" if r.in_flight != 1
-           else "")
+        + (f"; the layers' saved activations of {r.in_flight:g} micro-batches in flight"
+           if r.in_flight != 1 else "")
         + (f"; pipeline stage {r.memory_stage}, the fullest" if lay.pp > 1 else ""),
         "",
         (f"{'communication':<28} {'GPUs':>5}  {'tier':<28} {'count':>6} {'time (ms)':>10} "
