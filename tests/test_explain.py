@@ -16,7 +16,7 @@ from opgraph.core.errors import OpgraphError
 from opgraph.analysis.explain import Perturbed, compare, named, perturb, sensitivity
 from opgraph.io.launch import Launch, to_megatron, to_torchtitan
 from opgraph.models import preset
-from opgraph.io.outputs.report import format_compare, format_sensitivity, layout_text
+from opgraph.io.outputs.report import format_compare, format_plan, format_sensitivity, layout_text
 from opgraph.parallel.parallel import Parallel, parse_layout
 from opgraph.parallel.schedule import GROUPS
 from opgraph.parallel.search import Searcher, Space, rows
@@ -156,6 +156,24 @@ def test_a_layout_that_does_not_fit_gives_its_memory(planned):
     assert f"{r.step_time_s:.3f}" in figures
     assert figures.split()[-2:] == ["-" + f"{(r.memory.total - 30e9) / 1e9:.1f}", "GB"]
     assert why.strip() == row.reason
+
+
+def test_the_plan_names_the_layouts_that_fill_their_gpus(planned):
+    """A layout at 95% of its GPU's memory or more is named beneath the table (opgraph's
+    figure leaves out the CUDA context, NCCL's buffers and the allocator's freed blocks): on a
+    part whose memory the best layout fills to 97%, #1 is named; on the H100, none is."""
+    searcher, space, found = planned
+    assert all(r.result.memory.total < 0.95 * 80e9 for r in found.best)
+    assert len(format_plan(found.best).splitlines()) == 1 + len(found.best)
+    tight = Searcher(searcher.forward, attrs.evolve(H100, memory_bytes=found.best[0].result
+                                                    .memory.total / 0.97),
+                     seq_len=searcher.seq, cost=searcher.cost)
+    again = tight.search(space, 10)
+    note = format_plan(again.best).splitlines()[-1]
+    named = {f"#{i}" for i, r in enumerate(again.best, 1)
+             if r.result.memory.total >= 0.95 * r.result.memory.capacity}
+    assert "#1" in named and set(note.split(" need")[0].split(", ")) == named
+    assert "--headroom" in note
 
 
 # the CLI's plans: a small space (no pipeline or context parallelism), searched in a second

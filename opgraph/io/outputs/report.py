@@ -194,9 +194,15 @@ def layout_text(layout, recompute: str, precision: str) -> str:
             f"{' sp' if layout.sequence_parallel else ''} {recompute} {precision}")
 
 
+# a share of the GPU's memory from which a layout is flagged (`format_plan`): the caching
+# allocator's freed blocks, the CUDA context and NCCL's buffers are not in opgraph's figure
+NEAR_CAPACITY = 0.95
+
+
 def format_plan(best) -> str:
     """`opgraph plan`'s table: the layouts found (`search.Ranked`), best first; the layout
-    column 52 wide, or as wide as the longest layout."""
+    column 52 wide, or as wide as the longest layout. Beneath, the ranks of those that need
+    `NEAR_CAPACITY` of the GPU's memory or more."""
     texts = [layout_text(r.layout, r.candidate.recompute, r.candidate.precision) for r in best]
     width = max([52, *map(len, texts)])
     head = (f"{'#':>3}  {'layout':<{width}} {'step (s)':>9} {'tok/s/GPU':>10} {'MFU':>6} "
@@ -208,6 +214,13 @@ def format_plan(best) -> str:
                      f" {res.step_time_s:>9.3f} {res.tokens_per_s_per_gpu:>10,.0f}"
                      f" {_pct(res.mfu):>6} {_bytes(res.memory.total, 1):>9}"
                      f" {res.bubble_s:>10.3f} {res.exposed_communication_s:>11.3f}")
+    full = [f"#{i}" for i, r in enumerate(best, 1) if r.result.memory.capacity
+            and r.result.memory.total >= NEAR_CAPACITY * r.result.memory.capacity]
+    if full:
+        lines.append(f"{', '.join(full)} need{'s' * (len(full) == 1)} "
+                     f"{NEAR_CAPACITY:.0%} of each GPU's memory or more; the CUDA context, "
+                     "NCCL's buffers and the caching allocator's freed blocks are not in that "
+                     "figure, and such a run may stall or fail (--headroom GB keeps memory free)")
     return "\n".join(lines)
 
 
