@@ -378,6 +378,15 @@ def test_headroom_keeps_memory_free_of_every_layout(cli):
     assert code == 0
     after = json.loads(out)["layouts"]
     assert after and all(x["memory"]["total"] <= 80e9 - headroom * 1e9 for x in after)
+    # under a headroom the table names no layout as filling what is left: the headroom is the
+    # user's margin. The best layout then fills 97% of it.
+    best = before[0]["memory"]["total"]
+    kept = 80 - best / 0.97 / 1e9
+    code, out, _ = _plan(cli, *argv, "--headroom", f"{kept}")
+    listed = json.loads(out)["layouts"]
+    assert any(x["memory"]["total"] >= 0.95 * (80e9 - kept * 1e9) for x in listed)
+    code, out, _ = _plan(cli, *argv[:-1], "--headroom", f"{kept}")
+    assert code == 0 and "of each GPU's memory or more" not in out
     fullest = [x for x in before if x["memory"]["total"] == most]
     key = ("tp", "pp", "cp", "dp", "zero", "micro_batch", "virtual_stages", "recompute")
     assert not {tuple(x[k] for k in key) for x in fullest} & {tuple(x[k] for k in key)

@@ -439,7 +439,7 @@ def _one(args, found, forward, part, cluster, seq, batch, ranking=None, why=None
                   args.headroom))
     print(_counts(found))
     print()
-    print(format_plan(found.best))
+    print(format_plan(found.best, near=args.headroom is None))
     if ranking is not None:
         b = ranking["best"]
         print(f"\nthe best layout above ranks #{ranking['rank']:,} of the {ranking['of']:,} that "

@@ -199,10 +199,11 @@ def layout_text(layout, recompute: str, precision: str) -> str:
 NEAR_CAPACITY = 0.95
 
 
-def format_plan(best) -> str:
+def format_plan(best, near: bool = True) -> str:
     """`opgraph plan`'s table: the layouts found (`search.Ranked`), best first; the layout
-    column 52 wide, or as wide as the longest layout. Beneath, the ranks of those that need
-    `NEAR_CAPACITY` of the GPU's memory or more."""
+    column 52 wide, or as wide as the longest layout. Beneath, where `near`, the ranks of those
+    that need `NEAR_CAPACITY` of the GPU's memory or more (not under a headroom of the user's,
+    `--headroom`, whose capacity is what it leaves)."""
     texts = [layout_text(r.layout, r.candidate.recompute, r.candidate.precision) for r in best]
     width = max([52, *map(len, texts)])
     head = (f"{'#':>3}  {'layout':<{width}} {'step (s)':>9} {'tok/s/GPU':>10} {'MFU':>6} "
@@ -216,7 +217,7 @@ def format_plan(best) -> str:
                      f" {res.bubble_s:>10.3f} {res.exposed_communication_s:>11.3f}")
     full = [f"#{i}" for i, r in enumerate(best, 1) if r.result.memory.capacity
             and r.result.memory.total >= NEAR_CAPACITY * r.result.memory.capacity]
-    if full:
+    if full and near:
         lines.append(f"{', '.join(full)} need{'s' * (len(full) == 1)} "
                      f"{NEAR_CAPACITY:.0%} of each GPU's memory or more; the CUDA context, "
                      "NCCL's buffers and the caching allocator's freed blocks are not in that "
