@@ -234,6 +234,8 @@ def _in_flight(rows_: list[Row], m: np.ndarray, layers: int | None, roles) -> di
             p, v, n, first, last = key
             chunks = None if layers is None else chunks_of(layers, Parallel(
                 pp=p, virtual_stages=v, first_stage_layers=first, last_stage_layers=last))
+            # not `_roles(p)`: a two-stage row of an odd stack is compiled with a middle stage
+            # (`_representative`), which stands for its last there
             index = {FIRST: 0, MIDDLE: min(1, p - 1), LAST: p - 1}
             found[key] = {role: stage_in_flight(p, v, n, index[role],
                                                 chunks and chunks[index[role]])
