@@ -9,7 +9,8 @@ Prints, against the targets of the physics work:
 (b) the roofline at or below the measured step on every dev run (it is a ceiling)
 (c) predicted peak memory within 10% of the measured GPU memory on >= 90% of the playbook
     sweep's rows; beside it, where that error lies (per sequence of micro-batch, or fixed),
-    and the same figure on the dev runs whose source says it is the allocated peak
+    how far the measured figure repeats itself where every GPU holds the same, and the same
+    figure on the dev runs whose source says it is the allocated peak
 (d) on the playbook sweep, grouped by model and node count: median Spearman >= 0.85 of
     predicted and measured throughput, mean regret <= 5% of the first choice
 (e) Llama 3.1 405B at the Llama 3 paper's layout (8,192 H100s, 16 M tokens, TP 8, PP 16 with
@@ -62,6 +63,7 @@ def main(argv: list[str]) -> int:
           f"{sorted(errors)[len(errors) // 2] * 100:+.1f}%")
 
     print(memory_split(sweep.predictions))
+    print(repeated_memory(sweep.predictions))
     allocated = validate([c for c in dev if c.family in ALLOCATED_MEMORY
                           and c.measured_peak_memory_bytes], cost_model("calibrated"))
     errors = sorted(p.memory_error for p in allocated.predictions)
@@ -204,6 +206,39 @@ def memory_split(predictions) -> str:
             f"{statistics.median(slopes):.2f}, at micro-batch 0 (weights, gradients, optimizer) "
             f"{statistics.median(intercepts):.2f}\n"
             f"    per sequence, one pipeline stage, by TP degree (groups): {per_tp}")
+
+
+def repeated_memory(predictions, within: float = 0.10) -> str:
+    """How far the measured memory repeats itself: rows whose every GPU holds the same (ZeRO-0,
+    so the data-parallel degree moves no state; same model, sequence, TP, PP, CP, micro-batch,
+    framework) but that ran at different data-parallel degrees, so on different node counts;
+    per group of two or more, whether their measured memory agrees within `within`, and how many
+    rows one figure per group (any figure, as a prediction of per-GPU memory would be) could
+    bring within `within` of what was measured."""
+    groups: dict = {}
+    for p in predictions:
+        c, L = p.case, p.case.parallel
+        if c.measured_peak_memory_bytes is None or L.zero != 0:
+            continue
+        model = c.model if isinstance(c.model, str) else tuple(sorted(c.model.items()))
+        key = (model, c.seq_len, L.tp, L.pp, L.cp, L.micro_batch, L.framework)
+        groups.setdefault(key, []).append(c.measured_peak_memory_bytes)
+    repeated = [sorted(v) for v in groups.values() if len(v) > 1]
+    if not repeated:
+        return "    no rows repeat one GPU's work"
+    agree = sum(v[-1] / v[0] <= 1 + within for v in repeated)
+    rows = sum(len(v) for v in repeated)
+    # the rows one figure f can cover: those m with |f - m| <= within x m, the most over f
+    # (the most is reached at an end of some row's interval; 1e-9 keeps that end in it)
+    covered = sum(max(sum(abs(f - m) <= within * m * (1 + 1e-9) for m in v)
+                      for f in [m * (1 + s * within) for m in v for s in (-1, 1)])
+                  for v in repeated)
+    widest = max(repeated, key=lambda v: v[-1] / v[0])
+    return (f"    {len(repeated)} groups of rows whose GPUs hold the same (ZeRO-0, only the "
+            f"data-parallel degree differs; {rows} rows): measured memory within "
+            f"{within * 100:.0f}% of each other in {agree}; one figure per group could bring "
+            f"{covered} of the {rows} within {within * 100:.0f}%; the widest "
+            f"{widest[0] / 2**30:.1f} to {widest[-1] / 2**30:.1f} GiB")
 
 
 def _line(rows, column: int) -> tuple[float, float]:
