@@ -23,6 +23,12 @@ propagates shardings), and inserts a collective wherever the layout of a tensor 
   the ring; the overlap with the attention is the schedule's, `opgraph.parallel.schedule`); their
   gradients are reduce-scattered back. Attention FLOPs are then (S/cp) x S query-key pairs per
   GPU (half that, causal; a sliding window's, the busiest rank's band: `rules._score_pairs`).
+  With the layout's `cp_comm` "a2a" (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-LM's
+  `--cp-comm-type a2a`) a fused attention's queries, keys and values instead pass an
+  `all_to_all` over `cp` that trades each GPU's sequence shard of every head for the whole
+  sequence of H/cp of the heads, the attention runs on those, and its output passes the
+  all-to-all back: four all-to-alls forward, four back, none overlapped with the attention
+  (it waits for them), and the same S x S / cp pairs per GPU.
 - **Expert parallel**: the expert weights hold E/ep experts; the tokens routed to them travel by
   `all_to_all` (over `ep`) before the first expert matmul (K copies of each token: `fanout`)
   and back before the combine.
@@ -64,6 +70,12 @@ def _cp_gathers(op: Op) -> tuple[int, ...]:
     return rules.CP_GATHERS.get(op.kind, ())
 
 
+# Context parallelism's all-to-all (`cp_comm` "a2a"): into the attention, a sequence shard of
+# every head ([B, S/cp, heads x d]) becomes the whole sequence of a head shard; out of it, back.
+A2A_IN = {"gather_axis": SEQ_AXIS, "split_axis": 2}
+A2A_OUT = {"gather_axis": 2, "split_axis": SEQ_AXIS}
+
+
 def _sub(value, mapping):
     """`value` (a parameter: a number, an expression, or a tuple of them) with `mapping`."""
     if isinstance(value, sympy.Basic):
@@ -101,11 +113,25 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
                                + pad)
     seq = dims.get("S")
     split = layout.cp * (layout.tp if layout.sequence_parallel else 1)
-    if seq is not None and seq % (2 * layout.cp if layout.cp > 1 else split):
-        raise OpgraphError(f"sequence length {seq} is not divisible by "
-                           + (f"2 x --cp {layout.cp} (ring attention balances causal work with "
-                              "two chunks per GPU)" if layout.cp > 1 else
-                              f"--tp {layout.tp} (sequence parallelism splits it)"))
+    if layout.cp > 1 and layout.cp_comm == "ring":
+        need, why = 2 * layout.cp, (f"2 x --cp {layout.cp} (ring attention balances causal "
+                                    "work with two chunks per GPU)")
+    elif layout.cp > 1:
+        need, why = split, f"--cp {layout.cp}" + (
+            f" x --tp {layout.tp} (context and sequence parallelism split it)"
+            if layout.sequence_parallel else " (context parallelism splits it)")
+    else:
+        need, why = split, f"--tp {layout.tp} (sequence parallelism splits it)"
+    if seq is not None and seq % need:
+        raise OpgraphError(f"sequence length {seq} is not divisible by {why}")
+    if layout.cp > 1 and layout.cp_comm == "a2a":
+        for sym in (H, H_kv):
+            value = dims.get(sym.name)
+            if value is not None and value % (layout.tp * layout.cp):
+                raise OpgraphError(
+                    f"{graph.name}: {sym.name} = {value} heads are not divisible by tp x cp = "
+                    f"{layout.tp} x {layout.cp}: the all-to-all gives each GPU whole heads "
+                    "(--cp-comm a2a); pick degrees that divide them, or --cp-comm ring")
     if layout.tp > 1 and not any(set(TENSOR_SPLITS) & sympy.Add(*w.shape).free_symbols
                                  for w in graph.weights()):
         # a model built on symbols of its own would otherwise run replicated, silently
@@ -129,7 +155,8 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
 @step_pass(at=SHARD, bind=lambda o: o.layout and {"layout": o.layout},
            # the degrees are symbols of the sharded graph: only which exceed 1 decides its ops
            structure={"layout": lambda p: (p.tp > 1, p.cp > 1, p.ep > 1,
-                                           p.sequence_parallel)})
+                                           p.sequence_parallel,
+                                           p.cp_comm if p.cp > 1 else None)})
 @contract(forbids=("backward",))
 def shard(graph: Graph, layout: Parallel) -> Graph:
     """The forward graph one GPU of `layout` runs, its collectives inserted (see the module).
@@ -216,7 +243,8 @@ class _Sharder:
         self.made[key] = name
         if kind == "all_to_all" and source in self.seq:  # tokens move, the shard stays
             self.seq.add(name)
-        if (source in self.routed) != (kind == "all_to_all"):  # a dispatch routes, a combine ends
+        # an expert dispatch routes, a combine ends
+        if (source in self.routed) != (kind == "all_to_all" and group == "ep"):
             self.routed.add(name)
         return name
 
@@ -251,6 +279,8 @@ class _Sharder:
             self._check_role(op, inputs)
             inputs = self._before(op, inputs)
             params = {k: _sub(v, self.params) for k, v in op.params}
+            if self._a2a(op):  # it runs on a head shard: H/cp of this GPU's heads
+                params |= {k: params[k] / cp for k in ("heads", "kv_heads") if k in params}
             ins = [out.tensor(n) for n in inputs]
             if op.kind in RESHAPES and inputs[0] in self.seq:  # it keeps its sequence shard
                 # (the input's extent, context parallelism's share already in it)
@@ -305,7 +335,11 @@ class _Sharder:
                                          fanout=self._fanout(op, inputs))
         if layout.ep > 1 and rules.shards_as(op.kind, "combine") and inputs[0] in self.routed:
             inputs[0] = self._collective(inputs[0], "all_to_all", "ep", op.region, op.count)
-        if layout.cp > 1:
+        if self._a2a(op):
+            for i in range(3):  # queries, keys, values
+                inputs[i] = self._collective(inputs[i], "all_to_all", "cp", op.region, op.count,
+                                             size=cp, **A2A_IN)
+        elif layout.cp > 1:
             for i in _cp_gathers(op):
                 inputs[i] = self._collective(inputs[i], "all_gather", "cp", op.region, op.count)
         if self.seq and any(n in self.seq for n in inputs) and (
@@ -321,6 +355,17 @@ class _Sharder:
                         and out.producer(n) is not None and not self._is_split(n)):
                     inputs[i] = self._local_slice(n, op)
         return inputs
+
+    def _a2a(self, op: Op) -> bool:
+        """Whether `op` is an attention that context parallelism's all-to-all wraps (`cp_comm`
+        "a2a"); an error for a part of an unfused attention, which it cannot."""
+        if self.layout.cp == 1 or self.layout.cp_comm != "a2a" or not _cp_gathers(op):
+            return False
+        if rules.CP_GATHERS.get(op.kind) != (1, 2) or op.param("heads") is None:
+            raise OpgraphError(f"--cp-comm a2a runs a fused attention on the whole sequence of a "
+                               f"head shard, and {op.name} ({op.kind}) is part of an unfused "
+                               "one; leave out --no-fused-attention, or give --cp-comm ring")
+        return True
 
     def _fanout(self, op: Op, inputs: list[str]):
         """Copies of each token the dispatch sends: K when the input is [..., in] per token."""
@@ -345,5 +390,8 @@ class _Sharder:
             return
         if any(n in self.seq for n in inputs):  # still on this GPU's share of the sequence
             self.seq.update(n for n in outputs if self._on_shard(out.tensor(n)))
+        if self._a2a(op):  # the output back to this GPU's sequence shard of every head
+            self.name[outputs[0]] = self._collective(outputs[0], "all_to_all", "cp", op.region,
+                                                     op.count, size=cp, **A2A_OUT)
 
 

@@ -479,6 +479,20 @@ def test_a_case_runs_hsdp_replicas(tmp_path):
         load_cases(_write(tmp_path, _with(lambda c: c["parallel"].update(tp=1, replicate=2))))
 
 
+def test_a_case_runs_context_parallelism_by_all_to_all(tmp_path):
+    """`cp_comm` in a case's parallel block: written back only where it is the all-to-all, and
+    read as a choice of `CP_COMMS`."""
+    (case,) = load_cases(_write(tmp_path, _with(
+        lambda c: c["parallel"].update(cp=2, cp_comm="a2a"))))
+    assert (case.parallel.cp, case.parallel.cp_comm) == (2, "a2a")
+    assert case.to_json()["parallel"]["cp_comm"] == "a2a"
+    assert load_cases(_write(tmp_path, {"cases": [case.to_json()]})) == [case]
+    assert "cp_comm" not in load_cases(_write(tmp_path, {"cases": [GOOD]}))[0].to_json()[
+        "parallel"]
+    with pytest.raises(OpgraphError, match="a context-parallel communication"):
+        load_cases(_write(tmp_path, _with(lambda c: c["parallel"].update(cp_comm="ulysses"))))
+
+
 def test_a_case_says_every_stages_layers(tmp_path):
     (case,) = load_cases(_write(tmp_path, _with(
         lambda c: c["parallel"].update(stage_layers=[3, 1]))))

@@ -7,7 +7,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from ..core.choices import ATTENTION_LIBRARIES, FRAMEWORKS, GRAD_REDUCE_DTYPES, ZERO_STAGES
+from ..core.choices import (ATTENTION_LIBRARIES, CP_COMMS, FRAMEWORKS, GRAD_REDUCE_DTYPES,
+                            ZERO_STAGES)
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_DIM, MAX_MICRO_BATCHES
 from .args import layer_counts, whole
@@ -48,8 +49,9 @@ def add_sharding_args(group) -> None:
 
 
 def add_framework_args(group) -> None:
-    """`--framework`, `--grad-reduce-dtype` and `--attention-library`
-    (`opgraph.parallel.frameworks`): what profile and plan follow beyond the degrees."""
+    """`--framework`, `--grad-reduce-dtype`, `--attention-library` and `--cp-comm`
+    (`opgraph.parallel.frameworks`, `passes.shard`): what profile and plan follow beyond the
+    degrees."""
     group.add_argument("--framework", choices=FRAMEWORKS,
                        help="follow this framework's behaviour (opgraph.parallel.frameworks): "
                             "FSDP2's gathers (torchtitan), Megatron-LM's sequence-parallel inputs, "
@@ -68,6 +70,12 @@ def add_framework_args(group) -> None:
                             "(cuDNN's fused attention), triton (flash-attn's Triton "
                             "FlashAttention), flash1 (FlashAttention 1) (default: the "
                             "framework's; flash without one)")
+    group.add_argument("--cp-comm", choices=CP_COMMS,
+                       help="with --cp: ring, each GPU's keys and values passed around the ring "
+                            "(ring attention; Megatron-LM's p2p and allgather, torchtitan's); "
+                            "a2a, an all-to-all to whole sequences of a head shard and back "
+                            "(DeepSpeed-Ulysses, Megatron-LM's --cp-comm-type a2a) (default "
+                            "ring)")
 
 
 class _OldRank(argparse.Action):

@@ -151,7 +151,7 @@ def _space(args, gpus: int, batch: int):
                  max_micro_batch=args.max_micro_batch,
                  max_virtual_stages=args.max_virtual_stages, async_tp=args.async_tp,
                  framework=args.framework, grad_reduce_dtype=args.grad_reduce_dtype,
-                 attention_library=args.attention_library)
+                 attention_library=args.attention_library, cp_comm=args.cp_comm or "ring")
 
 
 def _sizes(text: str) -> list[int]:

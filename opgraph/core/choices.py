@@ -48,3 +48,9 @@ GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 # The attention kernels a framework may run (`opgraph.parallel.frameworks`'s `attention_library`):
 # FlashAttention-2, cuDNN's fused attention, flash-attn's Triton FlashAttention, FlashAttention 1.
 ATTENTION_LIBRARIES = ("flash", "cudnn", "triton", "flash1")
+# How context parallelism moves the attention's inputs (`passes.shard`): "ring", each GPU's
+# keys and values passed around the ring while its queries stay (ring attention: Megatron-LM's
+# `--cp-comm-type p2p` and `allgather`, torchtitan's rotate methods); "a2a", an all-to-all that
+# trades the sequence shard for a head shard before the attention and back after it
+# (DeepSpeed-Ulysses, Jacobs et al. 2023, arXiv:2309.14509; Megatron-LM's `--cp-comm-type a2a`).
+CP_COMMS = ("ring", "a2a")

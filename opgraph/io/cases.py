@@ -40,7 +40,7 @@ from pathlib import Path
 
 import attrs
 
-from ..core.choices import ATTENTION_LIBRARIES
+from ..core.choices import ATTENTION_LIBRARIES, CP_COMMS
 from ..core.datafile import read_small
 from ..core.errors import OpgraphError
 from ..core.fusion import POLICIES as FUSION_POLICIES
@@ -183,6 +183,8 @@ class Case:
                "fused_attention": self.fused_attention, "measured": {}, "notes": self.notes}
         if p.replicate > 1:  # HSDP's replicas: written where there are any
             out["parallel"]["replicate"] = p.replicate
+        if p.cp_comm != "ring":  # context parallelism's all-to-all: written where it runs
+            out["parallel"]["cp_comm"] = p.cp_comm
         if self.cluster is None:
             del out["cluster"]
         if not self.family:
@@ -373,6 +375,7 @@ READERS: dict[str, Callable] = {
     "framework": _choice(lambda: FRAMEWORKS, "a framework"),
     "grad_reduce_dtype": _choice(lambda: GRAD_REDUCE_DTYPES, "a gradient-reduction dtype"),
     "attention_library": _choice(lambda: ATTENTION_LIBRARIES, "an attention library"),
+    "cp_comm": _choice(lambda: CP_COMMS, "a context-parallel communication"),
     # measured
     "step_time_s": _measured_step, "tokens_per_s_per_gpu": _within(1e-3, 1e9, "tokens/s"),
     "peak_memory_gib": _within(1e-6, 1e6, "GiB"), "peak_memory_gb": _within(1e-6, 1e6, "GB"),

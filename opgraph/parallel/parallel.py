@@ -26,15 +26,15 @@ import re
 
 import attrs
 
-from ..core.choices import (ATTENTION_LIBRARIES, DEEPSPEED, FRAMEWORKS, GRAD_REDUCE_DTYPES,
-                            ZERO_STAGES)
+from ..core.choices import (ATTENTION_LIBRARIES, CP_COMMS, DEEPSPEED, FRAMEWORKS,
+                            GRAD_REDUCE_DTYPES, ZERO_STAGES)
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_DIM, MAX_MICRO_BATCHES, check_whole
 
 SCHEDULES = ("1f1b", "interleaved")
 # The fields that say how the job's framework runs it rather than how the job is laid out: the
 # planner holds them fixed while it searches layouts (`Parallel.settings`, `search.Space`).
-FRAMEWORK_FIELDS = ("framework", "grad_reduce_dtype", "attention_library")
+FRAMEWORK_FIELDS = ("framework", "grad_reduce_dtype", "attention_library", "cp_comm")
 # The ZeRO stage from which each resident part is a 1/group shard (Rajbhandari et al. 2020:
 # P_os, P_os+g, P_os+g+p): the optimizer states from ZeRO-1, the gradients from ZeRO-2 (the
 # full gradient a per-layer transient, reduced as soon as it is made, every micro-batch), the
@@ -166,7 +166,9 @@ class Parallel(LayoutFields):
     `framework` names whose behaviour the passes follow where frameworks differ
     (`opgraph.parallel.frameworks`: FSDP2's gathers, Megatron's sequence-parallel inputs, ...);
     `attention_library` the attention kernels the job runs, else the framework's
-    (`frameworks.attention_library`).
+    (`frameworks.attention_library`). `cp_comm` is how context parallelism moves the
+    attention's inputs (`passes.shard`): "ring" (ring attention, every framework's default) or
+    "a2a" (DeepSpeed-Ulysses' all-to-all; Megatron-LM's `--cp-comm-type a2a`).
     """
 
     tp: int = 1
@@ -190,6 +192,7 @@ class Parallel(LayoutFields):
     framework: str | None = None
     grad_reduce_dtype: str | None = None
     attention_library: str | None = None
+    cp_comm: str = "ring"
 
     def __attrs_post_init__(self):
         for name in ("tp", "pp", "cp", "ep", "dp", "gpus", "micro_batch", "global_batch",
@@ -207,6 +210,9 @@ class Parallel(LayoutFields):
                 and self.attention_library not in ATTENTION_LIBRARIES):
             raise OpgraphError(f"attention library {self.attention_library!r}: choose one of "
                                f"{', '.join(ATTENTION_LIBRARIES)}")
+        if self.cp_comm not in CP_COMMS:
+            raise OpgraphError(f"context-parallel communication {self.cp_comm!r}: choose one of "
+                               f"{', '.join(CP_COMMS)}")
         model = self.tp * self.cp * self.pp
         if self.gpus is not None:
             if self.gpus % model:
@@ -288,7 +294,7 @@ class Parallel(LayoutFields):
                 "overlap_grad_reduce": self.overlap_grad_reduce,
                 "overlap_param_gather": self.overlap_param_gather,
                 "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype,
-                "attention_library": self.attention_library}
+                "attention_library": self.attention_library, "cp_comm": self.cp_comm}
 
 
 def replicas_problem(replicate: int, ranks: int, zero: int, ep: int,
@@ -412,8 +418,9 @@ def parse_layout(text: str) -> tuple[dict, dict]:
     """The `Parallel` fields and the step's options (`recompute`, `precision`) a layout written
     as `plan` prints it names: `tp8 cp1 pp16(7/.../7) dp64 mb1 v1 zero1 sp full bf16`, words
     apart by spaces or commas (`tp8,pp16,dp64,mb1,zero1`), pp's uneven end stages in brackets
-    (first/.../last, - for an even end), `sp` sequence parallelism, a recomputation policy and
-    a precision by name. A word left out sets nothing (dp: the GPUs left); `Parallel` checks
+    (first/.../last, - for an even end), `sp` sequence parallelism, context parallelism's
+    communication by name (`a2a`, `ring`: `CP_COMMS`), a recomputation policy and a precision
+    by name. A word left out sets nothing (dp: the GPUs left); `Parallel` checks
     what the fields make.
 
         >>> parse_layout("tp8,pp4 zero1 full")
@@ -445,6 +452,8 @@ def parse_layout(text: str) -> tuple[dict, dict]:
                     fields[key] = int(end)
         elif word == "sp":
             put(fields, "sequence_parallel", True, word)
+        elif word in CP_COMMS:
+            put(fields, "cp_comm", word, word)
         elif word in POLICIES:
             put(options, "recompute", word, word)
         elif word in PRECISIONS:
@@ -453,6 +462,7 @@ def parse_layout(text: str) -> tuple[dict, dict]:
             raise OpgraphError(
                 f"layout {shown!r}: {word[:20]!r} is not a layout word; write a degree and "
                 f"its number ({', '.join(LAYOUT_WORDS)}: tp8, mb2), pp16(7/.../7) for uneven "
-                f"end stages, sp, a recomputation ({', '.join(POLICIES)}) or a precision "
+                f"end stages, sp, {' or '.join(CP_COMMS)} (context parallelism's "
+                f"communication), a recomputation ({', '.join(POLICIES)}) or a precision "
                 f"({', '.join(PRECISIONS)})")
     return fields, options

@@ -14,8 +14,9 @@ its group's stream (one per parallel degree: tp, cp, ep, dp, pp), in the order i
   gather, `frameworks.Traits.syncs_before_gather`) it starts when the compute stream reaches
   its reader;
 - a compute op waits for the collectives it reads. Where the collective is `overlapped` with
-  its reader (ring attention's K/V passing under the attention; tensor-parallel communication
-  under its matmul with `--async-tp`), the reader may start with it and ends no earlier than it;
+  its reader (ring attention's K/V passing under the attention, not context parallelism's
+  all-to-all; tensor-parallel communication under its matmul with `--async-tp`), the reader
+  may start with it and ends no earlier than it;
 - without `overlap_grad_reduce` (Megatron-LM's default) the gradient reductions wait for the
   backward to end: they start when the optimizer needs them;
 - with `overlap_param_gather` (Megatron-LM's flag), ZeRO-1/2's gathers of the updated weights
@@ -88,10 +89,12 @@ class Run:
     queued_s: dict = attrs.field(factory=dict)  # name -> seconds waited before it started
 
 
-def overlapped(group: str, async_tp: bool) -> bool:
-    """Whether a collective of `group` runs beside the op that reads (or writes) it (see the
-    module): ring attention's, and tensor parallelism's with `--async-tp`."""
-    return group == "cp" or (group == "tp" and async_tp)
+def overlapped(group: str, async_tp: bool, kind: str = "all_gather") -> bool:
+    """Whether a collective of `group` (and `kind`) runs beside the op that reads (or writes)
+    it (see the module): ring attention's passing of keys and values, and tensor parallelism's
+    with `--async-tp`. Context parallelism's all-to-all (`passes.shard`, DeepSpeed-Ulysses')
+    does not: the attention reads the whole of what it moved."""
+    return (group == "cp" and kind != "all_to_all") or (group == "tp" and async_tp)
 
 
 def same_trip(prev, op) -> bool:
@@ -403,7 +406,8 @@ class Streams:
         start, floor, waited_on, began = now, 0.0, None, now
         for name in op.waits_on:
             s, e, comm = self._need(name, i, op)
-            if comm is not None and overlapped(comms[comm].group, self.async_tp):
+            if comm is not None and overlapped(comms[comm].group, self.async_tp,
+                                               comms[comm].kind):
                 floor = max(floor, e)
                 e = s
             if e > start:
@@ -434,7 +438,7 @@ class Streams:
             c = comms[reader]
             if not self._deferred(c):
                 self._comm(c, _instance(i, c.count),
-                           start if overlapped(c.group, self.async_tp) else end)
+                           start if overlapped(c.group, self.async_tp, c.kind) else end)
 
     def _comm(self, c: _Comm, i: int, earliest: float) -> tuple[float, float]:
         """Instance `i` of collective `c` on its group's stream, no earlier than `earliest`,

@@ -87,6 +87,23 @@ def _exchange_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     return [ins[0].shape]
 
 
+def _all_to_all_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Tokens to their experts' GPUs and back: the shape it read. With `gather_axis` and
+    `split_axis` (context parallelism's all-to-all, DeepSpeed-Ulysses'), each of the `size`
+    GPUs sends every other its `split_axis` shard and keeps its own: `gather_axis` grows
+    `size` times, `split_axis` shrinks as much (a sequence shard of every head becomes the
+    whole sequence of a head shard)."""
+    if params.get("split_axis") is None:
+        return _exchange_shape(ins, params)
+    _require(len(ins) == 1, lambda: f"a collective reads one tensor, not {len(ins)}")
+    shape, size = list(ins[0].shape), params["size"]
+    gather, split = int(params["gather_axis"]), int(params["split_axis"])
+    for axis in (gather, split):
+        _require(-len(shape) <= axis < len(shape), lambda: f"axis {axis} of {_fmt(ins[0].shape)}")
+    shape[gather], shape[split] = shape[gather] * size, shape[split] / size
+    return [tuple(shape)]
+
+
 def _collective_vjp(ctx, op: Op) -> list[Op]:
     """A collective's gradient is the collective `opgraph.parallel.collectives` pairs it with
     (Megatron's f and g: all-gather <-> reduce-scatter, all-reduce <-> identity), over the same
@@ -95,7 +112,10 @@ def _collective_vjp(ctx, op: Op) -> list[Op]:
 
     paired = collectives.backward(op.kind.replace("_", "-")).replace("-", "_")
     dy = ctx.grad(op.outputs[0])
-    kernel = ctx.emit(op, "grad", paired, [dy], [op.inputs[0]])
+    # an all-to-all that moved shards back moves the gradient's back: its axes swap
+    swapped = ({"gather_axis": op.param("split_axis"), "split_axis": op.param("gather_axis")}
+               if op.param("split_axis") is not None else {})
+    kernel = ctx.emit(op, "grad", paired, [dy], [op.inputs[0]], **swapped)
     return [kernel] if kernel else []
 
 
@@ -111,7 +131,7 @@ KINDS = (
          group="collective"),
     kind("all_gather", shape=_all_gather_shape, flops=_no_flops, vjp=_collective_vjp,
          group="collective"),
-    kind("all_to_all", shape=_exchange_shape,  # tokens to their experts' GPUs and back
+    kind("all_to_all", shape=_all_to_all_shape,  # tokens to their experts' GPUs and back
          flops=_no_flops, vjp=_collective_vjp, group="collective"),
     kind("send_recv", shape=_exchange_shape,  # to the next pipeline stage (or back)
          flops=_no_flops, vjp=_collective_vjp, group="collective"),

@@ -320,6 +320,8 @@ def to_bridge(launch: Launch) -> str:
                  or p.last_stage_layers is not None, "opgraph writes even pipeline splits"),
                 (p.async_tp, "opgraph does not write comm_overlap"),
                 (p.attention_library is not None, f"{recipe.name} picks its own attention"),
+                (p.cp > 1 and p.cp_comm == "a2a",
+                 "opgraph writes ring attention's context parallelism (no cp_comm_type)"),
                 (launch.recompute == "selective-op",
                  "Megatron has no per-op selective recomputation ('selective-op')"),
                 (reduce_dtype(p) == "fp16", "Megatron reduces gradients in fp32 or bf16"))

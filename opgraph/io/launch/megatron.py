@@ -452,7 +452,8 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
         overlap_grad_reduce=flags.switch("--overlap-grad-reduce"),
         overlap_param_gather=flags.switch("--overlap-param-gather"),
         grad_reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else None,
-        attention_library=_mg_attention(flags), framework="megatron", **split)
+        attention_library=_mg_attention(flags), cp_comm=_mg_cp_comm(flags),
+        framework="megatron", **split)
 
 
 # Megatron-LM's --pipeline-model-parallel-layout (megatron/core/transformer/
@@ -582,6 +583,23 @@ def _mg_attention(flags: _Flags) -> str | None:
     return _MG_ATTENTION.get(backend)
 
 
+# --cp-comm-type (megatron/training/arguments.py; one value, or one per layer): p2p passes the
+# keys and values around the ring, allgather gathers them once, both ring attention to opgraph
+# (`Parallel.cp_comm`); a2a is DeepSpeed-Ulysses' all-to-all. a2a+p2p (an all-to-all inside a
+# node, a ring across) and a different type per layer are not modelled: left over.
+_MG_CP_COMM = {"p2p": "ring", "allgather": "ring", "a2a": "a2a"}
+
+
+def _mg_cp_comm(flags: _Flags) -> str:
+    if "--cp-comm-type" not in flags:
+        return "ring"
+    values = set(flags.flags["--cp-comm-type"])
+    if len(values) != 1 or not values <= set(_MG_CP_COMM):
+        flags.read.discard("--cp-comm-type")
+        return "ring"
+    return _MG_CP_COMM[values.pop()]
+
+
 def _mg_recompute(flags: _Flags) -> str:
     """Selective recomputation re-runs the modules --recompute-modules lists, ["core_attn"]
     where none are given (Megatron-Core's `TransformerConfig.recompute_modules`): the attention
@@ -679,6 +697,8 @@ def to_megatron(launch: Launch) -> str:
             raise OpgraphError(f"Megatron-LM runs no {p.attention_library} attention kernel; "
                                "give --attention-library flash or cudnn")
         args += ["--attention-backend", backend[p.attention_library]]
+    if p.cp > 1 and p.cp_comm == "a2a":
+        args += ["--cp-comm-type", "a2a"]
     args += _mg_zero_args(p.zero) + _mg_recompute_args(launch.recompute) + ["--bf16"]
     if p.replicate > 1:  # the distributed optimizer's replicas (`Parallel.replicate`)
         args += ["--num-distributed-optimizer-instances", str(p.replicate)]

@@ -453,6 +453,10 @@ def to_torchtitan(launch: Launch) -> str:
         raise OpgraphError(f"torchtitan's config names no attention kernel (PyTorch's SDPA picks "
                            f"FlashAttention); {p.attention_library} attention has no torchtitan "
                            "form")
+    if p.cp > 1 and p.cp_comm == "a2a":
+        raise OpgraphError("torchtitan's context parallelism is ring attention (its rotate "
+                           "methods pass keys and values around the ring); the all-to-all "
+                           "(--cp-comm a2a) has no torchtitan form")
     if launch.recompute == "selective":
         raise OpgraphError("torchtitan has no attention-core ('selective') recomputation; give "
                            "selective-op, full or none")

@@ -86,7 +86,9 @@ def format_parallel(p: Profile, ops: bool = False) -> str:
         f" in {lay.replicate} replicas of {lay.size('dp')} ranks (HSDP)" if lay.replicate > 1
         else "")
     options += [zero] + (["sequence parallel"] if lay.sequence_parallel else []) + (
-        ["async TP"] if lay.async_tp else [])
+        ["async TP"] if lay.async_tp else []) + (
+        ["context parallel by all-to-all (Ulysses)"] if lay.cp > 1 and lay.cp_comm == "a2a"
+        else [])
     lines = [
         f"{p.model} on {lay.world:,} x {p.hardware.describe()}",
         f"cluster: {r.cluster.describe()}",
@@ -181,14 +183,16 @@ def memory_warning(p: Profile) -> str | None:
 
 def layout_text(layout, recompute: str, precision: str) -> str:
     """A layout in one short line: `tp8 cp1 pp16(7/8/7) dp64 mb1 v1 zero1 sp full bf16`;
-    HSDP's replicas after the ZeRO stage (`zero3 rep4`)."""
+    HSDP's replicas after the ZeRO stage (`zero3 rep4`), context parallelism's all-to-all after
+    its degree (`cp4 a2a`; ring attention, the default, unsaid)."""
     split = ""
     if layout.first_stage_layers is not None or layout.last_stage_layers is not None:
         split = f"({layout.first_stage_layers or '-'}/.../{layout.last_stage_layers or '-'})"
     elif layout.stage_layers is not None:  # every stage's (not read back by `parse_layout`)
         split = f"({'/'.join(map(str, layout.stage_layers))})"
     ep = f" ep{layout.ep}" if layout.ep > 1 else ""
-    return (f"tp{layout.tp} cp{layout.cp} pp{layout.pp}{split} dp{layout.dp_degree}{ep} "
+    a2a = " a2a" if layout.cp > 1 and layout.cp_comm == "a2a" else ""
+    return (f"tp{layout.tp} cp{layout.cp}{a2a} pp{layout.pp}{split} dp{layout.dp_degree}{ep} "
             f"mb{layout.micro_batch} v{layout.virtual_stages} zero{layout.zero}"
             f"{f' rep{layout.replicate}' if layout.replicate > 1 else ''}"
             f"{' sp' if layout.sequence_parallel else ''} {recompute} {precision}")

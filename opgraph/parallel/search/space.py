@@ -66,6 +66,7 @@ class Space:
     framework: str | None = None
     grad_reduce_dtype: str | None = None
     attention_library: str | None = None
+    cp_comm: str = "ring"  # how context parallelism moves the attention's inputs
 
     def __attrs_post_init__(self):
         for name in ("gpus", "batch", "max_micro_batch", "max_virtual_stages"):
@@ -313,7 +314,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         for (first, last), sp_ in itertools.product(splits[p], _sp(space, t)):
             for e in eps:
                 if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first,
-                                               last, checked, space.framework):
+                                               last, checked, space.framework,
+                                               space.cp_comm):
                     continue
                 for mb in ([space.micro_batch] if space.micro_batch else
                            _divisors(per_rank, space.max_micro_batch)):
@@ -366,16 +368,17 @@ def _refused(space: Space, stages: int, zero: int) -> bool:
 
 
 def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict,
-             framework: str | None = None) -> bool:
+             framework: str | None = None, cp_comm: str = "ring") -> bool:
     """Whether the model divides over the degrees as `profile` checks it
     (`distributed.check_layout`, at its own sequence length and the one searched; the
-    framework's, which may pad the vocabulary)."""
+    framework's, which may pad the vocabulary; the context-parallel communication's, the
+    all-to-all's head shards)."""
     key = (t, c, e, p, sp_, first, last)
     if key not in cache:
         # dp = ep: any data-parallel degree the experts divide (checked by the caller)
         layout = Parallel(tp=t, cp=c, ep=e, pp=p, dp=e, sequence_parallel=sp_,
                           first_stage_layers=first, last_stage_layers=last,
-                          framework=framework)
+                          framework=framework, cp_comm=cp_comm)
         try:
             check_layout(forward, layout, seq)
             cache[key] = True
