@@ -21,6 +21,9 @@ DATASHEETS = {
     # NVIDIA GB200 NVL72 datasheet, per rack of 72 GPUs: 360 PFLOPS BF16* and 720 FP8*, 576 TB/s,
     # up to 13.4 TB of HBM3e (186 GB a GPU, rounded down)
     "gb200": (360e3 / 72 / 2, 720e3 / 72 / 2, 576 / 72, 186),
+    # NVIDIA GB300 NVL72, per rack, as third-party pages quote it (the part's source names
+    # them): the GB200 NVL72's 360 and 720 PFLOPS with sparsity, 576 TB/s, up to 20 TB
+    "gb300": (360e3 / 72 / 2, 720e3 / 72 / 2, 576 / 72, 277),
     "mi300x": (2614.9 / 2, 5229.8 / 2, 5.3, 192),  # AMD Instinct MI300X datasheet
     "l40s": (362.05, 733, 0.864, 48),  # NVIDIA L40S datasheet: 362.05 | 733*, 733 | 1,466*
     "l4": (242 / 2, 485 / 2, 0.3, 24),  # NVIDIA L4 datasheet (GDDR6)
