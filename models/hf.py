@@ -5,8 +5,9 @@
 `model_type` picks the family: `llama`, `mistral`, `mixtral`, `qwen2` and `qwen3` build the
 Llama graph (`models.llama`), `qwen2_moe` and `qwen3_moe` the Qwen mixture-of-experts graph
 (`models.qwen_moe`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
-(`models.gemma2`), `deepseek_v2` and `deepseek_v3` the DeepSeek graph (`models.deepseek`) and
-`bert` the BertForMaskedLM graph (`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build
+(`models.gemma2`), `deepseek_v2` and `deepseek_v3` the DeepSeek graph (`models.deepseek`),
+`gpt_oss` the gpt-oss graph (`models.gpt_oss`) and `bert` the BertForMaskedLM graph
+(`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build
 the GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
 grouped-query attention, ...). The fields read are the ones that shape the cost; the rest
 (RoPE base, norm epsilon, dtype, token ids) do not change a roofline and are ignored; of the
@@ -39,6 +40,14 @@ Defaults follow `transformers` where it has a rule rather than a model's number:
   (`models.qwen_moe.stacks`): the layers `mlp_only_layers` makes dense at the start or the end
   of the stack, a `decoder_sparse_step` of at most 64; any other is an error.
   `norm_topk_prob` (the gates renormalised: a few FLOPs a token) is ignored.
+- gpt-oss: `num_local_experts`, `num_experts_per_tok` (or the older `experts_per_token`),
+  `intermediate_size` (an expert's width), `head_dim` and `sliding_window` are required;
+  `layer_types` absent means sliding-window and full layers alternating, sliding first (any
+  other order is an error: the stack is built as pairs); the sequence is
+  `initial_context_length` (the pre-training context), else `max_position_embeddings`, each
+  capped at 8,192; `tie_word_embeddings` absent means false. Its biases on Q, K, V and O are
+  built by architecture; the experts' and router's biases, the clamped activation and the
+  attention sinks are approximated (`models.gpt_oss`).
 - GPT-2: `n_positions` (or the older `n_ctx`) is the position table; `n_inner` null means
   `4 x n_embd`.
 - OPT: the position table has `max_position_embeddings` (absent: 2048) + 2 rows (OPT's
@@ -110,7 +119,7 @@ from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Graph
 from opgraph.core.limits import MAX_DIM, check_whole
 
-from . import bert, deepseek, gemma2, gpt2, llama, qwen_moe
+from . import bert, deepseek, gemma2, gpt2, gpt_oss, llama, qwen_moe
 
 DEFAULT_SEQ_LEN = 8192  # the plate's; and the cap on a config's own context
 _REQUIRED = object()
@@ -331,6 +340,44 @@ def _read_gemma2(f: _Fields) -> Graph:
     return gemma2.build(config)
 
 
+# gpt-oss's two kinds of layer, as `layer_types` names them (transformers' GptOssConfig)
+_GPT_OSS_LAYERS = {"sliding_attention": gpt_oss.SLIDING, "full_attention": gpt_oss.FULL}
+
+
+def _read_gpt_oss(f: _Fields) -> Graph:
+    """gpt-oss (`models.gpt_oss`): its layers alternate a sliding window and the full
+    sequence, sliding first (`layer_types`; absent, transformers' default, that alternation)."""
+    layers = f.int("num_hidden_layers")
+    kinds = [gpt_oss.SLIDING, gpt_oss.FULL] * (layers // 2) + [gpt_oss.SLIDING] * (layers % 2)
+    if f.has("layer_types"):
+        given = f.data["layer_types"]
+        if (not isinstance(given, list) or len(given) != layers
+                or any(not isinstance(t, str) or t not in _GPT_OSS_LAYERS for t in given)):
+            raise OpgraphError(f"{f.path}: field 'layer_types' is {_shown(given)}, not a list of "
+                               f"{layers} of {', '.join(map(repr, _GPT_OSS_LAYERS))}")
+        if [_GPT_OSS_LAYERS[t] for t in given] != kinds:
+            raise OpgraphError(f"{f.path}: layer_types does not alternate sliding_attention and "
+                               "full_attention, sliding first; opgraph builds gpt-oss's stack as "
+                               "pairs of them")
+    if layers % 2:
+        raise OpgraphError(f"{f.path}: num_hidden_layers = {layers} is odd; gpt-oss alternates "
+                           "sliding-window and full layers in pairs")
+    heads, kv_heads = f.int("num_attention_heads"), f.int("num_key_value_heads")
+    f.divisible("num_attention_heads", heads, "num_key_value_heads", kv_heads)
+    experts = f.int("num_local_experts")
+    top_k = f.int(f.alias("num_experts_per_tok", "experts_per_token"))
+    _check_top_k(f, top_k, "num_local_experts", experts)
+    config = gpt_oss.GptOssConfig(
+        f.name(), d_model=f.int("hidden_size"), layers=layers, heads=heads, kv_heads=kv_heads,
+        head_dim=f.int("head_dim"), experts=experts, experts_per_token=top_k,
+        moe_d_ff=f.int("intermediate_size"), vocab=f.int("vocab_size"),
+        window=f.int("sliding_window"),
+        seq_len=_seq_len(f.int("initial_context_length", None)
+                         or f.int("max_position_embeddings", None)),
+        tie_embeddings=f.bool("tie_word_embeddings", False))
+    return gpt_oss.build(config)
+
+
 def _read_deepseek(f: _Fields) -> Graph:
     """DeepSeek-V2 and -V3 (`model_type` deepseek_v2 / deepseek_v3): one graph; V3 adds the
     multi-token prediction modules (`num_nextn_predict_layers`)."""
@@ -504,6 +551,7 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "gemma2": _read_gemma2,
     "deepseek_v2": _read_deepseek,
     "deepseek_v3": _read_deepseek,
+    "gpt_oss": _read_gpt_oss,
     "bert": _read_bert,
     "opt": _read_opt,
     "gpt_neox": _read_gpt_neox,

@@ -11,6 +11,7 @@ from opgraph.models.hf import from_config
 from opgraph import compile_step, evaluate, hardware
 from opgraph.core.parameters import active_parameters
 from opgraph.cli import main
+from opgraph.core.errors import OpgraphError
 from opgraph.core.symbols import H, H_kv, dim
 
 H100 = hardware.get("h100-sxm")
@@ -201,6 +202,19 @@ QWEN3_30B_A3B = {  # Qwen/Qwen3-30B-A3B
     "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
     "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+}
+
+
+GPT_OSS_120B = {  # openai/gpt-oss-120b config.json (rope_scaling trimmed)
+    "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+    "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
+    "initial_context_length": 4096, "intermediate_size": 2880,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+    "num_experts_per_tok": 4, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "num_local_experts": 128, "rms_norm_eps": 1e-05, "rope_theta": 150000,
+    "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+    "tie_word_embeddings": False, "vocab_size": 201088,
 }
 
 
@@ -843,3 +857,60 @@ def test_attention_dropout_saves_its_output_and_selective_recomputes_it(tmp_path
     layers, heads, S = 12, 12, 1024
     assert activations(with_p, "none") - activations(without, "none") == layers * heads * S * S * 2
     assert activations(with_p, "selective") == activations(without, "selective")
+
+
+def test_gpt_oss_120b_is_the_model_cards_117b_with_5_1b_active(tmp_path):
+    """gpt-oss-120b (OpenAI's model card, arXiv:2508.10925, Table 1): 116.83 B parameters,
+    5.13 B active per token. opgraph counts every weight but the experts' and the router's
+    biases (E x (2 F + D) + E a layer) and the attention sinks (H a layer), which the
+    model card's total holds."""
+    c = GPT_OSS_120B
+    D, V, E, K = c["hidden_size"], c["vocab_size"], c["num_local_experts"], c["num_experts_per_tok"]
+    H_, G, d, F = (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
+                   c["intermediate_size"])
+    attention = 2 * D * H_ * d + 2 * D * G * d + H_ * d + 2 * G * d + D  # Q, K, V, O, biases
+    expert = 3 * D * F
+    layer = attention + 2 * D + D * E + E * expert  # two norms, the router, the experts
+    layers = c["num_hidden_layers"]
+    total = 2 * V * D + D + layers * layer  # embedding, untied head, final norm
+    graph = from_config(write(tmp_path, c, "gpt-oss-120b"))
+    assert int(sympy.sympify(graph.parameters()).xreplace(graph.dims)) == total
+    uncounted = layers * (E * (2 * F + D) + E + H_)
+    assert total + uncounted == pytest.approx(116.83e9, rel=1e-4)
+    active = int(sympy.sympify(active_parameters(graph)).xreplace(graph.dims))
+    assert active == total - layers * (E - K) * expert
+    assert active - V * D == pytest.approx(5.13e9, rel=2e-3)  # the lookup reads one row
+    assert graph.seq_len == 4096  # initial_context_length, not the YaRN-extended 131,072
+
+
+def test_gpt_oss_alternates_a_128_key_window_and_the_whole_sequence(tmp_path):
+    """One region of L / 2 pairs; per head and sequence the sliding layer scores S W - W^2 / 2
+    causal pairs and the full one S^2 / 2: 4 d_h FLOPs a pair forward (QK^T and PV)."""
+    graph = from_config(write(tmp_path, GPT_OSS_120B))
+    assert [(r.name, str(r.count)) for r in graph.regions()] == [("layers", "L/2")]
+    c = GPT_OSS_120B
+    S, W, heads, d = 4096, c["sliding_window"], c["num_attention_heads"], c["head_dim"]
+    ops = {o["name"]: o for o in profile_json(graph)["ops"]}
+    for name, pairs in (("layers.sliding.attn.flash", S * W - W * W / 2),
+                        ("layers.full.attn.flash", S * S / 2)):
+        assert ops[name]["count"] == c["num_hidden_layers"] // 2
+        assert ops[name]["flops"] / ops[name]["count"] == pytest.approx(4 * d * heads * pairs,
+                                                                        rel=1e-12), name
+
+
+@pytest.mark.parametrize("change, needles", [
+    ({"layer_types": ["full_attention", "sliding_attention"] * 18},
+     ("layer_types", "sliding first")),
+    ({"layer_types": ["sliding_attention"] * 36}, ("layer_types", "alternate")),
+    ({"layer_types": ["sliding_attention", "chunked"] * 18}, ("layer_types", "not a list")),
+    ({"num_hidden_layers": 35, "layer_types": None}, ("num_hidden_layers = 35", "odd")),
+    ({"num_local_experts": None}, ("num_local_experts",)),
+    ({"num_experts_per_tok": 129, "experts_per_token": None}, ("num_experts_per_tok = 129",)),
+])
+def test_a_gpt_oss_config_opgraph_cannot_build_is_one_line(tmp_path, change, needles):
+    fields = {k: v for k, v in (GPT_OSS_120B | change).items() if v is not None}
+    with pytest.raises(OpgraphError) as e:
+        from_config(write(tmp_path, fields))
+    assert "\n" not in str(e.value)
+    for needle in needles:
+        assert needle in str(e.value)

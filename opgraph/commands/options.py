@@ -25,8 +25,9 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
                    help="a preset (see `opgraph models`; default llama3-8b), or a model of "
                         "your own: path/to/file.py:build")
     g.add_argument("--config", metavar="CONFIG_JSON",
-                   help="a Hugging Face config.json on disk (Llama, Mistral, Mixtral, Qwen2, "
-                        "GPT-2, Gemma 2, DeepSeek-V2, BERT), instead of --model")
+                   help="a Hugging Face config.json on disk (Llama, Mistral, Mixtral, Qwen2 "
+                        "and 3, their MoEs, GPT-2, Gemma 2, DeepSeek-V2 and V3, gpt-oss, BERT, "
+                        "...: docs/models.md), instead of --model")
     add_pass_arg(g)
     g.add_argument("--hardware", default="h100-sxm",
                    help="a catalog part (see `opgraph hardware`) or a .toml file "
