@@ -176,3 +176,29 @@ def test_the_launch_writers_say_the_all_to_all_or_refuse_it():
         to_torchtitan(Launch(model="llama3-8b", seq_len=S, parallel=Parallel(
             gpus=8, cp=4, zero=3, global_batch=8, cp_comm="a2a", framework="torchtitan")))
     assert "\n" not in str(e.value) and "ring attention" in str(e.value)
+
+
+def test_plan_tries_both_communications_where_asked(cli):
+    """`plan --cp-comm both` (`Space(cp_comm=None)`): the ring and the all-to-all at every
+    context-parallel degree the heads allow (Llama 3.2 1B's 8 KV heads: tp x cp <= 8), the
+    ring alone without context parallelism; profile takes one of them."""
+    from opgraph.parallel import cluster
+
+    forward = preset("llama3.2-1b")
+    found = rows(forward, H100, Space(gpus=16, batch=4, cp_comm=None, precision=("bf16",),
+                                      recompute=("full",), pp=1), S, cluster.get("dgx-h100"))
+    by = {}
+    for r in found:
+        by.setdefault((r.tp, r.cp), set()).add(r.cp_comm)
+    assert by[(4, 1)] == {"ring"}  # no context parallelism: nothing to move
+    assert by[(1, 4)] == by[(2, 4)] == {"ring", "a2a"}
+    assert by[(1, 16)] == by[(2, 8)] == {"ring"}  # 8 KV heads do not split 16 ways
+    code, out, err = cli("plan", "--model", "llama3.2-1b", "--gpus", "8", "--seq-len", str(S),
+                         "--global-batch", "2", "--cp", "4", "--cp-comm", "both",
+                         "--recompute", "full", "--precision", "bf16", "--json")
+    assert code == 0
+    import json
+
+    assert {lay["cp_comm"] for lay in json.loads(out)["layouts"]} == {"ring", "a2a"}
+    code, out, err = cli("profile", "--model", "llama3.2-1b", "--cp", "2", "--cp-comm", "both")
+    assert code == 2 and "invalid choice" in err

@@ -942,3 +942,23 @@ def test_fsdp2_copies_each_gathered_weight_out_on_the_compute_stream(monkeypatch
     assert not [r for r in without.ops if r.name.endswith(".out.copy")]
     assert with_copy.parallel.compute_s - without.parallel.compute_s == pytest.approx(
         moved / H100.bandwidth, rel=1e-9)
+
+
+def test_a_torchtitan_search_tries_only_the_zero_stages_torchtitan_runs():
+    """torchtitan runs DDP (ZeRO-0) or FSDP2 (ZeRO-3), FSDP wherever context parallelism runs
+    (`Traits.zero_stages`; its launch writer refuses the rest): its plan lists no other, and a
+    constraint asking for one is a one-line error."""
+    from opgraph import hardware
+    from opgraph.core.errors import OpgraphError
+    from opgraph.models import preset
+    from opgraph.parallel import cluster
+    from opgraph.parallel.search import Space, rows
+
+    found = rows(preset("llama3.2-1b"), hardware.get("h100-sxm"),
+                 Space(gpus=16, batch=32, framework="torchtitan", precision=("bf16",),
+                       recompute=("none",), pp=1), 8192, cluster.get("dgx-h100"))
+    data_parallel = [r for r in found if r.size("dp") > 1]
+    assert data_parallel and {r.zero for r in data_parallel} == {0, 3}
+    assert all(r.zero == 3 for r in found if r.cp > 1)
+    with pytest.raises(OpgraphError, match="runs no ZeRO-1: give --zero 0 or 3"):
+        Space(gpus=16, batch=32, framework="torchtitan", zero=1)

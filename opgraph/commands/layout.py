@@ -48,10 +48,10 @@ def add_sharding_args(group) -> None:
     add_framework_args(group)
 
 
-def add_framework_args(group) -> None:
+def add_framework_args(group, search: bool = False) -> None:
     """`--framework`, `--grad-reduce-dtype`, `--attention-library` and `--cp-comm`
     (`opgraph.parallel.frameworks`, `passes.shard`): what profile and plan follow beyond the
-    degrees."""
+    degrees; a `search` (plan's) may try both context-parallel communications."""
     group.add_argument("--framework", choices=FRAMEWORKS,
                        help="follow this framework's behaviour (opgraph.parallel.frameworks): "
                             "FSDP2's gathers (torchtitan), Megatron-LM's sequence-parallel inputs, "
@@ -70,12 +70,13 @@ def add_framework_args(group) -> None:
                             "(cuDNN's fused attention), triton (flash-attn's Triton "
                             "FlashAttention), flash1 (FlashAttention 1) (default: the "
                             "framework's; flash without one)")
-    group.add_argument("--cp-comm", choices=CP_COMMS,
+    group.add_argument("--cp-comm", choices=CP_COMMS + (("both",) if search else ()),
                        help="with --cp: ring, each GPU's keys and values passed around the ring "
                             "(ring attention; Megatron-LM's p2p and allgather, torchtitan's); "
                             "a2a, an all-to-all to whole sequences of a head shard and back "
-                            "(DeepSpeed-Ulysses, Megatron-LM's --cp-comm-type a2a) (default "
-                            "ring)")
+                            "(DeepSpeed-Ulysses, Megatron-LM's --cp-comm-type a2a)"
+                            + ("; both, each at every context-parallel degree" if search
+                               else "") + " (default ring)")
 
 
 class _OldRank(argparse.Action):

@@ -97,7 +97,7 @@ def register(subparsers) -> None:
                    help="overlap tensor-parallel communication with its matmul")
     from .layout import add_framework_args
 
-    add_framework_args(c)
+    add_framework_args(c, search=True)
     o = p.add_argument_group("output")
     o.add_argument("--top", type=whole(10_000), default=10, metavar="K",
                    help="how many layouts to print (default 10)")
@@ -151,7 +151,8 @@ def _space(args, gpus: int, batch: int):
                  max_micro_batch=args.max_micro_batch,
                  max_virtual_stages=args.max_virtual_stages, async_tp=args.async_tp,
                  framework=args.framework, grad_reduce_dtype=args.grad_reduce_dtype,
-                 attention_library=args.attention_library, cp_comm=args.cp_comm or "ring")
+                 attention_library=args.attention_library,
+                 cp_comm=None if args.cp_comm == "both" else args.cp_comm or "ring")
 
 
 def _sizes(text: str) -> list[int]:

@@ -268,6 +268,10 @@ Each trait, with where each framework's code says so:
   (`megatron/core/parallel_state.py`), ZeRO-1. Composer: FSDP1's `HYBRID_SHARD`, ZeRO-3.
   DeepSpeed (whose ZeRO++ keeps a second copy of the weights, not replicated shards) and
   nanotron: none. The generic model: ZeRO-1 to 3.
+- `zero_stages`: the ZeRO stages the framework runs where there is data parallelism, which
+  `plan` searches. torchtitan: DDP (0) or FSDP2's `fully_shard` (3), and FSDP over dp x cp
+  wherever context parallelism runs (`torchtitan/distributed/parallel_dims.py`; its launch
+  writer refuses the rest, `io.launch.torchtitan`). The others: all four.
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -309,6 +313,7 @@ class Traits:
     blocking_p2p: bool = False
     partitions_p2p: bool = False
     replicates_at: frozenset[int] = frozenset({1, 2, 3})
+    zero_stages: frozenset[int] = frozenset({0, 1, 2, 3})
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
@@ -321,7 +326,8 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
                          compiles_blocks_only=True, groups_by_module=True,
-                         copies_out_gathers=True, replicates_at=frozenset({3})),
+                         copies_out_gathers=True, replicates_at=frozenset({3}),
+                         zero_stages=frozenset({0, 3})),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn", replicates_at=frozenset({1})),

@@ -66,7 +66,9 @@ class Space:
     framework: str | None = None
     grad_reduce_dtype: str | None = None
     attention_library: str | None = None
-    cp_comm: str = "ring"  # how context parallelism moves the attention's inputs
+    # how context parallelism moves the attention's inputs (`Parallel.cp_comm`); None: both, the
+    # ring and the all-to-all, at every context-parallel degree the heads allow
+    cp_comm: str | None = "ring"
 
     def __attrs_post_init__(self):
         for name in ("gpus", "batch", "max_micro_batch", "max_virtual_stages"):
@@ -103,16 +105,23 @@ class Space:
                 raise OpgraphError(f"--framework {self.framework} runs no replicated shards"
                                    + (f" at --zero {self.zero} (only {stages})" if stages
                                       else "") + "; leave out --replicate")
-        # the framework's names and its combinations, checked as a layout checks them
-        Parallel(**self.framework_settings())
+        runs = FRAMEWORKS.get(self.framework, FRAMEWORKS[None]).zero_stages
+        if self.zero is not None and self.zero not in runs:
+            raise OpgraphError(f"--framework {self.framework} runs no ZeRO-{self.zero}: give "
+                               f"--zero {' or '.join(map(str, sorted(runs)))}")
+        # the framework's names and its combinations, checked as a layout checks them (at a
+        # context-parallel degree where it names one, which is what its settings apply to)
+        Parallel(**self.framework_settings(), cp=self.cp or 2, gpus=None, dp=1)
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             for value in getattr(self, name) or ():
                 if value not in allowed:
                     raise OpgraphError(f"--{name} {value!r}: choose from {', '.join(allowed)}")
 
     def framework_settings(self) -> dict:
-        """The `FRAMEWORK_FIELDS` every layout of the space takes, by name."""
-        return {name: getattr(self, name) for name in FRAMEWORK_FIELDS}
+        """The `FRAMEWORK_FIELDS` every layout of the space takes, by name (where the search
+        tries both context-parallel communications, ring attention's unless a layout says)."""
+        settings = {name: getattr(self, name) for name in FRAMEWORK_FIELDS}
+        return settings | {"cp_comm": self.cp_comm or "ring"}
 
 
 @attrs.frozen
@@ -311,11 +320,11 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         if (space.dp is not None and d != space.dp) or space.batch % d:
             continue
         per_rank = space.batch // d
-        for (first, last), sp_ in itertools.product(splits[p], _sp(space, t)):
+        for (first, last), sp_, comm in itertools.product(splits[p], _sp(space, t),
+                                                         _cp_comms(space, c)):
             for e in eps:
                 if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first,
-                                               last, checked, space.framework,
-                                               space.cp_comm):
+                                               last, checked, space.framework, comm):
                     continue
                 for mb in ([space.micro_batch] if space.micro_batch else
                            _divisors(per_rank, space.max_micro_batch)):
@@ -326,12 +335,12 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                                        "micro_batch": mb, "global_batch": space.batch,
                                        "virtual_stages": v, "sequence_parallel": sp_,
                                        "first_stage_layers": first, "last_stage_layers": last,
-                                       "async_tp": space.async_tp and t > 1},
+                                       "async_tp": space.async_tp and t > 1, "cp_comm": comm},
                                     recompute=None, precision=None)]
                         replicas = {z: _replicas(space, z, d * c, t, e, node)
                                     for z in zeros}
                         for z, r, pr in (options if d * c > 1 else alone):
-                            if _refused(space, p, z):
+                            if _refused(space, p, z, c, d * c):
                                 continue
                             for n in replicas[z]:
                                 row[ZERO], row[REPLICAS_AT] = z, n
@@ -361,10 +370,17 @@ def _replicas(space: Space, zero: int, ranks: int, t: int, e: int, node: int) ->
     return [1, n] if zero == 3 and n > 1 and valid(n) else [1]
 
 
-def _refused(space: Space, stages: int, zero: int) -> bool:
-    """Whether the framework cannot run ZeRO stage `zero` on `stages` pipeline stages (as
-    `Parallel` checks it: DeepSpeed's pipeline engine takes ZeRO 0 and 1 only)."""
-    return space.framework in DEEPSPEED and stages > 1 and zero >= 2
+def _refused(space: Space, stages: int, zero: int, cp: int = 1, ranks: int = 1) -> bool:
+    """Whether the framework cannot run ZeRO stage `zero` on `stages` pipeline stages, at
+    context-parallel degree `cp` over `ranks` = dp x cp ranks (as `Parallel` checks it:
+    DeepSpeed's pipeline engine takes ZeRO 0 and 1 only; and the stages the framework runs,
+    `frameworks.Traits.zero_stages`, torchtitan's FSDP wherever context parallelism runs)."""
+    if space.framework in DEEPSPEED and stages > 1 and zero >= 2:
+        return True
+    runs = FRAMEWORKS[space.framework].zero_stages
+    if ranks > 1 and zero not in runs:
+        return True
+    return space.framework == "torchtitan" and cp > 1 and zero == 0
 
 
 def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict,
@@ -373,7 +389,7 @@ def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict
     (`distributed.check_layout`, at its own sequence length and the one searched; the
     framework's, which may pad the vocabulary; the context-parallel communication's, the
     all-to-all's head shards)."""
-    key = (t, c, e, p, sp_, first, last)
+    key = (t, c, e, p, sp_, first, last, cp_comm)
     if key not in cache:
         # dp = ep: any data-parallel degree the experts divide (checked by the caller)
         layout = Parallel(tp=t, cp=c, ep=e, pp=p, dp=e, sequence_parallel=sp_,
@@ -385,6 +401,15 @@ def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict
         except OpgraphError:
             cache[key] = False
     return cache[key]
+
+
+def _cp_comms(space: Space, c: int) -> list[str]:
+    """Context parallelism's communications tried at degree `c`: the space's, or both where it
+    names none (`Space.cp_comm` None); without context parallelism, the default (nothing moves:
+    one structure, whatever the space names)."""
+    if c == 1 or (space.cp_comm is None and space.framework == "torchtitan"):
+        return ["ring"]  # torchtitan runs ring attention only (`Parallel` refuses it the other)
+    return [space.cp_comm] if space.cp_comm is not None else ["ring", "a2a"]
 
 
 def _sp(space: Space, t: int) -> list[bool]:
