@@ -962,3 +962,7 @@ def test_a_torchtitan_search_tries_only_the_zero_stages_torchtitan_runs():
     assert all(r.zero == 3 for r in found if r.cp > 1)
     with pytest.raises(OpgraphError, match="runs no ZeRO-1: give --zero 0 or 3"):
         Space(gpus=16, batch=32, framework="torchtitan", zero=1)
+    # and its tensor parallelism always shards the sequence
+    assert all(r.sequence_parallel for r in found if r.tp > 1) and any(r.tp > 1 for r in found)
+    with pytest.raises(OpgraphError, match="always shards the sequence"):
+        Space(gpus=16, batch=32, framework="torchtitan", sequence_parallel=False)

@@ -105,6 +105,11 @@ class Space:
                 raise OpgraphError(f"--framework {self.framework} runs no replicated shards"
                                    + (f" at --zero {self.zero} (only {stages})" if stages
                                       else "") + "; leave out --replicate")
+        if self.framework == "torchtitan" and self.sequence_parallel is False and (
+                self.tp or 2) > 1:
+            # its launch writer refuses it too (`io.launch.torchtitan`)
+            raise OpgraphError("torchtitan's tensor parallelism always shards the sequence: "
+                               "leave out --no-sequence-parallel, or give --tp 1")
         runs = FRAMEWORKS.get(self.framework, FRAMEWORKS[None]).zero_stages
         if self.zero is not None and self.zero not in runs:
             raise OpgraphError(f"--framework {self.framework} runs no ZeRO-{self.zero}: give "
@@ -414,10 +419,13 @@ def _cp_comms(space: Space, c: int) -> list[str]:
 
 def _sp(space: Space, t: int) -> list[bool]:
     """Sequence parallelism's choices at tensor-parallel degree `t` (none without it, so
-    `--sequence-parallel` leaves out the layouts without tensor parallelism)."""
+    `--sequence-parallel` leaves out the layouts without tensor parallelism; with it alone
+    where the framework's tensor parallelism always shards the sequence, torchtitan's)."""
     if t == 1:
         return [] if space.sequence_parallel else [False]
-    return [space.sequence_parallel] if space.sequence_parallel is not None else [False, True]
+    if space.sequence_parallel is not None:
+        return [space.sequence_parallel]
+    return [True] if space.framework == "torchtitan" else [False, True]
 
 
 def _virtual(space: Space, layers: int, p: int, first, last, m: int) -> list[int]:
