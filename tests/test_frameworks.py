@@ -966,3 +966,15 @@ def test_a_torchtitan_search_tries_only_the_zero_stages_torchtitan_runs():
     assert all(r.sequence_parallel for r in found if r.tp > 1) and any(r.tp > 1 for r in found)
     with pytest.raises(OpgraphError, match="always shards the sequence"):
         Space(gpus=16, batch=32, framework="torchtitan", sequence_parallel=False)
+
+
+@pytest.mark.parametrize("framework, zero, runs", [
+    ("nanotron", 2, "0 or 1"), ("nanotron", 3, "0 or 1"), ("composer", 1, "0 or 2 or 3")])
+def test_a_zero_stage_a_framework_does_not_run_is_no_plan_constraint(framework, zero, runs):
+    """nanotron shards optimizer states alone (ZeRO-1) or nothing; Composer's FSDP1 shards
+    gradients (2) or everything (3), or runs DDP (`Traits.zero_stages`)."""
+    from opgraph.core.errors import OpgraphError
+    from opgraph.parallel.search import Space
+
+    with pytest.raises(OpgraphError, match=f"runs no ZeRO-{zero}: give --zero {runs}"):
+        Space(gpus=16, batch=32, framework=framework, zero=zero)

@@ -271,7 +271,10 @@ Each trait, with where each framework's code says so:
 - `zero_stages`: the ZeRO stages the framework runs where there is data parallelism, which
   `plan` searches. torchtitan: DDP (0) or FSDP2's `fully_shard` (3), and FSDP over dp x cp
   wherever context parallelism runs (`torchtitan/distributed/parallel_dims.py`; its launch
-  writer refuses the rest, `io.launch.torchtitan`). The others: all four.
+  writer refuses the rest, `io.launch.torchtitan`). nanotron: DDP (0) or its
+  `ZeroDistributedOptimizer`, which shards the optimizer states alone (1; `zero_stage > 0` in
+  `src/nanotron/helpers.py`). Composer: DDP (0) or FSDP1's `SHARD_GRAD_OP` (2) and
+  `FULL_SHARD` (3). The others: all four.
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -322,7 +325,7 @@ _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "composer": Traits(regather_in_recompute=False, groups_by_module=True,
-                       replicates_at=frozenset({3})),
+                       replicates_at=frozenset({3}), zero_stages=frozenset({0, 2, 3})),
     "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
                          compiles_blocks_only=True, groups_by_module=True,
@@ -338,7 +341,7 @@ FRAMEWORKS: dict[str | None, Traits] = {
                        balances_stages=True, vocab_multiple=1,
                        overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,
                        adds_grads_in_fp32=True, ddp_buckets=True,
-                       replicates_at=frozenset()),
+                       replicates_at=frozenset(), zero_stages=frozenset({0, 1})),
 }
 
 
