@@ -275,6 +275,15 @@ Each trait, with where each framework's code says so:
   `ZeroDistributedOptimizer`, which shards the optimizer states alone (1; `zero_stage > 0` in
   `src/nanotron/helpers.py`). Composer: DDP (0) or FSDP1's `SHARD_GRAD_OP` (2) and
   `FULL_SHARD` (3). The others: all four.
+- `zero_stages_under_cp`: those of them it runs with context parallelism. torchtitan: FSDP
+  alone, over dp x cp (`parallel_dims.py`'s `dp_shard_cp` mesh). The others: as `zero_stages`.
+- `cp_comms`: how its context parallelism moves the attention's inputs (`Parallel.cp_comm`).
+  torchtitan: ring attention alone (PyTorch's `context_parallel`,
+  `torch/distributed/tensor/experimental/_attention.py`: its K/V rotated by all-gather or
+  all-to-all, no head-sharding all-to-all). The others: both.
+- `tp_shards_sequence`: its tensor parallelism always shards the sequence between the blocks
+  (sequence parallelism). torchtitan (its TP plan's `SequenceParallel` norms; its launch writer
+  refuses TP without it).
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -317,6 +326,9 @@ class Traits:
     partitions_p2p: bool = False
     replicates_at: frozenset[int] = frozenset({1, 2, 3})
     zero_stages: frozenset[int] = frozenset({0, 1, 2, 3})
+    zero_stages_under_cp: frozenset[int] = frozenset({0, 1, 2, 3})
+    cp_comms: frozenset[str] = frozenset({"ring", "a2a"})
+    tp_shards_sequence: bool = False
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
@@ -330,7 +342,8 @@ FRAMEWORKS: dict[str | None, Traits] = {
                          eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
                          compiles_blocks_only=True, groups_by_module=True,
                          copies_out_gathers=True, replicates_at=frozenset({3}),
-                         zero_stages=frozenset({0, 3})),
+                         zero_stages=frozenset({0, 3}), zero_stages_under_cp=frozenset({3}),
+                         cp_comms=frozenset({"ring"}), tp_shards_sequence=True),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn", replicates_at=frozenset({1})),

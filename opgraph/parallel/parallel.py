@@ -213,11 +213,12 @@ class Parallel(LayoutFields):
         if self.cp_comm not in CP_COMMS:
             raise OpgraphError(f"context-parallel communication {self.cp_comm!r}: choose one of "
                                f"{', '.join(CP_COMMS)}")
-        if self.framework == "torchtitan" and self.cp > 1 and self.cp_comm == "a2a":
-            # torch.distributed.tensor.experimental._attention: ring attention, its K/V rotated
-            # by all-gather or all-to-all, no head-sharding all-to-all
-            raise OpgraphError("--framework torchtitan runs context parallelism as ring "
-                               "attention; give --cp-comm ring")
+        if self.cp > 1 and self.cp_comm != "ring":
+            from .frameworks import FRAMEWORKS as TRAITS  # frameworks reads this module
+
+            if self.cp_comm not in TRAITS.get(self.framework, TRAITS[None]).cp_comms:
+                raise OpgraphError(f"--framework {self.framework} runs context parallelism as "
+                                   "ring attention only; give --cp-comm ring")
         model = self.tp * self.cp * self.pp
         if self.gpus is not None:
             if self.gpus % model:

@@ -105,17 +105,15 @@ class Space:
                 raise OpgraphError(f"--framework {self.framework} runs no replicated shards"
                                    + (f" at --zero {self.zero} (only {stages})" if stages
                                       else "") + "; leave out --replicate")
-        if self.framework == "torchtitan" and self.sequence_parallel is False and (
-                self.tp or 2) > 1:
-            # its launch writer refuses it too (`io.launch.torchtitan`)
-            raise OpgraphError("torchtitan's tensor parallelism always shards the sequence: "
-                               "leave out --no-sequence-parallel, or give --tp 1")
-        runs = FRAMEWORKS.get(self.framework, FRAMEWORKS[None]).zero_stages
-        if self.zero is not None and self.zero not in runs:
+        at = FRAMEWORKS.get(self.framework, FRAMEWORKS[None])
+        if at.tp_shards_sequence and self.sequence_parallel is False and (self.tp or 2) > 1:
+            raise OpgraphError(f"--framework {self.framework}'s tensor parallelism always shards "
+                               "the sequence: leave out --no-sequence-parallel, or give --tp 1")
+        if self.zero is not None and self.zero not in at.zero_stages:
             raise OpgraphError(f"--framework {self.framework} runs no ZeRO-{self.zero}: give "
-                               f"--zero {' or '.join(map(str, sorted(runs)))}")
-        # the framework's names and its combinations, checked as a layout checks them (at a
-        # context-parallel degree where it names one, which is what its settings apply to)
+                               f"--zero {' or '.join(map(str, sorted(at.zero_stages)))}")
+        # the framework's names and its combinations, checked as a layout checks them (at CP 2
+        # where the space fixes none: the context-parallel communication speaks of CP)
         Parallel(**self.framework_settings(), cp=self.cp or 2, gpus=None, dp=1)
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             for value in getattr(self, name) or ():
@@ -379,13 +377,11 @@ def _refused(space: Space, stages: int, zero: int, cp: int = 1, ranks: int = 1) 
     """Whether the framework cannot run ZeRO stage `zero` on `stages` pipeline stages, at
     context-parallel degree `cp` over `ranks` = dp x cp ranks (as `Parallel` checks it:
     DeepSpeed's pipeline engine takes ZeRO 0 and 1 only; and the stages the framework runs,
-    `frameworks.Traits.zero_stages`, torchtitan's FSDP wherever context parallelism runs)."""
+    `frameworks.Traits.zero_stages`, under context parallelism `zero_stages_under_cp`)."""
     if space.framework in DEEPSPEED and stages > 1 and zero >= 2:
         return True
-    runs = FRAMEWORKS[space.framework].zero_stages
-    if ranks > 1 and zero not in runs:
-        return True
-    return space.framework == "torchtitan" and cp > 1 and zero == 0
+    at = FRAMEWORKS[space.framework]
+    return ranks > 1 and zero not in (at.zero_stages_under_cp if cp > 1 else at.zero_stages)
 
 
 def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict,
@@ -412,20 +408,24 @@ def _cp_comms(space: Space, c: int) -> list[str]:
     """Context parallelism's communications tried at degree `c`: the space's, or both where it
     names none (`Space.cp_comm` None); without context parallelism, the default (nothing moves:
     one structure, whatever the space names)."""
-    if c == 1 or (space.cp_comm is None and space.framework == "torchtitan"):
-        return ["ring"]  # torchtitan runs ring attention only (`Parallel` refuses it the other)
-    return [space.cp_comm] if space.cp_comm is not None else ["ring", "a2a"]
+    if c == 1:
+        return ["ring"]
+    if space.cp_comm is not None:
+        return [space.cp_comm]
+    runs = FRAMEWORKS[space.framework].cp_comms  # the framework's (`Traits.cp_comms`)
+    return [comm for comm in ("ring", "a2a") if comm in runs]
 
 
 def _sp(space: Space, t: int) -> list[bool]:
     """Sequence parallelism's choices at tensor-parallel degree `t` (none without it, so
     `--sequence-parallel` leaves out the layouts without tensor parallelism; with it alone
-    where the framework's tensor parallelism always shards the sequence, torchtitan's)."""
+    where the framework's tensor parallelism always shards the sequence,
+    `Traits.tp_shards_sequence`)."""
     if t == 1:
         return [] if space.sequence_parallel else [False]
     if space.sequence_parallel is not None:
         return [space.sequence_parallel]
-    return [True] if space.framework == "torchtitan" else [False, True]
+    return [True] if FRAMEWORKS[space.framework].tp_shards_sequence else [False, True]
 
 
 def _virtual(space: Space, layers: int, p: int, first, last, m: int) -> list[int]:
