@@ -202,3 +202,14 @@ def test_plan_tries_both_communications_where_asked(cli):
     assert {lay["cp_comm"] for lay in json.loads(out)["layouts"]} == {"ring", "a2a"}
     code, out, err = cli("profile", "--model", "llama3.2-1b", "--cp", "2", "--cp-comm", "both")
     assert code == 2 and "invalid choice" in err
+
+
+def test_a_ring_keeps_its_own_block_of_keys_and_values():
+    """Ring attention saves each GPU's S/cp of K and V and passes them around again in the
+    backward (`passes.regather_inputs`): at a fixed block of 16,384 tokens a GPU, its saved
+    activations do not grow with the ring's length, as they would by the gathered (cp - 1) x
+    16,384 x H_kv x d_h x 2 x 2 bytes a layer if it kept the whole sequence's."""
+    saved = {cp: profile_parallel(preset("llama3-8b"), H100, Parallel(cp=cp, dp=1, zero=3),
+                                  values={"S": 16384 * cp}).parallel.memory.activations
+             for cp in (2, 8)}
+    assert saved[8] == saved[2]

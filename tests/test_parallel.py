@@ -99,11 +99,17 @@ def test_every_degree_one_is_the_one_gpu_step():
 
 def test_context_parallel_gathers_keys_and_values_and_splits_the_attention():
     """Ring attention: each GPU holds S/c of the queries and sees all the keys, so its share
-    of the causal attention's FLOPs is 1/c; K and V are gathered, their gradients scattered."""
+    of the causal attention's FLOPs is 1/c; K and V are gathered, their gradients scattered,
+    and gathered again for the backward (`passes.regather_inputs`: a ring keeps its own block),
+    which reads only the second gathers."""
     step = compile_parallel(preset("llama3-8b"), Parallel(cp=4))
     comm = _comm(step)
     assert sorted((k, p.value) for k, p, _ in comm.values()) == [
-        ("all_gather", "forward")] * 2 + [("reduce_scatter", "backward")] * 2
+        ("all_gather", "forward")] * 2 + [("all_gather", "recompute")] * 2 + [
+        ("reduce_scatter", "backward")] * 2
+    grad = step.op("layers.attn.flash.grad")
+    assert {n for n in grad.inputs if "all_gather" in n} == {
+        "layers.k_rope@all_gather.cp@regather", "layers.v_proj@all_gather.cp@regather"}
     one = compile_step(preset("llama3-8b"))
     attention = DEFAULT.op_costs(step)["layers.attn.flash"].flops
     assert sympy.simplify(attention - DEFAULT.op_costs(one)["layers.attn.flash"].flops / cp) == 0

@@ -173,6 +173,14 @@ def sequence_gather(op) -> bool:
             and op.param("group") == "tp")
 
 
+def ring_gather(op) -> bool:
+    """Whether `op` (an `ir.Op`) is a forward all-gather over the context-parallel group: ring
+    attention's keys and values, which `passes.shard` gathers for an attention op
+    (`passes.regather_inputs` runs it again in the backward)."""
+    return (op.phase is Phase.FORWARD and op.kind == "all_gather"
+            and op.param("group") == "cp")
+
+
 def shards_as(kind: str, role: str) -> bool:
     """Whether parallelism splits `kind` in `role` (`SHARDING`)."""
     return role in SHARDING.get(kind, ())
@@ -248,5 +256,5 @@ __all__ = ["ACTIVE_FRACTION", "ATTENTION_BACKWARD", "ATTENTION_SCORES", "BACKWAR
            "Example", "Kind", "Shape", "ShapeError", "attention_scores", "backward_shape",
            "count_flops", "eager_backward_bytes", "eager_bytes", "eager_saved", "eager_workspace",
            "gemm_grid", "infer_shapes", "is_view", "kind", "per_element", "per_input", "register",
-           "rule_flops", "same", "scaled", "scaled_flops", "sequence_gather", "shards_as",
-           "twice_forward", "unregister"]
+           "ring_gather", "rule_flops", "same", "scaled", "scaled_flops", "sequence_gather",
+           "shards_as", "twice_forward", "unregister"]
