@@ -5,9 +5,10 @@ around the ring again in the backward, as every ring implementation does, instea
 the whole sequence's.
 
 Invariant established: no backward op reads the output of a forward `all_gather` over `tp`
-inside a layer; each such gather has one op of phase `recompute`, `<gather>.re`, reading the
-same sequence shard and writing `<gathered>@regather`, placed just before the first backward op
-that reads it, and those backward ops read its copy. The forward's gathered tensor then lives
+(where the framework keeps the shard) or over `cp` (ring attention) inside a layer, nor does a
+recomputed attention core the latter; each such gather has one op of phase `recompute`,
+`<gather>.re`, reading the same shard and writing `<gathered>@regather`, placed just before the
+first of those readers, and they read its copy. The forward's gathered tensor then lives
 only until the forward matmul has read it: a layer saves S/tp x D of the matmul's input, not
 S x D (Korthikanti et al. 2022, section 4.2.2: "we store only the sequence-parallel sharded
 input ... and perform an extra all-gather in the backward pass"; Megatron-LM's
