@@ -25,6 +25,8 @@ DATASHEETS = {
     # them): the GB200 NVL72's 360 and 720 PFLOPS with sparsity, 576 TB/s, up to 20 TB
     "gb300": (360e3 / 72 / 2, 720e3 / 72 / 2, 576 / 72, 277),
     "mi300x": (2614.9 / 2, 5229.8 / 2, 5.3, 192),  # AMD Instinct MI300X datasheet
+    # AMD Instinct MI325X, as third-party pages quote its datasheet (the part's source names them)
+    "mi325x": (2614.9 / 2, 5229.8 / 2, 6.0, 256),
     "l40s": (362.05, 733, 0.864, 48),  # NVIDIA L40S datasheet: 362.05 | 733*, 733 | 1,466*
     "l4": (242 / 2, 485 / 2, 0.3, 24),  # NVIDIA L4 datasheet (GDDR6)
     # H800: no datasheet; the H100 SXM5's die and figures with NVLink cut (DeepSeek-V3 report)
