@@ -29,6 +29,9 @@ Defaults follow `transformers` where it has a rule rather than a model's number:
 - biases: Qwen2 has them on Q, K and V by architecture, Qwen2-MoE unless `qkv_bias` is false;
   the `attention_bias` of Llama, Qwen3 and Qwen3-MoE (absent: false) puts them on Q, K, V and O;
   Llama's `mlp_bias` on the MLP's three projections; GPT-2 has them everywhere.
+- `sliding_window`: Mistral's and Mixtral's (absent or null: none; Mistral 7B v0.1's 4,096)
+  makes every layer attend over its last W keys; Qwen2's (used only with
+  `use_sliding_window`, on some layers) is not read.
 - Qwen3 and Qwen3-MoE: an RMSNorm on each query and key head (`q_norm`, `k_norm`, a weight of
   `head_dim`) before RoPE, by architecture.
 - Qwen2-MoE and Qwen3-MoE: `num_experts`, `num_experts_per_tok` and `moe_intermediate_size`
@@ -259,7 +262,10 @@ def _llama_family(model_type: str) -> Callable[[_Fields], Graph]:
             tie_embeddings=f.bool("tie_word_embeddings", False),
             qkv_bias=model_type == "qwen2" or attention_bias, o_bias=attention_bias,
             mlp_bias=model_type == "llama" and f.bool("mlp_bias", False),
-            qk_norm=model_type == "qwen3", **experts)
+            qk_norm=model_type == "qwen3",
+            # Mistral's and Mixtral's sliding window, every layer's (null: none)
+            window=(f.int("sliding_window", None) if model_type in ("mistral", "mixtral")
+                    else None), **experts)
         return llama.build(config)
     _read.__name__ = f"_read_{model_type}"
     return _read

@@ -19,7 +19,7 @@ import attrs
 
 from opgraph.core.builder import GraphBuilder
 from opgraph.core.ir import Graph
-from opgraph.core.symbols import B, D, E, F, H, H_kv, K, L, S, V, d_h
+from opgraph.core.symbols import B, D, E, F, H, H_kv, K, L, S, V, W, d_h
 
 
 @attrs.frozen
@@ -40,6 +40,7 @@ class LlamaConfig:
     qk_norm: bool = False  # an RMSNorm on each query and key head before RoPE (Qwen3)
     experts: int = 0  # a mixture of this many SwiGLU experts per MLP (Mixtral); 0: dense
     experts_per_token: int = 0  # the top-k each token is routed to
+    window: int | None = None  # every layer attends over its last W keys (Mistral 7B v0.1)
 
     def dims(self) -> dict:
         dims = {D: self.d_model, L: self.layers, H: self.heads, H_kv: self.kv_heads,
@@ -47,6 +48,8 @@ class LlamaConfig:
                 S: self.seq_len, B: 1}
         if self.experts:
             dims |= {E: self.experts, K: self.experts_per_token}
+        if self.window:
+            dims[W] = self.window
         return dims
 
 
@@ -123,7 +126,9 @@ def attention(g: GraphBuilder, h, config, prefix: str = ""):
         k = head_norm(k, H_kv, "k_norm")
     k = g.rope(k, name=f"{prefix}k_rope")
     v = proj("v_proj", H_kv * d_h)
-    o = g.attention(q, k, v, heads=H, kv_heads=H_kv, causal=True, name=f"{prefix}attn")
+    window = W if getattr(config, "window", None) else None  # a sliding window, where one
+    o = g.attention(q, k, v, heads=H, kv_heads=H_kv, causal=True, window=window,
+                    name=f"{prefix}attn")
     o_bias = g.weight(f"{prefix}o_proj.bias", (D,)) if config.o_bias else None
     return g.matmul(o, g.weight(f"{prefix}o_proj.weight", (H * d_h, D)), o_bias,
                     name=f"{prefix}o_proj")

@@ -914,3 +914,15 @@ def test_a_gpt_oss_config_opgraph_cannot_build_is_one_line(tmp_path, change, nee
     assert "\n" not in str(e.value)
     for needle in needles:
         assert needle in str(e.value)
+
+
+def test_mistral_7b_v0_1_attends_over_its_sliding_window(tmp_path):
+    """Mistral 7B v0.1's `sliding_window` (4,096) holds in every layer: at 8,192 tokens each head
+    scores S W - W^2 / 2 causal pairs, not S^2 / 2 (4 d_h FLOPs a pair forward); v0.2's null
+    window (and Mixtral 8x7B's) leaves the full causal attention."""
+    S, W = 8192, MISTRAL_7B["sliding_window"]
+    heads, d = MISTRAL_7B["num_attention_heads"], MISTRAL_7B["hidden_size"] // 32
+    for window, pairs in ((W, S * W - W * W / 2), (None, S * S / 2)):
+        graph = from_config(write(tmp_path, MISTRAL_7B | {"sliding_window": window}, str(window)))
+        op = {o["name"]: o for o in profile_json(graph)["ops"]}["layers.attn.flash"]
+        assert op["flops"] / op["count"] == pytest.approx(4 * d * heads * pairs, rel=1e-12)
