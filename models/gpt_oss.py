@@ -30,7 +30,7 @@ from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Graph
 from opgraph.core.symbols import B, D, E, F_e, H, H_kv, K, L, S, V, W, d_h
 
-from .llama import moe_mlp
+from .llama import attention, moe_mlp
 
 SLIDING, FULL = "sliding", "full"  # the two layers of the stack's body, in order
 
@@ -50,6 +50,9 @@ class GptOssConfig:
     window: int = 128  # sliding_window
     seq_len: int = 4096  # initial_context_length, the pre-training context
     tie_embeddings: bool = False
+    # what `llama.attention` reads: biases on Q, K, V and O, no norm of the heads
+    qkv_bias = o_bias = True
+    qk_norm = False
 
     def dims(self) -> dict:
         return {D: self.d_model, L: self.layers, H: self.heads, H_kv: self.kv_heads,
@@ -74,8 +77,8 @@ def build(config: GptOssConfig) -> Graph:
     embed = g.weight("embed.weight", (V, D))
     x = g.embedding(tokens, embed, name="embed")
     with g.repeat(L / 2, "layers"):
-        x = _layer(g, x, SLIDING, window=W)
-        x = _layer(g, x, FULL, window=None)
+        x = _layer(g, x, config, SLIDING, window=W)
+        x = _layer(g, x, config, FULL, window=None)
     x = g.rmsnorm(x, g.weight("final_norm.weight", (D,)), name="final_norm")
     g.output_head(x, embed, targets, tied=config.tie_embeddings)
     graph = g.build()
@@ -83,19 +86,9 @@ def build(config: GptOssConfig) -> Graph:
     return graph
 
 
-def _layer(g: GraphBuilder, x, kind: str, window):
+def _layer(g: GraphBuilder, x, config: GptOssConfig, kind: str, window):
     prefix = f"{kind}."
     h = g.rmsnorm(x, g.weight(f"{prefix}attn_norm.weight", (D,)), name=f"{prefix}attn_norm")
-
-    def proj(name, d_in, d_out, t=h):
-        return g.matmul(t, g.weight(f"{prefix}{name}.weight", (d_in, d_out)),
-                        g.weight(f"{prefix}{name}.bias", (d_out,)), name=f"{prefix}{name}")
-
-    q = g.rope(proj("q_proj", D, H * d_h), name=f"{prefix}q_rope")
-    k = g.rope(proj("k_proj", D, H_kv * d_h), name=f"{prefix}k_rope")
-    v = proj("v_proj", D, H_kv * d_h)
-    o = g.attention(q, k, v, heads=H, kv_heads=H_kv, causal=True, window=window,
-                    name=f"{prefix}attn")
-    x = g.add(x, proj("o_proj", H * d_h, D, o), name=f"{prefix}attn_residual")
+    x = g.add(x, attention(g, h, config, prefix, window), name=f"{prefix}attn_residual")
     h = g.rmsnorm(x, g.weight(f"{prefix}mlp_norm.weight", (D,)), name=f"{prefix}mlp_norm")
     return g.add(x, moe_mlp(g, h, F_e, prefix), name=f"{prefix}mlp_residual")

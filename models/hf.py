@@ -354,20 +354,19 @@ def _read_gpt_oss(f: _Fields) -> Graph:
     """gpt-oss (`models.gpt_oss`): its layers alternate a sliding window and the full
     sequence, sliding first (`layer_types`; absent, transformers' default, that alternation)."""
     layers = f.int("num_hidden_layers")
-    kinds = [gpt_oss.SLIDING, gpt_oss.FULL] * (layers // 2) + [gpt_oss.SLIDING] * (layers % 2)
+    if layers % 2:
+        raise OpgraphError(f"{f.path}: num_hidden_layers = {layers} is odd; gpt-oss alternates "
+                           "sliding-window and full layers in pairs")
     if f.has("layer_types"):
         given = f.data["layer_types"]
         if (not isinstance(given, list) or len(given) != layers
                 or any(not isinstance(t, str) or t not in _GPT_OSS_LAYERS for t in given)):
             raise OpgraphError(f"{f.path}: field 'layer_types' is {_shown(given)}, not a list of "
                                f"{layers} of {', '.join(map(repr, _GPT_OSS_LAYERS))}")
-        if [_GPT_OSS_LAYERS[t] for t in given] != kinds:
+        if [_GPT_OSS_LAYERS[t] for t in given] != [gpt_oss.SLIDING, gpt_oss.FULL] * (layers // 2):
             raise OpgraphError(f"{f.path}: layer_types does not alternate sliding_attention and "
                                "full_attention, sliding first; opgraph builds gpt-oss's stack as "
                                "pairs of them")
-    if layers % 2:
-        raise OpgraphError(f"{f.path}: num_hidden_layers = {layers} is odd; gpt-oss alternates "
-                           "sliding-window and full layers in pairs")
     heads, kv_heads = f.int("num_attention_heads"), f.int("num_key_value_heads")
     f.divisible("num_attention_heads", heads, "num_key_value_heads", kv_heads)
     experts = f.int("num_local_experts")

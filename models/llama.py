@@ -94,18 +94,19 @@ def build(config: LlamaConfig) -> Graph:
 def _block(g: GraphBuilder, x, config: LlamaConfig):
     """One decoder layer: pre-norm grouped-query attention, then a pre-norm SwiGLU MLP."""
     h = g.rmsnorm(x, g.weight("attn_norm.weight", (D,)), name="attn_norm")
-    x = g.add(x, attention(g, h, config), name="attn_residual")
+    x = g.add(x, attention(g, h, config, window=W if config.window else None),
+              name="attn_residual")
     h = g.rmsnorm(x, g.weight("mlp_norm.weight", (D,)), name="mlp_norm")
     down = moe_mlp(g, h) if config.experts else swiglu_mlp(g, h, bias=config.mlp_bias)
     return g.add(x, down, name="mlp_residual")
 
 
-def attention(g: GraphBuilder, h, config, prefix: str = ""):
+def attention(g: GraphBuilder, h, config, prefix: str = "", window=None):
     """Grouped-query attention of the normed input `h`, up to its O projection: Q, K and V
     projections (biases on Q, K, V with `config.qkv_bias`, on O with `config.o_bias`); with
     `config.qk_norm` each query and key head RMSNorm'd over its `d_h` (Qwen3's `q_norm`,
-    `k_norm`), before RoPE on Q and K; the core. `prefix` names a layer among several in one
-    region's body."""
+    `k_norm`), before RoPE on Q and K; the core, over the last `window` keys where one is given
+    (a dimension symbol, `W`). `prefix` names a layer among several in one region's body."""
     def proj(name, width):
         bias = g.weight(f"{prefix}{name}.bias", (width,)) if config.qkv_bias else None
         return g.matmul(h, g.weight(f"{prefix}{name}.weight", (D, width)), bias,
@@ -126,7 +127,6 @@ def attention(g: GraphBuilder, h, config, prefix: str = ""):
         k = head_norm(k, H_kv, "k_norm")
     k = g.rope(k, name=f"{prefix}k_rope")
     v = proj("v_proj", H_kv * d_h)
-    window = W if getattr(config, "window", None) else None  # a sliding window, where one
     o = g.attention(q, k, v, heads=H, kv_heads=H_kv, causal=True, window=window,
                     name=f"{prefix}attn")
     o_bias = g.weight(f"{prefix}o_proj.bias", (D,)) if config.o_bias else None

@@ -295,6 +295,7 @@ from __future__ import annotations
 import attrs
 import sympy
 
+from ..core.choices import CP_COMMS
 from ..core.errors import OpgraphError
 from .parallel import Parallel
 
@@ -327,7 +328,7 @@ class Traits:
     replicates_at: frozenset[int] = frozenset({1, 2, 3})
     zero_stages: frozenset[int] = frozenset({0, 1, 2, 3})
     zero_stages_under_cp: frozenset[int] = frozenset({0, 1, 2, 3})
-    cp_comms: frozenset[str] = frozenset({"ring", "a2a"})
+    cp_comms: frozenset[str] = frozenset(CP_COMMS)
     tp_shards_sequence: bool = False
 
 

@@ -214,9 +214,9 @@ class Parallel(LayoutFields):
             raise OpgraphError(f"context-parallel communication {self.cp_comm!r}: choose one of "
                                f"{', '.join(CP_COMMS)}")
         if self.cp > 1 and self.cp_comm != "ring":
-            from .frameworks import FRAMEWORKS as TRAITS  # frameworks reads this module
+            from .frameworks import traits  # frameworks reads this module
 
-            if self.cp_comm not in TRAITS.get(self.framework, TRAITS[None]).cp_comms:
+            if self.cp_comm not in traits(self).cp_comms:
                 raise OpgraphError(f"--framework {self.framework} runs context parallelism as "
                                    "ring attention only; give --cp-comm ring")
         model = self.tp * self.cp * self.pp

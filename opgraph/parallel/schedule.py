@@ -89,7 +89,7 @@ class Run:
     queued_s: dict = attrs.field(factory=dict)  # name -> seconds waited before it started
 
 
-def overlapped(group: str, async_tp: bool, kind: str = "all_gather") -> bool:
+def overlapped(group: str, async_tp: bool, kind: str) -> bool:
     """Whether a collective of `group` (and `kind`) runs beside the op that reads (or writes)
     it (see the module): ring attention's passing of keys and values, and tensor parallelism's
     with `--async-tp`. Context parallelism's all-to-all (`passes.shard`, DeepSpeed-Ulysses')

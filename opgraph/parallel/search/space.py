@@ -10,7 +10,7 @@ from collections import namedtuple
 import attrs
 import sympy
 
-from ...core.choices import DEEPSPEED
+from ...core.choices import CP_COMMS, DEEPSPEED
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
 from ...core.limits import MAX_MICRO_BATCHES
@@ -114,7 +114,7 @@ class Space:
                                f"--zero {' or '.join(map(str, sorted(at.zero_stages)))}")
         # the framework's names and its combinations, checked as a layout checks them (at CP 2
         # where the space fixes none: the context-parallel communication speaks of CP)
-        Parallel(**self.framework_settings(), cp=self.cp or 2, gpus=None, dp=1)
+        Parallel(**self.framework_settings(), cp=self.cp or 2)
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             for value in getattr(self, name) or ():
                 if value not in allowed:
@@ -373,7 +373,7 @@ def _replicas(space: Space, zero: int, ranks: int, t: int, e: int, node: int) ->
     return [1, n] if zero == 3 and n > 1 and valid(n) else [1]
 
 
-def _refused(space: Space, stages: int, zero: int, cp: int = 1, ranks: int = 1) -> bool:
+def _refused(space: Space, stages: int, zero: int, cp: int, ranks: int) -> bool:
     """Whether the framework cannot run ZeRO stage `zero` on `stages` pipeline stages, at
     context-parallel degree `cp` over `ranks` = dp x cp ranks (as `Parallel` checks it:
     DeepSpeed's pipeline engine takes ZeRO 0 and 1 only; and the stages the framework runs,
@@ -413,7 +413,7 @@ def _cp_comms(space: Space, c: int) -> list[str]:
     if space.cp_comm is not None:
         return [space.cp_comm]
     runs = FRAMEWORKS[space.framework].cp_comms  # the framework's (`Traits.cp_comms`)
-    return [comm for comm in ("ring", "a2a") if comm in runs]
+    return [comm for comm in CP_COMMS if comm in runs]
 
 
 def _sp(space: Space, t: int) -> list[bool]:
