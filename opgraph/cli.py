@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 
+from .core.collector import fewer_collections
 from .core.errors import OpgraphError
 
 COMMANDS = ("profile", "formula", "solve", "sweep", "diff", "trace_breakdown", "compare", "models",
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["profile", *argv]  # `opgraph` alone, or `opgraph --json`, profiles
     try:
-        with _signals_raise():
+        with _signals_raise(), fewer_collections():
             parser = build_parser()
             args, extra = parser.parse_known_args(argv)
             if args.command is None:

@@ -616,8 +616,10 @@ class CalibratedCostModel(CostModel):
 
         f = figures
         columns = np.shape(flops)[1:]
+        # each op's efficiency by its name: the few distinct names' values, then one row each
+        names = {name: i for i, name in enumerate(dict.fromkeys(rates))}
         rate = np.stack([np.broadcast_to(np.asarray(f[name], dtype=float), columns)
-                         for name in rates])
+                         for name in names])[[names[name] for name in rates]]
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
             quantum = 1.0 if grids is None else shape_factors(
                 attention, grids, flops / counts, f["sms"], f["matmul_tile_m"],

@@ -98,7 +98,7 @@ structures kept between runs).
 
 from __future__ import annotations
 
-from .bounds import compute_key, structure
+from .bounds import compute_key
 from .searcher import Searcher, search
 from .space import (
                     DEGREES,
@@ -112,6 +112,7 @@ from .space import (
                     Space,
                     row_of,
                     rows,
+                    structure,
                     unsplit_degrees,
 )
 

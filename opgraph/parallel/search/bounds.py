@@ -31,17 +31,9 @@ from ..frameworks import (DEFERRED_GROUPS, bucket_share, defers_grad_reduce, red
 from ..parallel import FRAMEWORK_FIELDS, SHARDED_FROM, LayoutFields, Parallel, stage_layers
 from ..schedule import (Cycles, Waits, cycle_bound, cycles, once_per_step, plan, released_bound,
                         releases, sure_waits)
-from .space import DEGREES, LAYERS, Row
+from .space import DEGREES, LAYERS, Row, structure
 
 # --- structures ---------------------------------------------------------------------------------
-
-def structure(r: Row) -> tuple:
-    """What decides a row's ops and collectives (see the module); rows of one structure
-    differ only in numbers."""
-    return (r.tp > 1, r.cp > 1, r.ep > 1, r.size("dp") > 1, r.size("edp") > 1, r.replicate > 1,
-            r.sequence_parallel, r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3),
-            r.settings())
-
 
 FIRST, MIDDLE, LAST = ROLES = "first", "middle", "last"
 

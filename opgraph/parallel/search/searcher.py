@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from ...core.collector import fewer_collections
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
 from ...core.limits import MAX_MICRO_BATCHES
@@ -38,9 +39,8 @@ from .bounds import (
     _step,
     _Structure,
     compute_key,
-    structure,
 )
-from .space import Candidate, Found, Ranked, Row, Space, _layers, row_of, rows
+from .space import Candidate, Found, Ranked, Row, Space, _layers, row_of, rows, structure
 
 # --- the search ---------------------------------------------------------------------------------
 
@@ -223,21 +223,16 @@ class Searcher:
         of one space evaluates each once)."""
         if self._last is not None and self._last.space == space:
             return self._last
-        found = rows(self.forward, self.hardware, space, self.seq, self.cluster)
+        by_key: dict[tuple, list[int]] = {}  # each structure's rows
+        found = rows(self.forward, self.hardware, space, self.seq, self.cluster, by_key)
         if not found:
             raise OpgraphError(f"no layout of {self.forward.name} divides {space.gpus:,} GPUs "
                                f"and {space.batch:,} sequences per step within the "
                                f"constraints (at most {MAX_MICRO_BATCHES:,} micro-batches per "
                                "rank); change --gpus, the batch or the constraints")
-        by_key: dict[tuple, tuple[list[int], list[int]]] = {}  # its rows, its compute key's
-        by_compute: dict[tuple, list[int]] = {}
-        for i, r in enumerate(found):
-            key = structure(r)
-            lists = by_key.get(key)  # the key hashed once a row
-            if lists is None:
-                lists = by_key[key] = ([], by_compute.setdefault(self.compute_key(r, key), []))
-            lists[0].append(i)
-            lists[1].append(i)
+        by_compute: dict[tuple, list[int]] = {}  # the rows of each compute key
+        for key, members in by_key.items():
+            by_compute.setdefault(self.compute_key(found[members[0]], key), []).extend(members)
         floor = np.empty(len(found))
         capacity = self.hardware.memory_bytes
         for members in progressed(list(by_compute.values()), "plan: bounding layouts",
@@ -247,7 +242,7 @@ class Searcher:
                                           self.hardware, self.cost, self._line)
             # a row that surely does not fit cannot be among the best
             floor[members] = np.where(memory > capacity, np.inf, step) if capacity else step
-        self._last = _Pending(space, found, [np.array(m) for m, _ in by_key.values()], floor)
+        self._last = _Pending(space, found, [np.array(m) for m in by_key.values()], floor)
         return self._last
 
     def _group(self, pending: _Pending, si: int) -> _Group:
@@ -260,9 +255,14 @@ class Searcher:
         return np.flatnonzero(g.fullest <= capacity) if capacity else np.arange(len(g.rows))
 
     def search(self, space: Space, top: int = 10) -> Found:
-        """The `top` fastest layouts of `space` (see the module), with the search's counts."""
+        """The `top` fastest layouts of `space` (see the module), with the search's counts
+        (the garbage collector running less often meanwhile: `core.collector`)."""
         if top < 1:
             raise OpgraphError("--top must be 1 or more")
+        with fewer_collections():
+            return self._search(space, top)
+
+    def _search(self, space: Space, top: int) -> Found:
         t0, compiled, counts = time.perf_counter(), self.compile_s, (self.compiled, self.read)
         pending = self._space(space)
         # best first over two kinds of entry: a structure not yet evaluated, at its rows' least

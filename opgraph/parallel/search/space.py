@@ -212,6 +212,15 @@ def row_of(c: Candidate) -> Row:
                c.recompute, c.precision)
 
 
+def structure(r: Row) -> tuple:
+    """What decides a row's ops and collectives (see the package); rows of one structure
+    differ only in numbers: not in the micro-batch size nor the virtual stages, which `rows`
+    varies innermost."""
+    return (r.tp > 1, r.cp > 1, r.ep > 1, r.size("dp") > 1, r.size("edp") > 1, r.replicate > 1,
+            r.sequence_parallel, r.async_tp, r.zero, r.recompute, r.precision, min(r.pp, 3),
+            r.settings())
+
+
 def _layers(forward: Graph) -> int | None:
     """The layers of the layer stack pipeline parallelism splits (`split_stages.layer_stack`:
     DeepSeek's L - k expert layers beside its fixed ones, Gemma 2's L / 2 pairs); None where
@@ -277,8 +286,11 @@ def unsplit_degrees(forward: Graph, space: Space) -> dict[int, tuple[int, ...]]:
 
 
 def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
-         cluster: clusters.Cluster) -> list[Row]:
-    """Every layout of `space` that divides the model (see the module), in a fixed order."""
+         cluster: clusters.Cluster, groups: dict[tuple, list[int]] | None = None) -> list[Row]:
+    """Every layout of `space` that divides the model (see the module), in a fixed order.
+    `groups`, where given, gets each `structure` the rows have, in the order of its first row,
+    with its rows' indices (worked out once for the rows that differ only in their micro-batch
+    size and virtual stages)."""
     dims = {s.name: int(v) for s, v in forward.dims.items()}
     layers, node = _layers(forward), cluster.gpus_per_node
     experts = dims.get("E")
@@ -329,6 +341,12 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                 if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first,
                                                last, checked, space.framework, comm):
                     continue
+                # the step options and replicas each micro-batch size and virtual stage count
+                # takes, with the list of their structure's rows (once they have a row)
+                steps = [[z, n, r, pr, None]
+                         for z, r, pr in (options if d * c > 1 else alone)
+                         if not _refused(space, p, z, c, d * c)
+                         for n in _replicas(space, z, d * c, t, e, node)]
                 for mb in ([space.micro_batch] if space.micro_batch else
                            _divisors(per_rank, space.max_micro_batch)):
                     if per_rank % mb or per_rank // mb > MAX_MICRO_BATCHES:  # `Parallel`'s bound
@@ -340,15 +358,19 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                                        "first_stage_layers": first, "last_stage_layers": last,
                                        "async_tp": space.async_tp and t > 1, "cp_comm": comm},
                                     recompute=None, precision=None)]
-                        replicas = {z: _replicas(space, z, d * c, t, e, node)
-                                    for z in zeros}
-                        for z, r, pr in (options if d * c > 1 else alone):
-                            if _refused(space, p, z, c, d * c):
-                                continue
-                            for n in replicas[z]:
-                                row[ZERO], row[REPLICAS_AT] = z, n
-                                row[RECOMPUTE_AT], row[PRECISION_AT] = r, pr
-                                out.append(Row._make(row))
+                        for step in steps:
+                            row[ZERO], row[REPLICAS_AT], row[RECOMPUTE_AT], row[PRECISION_AT] = \
+                                step[:4]
+                            made = Row._make(row)
+                            if groups is not None:
+                                if step[4] is None:
+                                    step[4] = groups.setdefault(structure(made), [])
+                                step[4].append(len(out))
+                            out.append(made)
+    if groups is not None:  # in the order of each structure's first row
+        ordered = sorted(groups.items(), key=lambda item: item[1][0])
+        groups.clear()
+        groups.update(ordered)
     return out
 
 
