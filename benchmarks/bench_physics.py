@@ -12,7 +12,10 @@ Prints, against the targets of the physics work:
     how far the measured figure repeats itself where every GPU holds the same, and the same
     figure on the dev runs whose source says it is the allocated peak
 (d) on the playbook sweep, grouped by model and node count: median Spearman >= 0.85 of
-    predicted and measured throughput, mean regret <= 5% of the first choice
+    predicted and measured throughput, mean regret <= 5% of the first choice; beside it the
+    rows that filled their GPUs, the pipelines by where their sends go, what the slowest
+    pipelines lost per micro-batch (nanotron's polled pipeline sends), and the figures over
+    the rows without pipeline parallelism
 (e) Llama 3.1 405B at the Llama 3 paper's layout (8,192 H100s, 16 M tokens, TP 8, PP 16 with
     the uneven 7/8.../7 split; the paper reports 38-43% MFU): the predicted MFU
 (f) the plate unchanged: `opgraph profile` (roofline, one H100): 555.1 ms, MFU ceiling 67.2%
@@ -80,6 +83,8 @@ def main(argv: list[str]) -> int:
           f"{summary['mean_regret'] * 100:.1f}% (target <= 5%)")
     print(near_capacity(sweep.predictions, capacity))
     print(pipeline_sends(sweep.predictions))
+    print(polled_sends(sweep.predictions))
+    print(without_pipelines(sweep, capacity))
 
     print("\n(e) " + llama3_405b())
     print("\n(f) " + plate())
@@ -167,6 +172,53 @@ def pipeline_sends(predictions) -> str:
 
 
 ORDER = ("inside a node", "some sends between nodes", "every send between nodes")
+
+
+def polled_sends(predictions, over: float = 2.0) -> str:
+    """What the pipelines that ran over `over` x their prediction lost per micro-batch,
+    (measured - predicted) / micro-batches, by pipeline degree: 2 (an end stage sends to and
+    receives from one neighbour) or more (a middle stage from two). The sweep's nanotron
+    (67c5ebb6, "pp", 2024-12-27, the commit that added this) waits for each pipeline send's
+    and receive's two metadata messages by polling `work.is_completed()` with
+    `time.sleep(0.1)` between polls (`src/nanotron/parallel/pipeline_parallel/p2p.py`,
+    `_send_meta`, `_recv_meta`): a transfer whose peer is not there at once costs its host a
+    multiple of 100 ms, during which the stage issues no work. An end stage's micro-batch has
+    2 transfers (4 metadata messages), a middle stage's 4 (8): 0.4 and 0.8 s where each
+    message's poll sleeps once. Per degree: the rows whose loss lies from that figure to
+    1.8 x it, their median, and the rest's."""
+    import statistics
+
+    lines = [f"    the pipelines measured over {over:g} x their prediction, the time lost per "
+             "micro-batch (nanotron's pipeline sends poll every 0.1 s):"]
+    for more, name, polls in ((False, "2", 4), (True, "3 or more", 8)):
+        lost = [(p.case.measured_step_time_s - p.predicted_step_time_s)
+                / p.case.parallel.micro_batches for p in predictions
+                if p.case.parallel.pp > 1 and (p.case.parallel.pp > 2) == more
+                and p.case.measured_step_time_s > over * p.predicted_step_time_s]
+        low, high = polls * 0.1, polls * 0.1 * 1.8
+        near = [x for x in lost if low <= x <= high]
+        rest = [x for x in lost if not low <= x <= high]
+        lines.append(f"      pipeline degree {name}: {len(near)} of {len(lost)} rows lost "
+                     f"{low:.1f}-{high:.2f} s (median {statistics.median(near):.2f} s)"
+                     + (f", the other {len(rest)} a median {statistics.median(rest):.2f} s"
+                        if rest else ""))
+    return "\n".join(lines)
+
+
+def without_pipelines(report, capacity) -> str:
+    """`validate --rank`'s figures over the sweep's rows without pipeline parallelism (a
+    subset chosen by layout alone, not by error): the layouts whose steps no pipeline send's
+    polling (`polled_sends`) can stretch."""
+    import attrs
+
+    from opgraph.analysis.validate import rank, rank_summary
+
+    sub = attrs.evolve(report, predictions=tuple(p for p in report.predictions
+                                                 if p.case.parallel.pp == 1))
+    summary = rank_summary(rank(sub, capacity))
+    return (f"    without pipeline parallelism ({len(sub.predictions)} rows, "
+            f"{len(summary['groups'])} groups): median Spearman "
+            f"{summary['median_spearman']:.2f}, mean regret {summary['mean_regret'] * 100:.1f}%")
 
 
 def memory_split(predictions) -> str:
