@@ -122,6 +122,22 @@ def test_the_space_covers_every_option():
     assert {(r.first_stage_layers, r.last_stage_layers) for r in split} == {(7, 7)}
 
 
+def test_rows_group_themselves_by_structure():
+    """The groups `rows` hands the search as it makes the rows are the rows' structures, each
+    with exactly its rows, in the order of each structure's first row (HSDP's replicas and
+    the framework's refused stages included)."""
+    forward = preset("mixtral-8x7b")
+    space = Space(gpus=64, batch=256, framework="torchtitan")
+    groups: dict = {}
+    found = rows(forward, H100, space, 4096, Searcher(forward, H100, seq_len=4096).cluster,
+                 groups)
+    expected: dict = {}
+    for i, r in enumerate(found):
+        expected.setdefault(structure(r), []).append(i)
+    assert list(groups.items()) == list(expected.items())
+    assert any(r.replicate > 1 for r in found)
+
+
 def test_branch_and_bound_returns_the_fastest():
     """Every layout of a small space scheduled exactly, sorted: the search's top 5 are those,
     having scheduled only some, and each layout's bound is below its step."""
