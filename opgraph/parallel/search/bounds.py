@@ -785,20 +785,19 @@ def _columns(rows_: list[Row], layers: int | None, fields: _Fields | None = None
     # the fields each rule reads: the ZeRO stage, the stages and the framework (`sharding`),
     # the stages and their split (`_stage_layers`); below, with whether the reduction overlaps
     # the backward (`defers_grad_reduce`)
-    per_row = f.per_distinct(("zero", "pp", "first_stage_layers", "last_stage_layers",
-                              *FRAMEWORK_FIELDS),
-                             lambda r: (sharding(r), _stage_layers(r, layers)))
-    split = [layers_ for _, layers_ in per_row]
+    found, at = f.per_distinct(("zero", "pp", "first_stage_layers", "last_stage_layers",
+                                *FRAMEWORK_FIELDS),
+                               lambda r: (sharding(r), _stage_layers(r, layers)))
     chunked = (f.virtual_stages > 1) & ((f.column("first_stage_layers") != None)  # noqa: E711
                                         | (f.column("last_stage_layers") != None))  # noqa: E711
+    deferred, at_deferred = f.per_distinct(("zero", "pp", "overlap_grad_reduce",
+                                            *FRAMEWORK_FIELDS), defers_grad_reduce)
     return _Columns({k: v.astype(float) for k, v in env.items()}, f.pp.astype(float),
                     f.micro_batches.astype(float), f.virtual_stages.astype(float),
-                    np.array([zero for zero, _ in per_row], dtype=float),
-                    {role: np.array([x.get(role, 0) for x in split], dtype=float)
+                    np.array([zero for zero, _ in found], dtype=float)[at],
+                    {role: np.array([x.get(role, 0) for _, x in found], dtype=float)[at]
                      for role in ROLES},
-                    chunked.astype(float),
-                    np.array(f.per_distinct(("zero", "pp", "overlap_grad_reduce",
-                                             *FRAMEWORK_FIELDS), defers_grad_reduce)))
+                    chunked.astype(float), np.array(deferred)[at_deferred])
 
 
 class _Fields(LayoutFields):
@@ -821,14 +820,11 @@ class _Fields(LayoutFields):
     def column(self, name: str) -> np.ndarray:
         return np.array(self.columns[name], dtype=object)
 
-    def per_distinct(self, names: tuple[str, ...], rule) -> list:
-        """`rule(row)` for every row, worked out once per distinct value of `names`' fields."""
-        keys = list(zip(*(self.columns[n] for n in names)))
-        found: dict = {}
-        for key, r in zip(keys, self.rows):
-            if key not in found:
-                found[key] = rule(r)
-        return [found[key] for key in keys]
+    def per_distinct(self, names: tuple[str, ...], rule) -> tuple[list, np.ndarray]:
+        """`rule(row)` once per distinct value of `names`' fields, in first-row order, and
+        each row's index into them."""
+        firsts, at = _first_of_each(zip(*(self.columns[n] for n in names)))
+        return [rule(self.rows[i]) for i in firsts], at
 
 
 @attrs.frozen
@@ -1091,13 +1087,20 @@ def _distinct(rows_: list[Row], layers: int | None, names: tuple[str, ...]) -> _
     """`rows_`' columns and their distinct sets of `names`' fields (see `_Distinct`)."""
     fields = _Fields(rows_)
     cols = _columns(rows_, layers, fields)
-    index: dict = {}
-    first = np.array([index.setdefault(key, i) for i, key in enumerate(
-        zip(*(fields.columns[name] for name in names)))])
-    firsts = np.fromiter(index.values(), dtype=int, count=len(index))
-    return _Distinct(cols, firsts, np.searchsorted(firsts, first),
-                     [rows_[i] for i in firsts],
+    firsts, at = _first_of_each(zip(*(fields.columns[name] for name in names)))
+    return _Distinct(cols, firsts, at, [rows_[i] for i in firsts],
                      {symbol: column[firsts] for symbol, column in cols.env.items()})
+
+
+def _first_of_each(keys) -> tuple[np.ndarray, np.ndarray]:
+    """The first position of each distinct key, in the order they first appear, and each
+    key's index into them (the loops over the keys run in C: `dict.fromkeys`, `map`)."""
+    keys = list(keys)
+    index = dict.fromkeys(keys)
+    for i, key in enumerate(index):
+        index[key] = i
+    at = np.fromiter(map(index.__getitem__, keys), dtype=np.intp, count=len(keys))
+    return np.unique(at, return_index=True)[1], at
 
 
 def _step_bound(plain: dict, last: dict, p, m, v, chunked) -> np.ndarray:
