@@ -217,23 +217,27 @@ def _fullest(peaks: dict, held: dict) -> np.ndarray:
 def _in_flight(rows_: list[Row], m: np.ndarray, layers: int | None, roles) -> dict:
     """Each role's stage's micro-batches in flight over the rows, the layer stack's, the first
     chunk's and the last's (three arrays), as `distributed.stage_in_flight` gives them: once
-    per distinct pipeline, then spread over the rows."""
-    found: dict = {}
-    keys = [(r.pp, r.virtual_stages, int(n), r.first_stage_layers, r.last_stage_layers)
-            for r, n in zip(rows_, m)]
-    for key in keys:
-        if key not in found:
-            p, v, n, first, last = key
-            chunks = None if layers is None else chunks_of(layers, Parallel(
-                pp=p, virtual_stages=v, first_stage_layers=first, last_stage_layers=last))
-            # not `_roles(p)`: a two-stage row of an odd stack is compiled with a middle stage
-            # (`_representative`), which stands for its last there
-            index = {FIRST: 0, MIDDLE: min(1, p - 1), LAST: p - 1}
-            found[key] = {role: stage_in_flight(p, v, n, index[role],
-                                                chunks and chunks[index[role]])
-                          for role in roles}
-    return {role: tuple(np.array([found[key][role][i] for key in keys]) for i in range(3))
+    per distinct pipeline (`_pipeline_in_flight`), then spread over the rows."""
+    firsts, at = _first_of_each(
+        (r.pp, r.virtual_stages, int(n), r.first_stage_layers, r.last_stage_layers)
+        for r, n in zip(rows_, m))
+    found = [_pipeline_in_flight(layers, rows_[i].pp, rows_[i].virtual_stages, int(m[i]),
+                                 rows_[i].first_stage_layers, rows_[i].last_stage_layers)
+             for i in firsts]
+    return {role: tuple(np.array([f[role][i] for f in found])[at] for i in range(3))
             for role in roles}
+
+
+@functools.lru_cache(maxsize=4096)
+def _pipeline_in_flight(layers: int | None, p: int, v: int, n: int, first, last) -> dict:
+    """`_in_flight` of one pipeline, every role (read, not changed)."""
+    chunks = None if layers is None else chunks_of(layers, Parallel(
+        pp=p, virtual_stages=v, first_stage_layers=first, last_stage_layers=last))
+    # not `_roles(p)`: a two-stage row of an odd stack is compiled with a middle stage
+    # (`_representative`), which stands for its last there
+    index = {FIRST: 0, MIDDLE: min(1, p - 1), LAST: p - 1}
+    return {role: stage_in_flight(p, v, n, i, chunks and chunks[i])
+            for role, i in index.items()}
 
 
 def _grids(ops: list) -> list:
@@ -251,21 +255,26 @@ def _fixed(expr, fixed: dict, memo: dict):
     return memo[expr]
 
 
-def _comm_times(f: _StageFormulas, nums: _Numbers, group: list, line,
-                copy_s: float) -> dict[int, np.ndarray]:
+def _comm_times(f: _StageFormulas, nums: _Numbers, lines, copy_s: float
+                ) -> dict[int, np.ndarray]:
     """Each collective's seconds per instance over the rows, as `distributed._times` gives
-    them: each algorithm NCCL may run takes a time affine in the message, so `line(kind,
-    group, layout)` gives their intercepts and slopes (`CostModel.comm_lines`) once per kind
-    and layout, and a collective takes the least of them over the rows' messages; the kernels
-    its call runs beside NCCL's add `copy_s` each (`CostModel.comm_time`)."""
-    lines = _over_rows(group, line)
-    out = {}
+    them: each algorithm NCCL may run takes a time affine in the message, so `lines(kind,
+    group)` gives their intercepts and slopes over the rows (`_over_rows`), and a collective
+    takes the least of them over the rows' messages; the kernels its call runs beside NCCL's
+    add `copy_s` each (`CostModel.comm_time`). The collectives of one kind and group are
+    worked out at once."""
+    alike: dict = {}  # (kind, group) -> its collectives
     for k in range(f.n_ops):
         if f.groups[k] is not None:
-            base, slope = lines(f.kinds[k], f.groups[k])
-            extra = beside_nccl_s(nums.launches[k], nums.calls[k], copy_s, np.maximum)
-            out[k] = extra + (base * nums.calls[k] + slope * nums.messages[k]).min(axis=0)
-    return out
+            alike.setdefault((f.kinds[k], f.groups[k]), []).append(k)
+    out = {}
+    for (kind, group), ks in alike.items():
+        base, slope = lines(kind, group)  # (algorithms, rows)
+        calls, messages = nums.calls[ks], nums.messages[ks]  # (collectives, rows)
+        seconds = (base * calls[:, None] + slope * messages[:, None]).min(axis=1)
+        seconds += beside_nccl_s(nums.launches[ks], calls, copy_s, np.maximum)
+        out.update(zip(ks, seconds))
+    return dict(sorted(out.items()))
 
 
 def _comm_totals(times: dict, nums: _Numbers, like: np.ndarray) -> np.ndarray:
@@ -613,7 +622,8 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     held = values[4 * k:4 * k + 14][:, spread]
     moved = values[4 * k + 14:len(values) - 4 * k][:, spread]
     parts = len(held) // 2
-    times = _comm_times(f, nums, distinct, line, cost.copy_s(hardware))
+    distinct_lines = _over_rows(distinct, line)
+    times = _comm_times(f, nums, distinct_lines, cost.copy_s(hardware))
     compute = _op_times(f, nums, hardware, cost)
     comm = _comm_totals(times, nums, compute)
     stack, first, last = (place @ compute for place in f.places)
@@ -628,8 +638,6 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     # ZeRO-2/3's collectives of a micro-batch run one after another on their stream, which
     # ends no earlier than the last of them: its layers' (and where one stage holds all, the
     # ends')
-    distinct_lines = _over_rows(distinct, line)
-
     def lines(kind: str, group: str) -> tuple[np.ndarray, np.ndarray]:
         return tuple(part[:, spread] for part in distinct_lines(kind, group))
     per_layer = _moving(moved[:8], cols.zero, lines, cols.deferred)
@@ -1004,9 +1012,10 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
     numbers, plain, last, serial, serial_last = {}, {}, {}, {}, {}
     communicated = np.zeros(len(group))  # the first stage's communication over the step
     deferred = cols.deferred[d.firsts]
+    lines = _over_rows(distinct, line)  # the roles' stages share the groups
     for role, f in s.stages.items():
         nums = numbers[role] = _numbers(f, d.env | {LAYERS: cols.layers[role][d.firsts]}, n)
-        times = _comm_times(f, nums, distinct, line, cost.copy_s(hardware))
+        times = _comm_times(f, nums, lines, cost.copy_s(hardware))
         compute = _op_times(f, nums, hardware, cost)
         comm = _comm_totals(times, nums, compute)
         busy = compute[list(f.busy_rows)].sum(axis=0) + _waited_time(f, nums, times, compute,
