@@ -621,17 +621,31 @@ class CalibratedCostModel(CostModel):
         rate = np.stack([np.broadcast_to(np.asarray(f[name], dtype=float), columns)
                          for name in names])[[names[name] for name in rates]]
         with np.errstate(divide="ignore", invalid="ignore"):  # no instances: no time
-            quantum = 1.0 if grids is None else shape_factors(
-                attention, grids, flops / counts, f["sms"], f["matmul_tile_m"],
-                f["matmul_tile_n"], f["attention_exp_ratio"], f["matmul_k_overhead"],
-                f["matmul_unaligned"],
-                (f["attention_kv_overhead"], f["attention_backward_kv_overhead"]))
+            quantum = 1.0 if grids is None else self._quanta(f, attention, grids, flops / counts)
             t = self.scaled_time(flops, nbytes, counts, peaks * f["clock"], bandwidth,
                                  rate=rate, half=f["matmul_half_flops"],
                                  bandwidth_share=f["bandwidth"], launch=f["launch_s"],
                                  quantum=quantum, host=(1.0 if hosts is None else hosts)
                                  * f["host_s"], maximum=np.maximum)
         return np.where(counts > 0, t, 0.0)
+
+    @staticmethod
+    def _quanta(f: dict, attention, grids, flops):
+        """Each row's `shape_factors` (1 for a row with no grid in any column), worked out for
+        the rows with a grid alone (a step's matrix multiplies and attention kernels)."""
+        import numpy as np
+
+        grids = np.asarray(grids, dtype=float)
+        shaped = np.flatnonzero(grids.any(axis=(0, 2)))
+        quantum = np.ones(np.broadcast_shapes(np.shape(flops), grids.shape[1:]))
+        if len(shaped):
+            quantum[shaped] = shape_factors(
+                np.asarray(attention)[shaped], grids[:, shaped],
+                np.broadcast_to(flops, quantum.shape)[shaped], f["sms"], f["matmul_tile_m"],
+                f["matmul_tile_n"], f["attention_exp_ratio"], f["matmul_k_overhead"],
+                f["matmul_unaligned"],
+                (f["attention_kv_overhead"], f["attention_backward_kv_overhead"]))
+        return quantum
 
     @staticmethod
     def scaled_time(flops, nbytes, count, peak, bandwidth, *, rate, half, bandwidth_share,
