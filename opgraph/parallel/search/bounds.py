@@ -201,7 +201,7 @@ def _memory_of(stages: dict, rows_: list[Row], layers: int | None) -> np.ndarray
     peaks = {role: _peak(f, _memory_numbers(f, d.env | {LAYERS: cols.layers[role][d.firsts]},
                                             len(d.rows))).spread(d.spread)
              for role, f in stages.items()}
-    return _fullest(peaks, _in_flight(rows_, cols.m, layers, peaks))
+    return _fullest(peaks, _in_flight(d.fields, cols.m, layers, peaks))
 
 
 def _fullest(peaks: dict, held: dict) -> np.ndarray:
@@ -214,16 +214,16 @@ def _fullest(peaks: dict, held: dict) -> np.ndarray:
     return totals.max(axis=0)
 
 
-def _in_flight(rows_: list[Row], m: np.ndarray, layers: int | None, roles) -> dict:
-    """Each role's stage's micro-batches in flight over the rows, the layer stack's, the first
-    chunk's and the last's (three arrays), as `distributed.stage_in_flight` gives them: once
-    per distinct pipeline (`_pipeline_in_flight`), then spread over the rows."""
-    firsts, at = _first_of_each(
-        (r.pp, r.virtual_stages, int(n), r.first_stage_layers, r.last_stage_layers)
-        for r, n in zip(rows_, m))
-    found = [_pipeline_in_flight(layers, rows_[i].pp, rows_[i].virtual_stages, int(m[i]),
-                                 rows_[i].first_stage_layers, rows_[i].last_stage_layers)
-             for i in firsts]
+def _in_flight(fields: _Fields, m, layers: int | None, roles) -> dict:
+    """Each role's stage's micro-batches in flight over the rows (`fields`' columns, `m` their
+    micro-batches), the layer stack's, the first chunk's and the last's (three arrays), as
+    `distributed.stage_in_flight` gives them: once per distinct pipeline
+    (`_pipeline_in_flight`), then spread over the rows."""
+    c = fields.columns
+    keys = list(zip(c["pp"], c["virtual_stages"], np.asarray(m, dtype=int).tolist(),
+                    c["first_stage_layers"], c["last_stage_layers"]))
+    firsts, at = _first_of_each(keys)
+    found = [_pipeline_in_flight(layers, *keys[i]) for i in firsts]
     return {role: tuple(np.array([f[role][i] for f in found])[at] for i in range(3))
             for role in roles}
 
@@ -605,7 +605,8 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
     (`_moving`); `_step_bound` combines them (with no optimizer: the last micro-batch at least
     a plain one). It reads a subset of the ops, waits and streams `_evaluate`'s bound reads,
     so it is at most that bound. The fullest stage holds at least what its layers hold
-    (`_held`; the ends too where one stage holds all). Neither needs a stage compiled."""
+    (`_held`), their saved activations once per micro-batch in flight (the ends too where one
+    stage holds all). Neither needs a stage compiled."""
     # the ops' numbers and times depend on the degrees and the micro-batch alone: worked out
     # once for each distinct set of them (a tenth of the rows), then spread over the rows
     d = _distinct(rows_, layers, DEGREE_FIELDS)
@@ -646,8 +647,14 @@ def _compute_bound(f: _ComputeFormulas, rows_: list[Row], layers: int | None,
         streams = cols.layers[role] * per_layer + np.where(p == 1, ends_, 0.0)  # each its own
         plain[role] = np.maximum(plain[role], np.where(plain[role] > 0, streams.max(axis=0),
                                                        0.0))
-    most = np.max(np.stack(list(cols.layers.values())), axis=0)  # the fullest stage's layers
-    memory = most * _held_bytes(held[:parts], cols) + np.where(
+    # each stage holds its layers' resident parts and, at its backward's first op, the saved
+    # activations of every micro-batch in flight there (`distributed.stage_in_flight`, as
+    # `_fullest` counts them: the running one's and each waiting one's)
+    layer = _held_bytes(held[:parts], cols)
+    saved_ = held[parts - 1]
+    in_flight = _in_flight(d.fields, cols.m, layers, ROLES)
+    memory = np.max(np.stack([cols.layers[role] * (layer + (in_flight[role][0] - 1) * saved_)
+                              for role in ROLES]), axis=0) + np.where(
         p == 1, _held_bytes(held[parts:], cols), 0.0)
     # the first stage's compute and communication over the step, at least (no optimizer, no
     # data-parallel reduction run once a step, no pipeline send), for the overlap slowdown
@@ -1047,7 +1054,7 @@ def _evaluate(s: _Structure, group: list[Row], layers: int, hardware: Hardware,
     upper = (_step_upper(serial, serial_last, plain, p, m, v, cols.chunked)
              + cost.slowdown(hardware) * communicated)
     peaks = {role: _peak(f, numbers[role]).spread(spread) for role, f in s.stages.items()}
-    held = _in_flight(group, m, layers, peaks)
+    held = _in_flight(d.fields, m, layers, peaks)
     fullest = _fullest(peaks, held)
     return _Group(s, group, numbers, peaks, held, bound * (1 - 1e-9), upper * (1 + 1e-9),
                   fullest, spread)
@@ -1090,6 +1097,7 @@ class _Distinct:
     spread: np.ndarray
     rows: list
     env: dict
+    fields: _Fields  # the rows' fields as columns
 
 
 def _distinct(rows_: list[Row], layers: int | None, names: tuple[str, ...]) -> _Distinct:
@@ -1098,7 +1106,7 @@ def _distinct(rows_: list[Row], layers: int | None, names: tuple[str, ...]) -> _
     cols = _columns(rows_, layers, fields)
     firsts, at = _first_of_each(zip(*(fields.columns[name] for name in names)))
     return _Distinct(cols, firsts, at, [rows_[i] for i in firsts],
-                     {symbol: column[firsts] for symbol, column in cols.env.items()})
+                     {symbol: column[firsts] for symbol, column in cols.env.items()}, fields)
 
 
 def _first_of_each(keys) -> tuple[np.ndarray, np.ndarray]:
