@@ -13,7 +13,7 @@ are still collected, less often.
 
 It also freezes (`gc.freeze`, made for long-lived objects that need no traversal) what is alive
 when a block starts, so that a collection inside the block traverses only what the block made:
-the second search of one process no longer traverses the structures the first one compiled
+the second search of one process does not traverse the structures the first one compiled
 (`benchmarks/bench_plan.py` (a), Llama 3 8B on 64 GPUs: a search after compile 0.59 -> 0.49 s,
 the same as with the first search's garbage collected beforehand). Whole `plan` processes and
 peak memory move by less than their noise (8B on 64 GPUs 1.60 -> 1.54 s, 70B on 256 4.71 ->
