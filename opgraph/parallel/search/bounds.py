@@ -289,13 +289,12 @@ def _comm_totals(times: dict, nums: _Numbers, like: np.ndarray) -> np.ndarray:
 def _over_rows(rows_: list, line):
     """`line` over the rows: `lines(kind, group)` gives each algorithm's intercept and slope
     (a row each) over the rows (a column each), each distinct layout's read once."""
-    index: dict = {}
-    where = np.array([index.setdefault((r.tp, r.cp, r.ep, r.pp, r.dp, r.replicate), len(index))
-                      for r in rows_])
+    keys = [(r.tp, r.cp, r.ep, r.pp, r.dp, r.replicate) for r in rows_]
+    firsts, where = _first_of_each(keys)
 
     @functools.cache
     def lines(kind: str, group: str) -> tuple[np.ndarray, np.ndarray]:
-        found = [line(kind, group, degrees) for degrees in index]
+        found = [line(kind, group, keys[i]) for i in firsts]
         most = max(map(len, found))  # a group of one has one line: repeat it
         pairs = np.array([pairs + pairs[-1:] * (most - len(pairs)) for pairs in found])
         return pairs[where, :, 0].T, pairs[where, :, 1].T
