@@ -305,6 +305,39 @@ def test_deepspeed_overlaps_the_reduction_at_zero_3_only(zero, overlapped):
     assert deepspeed.step_time_s == pytest.approx(generic.parallel.step_time_s, rel=1e-12)
 
 
+@pytest.mark.parametrize("cost", ["roofline", "calibrated"])
+def test_megatron_deepspeed_all_reduces_an_input_gradient_after_the_weight_gradient(cost,
+                                                                                  monkeypatch):
+    """Megatron-DeepSpeed's ColumnParallelLinear all-reduces its input's gradient in the
+    backward of `copy_to_tensor_model_parallel_region`, after autograd's linear backward has
+    computed the weight gradient too: each backward tensor-parallel all-reduce is waited out
+    whole (exposed = its time). With the trait off (the generic model: the all-reduce issued
+    as the input gradient is written) the same all-reduces run under the weight-gradient
+    GEMMs, at least in part, and the step is shorter; nothing else moves: the forward's
+    all-reduces, and every collective's own time, are the same."""
+    from opgraph.parallel import frameworks
+
+    f, layout = preset("llama3.2-1b"), Parallel(tp=2, dp=1, gpus=2, global_batch=2,
+                                                framework="deepspeed")
+    on = profile_parallel(f, H100, layout, cost=cost_model(cost)).parallel
+    monkeypatch.setattr(frameworks, "FRAMEWORKS", _without("deepspeed", syncs_tp_grads=False))
+    off = profile_parallel(f, H100, layout, cost=cost_model(cost)).parallel
+    synced, overlapped = ({t.name: t for t in run.communication if t.group == "tp"}
+                          for run in (on, off))
+    assert synced.keys() == overlapped.keys()
+    backward = [name for name in synced if name.endswith(".grad")]
+    assert backward and all(synced[n].collective == "all_reduce" for n in backward)
+    for name, t in synced.items():
+        assert t.time_s == pytest.approx(overlapped[name].time_s, rel=1e-12)
+        if name in backward:
+            assert t.exposed_s + t.queued_s == pytest.approx(t.time_s, rel=1e-9)
+        else:
+            assert t.exposed_s == pytest.approx(overlapped[name].exposed_s, rel=1e-9, abs=1e-15)
+    assert sum(overlapped[n].exposed_s for n in backward) < sum(synced[n].exposed_s
+                                                               for n in backward)
+    assert off.step_time_s < on.step_time_s
+
+
 # --- nanotron: FP32 accumulation apart, ZeRO-1 all-reduced after the backward ------------------
 
 def _without(framework: str, **traits):

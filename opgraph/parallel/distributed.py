@@ -55,8 +55,8 @@ from ..passes.evaluate import category_costs, interpret, resolve
 from ..passes.shard import check_divides
 from ..passes.split_stages import layer_stack, layers_before, other_stacks, split_stages
 from . import cluster as clusters
-from .frameworks import (DEFERRED_GROUPS, attention_library, defers_grad_reduce, end_split,
-                         own_split, sharding, traits)
+from .frameworks import (attention_library, deferred_groups, end_split, own_split, sharding,
+                         traits)
 from .parallel import Parallel, chunk_layers, stage_layers
 from .schedule import (
     GROUPS,
@@ -513,8 +513,7 @@ def step_figures(job: Job, cost: CostModel = DEFAULT, runs: dict | None = None
 def _schedule(job: Job, cost: CostModel, rank: int | None, runs: dict | None = None
               ) -> tuple[ParallelResult, _Timed]:
     layout = job.layout
-    deferred = DEFERRED_GROUPS if defers_grad_reduce(layout) else ()
-    options = dict(async_tp=layout.async_tp, deferred=deferred,
+    options = dict(async_tp=layout.async_tp, deferred=deferred_groups(layout),
                    prefetch=not traits(layout).syncs_before_gather)
 
     def run(plan, times, keep_events=True):

@@ -69,6 +69,20 @@ Each trait, with where each framework's code says so:
   generic model and the others send asynchronously. (Both neighbours waiting on a transfer
   does not make DeepSpeed's `TrainSchedule` run in lockstep: simulated step by step with
   pairwise rendezvous, equal stages take 1F1B's span plus the transfers.)
+- `syncs_tp_grads`: tensor parallelism's all-reduce of a column-parallel matmul's input
+  gradient starts only when the layer's backward reaches the op that reads it (`schedule`'s
+  deferred groups), not as soon as the input gradient is written: it runs after the matmul's
+  weight gradient, exposed. Megatron-LM as Megatron-DeepSpeed forked it: `ColumnParallelLinear`
+  runs `copy_to_tensor_model_parallel_region` and then `F.linear`, so autograd computes the
+  linear's input and weight gradients in one node and only then the copy's backward, a
+  synchronous `torch.distributed.all_reduce` (bigscience-workshop/Megatron-DeepSpeed 119a0d2d,
+  `megatron/mpu/layers.py`, the code of BLOOM's training; Megatron-Turing NLG's of 2021 too).
+  Megatron-LM added the overlap as `--async-tensor-model-parallel-allreduce`, opt-in, in
+  September 2021 (NVIDIA/Megatron-LM 16c90445e7, `ColumnParallelLinearWithAsyncAllreduce`:
+  the input gradient's all-reduce issued before the weight-gradient GEMM) and later made it
+  the default: the generic model, which starts it when written. The DeepSpeed rows stand for
+  the tensor parallelism of those runs; a later Megatron-DeepSpeed, merged with Megatron-LM's
+  newer layers, overlaps it as Megatron-LM does, which no row here says.
 - `partitions_p2p`: with tensor parallelism (and no sequence parallelism, which shards the
   activations already), each rank of a stage's tensor-parallel group sends and receives only
   its 1/tp slice of each activation and gradient, and the receiving stage all-gathers the
@@ -324,6 +338,7 @@ class Traits:
     ddp_buckets: bool = False
     copies_out_gathers: bool = False
     blocking_p2p: bool = False
+    syncs_tp_grads: bool = False
     partitions_p2p: bool = False
     replicates_at: frozenset[int] = frozenset({1, 2, 3})
     zero_stages: frozenset[int] = frozenset({0, 1, 2, 3})
@@ -334,7 +349,7 @@ class Traits:
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                     overlaps_reduce_at=frozenset({3}), gemm_per_expert=True, blocking_p2p=True,
-                    partitions_p2p=True, replicates_at=frozenset())
+                    partitions_p2p=True, syncs_tp_grads=True, replicates_at=frozenset())
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "composer": Traits(regather_in_recompute=False, groups_by_module=True,
@@ -382,6 +397,15 @@ def reduce_dtype(layout: Parallel) -> str:
 
 # The groups whose gradient reductions `defers_grad_reduce` holds back to their reader.
 DEFERRED_GROUPS = ("dp", "dpr", "edp")
+
+
+def deferred_groups(layout: Parallel) -> tuple[str, ...]:
+    """The groups whose backward collectives wait for the op that reads them (`schedule`'s
+    `deferred`): the data-parallel ones where the gradient reduction waits
+    (`defers_grad_reduce`), and tensor parallelism's where the framework all-reduces an input
+    gradient after the weight gradient (`Traits.syncs_tp_grads`)."""
+    tp = ("tp",) if traits(layout).syncs_tp_grads and layout.tp > 1 else ()
+    return (DEFERRED_GROUPS if defers_grad_reduce(layout) else ()) + tp
 
 
 def defers_grad_reduce(layout: Parallel) -> bool:
