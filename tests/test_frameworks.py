@@ -305,28 +305,51 @@ def test_deepspeed_overlaps_the_reduction_at_zero_3_only(zero, overlapped):
     assert deepspeed.step_time_s == pytest.approx(generic.parallel.step_time_s, rel=1e-12)
 
 
+def test_async_tp_runs_the_input_gradients_reduction_inside_the_matmul():
+    """Under async TP the reduction is a kernel of the matmul's own (compiled micro-pipelining),
+    so it is not held back to its reader; nor where the framework issues it before the weight
+    gradient, nor without tensor parallelism."""
+    from opgraph.parallel.frameworks import deferred_groups
+
+    def tp_deferred(**fields):
+        return "tp" in deferred_groups(Parallel(dp=1, global_batch=2, **fields))
+
+    assert tp_deferred(tp=2, gpus=2, sequence_parallel=True, framework="torchtitan")
+    assert not tp_deferred(tp=2, gpus=2, sequence_parallel=True, async_tp=True,
+                           framework="torchtitan")
+    assert tp_deferred(tp=2, gpus=2, framework="deepspeed")
+    assert not tp_deferred(tp=2, gpus=2, framework="megatron")
+    assert not tp_deferred(tp=1, gpus=1, framework="deepspeed")
+
+
 @pytest.mark.parametrize("cost", ["roofline", "calibrated"])
-def test_megatron_deepspeed_all_reduces_an_input_gradient_after_the_weight_gradient(cost,
-                                                                                  monkeypatch):
+@pytest.mark.parametrize("framework, sp, collective", [
+    ("deepspeed", False, "all_reduce"),  # Megatron-DeepSpeed's copy_to_..._region backward
+    ("torchtitan", True, "reduce_scatter"),  # DTensor's Redistribute backward, Shard(1) input
+])
+def test_a_tp_input_gradient_reduced_after_the_weight_gradient_is_exposed(
+        cost, framework, sp, collective, monkeypatch):
     """Megatron-DeepSpeed's ColumnParallelLinear all-reduces its input's gradient in the
-    backward of `copy_to_tensor_model_parallel_region`, after autograd's linear backward has
-    computed the weight gradient too: each backward tensor-parallel all-reduce is waited out
-    whole (exposed = its time). With the trait off (the generic model: the all-reduce issued
-    as the input gradient is written) the same all-reduces run under the weight-gradient
-    GEMMs, at least in part, and the step is shorter; nothing else moves: the forward's
-    all-reduces, and every collective's own time, are the same."""
+    backward of `copy_to_tensor_model_parallel_region`, and DTensor's ColwiseParallel reduces
+    it in the backward of the input's redistribution, each after autograd's linear backward
+    has computed the weight gradient too: each backward tensor-parallel collective is waited
+    out whole (exposed = its time). With the trait off (the generic model: the collective
+    issued as the input gradient is written) the same collectives run under the
+    weight-gradient GEMMs, at least in part, and the step is shorter; nothing else moves: the
+    forward's collectives, and every collective's own time, are the same."""
     from opgraph.parallel import frameworks
 
-    f, layout = preset("llama3.2-1b"), Parallel(tp=2, dp=1, gpus=2, global_batch=2,
-                                                framework="deepspeed")
+    f = preset("llama3.2-1b")
+    layout = Parallel(tp=2, dp=1, gpus=2, global_batch=2, sequence_parallel=sp,
+                      framework=framework)
     on = profile_parallel(f, H100, layout, cost=cost_model(cost)).parallel
-    monkeypatch.setattr(frameworks, "FRAMEWORKS", _without("deepspeed", syncs_tp_grads=False))
+    monkeypatch.setattr(frameworks, "FRAMEWORKS", _without(framework, syncs_tp_grads=False))
     off = profile_parallel(f, H100, layout, cost=cost_model(cost)).parallel
     synced, overlapped = ({t.name: t for t in run.communication if t.group == "tp"}
                           for run in (on, off))
     assert synced.keys() == overlapped.keys()
     backward = [name for name in synced if name.endswith(".grad")]
-    assert backward and all(synced[n].collective == "all_reduce" for n in backward)
+    assert backward and collective in {synced[n].collective for n in backward}
     for name, t in synced.items():
         assert t.time_s == pytest.approx(overlapped[name].time_s, rel=1e-12)
         if name in backward:

@@ -80,9 +80,17 @@ Each trait, with where each framework's code says so:
   Megatron-LM added the overlap as `--async-tensor-model-parallel-allreduce`, opt-in, in
   September 2021 (NVIDIA/Megatron-LM 16c90445e7, `ColumnParallelLinearWithAsyncAllreduce`:
   the input gradient's all-reduce issued before the weight-gradient GEMM) and later made it
-  the default: the generic model, which starts it when written. The DeepSpeed rows stand for
-  the tensor parallelism of those runs; a later Megatron-DeepSpeed, merged with Megatron-LM's
-  newer layers, overlaps it as Megatron-LM does, which no row here says.
+  the default: the generic model, which starts it when written (nanotron's
+  `_ColumnLinearAsyncCommunication.backward` too: its reduce-scatter is launched before the
+  weight gradient). The DeepSpeed rows stand for the tensor parallelism of those runs; a later
+  Megatron-DeepSpeed, merged with Megatron-LM's newer layers, overlaps it as Megatron-LM does,
+  which no row here says. torchtitan: PyTorch's DTensor tensor parallelism
+  (`ColwiseParallel`) redistributes the input in an autograd node of its own before the
+  matmul, so the input gradient's reduce-scatter (or all-reduce) is that node's backward, run
+  after the matmul's node has computed both gradients (`torch/distributed/tensor/parallel/
+  style.py`, `_prepare_input_fn`; `torch/distributed/tensor/_redistribute.py`,
+  `Redistribute.backward`). Not under async TP (`--async-tp`), whose compiled kernels run the
+  collective inside the matmul (`deferred_groups`).
 - `partitions_p2p`: with tensor parallelism (and no sequence parallelism, which shards the
   activations already), each rank of a stage's tensor-parallel group sends and receives only
   its 1/tp slice of each activation and gradient, and the receiving stage all-gathers the
@@ -359,7 +367,8 @@ FRAMEWORKS: dict[str | None, Traits] = {
                          compiles_blocks_only=True, groups_by_module=True,
                          copies_out_gathers=True, replicates_at=frozenset({3}),
                          zero_stages=frozenset({0, 3}), zero_stages_under_cp=frozenset({3}),
-                         cp_comms=frozenset({"ring"}), tp_shards_sequence=True),
+                         cp_comms=frozenset({"ring"}), tp_shards_sequence=True,
+                         syncs_tp_grads=True),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn", replicates_at=frozenset({1})),
@@ -402,9 +411,11 @@ DEFERRED_GROUPS = ("dp", "dpr", "edp")
 def deferred_groups(layout: Parallel) -> tuple[str, ...]:
     """The groups whose backward collectives wait for the op that reads them (`schedule`'s
     `deferred`): the data-parallel ones where the gradient reduction waits
-    (`defers_grad_reduce`), and tensor parallelism's where the framework all-reduces an input
-    gradient after the weight gradient (`Traits.syncs_tp_grads`)."""
-    tp = ("tp",) if traits(layout).syncs_tp_grads and layout.tp > 1 else ()
+    (`defers_grad_reduce`), and tensor parallelism's where the framework reduces an input
+    gradient after the weight gradient (`Traits.syncs_tp_grads`; not under async TP, whose
+    kernels run the collective inside the matmul)."""
+    tp = ("tp",) if traits(layout).syncs_tp_grads and layout.tp > 1 and not layout.async_tp \
+        else ()
     return (DEFERRED_GROUPS if defers_grad_reduce(layout) else ()) + tp
 
 
