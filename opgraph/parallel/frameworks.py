@@ -69,8 +69,8 @@ Each trait, with where each framework's code says so:
   generic model and the others send asynchronously. (Both neighbours waiting on a transfer
   does not make DeepSpeed's `TrainSchedule` run in lockstep: simulated step by step with
   pairwise rendezvous, equal stages take 1F1B's span plus the transfers.)
-- `syncs_tp_grads`: tensor parallelism's all-reduce of a column-parallel matmul's input
-  gradient starts only when the layer's backward reaches the op that reads it (`schedule`'s
+- `syncs_tp_grads`: tensor parallelism's reduction of a column-parallel matmul's input
+  gradient (an all-reduce, a reduce-scatter under sequence parallelism) starts only when the layer's backward reaches the op that reads it (`schedule`'s
   deferred groups), not as soon as the input gradient is written: it runs after the matmul's
   weight gradient, exposed. Megatron-LM as Megatron-DeepSpeed forked it: `ColumnParallelLinear`
   runs `copy_to_tensor_model_parallel_region` and then `F.linear`, so autograd computes the

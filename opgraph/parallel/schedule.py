@@ -18,7 +18,9 @@ its group's stream (one per parallel degree: tp, cp, ep, dp, pp), in the order i
   all-to-all; tensor-parallel communication under its matmul with `--async-tp`), the reader
   may start with it and ends no earlier than it;
 - without `overlap_grad_reduce` (Megatron-LM's default) the gradient reductions wait for the
-  backward to end: they start when the optimizer needs them;
+  backward to end: they start when the optimizer needs them; where a framework reduces a
+  tensor-parallel input gradient after the weight gradient (`frameworks.deferred_groups`),
+  that reduction starts when its reader is reached;
 - with `overlap_param_gather` (Megatron-LM's flag), ZeRO-1/2's gathers of the updated weights
   run in the next step's first micro-batch, each prefetched a layer ahead as a weight's gather
   is (`prefetched_gathers`; `distributed.Stage.first`), not after the update.
@@ -288,9 +290,10 @@ def _instance(i: int, n: int) -> int:
 
 def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple = (),
              keep_events: bool = True, prefetch: bool = True) -> Run:
-    """Run a planned micro-batch once: `seconds[op]` is one instance's time. Collectives of
-    the `deferred` groups wait for the compute that reads them rather than starting when
-    their input is written (Megatron-LM without `--overlap-grad-reduce`). A weight's gather
+    """Run a planned micro-batch once: `seconds[op]` is one instance's time. Backward
+    collectives of the `deferred` groups wait for the compute that reads them rather than
+    starting when their input is written (Megatron-LM without `--overlap-grad-reduce`;
+    `frameworks.deferred_groups`). A weight's gather
     starts a layer ahead of its reader, or, without `prefetch`, once the compute before its
     reader has run (a framework that synchronizes the device before each gather). Returns the
     span of the compute stream (with what it waited for). `Streams` does the work."""
@@ -329,9 +332,11 @@ class Streams:
         self.log: list | None = None  # a layer's writes, while one is watched
 
     def _deferred(self, c: _Comm) -> bool:
-        """Whether collective `c` waits for its reader: a gradient reduction of a `deferred`
-        group. The gather of the updated weights after the optimizer's update (ZeRO-1/2)
-        still starts when the update has written them, as the framework issues it then."""
+        """Whether collective `c` waits for its reader: a backward collective of a `deferred`
+        group (a gradient reduction held to the backward's end; a tensor-parallel input
+        gradient reduced after the weight gradient, `frameworks.deferred_groups`). The gather
+        of the updated weights after the optimizer's update (ZeRO-1/2) still starts when the
+        update has written them, as the framework issues it then."""
         return c.group in self.deferred and c.phase == Phase.BACKWARD.value
 
     def run(self) -> Run:
