@@ -265,6 +265,18 @@ def test_what_cannot_be_explained_fails_before_the_search(cli, monkeypatch, argv
 
 # --- --sensitivity -----------------------------------------------------------------------------
 
+def test_the_error_sensitivity_moves_by_is_what_cv_family_measured():
+    """`LEFT_OUT_ERROR`, which `--sensitivity` moves the model by and names as `opgraph
+    validate --cv family`'s mean left-out error, is that figure as the README records it (the
+    recorded output, rewritten by `docs/regenerate.py --slow` when the calibration changes)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (left_out,) = re.findall(r"^mean over \d+ families: left out ([\d.]+)%", readme, re.M)
+    assert round(LEFT_OUT_ERROR * 100, 1) == float(left_out)
+
+
 def test_a_moved_model_moves_a_compute_bound_kernel_by_its_factor():
     """The calibrated time of a compute-bound matmul is `launch + FLOPs / (matmul x clock x
     peak)` (`CalibratedCostModel.scaled_time`, no waves without a grid, matmul_half_flops 0):
