@@ -39,10 +39,10 @@ GRID = [round(0.50 + 0.05 * i, 2) for i in range(11)]  # 0.50 ... 1.00
 class FreeNode(CalibratedCostModel):
     """The calibrated model with every collective that stays inside a node free."""
 
-    def comm_time(self, kind, message, group, cluster, stride=1, hardware=None, calls=1.0):
+    def comm_time(self, kind, message, group, cluster, stride=1, *rest, **options):
         if group * stride <= cluster.gpus_per_node:
             return 0.0
-        return super().comm_time(kind, message, group, cluster, stride, hardware, calls)
+        return super().comm_time(kind, message, group, cluster, stride, *rest, **options)
 
 
 def table_at(shipped: dict, share: float) -> dict:

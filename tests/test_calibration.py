@@ -547,3 +547,28 @@ def test_every_interpreter_pays_gpt2s_unaligned_head():
         {"B": np.array([2.0]), "S": np.array([1024.0])}, H100.peak_flops, H100.bandwidth,
         H100.fp8_flops, cost.figures(H100))["step_time_s"][0]
     assert [time, swept] == pytest.approx([one, one], rel=1e-9)
+
+
+def test_bench_shares_free_node_model_takes_what_the_schedule_passes():
+    """`benchmarks/bench_shares.py --free-node` (docs/calibration.md's "Two camps" runs it)
+    costs collectives inside a node at nothing and the others as shipped, called as
+    `distributed._times` calls `comm_time` (with each collective's calls and launches)."""
+    import importlib.util
+    from pathlib import Path
+
+    from opgraph import hardware
+    from opgraph.cost.costmodel import cost_model
+    from opgraph.parallel import cluster as clusters
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_shares.py"
+    spec = importlib.util.spec_from_file_location("bench_shares", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    part = hardware.get("h100-sxm")
+    cluster = clusters.for_hardware(part)
+    shipped = cost_model("calibrated")
+    free = module.FreeNode(table=shipped.table)
+    inside, across = 8, 16  # GPUs of one node, of two
+    assert free.comm_time("all_reduce", 2 ** 28, inside, cluster, 1, part, 1.0, 3) == 0.0
+    assert free.comm_time("all_reduce", 2 ** 28, across, cluster, 1, part, 0.5, 3) == \
+        shipped.comm_time("all_reduce", 2 ** 28, across, cluster, 1, part, 0.5, 3) > 0
