@@ -96,10 +96,11 @@ def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
                for op in graph.ops() if op.param("bucket")]
     states: dict[str, Tensor] = {}
     for op in graph.ops():
+        if op.phase is not Phase.OPTIMIZER or op.kind in rules.COLLECTIVE_KINDS:
+            continue  # a gather reads the update
         for name in op.inputs:
             t = graph.tensor(name)
-            if (op.phase is Phase.OPTIMIZER and t.role is Role.OPTIMIZER_STATE
-                    and op.kind not in rules.COLLECTIVE_KINDS):  # a gather reads the update
+            if t.role is Role.OPTIMIZER_STATE:
                 states.setdefault(name, t)
     return dict(zip(RESIDENT, (list(weights) + cached, list(grads.values()) + buckets,
                                list(states.values()))))
@@ -175,20 +176,22 @@ class Liveness:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.ops = graph.ops()
-        fp = footprint(graph)
-        self.resident = {"weights": fp.weights, "gradients": fp.gradients,
-                         "optimizer": fp.optimizer}
+        held = resident_tensors(graph)  # `footprint`'s resident parts (its saved sum unused)
+        self.resident = {name: _resident(held[name]) for name in RESIDENT}
         at = {op.name: i for i, op in enumerate(self.ops)}
         kept = {t.name for t in saved(graph)}
         read_by: dict[str, list] = {}  # each tensor's consumers, in the order they run
+        writers = {}  # each tensor's producer (`graph.producer`), indexed once
         for op in self.ops:
             for name in dict.fromkeys(op.inputs):
                 read_by.setdefault(name, []).append(op)
+            for name in op.outputs:
+                writers.setdefault(name, op)
         self.lives: list[_Life] = []
         for t in graph.tensors():
-            if _resident_tensor(graph, t):
+            writer = writers.get(t.name)
+            if _resident_tensor(graph, t, writer):
                 continue
-            writer = graph.producer(t.name)
             consumers = read_by.get(t.name, [])
             readers = [at[op.name] for op in consumers]
             # a kernel that accumulates into a partial gradient writes the sum in its buffer:
@@ -233,13 +236,17 @@ class Liveness:
         end = np.array([life.end for life in self.lives])
         saved = np.array([life.saved for life in self.lives], dtype=bool)
         inside = (start <= at) & (at <= end)
-        regions = {life.region for life in self.lives if life.region is not None}
-        member = {r: np.array([self.graph.within(op.region, r) for op in self.ops])
-                  for r in regions}
-        in_region = np.zeros_like(inside)
-        for j, life in enumerate(self.lives):
-            if life.region is not None:
-                in_region[:, j] = member[life.region]
+        # whether each op is within each life's region: worked out once per distinct pair of
+        # an op's region and a life's (a step has a few), then spread over ops and lives
+        op_keys: dict = {}
+        life_keys: dict = {}
+        op_at = np.array([op_keys.setdefault(op.region, len(op_keys)) for op in self.ops],
+                         dtype=int)
+        life_at = np.array([life_keys.setdefault(life.region, len(life_keys))
+                            for life in self.lives], dtype=int)
+        within = np.array([[r is not None and self.graph.within(o, r) for r in life_keys]
+                           for o in op_keys], dtype=bool).reshape(len(op_keys), len(life_keys))
+        in_region = within[op_at][:, life_at]
         elsewhere = saved & in_region & ~inside
         many = (saved & inside) | elsewhere
         # small whole numbers, held as bytes: a search keeps a pair per compiled stage
@@ -368,16 +375,15 @@ def _partials(op) -> tuple[str, ...]:
     return tuple(op.inputs[len(op.inputs) - n:]) if n else ()
 
 
-def _resident_tensor(graph: Graph, t: Tensor) -> bool:
+def _resident_tensor(graph: Graph, t: Tensor, writer: Op | None) -> bool:
     """Weights, optimizer states and gradient buffers are resident all step; so are what the
     optimizer writes (the same buffers, updated in place) and a weight's FP8 copy made once a
-    step."""
+    step. `writer` is the op that writes `t` (`graph.producer`), or None."""
     if t.role in (Role.WEIGHT, Role.OPTIMIZER_STATE):
         return True
     if t.role is Role.GRADIENT and t.grad_of is not None and graph.has_tensor(t.grad_of) \
             and graph.tensor(t.grad_of).role is Role.WEIGHT:
         return True
-    writer = graph.producer(t.name)
     return writer is not None and (writer.phase is Phase.OPTIMIZER
                                    or bool(writer.param("cached")))
 
