@@ -74,9 +74,14 @@ def _resident(tensors: list[Tensor]) -> sympy.Expr:
 def footprint(graph: Graph) -> Footprint:
     """The HBM footprint of a step graph (a forward graph has no gradients, states or saved
     activations): `footprint(step).total`."""
+    return Footprint(**resident_bytes(graph), activations=_resident(saved(graph)))
+
+
+def resident_bytes(graph: Graph) -> dict[str, sympy.Expr]:
+    """The bytes of each part resident all step (`RESIDENT`: weights, gradients, optimizer), as
+    formulas: `resident_tensors`' sizes summed."""
     held = resident_tensors(graph)
-    return Footprint(*(_resident(held[name]) for name in RESIDENT),
-                     _resident(saved(graph)))
+    return {name: _resident(held[name]) for name in RESIDENT}
 
 
 def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
@@ -176,8 +181,7 @@ class Liveness:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.ops = graph.ops()
-        held = resident_tensors(graph)  # `footprint`'s resident parts (its saved sum unused)
-        self.resident = {name: _resident(held[name]) for name in RESIDENT}
+        self.resident = resident_bytes(graph)
         at = {op.name: i for i, op in enumerate(self.ops)}
         kept = {t.name for t in saved(graph)}
         read_by: dict[str, list] = {}  # each tensor's consumers, in the order they run
