@@ -273,7 +273,7 @@ def test_the_error_sensitivity_moves_by_is_what_cv_family_measured():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (left_out,) = re.findall(r"^mean over \d+ families: left out ([\d.]+)%", readme, re.M)
+    (left_out,) = re.findall(r"^mean over \d+ families: left out ([\d.]+)%", readme, re.MULTILINE)
     assert round(LEFT_OUT_ERROR * 100, 1) == float(left_out)
 
 
