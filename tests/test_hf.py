@@ -921,7 +921,8 @@ def test_mistral_7b_v0_1_attends_over_its_sliding_window(tmp_path):
     scores S W - W^2 / 2 causal pairs, not S^2 / 2 (4 d_h FLOPs a pair forward); v0.2's null
     window (and Mixtral 8x7B's) leaves the full causal attention."""
     S, W = 8192, MISTRAL_7B["sliding_window"]
-    heads, d = MISTRAL_7B["num_attention_heads"], MISTRAL_7B["hidden_size"] // 32
+    heads = MISTRAL_7B["num_attention_heads"]
+    d = MISTRAL_7B["hidden_size"] // heads  # its head dim
     for window, pairs in ((W, S * W - W * W / 2), (None, S * S / 2)):
         graph = from_config(write(tmp_path, MISTRAL_7B | {"sliding_window": window}, str(window)))
         op = {o["name"]: o for o in profile_json(graph)["ops"]}["layers.attn.flash"]

@@ -1110,7 +1110,8 @@ def _distinct(rows_: list[Row], layers: int | None, names: tuple[str, ...]) -> _
 
 def _first_of_each(keys) -> tuple[np.ndarray, np.ndarray]:
     """The first position of each distinct key, in the order they first appear, and each
-    key's index into them (the loops over the keys run in C: `dict.fromkeys`, `map`)."""
+    key's index into them (the passes over every key run in C, `dict.fromkeys` and `map`;
+    Python loops over the distinct keys alone)."""
     keys = list(keys)
     index = dict.fromkeys(keys)
     for i, key in enumerate(index):
