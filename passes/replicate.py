@@ -94,7 +94,7 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
                 count, group: str, role: Role = Role.ACTIVATION, grad_of: str | None = None,
                 forward: str | None = None, before: str | None = None,
                 dtype: str | None = None, calls=None, launches=None,
-                bucket: str | None = None) -> str:
+                bucket: str | None = None, flat: bool = False) -> str:
     t = graph.tensor(source)
     params = {"group": group, "axis": AXIS, "size": GROUPS[group]} if kind != "all_reduce" \
         else {"group": group}
@@ -106,6 +106,8 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
         params["launches"] = launches
     if bucket is not None:  # DDP's resident copy of what it reduces (`Traits.ddp_buckets`)
         params["bucket"] = bucket
+    if flat:  # its flat buffers, held with the optimizer (`Traits.flattens_gathers`)
+        params["flat"] = True
     (shape,) = rules.infer_shapes(kind, [t], params)
     graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region),
                      before=before)
@@ -120,7 +122,8 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
                                            reduce_dtype(p), traits(p).regather_in_recompute,
                                            traits(p).zero1_all_reduces, groups_by_module(p),
                                            traits(p).list_collectives, traits(p).ddp_buckets,
-                                           traits(p).copies_out_gathers)})
+                                           traits(p).copies_out_gathers,
+                                           traits(p).flattens_gathers)})
 @contract(requires=("optimizer",), forbids=("replicated",))
 def replicate(graph: Graph, layout: Parallel) -> Graph:
     """The step one data-parallel rank runs (see the module); `layout.dp_degree` 1 changes
@@ -224,7 +227,7 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
     if not sharded["weights"] and update.param("copy"):  # the updated BF16 weights, gathered back
         copy = update.outputs[-2] if update.param("zero_grad") else update.outputs[-1]
         _collective(out, copy, "all_gather", f"{w.name}@updated", phase=Phase.OPTIMIZER,
-                    **where)
+                    flat=how.traits.flattens_gathers, **where)
 
 
 def _across_replicas(out: Graph, reduced: str, how: _How, where: dict) -> str:

@@ -483,6 +483,7 @@ def test_profile_takes_the_framework_flags(cli):
     ("deepspeed", {"pp": 2, "tp": 4, "zero": 1, "recompute": ("selective",)}),
     ("deepspeed-0.3", {"pp": 1, "zero": 3, "recompute": ("full",)}),  # a copy per rank
     ("nanotron", {"pp": 1, "zero": 0, "recompute": ("none",)}),  # DDP's buckets
+    ("nanotron", {"pp": 2, "zero": 1, "recompute": ("none",)}),  # the packed gather's buffers
 ])
 def test_plan_figures_are_profiles_for_each_framework(framework, constraints):
     forward, cost = preset("llama3.2-1b"), cost_model("calibrated")
@@ -970,6 +971,55 @@ def test_nanotron_without_zero_keeps_ddps_buckets_beside_its_fp32_gradients(zero
     memory = profile_parallel(f, H100, layout).parallel.memory
     params = memory.weights // 2  # BF16 weights, whole on every data-parallel rank
     assert memory.gradients == (4 + 2 * buckets) * params
+
+
+# --- nanotron's ZeRO-1: the updated weights gathered through packed buffers ---------------------
+
+@pytest.mark.parametrize("framework, zero, packed", [
+    ("nanotron", 1, True), ("nanotron", 0, False), ("megatron", 1, False), (None, 1, False)])
+def test_nanotrons_zero1_gather_packs_the_weights_twice_and_the_allocator_keeps_them(
+        framework, zero, packed):
+    """nanotron's ZeRO-1 gathers the updated weights in one call that packs the rank's shards
+    into one input and each rank's into an output of its own, and NCCL's process group gathers
+    those list outputs through a flat buffer of its own: the shard plus twice the whole BF16
+    weights, (2 + 1/dp) x 2 bytes a parameter. The caching allocator keeps their segments on
+    top of what the forward and backward reserved: the reported peak is the liveness peak plus
+    the buffers, while what is allocated at once (what decides whether it fits) is the
+    liveness peak. Megatron's distributed optimizer gathers into its own parameter buffer, and
+    ZeRO-0 gathers nothing: no buffers."""
+    dp = 8
+    layout = Parallel(dp=dp, zero=zero, global_batch=16, framework=framework)
+    memory = profile_parallel(preset("llama3.2-1b"), H100, layout).parallel.memory
+    liveness = (memory.weights + memory.gradients + memory.optimizer + memory.activations
+                + memory.transient)
+    expected = (2 + 1 / dp) * memory.weights if packed else 0  # BF16 weights, whole on each rank
+    assert memory.buffers == pytest.approx(expected, rel=1e-6)
+    assert memory.allocated == liveness
+    assert memory.total == liveness + memory.buffers
+    assert memory.fits is (liveness <= memory.capacity)
+
+
+def test_reserved_memory_falls_back_to_what_is_allocated_where_it_would_pass_the_capacity():
+    """Where stacking the gather's buffers on the forward and backward's segments would pass
+    the part's memory, the allocator frees its unused cached blocks and allocates again: the
+    reserved peak is then the most allocated at once, the larger of the liveness peak and the
+    resident parts with the buffers. Numbers and arrays alike."""
+    import numpy as np
+
+    from opgraph.cost.memory import Memory, reserved
+
+    GB = 10**9
+    # liveness peak 70 GB, resident 40 GB, buffers 20 GB
+    fits = Memory("loss", "forward", 20 * GB, 10 * GB, 10 * GB, 20 * GB, 10 * GB,
+                  capacity=100 * GB, buffers=20 * GB)
+    assert (fits.total, fits.allocated, fits.fits) == (90 * GB, 70 * GB, True)
+    over = attrs.evolve(fits, capacity=80 * GB)
+    assert (over.total, over.allocated, over.fits) == (70 * GB, 70 * GB, True)
+    heavy = attrs.evolve(over, buffers=35 * GB)  # the update's moment is the larger: 75 GB
+    assert (heavy.total, heavy.allocated) == (75 * GB, 75 * GB)
+    allocated, total = reserved(np.array([70.0, 70.0]), np.array([40.0, 40.0]),
+                                np.array([20.0, 5.0]), 80.0)
+    assert allocated.tolist() == [70.0, 70.0] and total.tolist() == [70.0, 75.0]
 
 
 # --- FSDP2: the gathered buffer copied out into the parameters ----------------------------------

@@ -93,8 +93,11 @@ def test_profile_warns_but_does_not_refuse(cli):
     assert len(j["warnings"]) == 1 and "80.00 GB" in j["warnings"][0]
     memory = j["memory"]
     assert set(memory) == {"weights", "gradients", "optimizer", "activations", "transient",
-                           "total", "capacity", "fits", "peak_op", "peak_phase"}
+                           "buffers", "total", "allocated", "capacity", "fits", "peak_op",
+                           "peak_phase"}
     assert memory["fits"] is False and memory["total"] > 144.5e9
+    # one GPU gathers nothing: what is reserved is what is allocated
+    assert memory["buffers"] == 0 and memory["total"] == memory["allocated"]
 
 
 def test_no_warning_when_it_fits(cli):

@@ -111,6 +111,21 @@ def resident_tensors(graph: Graph) -> dict[str, list[Tensor]]:
                                list(states.values()))))
 
 
+def buffer_tensors(graph: Graph) -> list[Tensor]:
+    """The flat buffers of the optimizer's gathers of the updated weights where a framework
+    packs them (an all-gather marked `flat`, `frameworks.Traits.flattens_gathers`): each
+    weight's shard in the packed input, and the whole weight twice, in the packed per-rank
+    outputs and in the process group's flat output."""
+    return [attrs.evolve(graph.tensor(name), name=f"{op.name}.flat{i}", grad_of=None)
+            for op in graph.ops() if op.param("flat")
+            for i, name in enumerate((op.inputs[0], op.outputs[0], op.outputs[0]))]
+
+
+def buffer_bytes(graph: Graph) -> sympy.Expr:
+    """The bytes of `buffer_tensors`, a formula."""
+    return _resident(buffer_tensors(graph))
+
+
 def _made_by_forward(graph: Graph, name: str) -> bool:
     op = graph.producer(name)
     return op is None or op.phase is Phase.FORWARD
@@ -155,6 +170,9 @@ class Moment:
     resting: sympy.Expr = sympy.Integer(0)
     resting_before: sympy.Expr = sympy.Integer(0)
     resting_after: sympy.Expr = sympy.Integer(0)
+    # not part of the liveness peak: the optimizer's packed gather buffers (`buffer_bytes`),
+    # which `Memory` stacks on it as the caching allocator keeps them
+    buffers: sympy.Expr = sympy.Integer(0)
 
     @property
     def total(self) -> sympy.Expr:
@@ -182,6 +200,7 @@ class Liveness:
         self.graph = graph
         self.ops = graph.ops()
         self.resident = resident_bytes(graph)
+        self.buffers = buffer_bytes(graph)
         at = {op.name: i for i, op in enumerate(self.ops)}
         kept = {t.name for t in saved(graph)}
         read_by: dict[str, list] = {}  # each tensor's consumers, in the order they run
@@ -267,7 +286,7 @@ class Liveness:
                     n * life.tensor.nbytes)
         op = self.ops[i]
         return Moment(op.name, op.phase.value, **self.resident,
-                      **{k: sympy.Add(*v) for k, v in parts.items()})
+                      **{k: sympy.Add(*v) for k, v in parts.items()}, buffers=self.buffers)
 
     @property
     def backward_start(self) -> int | None:
@@ -404,7 +423,7 @@ def peak(graph: Graph, subs: dict) -> Moment:
     if not live.ops:
         fp = footprint(graph)
         return Moment("", "", fp.weights, fp.gradients, fp.optimizer, sympy.Integer(0),
-                      sympy.Integer(0))
+                      sympy.Integer(0), buffers=buffer_bytes(graph))
     totals = live.totals(subs)
     stack, before, after = live.resting()
     return attrs.evolve(live.moment(max(range(len(totals)), key=totals.__getitem__)),
@@ -415,7 +434,17 @@ def peak(graph: Graph, subs: dict) -> Moment:
 class Memory:
     """The step's peak evaluated, in bytes, against the part's `capacity` (None if unknown):
     where it happens (`op`, its `phase`) and its parts; `fits` is None where the capacity is
-    unknown."""
+    unknown.
+
+    `total` is what PyTorch's caching allocator holds at its peak (`torch.cuda.
+    max_memory_reserved`), `allocated` what is allocated at once at the most
+    (`max_memory_allocated`). They differ by `buffers`, the optimizer's packed gather buffers
+    (`buffer_tensors`), made after the backward has freed its activations: whole-stage buffers,
+    larger than any block freed, so in segments of their own on top of what the forward and
+    backward reserved, unless that would pass the capacity, where the allocator frees its
+    unused cached blocks and allocates again (`c10/cuda/CUDACachingAllocator.cpp`,
+    `release_cached_blocks` on a failed `cudaMalloc`): the total is then what is allocated.
+    `fits` reads `allocated`: a job whose reserve would pass the capacity still runs."""
 
     op: str
     phase: str
@@ -429,21 +458,48 @@ class Memory:
     resting: int = 0
     resting_before: int = 0
     resting_after: int = 0
+    buffers: int = 0  # `Moment.buffers`, evaluated
+
+    @property
+    def allocated(self) -> int:
+        """The most allocated at once: the liveness peak, or the resident parts and the
+        buffers while the optimizer's gather runs."""
+        return reserved(sum(getattr(self, name) for name in PEAK_PARTS),
+                        self.weights + self.gradients + self.optimizer, self.buffers, None)[0]
 
     @property
     def total(self) -> int:
-        return sum(getattr(self, name) for name in PEAK_PARTS)
+        """The allocator's reserved peak (see the class)."""
+        return reserved(sum(getattr(self, name) for name in PEAK_PARTS),
+                        self.weights + self.gradients + self.optimizer, self.buffers,
+                        self.capacity)[1]
 
     @property
     def fits(self) -> bool | None:
-        return self.total <= self.capacity if self.capacity else None
+        return self.allocated <= self.capacity if self.capacity else None
 
     def to_json(self) -> dict:
-        """The JSON `memory` object: bytes per part, `total` (the peak), `capacity`, `fits`,
-        and where the peak happens (`peak_op`, `peak_phase`)."""
-        return {**{name: getattr(self, name) for name in PEAK_PARTS}, "total": self.total,
-                "capacity": self.capacity, "fits": self.fits, "peak_op": self.op,
-                "peak_phase": self.phase}
+        """The JSON `memory` object: bytes per part, the optimizer's gather `buffers`, `total`
+        (the reserved peak), `allocated`, `capacity`, `fits`, and where the liveness peak
+        happens (`peak_op`, `peak_phase`)."""
+        return {**{name: getattr(self, name) for name in PEAK_PARTS}, "buffers": self.buffers,
+                "total": self.total, "allocated": self.allocated, "capacity": self.capacity,
+                "fits": self.fits, "peak_op": self.op, "peak_phase": self.phase}
+
+
+def reserved(peak, resident, buffers, capacity):
+    """(allocated, reserved) at the most (`Memory`): from the liveness `peak`, the
+    `resident` parts and the optimizer's gather `buffers`; numbers, or numpy arrays over a
+    search's layouts (`capacity` a number or None)."""
+    stacked = peak + buffers
+    if isinstance(stacked, (int, float)):  # one layout's, as Python numbers
+        allocated = max(peak, resident + buffers)
+        return allocated, stacked if capacity is None or stacked <= capacity else allocated
+    import numpy as np
+
+    allocated = np.maximum(peak, resident + buffers)
+    return allocated, stacked if capacity is None else np.where(stacked <= capacity, stacked,
+                                                                allocated)
 
 
 def figures(moment: Moment, subs: dict, capacity: float | None) -> Memory:
@@ -453,4 +509,4 @@ def figures(moment: Moment, subs: dict, capacity: float | None) -> Memory:
                      for name, expr in moment.parts().items()},
                   capacity=int(capacity) if capacity else None,
                   **{name: int(sympy.sympify(getattr(moment, name)).xreplace(subs))
-                     for name in ("resting", "resting_before", "resting_after")})
+                     for name in ("resting", "resting_before", "resting_after", "buffers")})

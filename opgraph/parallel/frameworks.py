@@ -70,9 +70,9 @@ Each trait, with where each framework's code says so:
   does not make DeepSpeed's `TrainSchedule` run in lockstep: simulated step by step with
   pairwise rendezvous, equal stages take 1F1B's span plus the transfers.)
 - `syncs_tp_grads`: tensor parallelism's reduction of a column-parallel matmul's input
-  gradient (an all-reduce, a reduce-scatter under sequence parallelism) starts only when the layer's backward reaches the op that reads it (`schedule`'s
-  deferred groups), not as soon as the input gradient is written: it runs after the matmul's
-  weight gradient, exposed. Megatron-LM as Megatron-DeepSpeed forked it: `ColumnParallelLinear`
+  gradient (an all-reduce, a reduce-scatter under sequence parallelism) starts only when the
+  layer's backward reaches the op that reads it (`schedule`'s deferred groups), not as soon
+  as the input gradient is written: it runs after the matmul's weight gradient, exposed. Megatron-LM as Megatron-DeepSpeed forked it: `ColumnParallelLinear`
   runs `copy_to_tensor_model_parallel_region` and then `F.linear`, so autograd computes the
   linear's input and weight gradients in one node and only then the copy's backward, a
   synchronous `torch.distributed.all_reduce` (bigscience-workshop/Megatron-DeepSpeed 119a0d2d,
@@ -128,6 +128,23 @@ Each trait, with where each framework's code says so:
   (`optim/gradient_accumulator.py`, `get_fp32_accum_hook`). Megatron-LM's DDP keeps its
   gradients in the bucket itself (`param.main_grad` a view of its grad buffer), and FSDP has
   no such copy: the generic model.
+- `flattens_gathers`: under ZeRO-1, the updated weights are all-gathered in one call over all
+  of them that flattens each side into buffers of its own, held while the call runs: the
+  rank's shards packed into one input, one packed output per rank (the whole weights between
+  them) and, because those outputs are a list, the process group's own flat output (the whole
+  weights again), which it then copies out. nanotron: `ZeroDistributedOptimizer.step` ->
+  `_all_gather_params` -> `all_gather_coalesced` (`src/nanotron/optim/zero.py`,
+  `src/nanotron/distributed.py`: `_flatten_dense_tensors` of the inputs and of each rank's
+  outputs, then `dist.all_gather` on the list), whose NCCL process group gathers equal-sized
+  list outputs into `newLikeFlat(outputTensors)` and copies each out
+  (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`, `allgather`). PyTorch's caching
+  allocator keeps the segments it allocates, and these, the size of a stage's whole weights,
+  are larger than any block the forward and backward free: opgraph counts them resident all
+  step with the optimizer (`memory.resident_tensors`: 2 x the weights + their shard), which
+  is what the playbook's ZeRO-1 runs measure above the liveness peak (its 1B at one sequence
+  a micro-batch: 4.1-5.5 GB more than ZeRO-0's model gives at DP 8 to 64, where 2 x 2.68 GB
+  of BF16 weights make 5.4). Megatron-LM's distributed optimizer gathers into its persistent
+  parameter buffer and FSDP per module: the generic model.
 - `adds_grads_in_fp32`: each micro-batch's weight gradients are written in BF16 and added
   into FP32 buffers by kernels of their own (`passes.accumulate_grads`), rather than
   accumulated in FP32 by the weight-gradient GEMM itself. nanotron: its
@@ -331,6 +348,7 @@ class Traits:
     reduce_after_flush: bool = False
     overlaps_reduce_at: frozenset[int] = frozenset({0, 1, 2, 3})
     zero1_all_reduces: bool = False
+    flattens_gathers: bool = False
     adds_grads_in_fp32: bool = False
     eager: frozenset[str] = frozenset()
     compiles_blocks_only: bool = False
@@ -378,7 +396,7 @@ FRAMEWORKS: dict[str | None, Traits] = {
     "nanotron": Traits(sp_saves_shard=True, eager=frozenset({"swiglu", "cross_entropy"}),
                        balances_stages=True, vocab_multiple=1,
                        overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,
-                       adds_grads_in_fp32=True, ddp_buckets=True,
+                       flattens_gathers=True, adds_grads_in_fp32=True, ddp_buckets=True,
                        replicates_at=frozenset(), zero_stages=frozenset({0, 1})),
 }
 

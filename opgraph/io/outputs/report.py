@@ -163,7 +163,20 @@ def format_memory(m: dict) -> str:
     return (f"memory       {total}{of}{over}{at} (weights {_bytes(m['weights'])}, "
             f"grads {_bytes(m['gradients'])}, optimizer {_bytes(m['optimizer'])}, "
             f"saved activations {_bytes(m['activations'])}, "
-            f"transient {_bytes(m['transient'])})")
+            f"transient {_bytes(m['transient'])}{_buffers(m)})")
+
+
+def _buffers(m: dict) -> str:
+    """`, + gather buffers 5.37 GB` where the reserved peak (`Memory.total`) stacks the
+    optimizer's packed gather buffers on the liveness peak; `, gather buffers 5.37 GB not kept`
+    where that would pass the capacity (the allocator frees its cache instead); else nothing."""
+    if not m.get("buffers"):
+        return ""
+    liveness = sum(m[k] for k in ("weights", "gradients", "optimizer", "activations",
+                                  "transient"))
+    kept = m["total"] == liveness + m["buffers"]
+    return f", {'+ ' if kept else ''}gather buffers {_bytes(m['buffers'])}" + (
+        "" if kept else " not kept")
 
 
 def memory_warning(p: Profile) -> str | None:

@@ -17,7 +17,7 @@ from ...core.symbols import B, cp, dp, edp, ep, pp, tp
 from ...cost.costmodel import CostModel, beside_nccl_s
 from ...cost.hardware import Hardware
 from ...cost.lowered import Lowered, lower
-from ...cost.memory import RESIDENT, Memory, liveness, resident_tensors, saved
+from ...cost.memory import RESIDENT, Memory, liveness, reserved, resident_tensors, saved
 from ...passes.evaluate import resolve
 from ...passes.replicate import GROUPS, gather_phases
 from ...passes.replicate import group_of as replicate_group
@@ -62,8 +62,8 @@ class _StageFormulas:
     once: tuple[bool, ...]
     peaks: tuple[float, ...]
     efficiencies: tuple[str, ...]  # each op's (`Cost.efficiency`)
-    exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident;
-    # grids; calls and launches per op
+    exprs: tuple  # counts, FLOPs, bytes, messages per op; sizes, counts per life; resident,
+    # buffers; grids; calls and launches per op
     tape: _Tape  # the exprs as one program over arrays
     n_ops: int
     n_lives: int
@@ -144,10 +144,10 @@ def _stage_fixed(graph: Graph, values: dict, layers: int | None) -> dict:
 
 def _memory_formulas(live) -> list:
     """A stage's memory as formulas, in `_StageFormulas.exprs`' order: each life's bytes and
-    count, then the resident parts."""
+    count, then the resident parts and the optimizer's gather buffers (`Memory.buffers`)."""
     return ([life.tensor.nbytes for life in live.lives]
             + [life.tensor.count for life in live.lives]
-            + [live.resident[name] for name in RESIDENT])
+            + [live.resident[name] for name in RESIDENT] + [live.buffers])
 
 
 @attrs.frozen
@@ -205,11 +205,13 @@ def _memory_of(stages: dict, rows_: list[Row], layers: int | None) -> np.ndarray
 
 
 def _fullest(peaks: dict, held: dict) -> np.ndarray:
-    """Each row's memory per GPU: its fullest stage's, each stage's peak with the activations
-    of its micro-batches in flight (`held`, `_in_flight`'s)."""
-    totals = np.stack([pk.weights + pk.gradients + pk.optimizer
-                       + np.floor(held_activations(pk.activations, pk.resting_parts,
-                                                   held[role])) + pk.transient
+    """Each row's memory per GPU as the filter reads it (`Memory.fits`: what is allocated at
+    once): its fullest stage's, each stage's peak with the activations of its micro-batches in
+    flight (`held`, `_in_flight`'s), or its resident parts and gather buffers."""
+    totals = np.stack([reserved(pk.weights + pk.gradients + pk.optimizer
+                                + np.floor(held_activations(pk.activations, pk.resting_parts,
+                                                            held[role])) + pk.transient,
+                                pk.weights + pk.gradients + pk.optimizer, pk.buffers, None)[0]
                        for role, pk in peaks.items()])
     return totals.max(axis=0)
 
@@ -852,7 +854,7 @@ class _Numbers:
     messages: np.ndarray
     sizes: np.ndarray
     life_counts: np.ndarray
-    resident: np.ndarray  # (3, candidates): weights, gradients, optimizer
+    resident: np.ndarray  # (4, candidates): weights, gradients, optimizer, gather buffers
     grids: np.ndarray  # (3, ops, candidates): each op's GEMMs, M, N (`Cost.grid`; 0: none)
     calls: np.ndarray  # each collective's share of one NCCL call (`Cost.calls`; 1: its own)
     launches: np.ndarray  # the kernels one instance of each op launches (`Cost.launches`)
@@ -867,7 +869,7 @@ def _numbers(f: _StageFormulas, env: dict, n: int) -> _Numbers:
     def whole(rows):  # in place: `values` is this call's own array
         return np.rint(rows, out=rows)
 
-    end = 4 * k + 2 * m + len(RESIDENT)
+    end = 4 * k + 2 * m + len(RESIDENT) + 1  # and the buffers
     return _Numbers(whole(values[:k]), values[k:2 * k], values[2 * k:3 * k],
                     values[3 * k:4 * k], whole(values[4 * k:4 * k + m]),
                     whole(values[4 * k + m:4 * k + 2 * m]), whole(values[4 * k + 2 * m:end]),
@@ -891,6 +893,7 @@ class _Peak:
     resting: np.ndarray
     resting_before: np.ndarray
     resting_after: np.ndarray
+    buffers: np.ndarray  # the optimizer's gather buffers (`Memory.buffers`)
 
     @property
     def resting_parts(self) -> tuple[np.ndarray, ...]:
@@ -929,19 +932,20 @@ class _Peak:
         resting = [0, 0, 0]  # in the layer stack, before it, after it
         if f.resting_at is not None:
             resting = live_at(f.resting_at, f.ends, (0, 1, 2), f.saved)
-        w, g, o = (int(exact(4 * k + 2 * m + i)) for i in range(len(RESIDENT)))
+        w, g, o, b = (int(exact(4 * k + 2 * m + i)) for i in range(len(RESIDENT) + 1))
         name, phase = f.moments[at] if f.moments else ("", "")
         return Memory(name, phase, w, g, o, int(held_activations(saved, resting, held)),
                       transient, capacity=int(capacity) if capacity else None,
-                      **dict(zip(("resting", "resting_before", "resting_after"), resting)))
+                      **dict(zip(("resting", "resting_before", "resting_after"), resting)),
+                      buffers=b)
 
 
 def _peak(f: _StageFormulas | _MemoryFormulas, nums: _Numbers) -> _Peak:
     n = nums.sizes.shape[1]
-    w, g, o = nums.resident
+    w, g, o, b = nums.resident
     zero = np.zeros(n)
     if not f.moments:
-        return _Peak(np.zeros(n, dtype=int), w, g, o, zero, zero, zero, zero, zero)
+        return _Peak(np.zeros(n, dtype=int), w, g, o, zero, zero, zero, zero, zero, b)
     sizes, counted = nums.sizes, nums.sizes * nums.life_counts
     live = f.copies.astype(float) @ np.vstack([sizes, counted])  # (ops, rows)
     at = np.argmax(live, axis=0)  # the first op where the most is live
@@ -954,7 +958,7 @@ def _peak(f: _StageFormulas | _MemoryFormulas, nums: _Numbers) -> _Peak:
         rest = parts(f.copies[[f.resting_at]])
         resting = tuple(rest[:, f.saved & (f.ends == where)].sum(axis=1) for where in (0, 1, 2))
     return _Peak(at, w, g, o, each[:, f.saved].sum(axis=1), each[:, ~f.saved].sum(axis=1),
-                 *resting)
+                 *resting, b)
 
 
 def _op_times(f: _StageFormulas, nums: _Numbers, hardware: Hardware, cost: CostModel
