@@ -9,8 +9,9 @@ Prints, against the targets of the physics work:
 (b) the roofline at or below the measured step on every dev run (it is a ceiling)
 (c) predicted peak memory within 10% of the measured GPU memory on >= 90% of the playbook
     sweep's rows; beside it, where that error lies (per sequence of micro-batch, or fixed),
-    how far the measured figure repeats itself where every GPU holds the same, and the same
-    figure on the dev runs whose source says it is the allocated peak
+    how far the measured figure repeats itself where every GPU holds the same, the rows with
+    TP predicted in both of nanotron's TP modes (no row says which ran), and the same figure
+    on the dev runs whose source says it is the allocated peak
 (d) on the playbook sweep, grouped by model and node count: median Spearman >= 0.85 of
     predicted and measured throughput, mean regret <= 5% of the first choice; beside it the
     rows that filled their GPUs, the pipelines by where their sends go, what the slowest
@@ -67,6 +68,7 @@ def main(argv: list[str]) -> int:
 
     print(memory_split(sweep.predictions))
     print(repeated_memory(sweep.predictions))
+    print(tp_modes(sweep.predictions))
     allocated = validate([c for c in dev if c.family in ALLOCATED_MEMORY
                           and c.measured_peak_memory_bytes], cost_model("calibrated"))
     errors = sorted(p.memory_error for p in allocated.predictions)
@@ -291,6 +293,51 @@ def repeated_memory(predictions, within: float = 0.10) -> str:
             f"{within * 100:.0f}% of each other in {agree}; one figure per group could bring "
             f"{covered} of the {rows} within {within * 100:.0f}%; the widest "
             f"{widest[0] / 2**30:.1f} to {widest[-1] / 2**30:.1f} GiB")
+
+
+def tp_modes(predictions, within: float = 0.10) -> str:
+    """The sweep's rows with tensor parallelism predicted in both of nanotron's TP modes: its
+    script's REDUCE_SCATTER (sequence parallelism, as the cases say) and ALL_REDUCE (none: the
+    norms' and residuals' activations whole on every TP rank), which the script's
+    `TP_MODES` also lists (`scripts/scaling_benchmarks.py`) and which no row records. How many
+    rows each mode's memory puts within `within`, and, among the groups of ZeRO-0 rows whose
+    GPUs hold the same (`repeated_memory`) but whose measured memory disagrees, how many have
+    their least within `within` of the one mode and their most of the other."""
+    import attrs
+
+    from opgraph.analysis.validate import validate
+    from opgraph.cost.costmodel import cost_model
+
+    rows = [p for p in predictions if p.case.parallel.tp > 1
+            and p.case.measured_peak_memory_bytes is not None]
+    if not rows:
+        return "    no row runs tensor parallelism"
+    other = {p.case.id: p for p in validate(
+        [attrs.evolve(p.case, parallel=attrs.evolve(
+            p.case.parallel, sequence_parallel=not p.case.parallel.sequence_parallel))
+         for p in rows], cost_model("calibrated")).predictions}
+    near = {p.case.id: (abs(p.memory_error) <= within, abs(other[p.case.id].memory_error)
+                        <= within) for p in rows}
+    sp = sum(a for a, _ in near.values())
+    ar = sum(b for _, b in near.values())
+    either = sum(a or b for a, b in near.values())
+    groups: dict = {}
+    for p in rows:
+        c, L = p.case, p.case.parallel
+        if L.zero == 0:
+            model = c.model if isinstance(c.model, str) else tuple(sorted(c.model.items()))
+            key = (model, c.seq_len, L.tp, L.pp, L.cp, L.micro_batch, L.framework)
+            groups.setdefault(key, []).append(p)
+    split = [sorted(v, key=lambda p: p.case.measured_peak_memory_bytes)
+             for v in groups.values() if len(v) > 1]
+    split = [v for v in split if v[-1].case.measured_peak_memory_bytes
+             > (1 + within) * v[0].case.measured_peak_memory_bytes]
+    both = sum(near[v[0].case.id][0] and near[v[-1].case.id][1] for v in split)
+    return (f"    the {len(rows)} rows with TP: within {within * 100:.0f}% as the cases say "
+            f"(sequence parallel) {sp}, without it (nanotron's ALL_REDUCE mode) {ar}, one or the "
+            f"other {either}; of the {len(split)} groups of them that hold the same but measured "
+            f"over {within * 100:.0f}% apart, in {both} the least lies within {within * 100:.0f}% "
+            f"of the one and the most of the other")
 
 
 def _line(rows, column: int) -> tuple[float, float]:

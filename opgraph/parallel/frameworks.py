@@ -139,12 +139,14 @@ Each trait, with where each framework's code says so:
   list outputs into `newLikeFlat(outputTensors)` and copies each out
   (`torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp`, `allgather`). PyTorch's caching
   allocator keeps the segments it allocates, and these, the size of a stage's whole weights,
-  are larger than any block the forward and backward free: opgraph counts them resident all
-  step with the optimizer (`memory.resident_tensors`: 2 x the weights + their shard), which
-  is what the playbook's ZeRO-1 runs measure above the liveness peak (its 1B at one sequence
-  a micro-batch: 4.1-5.5 GB more than ZeRO-0's model gives at DP 8 to 64, where 2 x 2.68 GB
-  of BF16 weights make 5.4). Megatron-LM's distributed optimizer gathers into its persistent
-  parameter buffer and FSDP per module: the generic model.
+  are larger than any block the forward and backward free: opgraph stacks them on the
+  liveness peak unless that passes the part's memory (`memory.buffer_tensors`, `Memory`: 2 x
+  the weights + their shard; both nanotron files as they were from early 2024 to 2411b022),
+  which is what the playbook's ZeRO-1 runs measure above that peak
+  (its 1B at one sequence a micro-batch on one stage: 4.1-5.5 GB at DP 8 to 64, while the
+  sharded states shrink, where 2 x 2.68 GB of BF16 weights make 5.4). Megatron-LM's
+  distributed optimizer gathers into its persistent parameter buffer and FSDP per module: the
+  generic model.
 - `adds_grads_in_fp32`: each micro-batch's weight gradients are written in BF16 and added
   into FP32 buffers by kernels of their own (`passes.accumulate_grads`), rather than
   accumulated in FP32 by the weight-gradient GEMM itself. nanotron: its
