@@ -181,10 +181,11 @@ class StepDiff:
         graph, model = self.graphs["ab".index(side)], self.models["ab".index(side)]
         if graph is None:
             return None
-        if quantity == "memory":  # the peak's parts, at the moment this side peaks
+        if quantity == "memory":  # the peak's parts, at the moment this side peaks, and the
+            # gather buffers `Memory.total` stacks on them where they fit
             profile = self.a if side == "a" else self.b
             moment = peak(graph, _dims(graph, profile.values))
-            return fm.tidy(moment.total, fm.depth_symbols(graph))
+            return fm.tidy(moment.total + moment.buffers, fm.depth_symbols(graph))
         return fm.formula(graph, quantity, cost=model)
 
     def totals_formula(self, quantity: str) -> sympy.Expr | None:
