@@ -106,7 +106,7 @@ def _collective(graph: Graph, source: str, kind: str, name: str, *, phase: Phase
         params["launches"] = launches
     if bucket is not None:  # DDP's resident copy of what it reduces (`Traits.ddp_buckets`)
         params["bucket"] = bucket
-    if flat:  # its flat buffers, held with the optimizer (`Traits.flattens_gathers`)
+    if flat:  # gathered through packed buffers (`Traits.flattens_gathers`, `memory.buffer_tensors`)
         params["flat"] = True
     (shape,) = rules.infer_shapes(kind, [t], params)
     graph.add_tensor(Tensor(name, shape, t.dtype, role, t.count, grad_of=grad_of, region=region),

@@ -36,6 +36,11 @@ op its framework runs eagerly runs (or its backward), the tensors its kernels wr
 beyond a fused kernel's inputs (`rules.eager_saved`), saved from the op to its backward as its
 inputs are, or from its re-run where it is recomputed. The peak is the op where that is largest;
 each part there stays a formula.
+
+That peak is what PyTorch's `max_memory_allocated` reports. `Memory.total` is what the caching
+allocator reserves (`max_memory_reserved`): the same, but where a framework gathers the updated
+weights through packed buffers after the backward (`buffer_tensors`), which the allocator keeps
+in segments of their own on top of the peak while the part has room (see `Memory`).
 """
 
 from __future__ import annotations

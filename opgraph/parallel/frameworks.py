@@ -72,8 +72,9 @@ Each trait, with where each framework's code says so:
 - `syncs_tp_grads`: tensor parallelism's reduction of a column-parallel matmul's input
   gradient (an all-reduce, a reduce-scatter under sequence parallelism) starts only when the
   layer's backward reaches the op that reads it (`schedule`'s deferred groups), not as soon
-  as the input gradient is written: it runs after the matmul's weight gradient, exposed. Megatron-LM as Megatron-DeepSpeed forked it: `ColumnParallelLinear`
-  runs `copy_to_tensor_model_parallel_region` and then `F.linear`, so autograd computes the
+  as the input gradient is written: it runs after the matmul's weight gradient, exposed.
+  Megatron-LM as Megatron-DeepSpeed forked it: `ColumnParallelLinear` runs
+  `copy_to_tensor_model_parallel_region` and then `F.linear`, so autograd computes the
   linear's input and weight gradients in one node and only then the copy's backward, a
   synchronous `torch.distributed.all_reduce` (bigscience-workshop/Megatron-DeepSpeed 119a0d2d,
   `megatron/mpu/layers.py`, the code of BLOOM's training; Megatron-Turing NLG's of 2021 too).
@@ -142,9 +143,9 @@ Each trait, with where each framework's code says so:
   are larger than any block the forward and backward free: opgraph stacks them on the
   liveness peak unless that passes the part's memory (`memory.buffer_tensors`, `Memory`: 2 x
   the weights + their shard; both nanotron files as they were from early 2024 to 2411b022),
-  which is what the playbook's ZeRO-1 runs measure above that peak
-  (its 1B at one sequence a micro-batch on one stage: 4.1-5.5 GB at DP 8 to 64, while the
-  sharded states shrink, where 2 x 2.68 GB of BF16 weights make 5.4). Megatron-LM's
+  which is what the playbook's ZeRO-1 runs measure above that peak (its 1B at one sequence a
+  micro-batch on one stage: 4.1-5.5 GB at DP 8 to 64, while the sharded states shrink, where
+  2 x 2.68 GB of BF16 weights make 5.4). Megatron-LM's
   distributed optimizer gathers into its persistent parameter buffer and FSDP per module: the
   generic model.
 - `adds_grads_in_fp32`: each micro-batch's weight gradients are written in BF16 and added
