@@ -1020,6 +1020,11 @@ def test_reserved_memory_falls_back_to_what_is_allocated_where_it_would_pass_the
     allocated, total = reserved(np.array([70.0, 70.0]), np.array([40.0, 40.0]),
                                 np.array([20.0, 5.0]), 80.0)
     assert allocated.tolist() == [70.0, 70.0] and total.tolist() == [70.0, 75.0]
+    # the report says which: stacked on the peak, or not kept
+    from opgraph.io.outputs.report import format_memory
+
+    assert format_memory(fits.to_json()).endswith(", + gather buffers 20.00 GB)")
+    assert format_memory(over.to_json()).endswith(", gather buffers 20.00 GB not kept)")
 
 
 # --- FSDP2: the gathered buffer copied out into the parameters ----------------------------------
