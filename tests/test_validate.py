@@ -34,8 +34,22 @@ def test_a_prediction_is_what_profile_gives_under_each_cost_model(shipped, case_
         cost = cost_model(name, backward)
         got = v.predict(case, cost)
         r = case.job(cost).profile().parallel
-        assert (got.predicted_step_time_s, got.predicted_peak_memory_bytes, got.mfu) == (
-            r.step_time_s, r.memory.total, r.mfu), name
+        assert (got.predicted_step_time_s, got.predicted_peak_memory_bytes, got.mfu,
+                got.predicted_allocated_bytes) == (r.step_time_s, r.memory.total, r.mfu,
+                                                   r.memory.allocated), name
+
+
+def test_a_prediction_gives_the_reserved_and_the_allocated_peak():
+    """A nanotron ZeRO-1 run of the playbook sweep: its JSON gives the reserved peak (the
+    gather buffers the allocator keeps stacked on the live tensors) and, apart, the allocated
+    one, less by those buffers; a source's figure is either."""
+    (case,) = [c for c in load_cases("playbook-sweep")
+               if c.id.startswith("playbook_sweep_1B_1n_tp1_pp1_dp8_mbs1_ga32_z1")]
+    got = v.predict(case).to_json()
+    memory = case.job(v.DEFAULT).profile().parallel.memory
+    assert memory.buffers > 0
+    assert got["predicted_peak_memory_gb"] == pytest.approx(
+        got["predicted_allocated_memory_gb"] + memory.buffers / 1e9, rel=1e-12)
 
 
 def test_a_run_that_cannot_be_predicted_is_listed_with_its_reason(shipped, monkeypatch):

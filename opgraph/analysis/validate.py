@@ -45,8 +45,10 @@ LEFT_OUT_ERROR = 0.094
 class Prediction:
     case: Case
     predicted_step_time_s: float
-    predicted_peak_memory_bytes: int
+    predicted_peak_memory_bytes: int  # the reserved peak (`Memory.total`)
     mfu: float
+    # the allocated peak (`Memory.allocated`): the same but where the allocator keeps buffers
+    predicted_allocated_bytes: int | None = None
 
     @property
     def error(self) -> float:
@@ -70,6 +72,8 @@ class Prediction:
                "predicted_step_time_s": self.predicted_step_time_s, "error": self.error,
                "predicted_mfu": self.mfu,
                "predicted_peak_memory_gb": self.predicted_peak_memory_bytes / 1e9}
+        if self.predicted_allocated_bytes is not None:
+            out["predicted_allocated_memory_gb"] = self.predicted_allocated_bytes / 1e9
         measured = self.case.measured_peak_memory_bytes
         if measured is not None:
             out["measured_peak_memory_gb"] = measured / 1e9
@@ -97,7 +101,7 @@ def predict(case: Case, cost: CostModel = DEFAULT) -> Prediction:
 
     ((_, job),) = compile_cases([case], cost)
     r = step_figures(job, cost)
-    return Prediction(case, r.step_time_s, r.memory.total, r.mfu)
+    return Prediction(case, r.step_time_s, r.memory.total, r.mfu, r.memory.allocated)
 
 
 @attrs.frozen
