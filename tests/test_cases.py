@@ -272,9 +272,11 @@ def _check_measured(case: Case, dev: dict) -> None:
             case.parallel.batch * m["seq_len"] / (tps * gpus))
         if "peak_memory_GiB" in meas:
             assert case.measured_peak_memory_gib == meas["peak_memory_GiB"]
-        else:  # the playbook's "41.8 GB": nanotron's benchmark CSV, bytes / 1024**3 (GiB)
+        else:  # the playbook's "41.8 GB": nanotron's benchmark CSV, bytes / 1024**3 (GiB),
+            # written on world rank 0 alone (`helpers.py`, `log_throughput`): the first stage's
             assert case.measured_peak_memory_gib == float(meas["gpu_memory_GB"].removesuffix(" GB"))
             assert case.measured_peak_memory_gb is None
+            assert case.measured_peak_memory_stage == 0
         if case.parallel.batch == p["global_batch_seqs"]:
             assert case.measured_step_time_s == pytest.approx(dev["derived"]["step_time_s"],
                                                               abs=5e-3)
@@ -558,6 +560,10 @@ BAD = [  # (what, the file's data, words the message must hold)
     ("no timing", _with(lambda c: c.update(measured={"peak_memory_gib": 70})),
      ["step_time_s", "tokens_per_s_per_gpu"]),
     ("measured not an object", _with(lambda c: c.update(measured=1.5)), ["measured"]),
+    ("memory stage past the pipeline", _with(lambda c: c["measured"].update(
+        peak_memory_stage=2)), ["measured.peak_memory_stage", "2 pipeline stages", "0 to 1"]),
+    ("memory stage negative", _with(lambda c: c["measured"].update(peak_memory_stage=-1)),
+     ["measured.peak_memory_stage", "from 0"]),
     ("unknown preset", _with(lambda c: c.update(model="gpt5")), ["gpt5", "llama3-8b"]),
     ("model a number", _with(lambda c: c.update(model=7)), ["model", "preset"]),
     ("config without model_type", _with(lambda c: c["model"].pop("model_type")),

@@ -39,6 +39,25 @@ def test_a_prediction_is_what_profile_gives_under_each_cost_model(shipped, case_
                                                    r.memory.allocated), name
 
 
+def test_memory_is_compared_on_the_stage_the_source_read_it_on():
+    """nanotron writes its benchmark CSV on world rank 0, the first pipeline stage, so the
+    playbook's cases say `peak_memory_stage` 0: the prediction compared is that stage's, here
+    below the fullest stage's (the last, which holds the loss's FP32 logits of 8 sequences),
+    while whether the layout fits is still the fullest stage's."""
+    (case,) = [c for c in load_cases("playbook-sweep")
+               if c.id.startswith("playbook_sweep_1B_8n_tp1_pp2_dp32_mbs8_ga1_z1")]
+    assert case.measured_peak_memory_stage == 0
+    from opgraph.analysis.fit import compile_cases
+
+    got = v.predict(case)
+    ((_, job),) = compile_cases([case], v.DEFAULT)
+    first = job.stages[job.kinds[0]].memory
+    fullest = case.job(v.DEFAULT).profile().parallel.memory
+    assert (got.predicted_peak_memory_bytes, got.predicted_allocated_bytes) == (
+        first.total, first.allocated)
+    assert first.total < fullest.total and got.predicted_fit_bytes == fullest.allocated
+
+
 def test_a_prediction_gives_the_reserved_and_the_allocated_peak():
     """A nanotron ZeRO-1 run of the playbook sweep: its JSON gives the reserved peak (the
     gather buffers the allocator keeps stacked on the live tensors) and, apart, the allocated

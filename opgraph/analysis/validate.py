@@ -49,6 +49,9 @@ class Prediction:
     mfu: float
     # the allocated peak (`Memory.allocated`): the same but where the allocator keeps buffers
     predicted_allocated_bytes: int | None = None
+    # what decides whether it fits: the fullest stage's allocated peak (`Memory.fits`), where the
+    # figures above are another stage's (`Case.measured_peak_memory_stage`)
+    predicted_fit_bytes: int | None = None
 
     @property
     def error(self) -> float:
@@ -101,7 +104,11 @@ def predict(case: Case, cost: CostModel = DEFAULT) -> Prediction:
 
     ((_, job),) = compile_cases([case], cost)
     r = step_figures(job, cost)
-    return Prediction(case, r.step_time_s, r.memory.total, r.mfu, r.memory.allocated)
+    memory = r.memory  # the fullest stage's, unless the source says whose GPU it read
+    if case.measured_peak_memory_stage is not None:
+        memory = job.stages[job.kinds[case.measured_peak_memory_stage]].memory
+    return Prediction(case, r.step_time_s, memory.total, r.mfu, memory.allocated,
+                      r.memory.allocated)
 
 
 @attrs.frozen
@@ -335,8 +342,9 @@ def rank(report: Report, capacity: dict[str, float] | None = None) -> tuple[Rank
         measured_tps = [p.case.tokens_per_step / (p.case.measured_step_time_s * p.case.gpus)
                         for p in ps]
         predicted_tps = [p.tokens_per_s_per_gpu for p in ps]
-        fits = [p for p in ps if capacity is None or p.predicted_peak_memory_bytes
-                <= capacity.get(p.case.hardware, math.inf)] or ps
+        fits = [p for p in ps if capacity is None or (
+            p.predicted_peak_memory_bytes if p.predicted_fit_bytes is None
+            else p.predicted_fit_bytes) <= capacity.get(p.case.hardware, math.inf)] or ps
         choice = max(fits, key=lambda p: p.tokens_per_s_per_gpu)
         best = max(range(len(ps)), key=lambda i: measured_tps[i])
         chosen = measured_tps[ps.index(choice)]

@@ -16,7 +16,9 @@ A case file (issue 12) is `{"about": "...", "cases": [{...}, ...]}`; a case has 
 reads a config.json (`opgraph.models.hf`). `parallel` holds the degrees tp, pp, cp, ep, dp, the
 ZeRO stage `zero`, `micro_batch` and `global_batch` (sequences), `virtual_stages`,
 `sequence_parallel` and `async_tp`, as `opgraph.parallel.parallel.Parallel` takes them. `measured`
-holds `step_time_s` or `tokens_per_s_per_gpu` (one of the two) and optionally `peak_memory_gib`.
+holds `step_time_s` or `tokens_per_s_per_gpu` (one of the two) and optionally `peak_memory_gib`
+(or `peak_memory_gb`) and `peak_memory_stage`, the pipeline stage whose GPU the memory figure was
+read on, where the source says (else the prediction's fullest stage is compared).
 
 Absent keys take the CLI's defaults (`DEFAULTS`: hardware h100-sxm, the part's own cluster,
 recompute none, precision bf16, fuse none; degrees 1, ZeRO 0 as `Parallel`'s); id, source,
@@ -68,7 +70,8 @@ CASE_KEYS = ("id", "family", "source", "model", "hardware", "power_limit_w", "cl
 REQUIRED = ("id", "source", "model", "gpus", "seq_len", "measured")
 # every field of a layout but its GPUs, which the case gives beside it
 PARALLEL_KEYS = tuple(f.name for f in attrs.fields(Parallel) if f.name != "gpus")
-MEASURED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib", "peak_memory_gb")
+MEASURED_KEYS = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib", "peak_memory_gb",
+                 "peak_memory_stage")
 UNMODELLED_KEYS = ("id", "family", "source", "reason")
 TIMINGS = ("step_time_s", "tokens_per_s_per_gpu")  # exactly one of them
 
@@ -122,6 +125,8 @@ class Case:
     measured_tokens_per_s_per_gpu: float | None = None  # where the run published a throughput
     measured_peak_memory_gib: float | None = None
     measured_peak_memory_gb: float | None = None  # where the source gave GB (1e9 bytes)
+    # the pipeline stage whose GPU the memory was read on (None: the fullest one is compared)
+    measured_peak_memory_stage: int | None = None
     notes: str = ""
 
     @property
@@ -201,6 +206,8 @@ class Case:
             measured["peak_memory_gib"] = self.measured_peak_memory_gib
         if self.measured_peak_memory_gb is not None:
             measured["peak_memory_gb"] = self.measured_peak_memory_gb
+        if self.measured_peak_memory_stage is not None:
+            measured["peak_memory_stage"] = self.measured_peak_memory_stage
         return out
 
 
@@ -266,6 +273,14 @@ def _whole(value, where: str, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise OpgraphError(f"{where}: {key} is {_shown(value)}, not a whole number")
     return check_whole(value, f"{where}: {key}", MAX_DIM)
+
+
+def _stage(value, where: str, key: str) -> int:
+    """A pipeline stage's index, from 0 (the first); `_case` checks it against the degree."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DIM:
+        raise OpgraphError(f"{where}: {key} is {_shown(value)}; give a pipeline stage's index, a "
+                           "whole number from 0 (the first stage)")
+    return value
 
 
 def _layer_list(value, where: str, key: str) -> list[int]:
@@ -379,6 +394,7 @@ READERS: dict[str, Callable] = {
     # measured
     "step_time_s": _measured_step, "tokens_per_s_per_gpu": _within(1e-3, 1e9, "tokens/s"),
     "peak_memory_gib": _within(1e-6, 1e6, "GiB"), "peak_memory_gb": _within(1e-6, 1e6, "GB"),
+    "peak_memory_stage": _stage,
 }
 
 
@@ -425,10 +441,16 @@ def _case(table, file: str, index: int) -> Case:
     if "peak_memory_gib" in measured and "peak_memory_gb" in measured:
         raise OpgraphError(f"{where}: measured gives peak_memory_gib and peak_memory_gb; give "
                            "the one unit the source used")
+    stage = measured.get("peak_memory_stage")
+    if stage is not None and stage >= parallel.pp:
+        raise OpgraphError(f"{where}: measured.peak_memory_stage is {stage}, but the layout has "
+                           f"{parallel.pp} pipeline stage{'s' if parallel.pp > 1 else ''}; give "
+                           f"0 to {parallel.pp - 1}")
     case = Case(**{**DEFAULTS, **fields}, parallel=parallel, measured_step_time_s=step,
                 measured_tokens_per_s_per_gpu=tps,
                 measured_peak_memory_gib=measured.get("peak_memory_gib"),
-                measured_peak_memory_gb=measured.get("peak_memory_gb"))
+                measured_peak_memory_gb=measured.get("peak_memory_gb"),
+                measured_peak_memory_stage=stage)
     if case.precision == "fp8" and parts.get(case.hardware).fp8_flops is None:
         raise OpgraphError(f"{where}: precision fp8 on {case.hardware}, which has no FP8 tensor "
                            "cores; give precision bf16 or another part")
