@@ -497,7 +497,7 @@ def reserved(peak, resident, buffers, capacity):
     `resident` parts and the optimizer's gather `buffers`; numbers, or numpy arrays over a
     search's layouts (`capacity` a number or None)."""
     stacked = peak + buffers
-    if isinstance(stacked, (int, float)):  # one layout's, as Python numbers
+    if getattr(stacked, "ndim", 0) == 0:  # one layout's numbers
         allocated = max(peak, resident + buffers)
         return allocated, stacked if capacity is None or stacked <= capacity else allocated
     import numpy as np
