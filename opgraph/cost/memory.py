@@ -469,15 +469,17 @@ class Memory:
     def allocated(self) -> int:
         """The most allocated at once: the liveness peak, or the resident parts and the
         buffers while the optimizer's gather runs."""
-        return reserved(sum(getattr(self, name) for name in PEAK_PARTS),
-                        self.weights + self.gradients + self.optimizer, self.buffers, None)[0]
+        return self._reserved()[0]
 
     @property
     def total(self) -> int:
         """The allocator's reserved peak (see the class)."""
+        return self._reserved()[1]
+
+    def _reserved(self) -> tuple[int, int]:
         return reserved(sum(getattr(self, name) for name in PEAK_PARTS),
                         self.weights + self.gradients + self.optimizer, self.buffers,
-                        self.capacity)[1]
+                        self.capacity)
 
     @property
     def fits(self) -> bool | None:
