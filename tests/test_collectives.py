@@ -255,6 +255,30 @@ def test_protocol_lines_across_nodes():
     assert col.lines("send-recv", 2, c, stride=8) == pytest.approx([(BASE + NET, 1 / 50e9)])
 
 
+def test_the_roofline_takes_the_envelope_of_nccls_lines():
+    """The roofline's collective is a ceiling: LL's latency with Simple's bandwidth, which no
+    line NCCL may run has both of; the calibrated model keeps NCCL's lines."""
+    from opgraph import hardware
+    from opgraph.cost.costmodel import CostModel, cost_model
+
+    c, part = get("dgx-h100"), hardware.get("h100-sxm")
+    # DP 48 outside TP 8: one GPU in each of 48 nodes, every ring step at the tree's network hop
+    ((latency, per_byte),) = CostModel().comm_lines("reduce_scatter", 48, c, 8, part)
+    assert latency == pytest.approx(RING_BASE[0] + 47 * TREE_NET3[0])
+    assert per_byte == pytest.approx(47 / 48 / 50e9)
+    for size in (1e3, 1e6, 2e8, 1e10):  # below NCCL's fastest line at every size
+        assert latency + per_byte * size < col.seconds("reduce-scatter", size, 48, c, 8)
+    # a 192 MB bucket (48 M FP32 gradients): the full bandwidth and 0.24 ms, where NCCL's
+    # Simple line pays 14 us a step, 0.67 ms
+    bucket = 48e6 * 4
+    assert latency + per_byte * bucket == pytest.approx(
+        RING_BASE[0] + 47 * TREE_NET3[0] + bucket * 47 / 48 / 50e9)
+    assert col.seconds("reduce-scatter", bucket, 48, c, 8) == pytest.approx(
+        RING_BASE[2] + 47 * TREE_NET3[2] + bucket * 47 / 48 / 50e9)
+    calibrated = cost_model("calibrated")
+    assert len(calibrated.comm_lines("reduce_scatter", 48, c, 8, part)) == 3  # LL, LL128, Simple
+
+
 def test_protocols_in_formulas_match_the_numbers():
     t, d = (sympy.Symbol(x, positive=True, integer=True) for x in "td")
     c = get("dgx-h100")

@@ -418,14 +418,16 @@ class CostModel:
 
     def comm_lines(self, kind: str, group: int, cluster, stride: int = 1,
                    hardware=None) -> tuple[tuple[float, float], ...]:
-        """Each algorithm one collective of `kind` (an op kind: "all_reduce") may run over a
-        group of `group` GPUs `stride` ranks apart, as (seconds at no message, seconds per
-        byte): NCCL's latencies and the tiers' bandwidths (`opgraph.parallel.collectives.lines`)."""
-        from ..parallel import collectives
-
-        if group == 1 or kind == "identity":
-            return ((0.0, 0.0),)
-        return collectives.lines(kind.replace("_", "-"), group, cluster, stride)
+        """The lines one collective of `kind` (an op kind: "all_reduce") over a group of
+        `group` GPUs `stride` ranks apart is costed by, each (seconds at no message, seconds per
+        byte); it takes the least of them (`comm_time`). The roofline's is one line, the
+        envelope of those NCCL may run (`nccl_lines`): the least latency any of them pays (LL's)
+        with the least time per byte (Simple's, the tiers' full bandwidth). No protocol has
+        both, so no run of the collective beats it: a ceiling, as the rest of the roofline is,
+        where NCCL's own Simple line charges each ring step across nodes 14 us beside its
+        bandwidth (its tuner's estimate, not a floor)."""
+        found = nccl_lines(kind, group, cluster, stride)
+        return ((min(latency for latency, _ in found), min(per_byte for _, per_byte in found)),)
 
     def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
                   hardware=None, calls: float = 1.0, launches: float = 1.0) -> float:
@@ -676,7 +678,7 @@ class CalibratedCostModel(CostModel):
         if group == 1 or kind == "identity":
             return ((0.0, 0.0),)
         e = self.efficiencies(hardware)
-        return tuple((latency + e.launch_s, per_byte) for latency, per_byte in super().comm_lines(
+        return tuple((latency + e.launch_s, per_byte) for latency, per_byte in nccl_lines(
             kind, group, _achieved(cluster, e.node, e.network), stride))
 
     def slowdown(self, hardware) -> float:
@@ -875,6 +877,19 @@ def wave_quanta(grids, sms, tile_m, tile_n):
 
 
 @functools.lru_cache(maxsize=64)
+def nccl_lines(kind: str, group: int, cluster, stride: int = 1
+               ) -> tuple[tuple[float, float], ...]:
+    """Each algorithm and protocol NCCL's tuner weighs for one collective of `kind` (an op
+    kind: "all_reduce") over `group` GPUs `stride` ranks apart, as (seconds at no message,
+    seconds per byte): its latencies and the tiers' bandwidths
+    (`opgraph.parallel.collectives.lines`); none for a group of one or Megatron's f."""
+    from ..parallel import collectives
+
+    if group == 1 or kind == "identity":
+        return ((0.0, 0.0),)
+    return collectives.lines(kind.replace("_", "-"), group, cluster, stride)
+
+
 def _achieved(cluster, node: float, network: float):
     """`cluster` with each tier at its achieved bandwidth: the first (within a node) at `node`
     of its own, the others at `network`."""
