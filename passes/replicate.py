@@ -221,12 +221,23 @@ def _replicate_update(out: Graph, update: Op, how: _How, module=None) -> None:
     if sharded["gradients"]:
         for t in full:
             out.replace_tensor(attrs.evolve(t, grad_of=None))
+    # without master weights (`attach_adamw`'s "no-master", "bf16") the update writes the
+    # weights themselves: under ZeRO-3 their shard (`_gather_weight`), under ZeRO-1/2 this
+    # rank's shard of the whole weights, a view of them (a part of no memory of its own, as the
+    # gradient's shard is: not a weight, which would count its parameters twice)
+    in_place = update.inputs[1] == w.name
+    view = (_slice(out, w.name, group, update, Role.ACTIVATION)
+            if in_place and not sharded["weights"] else w.name)
     for name in (*update.inputs[1:], *update.outputs):  # the optimizer works on its shard
-        out.replace_tensor(_shard(out.tensor(name), group))
-    out.replace_op(attrs.evolve(update, inputs=(shard, *update.inputs[1:])))
-    if not sharded["weights"] and update.param("copy"):  # the updated BF16 weights, gathered back
-        copy = update.outputs[-2] if update.param("zero_grad") else update.outputs[-1]
-        _collective(out, copy, "all_gather", f"{w.name}@updated", phase=Phase.OPTIMIZER,
+        if name != w.name:
+            out.replace_tensor(_shard(out.tensor(name), group))
+    out.replace_op(attrs.evolve(update, inputs=(shard, *(view if n == w.name else n
+                                                         for n in update.inputs[1:]))))
+    if not sharded["weights"] and (update.param("copy") or in_place):
+        # the updated weights (the BF16 copy, or the weights themselves), gathered back
+        updated = (update.outputs[0] if in_place else
+                   update.outputs[-2] if update.param("zero_grad") else update.outputs[-1])
+        _collective(out, updated, "all_gather", f"{w.name}@updated", phase=Phase.OPTIMIZER,
                     flat=how.traits.flattens_gathers, **where)
 
 
@@ -258,12 +269,12 @@ def _copy_out(out: Graph, gathered: str, reader: Op) -> str:
     return name
 
 
-def _slice(out: Graph, source: str, group: str, update: Op) -> str:
+def _slice(out: Graph, source: str, group: str, update: Op, role: Role = Role.GRADIENT) -> str:
     """This rank's 1/size shard of `source` along the first dimension, a view of it."""
     t = out.tensor(source)
     name, shape = f"{source}@shard", _shard(t, group).shape
     params = {"axis": AXIS, "size": shape[AXIS]}
-    out.add_tensor(Tensor(name, shape, t.dtype, Role.GRADIENT, t.count, region=update.region))
+    out.add_tensor(Tensor(name, shape, t.dtype, role, t.count, region=update.region))
     out.add_op(Op(f"{name}.slice", "slice", "elementwise", (source,), (name,),
                   count=update.count, phase=Phase.OPTIMIZER, params=params,
                   region=update.region))

@@ -195,6 +195,40 @@ def test_zero_memory_per_gpu(zero, weights, grads, states):
     assert m.optimizer == pytest.approx(expect(states), rel=1e-12)
 
 
+@pytest.mark.parametrize("zero", [1, 2, 3])
+@pytest.mark.parametrize("name, moment_bytes", [("no-master", 4), ("bf16", 2)])
+def test_zero_without_master_weights_updates_a_shard_of_the_weights(zero, name, moment_bytes):
+    """AdamW with no FP32 master ("no-master", "bf16") updates the BF16 weights themselves. Under
+    ZeRO each rank updates its 1/N of them with its 1/N of the moments; under ZeRO-1/2 the
+    whole weights stay on every rank and the updated shards are gathered back, 2 Psi (N-1)/N
+    sent per GPU, as the master weights' BF16 copy is. The step verifies (the weights the
+    forward reads keep their shape) and holds 2 x moment_bytes x Psi / N of optimizer state."""
+    from opgraph.passes.attach_adamw import AdamW
+
+    n = 8
+    step = replicate(compile_step(preset("llama3-8b"), adamw=AdamW.named(name)),
+                     Parallel(dp=n, zero=zero))
+    verify(step)
+    subs = resolve(step)
+    psi = int(preset("llama3-8b").parameters().xreplace(subs))
+    m = figures(peak(step, subs), subs, None)
+    assert m.optimizer == pytest.approx(2 * moment_bytes * psi / n, rel=1e-12)
+    assert m.weights == pytest.approx(2 * psi / (n if zero == 3 else 1), rel=1e-12)
+    assert int(step.parameters().xreplace(subs)) == (psi // n if zero == 3 else psi)
+    forward = preset("llama3-8b")
+    for update in (op for op in step.ops() if op.kind == "adamw"):
+        mine = step.tensor(update.inputs[1])  # what it updates: 1/N of the weights
+        whole = forward.tensor(mine.name.split("@")[0])
+        assert (mine.numel * n).xreplace(subs) == whole.numel.xreplace(subs)
+    gathered = [op for op in step.ops() if op.name.endswith("@updated.all_gather")]
+    if zero == 3:
+        assert not gathered  # FSDP gathers the weights where they are read
+    else:
+        assert len(gathered) == len(step.weights())
+        sent = sum(float((message_bytes(step, op) * op.count).xreplace(subs)) for op in gathered)
+        assert sent == pytest.approx(2 * psi)  # the whole BF16 weights, the output of each
+
+
 def test_plain_data_parallel_all_reduces_every_gradient():
     step = replicate(compile_step(preset("llama3-8b")), Parallel(dp=8))
     reduced = [op for op in step.ops() if op.param("group") == "dp"]
