@@ -227,6 +227,10 @@ def test_zero_without_master_weights_updates_a_shard_of_the_weights(zero, name, 
         assert len(gathered) == len(step.weights())
         sent = sum(float((message_bytes(step, op) * op.count).xreplace(subs)) for op in gathered)
         assert sent == pytest.approx(2 * psi)  # the whole BF16 weights, the output of each
+        # --overlap-param-gather finds the weight each gather writes back
+        from opgraph.parallel.schedule import prefetched_gathers
+
+        assert prefetched_gathers(step) == {op.name: op.name.split("@")[0] for op in gathered}
 
 
 def test_plain_data_parallel_all_reduces_every_gradient():

@@ -60,7 +60,7 @@ import itertools
 
 import attrs
 
-from ..core.ir import Graph, Op, Phase
+from ..core.ir import Graph, Op, Phase, Role
 from ..core.rules import COLLECTIVE_KINDS
 from .parallel import SHARDED_FROM
 
@@ -254,13 +254,18 @@ def prefetched_gathers(graph: Graph) -> dict[str, str]:
     """The all-gathers of updated weights after a sharded optimizer's update (ZeRO-1/2), each
     with the weight it writes back: under Megatron-LM's `--overlap-param-gather` they run in
     the next step, each layer's weights gathered just before that layer's forward. The weight
-    is found through the update: it reads the reduced gradient shard, whose `grad_of` (ZeRO-2)
-    or whose full gradient's (ZeRO-1) names it."""
+    is found through the update: without master weights it reads a view of the weight itself
+    (`replicate`), else the reduced gradient shard, whose `grad_of` (ZeRO-2) or whose full
+    gradient's (ZeRO-1) names it."""
     out = {}
     for op in graph.ops():
         if op.kind != "all_gather" or op.phase is not Phase.OPTIMIZER:
             continue
         update = graph.producer(op.inputs[0])
+        view = graph.producer(update.inputs[1])
+        if view is not None and graph.tensor(view.inputs[0]).role is Role.WEIGHT:
+            out[op.name] = view.inputs[0]
+            continue
         shard = graph.tensor(update.inputs[0])
         weight = shard.grad_of or graph.tensor(graph.producer(shard.name).inputs[0]).grad_of
         if weight is not None:
