@@ -275,3 +275,68 @@ def test_version(cli):
 
     code, out, err = cli("--version")
     assert (code, out, err) == (0, f"opgraph {__version__}\n", "")
+
+
+# --- random layouts ----------------------------------------------------------------------------
+
+def _random_profile_argv(rng) -> list[str]:
+    """One `profile` command line drawn from the layout, framework, precision and optimizer
+    flags (degrees, ZeRO stages, schedules, dtypes, kernels); many draws ask for what no
+    framework runs or the model does not divide, which must be refused as such."""
+    model = rng.choice(["llama3.2-1b", "gpt2", "gemma2-2b", "qwen2-7b", "mixtral-8x7b",
+                        "deepseek-v2-lite", "bert-base"])
+    tp, pp, cp, dp = (rng.choice(c) for c in ([1, 1, 2, 4, 8], [1, 1, 2, 4], [1, 1, 2],
+                                              [1, 2, 4, 8]))
+    argv = ["profile", "--model", model, "--hardware",
+            rng.choice(["h100-sxm", "a100-sxm-40gb", "b200", "gb200", "mi300x", "l40s"]),
+            "--cost", rng.choice(["roofline", "calibrated"]), "--gpus", str(tp * pp * cp * dp),
+            "--tp", str(tp), "--pp", str(pp), "--cp", str(cp), "--dp", str(dp),
+            "--micro-batch", str(rng.choice([1, 2]))]
+    if model in ("mixtral-8x7b", "deepseek-v2-lite"):
+        argv += ["--ep", str(rng.choice([1, 2, 4, 8]))]
+    options = [
+        ("--framework", ["megatron", "deepspeed", "torchtitan", "nanotron", "composer",
+                         "deepspeed-bf16"]),
+        ("--zero", ["0", "1", "2", "3"]), ("--replicate", ["1", "2"]),
+        ("--recompute", ["none", "selective", "selective-op", "full"]),
+        ("--precision", ["bf16", "fp8"]),
+        ("--adamw", ["mixed", "bf16-moments", "no-master", "bf16", "8bit"]),
+        ("--virtual-stages", ["2", "4"]), ("--cp-comm", ["ring", "a2a"]),
+        ("--grad-reduce-dtype", ["fp32", "bf16"]),
+        ("--attention-library", ["flash", "cudnn", "triton"]),
+        ("--first-stage-layers", ["1", "3"]), ("--seq-len", ["512", "2048"]),
+        ("--fuse", ["elementwise"])]
+    for flag, values in options:
+        if rng.random() < 0.3:
+            argv += [flag, rng.choice(values)]
+    for flag in ("--sequence-parallel", "--async-tp", "--overlap-param-gather",
+                 "--no-overlap-grad-reduce", "--json"):
+        if rng.random() < 0.15:
+            argv.append(flag)
+    return argv
+
+
+def test_random_layouts_profile_or_are_refused(cli):
+    """Seeded draws of profile's flags: each profiles (status 0) or is refused in one line
+    (status 2), never a traceback. A draw that once raised: ZeRO with AdamW's no-master or
+    bf16 options (the update writes the weights themselves), with and without pipelines and
+    --overlap-param-gather."""
+    import random
+
+    rng = random.Random(20261206)
+    seen = {0: 0, 2: 0}
+    for _ in range(150):
+        argv = _random_profile_argv(rng)
+        code, _, err = cli(*argv)
+        assert code in (0, 2), argv
+        assert "Traceback" not in err, argv
+        if code == 2:
+            assert err.startswith("opgraph: error:") and err.count("\n") == 1, (argv, err)
+        seen[code] += 1
+    assert min(seen.values()) > 30  # both kinds of outcome are exercised
+    for zero in ("1", "2", "3"):  # the draws that raised, each ZeRO stage: all run
+        for adamw in ("no-master", "bf16"):
+            overlap = ["--overlap-param-gather"] if zero != "3" else []
+            code, _, err = cli("profile", "--model", "bert-base", "--gpus", "8", "--pp", "2",
+                               "--dp", "4", "--zero", zero, "--adamw", adamw, *overlap)
+            assert code == 0, err
