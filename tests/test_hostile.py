@@ -194,6 +194,33 @@ def test_too_many_micro_batches_are_refused_from_torchtitan(cli, tmp_path):
     assert "micro-batches per data-parallel rank" in err
 
 
+def test_a_model_deeper_than_the_layer_bound_is_refused_on_many_gpus(cli, tmp_path):
+    """The many-GPU schedule may run a micro-batch layer by layer, so a config of 20,000
+    layers (a slip for 20) is refused there at once, in profile and plan alike and from the
+    library; one GPU's step holds the stack once and still profiles it."""
+    from opgraph.core.errors import OpgraphError
+    from opgraph.core.limits import MAX_LAYERS
+    from opgraph.models.hf import from_config
+    from opgraph.parallel.distributed import check_layout
+    from opgraph.parallel.parallel import Parallel
+
+    layers = MAX_LAYERS + 1
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps({"model_type": "llama", "hidden_size": 256, "num_hidden_layers":
+                                layers, "num_attention_heads": 4, "intermediate_size": 512,
+                                "vocab_size": 1000, "max_position_embeddings": 4096}))
+    for argv in (("profile", "--gpus", "8"),
+                 ("plan", "--gpus", "8", "--global-batch", "32", "--no-cache")):
+        code, out, err = cli(*argv, "--config", str(path), "--seq-len", "256")
+        _one_line_error(code, out, err)
+        assert f"{layers:,} layers, more than opgraph's many-GPU schedule takes " \
+               f"({MAX_LAYERS:,};" in err
+    with pytest.raises(OpgraphError, match="layers, more than"):
+        check_layout(from_config(path), Parallel(dp=8))
+    code, _, _ = cli("profile", "--config", str(path), "--seq-len", "256")
+    assert code == 0
+
+
 def test_plan_skips_layouts_beyond_the_micro_batch_bound():
     import opgraph.parallel.cluster as clusters
     import opgraph.cost.hardware as hw

@@ -26,6 +26,12 @@ CONFIG_MAX_BYTES = 1 << 20  # a config.json, a hardware TOML: a few KiB in pract
 # so 4,096 take about 0.9 GB and 35 s. Llama 3 405B's 2,048 sequences per step (arXiv:2407.21783
 # sec. 3.4) fit on a single data-parallel rank.
 MAX_MICRO_BATCHES = 2**12
+# Layers of a model on many GPUs: the schedule runs a micro-batch layer by layer where its
+# layer stack reaches no steady state (a data-parallel queue that grows every layer), so its
+# work grows with them: 20,000 layers of a small model on 8 GPUs took 12 s on a 2-core
+# machine, 100,000 two minutes. The deepest transformers trained have 1,000 (DeepNet,
+# arXiv:2203.00555); Llama 3 405B has 126.
+MAX_LAYERS = 2**14
 # Layouts one `plan --compare` / `--compare-config` names, each profiled on its own (a compile,
 # up to seconds for the largest models).
 MAX_COMPARED = 64
@@ -55,4 +61,4 @@ def check_whole(value: int, what: str, maximum: int) -> int:
 
 
 __all__ = ["CONFIG_MAX_BYTES", "MAX_COUNT", "MAX_DIGITS", "MAX_DIM", "MAX_FIT_CASES",
-           "MAX_MICRO_BATCHES", "MAX_PLAN_SIZES", "MAX_TOKENS", "MAX_TRACE_BYTES", "check_whole"]
+           "MAX_LAYERS", "MAX_MICRO_BATCHES", "MAX_PLAN_SIZES", "MAX_TOKENS", "MAX_TRACE_BYTES", "check_whole"]

@@ -42,6 +42,7 @@ import sympy
 
 from ..core.errors import OpgraphError
 from ..core.ir import Graph, Phase
+from ..core.limits import MAX_LAYERS
 from ..core.parameters import mfu_parameters
 from ..core.pipeline import compile_step
 from ..core.symbols import S
@@ -166,10 +167,23 @@ class ParallelResult:
 def check_layout(forward: Graph, layout: Parallel, seq: int | None = None) -> None:
     """One-line errors for a layout the model does not divide (heads, layers, sequence): at
     the model's own sequence length, as `shard` checks it, and at `seq` where one is given."""
+    check_layers(forward)
     check_divides(forward, layout)
     if seq is not None and seq != forward.dims.get(S):
         check_divides(forward, layout, seq)
     check_pipeline(forward, layout)
+
+
+def check_layers(forward: Graph) -> None:
+    """A one-line error where the model's layer stacks hold more than `MAX_LAYERS` layers, which
+    the many-GPU schedule may run one by one (`opgraph.core.limits`)."""
+    counts = [sympy.sympify(sympy.sympify(r.count).xreplace(forward.dims))
+              for r in forward.regions() if r.parent is None]
+    layers = sum(int(c) for c in counts if c.is_Integer)
+    if layers > MAX_LAYERS:
+        raise OpgraphError(f"{forward.name} has {layers:,} layers, more than opgraph's many-GPU "
+                           f"schedule takes ({MAX_LAYERS:,}; the deepest model trained has "
+                           "1,000); give fewer, or profile it on one GPU")
 
 
 def check_pipeline(forward: Graph, layout: Parallel) -> None:

@@ -20,7 +20,7 @@ from ...passes.precision import PRECISIONS
 from ...passes.recompute import POLICIES
 from ...passes.split_stages import layer_stack, layers_before
 from .. import cluster as clusters
-from ..distributed import ParallelResult, check_layout, uneven_ends
+from ..distributed import ParallelResult, check_layers, check_layout, uneven_ends
 from ..frameworks import FRAMEWORKS, end_split, own_split
 from ..parallel import (FRAMEWORK_FIELDS, LAYOUT_FIELDS, ZERO_STAGES, LayoutFields, Parallel,
                         replicas_problem)
@@ -291,6 +291,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     `groups`, where given, gets each `structure` the rows have, in the order of its first row,
     with its rows' indices (worked out once for the rows that differ only in their micro-batch
     size and virtual stages)."""
+    check_layers(forward)  # a model too deep for any layout, refused as such
     dims = {s.name: int(v) for s, v in forward.dims.items()}
     layers, node = _layers(forward), cluster.gpus_per_node
     experts = dims.get("E")
