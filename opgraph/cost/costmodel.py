@@ -425,8 +425,10 @@ class CostModel:
         with the least time per byte (Simple's, the tiers' full bandwidth). No protocol has
         both, so no run of the collective beats it: a ceiling, as the rest of the roofline is,
         where NCCL's own Simple line charges each ring step across nodes 14 us beside its
-        bandwidth (its tuner's estimate, not a floor)."""
-        found = nccl_lines(kind, group, cluster, stride)
+        bandwidth (its tuner's estimate, not a floor). Its bandwidths are the tiers' datasheet
+        figures, not a cluster's measured table (`_datasheet`): a median of measured runs is
+        not a ceiling either."""
+        found = nccl_lines(kind, group, _datasheet(cluster), stride)
         return ((min(latency for latency, _ in found), min(per_byte for _, per_byte in found)),)
 
     def comm_time(self, kind: str, message, group: int, cluster, stride: int = 1,
@@ -877,6 +879,17 @@ def wave_quanta(grids, sms, tile_m, tile_n):
 
 
 @functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)
+def _datasheet(cluster):
+    """`cluster` with its network at its datasheet bandwidth: without the measured table of
+    bus bandwidth against node count a cluster may carry (`Tier.measured`)."""
+    node, network = cluster.tiers
+    if not network.measured:
+        return cluster
+    return attrs.evolve(cluster, tiers=(node, attrs.evolve(network, measured=(),
+                                                           measured_source="")))
+
+
 def nccl_lines(kind: str, group: int, cluster, stride: int = 1
                ) -> tuple[tuple[float, float], ...]:
     """Each algorithm and protocol NCCL's tuner weighs for one collective of `kind` (an op
