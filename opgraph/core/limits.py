@@ -61,4 +61,5 @@ def check_whole(value: int, what: str, maximum: int) -> int:
 
 
 __all__ = ["CONFIG_MAX_BYTES", "MAX_COUNT", "MAX_DIGITS", "MAX_DIM", "MAX_FIT_CASES",
-           "MAX_LAYERS", "MAX_MICRO_BATCHES", "MAX_PLAN_SIZES", "MAX_TOKENS", "MAX_TRACE_BYTES", "check_whole"]
+           "MAX_LAYERS", "MAX_MICRO_BATCHES", "MAX_PLAN_SIZES", "MAX_TOKENS", "MAX_TRACE_BYTES",
+           "check_whole"]

@@ -879,7 +879,6 @@ def wave_quanta(grids, sms, tile_m, tile_n):
 
 
 @functools.lru_cache(maxsize=64)
-@functools.lru_cache(maxsize=64)
 def _datasheet(cluster):
     """`cluster` with its network at its datasheet bandwidth: without the measured table of
     bus bandwidth against node count a cluster may carry (`Tier.measured`)."""
@@ -903,6 +902,7 @@ def nccl_lines(kind: str, group: int, cluster, stride: int = 1
     return collectives.lines(kind.replace("_", "-"), group, cluster, stride)
 
 
+@functools.lru_cache(maxsize=64)
 def _achieved(cluster, node: float, network: float):
     """`cluster` with each tier at its achieved bandwidth: the first (within a node) at `node`
     of its own, the others at `network`."""
