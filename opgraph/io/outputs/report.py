@@ -172,8 +172,9 @@ def _buffers(m: dict) -> str:
     where that would pass the capacity (the allocator frees its cache instead); else nothing."""
     if not m.get("buffers"):
         return ""
-    liveness = sum(m[k] for k in ("weights", "gradients", "optimizer", "activations",
-                                  "transient"))
+    from ...cost.memory import PEAK_PARTS
+
+    liveness = sum(m[k] for k in PEAK_PARTS)
     kept = m["total"] == liveness + m["buffers"]
     return f", {'+ ' if kept else ''}gather buffers {_bytes(m['buffers'])}" + (
         "" if kept else " not kept")
