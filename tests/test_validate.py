@@ -210,3 +210,18 @@ def test_the_help_counts_the_shipped_case_files():
             "holdout": r"`holdout`: the (\d+) published runs"}
     for name, pattern in said.items():
         assert int(re.search(pattern, text)[1]) == len(load_cases(name)), name
+
+
+def test_a_case_file_that_does_not_exist_names_the_shipped_ones(tmp_path):
+    """A name that is neither a file nor a shipped case file (a family given as a file, where
+    --select picks it) is one line naming what exists; a file that exists is read."""
+    from opgraph.io.cases import NAMED, resolve
+
+    with pytest.raises(OpgraphError) as e:
+        resolve(str(tmp_path / "megatron-core"))
+    assert "does not exist" in str(e.value) and "--select" in str(e.value)
+    assert all(name in str(e.value) for name in NAMED)
+    assert resolve("holdout") == NAMED["holdout"]
+    mine = tmp_path / "mine.json"
+    mine.write_text("{}")
+    assert resolve(str(mine)) == mine

@@ -523,6 +523,10 @@ def resolve(path: str | Path | None) -> Path:
     if not str(path).strip():
         raise OpgraphError("the case file name is empty; give the path of a .json case file or "
                            f"one of {', '.join(NAMED)}")
+    if not Path(path).exists():  # a mistyped shipped name, or --select's text given as a file
+        raise OpgraphError(f"case file {path} does not exist; give the path of a .json case "
+                           f"file or a shipped one ({', '.join(NAMED)}); --select TEXT picks "
+                           "a file's cases by id")
     return Path(path)
 
 
