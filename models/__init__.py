@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opgraph.core.errors import OpgraphError
+from opgraph.core.errors import OpgraphError, did_you_mean
 from opgraph.core.ir import Graph
 
 from . import bert, deepseek, gemma2, gpt2, llama
@@ -29,6 +29,7 @@ def preset(name: str) -> Graph:
     try:
         make = PRESETS[name]
     except KeyError:
-        raise OpgraphError(f"unknown model {name!r}; choose one of: "
-                           f"{', '.join(sorted(PRESETS))} (or see `opgraph models`)") from None
+        raise OpgraphError(f"unknown model {name!r}{did_you_mean(name, sorted(PRESETS))}; "
+                           f"choose one of: {', '.join(sorted(PRESETS))} (or see `opgraph models`)"
+                           ) from None
     return make()

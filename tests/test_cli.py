@@ -95,6 +95,22 @@ def test_bad_input_is_one_line_and_exit_2(cli, argv, needle):
     assert needle in err
 
 
+def test_a_mistyped_id_is_answered_with_the_near_ones(cli):
+    """An id that is not in a catalog names the ids it begins (whatever the case), else the
+    nearest by spelling, nearest first; gibberish gets the list alone. Still one line, exit 2."""
+    from opgraph.core.errors import did_you_mean
+
+    ids = ["h100-sxm", "h100-sxm-96gb", "b200", "llama3-8b", "llama3-70b"]
+    assert did_you_mean("H100", ids) == " (did you mean h100-sxm or h100-sxm-96gb?)"
+    assert did_you_mean("llama-3-8b", ids).startswith(" (did you mean llama3-8b or")
+    assert did_you_mean("zzz", ids) == did_you_mean("", ids) == ""
+    for argv, hint in ((["--hardware", "H100"], "did you mean h100-sxm or "),
+                       (["--model", "LLAMA3-70B"], "did you mean llama3-70b?"),
+                       (["--cluster", "dgx-h10"], "did you mean dgx-h100?")):
+        code, out, err = cli("profile", *argv)
+        assert code == 2 and out == "" and err.count("\n") == 1 and hint in err, err
+
+
 def test_malformed_hardware_file(cli, tmp_path):
     path = tmp_path / "gpu.toml"
     path.write_text("[gpu]\nbf16_tflops = 'fast'\nbandwidth_tbs = 2\n")

@@ -234,7 +234,8 @@ def test_missing_huge_and_unknown(tmp_path):
     huge.write_text(GOOD + "#" * CONFIG_MAX_BYTES)
     with pytest.raises(OpgraphError, match="larger than 1,024 KiB"):
         cluster.get(str(huge))
-    with pytest.raises(OpgraphError, match="unknown cluster 'dgx-h1000'; choose one of: dgx-a100"):
+    with pytest.raises(OpgraphError, match=r"unknown cluster 'dgx-h1000' \(did you mean "
+                                           r"dgx-h100 or [^)]*\?\); choose one of: dgx-a100"):
         cluster.get("dgx-h1000")
     two = tmp_path / "two.toml"
     two.write_text(GOOD + GOOD.replace("mine", "other"))

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import OpgraphError
+from .errors import OpgraphError, did_you_mean
 from .limits import CONFIG_MAX_BYTES
 
 
@@ -88,8 +88,8 @@ def pick(name: str, load: Callable[[str], dict], catalog: Callable[[], dict], wh
     try:
         return entries[name]
     except KeyError:
-        raise OpgraphError(f"unknown {what} {name!r}; choose one of: {', '.join(entries)}, "
-                           "or give a .toml file") from None
+        raise OpgraphError(f"unknown {what} {name!r}{did_you_mean(name, entries)}; choose one "
+                           f"of: {', '.join(entries)}, or give a .toml file") from None
 
 
 def shipped_tables(folder: Path, prefix: str) -> dict[str, Path]:
