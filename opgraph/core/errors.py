@@ -7,7 +7,7 @@ class OpgraphError(Exception):
 
 
 def did_you_mean(name: str, choices) -> str:
-    """" (did you mean X?)" for a mistyped id: the choices that begin with it, whatever the
+    """The hint ` (did you mean X?)` for a mistyped id: the choices that begin with it, whatever the
     case (`H100` -> the H100 parts), else the nearest by spelling (difflib's ratio at 0.6 or
     more, `llama-3-8b` -> `llama3-8b`, the nearest first); "" where none is near."""
     import difflib
