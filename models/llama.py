@@ -148,8 +148,9 @@ def swiglu_mlp(g: GraphBuilder, h, width=F, prefix: str = "", bias: bool = False
 
 
 def moe_mlp(g: GraphBuilder, h, width=F, prefix: str = ""):
-    """Mixtral's sparse MLP: a router scores the E experts, each token goes through its top K
-    SwiGLU experts, and their outputs are summed weighted by the router's gates. Expert weights
+    """Mixtral's sparse MLP: a router scores the E experts, each token is copied to its top K
+    experts' slots and goes through those SwiGLU experts, and their outputs are summed weighted
+    by the router's gates. Expert weights
     are held as `[E, in, out]` tensors; only the routed experts' FLOPs are counted. `width` is
     an expert's hidden width (Mixtral's F; DeepSeek's and Qwen's narrower experts, F_e);
     `prefix` names a layer among several in one region's body."""
@@ -160,8 +161,11 @@ def moe_mlp(g: GraphBuilder, h, width=F, prefix: str = ""):
         return g.expert_matmul(x, g.weight(f"{prefix}experts.{name}.weight", shape), experts,
                                name=f"{prefix}experts.{name}")
 
-    gate = expert(h, "gate_proj", (E, D, width))
-    up = expert(h, "up_proj", (E, D, width))
+    # the dispatcher's copy of each token to its K experts' slots (Megatron-Core's `permute`,
+    # megatron/core/transformer/moe/moe_utils.py), which the expert GEMMs read and keep
+    slots = g.moe_permute(h, experts, name=f"{prefix}experts.permute")
+    gate = expert(slots, "gate_proj", (E, D, width))
+    up = expert(slots, "up_proj", (E, D, width))
     a = g.swiglu(gate, up, name=f"{prefix}experts.swiglu")
     down = expert(a, "down_proj", (E, width, D))
     return g.moe_combine(down, gates, name=f"{prefix}experts.combine")

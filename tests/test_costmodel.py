@@ -194,7 +194,8 @@ def test_hfu_never_exceeds_one():
     slow = attrs.evolve(H100, peak_flops=1e-6 * 1e12, bandwidth=1000 * 1e12)
     p = evaluate(compile_step(preset("mixtral-8x7b")), slow, {"tokens": 212992})
     assert all(r.bound == "compute" for r in p.ops if r.flops)
-    assert p.hfu_ceiling == 1.0
+    # at most 1; below it by the copies that do no arithmetic (the dispatch's permutation)
+    assert p.hfu_ceiling <= 1.0 and p.hfu_ceiling == pytest.approx(1.0, abs=1e-9)
     assert DEFAULT.hfu(np.array([1.0, 3.0]), np.array([1.0, 1.0]), 1.0, np.minimum).tolist() \
         == [1.0, 1.0]
 

@@ -123,16 +123,39 @@ def test_expert_matmuls_count_only_the_routed_experts(mixtral_step):
     for op in backward:
         assert sympy.expand(flops(mixtral_step, op) - flops(mixtral_step, gate)) == 0
         # by their own rules: the same, and one add per element where dX accumulates into the
-        # norm's output gradient (read by the router and the gate and up experts)
-        accumulated = B * S * D if op.param("accumulate") else 0
+        # gradient of the token slots (the permutation's output, read by gate and up)
+        accumulated = B * S * K * D if op.param("accumulate") else 0
         derived = flops(mixtral_step, op, CostModel(backward="derived"))
         assert sympy.expand(derived - flops(mixtral_step, gate) - accumulated) == 0
     # bytes: all E experts' weights are read (at these token counts every expert is used)
     w = mixtral_step.tensor("layers.experts.gate_proj.weight")
     assert w.shape == (E, D, F)
     weight_bytes = 2 * E * D * F
-    x, out = 2 * B * S * D, 2 * B * S * K * F
+    x, out = 2 * B * S * K * D, 2 * B * S * K * F  # it reads each token's K slots
     assert sympy.expand(mixtral_step.op_bytes(gate) - weight_bytes - x - out - 4 * B * S * K) == 0
+
+
+def test_the_dispatch_copies_each_token_to_its_k_experts(mixtral_step):
+    """The permutation before the expert GEMMs (Megatron-Core's `permute`) writes K copies of
+    each token and reads the tokens and the routing (int32 ids); no arithmetic. Its backward
+    sums each token's K slot gradients back: it reads dY and the routing, writes dX, one add
+    per element of dY by its own rule, and is charged its own bytes, not twice the forward's."""
+    permute = mixtral_step.op("layers.experts.permute")
+    assert permute.kind == "moe_permute" and permute.count == L
+    assert mixtral_step.tensor(permute.outputs[0]).shape == (B, S, K, D)
+    tokens, slots, ids = 2 * B * S * D, 2 * B * S * K * D, 4 * B * S * K
+    assert sympy.expand(mixtral_step.op_bytes(permute) - tokens - slots - ids) == 0
+    assert flops(mixtral_step, permute) == 0
+    (grad,) = [op for op in mixtral_step.ops() if op.forward == permute.name]
+    assert grad.kind == "moe_permute_backward" and len(grad.inputs) == 2
+    assert mixtral_step.tensor(grad.outputs[0]).shape == (B, S, D)
+    cost = CostModel().op_cost(mixtral_step, grad)
+    assert sympy.expand(cost.bytes - tokens - slots - ids) == 0
+    derived = flops(mixtral_step, grad, CostModel(backward="derived"))
+    assert sympy.expand(derived - B * S * K * D) == 0
+    # the experts' gate and up GEMMs read the slots, and keep them for their weight gradients
+    for name in ("gate_proj", "up_proj"):
+        assert mixtral_step.op(f"layers.experts.{name}").inputs[0] == permute.outputs[0]
 
 
 def test_the_forward_matmuls_are_two_flops_per_active_parameter_per_token(mixtral_step):

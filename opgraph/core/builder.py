@@ -288,6 +288,11 @@ class GraphBuilder:
         (or `[..., k, in] -> [..., k, out]`); FLOPs count k experts per token, not E."""
         return self.op("expert_matmul", [x, w, experts], category="matmul", name=name)
 
+    def moe_permute(self, x: TensorLike, experts: TensorLike, name: str = "permute") -> Tensor:
+        """Each token copied to each of its k experts' slots, grouped by expert, as a
+        dispatcher does before the expert GEMMs: `[..., D] -> [..., k, D]`."""
+        return self.op("moe_permute", [x, experts], category="routing", name=name)
+
     def moe_combine(self, y: TensorLike, gates: TensorLike, name: str = "combine") -> Tensor:
         """The gate-weighted sum of each token's expert outputs: `[..., k, D] -> [..., D]`."""
         return self.op("moe_combine", [y, gates], category="routing", name=name)

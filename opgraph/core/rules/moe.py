@@ -1,5 +1,6 @@
-"""A mixture of experts: the router's top-k, the expert matmul (each token through K of E
-experts' weights, which expert parallelism spreads over GPUs) and the gated combine."""
+"""A mixture of experts: the router's top-k, the dispatch's permutation (each token copied to
+its K experts' slots), the expert matmul (each token through K of E experts' weights, which
+expert parallelism spreads over GPUs) and the gated combine."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import sympy
 
 from ..ir import Op, Tensor
 from ..symbols import B, D, E, F, K, S
-from .base import Example, Shape, _fmt, _require, _saved, ids_, kind, same, w_, x_
+from .base import (Example, Shape, _fmt, _no_flops, _require, _saved, ids_, kind, same,
+                   scaled_flops, w_, x_)
 
 
 def _topk_shape(ins: list[Tensor], params: dict) -> list[Shape]:
@@ -63,6 +65,45 @@ def _combine_shape(ins: list[Tensor], params: dict) -> list[Shape]:
              lambda: f"expert outputs {y.name} {_fmt(y.shape)} do not match gates "
                      f"{gates.name} {_fmt(gates.shape)}")
     return [(*y.shape[:-2], y.shape[-1])]
+
+
+def _permute_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Tokens `x[..., D]` and their routing `experts[..., K]` -> `[..., K, D]`: each token
+    copied once for each of its K experts, grouped by expert (in the experts' order; the
+    shape counts the copies, not their order)."""
+    x, experts = ins
+    _require(len(x.shape) == len(experts.shape)
+             and all(same(a, b) for a, b in zip(x.shape[:-1], experts.shape[:-1])),
+             lambda: f"tokens {x.name} {_fmt(x.shape)} do not match the routing "
+                     f"{experts.name} {_fmt(experts.shape)}")
+    return [(*experts.shape, x.shape[-1])]
+
+
+def _permute_backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """The tokens' gradient from the slots' `dy[..., K, D]`: `[..., D]`."""
+    (dy,), (experts,), _ = _saved(ins, params)
+    _require(len(dy.shape) == len(experts.shape) + 1
+             and all(same(a, b) for a, b in zip(dy.shape[:-1], experts.shape)),
+             lambda: f"{dy.name} {_fmt(dy.shape)} does not match the routing "
+                     f"{experts.name} {_fmt(experts.shape)}")
+    return [(*dy.shape[:-2], dy.shape[-1])]
+
+
+def _permute_backward_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """Each slot's gradient added into its token's: one add per element of dY."""
+    return ins[0].numel
+
+
+def _permute_vjp(ctx, op: Op) -> list[Op]:
+    """The tokens' gradient, their K slots' gradients summed back in the tokens' order
+    (Megatron's unpermute of dY): one kernel reading dY and the routing, not the tokens."""
+    x, experts = op.inputs
+    dy = ctx.grad(op.outputs[0])
+    if dy is None:
+        return []
+    kernel = ctx.emit(op, "grad", "moe_permute_backward", [dy, experts], [x], dys=1,
+                      saved_inputs=1, saved_outputs=0)
+    return [kernel] if kernel else []
 
 
 def _topk_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
@@ -133,6 +174,12 @@ KINDS = (
          vjp="inputs+outputs",  # softmax backward from the gates, into the logits
          backward_flops=_topk_backward_flops, category="routing",
          example=Example((x_((B, S, E), "logits"),), (("k", K),))),
+    kind("moe_permute", shape=_permute_shape, flops=_no_flops,  # a copy: bytes only
+         vjp=_permute_vjp, backward_flops=_permute_backward_flops,
+         backward_shape=_permute_backward_shape,
+         backward_cost=scaled_flops,  # its own traffic: dY, the routing, dX
+         category="routing",
+         example=Example((x_((B, S, D)), ids_((B, S, K), "experts")))),
     kind("expert_matmul", shape=_expert_matmul_shape, flops=_expert_matmul_flops,
          vjp=_expert_matmul_vjp, grid=_expert_matmul_grid,
          shards=("column", "contracting", "expert"), fusion_class="matmul", kept=True,
