@@ -30,7 +30,8 @@ propagates shardings), and inserts a collective wherever the layout of a tensor 
   all-to-all back: four all-to-alls forward, four back, none overlapped with the attention
   (it waits for them), and the same S x S / cp pairs per GPU.
 - **Expert parallel**: the expert weights hold E/ep experts; the tokens routed to them travel by
-  `all_to_all` (over `ep`) before the first expert matmul (K copies of each token: `fanout`)
+  `all_to_all` (over `ep`) before the first expert matmul (K copies of each token: the slots
+  the dispatch's `moe_permute` wrote, or `fanout` where the matmul reads the tokens themselves)
   and back before the combine.
 
 Degrees are symbols (`tp`, `cp`, `ep`, declared in `opgraph.core.symbols`), so every shape and
