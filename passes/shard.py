@@ -65,12 +65,6 @@ SEQ_AXIS = 1  # activations are [B, S, ...]
 RESHAPES = ("reshape",)  # kinds whose parameters name a shape (the sequence's extent in it)
 
 
-def _cp_gathers(op: Op) -> tuple[int, ...]:
-    if op.kind == "matmul" and op.param("heads") is not None:  # P.V of unfused attention
-        return (1,)
-    return rules.CP_GATHERS.get(op.kind, ())
-
-
 # Context parallelism's all-to-all (`cp_comm` "a2a"): into the attention, a sequence shard of
 # every head ([B, S/cp, heads x d]) becomes the whole sequence of a head shard; out of it, back.
 A2A_IN = {"gather_axis": SEQ_AXIS, "split_axis": 2}
@@ -341,7 +335,7 @@ class _Sharder:
                 inputs[i] = self._collective(inputs[i], "all_to_all", "cp", op.region, op.count,
                                              size=cp, **A2A_IN)
         elif layout.cp > 1:
-            for i in _cp_gathers(op):
+            for i in rules.key_value_inputs(op):
                 inputs[i] = self._collective(inputs[i], "all_gather", "cp", op.region, op.count)
         if self.seq and any(n in self.seq for n in inputs) and (
                 any(self._is_split(n) for n in inputs) or self._splits_params(op)):
@@ -360,7 +354,7 @@ class _Sharder:
     def _a2a(self, op: Op) -> bool:
         """Whether `op` is an attention that context parallelism's all-to-all wraps (`cp_comm`
         "a2a"); an error for a part of an unfused attention, which it cannot."""
-        if self.layout.cp == 1 or self.layout.cp_comm != "a2a" or not _cp_gathers(op):
+        if self.layout.cp == 1 or self.layout.cp_comm != "a2a" or not rules.key_value_inputs(op):
             return False
         if rules.CP_GATHERS.get(op.kind) != (1, 2) or op.param("heads") is None:
             raise OpgraphError(f"--cp-comm a2a runs a fused attention on the whole sequence of a "

@@ -154,7 +154,10 @@ def test_the_sharded_input_of_column_parallel_matmuls_is_saved(framework):
     assert sympy.simplify(megatron - 2 * (4 * D + 3 * F + 2 * H * d_h + 2 * H_kv * d_h) / tp) == 0
     # the generic model keeps the two gathered norm outputs, S x D each: 2 D (2 - 2 / t) more
     generic, _ = _saved_per_token_per_layer(None)
-    assert _saved_per_token_per_layer("torchtitan")[0] == generic  # DTensor keeps the gathered
+    # torchtitan's DTensor keeps the gathered inputs too, and its attention keeps the keys and
+    # values it copied to every query head (`repeat_kv`): H in place of H_kv, each 2 d_h bytes
+    torchtitan, _ = _saved_per_token_per_layer("torchtitan")
+    assert sympy.simplify(torchtitan - generic - 2 * 2 * (H - H_kv) * d_h / tp) == 0
     assert sympy.simplify(generic - megatron - 2 * 2 * D * (1 - 1 / tp)) == 0
     # Llama 3 70B at TP 8: about 4.2 D bytes per token per layer against 7.7 D
     subs = resolve(step)
@@ -679,7 +682,8 @@ def test_an_eager_swiglu_keeps_its_silu_for_the_backward(recompute, kept):
 def test_torchtitans_eager_layer_keeps_its_fp32_copies():
     """torchtitan without torch.compile or checkpointing: each RMSNorm keeps the FP32 copy of
     its input (4 D bytes a token), RoPE the FP32 copies of Q and K (4 (H + H_kv) d_h), the
-    SwiGLU its silu (2 F); the final norm, outside the layers, once."""
+    SwiGLU its silu (2 F), and the attention its keys and values at every query head
+    (`repeat_kv`: 2 x 2 (H - H_kv) d_h more); the final norm, outside the layers, once."""
     from opgraph.cost.memory import liveness
 
     def at_loss(framework):
@@ -689,7 +693,7 @@ def test_torchtitans_eager_layer_keeps_its_fp32_copies():
         return live.moment(i).activations.xreplace(resolve(g, {B: 1, S: 4096}))
 
     layers, d, ffn, heads, kv, head_dim = 16, 2048, 8192, 32, 8, 64
-    per_layer = 2 * 4 * d + 4 * (heads + kv) * head_dim + 2 * ffn
+    per_layer = 2 * 4 * d + 4 * (heads + kv) * head_dim + 2 * ffn + 2 * 2 * (heads - kv) * head_dim
     assert at_loss("torchtitan") - at_loss(None) == 4096 * (layers * per_layer + 4 * d)
 
 
@@ -1089,3 +1093,64 @@ def test_a_zero_stage_a_framework_does_not_run_is_no_plan_constraint(framework, 
 
     with pytest.raises(OpgraphError, match=f"runs no ZeRO-{zero}: give --zero {runs}"):
         Space(gpus=16, batch=32, framework=framework, zero=zero)
+
+
+# --- torchtitan: grouped-query attention's keys and values copied to every head -------------------
+
+def _attention(step):
+    (flash,) = [op for op in step.ops() if op.kind == "flash_attention"]
+    return flash
+
+
+def test_torchtitan_copies_the_keys_and_values_to_every_query_head():
+    """torchtitan's `repeat_kv` (model.py at 9dec370): the attention reads K and V at H heads,
+    each through one copy that reads H_kv d_h and writes H d_h per token (BF16), no FLOPs; its
+    backward sums the copies' gradients (one add per element of dY) and moves the same bytes.
+    Frameworks whose kernels take grouped heads, and a model whose heads are not grouped, run
+    none; the step's FLOPs are the same either way."""
+    from opgraph.cost.costmodel import CostModel
+
+    f = preset("llama3-8b")
+    step = compile_parallel(f, Parallel(framework="torchtitan"))
+    flash = _attention(step)
+    assert flash.inputs[1:] == ("layers.k_rope@repeat", "layers.v_proj@repeat")
+    assert flash.param("kv_heads") == H
+    for source in ("layers.k_rope", "layers.v_proj"):
+        copy = step.op(f"{source}.repeat")
+        assert copy.kind == "repeat_heads" and copy.count == step.op("layers.attn.flash").count
+        assert step.tensor(copy.outputs[0]).shape == (B, S, H * d_h)
+        moved = 2 * B * S * (H_kv + H) * d_h
+        assert sympy.expand(step.op_bytes(copy) - moved) == 0
+        assert CostModel().op_cost(step, copy).flops == 0
+        (grad,) = [op for op in step.ops() if op.forward == copy.name]
+        assert sympy.expand(CostModel().op_cost(step, grad).bytes - moved) == 0
+        derived = CostModel(backward="derived").op_cost(step, grad).flops
+        assert sympy.expand(derived - B * S * H * d_h) == 0
+    for framework in (None, "megatron", "nanotron"):
+        other = compile_parallel(f, Parallel(framework=framework))
+        assert not any(op.kind == "repeat_heads" for op in other.ops())
+        assert _attention(other).param("kv_heads") == H_kv
+    gpt2 = compile_parallel(preset("gpt2"), Parallel(framework="torchtitan"))
+    assert not any(op.kind == "repeat_heads" for op in gpt2.ops())  # 12 heads, 12 groups
+
+    def flops(g):
+        return sympy.expand(sum((CostModel().op_cost(g, op).flops * op.count
+                                 for op in g.ops()), sympy.Integer(0)))
+    assert flops(step) == flops(compile_parallel(f, Parallel()))
+
+
+def test_torchtitans_ring_gathers_the_copied_keys_and_values():
+    """Under tensor parallelism the copies split by heads as the queries do; under context
+    parallelism torchtitan's ring (PyTorch's ring attention, after `repeat_kv`) gathers K and V
+    at every query head: H / H_kv times the bytes the generic model's ring gathers."""
+    f = preset("llama3-8b")
+    tp2 = compile_parallel(f, Parallel(tp=2, sequence_parallel=True, framework="torchtitan"))
+    copy = tp2.op("layers.k_rope.repeat")
+    assert sympy.simplify(tp2.tensor(copy.outputs[0]).shape[-1] - H * d_h / tp) == 0
+
+    def gathered(framework):
+        step = compile_parallel(f, Parallel(cp=2, zero=3, framework=framework))
+        return sympy.Add(*(message_bytes(step, op) for op in step.ops()
+                           if op.kind == "all_gather" and op.param("group") == "cp"
+                           and op.phase is Phase.FORWARD))
+    assert sympy.simplify(gathered("torchtitan") / gathered(None) - H / H_kv) == 0

@@ -327,6 +327,15 @@ Each trait, with where each framework's code says so:
   (sequence parallelism). torchtitan (its TP plan's `SequenceParallel` norms; its launch writer
   refuses TP without it).
 
+- `repeats_kv_heads`: under grouped-query attention its model copies the keys and values to
+  every query head before the attention kernel (`passes.repeat_kv_heads`), so the kernel keeps
+  H / H_kv times the keys and values for its backward and context parallelism's ring gathers
+  them at that size. torchtitan's Llama (`repeat_kv`, an expand whose reshape copies,
+  `torchtitan/models/llama/model.py` at 9dec370, the commit of its published runs; still so in
+  its release v0.2.1); from v0.2.2 it passes SDPA `enable_gqa` instead ("GQA without kv
+  repeats", ff0829c10, 2026-01-27), which this table does not follow. Megatron-LM (Transformer
+  Engine, cuDNN and FlashAttention take grouped heads) and nanotron (flash-attn) do not.
+
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
 the table holds what no field says.
@@ -374,6 +383,7 @@ class Traits:
     zero_stages_under_cp: frozenset[int] = frozenset({0, 1, 2, 3})
     cp_comms: frozenset[str] = frozenset(CP_COMMS)
     tp_shards_sequence: bool = False
+    repeats_kv_heads: bool = False
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
@@ -389,7 +399,7 @@ FRAMEWORKS: dict[str | None, Traits] = {
                          copies_out_gathers=True, replicates_at=frozenset({3}),
                          zero_stages=frozenset({0, 3}), zero_stages_under_cp=frozenset({3}),
                          cp_comms=frozenset({"ring"}), tp_shards_sequence=True,
-                         syncs_tp_grads=True),
+                         syncs_tp_grads=True, repeats_kv_heads=True),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn", replicates_at=frozenset({1})),

@@ -181,6 +181,15 @@ def ring_gather(op) -> bool:
             and op.param("group") == "cp")
 
 
+def key_value_inputs(op) -> tuple[int, ...]:
+    """The positions of the keys and values among attention op `op`'s inputs (an `ir.Op`):
+    its kind's (`CP_GATHERS`: what context parallelism gathers), and for unfused attention's
+    P.V matmul (a matmul with `heads`), its values; () for any other op."""
+    if op.kind == "matmul" and op.param("heads") is not None:
+        return (1,)
+    return CP_GATHERS.get(op.kind, ())
+
+
 def shards_as(kind: str, role: str) -> bool:
     """Whether parallelism splits `kind` in `role` (`SHARDING`)."""
     return role in SHARDING.get(kind, ())

@@ -8,7 +8,7 @@ import sympy
 
 from ..ir import Op, Tensor
 from ..symbols import B, H, H_kv, S, d_h, dim
-from .base import Example, Shape, _fmt, _require, _saved, kind, same, scaled_flops, x_
+from .base import Example, Shape, _fmt, _no_flops, _require, _saved, kind, same, scaled_flops, x_
 
 
 def _per_head_shape(a: Tensor, b: Tensor, params: dict) -> Shape:
@@ -204,12 +204,39 @@ def flash_attention_backward(ctx, op: Op) -> list[Op]:
     return [kernel] if kernel else []
 
 
+def _repeat_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """Keys or values `x[B, S, G*d]` over `kv_heads` G, each head copied to the `heads` H / G
+    query heads of its group: `[B, S, H*d]`."""
+    (x,) = ins
+    heads, groups = params["heads"], params["kv_heads"]
+    _require(len(x.shape) == 3, "a head repeat takes [B, S, heads*d]")
+    return [(x.shape[0], x.shape[1], heads * _head_dim(x, groups))]
+
+
+def _repeat_backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """The repeat's backward, from dY `[B, S, H*d]` alone: `[B, S, G*d]`."""
+    (dy,), _, _ = _saved(ins, params)
+    return [(dy.shape[0], dy.shape[1], params["kv_heads"] * _head_dim(dy, params["heads"]))]
+
+
+def _repeat_backward_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """Each copy's gradient added into its head's: one add per element of dY."""
+    return ins[0].numel
+
+
 W = dim("W")  # an example's sliding window
 _QKV = (x_((B, S, H * d_h), "q"), x_((B, S, H_kv * d_h), "k"))
 _ATTN = (("heads", H), ("kv_heads", H_kv), ("causal", True))
 _FLASH = (*_QKV, x_((B, S, H_kv * d_h), "v"))
 
 KINDS = (
+    # grouped-query attention's keys or values copied to every query head (torchtitan's
+    # `repeat_kv`: an expand whose reshape copies); a copy, no arithmetic; its backward sums the
+    # copies' gradients, costed by its own bytes (dY read, dX written)
+    kind("repeat_heads", shape=_repeat_shape, flops=_no_flops,
+         vjp="none", backward_flops=_repeat_backward_flops,
+         backward_shape=_repeat_backward_shape, backward_cost=scaled_flops,
+         example=Example((x_((B, S, H_kv * d_h), "k"),), (("heads", H), ("kv_heads", H_kv)))),
     kind("attention_scores", shape=_scores_shape, flops=_scores_flops,
          vjp="inputs+outputs",  # softmax backward needs P; then dQ, dK
          backward_flops=_scores_backward_flops, cp_gathers=(1,), fusion_class="matmul",

@@ -10,8 +10,20 @@ import sympy
 
 from ..ir import Op, Tensor
 from ..symbols import B, D, E, F, K, S
-from .base import (Example, Shape, _fmt, _no_flops, _require, _saved, ids_, kind, same,
-                   scaled_flops, w_, x_)
+from .base import (
+    Example,
+    Shape,
+    _fmt,
+    _no_flops,
+    _require,
+    _saved,
+    ids_,
+    kind,
+    same,
+    scaled_flops,
+    w_,
+    x_,
+)
 
 
 def _topk_shape(ins: list[Tensor], params: dict) -> list[Shape]:
