@@ -40,8 +40,7 @@ def _grouped(graph: Graph, op: Op) -> bool:
     heads, groups = op.param("heads"), op.param("kv_heads")
     if heads is None or groups is None or not rules.key_value_inputs(op):
         return False
-    ratio = sympy.sympify(heads) / sympy.sympify(groups)
-    return sympy.sympify(ratio).xreplace(graph.dims) != 1
+    return (sympy.sympify(heads) / sympy.sympify(groups)).xreplace(graph.dims) != 1
 
 
 @step_pass(at=FORWARD + 1, bind=lambda o: o.layout and {"layout": o.layout},
