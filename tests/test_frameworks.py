@@ -1154,3 +1154,35 @@ def test_torchtitans_ring_gathers_the_copied_keys_and_values():
                            if op.kind == "all_gather" and op.param("group") == "cp"
                            and op.phase is Phase.FORWARD))
     assert sympy.simplify(gathered("torchtitan") / gathered(None) - H / H_kv) == 0
+
+
+# --- Megatron-LM: the dispatcher sorts what it receives by local expert -----------------------------
+
+def test_megatrons_dispatcher_sorts_received_tokens_by_local_expert():
+    """`sort_chunks_by_idxs` (token_dispatcher.py): after the dispatch all-to-all the received
+    K copies of each token are concatenated by local expert, and before the return they are put
+    back: one copy each way, reading and writing B S K D BF16 elements each, and the same for the
+    gradients. Where a GPU holds one expert (E / ep = 1) Megatron-LM skips both: no bytes. The
+    generic model, torchtitan and a layout without expert parallelism have none."""
+    from opgraph.cost.costmodel import CostModel
+
+    f = preset("mixtral-8x7b")  # 8 experts, top 2
+    step = compile_parallel(f, Parallel(ep=4, dp=4, framework="megatron"))
+    sort = step.op("layers.experts.permute.all_to_all.ep.sort")
+    unsort = step.op("layers.experts.down_proj.all_to_all.ep.unsort")
+    assert step.op("layers.experts.gate_proj").inputs[0] == sort.outputs[0]
+    assert step.op("layers.experts.down_proj.all_to_all.ep").inputs[0] == unsort.outputs[0]
+    from opgraph.core.symbols import K
+
+    copy = 2 * 2 * B * S * K * D
+    for op in (sort, unsort):
+        (grad,) = [o for o in step.ops() if o.forward == op.name]
+        for kernel in (op, grad):
+            cost = CostModel().op_cost(step, kernel)
+            assert cost.flops == 0
+            for ep_, runs in ((4, 1), (8, 0)):  # two experts a GPU, then one
+                values = resolve(step, {"ep": ep_})
+                assert cost.bytes.xreplace(values) == runs * copy.xreplace(values)
+    for layout in (Parallel(ep=4, dp=4), Parallel(ep=4, dp=4, framework="torchtitan"),
+                   Parallel(dp=4, framework="megatron")):
+        assert not any(o.kind == "moe_sort" for o in compile_parallel(f, layout).ops())

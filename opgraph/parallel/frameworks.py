@@ -327,6 +327,13 @@ Each trait, with where each framework's code says so:
   (sequence parallelism). torchtitan (its TP plan's `SequenceParallel` norms; its launch writer
   refuses TP without it).
 
+- `sorts_by_local_expert`: its expert-parallel dispatcher sorts the tokens a GPU receives by
+  local expert before the expert GEMMs and restores their order before sending them back
+  (`passes.sort_local_experts`), one copy each way where a GPU holds more than one expert.
+  Megatron-LM's all-to-all dispatcher (`sort_chunks_by_idxs` in `dispatch_postprocess` and
+  `combine_preprocess`, `megatron/core/transformer/moe/token_dispatcher.py`); the other
+  frameworks' dispatchers are the generic one here.
+
 - `repeats_kv_heads`: under grouped-query attention its model copies the keys and values to
   every query head before the attention kernel (`passes.repeat_kv_heads`), so the kernel keeps
   H / H_kv times the keys and values for its backward and context parallelism's ring gathers
@@ -384,6 +391,7 @@ class Traits:
     cp_comms: frozenset[str] = frozenset(CP_COMMS)
     tp_shards_sequence: bool = False
     repeats_kv_heads: bool = False
+    sorts_by_local_expert: bool = False
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
@@ -402,7 +410,8 @@ FRAMEWORKS: dict[str | None, Traits] = {
                          syncs_tp_grads=True, repeats_kv_heads=True),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
-                       attention_library="cudnn", replicates_at=frozenset({1})),
+                       attention_library="cudnn", replicates_at=frozenset({1}),
+                       sorts_by_local_expert=True),
     "deepspeed": _DEEPSPEED,
     "deepspeed-0.3": attrs.evolve(_DEEPSPEED, list_collectives=True, syncs_before_gather=True),
     "deepspeed-bf16": attrs.evolve(_DEEPSPEED, adds_grads_in_fp32=True),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import sympy
 
 from ..ir import Op, Tensor
-from ..symbols import B, D, E, F, K, S
+from ..symbols import B, D, E, F, K, S, ep
 from .base import (
     Example,
     Shape,
@@ -118,6 +118,22 @@ def _permute_vjp(ctx, op: Op) -> list[Op]:
     return [kernel] if kernel else []
 
 
+def _sorted_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """The received token slots, in another order: the same shape."""
+    return [ins[0].shape]
+
+
+# a GPU holding more than one expert sorts what it receives by expert (1), one holding one
+# does not (0): E / ep is a whole number of experts
+SORTS = sympy.Min(1, E / ep - 1)
+
+
+def _sort_bytes(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """The sort's copy, read and written where a GPU holds more than one expert (`SORTS`), as
+    Megatron-LM's `sort_chunks_by_idxs` concatenates the chunks in their new order."""
+    return SORTS * (ins[0].nbytes + outs[0].nbytes)
+
+
 def _topk_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """Softmax over each router logit (max, subtract, exp, sum, divide: 5), then the chosen
     gates renormalised (sum, divide: 2 each); picking the top k is comparisons, not FLOPs."""
@@ -192,6 +208,12 @@ KINDS = (
          backward_cost=scaled_flops,  # its own traffic: dY, the routing, dX
          category="routing",
          example=Example((x_((B, S, D)), ids_((B, S, K), "experts")))),
+    # the received tokens sorted by local expert (and back): a copy that runs as eager PyTorch
+    # (`passes.sort_local_experts` marks it so), bytes only, where a GPU holds several experts;
+    # its backward is the same copy of the gradient, the other way
+    kind("moe_sort", shape=_sorted_shape, flops=_no_flops, vjp="none",
+         backward_flops=_no_flops, eager=_sort_bytes, eager_backward=_sort_bytes,
+         category="routing", example=Example((x_((B, S, K, D), "slots"),))),
     kind("expert_matmul", shape=_expert_matmul_shape, flops=_expert_matmul_flops,
          vjp=_expert_matmul_vjp, grid=_expert_matmul_grid,
          shards=("column", "contracting", "expert"), fusion_class="matmul", kept=True,
