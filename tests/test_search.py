@@ -83,6 +83,29 @@ def test_search_figures_are_profiles_on_a_random_sample(searchers, model, gpus, 
         _same_as_profile(searcher, rng.choice(group), searcher.forward, searcher.cost)
 
 
+@pytest.mark.parametrize("model, gpus, batch, seq, framework", [
+    # Megatron-LM's dispatcher sorts by local expert where a GPU holds more than one expert
+    ("mixtral-8x7b", 32, 64, 4096, "megatron"),
+    # torchtitan copies the keys and values to every query head, and its ring gathers them
+    ("llama3.2-1b", 16, 64, 4096, "torchtitan"),
+])
+def test_a_frameworks_own_passes_are_profile_too(searchers, model, gpus, batch, seq, framework):
+    """A random layout of each of several structures of a framework whose passes add ops (the
+    sorts' bytes a function of E / ep, which a structure's rows vary): the search's figures
+    are `profile`'s."""
+    searcher = searchers(model, seq)
+    space = Space(gpus=gpus, batch=batch, framework=framework)
+    rng, sampled = _sampled(searcher, space, 7, 4)
+    for group in sampled:
+        _same_as_profile(searcher, rng.choice(group), searcher.forward, searcher.cost)
+    if framework == "megatron":  # one structure, one expert a GPU and several: both exact
+        found = rows(searcher.forward, H100, space, seq, searcher.cluster)
+        r = next(r for r in found if r.ep == 8)  # Mixtral's 8 experts, one a GPU
+        twin = next(o for o in found if structure(o) == structure(r) and o.ep == 2)
+        for row in (r, twin):
+            _same_as_profile(searcher, row, searcher.forward, searcher.cost)
+
+
 def test_an_uneven_split_is_profile_too(searchers):
     """Llama 3's own split (7, 8 x 14, 7 layers), compiled by the search as an even one with
     the stages' layers a symbol, without interleaving and interleaved as the paper ran it
