@@ -150,10 +150,10 @@ def swiglu_mlp(g: GraphBuilder, h, width=F, prefix: str = "", bias: bool = False
 def moe_mlp(g: GraphBuilder, h, width=F, prefix: str = ""):
     """Mixtral's sparse MLP: a router scores the E experts, each token is copied to its top K
     experts' slots and goes through those SwiGLU experts, and their outputs are summed weighted
-    by the router's gates. Expert weights
-    are held as `[E, in, out]` tensors; only the routed experts' FLOPs are counted. `width` is
-    an expert's hidden width (Mixtral's F; DeepSeek's and Qwen's narrower experts, F_e);
-    `prefix` names a layer among several in one region's body."""
+    by the router's gates. Expert weights are held as `[E, in, out]` tensors; only the routed
+    experts' FLOPs are counted. `width` is an expert's hidden width (Mixtral's F; DeepSeek's
+    and Qwen's narrower experts, F_e); `prefix` names a layer among several in one region's
+    body."""
     logits = g.matmul(h, g.weight(f"{prefix}router.weight", (D, E)), name=f"{prefix}router")
     gates, experts = g.topk(logits, K, name=f"{prefix}router_topk")
 
