@@ -148,10 +148,12 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
 
 
 @step_pass(at=SHARD, bind=lambda o: o.layout and {"layout": o.layout},
-           # the degrees are symbols of the sharded graph: only which exceed 1 decides its ops
+           # the degrees are symbols of the sharded graph: only which exceed 1 decides its ops;
+           # under TP the framework's padding of the vocabulary decides its shard's size
            structure={"layout": lambda p: (p.tp > 1, p.cp > 1, p.ep > 1,
                                            p.sequence_parallel,
-                                           p.cp_comm if p.cp > 1 else None)})
+                                           p.cp_comm if p.cp > 1 else None,
+                                           traits(p).vocab_multiple if p.tp > 1 else None)})
 @contract(forbids=("backward",))
 def shard(graph: Graph, layout: Parallel) -> Graph:
     """The forward graph one GPU of `layout` runs, its collectives inserted (see the module).

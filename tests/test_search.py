@@ -787,3 +787,28 @@ def test_the_overlap_slowdown_adds_its_least_share_to_the_bound():
     communicated = np.array([1.0, 0.1, 0.5])
     assert _slowed(bound, computed, communicated, 0.1) == pytest.approx([2.08, 2.0, 1.55])
     assert (_slowed(bound, computed, communicated, 0.0) == bound).all()
+
+
+def test_a_pass_shared_between_layouts_keeps_frameworks_apart():
+    """A search shares each pass's result between the layouts whose passes read the same
+    (`pipeline.pass_key`, from what each pass declares it reads); Megatron-LM pads the
+    vocabulary's tensor-parallel shard and the generic model does not, so the same degrees
+    under each compile apart: through one shared memo, in either order, each step is the one
+    `compile_parallel` makes on its own."""
+    from opgraph.core import pipeline
+    from opgraph.parallel.distributed import compile_parallel
+    from opgraph.parallel.parallel import Parallel
+
+    f = preset("llama3.2-1b")
+    layouts = [Parallel(tp=2, dp=2, zero=1, sequence_parallel=True, framework=fw)
+               for fw in (None, "megatron", "nanotron")]
+    for order in (layouts, layouts[::-1]):
+        memo: dict = {}
+        for layout in order:
+            graph, key = f, ()
+            for run in pipeline.step_passes(layout=layout):
+                key += (pipeline.pass_key(run),)
+                if key not in memo:
+                    memo[key] = run(graph)
+                graph = memo[key]
+            assert str(graph) == str(compile_parallel(f, layout)), layout.framework
