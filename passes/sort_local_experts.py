@@ -3,9 +3,9 @@ expert before the expert GEMMs, and back before returning them.
 
 Invariant established: where the layout's framework does (`frameworks.Traits.sorts_by_local_expert`)
 and experts are spread over GPUs, the output of each expert-parallel all-to-all an expert GEMM
-reads goes through a `moe_sort` copy (the tokens grouped by local expert), and the input of each
-all-to-all that returns an expert GEMM's output through another (back in the order the sources
-sent them). Each is marked `eager`, so that its bytes are its kind's rule's
+reads goes through a `moe_sort` copy (the tokens grouped by local expert), and each expert GEMM
+output an all-to-all returns through another (back in the order the sources sent them, before the
+tensor-parallel reduction where there is one, as Megatron-LM unsorts before it). Each is marked `eager`, so that its bytes are its kind's rule's
 (`rules.EAGER_BYTES`): its copy's where a GPU holds more than one expert and none where it holds
 one (`rules.moe.SORTS`, E / ep), as the dispatcher skips it there; the host's launches for it
 (`launches`) likewise; so is its backward, the gradient's copy the other way. No FLOPs. The
@@ -22,7 +22,7 @@ each copy moves 8 times the layer's tokens, more than the dispatch's own permuta
     >>> from opgraph.parallel.distributed import compile_parallel
     >>> g = compile_parallel(preset("mixtral-8x7b"), Parallel(ep=4, dp=4, framework="megatron"))
     >>> [op.name for op in g.ops() if op.kind == "moe_sort"]
-    ['layers.experts.permute.all_to_all.ep.sort', 'layers.experts.down_proj.all_to_all.ep.unsort']
+    ['layers.experts.permute.all_to_all.ep.sort', 'layers.experts.down_proj.unsort']
 """
 
 from __future__ import annotations
@@ -39,16 +39,21 @@ from opgraph.parallel.parallel import Parallel
 
 def _expert_exchanges(graph: Graph) -> tuple[list[Op], list[Op]]:
     """The forward expert-parallel all-to-alls an expert GEMM reads from (the dispatch), and
-    those that send an expert GEMM's output back (the return)."""
+    the expert GEMMs whose output an all-to-all sends back, through the tensor-parallel
+    reduction where there is one (the return: Megatron-LM unsorts before that reduction)."""
     dispatches, returns = [], []
     for op in graph.ops():
         if op.kind != "all_to_all" or op.param("group") != "ep":
             continue
-        writer = graph.producer(op.inputs[0])
         if any(rules.shards_as(r.kind, "expert") for r in graph.consumers(op.outputs[0])):
             dispatches.append(op)
-        elif writer is not None and rules.shards_as(writer.kind, "expert"):
-            returns.append(op)
+            continue
+        writer = graph.producer(op.inputs[0])
+        while (writer is not None and writer.kind in rules.COLLECTIVE_KINDS
+               and writer.param("group") == "tp"):
+            writer = graph.producer(writer.inputs[0])
+        if writer is not None and rules.shards_as(writer.kind, "expert"):
+            returns.append(writer)
     return dispatches, returns
 
 
@@ -81,7 +86,12 @@ def sort_local_experts(graph: Graph, layout: Parallel) -> Graph:
             now = out.op(reader.name)
             out.replace_op(attrs.evolve(now, inputs=tuple(sorted_ if n == received else n
                                                           for n in now.inputs)))
-    for a2a in returns:
-        restored = _sort(out, a2a.inputs[0], f"{a2a.name}.unsort", a2a, a2a.name)
-        out.replace_op(attrs.evolve(out.op(a2a.name), inputs=(restored, *a2a.inputs[1:])))
+    for gemm in returns:
+        (sent,) = gemm.outputs
+        readers = graph.consumers(sent)
+        restored = _sort(out, sent, f"{sent}.unsort", gemm, readers[0].name)
+        for reader in readers:
+            now = out.op(reader.name)
+            out.replace_op(attrs.evolve(now, inputs=tuple(restored if n == sent else n
+                                                          for n in now.inputs)))
     return out

@@ -1169,9 +1169,16 @@ def test_megatrons_dispatcher_sorts_received_tokens_by_local_expert():
     f = preset("mixtral-8x7b")  # 8 experts, top 2
     step = compile_parallel(f, Parallel(ep=4, dp=4, framework="megatron"))
     sort = step.op("layers.experts.permute.all_to_all.ep.sort")
-    unsort = step.op("layers.experts.down_proj.all_to_all.ep.unsort")
+    unsort = step.op("layers.experts.down_proj.unsort")
     assert step.op("layers.experts.gate_proj").inputs[0] == sort.outputs[0]
     assert step.op("layers.experts.down_proj.all_to_all.ep").inputs[0] == unsort.outputs[0]
+    # under TP the tokens are put back before the tensor-parallel reduction, as in
+    # `combine_preprocess`: the reduce-scatter reads the unsorted expert outputs
+    tp2 = compile_parallel(f, Parallel(tp=2, ep=4, dp=4, sequence_parallel=True,
+                                       framework="megatron"))
+    assert tp2.op("layers.experts.down_proj.unsort").inputs == ("layers.experts.down_proj",)
+    assert tp2.op("layers.experts.down_proj.reduce_scatter.tp").inputs[0] == \
+        tp2.op("layers.experts.down_proj.unsort").outputs[0]
     from opgraph.core.symbols import K
 
     copy = 2 * 2 * B * S * K * D
