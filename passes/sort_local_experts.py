@@ -57,14 +57,19 @@ def _expert_exchanges(graph: Graph) -> tuple[list[Op], list[Op]]:
     return dispatches, returns
 
 
-def _sort(out: Graph, source: str, name: str, at: Op, before: str) -> str:
-    """A `moe_sort` of tensor `source` where `at` runs, placed before op `before`; the name of
-    the sorted tensor."""
+def _sort(graph: Graph, out: Graph, source: str, name: str, at: Op) -> None:
+    """A `moe_sort` of tensor `source` in `out` where op `at` runs, before the first op that
+    reads `source` in `graph`; every such op reads the sorted tensor instead."""
+    readers = graph.consumers(source)
     t = out.tensor(source)
-    sorted_ = out.add_tensor(attrs.evolve(t, name=f"{name}@sorted"), before=before)
+    sorted_ = out.add_tensor(attrs.evolve(t, name=f"{name}@sorted"), before=readers[0].name)
     out.add_op(Op(name, "moe_sort", "routing", (source,), (sorted_.name,), count=at.count,
-                  params={"eager": True, "launches": SORTS}, region=at.region), before=before)
-    return sorted_.name
+                  params={"eager": True, "launches": SORTS}, region=at.region),
+               before=readers[0].name)
+    for reader in readers:
+        now = out.op(reader.name)
+        out.replace_op(attrs.evolve(now, inputs=tuple(sorted_.name if n == source else n
+                                                      for n in now.inputs)))
 
 
 @step_pass(at=SHARD + 1, bind=lambda o: o.layout and {"layout": o.layout},
@@ -78,20 +83,8 @@ def sort_local_experts(graph: Graph, layout: Parallel) -> Graph:
     if not (dispatches or returns):
         return graph
     out = graph.copy()
-    for a2a in dispatches:
-        received = a2a.outputs[0]
-        readers = graph.consumers(received)
-        sorted_ = _sort(out, received, f"{a2a.name}.sort", a2a, readers[0].name)
-        for reader in readers:
-            now = out.op(reader.name)
-            out.replace_op(attrs.evolve(now, inputs=tuple(sorted_ if n == received else n
-                                                          for n in now.inputs)))
-    for gemm in returns:
-        (sent,) = gemm.outputs
-        readers = graph.consumers(sent)
-        restored = _sort(out, sent, f"{sent}.unsort", gemm, readers[0].name)
-        for reader in readers:
-            now = out.op(reader.name)
-            out.replace_op(attrs.evolve(now, inputs=tuple(restored if n == sent else n
-                                                          for n in now.inputs)))
+    for a2a in dispatches:  # what the expert GEMMs read, grouped by local expert
+        _sort(graph, out, a2a.outputs[0], f"{a2a.name}.sort", a2a)
+    for gemm in returns:  # what they wrote, back in the order it came in
+        _sort(graph, out, gemm.outputs[0], f"{gemm.outputs[0]}.unsort", gemm)
     return out
