@@ -8,7 +8,19 @@ import sympy
 
 from ..ir import Op, Tensor
 from ..symbols import B, H, H_kv, S, d_h, dim
-from .base import Example, Shape, _fmt, _no_flops, _require, _saved, kind, same, scaled_flops, x_
+from .base import (
+    Example,
+    Shape,
+    _fmt,
+    _no_flops,
+    _require,
+    _saved,
+    kind,
+    same,
+    scaled_flops,
+    sums_gradient,
+    x_,
+)
 
 
 def _per_head_shape(a: Tensor, b: Tensor, params: dict) -> Shape:
@@ -219,11 +231,6 @@ def _repeat_backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     return [(dy.shape[0], dy.shape[1], params["kv_heads"] * _head_dim(dy, params["heads"]))]
 
 
-def _repeat_backward_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
-    """Each copy's gradient added into its head's: one add per element of dY."""
-    return ins[0].numel
-
-
 W = dim("W")  # an example's sliding window
 _QKV = (x_((B, S, H * d_h), "q"), x_((B, S, H_kv * d_h), "k"))
 _ATTN = (("heads", H), ("kv_heads", H_kv), ("causal", True))
@@ -234,7 +241,7 @@ KINDS = (
     # `repeat_kv`: an expand whose reshape copies); a copy, no arithmetic; its backward sums the
     # copies' gradients, costed by its own bytes (dY read, dX written)
     kind("repeat_heads", shape=_repeat_shape, flops=_no_flops,
-         vjp="none", backward_flops=_repeat_backward_flops,
+         vjp="none", backward_flops=sums_gradient,
          backward_shape=_repeat_backward_shape, backward_cost=scaled_flops,
          example=Example((x_((B, S, H_kv * d_h), "k"),), (("heads", H), ("kv_heads", H_kv)))),
     kind("attention_scores", shape=_scores_shape, flops=_scores_flops,

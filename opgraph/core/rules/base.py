@@ -109,6 +109,13 @@ def per_input(n: int, index: int = 0) -> Callable:
     return _per_input
 
 
+def sums_gradient(ins, outs, params) -> sympy.Expr:
+    """A backward kernel that adds gradients together (an embedding's or a gather's
+    scatter-add, a broadcast's or a repeat's copies summed, a token's K slots): one add per
+    element of the output gradient dY, its first input."""
+    return ins[0].numel
+
+
 def _no_backward_flops(ins, outs, params) -> sympy.Expr:
     """The gradient passed through (an add's): copies, no arithmetic."""
     return sympy.Integer(0)

@@ -9,7 +9,8 @@ import sympy
 from ..ir import Op, Tensor
 from ..symbols import B, D, F, S, V
 from .attention import _density, _head_dim, _per_head_shape, _score_pairs
-from .base import Example, Shape, _fmt, _no_flops, _require, ids_, kind, same, w_, x_
+from .base import (Example, Shape, _fmt, _no_flops, _require, ids_, kind, same, sums_gradient,
+                   w_, x_)
 
 
 def _embedding_shape(ins: list[Tensor], params: dict) -> list[Shape]:
@@ -104,11 +105,6 @@ def _matmul_grid(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
     return (sympy.Mul(*out[:-2]), out[-2], out[-1])
 
 
-def _embedding_backward_flops(ins, outs, params) -> sympy.Expr:
-    """A scatter-add of each row of dY into the table's gradient: one add per element."""
-    return ins[0].numel
-
-
 def _matmul_vjp(ctx, op: Op) -> list[Op]:
     """dA = dY B^T and dB = A^T dY (and a bias's gradient with dB): two matmuls. Per head
     (attention's P.V) they are dP = dO V^T and dV = P^T dO, per-head matmuls too."""
@@ -132,7 +128,7 @@ def _matmul_vjp(ctx, op: Op) -> list[Op]:
 KINDS = (
     kind("embedding", shape=_embedding_shape, flops=_no_flops,  # a gather: bytes only
          vjp="inputs",  # scatter-add of dY rows into the table's gradient
-         backward_flops=_embedding_backward_flops, shards=("contracting",),
+         backward_flops=sums_gradient, shards=("contracting",),
          category="embedding", example=Example((ids_((B, S)), w_((V, D), "table")))),
     kind("matmul", shape=_matmul_shape, flops=_matmul_flops, vjp=_matmul_vjp,
          grid=_matmul_grid, shards=("column", "contracting"), fusion_class="matmul", kept=True,

@@ -14,6 +14,7 @@ from .base import (
     Example,
     Shape,
     _fmt,
+    _no_backward_flops,
     _no_flops,
     _require,
     _saved,
@@ -21,6 +22,7 @@ from .base import (
     kind,
     same,
     scaled_flops,
+    sums_gradient,
     w_,
     x_,
 )
@@ -99,11 +101,6 @@ def _permute_backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
              lambda: f"{dy.name} {_fmt(dy.shape)} does not match the routing "
                      f"{experts.name} {_fmt(experts.shape)}")
     return [(*dy.shape[:-2], dy.shape[-1])]
-
-
-def _permute_backward_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
-    """Each slot's gradient added into its token's: one add per element of dY."""
-    return ins[0].numel
 
 
 def _permute_vjp(ctx, op: Op) -> list[Op]:
@@ -203,7 +200,7 @@ KINDS = (
          backward_flops=_topk_backward_flops, category="routing",
          example=Example((x_((B, S, E), "logits"),), (("k", K),))),
     kind("moe_permute", shape=_permute_shape, flops=_no_flops,  # a copy: bytes only
-         vjp=_permute_vjp, backward_flops=_permute_backward_flops,
+         vjp=_permute_vjp, backward_flops=sums_gradient,
          backward_shape=_permute_backward_shape,
          backward_cost=scaled_flops,  # its own traffic: dY, the routing, dX
          category="routing",
@@ -212,7 +209,7 @@ KINDS = (
     # (`passes.sort_local_experts` marks it so), bytes only, where a GPU holds several experts;
     # its backward is the same copy of the gradient, the other way
     kind("moe_sort", shape=_sorted_shape, flops=_no_flops, vjp="none",
-         backward_flops=_no_flops, eager=_sort_bytes, eager_backward=_sort_bytes,
+         backward_flops=_no_backward_flops, eager=_sort_bytes, eager_backward=_sort_bytes,
          category="routing", example=Example((x_((B, S, K, D), "slots"),))),
     kind("expert_matmul", shape=_expert_matmul_shape, flops=_expert_matmul_flops,
          vjp=_expert_matmul_vjp, grid=_expert_matmul_grid,

@@ -9,7 +9,7 @@ import sympy
 from ..ir import Op, Tensor
 from ..symbols import B, D, H, S, d_h, dim
 from .base import (Example, Shape, _always_view, _fmt, _no_backward_flops, _no_flops, _require,
-                   _saved, ids_, kind, same, x_)
+                   _saved, ids_, kind, same, sums_gradient, x_)
 
 
 def _axis(t: Tensor, params: dict) -> int:
@@ -90,16 +90,6 @@ def _gather_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     return [(*index.shape, *x.shape[len(index.shape):])]
 
 
-def _gather_backward_flops(ins, outs, params) -> sympy.Expr:
-    """A scatter-add of each gathered row of dY into dX: one add per element of dY."""
-    return ins[0].numel
-
-
-def _broadcast_backward_flops(ins, outs, params) -> sympy.Expr:
-    """dY summed over the broadcast dims: one add per element of dY."""
-    return ins[0].numel
-
-
 def _split_backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     """A split's backward joins the gradients of its pieces (`present`: which pieces have one;
     the others are zeros) into the input's gradient, shaped by the saved input."""
@@ -164,7 +154,7 @@ KINDS = (
          view=_in_place_concat, backward_view=_backward_of_cut,
          example=Example((x_((B, S, H, d_h), "a"), x_((B, S, H, d_h), "b")), (("axis", -1),))),
     kind("broadcast", shape=_broadcast_shape, flops=_no_flops,
-         backward_flops=_broadcast_backward_flops,  # dY summed over the broadcast dims
+         backward_flops=sums_gradient,  # dY summed over the broadcast dims
          view=_always_view,
          example=Example((x_((B, S, 1, d_h)),), (("shape", (B, S, H, d_h)),))),
     kind("reshape", shape=_reshape_shape, flops=_no_flops,
@@ -172,6 +162,6 @@ KINDS = (
          view=_always_view, backward_view=_always_view,
          example=Example((x_((B, S, H * d_h)),), (("shape", (B, S, H, d_h)),))),
     kind("gather", shape=_gather_shape, flops=_no_flops,
-         backward_flops=_gather_backward_flops,  # dY's rows scatter-added into x's gradient
+         backward_flops=sums_gradient,  # dY's rows scatter-added into x's gradient
          example=Example((x_((B, S, D)), ids_((B, M), "positions")))),
 )
