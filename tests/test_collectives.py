@@ -145,13 +145,41 @@ def test_tree_all_reduce_line(n, stride, nodes, per_node, bandwidth):
     ("all-gather", 16, 1, min(8 * 50e9, 450e9)),  # DP 16: a ring through two full nodes
     ("reduce-scatter", 8, 4, 2 * 50e9),  # DP 8 outside TP 4: two members per node
     ("all-reduce", 4, 8, 50e9),  # DP 4 outside TP 8: one member per node, its own share
-    ("all-to-all", 16, 1, 50e9),  # pairwise: each GPU's own bytes leave the node
+    ("all-to-all", 16, 8, 50e9),  # pairwise, EP 16 outside TP 8: every peer in another node
     ("send-recv", 2, 8, 50e9),
 ])
 def test_a_ring_across_nodes_pools_its_members_nic_shares(kind, n, stride, bandwidth):
     c = h100()
     (latency, per_byte), *_ = col.lines(kind, n, c, stride)
     assert per_byte == pytest.approx(float(col.rule(kind).volume(n)) / bandwidth)
+
+
+@pytest.mark.parametrize("n, stride, per_node", [(16, 1, 8), (32, 1, 8), (16, 2, 4), (64, 4, 2)])
+def test_an_all_to_all_across_nodes_sends_only_its_off_node_slices_over_the_network(
+        n, stride, per_node):
+    # NCCL's all-to-all is a group of sends and receives, one to each peer over its own
+    # transport: of the n - 1 slices of M/n a GPU sends, the n - per_node for peers in other
+    # nodes leave through its share of the NICs (DGX H100: 50 GB/s), the per_node - 1 others
+    # take NVLink (450 GB/s) at the same time; the slower sets the time
+    c = h100()
+    (_, per_byte), = col.lines("all-to-all", n, c, stride)
+    assert per_byte == pytest.approx(max((n - per_node) / n / 50e9, (per_node - 1) / n / 450e9))
+    assert per_byte < (n - 1) / n / 50e9  # less than all of it at the network's rate
+    # the formula a sweep reads agrees, the degree a symbol
+    e = sympy.Symbol("e", positive=True, integer=True)
+    formula = col.on_cluster("all-to-all", M, e, c, stride)
+    assert float(formula.subs({e: n, M: 1e9})) == pytest.approx(
+        col.seconds("all-to-all", 1e9, n, c, stride))
+
+
+def test_an_all_to_all_on_a_mesh_node_sends_to_its_peers_over_their_links():
+    # MI300X: 7 links of 64 GB/s each way, one to each other GPU of the node: a group of 4
+    # per node reaches 3 of them, 3/7 of the GPU's 448 GB/s
+    c = get("mi300x")
+    node, net = c.tiers
+    (_, per_byte), = col.lines("all-to-all", 16, c, 2)
+    inside = node.bandwidth * 3 / 7
+    assert per_byte == pytest.approx(max(12 / 16 / net.bandwidth, 3 / 16 / inside))
 
 
 def test_nics_per_node_sets_a_gpus_share(tmp_path):
@@ -439,9 +467,10 @@ def test_a_measured_table_sets_the_network_bandwidth_by_nodes():
     # 3 nodes of 8: between the 2- and 4-node figures, log-log
     (_, per_byte), = col.lines("reduce-scatter", 24, c)
     assert per_byte == pytest.approx(23 / 24 / net.measured_bandwidth("reduce-scatter", 3))
-    # all-to-all is not in the table: a GPU's share of the 32 x 100 Gb/s EFA NICs
+    # all-to-all is not in the table: a GPU's share of the 32 x 100 Gb/s EFA NICs for the
+    # slices to the 8 peers in the other node, NVLink for the 7 in its own
     (_, per_byte), = col.lines("all-to-all", 16, c)
-    assert per_byte == pytest.approx(15 / 16 / 50e9)
+    assert per_byte == pytest.approx(8 / 16 / 50e9)
     # inside a node the datasheet's NVLink, not the table's 1-node column
     assert col.lines("all-gather", 8, c)[0][1] == pytest.approx(7 / 8 / 450e9)
     with pytest.raises(OpgraphError, match="measured bandwidth table"):

@@ -67,6 +67,10 @@ class Collective:
     # a ring that enters and leaves each node once, so a node's members share one crossing
     # (`_network_bandwidth`); pairwise exchange and point to point send each GPU's own bytes
     once_per_node: bool = False
+    # of the volume, the part that leaves the node, as a function of n and the members per
+    # node, where the rest goes to peers in the node over its own links at the same time
+    # (`_ring_line`); None: all of it takes the slowest tier
+    off_node_volume: Callable[[sympy.Expr, sympy.Expr], sympy.Expr] | None = None
 
 
 def _ring_all_reduce_volume(n):
@@ -111,6 +115,11 @@ def _pairwise_all_to_all_inter_steps(n, nodes):
     return n - n / nodes
 
 
+def _pairwise_all_to_all_off_node(n, per_node):
+    # the slices for the n - per_node peers outside the node; the per_node - 1 others stay in it
+    return (n - per_node) / n
+
+
 def _send_recv_volume(n):
     return sympy.Integer(1)
 
@@ -137,7 +146,8 @@ COLLECTIVES: dict[str, Collective] = {c.kind: c for c in (
     Collective("all-gather", _ring_half_volume, _ring_half_steps, _ring_half_inter_steps,
                backward="reduce-scatter", algorithm="ring", once_per_node=True),
     Collective("all-to-all", _pairwise_all_to_all_volume, _pairwise_all_to_all_steps,
-               _pairwise_all_to_all_inter_steps, backward="all-to-all", algorithm="pairwise exchange"),
+               _pairwise_all_to_all_inter_steps, backward="all-to-all",
+               algorithm="pairwise exchange", off_node_volume=_pairwise_all_to_all_off_node),
     Collective("send-recv", _send_recv_volume, _send_recv_steps, _send_recv_inter_steps,
                backward="send-recv", algorithm="point to point"),
     Collective("identity", _free, _free, _free,
@@ -249,6 +259,13 @@ def _least(a, b):
     return min(a, b)
 
 
+def _most(a, b):
+    """The larger of two times, numbers or sympy expressions."""
+    if isinstance(a, sympy.Basic) or isinstance(b, sympy.Basic):
+        return sympy.Max(a, b)
+    return max(a, b)
+
+
 def _one_member(per_node, lone, otherwise):
     """`lone` where a node holds one member of the group, else `otherwise` (`per_node` a
     number or a sympy expression)."""
@@ -265,14 +282,17 @@ def _ll_cap(nodes):
 
 
 def _ring_line(row: Collective, group, nodes, per_node, node: Tier, network: Tier, bandwidth,
-               protocol: str, spans: bool):
+               protocol: str, spans: bool, inside=None):
     """(seconds at no message, seconds per byte) of the kind's own algorithm (ring, pairwise
     exchange, point to point) under `protocol` over `group` GPUs in `nodes` nodes, `per_node`
     in each (`spans`: more than one node): NCCL's ring latency,
     baseLat + (nsteps - nInterSteps) x intraLat + nInterSteps x interLat, intraLat at least
     the network's launch overhead and interLat the tree's network hop where a node holds one
-    member; and the volume over `bandwidth` at the protocol's share. Numbers or sympy
-    expressions alike (`lines`, `on_cluster`)."""
+    member; and the volume over `bandwidth` at the protocol's share. Where the kind sends part
+    of its volume to peers in the node (`Collective.off_node_volume`: the pairwise all-to-all,
+    NCCL's grouped sends and receives, each over its peer's transport), that part takes the
+    node's links at `inside` beside the rest on the network, and the slower of the two sets
+    the time. Numbers or sympy expressions alike (`lines`, `on_cluster`)."""
     p = _index(protocol)
     inter = row.inter_steps(group, nodes)
     intra = _hop(node, "ring", protocol)
@@ -289,6 +309,9 @@ def _ring_line(row: Collective, group, nodes, per_node, node: Tier, network: Tie
     achieved = bandwidth * share
     if protocol == "LL" and spans:
         achieved = _least(achieved, _ll_cap(nodes))
+    if spans and row.off_node_volume is not None:
+        off = row.off_node_volume(group, per_node)
+        return latency, _most(off / achieved, (row.volume(group) - off) / inside)
     return latency, row.volume(group) / achieved
 
 
@@ -311,10 +334,11 @@ def _tree_line(group, nodes, node: Tier, network: Tier, bandwidth, protocol: str
 def _lines(row: Collective, group, nodes, per_node, cluster: Cluster, bandwidth, spans: bool):
     """Every (algorithm, protocol) line NCCL's tuner weighs for one collective."""
     node, network = cluster.tiers
+    inside = node.bandwidth * cluster.node_share(per_node)  # to the node's other members
     found = []
     for protocol in _protocols(row, cluster):
         found.append(_ring_line(row, group, nodes, per_node, node, network, bandwidth, protocol,
-                                spans))
+                                spans, inside))
         if row.tree:
             found.append(_tree_line(group, nodes, node, network, bandwidth, protocol, spans))
     return found
