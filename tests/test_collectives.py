@@ -180,6 +180,14 @@ def test_an_all_to_all_on_a_mesh_node_sends_to_its_peers_over_their_links():
     (_, per_byte), = col.lines("all-to-all", 16, c, 2)
     inside = node.bandwidth * 3 / 7
     assert per_byte == pytest.approx(max(12 / 16 / net.bandwidth, 3 / 16 / inside))
+    # one member a node uses none of the node's links (a share of 0/7): all of it leaves
+    (_, per_byte), = col.lines("all-to-all", 4, c, 8)
+    assert per_byte == pytest.approx(3 / 4 / net.bandwidth)
+    e = sympy.Symbol("e", positive=True, integer=True)
+    for n, stride in ((4, 8), (16, 2)):
+        formula = col.on_cluster("all-to-all", M, e, c, stride)
+        assert float(formula.subs({e: n, M: 1e9})) == pytest.approx(
+            col.seconds("all-to-all", 1e9, n, c, stride))
 
 
 def test_nics_per_node_sets_a_gpus_share(tmp_path):

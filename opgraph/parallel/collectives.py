@@ -260,7 +260,7 @@ def _least(a, b):
 
 
 def _most(a, b):
-    """The larger of two times, numbers or sympy expressions."""
+    """The larger of two values, numbers or sympy expressions."""
     if isinstance(a, sympy.Basic) or isinstance(b, sympy.Basic):
         return sympy.Max(a, b)
     return max(a, b)
@@ -334,7 +334,9 @@ def _tree_line(group, nodes, node: Tier, network: Tier, bandwidth, protocol: str
 def _lines(row: Collective, group, nodes, per_node, cluster: Cluster, bandwidth, spans: bool):
     """Every (algorithm, protocol) line NCCL's tuner weighs for one collective."""
     node, network = cluster.tiers
-    inside = node.bandwidth * cluster.node_share(per_node)  # to the node's other members
+    # to the node's other members; a lone member sends nothing there, so any rate serves it
+    # (on a mesh its share, of no links, would be 0: 0 bytes over 0 bytes/s)
+    inside = node.bandwidth * cluster.node_share(_most(per_node, 2))
     found = []
     for protocol in _protocols(row, cluster):
         found.append(_ring_line(row, group, nodes, per_node, node, network, bandwidth, protocol,
