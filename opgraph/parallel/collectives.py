@@ -18,10 +18,11 @@ fastest of NCCL's protocols (LL, LL128, Simple) where the tiers name their link 
 slowest tier's bandwidth per GPU per direction: NVLink inside a node; across nodes a GPU's
 share of its node's NICs, pooled by a ring's members in each node (`_network_bandwidth`), or
 a measured table's figure for the nodes spanned; an all-to-all across nodes sends only its
-slices for other nodes' GPUs at that W, the rest over the node's links beside them. Sources: Thakur, Rabenseifner & Gropp,
-"Optimization of Collective Communication Operations in MPICH" (IJHPCA 2005) for the ring and
-pairwise-exchange algorithms; NCCL's PERFORMANCE.md (nccl-tests) for the same factors as its
-bus-bandwidth convention. docs/collectives.md has the derivations.
+slices for other nodes' GPUs at that W, the rest over the node's links beside them. Sources:
+Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in MPICH"
+(IJHPCA 2005) for the ring and pairwise-exchange algorithms; NCCL's PERFORMANCE.md
+(nccl-tests) for the same factors as its bus-bandwidth convention. docs/collectives.md has the
+derivations.
 
 Backward pairing (Megatron-LM's f and g operators, Shoeybi et al. 2019, section 3):
 - all-gather <-> reduce-scatter: the gradient of gathering shards is scattering the summed
