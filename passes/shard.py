@@ -32,7 +32,10 @@ propagates shardings), and inserts a collective wherever the layout of a tensor 
 - **Expert parallel**: the expert weights hold E/ep experts; the tokens routed to them travel by
   `all_to_all` (over `ep`) before the first expert matmul (K copies of each token: the slots
   the dispatch's `moe_permute` wrote, or `fanout` where the matmul reads the tokens themselves)
-  and back before the combine.
+  and back before the combine. Tensor parallelism splits each expert's width as it splits an
+  MLP's, the tokens gathered from the sequence shards first; folded (`Parallel.expert_tp` 1,
+  Megatron-Core's `--expert-tensor-parallel-size 1`) the experts stay whole, and each rank
+  sends its own sequence shard's tokens, with no tensor-parallel collective around them.
 
 Degrees are symbols (`tp`, `cp`, `ep`, declared in `opgraph.core.symbols`), so every shape and
 cost of the sharded graph is a formula in them; the graph's `dims` gain their values. A degree of 1
@@ -153,7 +156,8 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
            structure={"layout": lambda p: (p.tp > 1, p.cp > 1, p.ep > 1,
                                            p.sequence_parallel,
                                            p.cp_comm if p.cp > 1 else None,
-                                           traits(p).vocab_multiple if p.tp > 1 else None)})
+                                           traits(p).vocab_multiple if p.tp > 1 else None,
+                                           p.folds_experts and p.tp > 1)})
 @contract(forbids=("backward",))
 def shard(graph: Graph, layout: Parallel) -> Graph:
     """The forward graph one GPU of `layout` runs, its collectives inserted (see the module).
@@ -194,7 +198,8 @@ class _Sharder:
     def _weight(self, t: Tensor) -> Tensor:
         expert = any(rules.shards_as(op.kind, "expert") and op.inputs[1] == t.name
                      for op in self.src.consumers(t.name))
-        mapping = dict(self.split)
+        # folded experts (`Parallel.expert_tp` 1) stay whole under tensor parallelism
+        mapping = {} if expert and self.layout.folds_experts else dict(self.split)
         if expert and self.layout.ep > 1:
             mapping[E] = E / ep
         return Tensor(t.name, tuple(d.xreplace(mapping) for d in t.shape), t.dtype, t.role,

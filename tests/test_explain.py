@@ -40,16 +40,20 @@ def planned():
 # --- the compact layout ------------------------------------------------------------------------
 
 def test_every_layout_the_plan_prints_reads_back_to_itself():
-    """Each layout of a space (uneven pipelines and sequence parallelism among them), printed
-    as the plan's table prints it, is read back by `parse_layout` to the same layout and
-    options."""
+    """Each layout of a space (uneven pipelines and sequence parallelism among them; a mixture
+    of experts folded into the tensor-parallel ranks), printed as the plan's table prints it,
+    is read back by `parse_layout` to the same layout and options."""
     model, seq = SMALL
     forward = preset(model)
     found = rows(forward, H100, Space(gpus=24, batch=48, max_micro_batch=2), seq,
                  clusters.for_hardware(H100))
     assert any(r.first_stage_layers is not None for r in found)
     assert any(r.sequence_parallel for r in found)
-    for r in found:
+    folded = rows(preset("mixtral-8x7b"), H100, Space(gpus=16, batch=16, expert_tp=1,
+                                                       max_micro_batch=1), seq,
+                  clusters.for_hardware(H100))
+    assert any(r.tp > 1 and (r.dp * r.cp) % r.ep for r in folded)
+    for r in found + folded:
         fields, options = parse_layout(layout_text(r.layout(), r.recompute, r.precision))
         assert Parallel(global_batch=r.batch, **fields) == r.layout()
         assert options == {"recompute": r.recompute, "precision": r.precision}

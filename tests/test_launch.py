@@ -628,6 +628,10 @@ MEGATRON_LAUNCHES = [
     # multi-head latent attention, a dense first layer, shared and routed experts
     Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
            parallel=Parallel(tp=2, ep=8, gpus=64, global_batch=256, zero=1)),
+    # the experts folded into the tensor-parallel ranks (--expert-tensor-parallel-size 1)
+    Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
+           parallel=Parallel(tp=2, ep=16, gpus=16, global_batch=16, zero=1, expert_tp=1,
+                             sequence_parallel=True)),
     # uneven end stages: --decoder-first-pipeline-num-layers counts the dense layer too
     Launch(model=megatron_named(deepseek.DEEPSEEK_V2_LITE, 4096), seq_len=4096,
            parallel=Parallel(pp=2, ep=8, gpus=64, global_batch=256, zero=1,

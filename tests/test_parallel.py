@@ -171,6 +171,68 @@ def test_expert_parallel_dispatches_k_copies_of_each_token():
     assert w.shape[0] == sympy.Symbol("E", positive=True, integer=True) / ep
 
 
+def test_folded_experts_stay_whole_and_each_rank_dispatches_its_sequence_shard():
+    """Megatron-Core's expert-parallel folding (`--expert-tensor-parallel-size 1`, Liu et al.
+    2025, "MoE Parallel Folding"): under TP 2 with sequence parallelism the experts keep their
+    whole width and E/ep of them sit on each GPU; each rank's B x S/tp tokens go to their K
+    experts by all-to-all with no tensor-parallel gather before nor reduce-scatter after, so
+    a dispatch sends (ep-1)/ep x K x B x (S/tp) x D x 2 bytes, where split experts first gather
+    the whole sequence (K x B x S x D)."""
+    forward = preset("mixtral-8x7b")
+    folded = compile_parallel(forward, Parallel(tp=2, ep=8, gpus=16, sequence_parallel=True,
+                                                expert_tp=1))
+    split = compile_parallel(forward, Parallel(tp=2, ep=8, gpus=16, sequence_parallel=True))
+    E_, F_ = sympy.Symbol("E", positive=True, integer=True), sympy.Symbol("F", positive=True,
+                                                                          integer=True)
+    assert folded.tensor("layers.experts.up_proj.weight").shape == (E_ / ep, D, F_)
+    assert split.tensor("layers.experts.up_proj.weight").shape == (E_ / ep, D, F_ / tp)
+    mine = {n: c for n, c in _comm(folded).items() if "experts" in n}
+    assert sorted(k for k, _, _ in mine.values()) == ["all_to_all"] * 4
+    for _, _, sent in mine.values():
+        assert sympy.simplify(sent - (ep - 1) / ep * K * B * S / tp * D * 2) == 0
+    theirs = {n: c for n, c in _comm(split).items() if "experts" in n}
+    assert sorted(k for k, _, _ in theirs.values()) == (
+        ["all_gather"] * 2 + ["all_to_all"] * 4 + ["reduce_scatter"] * 2)
+
+
+def test_folded_experts_spread_over_the_tensor_parallel_ranks():
+    """Folded, EP borrows TP's ranks too: EP 32 at TP 2 x DP 16 (Megatron-Bridge's Qwen3-235B on
+    256 H100s: TP 2, PP 8, EP 32), an expert-parallel group of 32 consecutive ranks, their
+    copies of each expert over tp x dp x cp / ep ranks, ep apart; split experts refuse it."""
+    layout = Parallel(tp=2, pp=8, ep=32, gpus=256, sequence_parallel=True, expert_tp=1)
+    assert (layout.size("ep"), layout.stride("ep")) == (32, 1)
+    assert (layout.size("edp"), layout.stride("edp")) == (2 * 16 // 32, 32)
+    folded = Parallel(tp=4, ep=8, gpus=64, sequence_parallel=True, expert_tp=1)
+    assert (folded.size("edp"), folded.stride("edp")) == (4 * 16 // 8, 8)
+    assert (Parallel(tp=4, ep=8, gpus=64).size("edp"),
+            Parallel(tp=4, ep=8, gpus=64).stride("ep")) == (16 // 8, 4)
+    with pytest.raises(OpgraphError, match="must divide dp x cp = 16.*--expert-tp 1"):
+        Parallel(tp=2, pp=8, ep=32, gpus=256, sequence_parallel=True)
+    with pytest.raises(OpgraphError, match="add --sequence-parallel"):
+        Parallel(tp=2, ep=8, gpus=16, expert_tp=1)
+    with pytest.raises(OpgraphError, match="give --ep 2 or more"):
+        Parallel(tp=2, gpus=16, sequence_parallel=True, expert_tp=1)
+    with pytest.raises(OpgraphError, match="--expert-tp 2: give 1"):
+        Parallel(tp=4, ep=8, gpus=64, sequence_parallel=True, expert_tp=2)
+    assert Parallel(tp=4, ep=4, gpus=64, expert_tp=4).size("edp") == 16 // 4  # = tp: split
+
+
+def test_folded_experts_reduce_their_gradients_over_their_copies():
+    """The expert weights' gradients are reduced over the ranks that hold the same experts
+    (tp x dp / ep folded), the rest's over dp as before: at TP 2, EP 8, DP 8 each expert sits
+    on 2 ranks, where split over TP it sits (as its TP shard) on dp / ep = 1."""
+    from opgraph.passes.replicate import group_of
+
+    forward = preset("mixtral-8x7b")
+    layout = Parallel(tp=2, ep=8, gpus=16, sequence_parallel=True, expert_tp=1, zero=1)
+    step = compile_parallel(forward, layout)
+    assert group_of(step.tensor("layers.experts.up_proj.weight")) == "edp"
+    assert step.dims[sympy.Symbol("edp", positive=True, integer=True)] == 2
+    reductions = [op for op in step.ops() if op.param("group") == "edp"]
+    assert reductions and all(op.kind == "reduce_scatter" for op in reductions
+                              if op.phase is Phase.BACKWARD)
+
+
 # --- data parallelism and ZeRO -------------------------------------------------------------------
 
 @pytest.mark.parametrize("zero, weights, grads, states", [

@@ -106,6 +106,27 @@ def test_a_frameworks_own_passes_are_profile_too(searchers, model, gpus, batch, 
             _same_as_profile(searcher, row, searcher.forward, searcher.cost)
 
 
+def test_folded_experts_are_searched_and_their_figures_are_profiles(searchers):
+    """`plan --expert-tp 1`: every layout it lists with TP folds its experts (sequence
+    parallel, EP 2 or more, EP dividing tp x dp x cp, some beyond dp x cp), and a random layout
+    of each of several structures, Megatron-LM's sorts by local expert among them, is
+    `profile`'s; a dense model has no experts to fold."""
+    searcher = searchers("mixtral-8x7b", 4096)
+    space = Space(gpus=32, batch=64, expert_tp=1, framework="megatron")
+    found = rows(searcher.forward, H100, space, 4096, searcher.cluster)
+    with_tp = [r for r in found if r.tp > 1]
+    assert with_tp and all(r.expert_tp == 1 and r.sequence_parallel and r.ep > 1
+                           and (r.tp * r.dp * r.cp) % r.ep == 0 for r in with_tp)
+    assert any((r.dp * r.cp) % r.ep for r in with_tp)  # spread over the TP ranks too
+    rng, sampled = _sampled(searcher, space, 5, 4)
+    beyond = next(r for r in with_tp if (r.dp * r.cp) % r.ep)
+    for row in [rng.choice(group) for group in sampled] + [beyond]:
+        _same_as_profile(searcher, row, searcher.forward, searcher.cost)
+    with pytest.raises(OpgraphError, match="has none; leave it out"):
+        rows(preset("llama3.2-1b"), H100, Space(gpus=8, batch=8, expert_tp=1), 4096,
+             searcher.cluster)
+
+
 def test_an_uneven_split_is_profile_too(searchers):
     """Llama 3's own split (7, 8 x 14, 7 layers), compiled by the search as an even one with
     the stages' layers a symbol, without interleaving and interleaved as the paper ran it

@@ -49,9 +49,9 @@ def add_sharding_args(group) -> None:
 
 
 def add_framework_args(group, search: bool = False) -> None:
-    """`--framework`, `--grad-reduce-dtype`, `--attention-library` and `--cp-comm`
-    (`opgraph.parallel.frameworks`, `passes.shard`): what profile and plan follow beyond the
-    degrees; a `search` (plan's) may try both context-parallel communications."""
+    """`--framework`, `--grad-reduce-dtype`, `--attention-library`, `--cp-comm` and
+    `--expert-tp` (`opgraph.parallel.frameworks`, `passes.shard`): what profile and plan follow
+    beyond the degrees; a `search` (plan's) may try both context-parallel communications."""
     group.add_argument("--framework", choices=FRAMEWORKS,
                        help="follow this framework's behaviour (opgraph.parallel.frameworks): "
                             "FSDP2's gathers (torchtitan), Megatron-LM's sequence-parallel inputs, "
@@ -77,6 +77,11 @@ def add_framework_args(group, search: bool = False) -> None:
                             "(DeepSpeed-Ulysses, Megatron-LM's --cp-comm-type a2a)"
                             + ("; both, each at every context-parallel degree" if search
                                else "") + " (default ring)")
+    group.add_argument("--expert-tp", type=whole(MAX_DIM), metavar="N",
+                       help="the experts' tensor-parallel degree: 1 leaves them whole and "
+                            "spreads --ep over the tensor-parallel ranks too (Megatron-Core's "
+                            "--expert-tensor-parallel-size 1, with --sequence-parallel) "
+                            "(default: split as --tp splits the rest)")
 
 
 class _OldRank(argparse.Action):

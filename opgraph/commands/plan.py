@@ -152,7 +152,8 @@ def _space(args, gpus: int, batch: int):
                  max_virtual_stages=args.max_virtual_stages, async_tp=args.async_tp,
                  framework=args.framework, grad_reduce_dtype=args.grad_reduce_dtype,
                  attention_library=args.attention_library,
-                 cp_comm=None if args.cp_comm == "both" else args.cp_comm or "ring")
+                 cp_comm=None if args.cp_comm == "both" else args.cp_comm or "ring",
+                 expert_tp=args.expert_tp)
 
 
 def _sizes(text: str) -> list[int]:

@@ -190,6 +190,8 @@ class Case:
             out["parallel"]["replicate"] = p.replicate
         if p.cp_comm != "ring":  # context parallelism's all-to-all: written where it runs
             out["parallel"]["cp_comm"] = p.cp_comm
+        if p.expert_tp is not None:  # the experts' own TP degree: written where it is given
+            out["parallel"]["expert_tp"] = p.expert_tp
         if self.cluster is None:
             del out["cluster"]
         if not self.family:
@@ -391,6 +393,7 @@ READERS: dict[str, Callable] = {
     "grad_reduce_dtype": _choice(lambda: GRAD_REDUCE_DTYPES, "a gradient-reduction dtype"),
     "attention_library": _choice(lambda: ATTENTION_LIBRARIES, "an attention library"),
     "cp_comm": _choice(lambda: CP_COMMS, "a context-parallel communication"),
+    "expert_tp": _whole,
     # measured
     "step_time_s": _measured_step, "tokens_per_s_per_gpu": _within(1e-3, 1e9, "tokens/s"),
     "peak_memory_gib": _within(1e-6, 1e6, "GiB"), "peak_memory_gb": _within(1e-6, 1e6, "GB"),

@@ -6,7 +6,9 @@
 
 The degrees multiply to the GPUs of the job: `gpus = tp x cp x pp x dp`. Expert parallelism
 borrows its GPUs from the data-parallel (and context-parallel) ranks, as Megatron-LM's expert
-data-parallel groups and torchtitan's do, so `ep` divides `dp x cp` and adds none.
+data-parallel groups and torchtitan's do, so `ep` divides `dp x cp` and adds none; with
+`expert_tp` 1 (Megatron-Core's expert-parallel folding) the experts are not split by tensor
+parallelism and `ep` borrows the tensor-parallel ranks too, dividing `tp x dp x cp`.
 
 Ranks are ordered as Megatron-LM orders them (`--order tp-cp-ep-dp-pp`): tensor parallelism
 innermost (its groups are consecutive ranks, inside one node), then context, data, pipeline.
@@ -34,7 +36,8 @@ from ..core.limits import MAX_DIM, MAX_MICRO_BATCHES, check_whole
 SCHEDULES = ("1f1b", "interleaved")
 # The fields that say how the job's framework runs it rather than how the job is laid out: the
 # planner holds them fixed while it searches layouts (`Parallel.settings`, `search.Space`).
-FRAMEWORK_FIELDS = ("framework", "grad_reduce_dtype", "attention_library", "cp_comm")
+FRAMEWORK_FIELDS = ("framework", "grad_reduce_dtype", "attention_library", "cp_comm",
+                    "expert_tp")
 # The ZeRO stage from which each resident part is a 1/group shard (Rajbhandari et al. 2020:
 # P_os, P_os+g, P_os+g+p): the optimizer states from ZeRO-1, the gradients from ZeRO-2 (the
 # full gradient a per-layer transient, reduced as soon as it is made, every micro-batch), the
@@ -104,12 +107,30 @@ class LayoutFields:
             return None
         return rank // (self.tp * self.cp * self.dp_degree)
 
+    @property
+    def folds_experts(self) -> bool:
+        """Whether the experts are left whole under tensor parallelism and expert parallelism
+        takes in its ranks (`expert_tp` 1 beside TP: Megatron-Core's expert-parallel folding,
+        `--expert-tensor-parallel-size 1`)."""
+        return self.expert_tp == 1
+
+    @property
+    def expert_ranks(self) -> int:
+        """The ranks of a pipeline stage that expert parallelism spreads the experts over, each
+        group of `ep` holding them once: dp x cp, and tp's too where it folds them."""
+        return self.dp_degree * self.cp * (self.tp if self.folds_experts else 1)
+
     def stride(self, group: str) -> int:
         """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp).
         The gradient-reduction groups ("dp", "edp") take in the context-parallel ranks, which
         hold the same weights; so they start at stride tp. HSDP's replicas ("dpr") are the
         outer part of those ranks: consecutive shard groups (torchtitan's mesh order
-        dp_replicate, dp_shard, cp, tp; Megatron-LM's intra- and inter-instance groups)."""
+        dp_replicate, dp_shard, cp, tp; Megatron-LM's intra- and inter-instance groups).
+        Folded experts order their ranks tp-ep-dp-pp with the experts' TP of 1 (Megatron-Core's
+        expert rank generator): an expert-parallel group is consecutive ranks, its expert
+        data-parallel group `ep` ranks apart."""
+        if self.folds_experts and group in ("ep", "edp"):
+            return 1 if group == "ep" else self.ep
         inner = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp,
                  "edp": self.tp * self.ep, "pp": self.tp * self.cp * self.dp_degree,
                  "dpr": self.tp * self.dp_degree * self.cp // self.replicate}
@@ -120,12 +141,13 @@ class LayoutFields:
         sharded parts split over (dp x cp, as Megatron-LM reduces gradients over data and
         context parallel ranks together; under HSDP, one replica's dp x cp / replicate),
         "dpr" the replicas that hold the same shard (`replicate`), "edp" the ranks that hold
-        the same experts (dp x cp / ep). (The planner asks this of every row several times:
-        a chain of comparisons, not a dict built each call.)"""
+        the same experts (`expert_ranks` / ep: dp x cp / ep, tp x dp x cp / ep folded). (The
+        planner asks this of every row several times: a chain of comparisons, not a dict
+        built each call.)"""
         if group == "dp":
             return self.dp_degree * self.cp // self.replicate
         if group == "edp":
-            return self.dp_degree * self.cp // self.ep
+            return self.expert_ranks // self.ep
         if group in ("tp", "cp", "ep", "pp"):
             return getattr(self, group)  # the degree itself
         if group == "dpr":
@@ -169,6 +191,10 @@ class Parallel(LayoutFields):
     (`frameworks.attention_library`). `cp_comm` is how context parallelism moves the
     attention's inputs (`passes.shard`): "ring" (ring attention, every framework's default) or
     "a2a" (DeepSpeed-Ulysses' all-to-all; Megatron-LM's `--cp-comm-type a2a`).
+    `expert_tp` is the experts' tensor-parallel degree: None (or `tp`) splits them as tensor
+    parallelism splits the rest, 1 leaves them whole and spreads them over the tensor-parallel
+    ranks too (Megatron-Core's `--expert-tensor-parallel-size 1`, "MoE parallel folding":
+    each rank dispatches its sequence shard, so it needs sequence parallelism under TP).
     """
 
     tp: int = 1
@@ -193,6 +219,7 @@ class Parallel(LayoutFields):
     grad_reduce_dtype: str | None = None
     attention_library: str | None = None
     cp_comm: str = "ring"
+    expert_tp: int | None = None
 
     def __attrs_post_init__(self):
         for name in ("tp", "pp", "cp", "ep", "dp", "gpus", "micro_batch", "global_batch",
@@ -228,9 +255,16 @@ class Parallel(LayoutFields):
                 raise OpgraphError(f"--gpus {self.gpus} is not tp x cp x pp x dp = "
                                    f"{self.tp} x {self.cp} x {self.pp} x {self.dp} = "
                                    f"{model * self.dp}; leave out --dp or --gpus")
-        if (self.dp_degree * self.cp) % self.ep:
+        if self.expert_tp is not None:
+            self._check_expert_tp()
+        if self.expert_ranks % self.ep:
+            if self.folds_experts:
+                raise OpgraphError(f"--ep {self.ep} must divide tp x dp x cp = "
+                                   f"{self.expert_ranks} (folded experts are spread over the "
+                                   "tensor- and data-parallel ranks)")
             raise OpgraphError(f"--ep {self.ep} must divide dp x cp = {self.dp_degree * self.cp} "
-                               "(experts are spread over the data-parallel ranks)")
+                               "(experts are spread over the data-parallel ranks; --expert-tp 1 "
+                               "spreads them over the tensor-parallel ranks too)")
         if self.replicate > 1:
             self._check_replicas()
         if self.global_batch is not None and self.global_batch % (self.dp_degree * self.micro_batch):
@@ -281,6 +315,20 @@ class Parallel(LayoutFields):
             raise OpgraphError(f"--framework {self.framework}'s pipeline engine runs one chunk "
                                "of layers per stage (no interleaving); give --virtual-stages 1")
 
+    def _check_expert_tp(self) -> None:
+        if isinstance(self.expert_tp, bool) or self.expert_tp not in (1, self.tp):
+            raise OpgraphError(f"--expert-tp {self.expert_tp!r}: give 1 (the experts whole, "
+                               "expert parallelism over the tensor-parallel ranks too) or the "
+                               f"tensor-parallel degree, {self.tp}")
+        if self.folds_experts and self.tp > 1:
+            if self.ep == 1:
+                raise OpgraphError("--expert-tp 1 folds expert parallelism into the "
+                                   "tensor-parallel ranks; give --ep 2 or more")
+            if not self.sequence_parallel:
+                raise OpgraphError("--expert-tp 1 with --tp dispatches each rank's sequence "
+                                   "shard to the experts; add --sequence-parallel (Megatron-LM "
+                                   "requires it of a mixture of experts under TP)")
+
     def _check_replicas(self) -> None:
         problem = replicas_problem(self.replicate, self.dp_degree * self.cp, self.zero,
                                    self.ep, self.framework)
@@ -300,7 +348,8 @@ class Parallel(LayoutFields):
                 "overlap_grad_reduce": self.overlap_grad_reduce,
                 "overlap_param_gather": self.overlap_param_gather,
                 "framework": self.framework, "grad_reduce_dtype": self.grad_reduce_dtype,
-                "attention_library": self.attention_library, "cp_comm": self.cp_comm}
+                "attention_library": self.attention_library, "cp_comm": self.cp_comm,
+                "expert_tp": self.expert_tp}
 
 
 def replicas_problem(replicate: int, ranks: int, zero: int, ep: int,
@@ -415,7 +464,7 @@ def chunk_layers(layers: int, layout: Parallel) -> list[list[int]]:
 # The compact form's words (`parse_layout`): a degree's word and its number (tp8), and the
 # `Parallel` field it sets.
 LAYOUT_WORDS = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "mb": "micro_batch",
-                "v": "virtual_stages", "zero": "zero", "rep": "replicate"}
+                "v": "virtual_stages", "zero": "zero", "rep": "replicate", "etp": "expert_tp"}
 _NUMBERED = re.compile(r"([a-z]+)([0-9]{1,12})(?:\(([0-9]{1,12}|-)/\.\.\./([0-9]{1,12}|-)\))?")
 MAX_LAYOUT_TEXT = 400  # characters: a layout is a few dozen
 
@@ -424,9 +473,9 @@ def parse_layout(text: str) -> tuple[dict, dict]:
     """The `Parallel` fields and the step's options (`recompute`, `precision`) a layout written
     as `plan` prints it names: `tp8 cp1 pp16(7/.../7) dp64 mb1 v1 zero1 sp full bf16`, words
     apart by spaces or commas (`tp8,pp16,dp64,mb1,zero1`), pp's uneven end stages in brackets
-    (first/.../last, - for an even end), `sp` sequence parallelism, context parallelism's
-    communication by name (`a2a`, `ring`: `CP_COMMS`), a recomputation policy and a precision
-    by name. A word left out sets nothing (dp: the GPUs left); `Parallel` checks
+    (first/.../last, - for an even end), `sp` sequence parallelism, `etp1` the experts' own
+    tensor-parallel degree, context parallelism's communication by name (`a2a`, `ring`:
+    `CP_COMMS`), a recomputation policy and a precision by name. A word left out sets nothing (dp: the GPUs left); `Parallel` checks
     what the fields make.
 
         >>> parse_layout("tp8,pp4 zero1 full")

@@ -453,6 +453,7 @@ def _mg_layout(flags: _Flags, layers: int, tp: int, gpus: int | None,
         overlap_param_gather=flags.switch("--overlap-param-gather"),
         grad_reduce_dtype="bf16" if flags.switch("--grad-reduce-in-bf16") else None,
         attention_library=_mg_attention(flags), cp_comm=_mg_cp_comm(flags),
+        expert_tp=flags.whole("--expert-tensor-parallel-size"),
         framework="megatron", **split)
 
 
@@ -668,6 +669,8 @@ def to_megatron(launch: Launch) -> str:
              str(p.pp), "--context-parallel-size", str(p.cp), "--expert-model-parallel-size",
              str(p.ep), "--micro-batch-size", str(p.micro_batch), "--global-batch-size",
              str(p.global_batch)]
+    if p.expert_tp is not None:
+        args += ["--expert-tensor-parallel-size", str(p.expert_tp)]
     dense = config.first_dense if isinstance(config, DeepSeekV2Config) else 0
     uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
     if p.stage_layers is not None or (p.virtual_stages > 1 and (

@@ -198,13 +198,16 @@ def memory_warning(p: Profile) -> str | None:
 def layout_text(layout, recompute: str, precision: str) -> str:
     """A layout in one short line: `tp8 cp1 pp16(7/8/7) dp64 mb1 v1 zero1 sp full bf16`;
     HSDP's replicas after the ZeRO stage (`zero3 rep4`), context parallelism's all-to-all after
-    its degree (`cp4 a2a`; ring attention, the default, unsaid)."""
+    its degree (`cp4 a2a`; ring attention, the default, unsaid), the experts' own
+    tensor-parallel degree after theirs where the layout gives one (`ep32 etp1`)."""
     split = ""
     if layout.first_stage_layers is not None or layout.last_stage_layers is not None:
         split = f"({layout.first_stage_layers or '-'}/.../{layout.last_stage_layers or '-'})"
     elif layout.stage_layers is not None:  # every stage's (not read back by `parse_layout`)
         split = f"({'/'.join(map(str, layout.stage_layers))})"
     ep = f" ep{layout.ep}" if layout.ep > 1 else ""
+    if layout.expert_tp is not None:  # the experts' own TP degree, where a layout gives it
+        ep += f" etp{layout.expert_tp}"
     a2a = " a2a" if layout.cp > 1 and layout.cp_comm == "a2a" else ""
     return (f"tp{layout.tp} cp{layout.cp}{a2a} pp{layout.pp}{split} dp{layout.dp_degree}{ep} "
             f"mb{layout.micro_batch} v{layout.virtual_stages} zero{layout.zero}"

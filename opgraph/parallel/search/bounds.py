@@ -291,7 +291,7 @@ def _comm_totals(times: dict, nums: _Numbers, like: np.ndarray) -> np.ndarray:
 def _over_rows(rows_: list, line):
     """`line` over the rows: `lines(kind, group)` gives each algorithm's intercept and slope
     (a row each) over the rows (a column each), each distinct layout's read once."""
-    keys = [(r.tp, r.cp, r.ep, r.pp, r.dp, r.replicate) for r in rows_]
+    keys = [(r.tp, r.cp, r.ep, r.pp, r.dp, r.replicate, r.expert_tp) for r in rows_]
     firsts, where = _first_of_each(keys)
 
     @functools.cache
@@ -306,7 +306,7 @@ def _over_rows(rows_: list, line):
 def _comm_line(cost: CostModel, cluster, hardware: Hardware):
     """`_comm_times`'s `line`: each algorithm's time at no message and seconds per byte
     (`CostModel.comm_lines`), over the group `group` names in the layout of `degrees` (tp,
-    cp, ep, pp, dp, replicate), each distinct group size and stride read once."""
+    cp, ep, pp, dp, replicate, expert_tp), each distinct group size and stride read once."""
 
     @functools.cache
     def affine(kind: str, size: int, stride: int, gpus: int) -> tuple[tuple[float, float], ...]:
@@ -314,9 +314,11 @@ def _comm_line(cost: CostModel, cluster, hardware: Hardware):
 
     @functools.cache
     def layout(degrees: tuple) -> Parallel:
-        t, c, e, p, d, n = degrees
-        # the groups' sizes and strides alone: replicas need some ZeRO stage to be a layout
-        return Parallel(tp=t, cp=c, ep=e, pp=p, dp=d, replicate=n, zero=1 if n > 1 else 0)
+        t, c, e, p, d, n, x = degrees
+        # the groups' sizes and strides alone: replicas need some ZeRO stage to be a layout,
+        # folded experts sequence parallelism
+        return Parallel(tp=t, cp=c, ep=e, pp=p, dp=d, replicate=n, zero=1 if n > 1 else 0,
+                        expert_tp=x, sequence_parallel=x == 1 and t > 1)
 
     def line(kind: str, group: str, degrees: tuple) -> tuple[tuple[float, float], ...]:
         lay = layout(degrees)
@@ -832,6 +834,10 @@ class _Fields(LayoutFields):
         if len(batches) != 1 or None in batches:  # rows of one space share it
             raise ValueError("rows of more than one global batch")
         self.global_batch = batches.pop()
+        folds = set(self.columns["expert_tp"])  # a space's setting, which its rows share
+        if len(folds) != 1:
+            raise ValueError("rows of more than one experts' tensor-parallel degree")
+        self.expert_tp = folds.pop()
 
     def column(self, name: str) -> np.ndarray:
         return np.array(self.columns[name], dtype=object)

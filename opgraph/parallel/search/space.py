@@ -69,8 +69,15 @@ class Space:
     # how context parallelism moves the attention's inputs (`Parallel.cp_comm`); None: both, the
     # ring and the all-to-all, at every context-parallel degree the heads allow
     cp_comm: str | None = "ring"
+    # the experts' tensor-parallel degree (`Parallel.expert_tp`): None, split as TP splits the
+    # rest; 1, whole, expert parallelism folded into the tensor-parallel ranks
+    expert_tp: int | None = None
 
     def __attrs_post_init__(self):
+        if self.expert_tp not in (None, 1) and self.expert_tp != self.tp:
+            raise OpgraphError(f"--expert-tp {self.expert_tp!r}: plan gives 1 (experts whole, "
+                               "over the tensor-parallel ranks too) or leaves it out (experts "
+                               "split as tensor parallelism splits the rest)")
         for name in ("gpus", "batch", "max_micro_batch", "max_virtual_stages"):
             if getattr(self, name) < 1:
                 raise OpgraphError(f"--{name.replace('_', '-')} must be 1 or more")
@@ -113,8 +120,10 @@ class Space:
             raise OpgraphError(f"--framework {self.framework} runs no ZeRO-{self.zero}: give "
                                f"--zero {' or '.join(map(str, sorted(at.zero_stages)))}")
         # the framework's names and its combinations, checked as a layout checks them (at CP 2
-        # where the space fixes none: the context-parallel communication speaks of CP)
-        Parallel(**self.framework_settings(), cp=self.cp or 2)
+        # where the space fixes none: the context-parallel communication speaks of CP; folded
+        # experts at the degrees that check nothing else)
+        Parallel(**self.framework_settings() | {"expert_tp": self.expert_tp and 1},
+                 cp=self.cp or 2)
         for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
             for value in getattr(self, name) or ():
                 if value not in allowed:
@@ -295,6 +304,10 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     dims = {s.name: int(v) for s, v in forward.dims.items()}
     layers, node = _layers(forward), cluster.gpus_per_node
     experts = dims.get("E")
+    folded = space.expert_tp == 1  # experts whole, over the tensor-parallel ranks too
+    if folded and not experts:
+        raise OpgraphError(f"--expert-tp 1 folds a mixture of experts' experts into the "
+                           f"tensor-parallel ranks, and {forward.name} has none; leave it out")
     tps = [space.tp] if space.tp else _powers(min(space.max_tp or node, space.gpus))
     cps = [space.cp] if space.cp else _powers(min(space.max_cp or max(1, seq_len // MIN_CP_TOKENS),
                                                   space.gpus))
@@ -339,8 +352,13 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         for (first, last), sp_, comm in itertools.product(splits[p], _sp(space, t),
                                                          _cp_comms(space, c)):
             for e in eps:
-                if (d * c) % e or not _divides(forward, seq_len, t, c, e, p, sp_, first,
-                                               last, checked, space.framework, comm):
+                # folded, the experts spread over tp x dp x cp and each rank dispatches its
+                # sequence shard (`Parallel._check_expert_tp`)
+                if folded and t > 1 and (e == 1 or not sp_):
+                    continue
+                if (d * c * (t if folded else 1)) % e or not _divides(
+                        forward, seq_len, t, c, e, p, sp_, first, last, checked,
+                        space.framework, comm):
                     continue
                 # the step options and replicas each micro-batch size and virtual stage count
                 # takes, with the list of their structure's rows (once they have a row)
