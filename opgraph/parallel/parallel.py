@@ -475,8 +475,8 @@ def parse_layout(text: str) -> tuple[dict, dict]:
     apart by spaces or commas (`tp8,pp16,dp64,mb1,zero1`), pp's uneven end stages in brackets
     (first/.../last, - for an even end), `sp` sequence parallelism, `etp1` the experts' own
     tensor-parallel degree, context parallelism's communication by name (`a2a`, `ring`:
-    `CP_COMMS`), a recomputation policy and a precision by name. A word left out sets nothing (dp: the GPUs left); `Parallel` checks
-    what the fields make.
+    `CP_COMMS`), a recomputation policy and a precision by name. A word left out sets nothing
+    (dp: the GPUs left); `Parallel` checks what the fields make.
 
         >>> parse_layout("tp8,pp4 zero1 full")
         ({'tp': 8, 'pp': 4, 'zero': 1}, {'recompute': 'full'})
