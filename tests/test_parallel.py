@@ -215,6 +215,14 @@ def test_folded_experts_spread_over_the_tensor_parallel_ranks():
     with pytest.raises(OpgraphError, match="--expert-tp 2: give 1"):
         Parallel(tp=4, ep=8, gpus=64, sequence_parallel=True, expert_tp=2)
     assert Parallel(tp=4, ep=4, gpus=64, expert_tp=4).size("edp") == 16 // 4  # = tp: split
+    # Megatron-Core's expert grid (expert_decoder_rank_generator: tp-ep-dp-pp, no CP) takes in
+    # the context-parallel ranks: split experts' EP members are tp apart, whatever cp is; at
+    # TP 1, split and folded are one layout
+    with_cp = Parallel(tp=2, cp=2, ep=4, gpus=16)
+    assert (with_cp.stride("ep"), with_cp.size("edp"), with_cp.stride("edp")) == (2, 2 * 4 // 4, 8)
+    one, folded_one = (Parallel(cp=2, ep=4, gpus=16, expert_tp=x) for x in (None, 1))
+    assert all(one.stride(g) == folded_one.stride(g) and one.size(g) == folded_one.size(g)
+               for g in ("ep", "edp"))
 
 
 def test_folded_experts_reduce_their_gradients_over_their_copies():

@@ -127,6 +127,33 @@ def test_folded_experts_are_searched_and_their_figures_are_profiles(searchers):
              searcher.cluster)
 
 
+def test_plan_searches_split_and_folded_experts_together(searchers):
+    """`plan --expert-tp both`: at every tensor-parallel degree above 1 a layout of each kind
+    (the same degrees split and folded: two structures), none folded at TP 1, where they are
+    one; a folded layout and its split twin searched together are each `profile`'s, and the
+    best of both is the better of each one's best."""
+    searcher = searchers("mixtral-8x7b", 4096)
+    space = Space(gpus=32, batch=64, expert_tp="both", framework="megatron")
+    found = rows(searcher.forward, H100, space, 4096, searcher.cluster)
+    assert {r.expert_tp for r in found if r.tp == 1} == {None}
+    folded = [r for r in found if r.expert_tp == 1]
+    assert folded and all(r.tp > 1 for r in folded)
+    twin = next((f, s) for f in folded for s in found
+                if s.expert_tp is None and s._replace(expert_tp=1) == f)
+    assert structure(twin[0]) != structure(twin[1])
+    for row in twin:
+        _same_as_profile(searcher, row, searcher.forward, searcher.cost)
+    # the best of both is the better of the best of each
+    def best(expert_tp):
+        found = searcher.search(Space(gpus=16, batch=32, expert_tp=expert_tp,
+                                      framework="megatron", zero=1), top=1)
+        return found.best[0].result.step_time_s
+
+    assert best("both") == pytest.approx(min(best(None), best(1)), rel=1e-12)
+    with pytest.raises(OpgraphError, match="--expert-tp 'all'"):
+        Space(gpus=8, batch=8, expert_tp="all")
+
+
 def test_an_uneven_split_is_profile_too(searchers):
     """Llama 3's own split (7, 8 x 14, 7 layers), compiled by the search as an even one with
     the stages' layers a symbol, without interleaving and interleaved as the paper ran it

@@ -77,11 +77,26 @@ def add_framework_args(group, search: bool = False) -> None:
                             "(DeepSpeed-Ulysses, Megatron-LM's --cp-comm-type a2a)"
                             + ("; both, each at every context-parallel degree" if search
                                else "") + " (default ring)")
-    group.add_argument("--expert-tp", type=whole(MAX_DIM), metavar="N",
+    group.add_argument("--expert-tp", type=_or_both(whole(MAX_DIM)) if search else whole(MAX_DIM),
+                       metavar="N" + ("|both" if search else ""),
                        help="the experts' tensor-parallel degree: 1 leaves them whole and "
                             "spreads --ep over the tensor-parallel ranks too (Megatron-Core's "
-                            "--expert-tensor-parallel-size 1, with --sequence-parallel) "
-                            "(default: split as --tp splits the rest)")
+                            "--expert-tensor-parallel-size 1, with --sequence-parallel)"
+                            + ("; both, each way at every tensor-parallel degree" if search
+                               else "") + " (default: split as --tp splits the rest)")
+
+
+def _or_both(number):
+    """An argparse type: `both`, or what `number` reads."""
+    def parse(text: str):
+        if text == "both":
+            return text
+        try:
+            return number(text)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e}, or both") from None
+    parse.__name__ = "whole number or both"
+    return parse
 
 
 class _OldRank(argparse.Action):

@@ -111,14 +111,15 @@ class LayoutFields:
     def folds_experts(self) -> bool:
         """Whether the experts are left whole under tensor parallelism and expert parallelism
         takes in its ranks (`expert_tp` 1 beside TP: Megatron-Core's expert-parallel folding,
-        `--expert-tensor-parallel-size 1`)."""
+        `--expert-tensor-parallel-size 1`). Over the planner's columns, a column of them."""
         return self.expert_tp == 1
 
     @property
     def expert_ranks(self) -> int:
         """The ranks of a pipeline stage that expert parallelism spreads the experts over, each
-        group of `ep` holding them once: dp x cp, and tp's too where it folds them."""
-        return self.dp_degree * self.cp * (self.tp if self.folds_experts else 1)
+        group of `ep` holding them once: dp x cp, and tp's too where it folds them (written as
+        arithmetic on `folds_experts`, so that a column of rows reads it too)."""
+        return self.dp_degree * self.cp * (1 + (self.tp - 1) * self.folds_experts)
 
     def stride(self, group: str) -> int:
         """Ranks between consecutive members of a group (Megatron's order tp-cp-ep-dp-pp).
@@ -126,13 +127,16 @@ class LayoutFields:
         hold the same weights; so they start at stride tp. HSDP's replicas ("dpr") are the
         outer part of those ranks: consecutive shard groups (torchtitan's mesh order
         dp_replicate, dp_shard, cp, tp; Megatron-LM's intra- and inter-instance groups).
-        Folded experts order their ranks tp-ep-dp-pp with the experts' TP of 1 (Megatron-Core's
-        expert rank generator): an expert-parallel group is consecutive ranks, its expert
-        data-parallel group `ep` ranks apart."""
-        if self.folds_experts and group in ("ep", "edp"):
-            return 1 if group == "ep" else self.ep
-        inner = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp,
-                 "edp": self.tp * self.ep, "pp": self.tp * self.cp * self.dp_degree,
+        The experts' ranks have an order of their own, tp-ep-dp-pp with the experts' TP degree
+        (`expert_decoder_rank_generator`, megatron/core/parallel_state.py, whose expert grid has
+        no CP: expert parallelism takes in the context-parallel ranks): an expert-parallel
+        group's members are `tp` ranks apart, consecutive where the experts are folded (their TP
+        1), its expert data-parallel group tp x ep apart, or ep folded."""
+        if group in ("ep", "edp"):  # as arithmetic on `folds_experts`, for columns too
+            split, folded = (self.tp, 1) if group == "ep" else (self.tp * self.ep, self.ep)
+            return split + (folded - split) * self.folds_experts
+        inner = {"tp": 1, "cp": self.tp, "dp": self.tp,
+                 "pp": self.tp * self.cp * self.dp_degree,
                  "dpr": self.tp * self.dp_degree * self.cp // self.replicate}
         return inner[group]
 

@@ -834,10 +834,8 @@ class _Fields(LayoutFields):
         if len(batches) != 1 or None in batches:  # rows of one space share it
             raise ValueError("rows of more than one global batch")
         self.global_batch = batches.pop()
-        folds = set(self.columns["expert_tp"])  # a space's setting, which its rows share
-        if len(folds) != 1:
-            raise ValueError("rows of more than one experts' tensor-parallel degree")
-        self.expert_tp = folds.pop()
+        # each row's (`plan --expert-tp both` has both), which `LayoutFields` reads as a column
+        self.expert_tp = np.array(self.columns["expert_tp"], dtype=object)
 
     def column(self, name: str) -> np.ndarray:
         return np.array(self.columns[name], dtype=object)

@@ -25,6 +25,8 @@ from ..frameworks import FRAMEWORKS, end_split, own_split
 from ..parallel import (FRAMEWORK_FIELDS, LAYOUT_FIELDS, ZERO_STAGES, LayoutFields, Parallel,
                         replicas_problem)
 
+# `Space.expert_tp` that searches the experts split and folded at every tensor-parallel degree
+EXPERT_TP_BOTH = "both"
 # Context parallelism is searched while each GPU keeps this many tokens of a sequence (ring
 # attention on shorter blocks is latency-bound); --max-cp lifts it.
 MIN_CP_TOKENS = 1024
@@ -70,14 +72,16 @@ class Space:
     # ring and the all-to-all, at every context-parallel degree the heads allow
     cp_comm: str | None = "ring"
     # the experts' tensor-parallel degree (`Parallel.expert_tp`): None, split as TP splits the
-    # rest; 1, whole, expert parallelism folded into the tensor-parallel ranks
-    expert_tp: int | None = None
+    # rest; 1, whole, expert parallelism folded into the tensor-parallel ranks; "both", each
+    # at every tensor-parallel degree
+    expert_tp: int | str | None = None
 
     def __attrs_post_init__(self):
-        if self.expert_tp not in (None, 1) and self.expert_tp != self.tp:
+        if self.expert_tp not in (None, 1, EXPERT_TP_BOTH) and self.expert_tp != self.tp:
             raise OpgraphError(f"--expert-tp {self.expert_tp!r}: plan gives 1 (experts whole, "
-                               "over the tensor-parallel ranks too) or leaves it out (experts "
-                               "split as tensor parallelism splits the rest)")
+                               f"over the tensor-parallel ranks too), {EXPERT_TP_BOTH} (each "
+                               "way) or leaves it out (experts split as tensor parallelism "
+                               "splits the rest)")
         for name in ("gpus", "batch", "max_micro_batch", "max_virtual_stages"):
             if getattr(self, name) < 1:
                 raise OpgraphError(f"--{name.replace('_', '-')} must be 1 or more")
@@ -129,11 +133,20 @@ class Space:
                 if value not in allowed:
                     raise OpgraphError(f"--{name} {value!r}: choose from {', '.join(allowed)}")
 
+    def expert_tps(self, t: int) -> list:
+        """The experts' tensor-parallel degrees the space tries at tensor-parallel degree `t`:
+        its own, or both (split, folded) where it says so and `t` > 1 (at 1 they are one)."""
+        if self.expert_tp == EXPERT_TP_BOTH:
+            return [None, 1] if t > 1 else [None]
+        return [self.expert_tp]
+
     def framework_settings(self) -> dict:
         """The `FRAMEWORK_FIELDS` every layout of the space takes, by name (where the search
         tries both context-parallel communications, ring attention's unless a layout says)."""
         settings = {name: getattr(self, name) for name in FRAMEWORK_FIELDS}
-        return settings | {"cp_comm": self.cp_comm or "ring"}
+        return settings | {"cp_comm": self.cp_comm or "ring",
+                           "expert_tp": None if self.expert_tp == EXPERT_TP_BOTH
+                           else self.expert_tp}
 
 
 @attrs.frozen
@@ -304,8 +317,7 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     dims = {s.name: int(v) for s, v in forward.dims.items()}
     layers, node = _layers(forward), cluster.gpus_per_node
     experts = dims.get("E")
-    folded = space.expert_tp == 1  # experts whole, over the tensor-parallel ranks too
-    if folded and not experts:
+    if space.expert_tp in (1, EXPERT_TP_BOTH) and not experts:
         raise OpgraphError(f"--expert-tp 1 folds a mixture of experts' experts into the "
                            f"tensor-parallel ranks, and {forward.name} has none; leave it out")
     tps = [space.tp] if space.tp else _powers(min(space.max_tp or node, space.gpus))
@@ -351,9 +363,10 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
         per_rank = space.batch // d
         for (first, last), sp_, comm in itertools.product(splits[p], _sp(space, t),
                                                          _cp_comms(space, c)):
-            for e in eps:
+            for e, etp in itertools.product(eps, space.expert_tps(t)):
                 # folded, the experts spread over tp x dp x cp and each rank dispatches its
                 # sequence shard (`Parallel._check_expert_tp`)
+                folded = etp == 1
                 if folded and t > 1 and (e == 1 or not sp_):
                     continue
                 if (d * c * (t if folded else 1)) % e or not _divides(
@@ -375,7 +388,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                                        "micro_batch": mb, "global_batch": space.batch,
                                        "virtual_stages": v, "sequence_parallel": sp_,
                                        "first_stage_layers": first, "last_stage_layers": last,
-                                       "async_tp": space.async_tp and t > 1, "cp_comm": comm},
+                                       "async_tp": space.async_tp and t > 1, "cp_comm": comm,
+                                       "expert_tp": etp},
                                     recompute=None, precision=None)]
                         for step in steps:
                             row[ZERO], row[REPLICAS_AT], row[RECOMPUTE_AT], row[PRECISION_AT] = \
