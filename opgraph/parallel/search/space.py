@@ -318,8 +318,9 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     layers, node = _layers(forward), cluster.gpus_per_node
     experts = dims.get("E")
     if space.expert_tp in (1, EXPERT_TP_BOTH) and not experts:
-        raise OpgraphError(f"--expert-tp 1 folds a mixture of experts' experts into the "
-                           f"tensor-parallel ranks, and {forward.name} has none; leave it out")
+        raise OpgraphError(f"--expert-tp {space.expert_tp} folds a mixture of experts' experts "
+                           f"into the tensor-parallel ranks, and {forward.name} has none; leave "
+                           "it out")
     tps = [space.tp] if space.tp else _powers(min(space.max_tp or node, space.gpus))
     cps = [space.cp] if space.cp else _powers(min(space.max_cp or max(1, seq_len // MIN_CP_TOKENS),
                                                   space.gpus))
