@@ -83,8 +83,5 @@ def regather_inputs(graph: Graph, layout: Parallel) -> Graph:
         out.add_tensor(attrs.evolve(graph.tensor(gathered), name=copy), before=first)
         out.add_op(attrs.evolve(op, name=f"{op.name}.re", outputs=(copy,),
                                 phase=Phase.RECOMPUTE, forward=op.name), before=first)
-        for reader in readers:  # as `out` holds it: a reader of two gathers (K and V) twice
-            now = out.op(reader.name)
-            out.replace_op(attrs.evolve(now, inputs=tuple(copy if n == gathered else n
-                                                          for n in now.inputs)))
+        out.reroute(readers, gathered, copy)  # a reader of two gathers (K and V): both
     return out

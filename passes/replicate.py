@@ -304,9 +304,7 @@ def _gather_weight(out: Graph, w: Tensor, group: str, order: dict | None = None,
                                before=mine[0].name, calls=calls, launches=launches)
         if copy_out:
             gathered = _copy_out(out, gathered, mine[0])
-        for op in mine:
-            out.replace_op(attrs.evolve(op, inputs=tuple(gathered if n == w.name else n
-                                                        for n in op.inputs)))
+        out.reroute(mine, w.name, gathered)
     for t in out.tensors():  # the full-size gradients are the gathered copy's
         if t.grad_of == w.name:
             out.replace_tensor(attrs.evolve(t, grad_of=f"{w.name}@{Phase.FORWARD.value}"))

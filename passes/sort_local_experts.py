@@ -1,11 +1,12 @@
 """sort_local_experts: a framework whose dispatcher sorts the tokens a GPU receives by local
 expert before the expert GEMMs, and back before returning them.
 
-Invariant established: where the layout's framework does (`frameworks.Traits.sorts_by_local_expert`)
-and experts are spread over GPUs, the output of each expert-parallel all-to-all an expert GEMM
-reads goes through a `moe_sort` copy (the tokens grouped by local expert), and each expert GEMM
-output an all-to-all returns through another (back in the order the sources sent them, before the
-tensor-parallel reduction where there is one, as Megatron-LM unsorts before it). Each is marked `eager`, so that its bytes are its kind's rule's
+Invariant established: where the layout's framework does
+(`frameworks.Traits.sorts_by_local_expert`) and experts are spread over GPUs, the output of each
+expert-parallel all-to-all an expert GEMM reads goes through a `moe_sort` copy (the tokens
+grouped by local expert), and each expert GEMM output an all-to-all returns through another (back
+in the order the sources sent them, before the tensor-parallel reduction where there is one, as
+Megatron-LM unsorts before it). Each is marked `eager`, so that its bytes are its kind's rule's
 (`rules.EAGER_BYTES`): its copy's where a GPU holds more than one expert and none where it holds
 one (`rules.moe.SORTS`, E / ep), as the dispatcher skips it there; the host's launches for it
 (`launches`) likewise; so is its backward, the gradient's copy the other way. No FLOPs. The
@@ -66,10 +67,7 @@ def _sort(graph: Graph, out: Graph, source: str, name: str, at: Op) -> None:
     out.add_op(Op(name, "moe_sort", "routing", (source,), (sorted_.name,), count=at.count,
                   params={"eager": True, "launches": SORTS}, region=at.region),
                before=readers[0].name)
-    for reader in readers:
-        now = out.op(reader.name)
-        out.replace_op(attrs.evolve(now, inputs=tuple(sorted_.name if n == source else n
-                                                      for n in now.inputs)))
+    out.reroute(readers, source, sorted_.name)
 
 
 @step_pass(at=SHARD + 1, bind=lambda o: o.layout and {"layout": o.layout},

@@ -1156,7 +1156,7 @@ def test_torchtitans_ring_gathers_the_copied_keys_and_values():
     assert sympy.simplify(gathered("torchtitan") / gathered(None) - H / H_kv) == 0
 
 
-# --- Megatron-LM: the dispatcher sorts what it receives by local expert -----------------------------
+# --- Megatron-LM: the dispatcher sorts what it receives by local expert ---------------------
 
 def test_megatrons_dispatcher_sorts_received_tokens_by_local_expert():
     """`sort_chunks_by_idxs` (token_dispatcher.py): after the dispatch all-to-all the received

@@ -233,6 +233,14 @@ class Graph:
         self.nx.nodes[_onode(op.name)]["seq"] = seq
         return op
 
+    def reroute(self, readers, old: str, new: str) -> None:
+        """Each of `readers` (ops, or their names) reads tensor `new` wherever it read `old`,
+        the op as this graph holds it now (an op reading two rerouted tensors keeps both)."""
+        for reader in readers:
+            now = self.op(getattr(reader, "name", reader))
+            self.replace_op(attrs.evolve(now, inputs=tuple(new if n == old else n
+                                                           for n in now.inputs)))
+
     def replace_tensor(self, tensor: Tensor) -> Tensor:
         """Put `tensor` in place of the tensor of the same name (a new shape, say), keeping
         its edges and its place in the order."""

@@ -284,7 +284,7 @@ def _ll_cap(nodes):
 
 
 def _ring_line(row: Collective, group, nodes, per_node, node: Tier, network: Tier, bandwidth,
-               protocol: str, spans: bool, inside=None):
+               protocol: str, spans: bool, inside):
     """(seconds at no message, seconds per byte) of the kind's own algorithm (ring, pairwise
     exchange, point to point) under `protocol` over `group` GPUs in `nodes` nodes, `per_node`
     in each (`spans`: more than one node): NCCL's ring latency,
