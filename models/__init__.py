@@ -7,7 +7,7 @@ from collections.abc import Callable
 from opgraph.core.errors import OpgraphError, did_you_mean
 from opgraph.core.ir import Graph
 
-from . import bert, deepseek, gemma2, gpt2, llama
+from . import bert, deepseek, gemma2, gpt2, llama, nemotron_h
 
 PRESETS: dict[str, Callable[[], Graph]] = {
     "llama3-8b": lambda: llama.build(llama.LLAMA3_8B),
@@ -21,6 +21,8 @@ PRESETS: dict[str, Callable[[], Graph]] = {
     "gemma2-2b": lambda: gemma2.build(gemma2.GEMMA2_2B),
     "deepseek-v2-lite": lambda: deepseek.build(deepseek.DEEPSEEK_V2_LITE),
     "bert-base": lambda: bert.build(bert.BERT_BASE),
+    "nemotron-3-nano": lambda: nemotron_h.build(nemotron_h.NEMOTRON_3_NANO),
+    "nemotron-h-8b": lambda: nemotron_h.build(nemotron_h.NEMOTRON_H_8B),
 }
 
 

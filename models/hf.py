@@ -6,8 +6,8 @@
 Llama graph (`models.llama`), `qwen2_moe` and `qwen3_moe` the Qwen mixture-of-experts graph
 (`models.qwen_moe`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
 (`models.gemma2`), `deepseek_v2` and `deepseek_v3` the DeepSeek graph (`models.deepseek`),
-`gpt_oss` the gpt-oss graph (`models.gpt_oss`) and `bert` the BertForMaskedLM graph
-(`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build
+`gpt_oss` the gpt-oss graph (`models.gpt_oss`), `nemotron_h` the Nemotron-H / Nemotron 3
+hybrid graph (`models.nemotron_h`) and `bert` the BertForMaskedLM graph (`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build
 the GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
 grouped-query attention, ...). The fields read are the ones that shape the cost; the rest
 (RoPE base, norm epsilon, dtype, token ids) do not change a roofline and are ignored; of the
@@ -51,6 +51,16 @@ Defaults follow `transformers` where it has a rule rather than a model's number:
   capped at 8,192; `tie_word_embeddings` absent means false. Its biases on Q, K, V and O are
   built by architecture; the experts' and router's biases, the clamped activation and the
   attention sinks are approximated (`models.gpt_oss`).
+- Nemotron-H and Nemotron 3: `hybrid_override_pattern` is required (one character a layer: M
+  Mamba-2, * attention, - MLP, E mixture of experts) and must have `num_hidden_layers` layers
+  where that is given; the fields of each layer kind the pattern holds are required
+  (`mamba_num_heads`, `mamba_head_dim`, `ssm_state_size`, `n_groups`; `num_attention_heads`,
+  `num_key_value_heads`; `intermediate_size`; `n_routed_experts`, `num_experts_per_tok`,
+  `moe_intermediate_size`), `moe_shared_expert_intermediate_size` absent means no shared
+  expert; `conv_kernel` and `chunk_size` (or transformers' `mamba_d_conv`, `mamba_chunk_size`)
+  absent mean 4 and 128; `head_dim` absent means `hidden_size / num_attention_heads`;
+  `mlp_hidden_act` must be "relu2" (absent: so); `tie_word_embeddings` absent means false. The
+  attention has no position encoding, by architecture.
 - GPT-2: `n_positions` (or the older `n_ctx`) is the position table; `n_inner` null means
   `4 x n_embd`.
 - OPT: the position table has `max_position_embeddings` (absent: 2048) + 2 rows (OPT's
@@ -122,7 +132,7 @@ from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Graph
 from opgraph.core.limits import MAX_DIM, check_whole
 
-from . import bert, deepseek, gemma2, gpt2, gpt_oss, llama, qwen_moe
+from . import bert, deepseek, gemma2, gpt2, gpt_oss, llama, nemotron_h, qwen_moe
 
 DEFAULT_SEQ_LEN = 8192  # the plate's; and the cap on a config's own context
 _REQUIRED = object()
@@ -383,6 +393,48 @@ def _read_gpt_oss(f: _Fields) -> Graph:
     return gpt_oss.build(config)
 
 
+def _read_nemotron_h(f: _Fields) -> Graph:
+    """Nemotron-H and Nemotron 3 (`models.nemotron_h`): the layers by `hybrid_override_pattern`
+    (M Mamba-2, * attention, - MLP, E mixture of experts)."""
+    pattern = f.data.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set(nemotron_h.REGIONS):
+        raise OpgraphError(f"{f.path}: field 'hybrid_override_pattern' is {_shown(pattern)}, not "
+                           "a string of M (Mamba-2), * (attention), - (MLP) and E (experts)")
+    layers = f.int("num_hidden_layers", len(pattern))
+    if layers != len(pattern):
+        raise OpgraphError(f"{f.path}: num_hidden_layers = {layers} but hybrid_override_pattern "
+                           f"has {len(pattern)} layers; give one of each")
+    f.choice("mlp_hidden_act", "relu2", {"relu2": None})
+    attention, mamba = "*" in pattern, "M" in pattern
+    moe, mlp = "E" in pattern, "-" in pattern
+    heads = f.int("num_attention_heads") if attention else 1
+    kv_heads = f.int("num_key_value_heads") if attention else 1
+    experts = f.int("n_routed_experts") if moe else 0
+    top_k = f.int("num_experts_per_tok") if moe else 0
+    if moe:
+        _check_top_k(f, top_k, "n_routed_experts", experts)
+    try:
+        config = nemotron_h.NemotronHConfig(
+            f.name(), d_model=f.int("hidden_size"), pattern=pattern, heads=heads,
+            kv_heads=kv_heads,
+            head_dim=(f.int("head_dim", f.int("hidden_size") // heads) if attention else 1),
+            mamba_heads=f.int("mamba_num_heads") if mamba else 1,
+            mamba_head_dim=f.int("mamba_head_dim") if mamba else 1,
+            state=f.int("ssm_state_size") if mamba else 1,
+            groups=f.int(f.alias("n_groups", "mamba_n_groups")) if mamba else 1,
+            conv_width=f.int(f.alias("conv_kernel", "mamba_d_conv"), 4),
+            chunk=f.int(f.alias("chunk_size", "mamba_chunk_size"), 128),
+            vocab=f.int("vocab_size"), d_ff=f.int("intermediate_size") if mlp else 0,
+            experts=experts, experts_per_token=top_k,
+            moe_d_ff=f.int("moe_intermediate_size") if moe else 0,
+            shared_d_ff=(f.count("moe_shared_expert_intermediate_size") if moe else 0),
+            seq_len=_seq_len(f.int("max_position_embeddings", None)),
+            tie_embeddings=f.bool("tie_word_embeddings", False))
+    except OpgraphError as e:
+        raise OpgraphError(f"{f.path}: {e}") from None
+    return nemotron_h.build(config)
+
+
 def _read_deepseek(f: _Fields) -> Graph:
     """DeepSeek-V2 and -V3 (`model_type` deepseek_v2 / deepseek_v3): one graph; V3 adds the
     multi-token prediction modules (`num_nextn_predict_layers`)."""
@@ -557,6 +609,7 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "deepseek_v2": _read_deepseek,
     "deepseek_v3": _read_deepseek,
     "gpt_oss": _read_gpt_oss,
+    "nemotron_h": _read_nemotron_h,
     "bert": _read_bert,
     "opt": _read_opt,
     "gpt_neox": _read_gpt_neox,

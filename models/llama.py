@@ -105,7 +105,7 @@ def attention(g: GraphBuilder, h, config, prefix: str = "", window=None):
     """Grouped-query attention of the normed input `h`, up to its O projection: Q, K and V
     projections (biases on Q, K, V with `config.qkv_bias`, on O with `config.o_bias`); with
     `config.qk_norm` each query and key head RMSNorm'd over its `d_h` (Qwen3's `q_norm`,
-    `k_norm`), before RoPE on Q and K; the core, over the last `window` keys where one is given
+    `k_norm`), before RoPE on Q and K (none where `config.rope` is False); the core, over the last `window` keys where one is given
     (a dimension symbol, `W`). `prefix` names a layer among several in one region's body."""
     def proj(name, width):
         bias = g.weight(f"{prefix}{name}.bias", (width,)) if config.qkv_bias else None
@@ -118,14 +118,17 @@ def attention(g: GraphBuilder, h, config, prefix: str = "", window=None):
         t = g.rmsnorm(t, g.weight(f"{prefix}{name}.weight", (d_h,)), name=f"{prefix}{name}")
         return g.reshape(t, (B, S, heads * d_h), name=f"{prefix}{name}.flat")
 
+    rope = getattr(config, "rope", True)  # Nemotron-H's attention has no position encoding
     q = proj("q_proj", H * d_h)
     if config.qk_norm:
         q = head_norm(q, H, "q_norm")
-    q = g.rope(q, name=f"{prefix}q_rope")
+    if rope:
+        q = g.rope(q, name=f"{prefix}q_rope")
     k = proj("k_proj", H_kv * d_h)
     if config.qk_norm:
         k = head_norm(k, H_kv, "k_norm")
-    k = g.rope(k, name=f"{prefix}k_rope")
+    if rope:
+        k = g.rope(k, name=f"{prefix}k_rope")
     v = proj("v_proj", H_kv * d_h)
     o = g.attention(q, k, v, heads=H, kv_heads=H_kv, causal=True, window=window,
                     name=f"{prefix}attn")

@@ -41,6 +41,10 @@ Degrees are symbols (`tp`, `cp`, `ep`, declared in `opgraph.core.symbols`), so e
 cost of the sharded graph is a formula in them; the graph's `dims` gain their values. A degree of 1
 changes nothing: `shard(g, Parallel())` is `g`.
 
+A kind that carries state along the sequence (`rules.ALONG_SEQUENCE`: Mamba-2's convolution
+and scan) is an error under context parallelism (Megatron-Core's hybrid models trade sequence for
+heads by all-to-all there; not modelled).
+
 Left out: the vocabulary-parallel cross-entropy's all-reduces of per-token statistics (3 x 4
 bytes per token, a 1/D-th of a block's); replicating K/V heads when tp exceeds H_kv (an error
 instead, as Megatron requires); load imbalance between experts.
@@ -56,14 +60,15 @@ from opgraph.core.contracts import SHARD, contract, step_pass
 from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Graph, Op, Phase, Role, Tensor
 from opgraph.core.kinds import defined_kinds
-from opgraph.core.symbols import E, F, F_e, F_s, H, H_kv, S, V, cp, ep, tp
+from opgraph.core.symbols import E, F, F_e, F_s, G_m, H, H_kv, H_m, S, V, cp, ep, tp
 from opgraph.parallel.frameworks import padded_vocab_shard, traits
 from opgraph.parallel.parallel import Parallel
 
 # Dimensions tensor parallelism splits, in every weight that has them (Megatron: attention heads,
 # the MLP's, each routed expert's and a shared expert's hidden width, the vocabulary of the
-# embedding and the head).
-TENSOR_SPLITS = (H, H_kv, F, F_e, F_s, V)
+# embedding and the head; Megatron-Core's `MambaMixer`: a state-space mixer's heads and the groups
+# of its B and C).
+TENSOR_SPLITS = (H, H_kv, F, F_e, F_s, V, H_m, G_m)
 SEQ_AXIS = 1  # activations are [B, S, ...]
 RESHAPES = ("reshape",)  # kinds whose parameters name a shape (the sequence's extent in it)
 
@@ -279,6 +284,7 @@ class _Sharder:
         for op in src.ops():
             inputs = [self.name[n] for n in op.inputs]
             self._check_role(op, inputs)
+            self._check_sequence(op)
             inputs = self._before(op, inputs)
             params = {k: _sub(v, self.params) for k, v in op.params}
             if self._a2a(op):  # it runs on a head shard: H/cp of this GPU's heads
@@ -316,6 +322,16 @@ class _Sharder:
                 f"{op.kind} reads, and {op.kind} declares no sharding role; define it with "
                 "shards=('column', 'contracting') if it multiplies by the weight as a matmul "
                 "does, shards=('local',) if it runs on each shard alone, or leave out --tp")
+
+    def _check_sequence(self, op: Op) -> None:
+        """An op that carries state along the sequence (`rules.ALONG_SEQUENCE`: Mamba-2's
+        convolution and scan) under context parallelism: an error, where each GPU holding a
+        slice of the sequence would run it as if its slice began the sequence."""
+        if self.layout.cp > 1 and op.kind in rules.ALONG_SEQUENCE:
+            raise OpgraphError(
+                f"--cp {self.layout.cp} gives each GPU a slice of the sequence, and {op.name} "
+                f"({op.kind}) runs along the whole of it; opgraph does not model context "
+                "parallelism for state-space layers: leave out --cp")
 
     def _before(self, op: Op, inputs: list[str]) -> list[str]:
         layout, out = self.layout, self.out

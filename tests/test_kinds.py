@@ -495,13 +495,13 @@ def test_a_user_kind_declares_its_eager_kernels(monkeypatch):
     def one_kernel(ins, outs, params):
         return 3 * ins[0].nbytes
 
-    k = kinds.define_kind("relu2", shape=kinds.same_shape, flops=rules.per_element(2),
+    k = kinds.define_kind("relu_twice", shape=kinds.same_shape, flops=rules.per_element(2),
                           eager=two_kernels, eager_backward=one_kernel)
     try:
-        assert kinds.kind("relu2").eager is two_kernels
+        assert kinds.kind("relu_twice").eager is two_kernels
         torchtitan = frameworks.FRAMEWORKS["torchtitan"]
         monkeypatch.setitem(frameworks.FRAMEWORKS, "torchtitan", attrs.evolve(
-            torchtitan, eager=torchtitan.eager | {"relu2"}))
+            torchtitan, eager=torchtitan.eager | {"relu_twice"}))
         g = compile_parallel(user_model(k), Parallel(dp=2, framework="torchtitan"))
         act = g.op("layers.act")
         (backward,) = [o for o in g.ops() if o.phase is Phase.BACKWARD and o.forward == act.name]
@@ -510,8 +510,8 @@ def test_a_user_kind_declares_its_eager_kernels(monkeypatch):
         assert cost.op_cost(g, act).bytes == 4 * x
         assert cost.op_cost(g, backward).bytes == 3 * x
     finally:
-        kinds.remove_kind("relu2")
-    assert "relu2" not in rules.EAGER_BYTES and "relu2" not in rules.EAGER_BACKWARD_BYTES
+        kinds.remove_kind("relu_twice")
+    assert "relu_twice" not in rules.EAGER_BYTES and "relu_twice" not in rules.EAGER_BACKWARD_BYTES
 
 
 # --- a kind owns its traits: every one through define_kind, read back, cleared ----------------
@@ -534,10 +534,10 @@ def test_every_table_row_is_a_kind_records_trait():
     table's row is the trait of a record (its backward kernel's for `<kind>_backward`), so no
     table holds a row no kind declares."""
     from opgraph.core.rules import attention, dense, kernels, loss, moe, norm, optimizer
-    from opgraph.core.rules import pointwise, views
+    from opgraph.core.rules import pointwise, ssm, views
 
-    declared = [k for family in (dense, norm, attention, pointwise, loss, moe, views, optimizer,
-                                 kernels) for k in family.KINDS]
+    declared = [k for family in (dense, norm, attention, ssm, pointwise, loss, moe, views,
+                                 optimizer, kernels) for k in family.KINDS]
     builtin = set(rules.KINDS) - set(kinds.defined_kinds())
     assert {k.name for k in declared} == builtin
     assert len(declared) == len(builtin)  # each declared once

@@ -230,10 +230,12 @@ class GraphBuilder:
                        axis=axis, **({"copy": True} if copy else {}))
 
     def split(self, x: TensorLike, sizes: Sequence, *, axis: int = -1, copy: bool = False,
-              name: str = "split") -> list[Tensor]:
-        """`x` cut along `axis` into pieces of `sizes`: views when contiguous, else copies."""
+              strided: bool = False, name: str = "split") -> list[Tensor]:
+        """`x` cut along `axis` into pieces of `sizes`: views when contiguous, else copies;
+        `strided`: views whatever the cut, the readers taking strided inputs."""
         first = self.op("split", [x], category="elementwise", name=name, sizes=tuple(sizes),
-                        axis=axis, **({"copy": True} if copy else {}))
+                        axis=axis, **({"copy": True} if copy else {}),
+                        **({"strided": True} if strided else {}))
         return [first] + [self.graph.tensor(f"{first.name}:{i}") for i in range(1, len(sizes))]
 
     def concat(self, xs: Sequence[TensorLike], *, axis: int = -1, in_place: bool = False,

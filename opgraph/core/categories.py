@@ -16,7 +16,7 @@ they implement (``KERNELS_COVER``: a matrix multiply may be a projection or the 
 from __future__ import annotations
 
 # The roofline's categories, in the order reports list them.
-CATEGORIES = ("matmul", "attention", "norm", "elementwise", "routing", "output_head", "embedding",
+CATEGORIES = ("matmul", "attention", "scan", "norm", "elementwise", "routing", "output_head", "embedding",
               "optimizer")
 
 # Categories only a measured trace has: the roofline models none of them.
@@ -32,6 +32,7 @@ FALLBACK = "other"
 DESCRIPTIONS = {
     "matmul": "matrix multiplies: projections, MLPs, experts (and, in a trace, convolutions)",
     "attention": "the attention core: scores, softmax and the weighted sum, fused or not",
+    "scan": "a state-space mixer's scan and its causal convolution (Mamba-2's SSD)",
     "norm": "layer and RMS norms (batch and group norms in a trace)",
     "elementwise": "pointwise kernels: activations, residual adds, dropout, casts and copies",
     "routing": "a mixture of experts' router: top-k selection and the combine",

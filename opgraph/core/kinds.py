@@ -47,6 +47,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                 eager: Callable | None = None, eager_backward: Callable | None = None,
                 shards: Sequence[str] = (), cp_gathers: Sequence[int] = (),
                 fusion_class: str | None = None, kept: bool = False,
+                along_sequence: bool = False,
                 operands: int | None = None, active_fraction: Callable | None = None,
                 fp8_weight_dims: int | None = None, eager_saved: Callable | None = None,
                 eager_workspace: Callable | None = None,
@@ -87,6 +88,9 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
       under `--tp`, not a silent replica.
     - `fusion_class`: "pointwise", "reduction" or "matmul" (`fusion.CLASSES`), what the built-in
       fusion policies (`--fuse`) may put in one kernel with it; None: it never fuses.
+    - `along_sequence`: it carries state along the sequence (a causal convolution, a recurrent
+      scan), so context parallelism, which gives each GPU a slice of the sequence, cannot run it
+      (`--cp` is then an error, not a silent wrong answer).
     - `kept`: torchtitan's per-op recomputation (`selective-op`) keeps its output, as it keeps
       the matmuls' and the attention kernel's, rather than re-running it.
     - `operands`: for a matrix multiply, how many leading inputs are its operands: where all are
@@ -152,7 +156,8 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
         backward_cost=backward_cost, category=category, grid=grid, eager=eager,
         eager_backward=eager_backward, eager_saved=eager_saved, eager_workspace=eager_workspace,
         eager_backward_workspace=eager_backward_workspace, shards=tuple(shards),
-        cp_gathers=tuple(cp_gathers), fusion_class=fusion_class, kept=kept, operands=operands,
+        cp_gathers=tuple(cp_gathers), fusion_class=fusion_class, kept=kept,
+        along_sequence=along_sequence, operands=operands,
         active_fraction=active_fraction, fp8_weight_dims=fp8_weight_dims, scores=scores,
         backward_scores=backward_scores, efficiency=efficiency,
         backward_efficiency=backward_efficiency, example=example, variants=tuple(variants))

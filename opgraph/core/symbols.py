@@ -27,9 +27,18 @@ r_kv = sympy.Symbol("r_kv", **_DIM)  # MLA: the compressed K/V width (kv_lora_ra
 d_nope = sympy.Symbol("d_nope", **_DIM)  # MLA: each head's query/key part without RoPE
 d_rope = sympy.Symbol("d_rope", **_DIM)  # MLA: each head's query/key part with RoPE
 d_v = sympy.Symbol("d_v", **_DIM)  # a value head's size, where it is not d_h
+# Mamba-2 (Dao and Gu 2024, arXiv:2405.21060): its mixer's heads, each head's width, the state
+# per head dimension (d_state), the groups that share B and C (n_groups), the chunk length of the
+# scan (chunk_size) and the causal convolution's width (d_conv)
+H_m = sympy.Symbol("H_m", **_DIM)
+d_m = sympy.Symbol("d_m", **_DIM)
+N_m = sympy.Symbol("N_m", **_DIM)
+G_m = sympy.Symbol("G_m", **_DIM)
+Q_m = sympy.Symbol("Q_m", **_DIM)
+k_m = sympy.Symbol("k_m", **_DIM)
 
 DIMENSIONS = (B, S, D, L, H, H_kv, d_h, F, V, E, K, W, M, F_e, F_s, r_kv, d_nope, d_rope,
-              d_v)
+              d_v, H_m, d_m, N_m, G_m, Q_m, k_m)
 BY_NAME = {sym.name: sym for sym in DIMENSIONS}
 
 # The parallel degrees (`opgraph.parallel.parallel`), like the dimensions: formulas show them,

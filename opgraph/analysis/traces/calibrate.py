@@ -48,6 +48,7 @@ SCALED_BY: dict[str, str | None] = {
     "matmul": "matmul",
     "output_head": "matmul",  # its matrix multiply dominates; the loss is a small share
     "attention": "attention",
+    "scan": None,  # the SSD's small chunk matmuls beside its states' HBM round trip: neither alone
     "norm": "bandwidth",
     "elementwise": "bandwidth",
     "optimizer": "bandwidth",

@@ -80,6 +80,10 @@ KERNEL_RULES: tuple[tuple[str, str], ...] = (
     )),
     ("memory", r"mem(?:cpy|set)"),
     ("attention", r"flash|fmha|sdpa|scaled_dot_product|attention|attn"),
+    # before matmul, whose conv1d it would take: mamba_ssm's SSD kernels ("_chunk_scan_fwd_kernel",
+    # "_chunk_state_bwd_db_kernel", "_state_passing_fwd_kernel", "_bmm_chunk_fwd_kernel"), Mamba-1's
+    # selective scan, and causal-conv1d's kernels
+    ("scan", r"chunk_scan|chunk_state|state_passing|bmm_chunk|selective_scan|causal_conv1d"),
     ("matmul", (
         r"cutlass|xmma|cublas|(?<!fb)gemm|gemv|nvjet|cijk_|rocblas|hipblas"
         r"|[sh]\d*cudnn|convolve|conv_depthwise|conv[123]d|dgrad|wgrad|winograd"

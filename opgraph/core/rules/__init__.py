@@ -1,7 +1,7 @@
 """Per-kind rules for every op kind, one module per kind family, and the per-trait tables made
 from them.
 
-Each family module (`dense`, `attention`, `norm`, `pointwise`, `views`, `moe`, `loss`,
+Each family module (`dense`, `attention`, `ssm`, `norm`, `pointwise`, `views`, `moe`, `loss`,
 `optimizer`, `kernels`) declares its kinds with `base.kind(...)`, every trait of a kind in one
 place: shape and FLOP rules, VJP, its backward kernel's rules, view, sharding roles, context-
 parallel gathers, fusion class, recomputation, FP8 operands, efficiency class, eager kernels,
@@ -39,7 +39,7 @@ from collections.abc import Callable
 import sympy
 
 from ..ir import Graph, Op, Phase, Tensor
-from . import attention, dense, kernels, loss, moe, norm, optimizer, pointwise, views
+from . import attention, dense, kernels, loss, moe, norm, optimizer, pointwise, ssm, views
 from .base import (FLOP_RULES, GROUPS, SAVES, SHAPE_RULES, Example, Kind, Shape, ShapeError,
                    _partials, backward_shape, count_flops, infer_shapes, kind, per_element,
                    per_input, same, scaled, scaled_flops, twice_forward)
@@ -75,6 +75,9 @@ CP_GATHERS: dict[str, tuple[int, ...]] = {}  # attention kind -> the inputs CP g
 FUSION_CLASSES: dict[str, str] = {}  # built-in kind -> its fusion class (`fusion.KIND_CLASSES`)
 DEFINED_FUSION_CLASSES: dict[str, str] = {}  # a user's kind -> its class (`define_kind`)
 KEPT: dict[str, bool] = {}  # the kinds torchtitan's per-op recomputation keeps (an ordered set)
+# the kinds that carry state along the sequence (a causal convolution, a scan): context
+# parallelism, which cuts the sequence, cannot run them on a shard (an ordered set)
+ALONG_SEQUENCE: dict[str, bool] = {}
 OPERANDS: dict[str, int] = {}  # matrix multiply -> its leading operands (FP8 where all are)
 ACTIVE_FRACTION: dict[str, Callable] = {}  # routed kind -> (tensor, op, weight) -> share read
 FP8_KINDS: dict[str, int] = {}  # kind the FP8 recipe casts -> its weight's dimensions
@@ -118,6 +121,8 @@ def register(k: Kind, *, builtin: bool = True) -> None:
         CP_GATHERS[k.name] = k.cp_gathers
     if k.kept:
         KEPT[k.name] = True
+    if k.along_sequence:
+        ALONG_SEQUENCE[k.name] = True
     classes = FUSION_CLASSES if builtin else DEFINED_FUSION_CLASSES
     if k.fusion_class is not None:
         classes[k.name] = k.fusion_class
@@ -137,7 +142,7 @@ def register(k: Kind, *, builtin: bool = True) -> None:
 
 # Every per-kind table `register` writes rows into, keyed by a kind's (or its backward's) name.
 TABLES = (SHAPE_RULES, FLOP_RULES, VIEWS, VJP_RULES, BACKWARD_COST, SHARDING, CP_GATHERS, KEPT,
-          FUSION_CLASSES, DEFINED_FUSION_CLASSES, *(t for _, t in _ROWS))
+          ALONG_SEQUENCE, FUSION_CLASSES, DEFINED_FUSION_CLASSES, *(t for _, t in _ROWS))
 
 
 def unregister(name: str) -> None:
@@ -153,7 +158,7 @@ def unregister(name: str) -> None:
 
 
 # The families' kinds, in the order the reference table lists them.
-for _family in (dense, norm, attention, pointwise, loss, moe, views, optimizer, kernels):
+for _family in (dense, norm, attention, ssm, pointwise, loss, moe, views, optimizer, kernels):
     for _kind in _family.KINDS:
         register(_kind)
 
@@ -256,7 +261,7 @@ def eager_backward_bytes(kind: str, ins: list[Tensor], outs: list[Tensor],
     rule = EAGER_BACKWARD_BYTES.get(kind)
     return None if rule is None else sympy.sympify(rule(ins, outs, params))
 
-__all__ = ["ACTIVE_FRACTION", "ATTENTION_BACKWARD", "ATTENTION_SCORES", "BACKWARD_COST",
+__all__ = ["ACTIVE_FRACTION", "ALONG_SEQUENCE", "ATTENTION_BACKWARD", "ATTENTION_SCORES", "BACKWARD_COST",
            "BACKWARD_KINDS", "COLLECTIVE_KINDS", "CP_GATHERS", "DEFINED_FUSION_CLASSES",
            "EAGER_BACKWARD_BYTES", "EAGER_BACKWARD_WORKSPACE", "EAGER_BYTES", "EAGER_SAVED",
            "EAGER_WORKSPACE", "EFFICIENCY", "FLOP_RULES", "FORWARD_KINDS", "FP8_KINDS",

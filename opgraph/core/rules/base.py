@@ -239,6 +239,7 @@ class Kind:
     cp_gathers: tuple[int, ...] = ()  # inputs context parallelism gathers (`CP_GATHERS`)
     fusion_class: str | None = None  # what fuses with it (`fusion.CLASSES`)
     kept: bool = False  # selective-op recomputation keeps its output (`KEPT`)
+    along_sequence: bool = False  # it carries state along the sequence (`ALONG_SEQUENCE`)
     operands: int | None = None  # leading operands whose dtype sets its peak (`OPERANDS`)
     active_fraction: Callable | None = None  # a routed weight's share a token reads
     fp8_weight_dims: int | None = None  # the FP8 recipe covers it (`FP8_KINDS`)

@@ -193,6 +193,10 @@ KINDS = (
          vjp="inputs",  # dY * (1 - tanh(x / cap)^2)
          backward_flops=per_input(SOFTCAP_BACKWARD_FLOPS),  # tanh recomputed, dY * (1 - t^2)
          example=Example((x_((B, S, V)),), (("cap", 30),))),
+    # ReLU squared, max(x, 0)^2 (So et al. 2021, Primer; HF's "relu2", Megatron's squared_relu;
+    # Nemotron-4's and Nemotron-H's MLPs): the max and a multiply; backward 2 x dY where x > 0
+    kind("relu2", shape=_same_shape, flops=per_element(RELU_FLOPS + 1),
+         backward_flops=per_input(3), fusion_class="pointwise", example=Example((x_((B, S, F)),))),
     kind("relu", shape=_same_shape, flops=per_element(RELU_FLOPS),  # max(x, 0)
          backward_flops=per_input(RELU_BACKWARD_FLOPS),  # dY where x > 0
          fusion_class="pointwise", example=Example((x_((B, S, F)),))),

@@ -8,8 +8,21 @@ import sympy
 
 from ..ir import Op, Tensor
 from ..symbols import B, D, H, S, d_h, dim
-from .base import (Example, Shape, _always_view, _fmt, _no_backward_flops, _no_flops, _require,
-                   _saved, ids_, kind, same, sums_gradient, x_)
+from .base import (
+    Example,
+    Shape,
+    _always_view,
+    _fmt,
+    _no_backward_flops,
+    _no_flops,
+    _require,
+    _saved,
+    ids_,
+    kind,
+    same,
+    sums_gradient,
+    x_,
+)
 
 
 def _axis(t: Tensor, params: dict) -> int:
@@ -107,10 +120,12 @@ def _split_backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
 def _contiguous_cut(ins: list[Tensor], params: dict) -> bool:
     """A slice or split is a view in place when its pieces are contiguous runs of the input:
     every dim before the cut's axis is 1. Cut further in (each head's first 128 of 192), a piece
-    is strided and the next kernel reads it through a copy."""
+    is strided and the next kernel reads it through a copy, unless `strided` says that kernel
+    reads it in place through its strides (mamba_ssm's convolution and scan kernels do)."""
     x = ins[0]
     axis = _axis(x, params)
-    return not params.get("copy") and all(d == 1 for d in x.shape[:axis])
+    return not params.get("copy") and (bool(params.get("strided"))
+                                       or all(d == 1 for d in x.shape[:axis]))
 
 
 def _in_place_concat(ins: list[Tensor], params: dict) -> bool:
@@ -122,6 +137,13 @@ def _backward_of_cut(ins: list[Tensor], params: dict) -> bool:
     """A concatenation's backward cuts dY back into pieces: a view when the cut is contiguous."""
     dys, _, _ = _saved(ins, params)
     return _contiguous_cut(dys[:1], params)
+
+
+def _strided_join(ins: list[Tensor], params: dict) -> bool:
+    """A `strided` split's backward: its readers' backward kernels write their gradients into
+    the pieces of one buffer in place (mamba_ssm's fused backward allocates dzxbcdt and hands
+    out views of it), so no join is run."""
+    return bool(params.get("strided")) and not params.get("copy")
 
 
 def _split_vjp(ctx, op: Op) -> list[Op]:
@@ -148,6 +170,7 @@ KINDS = (
     kind("split", shape=_split_shape, flops=_no_flops, vjp=_split_vjp,
          backward_flops=_no_backward_flops,  # the pieces' gradients joined
          backward_shape=_split_backward_shape, view=_contiguous_cut,
+         backward_view=_strided_join,
          example=Example((x_((B, S, 2 * D)),), (("axis", -1), ("sizes", (D, D))))),
     kind("concat", shape=_concat_shape, flops=_no_flops,
          backward_flops=_no_backward_flops,  # dY cut back into the inputs' pieces
