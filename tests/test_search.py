@@ -72,6 +72,8 @@ def _sampled(searcher: Searcher, space: Space, seed: int, k: int
     ("mixtral-8x7b", 32, 64, 4096, "calibrated"),
     # two layer stacks: pipelines split the expert layers, the dense one on the first stage
     ("deepseek-v2-lite", 8, 16, 1024, "calibrated"),
+    # a Mamba-2 hybrid: one stack per layer kind, the scan's kernels, no CP nor PP
+    ("nemotron-3-nano", 16, 32, 2048, "calibrated"),
 ])
 def test_search_figures_are_profiles_on_a_random_sample(searchers, model, gpus, batch, seq,
                                                         cost):

@@ -216,3 +216,16 @@ def test_the_step_runs_on_a_part_with_its_expert_parallel_layout():
     step = compile_parallel(g, Parallel(dp=16, ep=8, framework="megatron"), precision="fp8")
     kinds = {o.kind for o in step.ops()}
     assert {"ssd_chunk_scan", "ssd_chunk_scan_backward", "all_to_all", "relu2"} <= kinds
+
+
+def test_plan_searches_a_hybrid_without_context_or_pipeline_parallelism(capsys):
+    """The layouts a plan lists for a Mamba-2 hybrid have CP 1 and PP 1 (the scan runs along the
+    whole sequence; the pattern's order is not a stack to cut); asking for CP is one line."""
+    assert main(["plan", "--model", "nemotron-3-nano", "--gpus", "16", "--tokens", "262144",
+                 "--top", "5", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["layouts"]
+    assert found and all(r["cp"] == 1 and r["pp"] == 1 for r in found)
+    assert main(["plan", "--model", "nemotron-3-nano", "--gpus", "16", "--tokens", "262144",
+                 "--cp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "leave out --cp" in err and len(err.strip().splitlines()) == 1

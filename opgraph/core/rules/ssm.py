@@ -5,7 +5,7 @@ runs it (section 6; `mamba_ssm.ops.triton.ssd_combined`, the kernels Megatron-Co
 
 The scan is two ops, the kernels' split: `ssd_chunk_state` sums each chunk of Q tokens into the
 state it hands on (`_chunk_state_fwd`, then `_state_passing_fwd` carrying it across the chunks),
-written to HBM in FP32, [B, S/Q, H x P x N]; `ssd_chunk_scan` reads those states back with the
+written to HBM in FP32, [B, ceil(S/Q), H x P x N]; `ssd_chunk_scan` reads those states back with the
 tokens and writes the output (`_bmm_chunk_fwd`'s C B^T within each chunk, `_chunk_scan_fwd`).
 Their bytes are their tensors', so the states' round trip through HBM is counted (the state
 passing's own read and write of them, one more round trip, is not). Per token and head
@@ -77,6 +77,12 @@ def _check_dt(x: Tensor, dt: Tensor, heads) -> None:
              lambda: f"dt {dt.name} {_fmt(dt.shape)} is not [B, S, heads {heads}]")
 
 
+def _chunks(x: Tensor, chunk) -> sympy.Expr:
+    """The chunks of the sequence of `x` [B, S, ...]: the last one padded (mamba_ssm's
+    `nchunks = ceil(seqlen / chunk_size)`)."""
+    return sympy.ceiling(x.shape[1] / chunk)
+
+
 def _state_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     """(x, dt, dt_bias, A, B) -> the chunk states [B, S/Q, H x P x N]."""
     _require(len(ins) == 5, "ssd_chunk_state reads x, dt, dt_bias, A and B")
@@ -85,7 +91,7 @@ def _state_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     _check_dt(x, dt, heads)
     _per_head(dt_bias, heads, "dt_bias")
     _per_head(a, heads, "A")
-    return [(x.shape[0], x.shape[1] / chunk, heads * p * n)]
+    return [(x.shape[0], _chunks(x, chunk), heads * p * n)]
 
 
 def _state_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
@@ -104,7 +110,7 @@ def _scan_shape(ins: list[Tensor], params: dict) -> list[Shape]:
         _per_head(t, heads, what)
     _require(all(same(u, v) for u, v in zip(c.shape, b.shape)) and len(c.shape) == 3,
              lambda: f"C {_fmt(c.shape)} is not B's shape {_fmt(b.shape)}")
-    expected = (x.shape[0], x.shape[1] / chunk, heads * p * n)
+    expected = (x.shape[0], _chunks(x, chunk), heads * p * n)
     for t in states:
         _require(len(t.shape) == 3 and all(same(u, v) for u, v in zip(t.shape, expected)),
                  lambda t=t: f"states {t.name} {_fmt(t.shape)} are not {_fmt(expected)}")
@@ -152,6 +158,6 @@ KINDS = (
     kind("ssd_chunk_scan", shape=_scan_shape, flops=_scan_flops, vjp=ssd_chunk_scan_backward,
          backward_flops=_scan_backward_flops, along_sequence=True, category="scan",
          example=Example((_X, _DT, *_PER_HEAD, _BC, x_((B, S, G_m * N_m), "C"),
-                          w_((H_m,), "D"), x_((B, S / Q_m, H_m * d_m * N_m), "states")),
+                          w_((H_m,), "D"), x_((B, sympy.ceiling(S / Q_m), H_m * d_m * N_m), "states")),
                          _SCAN)),
 )
