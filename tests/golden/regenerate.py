@@ -33,6 +33,9 @@ CASES = {
     "llama3-8b-tp2-dp4-zero1-fp8": ["--model", "llama3-8b", "--gpus", "8", "--tp", "2",
                                     "--zero", "1", "--global-batch", "8",
                                     "--precision", "fp8", "--cost", "roofline"],
+    # a Mamba-2 hybrid: the SSD scan's kernels, TP over the Mamba heads and groups
+    "nemotron-h-8b-tp2": ["--model", "nemotron-h-8b", "--gpus", "8", "--tp", "2",
+                          "--global-batch", "4", "--cost", "roofline"],
 }
 
 
