@@ -54,8 +54,8 @@ def test_a_mamba_layer_holds_the_mixer_weights_megatron_builds():
 def test_the_ssd_kernels_cost_the_chunked_algorithm():
     """Per token and head (width P, state N, groups G, chunks of Q): the chunk states 2 N P and
     their passing 2 N P / Q; the chunk scan C B^T 2 Q N per group, its product with x 2 Q P, the
-    incoming state 2 N P, the skip 2 P; its backward twice both, with the states recomputed. The
-    states travel through HBM in FP32."""
+    incoming state 2 N P, the skip 2 P. Backward: the scan's kernel twice its forward with the
+    states recomputed, the chunk state's twice its own. The states cross HBM in FP32."""
     g = preset("nemotron-3-nano")
     tokens, h, p, n, grp, q = NANO.seq_len, NANO.mamba_heads, NANO.mamba_head_dim, NANO.state, \
         NANO.groups, NANO.chunk
@@ -75,19 +75,27 @@ def test_the_ssd_kernels_cost_the_chunked_algorithm():
     (grad,) = [o for o in step.ops() if o.forward == "mamba_layers.chunk_scan"]
     own = rules.count_flops(grad.kind, [step.tensor(t) for t in grad.inputs],
                             [step.tensor(t) for t in grad.outputs], dict(grad.params))
-    assert _value(own, g) == 2 * scan_flops + 3 * state_flops
+    assert _value(own, g) == 2 * scan_flops + state_flops  # the states re-run once
+    (grad,) = [o for o in step.ops() if o.forward == "mamba_layers.chunk_state"]
+    own = rules.count_flops(grad.kind, [step.tensor(t) for t in grad.inputs],
+                            [step.tensor(t) for t in grad.outputs], dict(grad.params))
+    # and one add an element accumulating into the gradients the scan's kernel wrote first
+    partials = tokens * h * p + tokens * h + 2 * h + tokens * grp * n  # x, dt, dt_bias, A, B
+    assert _value(own, g) == 2 * state_flops + partials
 
 
 def test_the_backward_recomputes_the_states_rather_than_keeping_them():
+    """No backward kernel reads the chunk states (mamba_ssm recomputes them); the scan's
+    backward writes the states' gradient, which the chunk state's backward reads."""
     step = compile_step(preset("nemotron-3-nano"))
     states = step.op("mamba_layers.chunk_state").outputs[0]
     assert [o.name for o in step.consumers(states)] == ["mamba_layers.chunk_scan"]
-    assert not any(o.phase is Phase.BACKWARD and o.forward == "mamba_layers.chunk_state"
-                   for o in step.ops())
-    (grad,) = [o for o in step.ops() if o.forward == "mamba_layers.chunk_scan"]
-    wrote = {step.tensor(t).grad_of for t in grad.outputs}
+    (scan,) = [o for o in step.ops() if o.forward == "mamba_layers.chunk_scan"]
     forward = step.op("mamba_layers.chunk_scan")
-    assert wrote == set(forward.inputs[:-1])  # x, dt, dt_bias, A, B, C, D; not the states
+    assert {step.tensor(t).grad_of for t in scan.outputs} == set(forward.inputs)
+    (state,) = [o for o in step.ops() if o.forward == "mamba_layers.chunk_state"]
+    d_states = next(t for t in scan.outputs if step.tensor(t).grad_of == states)
+    assert d_states in state.inputs and states not in state.inputs
 
 
 def test_the_split_pieces_are_strided_views_both_ways():

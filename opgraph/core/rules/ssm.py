@@ -15,9 +15,13 @@ passing's own read and write of them, one more round trip, is not). Per token an
 - chunk scan: C B^T within the chunk, 2 Q N per group; its masked product with x, 2 Q P; C
   times the chunk's incoming state, 2 N P; the skip D x, 2 P.
 
-The backward is one kernel, as `mamba_ssm`'s autograd function is one node: it recomputes the
-chunk states from x, B and dt (so no state is kept for it) and writes the gradients of x, dt,
-B, C and the per-head weights. Its FLOPs: twice both forward kernels', plus the states' re-run.
+The backward follows the same split (mamba_ssm's `_mamba_chunk_scan_combined_bwd`): the chunk
+scan's kernel recomputes the chunk states from x, B and dt, so no state is kept for it, and
+writes the gradients of its inputs and of the states (`_chunk_scan_bwd_dstates` and its
+neighbours; FLOPs twice the scan's plus the states' re-run); the chunk state's kernel carries the
+states' gradient back across the chunks and on to x, dt and B (`_state_passing_bwd`,
+`_chunk_state_bwd_*`; twice its forward's FLOPs). The plate's convention charges each twice its
+forward op, so there the re-run is not charged; the "derived" convention charges it.
 
 Tensor parallelism splits the heads and the groups (Megatron-Core's `MambaMixer`: `in_proj`
 column-parallel, `out_proj` row-parallel, everything between on each rank's heads); context
@@ -123,20 +127,30 @@ def _scan_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Ex
 
 
 def _scan_backward_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
-    """Twice both forward kernels' FLOPs, and the chunk states recomputed once."""
+    """Twice the chunk scan's FLOPs, and the chunk states recomputed once."""
     _, saved, _ = _saved(ins, params)
-    x, dt, dt_bias, a, b = saved[:5]
-    state = _state_flops([x, dt, dt_bias, a, b], [], params)
-    return 2 * _scan_flops(list(saved), [], params) + 3 * state
+    return 2 * _scan_flops(list(saved), [], params) + _state_flops(list(saved[:5]), [], params)
+
+
+def _scan_backward_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """The gradients of the chunk scan's inputs at `wrt`, from the saved ones (the states',
+    which are not saved, from x and B)."""
+    _, saved, _ = _saved(ins, params)
+    shapes = [t.shape for t in saved] + _state_shape(list(saved[:5]), params)
+    wrt = params.get("wrt", ())
+    _require(all(0 <= i < len(shapes) for i in wrt), lambda: f"wrt {wrt} out of range")
+    return [shapes[i] for i in wrt]
 
 
 def ssd_chunk_scan_backward(ctx, op) -> list:
-    """The SSD's backward, one kernel: dY, x, dt, dt_bias, A, B, C and D read (not the states:
-    it recomputes them), the gradients of all but the states written."""
+    """The chunk scan's backward, one kernel: dY, x, dt, dt_bias, A, B, C and D read (not the
+    states: it recomputes them), every input's gradient written, the states' too, which
+    `ssd_chunk_state`'s backward carries on to x, dt and B."""
     *saved, _ = op.inputs  # the states come last
     dy = ctx.grad(op.outputs[0])
-    kernel = ctx.emit(op, "grad", "ssd_chunk_scan_backward", [dy, *saved], saved, dys=1,
-                      saved_inputs=len(saved), saved_outputs=0, wrt=ctx.wrt(op, saved))
+    kernel = ctx.emit(op, "grad", "ssd_chunk_scan_backward", [dy, *saved], list(op.inputs),
+                      dys=1, saved_inputs=len(saved), saved_outputs=0,
+                      wrt=ctx.wrt(op, list(op.inputs)))
     return [kernel] if kernel else []
 
 
@@ -152,11 +166,12 @@ KINDS = (
                           w_((H_m * d_m + 2 * G_m * N_m, k_m)),
                           w_((H_m * d_m + 2 * G_m * N_m,), "b")))),
     kind("ssd_chunk_state", shape=_state_shape, flops=_state_flops,
-         vjp=None,  # the scan's one backward kernel recomputes the states (ssd_chunk_scan)
+         vjp="inputs",  # dStates back through the chunks, then to x, dt and B
          along_sequence=True, category="scan",
          example=Example((_X, _DT, *_PER_HEAD, _BC), _SCAN)),
     kind("ssd_chunk_scan", shape=_scan_shape, flops=_scan_flops, vjp=ssd_chunk_scan_backward,
-         backward_flops=_scan_backward_flops, along_sequence=True, category="scan",
+         backward_flops=_scan_backward_flops, backward_shape=_scan_backward_shape,
+         along_sequence=True, category="scan",
          example=Example((_X, _DT, *_PER_HEAD, _BC, x_((B, S, G_m * N_m), "C"),
                           w_((H_m,), "D"), x_((B, sympy.ceiling(S / Q_m), H_m * d_m * N_m), "states")),
                          _SCAN)),
