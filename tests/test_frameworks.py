@@ -1193,3 +1193,17 @@ def test_megatrons_dispatcher_sorts_received_tokens_by_local_expert():
     for layout in (Parallel(ep=4, dp=4), Parallel(ep=4, dp=4, framework="torchtitan"),
                    Parallel(dp=4, framework="megatron")):
         assert not any(o.kind == "moe_sort" for o in compile_parallel(f, layout).ops())
+
+
+def test_a_bucket_share_keeps_its_floor_over_two_degrees():
+    """Megatron-LM's bucket is at least 40 M parameters: an expert weight of 469,762,048 / (ep
+    x tp) parameters (Mixtral's gate projections) at ep 2, tp 8 is 0.734 of one, whether the
+    dimensions are put in first (the planner) or with the degrees (profile). sympy 1.14 drops
+    the floor from Max(40e6, c / (ep x tp)) for positive integer degrees, which made the
+    planner charge every such weight a call of its own."""
+    from opgraph.core.symbols import edp, ep, tp
+    from opgraph.parallel.frameworks import bucket_share
+
+    share = bucket_share(469_762_048 / (ep * tp), edp)
+    assert float(share.xreplace({ep: 2, tp: 8, edp: 2})) == pytest.approx(469_762_048 / 16 / 40e6)
+    assert float(share.xreplace({ep: 1, tp: 1, edp: 2})) == 1.0  # a weight past a bucket

@@ -506,10 +506,12 @@ def bucket_params(ranks):
 
 def bucket_share(numel, ranks):
     """A weight of `numel` parameters' share of its bucket's one call: numel / bucket, and
-    1 for a weight as large as a bucket (a bucket holds whole weights). Written numel /
-    Max(bucket, numel), not Min(1, numel / bucket): sympy evaluates that Min to 1 over the
-    degree symbols, wrongly."""
-    return numel / sympy.Max(bucket_params(ranks), numel)
+    1 for a weight as large as a bucket (a bucket holds whole weights). Written
+    1 / Max(1, bucket / numel): sympy (1.14) takes c / (ep x tp) - 40,000,000 to be
+    nonnegative for positive integer degrees, so Min(1, numel / bucket) and Max(bucket,
+    numel) collapse, wrongly, once the model's dimensions are numbers and the degrees are
+    not (the planner's formulas); the degrees in the numerator leave it nothing to collapse."""
+    return 1 / sympy.Max(1, bucket_params(ranks) / numel)
 
 
 def sharding(layout: Parallel) -> int:
