@@ -25,6 +25,13 @@ Policies (`POLICIES`, or any predicate `(graph, op) -> bool` over forward ops in
   layer is re-run. (torchtitan also re-runs every second matmul; that is not modelled.)
 - "full": every op of the layer is re-run before its backward; each layer keeps only its input,
   the region's carried tensor.
+- "selective:" and Megatron-Core's modules (its `--recompute-modules`, RECOMPUTE_MODULES:
+  core_attn, layernorm, moe_act, moe, shared_experts, mlp, mla_up_proj) joined by "+": the
+  ops each re-runs, found from the dataflow (`blocks`: a layer's residual blocks, each a norm
+  read from the residual stream and the ops up to the add that joins the stream; `_module_ops`
+  says which of a block's ops each module takes). Megatron's output-discarding modules
+  (layernorm, moe_act, mla_up_proj) and its checkpointed ones (moe, mlp, shared_experts) both
+  come out as a re-run whose outputs the backward reads instead of kept ones.
 
     >>> from opgraph.models import preset
     >>> from opgraph.core.pipeline import compile_step
@@ -40,12 +47,13 @@ from collections.abc import Callable
 import attrs
 
 from opgraph.core import rules
+from opgraph.core.choices import RECOMPUTE_MODULES, SELECTIVE, recompute_policy
 from opgraph.core.contracts import RECOMPUTE, contract, step_pass
-from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Graph, Op, Phase
 
 ATTENTION_CORE = ("attention_scores", "flash_attention")  # and the P.V matmul that reads scores
 SAVE_KINDS = rules.KEPT  # the matmuls and the attention kernel (a kind's `kept`)
+MODULES = RECOMPUTE_MODULES  # Megatron-Core's recompute modules ("selective:core_attn+moe")
 
 
 def _none(graph: Graph, op: Op) -> bool:
@@ -87,6 +95,131 @@ POLICIES: dict[str, Callable[[Graph, Op], bool]] = {
 }
 
 
+# --- Megatron-Core's modules ("selective:layernorm+moe"): each layer's residual blocks -------
+
+NORMS = ("rmsnorm", "layernorm")
+ACTIVATIONS = ("swiglu", "geglu", "gelu", "relu", "relu2")
+
+
+@attrs.frozen
+class Block:
+    """One residual block of a layer: its `norm` (read from the residual stream), the ops
+    after it up to the add that joins its output to the stream (`ops`, in order), and its kind:
+    "attention", "moe" (it routes to experts), "mamba" (it scans along the sequence) or "mlp"."""
+
+    norm: Op
+    ops: tuple[Op, ...]
+    kind: str
+
+
+def blocks(graph: Graph) -> list[Block]:
+    """Each region's residual blocks, found from the dataflow: the residual stream is the
+    region's entering carries and every `add` that reads the stream; a block opens at a norm
+    that reads the stream and holds every forward op downstream of it, within the region, that
+    does not read the stream itself (the residual add, the next block's norm)."""
+    out = []
+    for region in graph.regions():
+        ops = [op for op in graph.ops()
+               if op.phase is Phase.FORWARD and op.region == region.name]
+        stream = {entering for entering, _ in region.carries}
+        for op in ops:
+            if op.kind == "add" and any(n in stream for n in op.inputs):
+                stream.update(op.outputs)
+        for norm in ops:
+            if norm.kind not in NORMS or norm.inputs[0] not in stream:
+                continue
+            inside, frontier = set(), list(norm.outputs)
+            while frontier:
+                for reader in graph.consumers(frontier.pop()):
+                    if (reader.phase is Phase.FORWARD and reader.region == region.name
+                            and reader.name not in inside
+                            and not any(n in stream for n in reader.inputs)):
+                        inside.add(reader.name)
+                        frontier.extend(reader.outputs)
+            members = tuple(op for op in ops if op.name in inside)
+            kinds = {op.kind for op in members}
+            kind = ("attention" if kinds & {*ATTENTION_CORE} else
+                    "moe" if "expert_matmul" in kinds else
+                    "mamba" if kinds & set(rules.ALONG_SEQUENCE) else "mlp")
+            out.append(Block(norm, members, kind))
+    return out
+
+
+def _upstream(ops: tuple[Op, ...], of: set[str], graph: Graph) -> set[str]:
+    """The names of `ops` whose outputs reach an op named in `of` (within `ops`)."""
+    names = {op.name for op in ops}
+    found, frontier = set(), [graph.op(n) for n in of]
+    while frontier:
+        for n in frontier.pop().inputs:
+            p = graph.producer(n)
+            if p is not None and p.name in names and p.name not in found:
+                found.add(p.name)
+                frontier.append(p)
+    return found
+
+
+def _downstream(ops: tuple[Op, ...], of: set[str], graph: Graph) -> set[str]:
+    """The names of `ops` that read, through `ops`, an output of an op named in `of`."""
+    names = {op.name for op in ops}
+    found, frontier = set(), [graph.op(n) for n in of]
+    while frontier:
+        for t in frontier.pop().outputs:
+            for r in graph.consumers(t):
+                if r.name in names and r.name not in found:
+                    found.add(r.name)
+                    frontier.append(r)
+    return found
+
+
+def _module_ops(graph: Graph, block: Block, module: str) -> set[str]:
+    """The ops of `block` Megatron-Core's recompute module `module` re-runs
+    (`TransformerConfig.recompute_modules`): core_attn the attention core; layernorm the
+    block's norm (input_layernorm, pre_mlp_layernorm; not Mamba's, a layer of another class);
+    moe_act the routed experts' activation; moe the whole mixture of experts, shared experts
+    and collectives in it; shared_experts the ops of a mixture that neither feed its router nor
+    follow its routing; mlp a dense MLP; mla_up_proj the attention's up-projections, the ops
+    after its inner (latent) norms that feed its core."""
+    ops = block.ops
+    if module == "core_attn":
+        return {op.name for op in ops if _attention_core(graph, op)}
+    if module == "layernorm":
+        return {block.norm.name} if block.kind != "mamba" else set()
+    if block.kind == "moe" and module == "moe":
+        return {op.name for op in ops}
+    if block.kind == "moe" and module == "moe_act":
+        return {op.name for op in ops if op.kind in ACTIVATIONS and any(
+            (p := graph.producer(n)) is not None and p.kind == "expert_matmul"
+            for n in op.inputs)}
+    if block.kind == "moe" and module == "shared_experts":
+        routing = {op.name for op in ops if op.kind == "topk"}
+        router = {p.name for op in ops if op.kind == "topk"
+                  for p in map(graph.producer, op.inputs) if p is not None}
+        return ({op.name for op in ops} - routing - router - _upstream(ops, router, graph)
+                - _downstream(ops, routing, graph))
+    if block.kind == "mlp" and module == "mlp":
+        return {op.name for op in ops}
+    if block.kind == "attention" and module == "mla_up_proj":
+        core = {op.name for op in ops if _attention_core(graph, op)}
+        latent = {op.name for op in ops if op.kind in NORMS}
+        return (_downstream(ops, latent, graph) & _upstream(ops, core, graph)) - core
+    return set()
+
+
+def modules_policy(modules: tuple[str, ...]) -> Callable[[Graph, Op], bool]:
+    """The predicate of Megatron-Core's selective recomputation of `modules` (names of
+    `choices.RECOMPUTE_MODULES`): whether an op is one they re-run. Worked out once per graph."""
+    memo: dict = {}
+
+    def chosen(graph: Graph, op: Op) -> bool:
+        if memo.get("graph") is not graph:
+            memo["graph"] = graph
+            memo["names"] = {name for block in blocks(graph) for m in modules
+                             for name in _module_ops(graph, block, m)}
+        return op.name in memo["names"]
+    chosen.__name__ = f"_recompute_{'_'.join(modules)}"
+    return chosen
+
+
 @attrs.frozen
 class Recomputed:
     """What the pass re-ran: the re-run ops, and the forward tensors the backward kernels now
@@ -105,11 +238,10 @@ def copy_name(tensor: str) -> str:
 def _policy(policy) -> Callable[[Graph, Op], bool]:
     if callable(policy):
         return policy
-    try:
-        return POLICIES[policy]
-    except KeyError:
-        raise OpgraphError(f"unknown recompute policy {policy!r}; choose one of "
-                           f"{', '.join(POLICIES)}") from None
+    name = recompute_policy(policy)  # one line for a policy it is not
+    if name.startswith(SELECTIVE):
+        return modules_policy(tuple(name[len(SELECTIVE):].split("+")))
+    return POLICIES[name]
 
 
 def _handed(graph: Graph) -> set[str]:
@@ -167,5 +299,5 @@ def recompute(graph: Graph, policy="none") -> Graph:
     return rewrite_recompute(graph, policy)[0]
 
 
-__all__ = ["ATTENTION_CORE", "POLICIES", "SAVE_KINDS", "Recomputed", "copy_name", "plan",
-           "recompute", "rewrite_recompute"]
+__all__ = ["ATTENTION_CORE", "Block", "MODULES", "POLICIES", "SAVE_KINDS", "Recomputed", "blocks",
+           "copy_name", "modules_policy", "plan", "recompute", "rewrite_recompute"]

@@ -47,7 +47,9 @@ def test_the_defaults_are_the_models_sequence_and_the_parts_cluster():
 
 
 @pytest.mark.parametrize("fields, says", [
-    ({"recompute": "most"}, "job recompute 'most': give a recompute policy, one of none"),
+    ({"recompute": "most"}, "job recompute 'most': give one of none"),
+    ({"recompute": "selective:moe,moe_act"}, "job recompute 'selective:moe,moe_act': write it "
+                                             "'selective:moe_act+moe'"),
     ({"precision": "fp4"}, "job precision 'fp4': give a precision"),
     ({"fuse": "all"}, "job fuse 'all': give a fusion policy"),
     ({"adamw": "adam"}, "job adamw 'adam'"),

@@ -717,20 +717,30 @@ def test_a_megatron_layout_opgraph_cannot_hold_is_one_line(layout, words):
 
 
 @pytest.mark.parametrize("modules, policy", [
-    ("", "selective"), ("core_attn", "selective"), ("core_attn mla_up_proj", "selective"),
-    ("mla_up_proj", "none"), ("moe_act layernorm", "none")])
+    ("", "selective"), ("core_attn", "selective"),
+    ("core_attn mla_up_proj", "selective:core_attn+mla_up_proj"),
+    ("mla_up_proj", "selective:mla_up_proj"),
+    ("moe_act layernorm", "selective:layernorm+moe_act")])
 def test_megatron_selective_recomputation_reruns_the_listed_modules(modules, policy):
     """Megatron-Core's selective recomputation re-runs the modules --recompute-modules lists,
     the attention core where none are given (TransformerConfig.recompute_modules): opgraph's
-    selective is the attention core, so a list without core_attn re-runs nothing it models,
-    and the modules it does not model are reported."""
+    "selective" is the attention core, any other list "selective:" and its modules, which
+    Megatron's arguments written back list again."""
     text = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
             "--vocab-size 1000 --micro-batch-size 1 --bf16 --recompute-granularity selective"
             + (f" --recompute-modules {modules}" if modules else ""))
     launch = read_megatron(text, gpus=1)
     assert launch.recompute == policy
-    assert ("--recompute-modules" in " ".join(launch.unknown)) == (
-        bool(modules) and modules != "core_attn")
+    assert "--recompute-modules" not in " ".join(launch.unknown)
+    assert read_megatron(to_megatron(launch), gpus=1).recompute == policy
+
+
+def test_an_unknown_megatron_recompute_module_is_one_line():
+    text = ("--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 128 "
+            "--vocab-size 1000 --micro-batch-size 1 --bf16 --recompute-granularity selective "
+            "--recompute-modules core_attn attn_proj")
+    assert "'attn_proj' is not one of Megatron-Core's modules" in one_line_error(
+        read_megatron, text, gpus=1)
 
 
 def test_a_reduce_dtype_neither_framework_runs_is_refused():
@@ -909,9 +919,8 @@ def test_megatron_bridge_keys_it_does_not_model_are_reported():
     launch = read_megatron("--recipe gemma2_2b_pretrain_config model.cuda_graph_impl=full "
                            "model.recompute_granularity=selective "
                            "model.recompute_modules=[core_attn,mlp]", gpus=2)
-    assert launch.unknown == ("model.cuda_graph_impl",
-                              "model.recompute_modules=['core_attn', 'mlp']")
-    assert launch.recompute == "selective"
+    assert launch.unknown == ("model.cuda_graph_impl",)
+    assert launch.recompute == "selective:core_attn+mlp"  # the modules, modelled
 
 
 @pytest.mark.parametrize("args, words", [

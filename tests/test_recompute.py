@@ -152,12 +152,14 @@ def test_none_changes_nothing(llama):
 
 
 def test_bad_policies_are_one_line_errors(llama, cli):
-    with pytest.raises(OpgraphError, match="unknown recompute policy 'some'"):
+    with pytest.raises(OpgraphError, match="recompute 'some': give one of none, selective"):
         recompute(derive_backward(llama), "some")
+    with pytest.raises(OpgraphError, match="'mlp_act' is not one of Megatron-Core's modules"):
+        recompute(derive_backward(llama), "selective:mlp_act")
     with pytest.raises(ValueError, match="no backward"):
         recompute(llama, "full")
     code, _out, err = cli("profile", "--recompute", "some")
-    assert code == 2 and "invalid choice" in err and "Traceback" not in err
+    assert code == 2 and "argument --recompute" in err and "Traceback" not in err
 
 
 def test_cli_echoes_the_policy_and_reports_the_peak(cli):
@@ -185,3 +187,85 @@ def test_sweep_and_profile_agree_on_a_recomputed_step(steps):
                                   H100.peak_flops, H100.bandwidth)
     assert row["step_time_s"][0] == pytest.approx(p.step_time_s, rel=1e-9)
     assert row["hfu_ceiling"][0] == pytest.approx(p.hfu_ceiling, rel=1e-9)
+
+
+# --- Megatron-Core's modules ("selective:...") ---------------------------------------------------
+
+def _rerun(model, policy):
+    return rewrite_recompute(compile_step(preset(model)), policy)[1]
+
+
+def test_a_layers_blocks_are_found_from_the_dataflow():
+    """Each block opens at a norm read from the residual stream and runs to the add that joins
+    it: Llama's attention and MLP, Mixtral's attention and experts, Nemotron's three kinds,
+    Gemma 2's norm after each sublayer inside its block."""
+    from opgraph.passes.recompute import blocks
+
+    def kinds(model):
+        return [(b.norm.name, b.kind) for b in blocks(compile_step(preset(model)))]
+    assert kinds("llama3-8b") == [("layers.attn_norm", "attention"), ("layers.mlp_norm", "mlp")]
+    assert kinds("mixtral-8x7b") == [("layers.attn_norm", "attention"),
+                                     ("layers.mlp_norm", "moe")]
+    assert [k for _, k in kinds("nemotron-3-nano")] == ["mamba", "attention", "moe"]
+    gemma = blocks(compile_step(preset("gemma2-2b")))
+    assert all(any(op.kind == "rmsnorm" for op in b.ops) for b in gemma)  # the post-norms
+
+
+def test_megatron_modules_rerun_their_ops_and_free_what_the_backward_read():
+    """mlp: Llama's gate, up, SwiGLU and down re-run, their three inner outputs no longer kept
+    (the down projection's output feeds only the residual add, whose backward keeps nothing);
+    moe_act: Mixtral's experts' SwiGLU, its output freed; layernorm: both norms, their outputs
+    freed; core_attn alone is "selective"."""
+    mlp = _rerun("llama3-8b", "selective:mlp")
+    assert mlp.ops == ("layers.gate_proj.re", "layers.up_proj.re", "layers.swiglu.re",
+                       "layers.down_proj.re")
+    assert mlp.freed == ("layers.gate_proj", "layers.swiglu", "layers.up_proj")
+    act = _rerun("mixtral-8x7b", "selective:moe_act")
+    assert act.ops == ("layers.experts.swiglu.re",) and act.freed == ("layers.experts.swiglu",)
+    norms = _rerun("llama3-8b", "selective:layernorm")
+    assert norms.ops == ("layers.attn_norm.re", "layers.mlp_norm.re")
+    assert norms.freed == ("layers.attn_norm", "layers.mlp_norm")
+    step = compile_step(preset("llama3-8b"))
+    assert str(recompute(step, "selective:core_attn")) == str(recompute(step, "selective"))
+
+
+def test_the_moe_module_reruns_the_whole_mixture_with_its_collectives():
+    """moe: under TP 2 with sequence parallelism and EP 4 (Megatron-LM), the router, the
+    dispatch's all-gathers and all-to-alls, the experts, the combine: every op between the
+    pre-MLP norm and the residual add, the norm itself not (layernorm is its own module)."""
+    from opgraph.parallel.distributed import compile_parallel
+    from opgraph.parallel.parallel import Parallel
+
+    step = compile_parallel(preset("mixtral-8x7b"), Parallel(
+        tp=2, ep=4, dp=4, sequence_parallel=True, framework="megatron"),
+        recompute="selective:moe")
+    rerun = [op for op in step.ops() if op.name.endswith(".re")]
+    assert {"matmul", "topk", "moe_permute", "expert_matmul", "all_gather", "all_to_all",
+            "reduce_scatter", "moe_combine"} <= {op.kind for op in rerun}
+    # nothing of the attention block (Megatron's re-gather of its input under SP aside)
+    assert not {op.kind for op in rerun if "attn" in op.name} - {"all_gather"}
+    assert "layers.mlp_norm.re" not in {op.name for op in rerun}
+
+
+def test_shared_experts_and_mla_up_projections_are_their_modules():
+    """DeepSeek-V2-Lite: shared_experts re-runs the shared experts' four ops, nothing of the
+    router or the routed experts; mla_up_proj the up-projection from the K/V latent after its
+    norm and what reshapes it for the core, not the core."""
+    shared = _rerun("deepseek-v2-lite", "selective:shared_experts")
+    assert shared.ops == tuple(f"layers.shared_experts.{n}.re"
+                               for n in ("gate_proj", "up_proj", "swiglu", "down_proj"))
+    up = _rerun("deepseek-v2-lite", "selective:mla_up_proj")
+    assert "layers.kv_b_proj.re" in up.ops and "dense_layers.kv_b_proj.re" in up.ops
+    assert not any(".attn" in name or "kv_a_proj" in name for name in up.ops)
+
+
+def test_a_modules_policy_has_one_spelling_everywhere(cli):
+    """The CLI, a layout's text and a case take "selective:" and modules in any order, commas
+    or "+", and say them in RECOMPUTE_MODULES' order joined by "+"."""
+    from opgraph.parallel.parallel import parse_layout
+
+    code, out, _err = cli("profile", "--model", "mixtral-8x7b", "--recompute",
+                          "selective:moe_act,layernorm")
+    assert code == 0 and "--recompute selective:layernorm+moe_act" in out
+    assert parse_layout("tp2 dp4 selective:moe+moe_act")[1] == {
+        "recompute": "selective:moe_act+moe"}

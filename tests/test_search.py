@@ -108,6 +108,19 @@ def test_a_frameworks_own_passes_are_profile_too(searchers, model, gpus, batch, 
             _same_as_profile(searcher, row, searcher.forward, searcher.cost)
 
 
+def test_megatron_recompute_modules_are_profile_too(searchers):
+    """A plan held to Megatron-Core's recompute modules (`--recompute selective:...`): a random
+    layout of each of several structures is `profile`'s."""
+    searcher = searchers("mixtral-8x7b", 4096)
+    space = Space(gpus=32, batch=64, framework="megatron",
+                  recompute=("selective:layernorm+moe_act+moe",))
+    rng, sampled = _sampled(searcher, space, 5, 3)
+    for group in sampled:
+        row = rng.choice(group)
+        assert row.recompute == "selective:layernorm+moe_act+moe"
+        _same_as_profile(searcher, row, searcher.forward, searcher.cost)
+
+
 def test_folded_experts_are_searched_and_their_figures_are_profiles(searchers):
     """`plan --expert-tp 1`: every layout it lists with TP folds its experts (sequence
     parallel, EP 2 or more, EP dividing tp x dp x cp, some beyond dp x cp), and a random layout
@@ -594,8 +607,10 @@ def test_sequence_parallel_constraint_keeps_only_tensor_parallel_layouts():
 def test_space_rejects_contradictions():
     with pytest.raises(OpgraphError, match="contradicts"):
         Space(gpus=8, batch=8, pp=1, virtual_stages=2)
-    with pytest.raises(OpgraphError, match="choose from"):
+    with pytest.raises(OpgraphError, match="--recompute 'some': give one of none"):
         Space(gpus=8, batch=8, recompute=("some",))
+    with pytest.raises(OpgraphError, match="write it 'selective:moe_act\\+moe'"):
+        Space(gpus=8, batch=8, recompute=("selective:moe,moe_act",))
 
 
 @pytest.mark.parametrize("model, seq, constraints", [

@@ -47,6 +47,17 @@ positive_int = whole(MAX_COUNT)
 FLOAT_RANGE = (1e-9, 1e9)
 
 
+def recompute(text: str) -> str:
+    """A recompute policy (`choices.recompute_policy`): a name, or selective: and Megatron-Core's
+    modules."""
+    from ..core.choices import recompute_policy
+
+    try:
+        return recompute_policy(text)
+    except OpgraphError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

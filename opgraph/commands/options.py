@@ -12,10 +12,10 @@ from ..core.choices import (
     COST_MODELS,
     FUSION_POLICIES,
     PRECISIONS,
-    RECOMPUTE_POLICIES,
+    RECOMPUTE_MODULES,
 )
 from ..core.limits import MAX_DIM, MAX_TOKENS
-from .args import positive_float, whole
+from .args import positive_float, recompute, whole
 
 
 def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
@@ -53,11 +53,12 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
                    help="backward costs: 2x the forward's FLOPs and bytes (plate, default); "
                         "FLOPs so, bytes from the tensors each backward kernel touches "
                         "(tensors); or each kernel's own FLOPs and tensors (derived)")
-    g.add_argument("--recompute", choices=RECOMPUTE_POLICIES, default="none",
+    g.add_argument("--recompute", type=recompute, default="none", metavar="POLICY",
                    help="activation recomputation: none (default); selective, Megatron's "
-                        "(the attention core re-run); selective-op, torchtitan's per-op "
-                        "(matmul and attention outputs kept, the rest re-run); full (each "
-                        "layer keeps its input and runs its forward again)")
+                        "(the attention core re-run); selective:MODULE+... Megatron-Core's "
+                        f"--recompute-modules ({', '.join(RECOMPUTE_MODULES)}); selective-op, "
+                        "torchtitan's per-op (matmul and attention outputs kept, the rest "
+                        "re-run); full (each layer keeps its input and runs its forward again)")
     g.add_argument("--precision", choices=PRECISIONS, default="bf16",
                    help="the layers' matmuls in bf16 (default) or fp8 (tensor-wise scaling, "
                         "as torchao and Transformer Engine: FP8 operands at the part's FP8 "

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 import sys
 
-from ..core.choices import PRECISIONS, RECOMPUTE_POLICIES
+from ..core.choices import PRECISIONS
 from ..core.choices import ZERO_STAGES as ZERO
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
-from .args import check_command_outputs, json_text, positive_float, whole
+from .args import check_command_outputs, json_text, positive_float, recompute, whole
 
 EMITS = ("torchtitan", "megatron")
 # The degrees a constraint fixes (--tp 8) or bounds (--max-tp 4), as the help names them.
@@ -83,8 +83,10 @@ def register(subparsers) -> None:
                     help="only layouts with sequence parallelism")
     sp.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_false",
                     help="only layouts without it")
-    c.add_argument("--recompute", choices=tuple(RECOMPUTE_POLICIES), action="append",
-                   help="only this recomputation policy (repeatable; default: every one)")
+    c.add_argument("--recompute", type=recompute, action="append", metavar="POLICY",
+                   help="only this recomputation policy (repeatable; default: none, selective, "
+                        "selective-op and full; selective:MODULE+... for Megatron-Core's "
+                        "--recompute-modules)")
     c.add_argument("--precision", choices=PRECISIONS, action="append",
                    help="only this precision (repeatable; default: bf16, and fp8 where the "
                         "part has an FP8 peak)")

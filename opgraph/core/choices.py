@@ -8,7 +8,8 @@ order:
 
 - `BACKWARD_MODES`, `COST_MODELS`: `opgraph.cost.costmodel` (which imports them from here);
 - `FUSION_POLICIES`: `opgraph.core.fusion.POLICIES`;
-- `RECOMPUTE_POLICIES`: `opgraph.passes.recompute.POLICIES`;
+- `RECOMPUTE_POLICIES`: `opgraph.passes.recompute.POLICIES` (`RECOMPUTE_MODULES`: its
+  `MODULES`);
 - `PRECISIONS`: `opgraph.passes.precision` (imports it from here);
 - `ADAMW_OPTIONS`: `opgraph.passes.attach_adamw.ADAMW_OPTIONS`;
 - `ZERO_STAGES`, `FRAMEWORKS`, `GRAD_REDUCE_DTYPES`, `ATTENTION_LIBRARIES`:
@@ -18,6 +19,8 @@ order:
 
 from __future__ import annotations
 
+from .errors import OpgraphError
+
 # How a backward kernel is costed (`opgraph.cost.costmodel`): 2x its forward op (the plate), FLOPs
 # so and bytes from its own tensors, or its own FLOP rule and tensors.
 BACKWARD_MODES = ("plate", "tensors", "derived")
@@ -25,8 +28,37 @@ BACKWARD_MODES = ("plate", "tensors", "derived")
 COST_MODELS = ("roofline", "calibrated")
 # `--fuse`: element-wise and norm chains fused, and with a matmul's prologue and epilogue.
 FUSION_POLICIES = ("elementwise", "elementwise+matmul")
-# `--recompute`: activation recomputation (`passes.recompute`).
+# `--recompute`: activation recomputation (`passes.recompute`), by name, or "selective:" and a
+# list of Megatron-Core's modules (its `--recompute-modules`; "selective" alone is its default,
+# the attention core).
 RECOMPUTE_POLICIES = ("none", "selective", "selective-op", "full")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "moe", "shared_experts", "mlp",
+                     "mla_up_proj")
+SELECTIVE = "selective:"
+
+
+def recompute_policy(value) -> str:
+    """`value` as a recompute policy's one spelling: a name of RECOMPUTE_POLICIES, or
+    "selective:" and Megatron-Core's modules joined by "+" (or commas), each once, in
+    RECOMPUTE_MODULES' order ("selective:core_attn" is "selective"); OpgraphError, one line,
+    for anything else.
+
+        >>> recompute_policy("selective:moe_act,core_attn")
+        'selective:core_attn+moe_act'
+    """
+    if isinstance(value, str) and value in RECOMPUTE_POLICIES:
+        return value
+    if isinstance(value, str) and value.startswith(SELECTIVE):
+        given = [m.strip() for m in value[len(SELECTIVE):].replace(",", "+").split("+")]
+        unknown = [m for m in given if m not in RECOMPUTE_MODULES]
+        if not unknown:
+            modules = [m for m in RECOMPUTE_MODULES if m in given]
+            return "selective" if modules == ["core_attn"] else SELECTIVE + "+".join(modules)
+        raise OpgraphError(f"recompute {value[:60]!r}: {unknown[0][:20]!r} is not one of "
+                           f"Megatron-Core's modules ({', '.join(RECOMPUTE_MODULES)})")
+    raise OpgraphError(f"recompute {str(value)[:60]!r}: give one of "
+                       f"{', '.join(RECOMPUTE_POLICIES)}, or selective:MODULE+... with "
+                       f"Megatron-Core's modules ({', '.join(RECOMPUTE_MODULES)})")
 # `--precision`: the layers' matmuls in BF16 or FP8 (`passes.precision`).
 PRECISIONS = ("bf16", "fp8")
 # `--adamw`: AdamW's precisions (`passes.attach_adamw`).

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import attrs
 
-from ..core.choices import ATTENTION_LIBRARIES, CP_COMMS
+from ..core.choices import ATTENTION_LIBRARIES, CP_COMMS, recompute_policy
 from ..core.datafile import read_small
 from ..core.errors import OpgraphError
 from ..core.fusion import POLICIES as FUSION_POLICIES
@@ -53,7 +53,6 @@ from ..cost import hardware as parts
 from ..parallel import cluster as clusters
 from ..parallel.parallel import FRAMEWORKS, GRAD_REDUCE_DTYPES, Parallel
 from ..passes.precision import PRECISIONS
-from ..passes.recompute import POLICIES as RECOMPUTE_POLICIES
 
 SHIPPED = Path(__file__).parents[1] / "data" / "validation.json"
 CASES_MAX_BYTES = 8 << 20  # a few hundred cases with notes; the shipped file is about 50 KiB
@@ -349,6 +348,15 @@ def _choice(choices: Callable[[], tuple[str, ...]], what: str):
     return read
 
 
+def _recompute(value, where: str, key: str) -> str:
+    """A recompute policy (`choices.recompute_policy`): a name, or selective: and Megatron-Core's
+    modules."""
+    try:
+        return recompute_policy(value)
+    except OpgraphError as e:
+        raise OpgraphError(f"{where}: {key}: {e}") from None
+
+
 def _model(value, where: str, key: str):
     from opgraph.models import PRESETS
 
@@ -377,7 +385,7 @@ READERS: dict[str, Callable] = {
     "cluster": _choice(lambda: tuple(clusters.catalog()), "a catalog cluster"),
     "gpus": _whole,
     "seq_len": _whole,
-    "recompute": _choice(lambda: tuple(RECOMPUTE_POLICIES), "a recompute policy"),
+    "recompute": _recompute,
     "precision": _choice(lambda: PRECISIONS, "a precision"),
     "fuse": _choice(lambda: FUSE_CHOICES, "a fusion policy"),
     "fused_attention": _flag,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..core.choices import ADAMW_OPTIONS, FUSION_POLICIES, PRECISIONS, RECOMPUTE_POLICIES
+from ..core.choices import ADAMW_OPTIONS, FUSION_POLICIES, PRECISIONS, recompute_policy
 from ..core.errors import OpgraphError
 from ..core.ir import Graph
 from ..core.limits import MAX_DIM, check_whole
@@ -36,6 +36,16 @@ def _one_of(choices: tuple, what: str):
             shown = ", ".join(str(c) for c in choices)
             raise OpgraphError(f"job {attribute.name} {value!r}: give {what}, one of {shown}")
     return check
+
+
+def _recompute(job, attribute, value) -> None:
+    """A recompute policy in its one spelling (`choices.recompute_policy`)."""
+    try:
+        spelled = recompute_policy(value)
+    except OpgraphError as e:
+        raise OpgraphError(f"job {e}") from None
+    if spelled != value:
+        raise OpgraphError(f"job recompute {value!r}: write it {spelled!r}")
 
 
 def _typed(kind: type, what: str):
@@ -63,8 +73,7 @@ class JobSpec:
     hardware: Hardware = attrs.field(validator=_typed(Hardware, "a part, hardware.get(...)"))
     layout: Parallel = attrs.field(validator=_typed(Parallel, "a Parallel layout"))
     seq_len: int = attrs.field(default=attrs.Factory(_default_seq_len, takes_self=True))
-    recompute: str = attrs.field(default="none",
-                                 validator=_one_of(RECOMPUTE_POLICIES, "a recompute policy"))
+    recompute: str = attrs.field(default="none", validator=_recompute)
     precision: str = attrs.field(default="bf16", validator=_one_of(PRECISIONS, "a precision"))
     fuse: str | None = attrs.field(default=None,
                                    validator=_one_of((None, *FUSION_POLICIES), "a fusion policy"))

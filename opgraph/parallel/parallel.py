@@ -485,6 +485,7 @@ def parse_layout(text: str) -> tuple[dict, dict]:
         >>> parse_layout("tp8,pp4 zero1 full")
         ({'tp': 8, 'pp': 4, 'zero': 1}, {'recompute': 'full'})
     """
+    from ..core.choices import SELECTIVE, recompute_policy
     from ..passes.precision import PRECISIONS
     from ..passes.recompute import POLICIES
 
@@ -513,8 +514,8 @@ def parse_layout(text: str) -> tuple[dict, dict]:
             put(fields, "sequence_parallel", True, word)
         elif word in CP_COMMS:
             put(fields, "cp_comm", word, word)
-        elif word in POLICIES:
-            put(options, "recompute", word, word)
+        elif word in POLICIES or word.startswith(SELECTIVE):
+            put(options, "recompute", recompute_policy(word), word)
         elif word in PRECISIONS:
             put(options, "precision", word, word)
         else:
@@ -522,6 +523,7 @@ def parse_layout(text: str) -> tuple[dict, dict]:
                 f"layout {shown!r}: {word[:20]!r} is not a layout word; write a degree and "
                 f"its number ({', '.join(LAYOUT_WORDS)}: tp8, mb2), pp16(7/.../7) for uneven "
                 f"end stages, sp, {' or '.join(CP_COMMS)} (context parallelism's "
-                f"communication), a recomputation ({', '.join(POLICIES)}) or a precision "
+                f"communication), a recomputation ({', '.join(POLICIES)}, or selective: and "
+                "Megatron-Core's modules) or a precision "
                 f"({', '.join(PRECISIONS)})")
     return fields, options

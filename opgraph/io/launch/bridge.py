@@ -32,8 +32,9 @@ from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel
+from ...core.choices import SELECTIVE
 from .record import (MEGATRON_SHARDING, Launch, _whole_text, data_parallel, launcher,
-                     megatron_recompute, own_framework)
+                     megatron_modules, megatron_recompute, own_framework)
 
 BRIDGE_SOURCE = "megatron-bridge recipe"
 BRIDGE_SCRIPT = "scripts/training/run_recipe.py"
@@ -286,15 +287,12 @@ def _zero(s: dict) -> int:
 
 
 def _recompute(s: dict, unknown: list[str]) -> str:
-    """As Megatron-LM's flags (`record.megatron_recompute`); modules beside the attention
-    core are reported as not modelled."""
+    """As Megatron-LM's flags (`record.megatron_recompute`)."""
     granularity, method = s["model.recompute_granularity"], s["model.recompute_method"]
     modules = s["model.recompute_modules"]
     if modules is not None and not isinstance(modules, list):
         raise OpgraphError(f"Megatron-Bridge model.recompute_modules={modules}: give a list of "
                            "module names, such as [core_attn]")
-    if granularity == "selective" and modules not in (None, ["core_attn"]):
-        unknown.append(f"model.recompute_modules={modules}")
     policy = megatron_recompute(granularity, method, s["model.recompute_num_layers"], modules)
     if policy is None:
         raise OpgraphError(f"Megatron-Bridge model.recompute_granularity={granularity} with "
@@ -344,10 +342,13 @@ def to_bridge(launch: Launch) -> str:
         "ddp.overlap_param_gather": p.overlap_param_gather,
         "mixed_precision": "bf16_with_fp8_current_scaling_mixed" if launch.precision == "fp8"
                            else "bf16_mixed",
-        "model.recompute_granularity": {"none": None}.get(launch.recompute, launch.recompute),
+        "model.recompute_granularity": ("selective" if launch.recompute.startswith(SELECTIVE)
+                                        else None if launch.recompute == "none"
+                                        else launch.recompute),
         "model.recompute_method": "uniform" if launch.recompute == "full" else None,
         "model.recompute_num_layers": 1 if launch.recompute == "full" else None,
-        "model.recompute_modules": "[core_attn]" if launch.recompute == "selective" else None,
+        "model.recompute_modules": (f"[{','.join(megatron_modules(launch.recompute))}]"
+                                    if launch.recompute.startswith("selective") else None),
     }
     values |= {f"model.{k}_fusion": launch.fuse is not None
                for k in ("bias_activation", "bias_dropout", "masked_softmax")}

@@ -12,13 +12,14 @@ from opgraph.models.gpt2 import GPT2Config
 from opgraph.models.llama import LlamaConfig
 
 from ...core.datafile import read_small
+from ...core.choices import SELECTIVE
 from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
 from ...parallel.frameworks import reduce_dtype
 from ...parallel.parallel import Parallel, chunk_layers
 from .bridge import BRIDGE_PRESETS, is_bridge, read_bridge, to_bridge
 from .record import (MEGATRON_SHARDING, PRESET_CONFIGS, Config, Launch, _config, _not_real,
-                     _real_names, _whole_text, data_parallel, launcher,
+                     _real_names, _whole_text, data_parallel, launcher, megatron_modules,
                      megatron_recompute, own_framework)
 
 MEGATRON_SOURCE = "megatron arguments"
@@ -178,9 +179,9 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     flash or fused the attention library (FlashAttention-2 or cuDNN's; auto, the default,
     cuDNN's on Hopper).
     Recomputation: selective (--recompute-activations, or --recompute-granularity selective),
-    the attention core where --recompute-modules lists core_attn or is not given (its other
-    modules are not modelled, and said so: `_mg_recompute`), or full with --recompute-method
-    uniform --recompute-num-layers 1 (every layer; other methods are an error). Precision:
+    the modules --recompute-modules lists (the attention core where it is not given;
+    `_mg_recompute`), or full with --recompute-method uniform --recompute-num-layers 1 (every
+    layer; other methods are an error). Precision:
     --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
     Megatron's hand-fused kernels (bias-GeLU, bias-dropout-add, softmax) are read as elementwise
     fusion, unless a --no-...-fusion flag turns one off.
@@ -604,18 +605,14 @@ def _mg_cp_comm(flags: _Flags) -> str:
 def _mg_recompute(flags: _Flags) -> str:
     """Selective recomputation re-runs the modules --recompute-modules lists, ["core_attn"]
     where none are given (Megatron-Core's `TransformerConfig.recompute_modules`): the attention
-    core is opgraph's "selective"; any other module (mla_up_proj, moe_act, layernorm, ...) is
-    not modelled and is reported as such, and without core_attn nothing modelled is re-run."""
+    core is opgraph's "selective", other lists "selective:" and the modules
+    (`record.megatron_recompute`)."""
     granularity = flags.text("--recompute-granularity")
     method = flags.text("--recompute-method")
     count = flags.whole("--recompute-num-layers")
     if flags.switch("--recompute-activations"):
         granularity = "selective"  # as Megatron's arguments.py sets it
-    modules = None
-    if "--recompute-modules" in flags:
-        modules = flags.flags["--recompute-modules"]
-        if modules != ["core_attn"]:
-            flags.read.discard("--recompute-modules")  # other modules are not modelled: left over
+    modules = flags.flags["--recompute-modules"] if "--recompute-modules" in flags else None
     policy = megatron_recompute(granularity, method, count, modules)
     if policy is None:
         raise OpgraphError(f"Megatron full recomputation with --recompute-method {method} "
@@ -772,6 +769,9 @@ def _mg_recompute_args(recompute: str) -> list[str]:
     if recompute == "selective-op":
         raise OpgraphError("Megatron has no per-op selective recomputation ('selective-op'); "
                            "give selective (attention core), full or none")
+    if recompute.startswith(SELECTIVE):
+        return ["--recompute-granularity", "selective", "--recompute-modules",
+                *megatron_modules(recompute)]
     return {"none": [], "selective": ["--recompute-granularity", "selective"],
             "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
                      "--recompute-num-layers", "1"]}[recompute]

@@ -17,7 +17,8 @@ from opgraph.models.deepseek import DeepSeekV2Config
 from opgraph.models.gpt2 import GPT2Config
 from opgraph.models.llama import LlamaConfig
 
-from ...core.choices import FUSION_POLICIES, PRECISIONS, RECOMPUTE_POLICIES
+from ...core.choices import (FUSION_POLICIES, PRECISIONS, RECOMPUTE_POLICIES, SELECTIVE,
+                             recompute_policy)
 from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIGITS, MAX_DIM, check_whole
 from ...parallel.parallel import Parallel
@@ -38,14 +39,25 @@ def megatron_recompute(granularity: str | None, method: str | None, count: int |
                        modules: list[str] | None) -> str | None:
     """Megatron-Core's recomputation (`TransformerConfig`'s recompute_granularity, _method,
     _num_layers and _modules) as opgraph's policy. Selective re-runs the listed modules,
-    ["core_attn"] where none are listed: the attention core is opgraph's "selective", and
-    without it nothing opgraph models is re-run ("none"); full is opgraph's "full" where it
-    re-runs every layer (uniform, one layer at a time), and None (not modelled) otherwise."""
+    ["core_attn"] where none are listed: opgraph's "selective" (the attention core), else
+    "selective:" and the modules (`choices.recompute_policy`: an unknown one is an error);
+    full is opgraph's "full" where it re-runs every layer (uniform, one layer at a time), and
+    None (not modelled) otherwise."""
     if granularity is None:
         return "none"
     if granularity == "selective":
-        return "selective" if "core_attn" in (modules or ["core_attn"]) else "none"
+        if not modules:
+            return "none" if modules == [] else "selective"
+        return recompute_policy(SELECTIVE + "+".join(modules))
     return "full" if method == "uniform" and count == 1 else None
+
+
+def megatron_modules(recompute: str) -> list[str]:
+    """The `--recompute-modules` of an opgraph "selective" policy (`megatron_recompute`'s
+    inverse): ["core_attn"] for "selective", the listed ones for "selective:..."."""
+    if recompute == "selective":
+        return ["core_attn"]
+    return recompute[len(SELECTIVE):].split("+")
 
 
 GPUS_PER_NODE = 8  # the nodes a written launcher line assumes (DGX / HGX: 8 GPUs each)
@@ -122,6 +134,16 @@ def _one_of(choices: tuple):
     return check
 
 
+def _recompute(launch, attribute, value) -> None:
+    """A recompute policy in its one spelling (`choices.recompute_policy`)."""
+    try:
+        spelled = recompute_policy(value)
+    except OpgraphError as e:
+        raise OpgraphError(f"launch {e}") from None
+    if spelled != value:
+        raise OpgraphError(f"launch recompute {value!r}: write it {spelled!r}")
+
+
 def _check_model(launch, attribute, value) -> None:
     if isinstance(value, GPT2Config) and value.variant_flags():
         # Megatron's and torchtitan's GPT-2 form has none of OPT's, NeoX's, BLOOM's or Falcon's
@@ -155,7 +177,7 @@ class Launch:
     model: str | Config = attrs.field(validator=_check_model)
     seq_len: int | None = attrs.field(default=None, validator=_check_seq_len)
     parallel: Parallel = attrs.field(factory=Parallel, converter=_resolved)
-    recompute: str = attrs.field(default="none", validator=_one_of(RECOMPUTE))
+    recompute: str = attrs.field(default="none", validator=_recompute)
     precision: str = attrs.field(default="bf16", validator=_one_of(PRECISIONS))
     fuse: str | None = attrs.field(default=None, validator=_one_of(FUSE))
     unknown: tuple[str, ...] = attrs.field(default=(), converter=tuple, eq=False)

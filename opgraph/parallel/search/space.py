@@ -11,7 +11,7 @@ import attrs
 import sympy
 
 from ...core import rules
-from ...core.choices import CP_COMMS, DEEPSPEED
+from ...core.choices import CP_COMMS, DEEPSPEED, recompute_policy
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
 from ...core.limits import MAX_MICRO_BATCHES
@@ -129,10 +129,16 @@ class Space:
         # experts at the degrees that check nothing else)
         Parallel(**self.framework_settings() | {"expert_tp": self.expert_tp and 1},
                  cp=self.cp or 2)
-        for name, allowed in (("recompute", RECOMPUTE), ("precision", PRECISIONS)):
-            for value in getattr(self, name) or ():
-                if value not in allowed:
-                    raise OpgraphError(f"--{name} {value!r}: choose from {', '.join(allowed)}")
+        for value in self.recompute or ():
+            try:
+                spelled = recompute_policy(value)
+            except OpgraphError as e:
+                raise OpgraphError(f"--{e}") from None
+            if spelled != value:
+                raise OpgraphError(f"--recompute {value!r}: write it {spelled!r}")
+        for value in self.precision or ():
+            if value not in PRECISIONS:
+                raise OpgraphError(f"--precision {value!r}: choose from {', '.join(PRECISIONS)}")
 
     def expert_tps(self, t: int) -> list:
         """The experts' tensor-parallel degrees the space tries at tensor-parallel degree `t`:
