@@ -17,8 +17,9 @@ def register(subparsers) -> None:
         description="Predict each run of a case file (default `dev`: the 80 published runs "
                     "shipped with opgraph, from Megatron-LM, DeepSpeed, torchtitan, nanotron and "
                     "SimuMax's B200 runs; `playbook-sweep`: the Ultrascale Playbook's 656 "
-                    "measured layouts; `holdout`: the 266 published runs of torchtitan, "
-                    "Megatron-Bridge, LLM Foundry and Megatron-DeepSpeed that no fit reads) "
+                    "measured layouts; `holdout`: the 270 published runs of torchtitan, "
+                    "Megatron-Bridge, NeMo AutoModel, LLM Foundry and Megatron-DeepSpeed that "
+                    "no fit reads) "
                     "and print measured and predicted step time, the error "
                     "of each, each family's mean absolute error, and the runs opgraph cannot "
                     "model, with the reason.")
