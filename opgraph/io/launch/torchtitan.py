@@ -457,9 +457,9 @@ def to_torchtitan(launch: Launch) -> str:
         raise OpgraphError("torchtitan's context parallelism is ring attention (its rotate "
                            "methods pass keys and values around the ring); the all-to-all "
                            "(--cp-comm a2a) has no torchtitan form")
-    if launch.recompute == "selective":
-        raise OpgraphError("torchtitan has no attention-core ('selective') recomputation; give "
-                           "selective-op, full or none")
+    if launch.recompute.startswith("selective") and launch.recompute != "selective-op":
+        raise OpgraphError(f"torchtitan has no Megatron-style selective recomputation "
+                           f"({launch.recompute!r}); give selective-op, full or none")
     if p.tp > 1 and _has_experts(launch.model):
         raise OpgraphError("torchtitan runs the experts whole on each TP rank "
                            "(expert_tensor_parallel_degree 1) where opgraph splits them over "
