@@ -145,29 +145,19 @@ def blocks(graph: Graph) -> list[Block]:
     return out
 
 
-def _upstream(ops: tuple[Op, ...], of: set[str], graph: Graph) -> set[str]:
-    """The names of `ops` whose outputs reach an op named in `of` (within `ops`)."""
+def _reach(ops: tuple[Op, ...], of: set[str], graph: Graph, down: bool) -> set[str]:
+    """The names of `ops` that read, through `ops`, an output of an op named in `of` (`down`),
+    or whose outputs reach one (not `down`)."""
     names = {op.name for op in ops}
     found, frontier = set(), [graph.op(n) for n in of]
     while frontier:
-        for n in frontier.pop().inputs:
-            p = graph.producer(n)
-            if p is not None and p.name in names and p.name not in found:
-                found.add(p.name)
-                frontier.append(p)
-    return found
-
-
-def _downstream(ops: tuple[Op, ...], of: set[str], graph: Graph) -> set[str]:
-    """The names of `ops` that read, through `ops`, an output of an op named in `of`."""
-    names = {op.name for op in ops}
-    found, frontier = set(), [graph.op(n) for n in of]
-    while frontier:
-        for t in frontier.pop().outputs:
-            for r in graph.consumers(t):
-                if r.name in names and r.name not in found:
-                    found.add(r.name)
-                    frontier.append(r)
+        op = frontier.pop()
+        near = ([r for t in op.outputs for r in graph.consumers(t)] if down
+                else [p for p in map(graph.producer, op.inputs) if p is not None])
+        for other in near:
+            if other.name in names and other.name not in found:
+                found.add(other.name)
+                frontier.append(other)
     return found
 
 
@@ -194,14 +184,14 @@ def _module_ops(graph: Graph, block: Block, module: str) -> set[str]:
         routing = {op.name for op in ops if op.kind == "topk"}
         router = {p.name for op in ops if op.kind == "topk"
                   for p in map(graph.producer, op.inputs) if p is not None}
-        return ({op.name for op in ops} - routing - router - _upstream(ops, router, graph)
-                - _downstream(ops, routing, graph))
+        return ({op.name for op in ops} - routing - router - _reach(ops, router, graph, False)
+                - _reach(ops, routing, graph, True))
     if block.kind == "mlp" and module == "mlp":
         return {op.name for op in ops}
     if block.kind == "attention" and module == "mla_up_proj":
         core = {op.name for op in ops if _attention_core(graph, op)}
         latent = {op.name for op in ops if op.kind in NORMS}
-        return (_downstream(ops, latent, graph) & _upstream(ops, core, graph)) - core
+        return (_reach(ops, latent, graph, True) & _reach(ops, core, graph, False)) - core
     return set()
 
 
@@ -299,5 +289,5 @@ def recompute(graph: Graph, policy="none") -> Graph:
     return rewrite_recompute(graph, policy)[0]
 
 
-__all__ = ["ATTENTION_CORE", "Block", "MODULES", "POLICIES", "SAVE_KINDS", "Recomputed", "blocks",
+__all__ = ["ATTENTION_CORE", "MODULES", "POLICIES", "SAVE_KINDS", "Block", "Recomputed", "blocks",
            "copy_name", "modules_policy", "plan", "recompute", "rewrite_recompute"]

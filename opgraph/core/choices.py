@@ -59,6 +59,17 @@ def recompute_policy(value) -> str:
     raise OpgraphError(f"recompute {str(value)[:60]!r}: give one of "
                        f"{', '.join(RECOMPUTE_POLICIES)}, or selective:MODULE+... with "
                        f"Megatron-Core's modules ({', '.join(RECOMPUTE_MODULES)})")
+
+
+def check_recompute(value, where: str) -> None:
+    """OpgraphError, one line headed by `where` ("job ", "launch ", "--"), unless `value` is a
+    recompute policy in its one spelling (`recompute_policy`)."""
+    try:
+        spelled = recompute_policy(value)
+    except OpgraphError as e:
+        raise OpgraphError(f"{where}{e}") from None
+    if spelled != value:
+        raise OpgraphError(f"{where}recompute {value!r}: write it {spelled!r}")
 # `--precision`: the layers' matmuls in BF16 or FP8 (`passes.precision`).
 PRECISIONS = ("bf16", "fp8")
 # `--adamw`: AdamW's precisions (`passes.attach_adamw`).

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..core.choices import ADAMW_OPTIONS, FUSION_POLICIES, PRECISIONS, recompute_policy
+from ..core.choices import ADAMW_OPTIONS, FUSION_POLICIES, PRECISIONS, check_recompute
 from ..core.errors import OpgraphError
 from ..core.ir import Graph
 from ..core.limits import MAX_DIM, check_whole
@@ -39,13 +39,7 @@ def _one_of(choices: tuple, what: str):
 
 
 def _recompute(job, attribute, value) -> None:
-    """A recompute policy in its one spelling (`choices.recompute_policy`)."""
-    try:
-        spelled = recompute_policy(value)
-    except OpgraphError as e:
-        raise OpgraphError(f"job {e}") from None
-    if spelled != value:
-        raise OpgraphError(f"job recompute {value!r}: write it {spelled!r}")
+    check_recompute(value, "job ")
 
 
 def _typed(kind: type, what: str):

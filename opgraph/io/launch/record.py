@@ -18,7 +18,7 @@ from opgraph.models.gpt2 import GPT2Config
 from opgraph.models.llama import LlamaConfig
 
 from ...core.choices import (FUSION_POLICIES, PRECISIONS, RECOMPUTE_POLICIES, SELECTIVE,
-                             recompute_policy)
+                             check_recompute, recompute_policy)
 from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIGITS, MAX_DIM, check_whole
 from ...parallel.parallel import Parallel
@@ -135,13 +135,7 @@ def _one_of(choices: tuple):
 
 
 def _recompute(launch, attribute, value) -> None:
-    """A recompute policy in its one spelling (`choices.recompute_policy`)."""
-    try:
-        spelled = recompute_policy(value)
-    except OpgraphError as e:
-        raise OpgraphError(f"launch {e}") from None
-    if spelled != value:
-        raise OpgraphError(f"launch recompute {value!r}: write it {spelled!r}")
+    check_recompute(value, "launch ")
 
 
 def _check_model(launch, attribute, value) -> None:

@@ -11,7 +11,7 @@ import attrs
 import sympy
 
 from ...core import rules
-from ...core.choices import CP_COMMS, DEEPSPEED, recompute_policy
+from ...core.choices import CP_COMMS, DEEPSPEED, check_recompute
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
 from ...core.limits import MAX_MICRO_BATCHES
@@ -130,12 +130,7 @@ class Space:
         Parallel(**self.framework_settings() | {"expert_tp": self.expert_tp and 1},
                  cp=self.cp or 2)
         for value in self.recompute or ():
-            try:
-                spelled = recompute_policy(value)
-            except OpgraphError as e:
-                raise OpgraphError(f"--{e}") from None
-            if spelled != value:
-                raise OpgraphError(f"--recompute {value!r}: write it {spelled!r}")
+            check_recompute(value, "--")
         for value in self.precision or ():
             if value not in PRECISIONS:
                 raise OpgraphError(f"--precision {value!r}: choose from {', '.join(PRECISIONS)}")
