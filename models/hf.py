@@ -58,7 +58,9 @@ Defaults follow `transformers` where it has a rule rather than a model's number:
   `num_key_value_heads`; `intermediate_size`; `n_routed_experts`, `num_experts_per_tok`,
   `moe_intermediate_size`), `moe_shared_expert_intermediate_size` absent means no shared
   expert; `conv_kernel` and `chunk_size` (or transformers' `mamba_d_conv`, `mamba_chunk_size`)
-  absent mean 4 and 128; `head_dim` absent means `hidden_size / num_attention_heads`;
+  absent mean 4 and 128 (Megatron-Core's chunk); `head_dim` (or the older
+  `attention_head_dim`) absent means `hidden_size / num_attention_heads`; `n_groups` may be
+  written `mamba_n_groups`;
   `mlp_hidden_act` must be "relu2" (absent: so); `tie_word_embeddings` absent means false. The
   attention has no position encoding, by architecture.
 - GPT-2: `n_positions` (or the older `n_ctx`) is the position table; `n_inner` null means
@@ -417,7 +419,8 @@ def _read_nemotron_h(f: _Fields) -> Graph:
         config = nemotron_h.NemotronHConfig(
             f.name(), d_model=f.int("hidden_size"), pattern=pattern, heads=heads,
             kv_heads=kv_heads,
-            head_dim=(f.int("head_dim", f.int("hidden_size") // heads) if attention else 1),
+            head_dim=(f.int(f.alias("head_dim", "attention_head_dim"),
+                            f.int("hidden_size") // heads) if attention else 1),
             mamba_heads=f.int("mamba_num_heads") if mamba else 1,
             mamba_head_dim=f.int("mamba_head_dim") if mamba else 1,
             state=f.int("ssm_state_size") if mamba else 1,

@@ -180,6 +180,13 @@ def test_the_hf_config_builds_the_preset(tmp_path):
     assert _value(g.parameters(), g) == _value(p.parameters(), p)
     assert g.seq_len == 8192
     assert sorted(r.name for r in g.regions()) == sorted(r.name for r in p.regions())
+    # transformers' older field names (Nemotron-H v0.1's configuration) give the same graph
+    older = {k: v for k, v in NANO_CONFIG.items()
+             if k not in ("head_dim", "n_groups", "conv_kernel", "chunk_size")}
+    older |= {"attention_head_dim": 128, "mamba_n_groups": 8, "mamba_d_conv": 4,
+              "mamba_chunk_size": 128}
+    again = from_config(_write(tmp_path, older))
+    assert str(compile_step(again)) == str(compile_step(g))
 
 
 @pytest.mark.parametrize("change, message", [
