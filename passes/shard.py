@@ -41,9 +41,10 @@ Degrees are symbols (`tp`, `cp`, `ep`, declared in `opgraph.core.symbols`), so e
 cost of the sharded graph is a formula in them; the graph's `dims` gain their values. A degree of 1
 changes nothing: `shard(g, Parallel())` is `g`.
 
-A kind that carries state along the sequence (`rules.ALONG_SEQUENCE`: Mamba-2's convolution
-and scan) is an error under context parallelism (Megatron-Core's hybrid models trade sequence for
-heads by all-to-all there; not modelled).
+- **Context parallelism over a state-space layer** (Megatron-Core's Mamba): the kinds that run
+  along the sequence (`rules.ALONG_SEQUENCE`: Mamba-2's convolution and scan) get the whole
+  sequence of 1/cp of the heads by all-to-all (z, xBC and dt in; the gated output back before
+  the group norm), their per-channel weights sliced to this GPU's heads (`_trade_sequence`).
 
 Left out: the vocabulary-parallel cross-entropy's all-reduces of per-token statistics (3 x 4
 bytes per token, a 1/D-th of a block's); replicating K/V heads when tp exceeds H_kv (an error
@@ -135,6 +136,14 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
                     f"{graph.name}: {sym.name} = {value} heads are not divisible by tp x cp = "
                     f"{layout.tp} x {layout.cp}: the all-to-all gives each GPU whole heads "
                     "(--cp-comm a2a); pick degrees that divide them, or --cp-comm ring")
+    if layout.cp > 1 and any(op.kind in rules.ALONG_SEQUENCE for op in graph.ops()):
+        for sym in (H_m, G_m):
+            value = dims.get(sym.name)
+            if value is not None and value % (layout.tp * layout.cp):
+                raise OpgraphError(
+                    f"{graph.name}: {sym.name} = {value} is not divisible by tp x cp = "
+                    f"{layout.tp} x {layout.cp}: context parallelism gives each GPU whole "
+                    "state-space heads and groups; pick degrees that divide it")
     if layout.tp > 1 and not any(set(TENSOR_SPLITS) & sympy.Add(*w.shape).free_symbols
                                  for w in graph.weights()):
         # a model built on symbols of its own would otherwise run replicated, silently
@@ -197,6 +206,8 @@ class _Sharder:
         self.seq: set[str] = set()  # tensors holding S/tp of the sequence (sequence parallel)
         self.made: dict[tuple, str] = {}  # (tensor, what) -> the inserted op's output
         self.routed: set[str] = set()  # tokens on their experts' GPUs (expert parallel)
+        # the whole sequence of 1/cp of the channels: a state-space layer's, under CP
+        self.heads: set[str] = set()
         self.defined = set(defined_kinds())  # kinds of the user's, whose roles are declared
 
     # --- tensors ----------------------------------------------------------------------------
@@ -284,11 +295,15 @@ class _Sharder:
         for op in src.ops():
             inputs = [self.name[n] for n in op.inputs]
             self._check_role(op, inputs)
-            self._check_sequence(op)
             inputs = self._before(op, inputs)
+            inputs = self._trade_sequence(op, inputs)
             params = {k: _sub(v, self.params) for k, v in op.params}
             if self._a2a(op):  # it runs on a head shard: H/cp of this GPU's heads
                 params |= {k: params[k] / cp for k in ("heads", "kv_heads") if k in params}
+            if any(n in self.heads for n in inputs):  # and a state-space layer's, H_m/cp
+                params |= {k: params[k] / cp for k in ("heads", "groups") if k in params}
+                if "sizes" in params:  # a cut of the channels (x, B, C): 1/cp of each
+                    params["sizes"] = tuple(size / cp for size in params["sizes"])
             ins = [out.tensor(n) for n in inputs]
             if op.kind in RESHAPES and inputs[0] in self.seq:  # it keeps its sequence shard
                 # (the input's extent, context parallelism's share already in it)
@@ -302,6 +317,8 @@ class _Sharder:
                 self.name[name] = name
             out.add_op(Op(op.name, op.kind, op.category, inputs, op.outputs, op.count, op.phase,
                           params, op.forward, op.region))
+            if any(n in self.heads for n in inputs):
+                self.heads.update(op.outputs)
             self._after(op, inputs)
         for region in src.regions():
             carries = [(self.name.get(a, a), self.name.get(b, b)) for a, b in region.carries]
@@ -323,15 +340,50 @@ class _Sharder:
                 "shards=('column', 'contracting') if it multiplies by the weight as a matmul "
                 "does, shards=('local',) if it runs on each shard alone, or leave out --tp")
 
-    def _check_sequence(self, op: Op) -> None:
-        """An op that carries state along the sequence (`rules.ALONG_SEQUENCE`: Mamba-2's
-        convolution and scan) under context parallelism: an error, where each GPU holding a
-        slice of the sequence would run it as if its slice began the sequence."""
-        if self.layout.cp > 1 and op.kind in rules.ALONG_SEQUENCE:
-            raise OpgraphError(
-                f"--cp {self.layout.cp} gives each GPU a slice of the sequence, and {op.name} "
-                f"({op.kind}) runs along the whole of it; opgraph does not model context "
-                "parallelism for state-space layers: leave out --cp")
+    def _trade_sequence(self, op: Op, inputs: list[str]) -> list[str]:
+        """Context parallelism around a state-space layer, as Megatron-Core runs Mamba's
+        (`megatron/core/ssm/mamba_context_parallel.py`): before an op that runs along the
+        sequence (`rules.ALONG_SEQUENCE`), and before an element-wise op or view that meets
+        what one made, each activation on this GPU's sequence shard passes an all-to-all over
+        `cp` to the whole sequence of 1/cp of its channels (`pre_conv_ssm`: z, x, B, C and dt;
+        whole heads and groups, which `check_divides` checks), and the per-channel weights it
+        reads are sliced to this GPU's channels (`get_conv1d_weight`, `get_dt_bias`, ...: views
+        of the whole weight each GPU holds); any other op reading a head shard gets it back on
+        the sequence shard first (`post_conv_ssm`)."""
+        if self.layout.cp == 1:
+            return inputs
+        out = self.out
+        along = op.kind in rules.ALONG_SEQUENCE
+        held = any(n in self.heads for n in inputs)
+        local = along or (held and (rules.VIEWS.get(op.kind) is not None
+                                    or rules.FUSION_CLASSES.get(op.kind) == "pointwise"))
+        inputs = list(inputs)
+        for i, n in enumerate(inputs):
+            t = out.tensor(n)
+            if local and n not in self.heads and t.role is Role.ACTIVATION and len(t.shape) == 3:
+                inputs[i] = self._collective(n, "all_to_all", "cp", op.region, op.count,
+                                             size=cp, **A2A_IN)
+                self.heads.add(inputs[i])
+            elif along and t.role is Role.WEIGHT:
+                inputs[i] = self._channel_slice(n, op)
+            elif not local and n in self.heads:
+                inputs[i] = self._collective(n, "all_to_all", "cp", op.region, op.count,
+                                             size=cp, **A2A_OUT)
+        return inputs
+
+    def _channel_slice(self, source: str, op: Op) -> str:
+        """This GPU's 1/cp of a per-channel weight (its first axis), a view of the whole."""
+        key = (source, "slice", "cp")
+        if key not in self.made:
+            t = self.out.tensor(source)
+            params = {"axis": 0, "size": t.shape[0] / cp}
+            name = f"{source}@cp_shard"
+            self.out.add_tensor(Tensor(name, rules.infer_shapes("slice", [t], params)[0],
+                                       t.dtype, Role.ACTIVATION, op.count, region=op.region))
+            self.out.add_op(Op(f"{source}.cp_shard", "slice", "elementwise", (source,), (name,),
+                               count=op.count, params=params, region=op.region))
+            self.made[key] = name
+        return self.made[key]
 
     def _before(self, op: Op, inputs: list[str]) -> list[str]:
         layout, out = self.layout, self.out

@@ -131,10 +131,40 @@ def test_groups_tensor_parallelism_cannot_divide_are_an_error():
         compile_parallel(nemotron_h.build(c), Parallel(tp=4))
 
 
-def test_context_and_pipeline_parallelism_are_refused_with_the_reason(capsys):
-    assert main(["profile", "--model", "nemotron-3-nano", "--gpus", "8", "--cp", "2"]) == 2
+def test_context_parallelism_trades_the_sequence_for_heads_as_megatron_does():
+    """Megatron-Core's Mamba context parallelism (mamba_context_parallel.py): z, xBC and dt
+    pass an all-to-all from this GPU's S/cp tokens of every channel to all S tokens of 1/cp of
+    them; the convolution and the scan run there on H_m/cp heads and G_m/cp groups, their
+    per-channel weights sliced; the gated output passes one back before the group norm. Each
+    all-to-all moves its tensor once: (S/cp) x width x 2 bytes."""
+    c = nemotron_h.NEMOTRON_H_8B
+    step = compile_parallel(preset("nemotron-h-8b"), Parallel(cp=2))
+    fwd = [o for o in step.ops() if o.phase is Phase.FORWARD and o.region == "mamba_layers"]
+    a2a = {o.inputs[0]: o for o in fwd if o.kind == "all_to_all"}
+    inner, bc = c.mamba_heads * c.mamba_head_dim, c.groups * c.state
+    widths = {"mamba_layers.in_split": inner, "mamba_layers.in_split:1": inner + 2 * bc,
+              "mamba_layers.in_split:2": c.mamba_heads, "mamba_layers.gate": inner}
+    assert set(a2a) == set(widths) and all(o.param("group") == "cp" for o in a2a.values())
+    for source, width in widths.items():
+        sent = step.tensor(a2a[source].inputs[0])
+        assert _value(sent.nbytes, step) == c.seq_len // 2 * width * 2
+    scan = step.op("mamba_layers.chunk_scan")
+    assert (_value(scan.param("heads"), step), _value(scan.param("groups"), step)) == (
+        c.mamba_heads // 2, c.groups // 2)
+    conv = step.op("mamba_layers.conv1d")
+    assert [_value(d, step) for d in step.tensor(conv.inputs[1]).shape] == [
+        (inner + 2 * bc) // 2, 4]
+    norm = step.op("mamba_layers.mixer_norm")
+    assert step.producer(norm.inputs[0]).kind == "all_to_all"
+    assert _value(step.tensor(norm.inputs[0]).shape[1], step) == c.seq_len // 2
+
+
+def test_degrees_a_hybrid_cannot_take_are_one_line(capsys):
+    """Whole Mamba heads and groups per GPU (tp x cp divides both), and no pipeline over the
+    pattern."""
+    assert main(["profile", "--model", "nemotron-h-8b", "--gpus", "16", "--cp", "16"]) == 2
     err = capsys.readouterr().err
-    assert "slice of the sequence" in err and "leave out --cp" in err and len(
+    assert "G_m = 8 is not divisible by tp x cp = 1 x 16" in err and len(
         err.strip().splitlines()) == 1
     assert main(["profile", "--model", "nemotron-3-nano", "--gpus", "8", "--pp", "2"]) == 2
     assert "leave out --pp" in capsys.readouterr().err
@@ -233,14 +263,24 @@ def test_the_step_runs_on_a_part_with_its_expert_parallel_layout():
     assert {"ssd_chunk_scan", "ssd_chunk_scan_backward", "all_to_all", "relu2"} <= kinds
 
 
-def test_plan_searches_a_hybrid_without_context_or_pipeline_parallelism(capsys):
-    """The layouts a plan lists for a Mamba-2 hybrid have CP 1 and PP 1 (the scan runs along the
-    whole sequence; the pattern's order is not a stack to cut); asking for CP is one line."""
-    assert main(["plan", "--model", "nemotron-3-nano", "--gpus", "16", "--tokens", "262144",
-                 "--top", "5", "--json"]) == 0
-    found = json.loads(capsys.readouterr().out)["layouts"]
-    assert found and all(r["cp"] == 1 and r["pp"] == 1 for r in found)
-    assert main(["plan", "--model", "nemotron-3-nano", "--gpus", "16", "--tokens", "262144",
-                 "--cp", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "leave out --cp" in err and len(err.strip().splitlines()) == 1
+def test_plan_searches_a_hybrid_with_context_parallelism_as_profile_runs_it():
+    """A long-sequence plan of a Mamba-2 hybrid takes context parallelism, no pipeline; its
+    figures for a CP layout are profile's (1e-9), the all-to-alls around the scan included."""
+    from opgraph.parallel.distributed import profile_parallel
+    from opgraph.parallel.search import Searcher, Space, rows
+
+    forward, h100 = preset("nemotron-h-8b"), hardware.get("h100-sxm")
+    searcher = Searcher(forward, h100, seq_len=65536, cost=cost_model("calibrated"))
+    space = Space(gpus=16, batch=16)
+    found = rows(forward, h100, space, 65536, searcher.cluster)
+    assert any(r.cp > 1 for r in found) and all(r.pp == 1 for r in found)
+    sampled = [r for r in found if r.cp == 4 and r.tp == 2 and r.micro_batch == 1][:2]
+    assert sampled
+    for row in sampled:
+        c = row.candidate()
+        mine = searcher.one(c).result
+        theirs = profile_parallel(forward, h100, c.layout, values={"S": 65536},
+                                  cost=searcher.cost, recompute=c.recompute,
+                                  precision=c.precision).parallel
+        assert mine.step_time_s == pytest.approx(theirs.step_time_s, rel=1e-9)
+        assert mine.memory == theirs.memory

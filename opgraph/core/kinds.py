@@ -89,8 +89,10 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
     - `fusion_class`: "pointwise", "reduction" or "matmul" (`fusion.CLASSES`), what the built-in
       fusion policies (`--fuse`) may put in one kernel with it; None: it never fuses.
     - `along_sequence`: it carries state along the sequence (a causal convolution, a recurrent
-      scan), so context parallelism, which gives each GPU a slice of the sequence, cannot run it
-      (`--cp` is then an error, not a silent wrong answer).
+      scan), so context parallelism, which gives each GPU a slice of the sequence, runs it on
+      the whole sequence of 1/cp of its channels, its inputs and output passing all-to-alls
+      (Megatron-Core's Mamba context parallelism; `passes.shard`), its per-channel weights
+      sliced.
     - `kept`: torchtitan's per-op recomputation (`selective-op`) keeps its output, as it keeps
       the matmuls' and the attention kernel's, rather than re-running it.
     - `operands`: for a matrix multiply, how many leading inputs are its operands: where all are

@@ -76,7 +76,7 @@ FUSION_CLASSES: dict[str, str] = {}  # built-in kind -> its fusion class (`fusio
 DEFINED_FUSION_CLASSES: dict[str, str] = {}  # a user's kind -> its class (`define_kind`)
 KEPT: dict[str, bool] = {}  # the kinds torchtitan's per-op recomputation keeps (an ordered set)
 # the kinds that carry state along the sequence (a causal convolution, a scan): context
-# parallelism, which cuts the sequence, cannot run them on a shard (an ordered set)
+# parallelism runs them on the whole sequence of a head shard (`passes.shard`; an ordered set)
 ALONG_SEQUENCE: dict[str, bool] = {}
 OPERANDS: dict[str, int] = {}  # matrix multiply -> its leading operands (FP8 where all are)
 ACTIVE_FRACTION: dict[str, Callable] = {}  # routed kind -> (tensor, op, weight) -> share read

@@ -24,8 +24,9 @@ states' gradient back across the chunks and on to x, dt and B (`_state_passing_b
 forward op, so there the re-run is not charged; the "derived" convention charges it.
 
 Tensor parallelism splits the heads and the groups (Megatron-Core's `MambaMixer`: `in_proj`
-column-parallel, `out_proj` row-parallel, everything between on each rank's heads); context
-parallelism cannot cut the sequence these run along (`along_sequence`).
+column-parallel, `out_proj` row-parallel, everything between on each rank's heads). They run
+along the sequence (`along_sequence`), so context parallelism gives them the whole sequence of
+1/cp of the heads by all-to-all, as Megatron-Core does (`passes.shard`).
 """
 
 from __future__ import annotations

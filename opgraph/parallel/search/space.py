@@ -10,7 +10,6 @@ from collections import namedtuple
 import attrs
 import sympy
 
-from ...core import rules
 from ...core.choices import CP_COMMS, DEEPSPEED, check_recompute
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
@@ -258,13 +257,6 @@ def _layers(forward: Graph) -> int | None:
     return int(sympy.sympify(region.count).xreplace(forward.dims))
 
 
-def _along_sequence(forward: Graph) -> str | None:
-    """The first kind of `forward`'s ops that carries state along the sequence
-    (`rules.ALONG_SEQUENCE`: Mamba-2's convolution and scan), which rules out context
-    parallelism; None where it has none."""
-    return next((op.kind for op in forward.ops() if op.kind in rules.ALONG_SEQUENCE), None)
-
-
 def _powers(limit: int) -> list[int]:
     return [2 ** k for k in range(limit.bit_length()) if 2 ** k <= limit]
 
@@ -331,13 +323,8 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
                            f"into the tensor-parallel ranks, and {forward.name} has none; leave "
                            "it out")
     tps = [space.tp] if space.tp else _powers(min(space.max_tp or node, space.gpus))
-    along = _along_sequence(forward)
-    if along and (space.cp or 1) > 1:
-        raise OpgraphError(f"--cp {space.cp}: {forward.name}'s {along} runs along the whole "
-                           "sequence, which context parallelism cuts; opgraph does not model "
-                           "context parallelism for state-space layers: leave out --cp")
-    cps = [space.cp or 1] if along else [space.cp] if space.cp else _powers(
-        min(space.max_cp or max(1, seq_len // MIN_CP_TOKENS), space.gpus))
+    cps = [space.cp] if space.cp else _powers(min(space.max_cp or max(1, seq_len // MIN_CP_TOKENS),
+                                                  space.gpus))
     eps = [space.ep] if space.ep else (_powers(experts) if experts else [1])
     if layers is None and (space.pp or 1) > 1:
         region = layer_stack(forward)  # says why, in one line, where no stack splits
