@@ -5,11 +5,12 @@
 `model_type` picks the family: `llama`, `mistral`, `mixtral`, `qwen2` and `qwen3` build the
 Llama graph (`models.llama`), `qwen2_moe` and `qwen3_moe` the Qwen mixture-of-experts graph
 (`models.qwen_moe`), `gpt2` the GPT-2 graph (`models.gpt2`), `gemma2` the Gemma 2 graph
-(`models.gemma2`), `deepseek_v2` and `deepseek_v3` the DeepSeek graph (`models.deepseek`),
-`gpt_oss` the gpt-oss graph (`models.gpt_oss`), `nemotron_h` the Nemotron-H / Nemotron 3
-hybrid graph (`models.nemotron_h`) and `bert` the BertForMaskedLM graph (`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build
-the GPT-2 graph with its flags set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi,
-grouped-query attention, ...). The fields read are the ones that shape the cost; the rest
+(`models.gemma2`), `deepseek_v2`, `deepseek_v3` and `kimi_k2` the DeepSeek graph
+(`models.deepseek`), `gpt_oss` the gpt-oss graph (`models.gpt_oss`), `nemotron_h` the
+Nemotron-H / Nemotron 3 hybrid graph (`models.nemotron_h`) and `bert` the BertForMaskedLM graph
+(`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build the GPT-2 graph with its flags
+set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi, grouped-query attention,
+...). The fields read are the ones that shape the cost; the rest
 (RoPE base, norm epsilon, dtype, token ids) do not change a roofline and are ignored; of the
 dropouts, the one on the attention probabilities is read, a kernel of its own in the unfused core
 (`models.gpt2`): GPT-2's `attn_pdrop` (absent: 0.1, transformers' default) and the
@@ -439,8 +440,9 @@ def _read_nemotron_h(f: _Fields) -> Graph:
 
 
 def _read_deepseek(f: _Fields) -> Graph:
-    """DeepSeek-V2 and -V3 (`model_type` deepseek_v2 / deepseek_v3): one graph; V3 adds the
-    multi-token prediction modules (`num_nextn_predict_layers`)."""
+    """DeepSeek-V2 and -V3 (`model_type` deepseek_v2 / deepseek_v3), and Kimi K2 (`kimi_k2`,
+    DeepseekV3ForCausalLM with other widths): one graph; V3 adds the multi-token prediction
+    modules (`num_nextn_predict_layers`)."""
     layers = f.int("num_hidden_layers")
     routed = f.int("n_routed_experts", None)
     first_dense = layers if routed is None else min(layers, f.count("first_k_dense_replace"))
@@ -611,6 +613,7 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "gemma2": _read_gemma2,
     "deepseek_v2": _read_deepseek,
     "deepseek_v3": _read_deepseek,
+    "kimi_k2": _read_deepseek,  # Kimi K2's config: DeepSeek-V3's architecture and fields
     "gpt_oss": _read_gpt_oss,
     "nemotron_h": _read_nemotron_h,
     "bert": _read_bert,

@@ -408,6 +408,22 @@ def test_deepseek_v3_is_671b_plus_its_prediction_module(tmp_path):
     assert losses == ["loss", "mtp.loss"]  # the main loss and the module's, both trained
 
 
+def test_kimi_k2_reads_as_deepseek_v3(tmp_path):
+    """Kimi K2 (moonshotai/Kimi-K2-Base config.json, model_type kimi_k2, DeepseekV3ForCausalLM):
+    DeepSeek-V3's fields at other widths, 384 experts (8 a token), one dense layer first, no
+    prediction module; its model card: 1 T parameters, 32 B activated."""
+    c = DEEPSEEK_V3 | {"model_type": "kimi_k2", "n_routed_experts": 384,
+                       "first_k_dense_replace": 1, "num_attention_heads": 64,
+                       "num_key_value_heads": 64, "vocab_size": 163840,
+                       "num_nextn_predict_layers": 0}
+    graph = from_config(write(tmp_path, c))
+    total = int(sympy.sympify(graph.parameters()).xreplace(graph.dims))
+    active = int(sympy.sympify(active_parameters(graph)).xreplace(graph.dims))
+    assert total == pytest.approx(1.0e12, rel=0.05)
+    assert active - c["vocab_size"] * c["hidden_size"] == pytest.approx(32e9, rel=0.02)
+    assert [r.name for r in graph.regions()] == ["dense_layers", "layers"]
+
+
 def test_deepseek_v3_over_experts_and_a_pipeline(tmp_path, cli):
     path = write(tmp_path, DEEPSEEK_V3 | {"num_hidden_layers": 5})
     code, out, err = cli("profile", "--config", str(path), "--seq-len", "1024", "--gpus", "64",
