@@ -18,7 +18,8 @@ The flags of `GPT2Config`, each off for GPT-2, say how a relative differs:
 - `rotary=R`: RoPE on Q and K, on R of each head's dimensions (all of them: Llama's op).
 - `alibi`: ALiBi's per-head bias on the scores (`attention(..., alibi=True)`).
 - `kv_heads`: grouped-query (or, 1, multi-query) attention, as Llama's.
-- `activation`: the MLP's, "gelu_tanh" (GPT-2's), "gelu" (exact) or "relu" (OPT's).
+- `activation`: the MLP's, "gelu_tanh" (GPT-2's), "gelu" (exact), "relu" (OPT's) or "relu2"
+  (ReLU squared: Nemotron-4's).
 - `attention_bias=False`, `mlp_bias=False`: no bias on the attention's projections, on the
   MLP's (Falcon: neither); LayerNorms keep theirs.
 - `parallel`: attention and MLP both read the layer's input (GPT-J's parallel residual:
@@ -44,7 +45,7 @@ P = dim("P")  # rows of the learned position table (n_positions), the longest se
 R = dim("R")  # dimensions of each head RoPE rotates (GPT-NeoX's rotary_pct of d_h)
 D_w = dim("D_w")  # the token embedding's width where it differs from D (OPT's projection)
 
-ACTIVATIONS = ("gelu_tanh", "gelu", "relu")
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu", "relu2")
 # GPT2Config's fields that make another architecture of the lineage (the module docstring)
 VARIANT_FLAGS = ("position_offset", "kv_heads", "rotary", "alibi", "activation",
                  "attention_bias", "mlp_bias", "parallel", "shared_norm", "post_norm",
@@ -191,10 +192,12 @@ def _block(g: GraphBuilder, x, config: GPT2Config):
 
 
 def _mlp(g: GraphBuilder, h, config: GPT2Config):
-    """`proj(act(fc(h)))`, act GELU (tanh or exact) or ReLU."""
+    """`proj(act(fc(h)))`, act GELU (tanh or exact), ReLU or ReLU squared."""
     a = linear(g, h, "fc", D, F, config.mlp_bias)
     if config.activation == "relu":
         a = g.relu(a, name="relu")
+    elif config.activation == "relu2":
+        a = g.op("relu2", [a], category="elementwise", name="relu2")
     else:
         a = g.gelu(a, approximate="tanh" if config.activation == "gelu_tanh" else "none",
                    name="gelu")

@@ -8,9 +8,9 @@ Llama graph (`models.llama`), `qwen2_moe` and `qwen3_moe` the Qwen mixture-of-ex
 (`models.gemma2`), `deepseek_v2`, `deepseek_v3` and `kimi_k2` the DeepSeek graph
 (`models.deepseek`), `gpt_oss` the gpt-oss graph (`models.gpt_oss`), `nemotron_h` the
 Nemotron-H / Nemotron 3 hybrid graph (`models.nemotron_h`) and `bert` the BertForMaskedLM graph
-(`models.bert`); `opt`, `gpt_neox`, `bloom` and `falcon` build the GPT-2 graph with its flags
-set (`models.gpt2`: ReLU, partial RoPE, parallel residual, ALiBi, grouped-query attention,
-...). The fields read are the ones that shape the cost; the rest
+(`models.bert`); `opt`, `gpt_neox`, `bloom`, `falcon` and `nemotron` (Nemotron-4) build the
+GPT-2 graph with its flags set (`models.gpt2`: ReLU or ReLU squared, partial RoPE, parallel
+residual, ALiBi, grouped-query attention, ...). The fields read are the ones that shape the cost; the rest
 (RoPE base, norm epsilon, dtype, token ids) do not change a roofline and are ignored; of the
 dropouts, the one on the attention probabilities is read, a kernel of its own in the unfused core
 (`models.gpt2`): GPT-2's `attn_pdrop` (absent: 0.1, transformers' default) and the
@@ -546,6 +546,38 @@ def _read_gpt_neox(f: _Fields) -> Graph:
     return gpt2.build(config)
 
 
+def _read_nemotron(f: _Fields) -> Graph:
+    """Nemotron-4 and Minitron (transformers' `NemotronForCausalLM`): grouped-query attention
+    with RoPE on `partial_rotary_factor` of each head (absent: 0.5), LayerNorm (its `1p`
+    form: the same kernel), a ReLU-squared MLP without a gate, no biases unless
+    `attention_bias` / `mlp_bias`, untied unless `tie_word_embeddings`: the GPT-2 graph with
+    those flags (`models.gpt2`)."""
+    d_model, heads = f.int("hidden_size"), f.int("num_attention_heads")
+    f.divisible("hidden_size", d_model, "num_attention_heads", heads)
+    if f.has("head_dim") and f.int("head_dim") != d_model // heads:
+        raise OpgraphError(f"{f.path}: head_dim = {f.data['head_dim']} is not hidden_size / "
+                           f"num_attention_heads = {d_model // heads}; opgraph builds this "
+                           "family's heads at that size")
+    kv_heads = f.int("num_key_value_heads", heads)
+    f.divisible("num_attention_heads", heads, "num_key_value_heads", kv_heads)
+    pct = f.number("partial_rotary_factor", 0.5)
+    rotary = int(d_model // heads * pct) if pct is not None else 0
+    if pct is None or pct > 1 or rotary == 0 or rotary % 2:
+        raise OpgraphError(f"{f.path}: field 'partial_rotary_factor' is "
+                           f"{_shown(f.data.get('partial_rotary_factor'))}; RoPE needs an even "
+                           f"number of a head's {d_model // heads} dims (a fraction in (0, 1])")
+    f.choice("hidden_act", "relu2", {"relu2": None})
+    config = gpt2.GPT2Config(
+        f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,
+        vocab=f.int("vocab_size"), positions=None, d_ff=f.int("intermediate_size"),
+        seq_len=_seq_len(f.int("max_position_embeddings", 4096)),
+        tie_embeddings=f.bool("tie_word_embeddings", False),
+        kv_heads=kv_heads if kv_heads != heads else None, rotary=rotary, activation="relu2",
+        attention_bias=f.bool("attention_bias", False), mlp_bias=f.bool("mlp_bias", False),
+        attention_dropout=f.fraction("attention_dropout", 0.0))
+    return gpt2.build(config)
+
+
 def _read_bloom(f: _Fields) -> Graph:
     """BLOOM (transformers' `BloomForCausalLM`): ALiBi, no position table; a LayerNorm on the
     word embeddings; the MLP 4 x hidden with the tanh GELU (`BloomGelu`); biases everywhere."""
@@ -620,6 +652,7 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "opt": _read_opt,
     "gpt_neox": _read_gpt_neox,
     "bloom": _read_bloom,
+    "nemotron": _read_nemotron,
     "falcon": _read_falcon,
 }
 

@@ -424,6 +424,36 @@ def test_kimi_k2_reads_as_deepseek_v3(tmp_path):
     assert [r.name for r in graph.regions()] == ["dense_layers", "layers"]
 
 
+NEMOTRON4_340B = {  # nvidia/Nemotron-4-340B-Base, as transformers' NemotronConfig names it
+    "architectures": ["NemotronForCausalLM"], "model_type": "nemotron", "hidden_size": 18432,
+    "intermediate_size": 73728, "num_hidden_layers": 96, "num_attention_heads": 96,
+    "num_key_value_heads": 8, "partial_rotary_factor": 0.5, "hidden_act": "relu2",
+    "vocab_size": 256000, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    "norm_eps": 1e-05, "rope_theta": 10000,
+}
+
+
+@pytest.mark.parametrize("fields, rest", [
+    # Nemotron-4 340B technical report (arXiv:2406.11704), Table 1: 331.6 B non-embedding
+    # parameters (beside 9.4 B embedding: the token table and the untied head, V x D each)
+    ({}, 331.6e9),
+    # Nemotron-4 15B (arXiv:2402.16819), section 2: 12.5 B non-embedding parameters
+    ({"hidden_size": 6144, "intermediate_size": 24576, "num_hidden_layers": 32,
+      "num_attention_heads": 48}, 12.5e9),
+])
+def test_nemotron4_has_its_published_parameter_counts(tmp_path, fields, rest):
+    """Nemotron-4 (model_type nemotron): a ReLU-squared MLP without a gate, RoPE on half of
+    each head, grouped-query attention, no biases, untied embeddings."""
+    c = NEMOTRON4_340B | fields
+    graph = from_config(write(tmp_path, c))
+    total = int(sympy.sympify(graph.parameters()).xreplace(graph.dims))
+    assert total - 2 * c["vocab_size"] * c["hidden_size"] == pytest.approx(rest, rel=0.002)
+    kinds = {op.kind for op in graph.ops()}
+    assert "relu2" in kinds and "swiglu" not in kinds
+    rotary = sympy.sympify(graph.op("layers.q_rope").param("rotary")).xreplace(graph.dims)
+    assert rotary == c["hidden_size"] // c["num_attention_heads"] // 2
+
+
 def test_deepseek_v3_over_experts_and_a_pipeline(tmp_path, cli):
     path = write(tmp_path, DEEPSEEK_V3 | {"num_hidden_layers": 5})
     code, out, err = cli("profile", "--config", str(path), "--seq-len", "1024", "--gpus", "64",
