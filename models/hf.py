@@ -328,6 +328,36 @@ def _qwen_moe_family(model_type: str) -> Callable[[_Fields], Graph]:
     return _read
 
 
+def _read_llama4(f: _Fields) -> Graph:
+    """Llama 4's text model (`model_type` llama4, its fields under `text_config`; or
+    llama4_text): the Qwen mixture-of-experts graph (`models.qwen_moe`) with a shared expert of
+    `intermediate_size` and no gate, sparse every `interleave_moe_layer_step` layers, dense
+    layers of `intermediate_size_mlp`."""
+    if f.data.get("model_type") == "llama4":
+        text = f.data.get("text_config")
+        if not isinstance(text, dict):
+            raise OpgraphError(f"{f.path}: field 'text_config' is {_shown(text)}; a llama4 "
+                               "config.json holds its language model's fields there")
+        f = _Fields({"model_type": "llama4_text", **text}, f.path)
+    heads, kv_heads = f.int("num_attention_heads"), f.int("num_key_value_heads")
+    f.divisible("num_attention_heads", heads, "num_key_value_heads", kv_heads)
+    experts, top_k = f.int("num_local_experts"), f.int("num_experts_per_tok")
+    _check_top_k(f, top_k, "num_local_experts", experts)
+    config = qwen_moe.QwenMoeConfig(
+        f.name(), d_model=f.int("hidden_size"), layers=f.int("num_hidden_layers"), heads=heads,
+        kv_heads=kv_heads, vocab=f.int("vocab_size"), experts=experts,
+        experts_per_token=top_k, moe_d_ff=f.int("intermediate_size"),
+        shared_d_ff=f.int("intermediate_size"), shared_gate=False,
+        sparse_step=f.int("interleave_moe_layer_step", 1), head_dim=f.int("head_dim", None),
+        qk_norm=f.bool("use_qk_norm", False),
+        seq_len=_seq_len(f.int("max_position_embeddings", None)),
+        tie_embeddings=f.bool("tie_word_embeddings", False))
+    layout = qwen_moe.stacks(config, where=str(f.path))
+    if any(qwen_moe.DENSE in stack.body for stack in layout):
+        config = attrs.evolve(config, d_ff=f.int("intermediate_size_mlp"))
+    return qwen_moe.build(config)
+
+
 def _read_gpt2(f: _Fields) -> Graph:
     d_model, heads = f.int("n_embd"), f.int("n_head")
     f.divisible("n_embd", d_model, "n_head", heads)
@@ -641,6 +671,8 @@ FAMILIES: dict[str, Callable[[_Fields], Graph]] = {
     "qwen3": _llama_family("qwen3"),
     "qwen2_moe": _qwen_moe_family("qwen2_moe"),
     "qwen3_moe": _qwen_moe_family("qwen3_moe"),
+    "llama4": _read_llama4,
+    "llama4_text": _read_llama4,
     "gpt2": _read_gpt2,
     "gemma2": _read_gemma2,
     "deepseek_v2": _read_deepseek,

@@ -13,6 +13,14 @@ product out: the bytes of the kernel; its FLOPs count 2 per element where the pr
 which covers the sigmoid of one number per token, not a kernel of its own here). A dense layer
 is a SwiGLU MLP of width F (`intermediate_size`).
 
+Llama 4's text model is the same graph (`models.hf`, `model_type` llama4): a router over E
+SwiGLU experts, top 1, and a shared expert without a gate, in every layer (Scout) or every
+second (Maverick, `interleave_moe_layer_step`, the others dense MLPs of
+`intermediate_size_mlp`); each query and key head normed (`use_qk_norm`, an L2 norm costed as
+RMSNorm's kernel). Its chunked attention (`attention_chunk_size`, 8,192 keys, in three layers of
+four) is the causal attention over the whole sequence up to that length, which is how it is
+costed; its global layers without RoPE are costed with it.
+
 Which layers are sparse follows transformers: layer i (from 0) is a mixture of experts iff there
 are experts, i is not in `dense_layers` (`mlp_only_layers`) and (i + 1) is a multiple of
 `sparse_step` (`decoder_sparse_step`). `stacks` lays the layers out as regions: with a step of
@@ -58,6 +66,7 @@ class QwenMoeConfig:
     qkv_bias: bool = False  # Qwen2-MoE's biases on Q, K and V
     o_bias: bool = False  # a bias on O too (Qwen3-MoE's attention_bias, with Q, K and V's)
     qk_norm: bool = False  # Qwen3-MoE's RMSNorm of each query and key head
+    shared_gate: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert (Llama 4: none)
     seq_len: int = 8192
     tie_embeddings: bool = False
 
@@ -168,7 +177,9 @@ def _layer(g: GraphBuilder, x, config: QwenMoeConfig, kind: str, prefix: str):
     else:
         down = moe_mlp(g, h, F_e, prefix)
         if config.shared_d_ff:
-            down = g.add(down, _gated_shared_expert(g, h, prefix), name=f"{prefix}experts.sum")
+            shared = (_gated_shared_expert(g, h, prefix) if config.shared_gate
+                      else swiglu_mlp(g, h, F_s, f"{prefix}shared_expert."))
+            down = g.add(down, shared, name=f"{prefix}experts.sum")
     return g.add(x, down, name=f"{prefix}mlp_residual")
 
 

@@ -454,6 +454,37 @@ def test_nemotron4_has_its_published_parameter_counts(tmp_path, fields, rest):
     assert rotary == c["hidden_size"] // c["num_attention_heads"] // 2
 
 
+LLAMA4_SCOUT = {  # meta-llama/Llama-4-Scout-17B-16E config.json, its text model's fields
+    "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+    "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "intermediate_size": 8192,
+                    "intermediate_size_mlp": 16384, "num_hidden_layers": 48,
+                    "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+                    "num_local_experts": 16, "num_experts_per_tok": 1,
+                    "interleave_moe_layer_step": 1, "vocab_size": 202048,
+                    "max_position_embeddings": 10485760, "use_qk_norm": True,
+                    "attention_chunk_size": 8192, "tie_word_embeddings": False},
+}
+
+
+@pytest.mark.parametrize("changes, total, sparse", [
+    # Llama 4's model cards: Scout 109 B parameters (its vision encoder's among them), 17 B
+    # active; Maverick 400 B, 17 B active, its experts in every second layer
+    ({}, 109e9, 48),
+    ({"num_local_experts": 128, "interleave_moe_layer_step": 2, "use_qk_norm": False}, 400e9,
+     24),
+])
+def test_llama4_text_models_have_their_published_counts(tmp_path, changes, total, sparse):
+    c = LLAMA4_SCOUT | {"text_config": LLAMA4_SCOUT["text_config"] | changes}
+    graph = from_config(write(tmp_path, c))
+    params = int(sympy.sympify(graph.parameters()).xreplace(graph.dims))
+    active = int(sympy.sympify(active_parameters(graph)).xreplace(graph.dims))
+    assert params == pytest.approx(total, rel=0.02)
+    assert active == pytest.approx(17e9, rel=0.02)
+    routers = [op for op in graph.ops() if op.kind == "topk"]
+    assert sum(int(sympy.sympify(op.count).xreplace(graph.dims)) for op in routers) == sparse
+    assert not any("shared_expert_gate" in op.name for op in graph.ops())
+
+
 def test_deepseek_v3_over_experts_and_a_pipeline(tmp_path, cli):
     path = write(tmp_path, DEEPSEEK_V3 | {"num_hidden_layers": 5})
     code, out, err = cli("profile", "--config", str(path), "--seq-len", "1024", "--gpus", "64",

@@ -26,7 +26,7 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
                         "your own: path/to/file.py:build")
     g.add_argument("--config", metavar="CONFIG_JSON",
                    help="a Hugging Face config.json on disk (Llama, Mistral, Mixtral, Qwen2 "
-                        "and 3, their MoEs, GPT-2, Gemma 2, DeepSeek-V2 and V3, gpt-oss, "
+                        "and 3, their MoEs, Llama 4, GPT-2, Gemma 2, DeepSeek-V2 and V3, gpt-oss, "
                         "Nemotron-4 and -H, BERT, ...: docs/models.md), instead of --model")
     add_pass_arg(g)
     g.add_argument("--hardware", default="h100-sxm",
