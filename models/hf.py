@@ -10,7 +10,8 @@ Llama graph (`models.llama`), `qwen2_moe` and `qwen3_moe` the Qwen mixture-of-ex
 Nemotron-H / Nemotron 3 hybrid graph (`models.nemotron_h`) and `bert` the BertForMaskedLM graph
 (`models.bert`); `opt`, `gpt_neox`, `bloom`, `falcon` and `nemotron` (Nemotron-4) build the
 GPT-2 graph with its flags set (`models.gpt2`: ReLU or ReLU squared, partial RoPE, parallel
-residual, ALiBi, grouped-query attention, ...). The fields read are the ones that shape the cost; the rest
+residual, ALiBi, grouped-query attention, ...); `llama4` (its text model) builds the Qwen
+mixture-of-experts graph. The fields read are the ones that shape the cost; the rest
 (RoPE base, norm epsilon, dtype, token ids) do not change a roofline and are ignored; of the
 dropouts, the one on the attention probabilities is read, a kernel of its own in the unfused core
 (`models.gpt2`): GPT-2's `attn_pdrop` (absent: 0.1, transformers' default) and the

@@ -25,8 +25,8 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
                    help="a preset (see `opgraph models`; default llama3-8b), or a model of "
                         "your own: path/to/file.py:build")
     g.add_argument("--config", metavar="CONFIG_JSON",
-                   help="a Hugging Face config.json on disk (Llama, Mistral, Mixtral, Qwen2 "
-                        "and 3, their MoEs, Llama 4, GPT-2, Gemma 2, DeepSeek-V2 and V3, gpt-oss, "
+                   help="a Hugging Face config.json on disk (Llama 3 and 4, Mistral, Mixtral, "
+                        "Qwen2 and 3, their MoEs, GPT-2, Gemma 2, DeepSeek-V2 and V3, gpt-oss, "
                         "Nemotron-4 and -H, BERT, ...: docs/models.md), instead of --model")
     add_pass_arg(g)
     g.add_argument("--hardware", default="h100-sxm",
