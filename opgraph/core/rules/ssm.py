@@ -44,7 +44,8 @@ CONV_EPILOGUE_FLOPS = 5
 
 def _conv_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     x, w, *bias = ins
-    _require(len(x.shape) == 3, lambda: f"causal_conv1d takes [B, S, channels], not {_fmt(x.shape)}")
+    _require(len(x.shape) == 3,
+             lambda: f"causal_conv1d takes [B, S, channels], not {_fmt(x.shape)}")
     _require(len(w.shape) == 2 and same(w.shape[0], x.shape[-1]),
              lambda: f"conv weight {w.name} {_fmt(w.shape)} is not [channels {x.shape[-1]}, width]")
     for b in bias:
@@ -173,7 +174,6 @@ KINDS = (
     kind("ssd_chunk_scan", shape=_scan_shape, flops=_scan_flops, vjp=ssd_chunk_scan_backward,
          backward_flops=_scan_backward_flops, backward_shape=_scan_backward_shape,
          along_sequence=True, category="scan",
-         example=Example((_X, _DT, *_PER_HEAD, _BC, x_((B, S, G_m * N_m), "C"),
-                          w_((H_m,), "D"), x_((B, sympy.ceiling(S / Q_m), H_m * d_m * N_m), "states")),
-                         _SCAN)),
+         example=Example((_X, _DT, *_PER_HEAD, _BC, x_((B, S, G_m * N_m), "C"), w_((H_m,), "D"),
+                          x_((B, sympy.ceiling(S / Q_m), H_m * d_m * N_m), "states")), _SCAN)),
 )
