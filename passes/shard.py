@@ -128,22 +128,19 @@ def check_divides(graph: Graph, layout: Parallel, seq: int | None = None) -> Non
         need, why = split, f"--tp {layout.tp} (sequence parallelism splits it)"
     if seq is not None and seq % need:
         raise OpgraphError(f"sequence length {seq} is not divisible by {why}")
+    whole = []  # the counts tp x cp must divide, with why: each GPU takes whole ones
     if layout.cp > 1 and layout.cp_comm == "a2a":
-        for sym in (H, H_kv):
-            value = dims.get(sym.name)
-            if value is not None and value % (layout.tp * layout.cp):
-                raise OpgraphError(
-                    f"{graph.name}: {sym.name} = {value} heads are not divisible by tp x cp = "
-                    f"{layout.tp} x {layout.cp}: the all-to-all gives each GPU whole heads "
-                    "(--cp-comm a2a); pick degrees that divide them, or --cp-comm ring")
+        whole.append(((H, H_kv), " heads are", "the all-to-all gives each GPU whole heads "
+                      "(--cp-comm a2a); pick degrees that divide them, or --cp-comm ring"))
     if layout.cp > 1 and any(op.kind in rules.ALONG_SEQUENCE for op in graph.ops()):
-        for sym in (H_m, G_m):
+        whole.append(((H_m, G_m), " is", "context parallelism gives each GPU whole state-space "
+                      "heads and groups; pick degrees that divide it"))
+    for symbols, noun, why in whole:
+        for sym in symbols:
             value = dims.get(sym.name)
             if value is not None and value % (layout.tp * layout.cp):
-                raise OpgraphError(
-                    f"{graph.name}: {sym.name} = {value} is not divisible by tp x cp = "
-                    f"{layout.tp} x {layout.cp}: context parallelism gives each GPU whole "
-                    "state-space heads and groups; pick degrees that divide it")
+                raise OpgraphError(f"{graph.name}: {sym.name} = {value}{noun} not divisible by "
+                                   f"tp x cp = {layout.tp} x {layout.cp}: {why}")
     if layout.tp > 1 and not any(set(TENSOR_SPLITS) & sympy.Add(*w.shape).free_symbols
                                  for w in graph.weights()):
         # a model built on symbols of its own would otherwise run replicated, silently
