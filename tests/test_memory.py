@@ -222,3 +222,21 @@ def test_a_partial_gradient_and_the_sum_written_into_it_are_one_buffer(zero):
     full = [life.tensor.name for life in live.lives if live.copies(life, at)
             and life.tensor.nbytes.xreplace(subs) == 96 * 32 * 4]
     assert len(full) == 1, full
+
+
+def test_a_views_backward_keeps_no_tensor_it_reads_for_its_shape():
+    """A reshape's backward needs its input's sizes, not its data (PyTorch's view backward keeps
+    the sizes): Qwen3's per-head query norm reads Q through a reshape, so the memory model keeps
+    the reshaped view the norm's backward reads, one copy of B S H d_h, and not Q itself beside
+    it, where both were counted."""
+    import attrs
+
+    from opgraph.cost.memory import saved
+    from opgraph.models import llama
+
+    step = compile_step(llama.build(attrs.evolve(llama.LLAMA3_8B, name="qk", qk_norm=True)))
+    kept = {t.name for t in saved(step)}
+    assert "layers.q_norm.heads" in kept and "layers.q_proj" not in kept
+    assert "layers.k_norm.heads" in kept and "layers.k_proj" not in kept
+    reader = {o.kind for o in step.consumers("layers.q_proj") if o.phase.value == "backward"}
+    assert reader == {"reshape_backward"}  # still read there, for its shape

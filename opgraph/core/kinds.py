@@ -47,7 +47,7 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
                 eager: Callable | None = None, eager_backward: Callable | None = None,
                 shards: Sequence[str] = (), cp_gathers: Sequence[int] = (),
                 fusion_class: str | None = None, kept: bool = False,
-                along_sequence: bool = False,
+                along_sequence: bool = False, backward_reads_shapes: bool = False,
                 operands: int | None = None, active_fraction: Callable | None = None,
                 fp8_weight_dims: int | None = None, eager_saved: Callable | None = None,
                 eager_workspace: Callable | None = None,
@@ -93,6 +93,9 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
       the whole sequence of 1/cp of its channels, its inputs and output passing all-to-alls
       (Megatron-Core's Mamba context parallelism; `passes.shard`), its per-channel weights
       sliced.
+    - `backward_reads_shapes`: its backward kernel reads the saved forward tensors for their
+      shapes alone (a view's, whose sizes PyTorch keeps), so the memory model keeps none of
+      them for it (`rules.SHAPE_ONLY_BACKWARD`).
     - `kept`: torchtitan's per-op recomputation (`selective-op`) keeps its output, as it keeps
       the matmuls' and the attention kernel's, rather than re-running it.
     - `operands`: for a matrix multiply, how many leading inputs are its operands: where all are
@@ -159,7 +162,8 @@ def define_kind(name: str, *, shape: Callable, flops: Callable,
         eager_backward=eager_backward, eager_saved=eager_saved, eager_workspace=eager_workspace,
         eager_backward_workspace=eager_backward_workspace, shards=tuple(shards),
         cp_gathers=tuple(cp_gathers), fusion_class=fusion_class, kept=kept,
-        along_sequence=along_sequence, operands=operands,
+        along_sequence=along_sequence, backward_reads_shapes=backward_reads_shapes,
+        operands=operands,
         active_fraction=active_fraction, fp8_weight_dims=fp8_weight_dims, scores=scores,
         backward_scores=backward_scores, efficiency=efficiency,
         backward_efficiency=backward_efficiency, example=example, variants=tuple(variants))

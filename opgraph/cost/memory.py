@@ -136,14 +136,25 @@ def _made_by_forward(graph: Graph, name: str) -> bool:
     return op is None or op.phase is Phase.FORWARD
 
 
+def _reads_data(op: Op, name: str, graph: Graph) -> bool:
+    """Whether `op` reads tensor `name`'s data: not a view's backward kernel reading a forward
+    tensor for its shape (`rules.SHAPE_ONLY_BACKWARD`: PyTorch keeps a reshape's, slice's,
+    split's, concatenation's or expand's sizes, not its input)."""
+    return not (op.kind in rules.SHAPE_ONLY_BACKWARD and op.phase is Phase.BACKWARD
+                and graph.tensor(name).role is not Role.GRADIENT)
+
+
 def saved(graph: Graph) -> list[Tensor]:
     """The activations saved for the backward, in the order the graph first reads them there:
-    forward-made tensors (and the step's inputs) that a backward kernel or a re-run op reads."""
+    forward-made tensors (and the step's inputs) that a backward kernel or a re-run op reads
+    (`_reads_data`)."""
     out: dict[str, Tensor] = {}
     for op in graph.ops():
         if op.phase not in (Phase.BACKWARD, Phase.RECOMPUTE):
             continue
         for name in op.inputs:
+            if not _reads_data(op, name, graph):
+                continue
             t = graph.tensor(name)
             if t.role in (Role.ACTIVATION, Role.INPUT) and _made_by_forward(graph, name):
                 out.setdefault(name, t)
@@ -212,7 +223,8 @@ class Liveness:
         writers = {}  # each tensor's producer (`graph.producer`), indexed once
         for op in self.ops:
             for name in dict.fromkeys(op.inputs):
-                read_by.setdefault(name, []).append(op)
+                if _reads_data(op, name, graph):
+                    read_by.setdefault(name, []).append(op)
             for name in op.outputs:
                 writers.setdefault(name, op)
         self.lives: list[_Life] = []

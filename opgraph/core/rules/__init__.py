@@ -78,6 +78,9 @@ KEPT: dict[str, bool] = {}  # the kinds torchtitan's per-op recomputation keeps 
 # the kinds that carry state along the sequence (a causal convolution, a scan): context
 # parallelism runs them on the whole sequence of a head shard (`passes.shard`; an ordered set)
 ALONG_SEQUENCE: dict[str, bool] = {}
+# backward kernel -> True where it reads its saved forward tensors for their shapes alone (a
+# view's: reshape, slice, split, concat, broadcast); the memory model keeps nothing for it
+SHAPE_ONLY_BACKWARD: dict[str, bool] = {}
 OPERANDS: dict[str, int] = {}  # matrix multiply -> its leading operands (FP8 where all are)
 ACTIVE_FRACTION: dict[str, Callable] = {}  # routed kind -> (tensor, op, weight) -> share read
 FP8_KINDS: dict[str, int] = {}  # kind the FP8 recipe casts -> its weight's dimensions
@@ -135,6 +138,8 @@ def register(k: Kind, *, builtin: bool = True) -> None:
             table[k.backward] = getattr(k, trait)
     if k.backward_scores is not None:
         ATTENTION_BACKWARD.add(k.backward)
+    if k.backward_reads_shapes:
+        SHAPE_ONLY_BACKWARD[k.backward] = True
     if k.fusion_class is not None:  # its backward fuses as it does
         classes[k.backward] = k.fusion_class
     BACKWARD_KINDS = (*BACKWARD_KINDS, k.backward)
@@ -142,7 +147,8 @@ def register(k: Kind, *, builtin: bool = True) -> None:
 
 # Every per-kind table `register` writes rows into, keyed by a kind's (or its backward's) name.
 TABLES = (SHAPE_RULES, FLOP_RULES, VIEWS, VJP_RULES, BACKWARD_COST, SHARDING, CP_GATHERS, KEPT,
-          ALONG_SEQUENCE, FUSION_CLASSES, DEFINED_FUSION_CLASSES, *(t for _, t in _ROWS))
+          ALONG_SEQUENCE, SHAPE_ONLY_BACKWARD, FUSION_CLASSES, DEFINED_FUSION_CLASSES,
+          *(t for _, t in _ROWS))
 
 
 def unregister(name: str) -> None:
@@ -261,12 +267,13 @@ def eager_backward_bytes(kind: str, ins: list[Tensor], outs: list[Tensor],
     rule = EAGER_BACKWARD_BYTES.get(kind)
     return None if rule is None else sympy.sympify(rule(ins, outs, params))
 
-__all__ = ["ACTIVE_FRACTION", "ALONG_SEQUENCE", "ATTENTION_BACKWARD", "ATTENTION_SCORES", "BACKWARD_COST",
-           "BACKWARD_KINDS", "COLLECTIVE_KINDS", "CP_GATHERS", "DEFINED_FUSION_CLASSES",
-           "EAGER_BACKWARD_BYTES", "EAGER_BACKWARD_WORKSPACE", "EAGER_BYTES", "EAGER_SAVED",
-           "EAGER_WORKSPACE", "EFFICIENCY", "FLOP_RULES", "FORWARD_KINDS", "FP8_KINDS",
-           "FUSION_CLASSES", "GEMM_GRIDS", "GROUPS", "KEPT", "KINDS", "OPERANDS", "PRECISION_KINDS",
-           "SAVES", "SHAPE_RULES", "SHARDING", "SHARD_ROLES", "TABLES", "VIEWS", "VJP_RULES",
+__all__ = ["ACTIVE_FRACTION", "ALONG_SEQUENCE", "ATTENTION_BACKWARD", "ATTENTION_SCORES",
+           "BACKWARD_COST", "BACKWARD_KINDS", "COLLECTIVE_KINDS", "CP_GATHERS",
+           "DEFINED_FUSION_CLASSES", "EAGER_BACKWARD_BYTES", "EAGER_BACKWARD_WORKSPACE",
+           "EAGER_BYTES", "EAGER_SAVED", "EAGER_WORKSPACE", "EFFICIENCY", "FLOP_RULES",
+           "FORWARD_KINDS", "FP8_KINDS", "FUSION_CLASSES", "GEMM_GRIDS", "GROUPS", "KEPT", "KINDS",
+           "OPERANDS", "PRECISION_KINDS", "SAVES", "SHAPE_ONLY_BACKWARD", "SHAPE_RULES",
+           "SHARDING", "SHARD_ROLES", "TABLES", "VIEWS", "VJP_RULES",
            "Example", "Kind", "Shape", "ShapeError", "attention_scores", "backward_shape",
            "count_flops", "eager_backward_bytes", "eager_bytes", "eager_saved", "eager_workspace",
            "gemm_grid", "infer_shapes", "is_view", "kind", "per_element", "per_input", "register",

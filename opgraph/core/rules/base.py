@@ -240,6 +240,9 @@ class Kind:
     fusion_class: str | None = None  # what fuses with it (`fusion.CLASSES`)
     kept: bool = False  # selective-op recomputation keeps its output (`KEPT`)
     along_sequence: bool = False  # it carries state along the sequence (`ALONG_SEQUENCE`)
+    # its backward kernel reads the saved forward tensors for their shapes alone (a view's:
+    # PyTorch keeps the sizes), so they are not kept for it (`SHAPE_ONLY_BACKWARD`)
+    backward_reads_shapes: bool = False
     operands: int | None = None  # leading operands whose dtype sets its peak (`OPERANDS`)
     active_fraction: Callable | None = None  # a routed weight's share a token reads
     fp8_weight_dims: int | None = None  # the FP8 recipe covers it (`FP8_KINDS`)

@@ -166,23 +166,28 @@ KINDS = (
     kind("slice", shape=_slice_shape, flops=_no_flops,  # views and copies do no arithmetic
          backward_flops=_no_backward_flops,  # dY placed into a zero gradient of x's shape
          view=_contiguous_cut,
+         backward_reads_shapes=True,  # PyTorch keeps a view's sizes, not its input
          example=Example((x_((B, S, H * d_h)),), (("axis", -1), ("size", d_h), ("start", 0)))),
     kind("split", shape=_split_shape, flops=_no_flops, vjp=_split_vjp,
          backward_flops=_no_backward_flops,  # the pieces' gradients joined
          backward_shape=_split_backward_shape, view=_contiguous_cut,
          backward_view=_strided_join,
+         backward_reads_shapes=True,  # PyTorch keeps a view's sizes, not its input
          example=Example((x_((B, S, 2 * D)),), (("axis", -1), ("sizes", (D, D))))),
     kind("concat", shape=_concat_shape, flops=_no_flops,
          backward_flops=_no_backward_flops,  # dY cut back into the inputs' pieces
          view=_in_place_concat, backward_view=_backward_of_cut,
+         backward_reads_shapes=True,  # PyTorch keeps a view's sizes, not its input
          example=Example((x_((B, S, H, d_h), "a"), x_((B, S, H, d_h), "b")), (("axis", -1),))),
     kind("broadcast", shape=_broadcast_shape, flops=_no_flops,
          backward_flops=sums_gradient,  # dY summed over the broadcast dims
          view=_always_view,
+         backward_reads_shapes=True,  # PyTorch keeps a view's sizes, not its input
          example=Example((x_((B, S, 1, d_h)),), (("shape", (B, S, H, d_h)),))),
     kind("reshape", shape=_reshape_shape, flops=_no_flops,
          backward_flops=_no_backward_flops,  # dY read in x's shape
          view=_always_view, backward_view=_always_view,
+         backward_reads_shapes=True,  # PyTorch keeps a view's sizes, not its input
          example=Example((x_((B, S, H * d_h)),), (("shape", (B, S, H, d_h)),))),
     kind("gather", shape=_gather_shape, flops=_no_flops,
          backward_flops=sums_gradient,  # dY's rows scatter-added into x's gradient
