@@ -23,7 +23,8 @@ The graph keeps one region per layer kind, its trip count the number of such lay
 pattern, run in the order M, *, -, E: every layer of a kind costs the same wherever it sits, so
 one profile's times, FLOPs, memory and collectives are the pattern's. Pipeline parallelism needs
 the pattern's order to cut it into stages and is an error (`passes.split_stages`: more than one
-stack). Left out: the gate and the group norm are two kernels here and one in `mamba_ssm`
+stack); context parallelism runs the Mamba layers as Megatron-Core does (`passes.shard`). Left
+out: the gate and the group norm are two kernels here and one in `mamba_ssm`
 (`_layer_norm_fwd` with z); the fused path's backward re-running the convolution rather than
 keeping its output; Megatron's `first_last_layers_bf16` (the first and last layers outside FP8);
 the router's expert bias (E adds per token).
