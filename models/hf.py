@@ -553,18 +553,24 @@ def _read_opt(f: _Fields) -> Graph:
     return gpt2.build(config)
 
 
+def _rotary(f: _Fields, key: str, default: float, head: int) -> int:
+    """The dims of each `head`-wide head RoPE rotates: `int(head x field key)` (absent:
+    `default`), as transformers' `rotary_ndims`; one line unless that is an even count."""
+    pct = f.number(key, default)
+    rotary = int(head * pct) if pct is not None else 0
+    if pct is None or pct > 1 or rotary == 0 or rotary % 2:
+        raise OpgraphError(f"{f.path}: field {key!r} is {_shown(f.data.get(key))}; RoPE needs "
+                           f"an even number of a head's {head} dims (a fraction in (0, 1])")
+    return rotary
+
+
 def _read_gpt_neox(f: _Fields) -> Graph:
     """GPT-NeoX (transformers' `GPTNeoXForCausalLM`): RoPE on `int(head size x rotary_pct)`
     dims of each head, as transformers' `rotary_ndims`."""
     d_model, heads = f.int("hidden_size"), f.int("num_attention_heads")
     f.divisible("hidden_size", d_model, "num_attention_heads", heads)
-    key = f.alias("rotary_pct", "partial_rotary_factor")  # newer transformers write both
-    pct = f.number(key, 0.25)
-    rotary = int(d_model // heads * pct) if pct is not None else 0
-    if pct is None or pct > 1 or rotary == 0 or rotary % 2:
-        raise OpgraphError(f"{f.path}: field {key!r} is {_shown(f.data.get(key))}; RoPE needs "
-                           f"an even number of a head's {d_model // heads} dims (a fraction in "
-                           "(0, 1])")
+    # newer transformers write both names
+    rotary = _rotary(f, f.alias("rotary_pct", "partial_rotary_factor"), 0.25, d_model // heads)
     positions = f.int("max_position_embeddings", 2048)
     config = gpt2.GPT2Config(
         f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,
@@ -591,12 +597,7 @@ def _read_nemotron(f: _Fields) -> Graph:
                            "family's heads at that size")
     kv_heads = f.int("num_key_value_heads", heads)
     f.divisible("num_attention_heads", heads, "num_key_value_heads", kv_heads)
-    pct = f.number("partial_rotary_factor", 0.5)
-    rotary = int(d_model // heads * pct) if pct is not None else 0
-    if pct is None or pct > 1 or rotary == 0 or rotary % 2:
-        raise OpgraphError(f"{f.path}: field 'partial_rotary_factor' is "
-                           f"{_shown(f.data.get('partial_rotary_factor'))}; RoPE needs an even "
-                           f"number of a head's {d_model // heads} dims (a fraction in (0, 1])")
+    rotary = _rotary(f, "partial_rotary_factor", 0.5, d_model // heads)
     f.choice("hidden_act", "relu2", {"relu2": None})
     config = gpt2.GPT2Config(
         f.name(), d_model=d_model, layers=f.int("num_hidden_layers"), heads=heads,

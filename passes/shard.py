@@ -265,18 +265,21 @@ class _Sharder:
 
     def _local_slice(self, source: str, op: Op) -> str:
         """A full-sequence replicated tensor cut to this GPU's sequence shard (no traffic)."""
-        key = (source, "slice", "tp")
+        name = self._cut(source, op, SEQ_AXIS, tp, "seq_shard")
+        self.seq.add(name)
+        return name
+
+    def _cut(self, source: str, op: Op, axis: int, degree, tag: str) -> str:
+        """`source` cut along `axis` to this GPU's 1/`degree` (a `slice`, no traffic), once."""
+        key = (source, "slice", tag)
         if key not in self.made:
             t = self.out.tensor(source)
-            size = t.shape[SEQ_AXIS] / tp
-            name = f"{source}@seq_shard"
-            self.out.add_tensor(Tensor(name, rules.infer_shapes(
-                "slice", [t], {"axis": SEQ_AXIS, "size": size})[0], t.dtype, Role.ACTIVATION,
-                op.count, region=op.region))
-            self.out.add_op(Op(f"{source}.seq_shard", "slice", "elementwise", (source,), (name,),
-                               count=op.count, params={"axis": SEQ_AXIS, "size": size},
-                               region=op.region))
-            self.seq.add(name)
+            params = {"axis": axis, "size": t.shape[axis] / degree}
+            name = f"{source}@{tag}"
+            self.out.add_tensor(Tensor(name, rules.infer_shapes("slice", [t], params)[0],
+                                       t.dtype, Role.ACTIVATION, op.count, region=op.region))
+            self.out.add_op(Op(f"{source}.{tag}", "slice", "elementwise", (source,), (name,),
+                               count=op.count, params=params, region=op.region))
             self.made[key] = name
         return self.made[key]
 
@@ -362,25 +365,11 @@ class _Sharder:
                                              size=cp, **A2A_IN)
                 self.heads.add(inputs[i])
             elif along and t.role is Role.WEIGHT:
-                inputs[i] = self._channel_slice(n, op)
+                inputs[i] = self._cut(n, op, 0, cp, "cp_shard")  # per-channel: axis 0
             elif not local and n in self.heads:
                 inputs[i] = self._collective(n, "all_to_all", "cp", op.region, op.count,
                                              size=cp, **A2A_OUT)
         return inputs
-
-    def _channel_slice(self, source: str, op: Op) -> str:
-        """This GPU's 1/cp of a per-channel weight (its first axis), a view of the whole."""
-        key = (source, "slice", "cp")
-        if key not in self.made:
-            t = self.out.tensor(source)
-            params = {"axis": 0, "size": t.shape[0] / cp}
-            name = f"{source}@cp_shard"
-            self.out.add_tensor(Tensor(name, rules.infer_shapes("slice", [t], params)[0],
-                                       t.dtype, Role.ACTIVATION, op.count, region=op.region))
-            self.out.add_op(Op(f"{source}.cp_shard", "slice", "elementwise", (source,), (name,),
-                               count=op.count, params=params, region=op.region))
-            self.made[key] = name
-        return self.made[key]
 
     def _before(self, op: Op, inputs: list[str]) -> list[str]:
         layout, out = self.layout, self.out

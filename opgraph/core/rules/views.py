@@ -8,21 +8,8 @@ import sympy
 
 from ..ir import Op, Tensor
 from ..symbols import B, D, H, S, d_h, dim
-from .base import (
-    Example,
-    Shape,
-    _always_view,
-    _fmt,
-    _no_backward_flops,
-    _no_flops,
-    _require,
-    _saved,
-    ids_,
-    kind,
-    same,
-    sums_gradient,
-    x_,
-)
+from .base import (Example, Shape, _always_view, _fmt, _no_backward_flops, _no_flops, _require,
+                   _saved, ids_, kind, same, sums_gradient, x_)
 
 
 def _axis(t: Tensor, params: dict) -> int:
