@@ -319,6 +319,36 @@ def test_a_power_cap_slows_compute_by_the_clock_and_not_memory():
     assert evaluate(step, capped).step_time_s == evaluate(step, H100).step_time_s
 
 
+def test_an_fp8_gemm_runs_at_matmul_times_fp8_ratio_of_the_fp8_peak():
+    """An FP8 matrix multiply (and its backward's) runs at `matmul` x `fp8_ratio` of the dense
+    FP8 peak: the op's time is its launch plus (FLOPs + matmul_half_flops) / (0.5 x 0.8 x FP8
+    peak) per instance. The BF16 attention beside it keeps `attention` of the BF16 peak, and the
+    roofline is the datasheet's ceiling whatever the ratio."""
+    ratio = 0.8
+    step = compile_step(preset("llama3-8b"), precision="fp8")
+    model = CalibratedCostModel(table={"hopper": attrs.evolve(E, fp8_ratio=ratio)})
+    rows = {r.name: r for r in evaluate(step, H100, cost=model).ops}
+    plain = {r.name: r for r in evaluate(step, H100, cost=MODEL).ops}
+    for name in ("layers.up_proj", "layers.up_proj.dA", "layers.up_proj.dB"):
+        r = rows[name]
+        assert r.time_s == pytest.approx(r.count * (3e-6 + (r.flops / r.count + 1e9)
+                                                    / (0.5 * ratio * H100.fp8_flops)), rel=1e-12)
+    assert rows["layers.attn.flash"].time_s == plain["layers.attn.flash"].time_s
+    ceiling = {r.name: r for r in evaluate(step, H100).ops}["layers.up_proj"]
+    assert ceiling.time_s == pytest.approx(max(ceiling.flops / H100.fp8_flops,
+                                               ceiling.bytes / H100.bandwidth), rel=1e-12)
+
+
+def test_hoppers_and_blackwells_fp8_ratio_is_the_cited_table():
+    """The shipped `fp8_ratio`: Bekman's maximum achievable matmul FLOPS, FP8 over BF16 share
+    of the dense peaks, on the part each generation's ceiling names: H100 SXM 1,402.6 / 1,979
+    against 794.5 / 989, B200 3,432.5 / 4,500 against 1,745.0 / 2,250; no FP8 on Ampere."""
+    shipped = calibration.catalog()
+    assert shipped["hopper"].fp8_ratio == round((1402.6 / 1979) / (794.5 / 989), 3)
+    assert shipped["blackwell"].fp8_ratio == round((3432.5 / 4500) / (1745.0 / 2250), 3)
+    assert shipped["ampere"].fp8_ratio == 1
+
+
 def test_a_calibration_file_round_trips_with_its_tiles(tmp_path):
     from opgraph.analysis.fit import to_toml
 

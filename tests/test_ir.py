@@ -131,7 +131,7 @@ def test_an_op_added_before_its_reader_runs_there():
     ({"launches": "E/ep"}, "launches 'E/ep' is not a whole number"),  # text is never parsed
     ({"launches": 0}, "launches 0 is not a whole number from 1"),
     ({"launches": True}, "launches True"),
-    ({"efficiency": "fast"}, "efficiency 'fast' is not one of matmul, attention"),
+    ({"efficiency": "fast"}, "efficiency 'fast' is not one of matmul, matmul_fp8, attention"),
 ])
 def test_the_verifier_checks_what_a_pass_leaves_for_the_cost_model(mark, words):
     """`launches` and `efficiency` are read by every interpreter (`costmodel.Cost`): a pass of

@@ -44,7 +44,11 @@ the part's ceiling is a property of kernels and shapes, while the ceilings diffe
 loses more of its peak to its power limit than an A100 does).
 
 `efficiency(kind)` is `matmul` for matrix multiplies (and fused kernels around one), `attention`
-for FlashAttention's kernels and the unfused attention core, `matmul` otherwise. The saturating
+for FlashAttention's kernels and the unfused attention core, `matmul` otherwise. A matrix
+multiply whose operands are FP8 runs at the part's FP8 peak and at `matmul` x `fp8_ratio` of it
+(`matmul_fp8`): on its best shapes cuBLAS reaches a smaller share of an H100's FP8 peak than of
+its BF16 peak (70.9% against 80.3%, Bekman's table above), so a generation's FP8 GEMMs run at
+that ratio of the share its BF16 ones reach. The saturating
 term makes small matrix multiplies run below the large ones' rate: a kernel of F FLOPs runs at
 `matmul x F / (F + matmul_half_flops)` of the peak (half of `matmul`'s rate at F =
 `matmul_half_flops`); equivalently it costs `matmul_half_flops / (matmul x peak)` seconds more,
@@ -85,6 +89,8 @@ FIELDS = {
     "matmul": "fraction of the dense peak a large matrix multiply reaches",
     "matmul_ceiling": "fraction of the dense peak the part's best GEMM reaches in a published "
                       "microbenchmark (0: none; a fit then sets `matmul` itself)",
+    "fp8_ratio": "an FP8 GEMM's share of the dense FP8 peak over a BF16 GEMM's share of the "
+                 "BF16 peak: an FP8 matrix multiply runs at `matmul` x this (1: the same share)",
     "matmul_half_flops": "FLOPs at which a kernel reaches half of `matmul`'s rate",
     "matmul_tile_m": "rows of the output tile a GEMM kernel computes per SM (0: no waves)",
     "matmul_tile_n": "columns of that tile",
@@ -111,7 +117,8 @@ FIELDS = {
     "overlap_slowdown": "share of a hidden collective's time it adds to the compute beside it",
 }
 # and matmul_ceiling and attention_fused, or 0:
-FRACTIONS = ("matmul", "matmul_unaligned", "attention", "bandwidth", "node", "network")
+FRACTIONS = ("matmul", "fp8_ratio", "matmul_unaligned", "attention", "bandwidth", "node",
+             "network")
 _KEYS = {*FIELDS, "fitted", "sources"}
 
 
@@ -122,6 +129,7 @@ class Efficiencies:
     generation: str
     matmul: float = 1.0
     matmul_ceiling: float = 0.0
+    fp8_ratio: float = 1.0
     matmul_half_flops: float = 0.0
     matmul_tile_m: float = 0.0
     matmul_tile_n: float = 0.0

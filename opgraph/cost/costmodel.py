@@ -86,6 +86,10 @@ class Cost:
 
 OPERANDS: dict[str, int] = rules.OPERANDS  # kind -> its leading operands (a kind's `operands`)
 PEAKS: dict[str, str] = {"fp8": "fp8_flops"}  # dtype -> the Hardware field of its dense peak
+# (efficiency, dtype) -> the efficiency an op of that class runs at that dtype's peak, where it
+# is not its class's own: an FP8 matrix multiply reaches a smaller share of the FP8 peak than a
+# BF16 one of the BF16 peak (`Efficiencies.fp8_ratio`)
+DTYPE_RATES: dict[tuple[str, str], str] = {("matmul", "fp8"): "matmul_fp8"}
 
 
 def compute_dtype(graph: Graph, op: Op) -> str | None:
@@ -198,11 +202,13 @@ def _own_cost(graph: Graph, op: Op) -> Cost:
     ins = [graph.tensor(n) for n in op.inputs]
     outs = [graph.tensor(n) for n in op.outputs]
     params = dict(op.params)
-    return Cost(rule_flops(graph, op), own_bytes(graph, op), compute_dtype(graph, op),
+    compute = compute_dtype(graph, op)
+    efficiency = op.param("efficiency", EFFICIENCY.get(op.kind, "matmul"))
+    return Cost(rule_flops(graph, op), own_bytes(graph, op), compute,
                 grid=(rules.gemm_grid(op.kind, ins, outs, params)
                       or rules.attention_scores(op.kind, ins, outs, params)),
                 launches=_whole_expr(op.param("launches", 1)),
-                efficiency=op.param("efficiency", EFFICIENCY.get(op.kind, "matmul")))
+                efficiency=DTYPE_RATES.get((efficiency, compute), efficiency))
 
 
 # A fused forward kernel (`opgraph.passes.fuse_elementwise`, kind `fused`, not a forward kind of
@@ -499,10 +505,11 @@ EFFICIENCY: dict[str, str] = rules.EFFICIENCY  # kind -> its class (`efficiency`
 #   FlashAttention".
 SLOWER_THAN_FLASH2 = {"triton": (1.4, 2.0), "flash1": (2.0, 2.0)}
 # Every efficiency an op's arithmetic may run at (`Cost.efficiency`, an op's `efficiency`
-# parameter): the generation's `matmul`, `attention` and `attention_fused`, the last two in
+# parameter): the generation's `matmul` (`matmul_fp8` at the FP8 peak, `DTYPE_RATES`),
+# `attention` and `attention_fused`, the last two in
 # FlashAttention's backward's charged FLOPs, and each earlier kernel's forward and backward
 # (`CalibratedCostModel._rates`).
-RATES = ("matmul", "attention", "attention_backward", "attention_fused",
+RATES = ("matmul", "matmul_fp8", "attention", "attention_backward", "attention_fused",
          "attention_fused_backward",
          *(f"attention_{kernel}{part}" for kernel in SLOWER_THAN_FLASH2
            for part in ("", "_backward")))
@@ -581,7 +588,8 @@ class CalibratedCostModel(CostModel):
                                                             "sms": float(hardware.sms or 0)}
 
     def _rates(self, e) -> dict[str, float]:
-        """`e`'s efficiencies by name; `attention_fused` (`attention` where the generation has
+        """`e`'s efficiencies by name; `matmul_fp8`, an FP8 matrix multiply's (`matmul` x
+        `fp8_ratio`); `attention_fused` (`attention` where the generation has
         none); `attention_backward` and `attention_fused_backward`: those in this model's
         FLOPs of FlashAttention's backward (`runs_per_charged`); and each earlier kernel's
         forward and backward, FlashAttention-2's over its `SLOWER_THAN_FLASH2`."""
@@ -591,7 +599,8 @@ class CalibratedCostModel(CostModel):
         for kernel, (forward, backward) in SLOWER_THAN_FLASH2.items():
             older[f"attention_{kernel}"] = e.attention / forward
             older[f"attention_{kernel}_backward"] = e.attention / per_charged / backward
-        return e.values() | older | {"attention_fused": fused,
+        return e.values() | older | {"matmul_fp8": e.matmul * e.fp8_ratio,
+                                     "attention_fused": fused,
                                      "attention_backward": e.attention / per_charged,
                                      "attention_fused_backward": fused / per_charged}
 
