@@ -9,8 +9,8 @@ their autograd keeps for the backward (`rules.EAGER_SAVED`: a norm's FP32 input,
 silu). Nothing else changes: the ops, tensors and FLOPs are the same, so the pass is a mark
 rather than a rewrite, and a compiled run's fusion (`fuse_elementwise`) takes the mark off the
 kinds it generates kernels for, except where the framework compiles only the
-transformer blocks and the op lies outside them (`eager="always"`: torchtitan's final norm and
-loss).
+transformer blocks and the op lies outside them (`eager="always"`: torchtitan's final norm, and
+its loss before it compiled the loss too, the row "torchtitan-2024").
 
 Why it matters: a memory-bound op moves its tensor once in a fused kernel, but torchtitan's
 eager RMSNorm moves it nine times over (an FP32 copy, its square, the scaled copy, the cast
@@ -39,14 +39,15 @@ ALWAYS = "always"
 
 
 @step_pass(at=LAYOUT + 1, bind=lambda o: o.layout and {"layout": o.layout},
-           structure={"layout": lambda p: (traits(p).eager,
-                                           traits(p).compiles_blocks_only)})
+           structure={"layout": lambda p: (traits(p).eager, traits(p).compiles_blocks_only,
+                                           traits(p).compiles_outside_blocks)})
 @contract(requires=("backward",))
 def decompose(graph: Graph, layout: Parallel) -> Graph:
     """`graph` with its ops of the layout's framework's eager kinds marked `eager` (see the
     module); `graph` itself where the framework runs none."""
     t = traits(layout)
     return with_params(graph, {
-        op.name: {"eager": ALWAYS if t.compiles_blocks_only and op.region is None else True}
+        op.name: {"eager": ALWAYS if (t.compiles_blocks_only and op.region is None
+                                      and op.kind not in t.compiles_outside_blocks) else True}
         for op in graph.ops()
         if op.kind in t.eager and op.phase in MARKED and not op.param("eager")})

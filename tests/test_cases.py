@@ -55,16 +55,17 @@ def test_the_shipped_file_loads_80_cases_of_seven_families(shipped):
         assert c.source and c.notes and c.id.startswith(c.family.split("_")[0])
         assert c.gpus == c.parallel.world  # tp x cp x pp x dp
         assert c.parallel.batch % (c.parallel.dp_degree * c.parallel.micro_batch) == 0
-        assert c.parallel.framework in ("megatron", "deepspeed-0.3", "torchtitan", "nanotron")
+        assert c.parallel.framework in ("megatron", "deepspeed-0.3", "torchtitan-2024",
+                                        "nanotron")
 
 
 def test_each_run_names_the_framework_its_source_ran():
     """The framework decides passes (gradient dtype, regathers, when reductions run), so each
     case names the one its source used: the Ultrascale Playbook ran nanotron, Narayanan et al.
-    Table 2's ZeRO-3 rows DeepSpeed of early 2021 (its v0.3 ZeRO-3), torchtitan's table
-    torchtitan, every other family Megatron-LM (Megatron-Core's table, SimuMax's B200 runs and
+    Table 2's ZeRO-3 rows DeepSpeed of early 2021 (its v0.3 ZeRO-3), torchtitan's December 2024
+    table torchtitan as it was then (its loss uncompiled: torchtitan-2024), every other family Megatron-LM (Megatron-Core's table, SimuMax's B200 runs and
     the two Megatron papers)."""
-    expected = {"ultrascale_playbook": "nanotron", "torchtitan_h100": "torchtitan"}
+    expected = {"ultrascale_playbook": "nanotron", "torchtitan_h100": "torchtitan-2024"}
     for c in cases_module.load_cases(cases_module.SHIPPED):
         want = ("deepspeed-0.3" if c.family == "narayanan21_tab2" and c.parallel.zero == 3
                 else expected.get(c.family, "megatron"))

@@ -14,7 +14,7 @@ from opgraph.passes.evaluate import resolve
 from opgraph.passes.replicate import replicate
 
 from opgraph import compile_step, hardware
-from opgraph.cost.costmodel import cost_model, message_bytes
+from opgraph.cost.costmodel import DEFAULT, cost_model, message_bytes
 from opgraph.parallel.distributed import compile_parallel, prepare, profile_parallel
 from opgraph.core.errors import OpgraphError
 from opgraph.core.ir import Phase
@@ -736,15 +736,28 @@ def test_eager_loss_moves_megatrons_vocab_parallel_kernels():
     assert sum(cost.op_cost(g, o).bytes.xreplace(subs) for o in backward) == (8 + 6) * n
 
 
-def test_torchtitan_compiles_its_blocks_only():
-    # apply_compile compiles each TransformerBlock; the final norm and the loss stay eager
+def test_torchtitan_compiles_its_blocks_and_since_april_2025_its_loss():
+    """apply_compile compiles each TransformerBlock and the final norm stays eager; torchtitan
+    compiles its loss beside them since bbb1b616e (build_cross_entropy_loss), where December
+    2024's (9dec370, the row torchtitan-2024) left it eager too. Eager, the loss holds two FP32
+    copies of the logits while it runs (`rules.EAGER_WORKSPACE`: the upcast and the softmax),
+    4 bytes each for the 8B's 128,256 logits of each of its 8,192 tokens; compiled, neither, so
+    the step's peak, which the loss sets, is lower by more than one copy and at most both."""
     from opgraph.core.pipeline import fusion_passes
+    from opgraph.parallel.distributed import prepare, step_figures
 
-    g = compile_parallel(preset("llama3-8b"), Parallel(dp=8, zero=3, framework="torchtitan"),
-                         extra_passes=fusion_passes("elementwise"))
-    eager = {op.name for op in g.ops() if op.param("eager")}
-    assert eager == {"final_norm", "loss"}
-    assert not [op for op in g.ops() if op.region is not None and op.param("eager")]
+    peaks = {}
+    for framework, eager in (("torchtitan", {"final_norm"}),
+                             ("torchtitan-2024", {"final_norm", "loss"})):
+        layout = Parallel(dp=8, zero=3, framework=framework, micro_batch=1, global_batch=8)
+        g = compile_parallel(preset("llama3-8b"), layout, extra_passes=fusion_passes("elementwise"))
+        assert {op.name for op in g.ops() if op.param("eager")} == eager, framework
+        assert not [op for op in g.ops() if op.region is not None and op.param("eager")]
+        job = prepare(preset("llama3-8b"), H100, layout, values={"S": 8192},
+                      extra_passes=fusion_passes("elementwise"))
+        peaks[framework] = step_figures(job, DEFAULT).memory.total
+    copy = 128256 * 8192 * 4
+    assert copy < peaks["torchtitan-2024"] - peaks["torchtitan"] <= 2 * copy
 
 
 # --- nanotron's pipeline split (`Traits.balances_stages`) ----------------------------------------

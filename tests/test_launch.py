@@ -259,6 +259,25 @@ def test_torchtitan_llama3_8b_fsdp_run(toml):
     assert launch.source.endswith("job.toml")
 
 
+def test_torchtitan_reads_which_torchtitan_compiled_the_loss(toml):
+    """torchtitan compiles its loss beside the blocks from April 2025 (bbb1b616e); a file that
+    says `training.batch_size` (renamed local_batch_size in June 2025) is the December 2024
+    layout, whose loss stayed eager: the row torchtitan-2024. `compile.components` (August 2025)
+    says it outright, and the writer says it so for that row."""
+    assert read_torchtitan(toml(TORCHTITAN_8B), gpus=8).parallel.framework == "torchtitan-2024"
+    assert read_torchtitan(toml(TORCHTITAN_8B_2025), gpus=64).parallel.framework == "torchtitan"
+    shipped = 'enable=false\ncomponents = ["model", "loss"]'
+    assert shipped in TORCHTITAN_8B_2025
+    for components, framework in (('["model", "loss"]', "torchtitan"),
+                                  ('["model"]', "torchtitan-2024")):
+        text = TORCHTITAN_8B_2025.replace(shipped, f"enable = true\ncomponents = {components}")
+        launch = read_torchtitan(toml(text), gpus=64)
+        assert (launch.parallel.framework, launch.fuse) == (framework, "elementwise")
+        assert read_torchtitan(toml(to_torchtitan(launch), "again.toml"), gpus=64) == launch
+    bad = TORCHTITAN_8B_2025.replace(shipped, 'components = "loss"')
+    assert "components" in one_line_error(read_torchtitan, toml(bad), gpus=64)
+
+
 def test_torchtitan_shard_minus_one_needs_the_gpus(toml):
     message = one_line_error(read_torchtitan, toml(TORCHTITAN_8B))
     assert "data_parallel_shard_degree = -1" in message and "--gpus" in message

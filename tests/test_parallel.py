@@ -613,7 +613,7 @@ def test_a_torchtitan_job_file_predicts_as_its_flags(cli, tmp_path):
     assert code == 0 and err == ""
     code, flags, _ = cli("profile", "--gpus", "8", "--zero", "3", "--micro-batch", "2",
                          "--recompute", "selective-op", "--fuse", "elementwise",
-                         "--framework", "torchtitan", "--json")  # a torchtitan job runs as one
+                         "--framework", "torchtitan-2024", "--json")  # as torchtitan of 9dec370
     _same_prediction(json.loads(out), json.loads(flags))
 
 

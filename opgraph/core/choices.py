@@ -83,7 +83,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 # BF16 through its BF16 optimizer, which adds each micro-batch's gradients into FP32
 # (`opgraph.parallel.frameworks`).
 FRAMEWORKS = ("megatron", "deepspeed", "deepspeed-0.3", "deepspeed-bf16", "torchtitan",
-              "nanotron", "composer")
+              "torchtitan-2024", "nanotron", "composer")
 # The frameworks that run DeepSpeed's pipeline engine (ZeRO 0 or 1 under a pipeline).
 DEEPSPEED = ("deepspeed", "deepspeed-0.3", "deepspeed-bf16")
 # The dtype gradients are reduced in across data-parallel ranks; None: the framework's default.

@@ -184,10 +184,14 @@ Each trait, with where each framework's code says so:
   (`loss_fn` defaults to `fused_crossentropy`, `llmfoundry/models/mpt/modeling_mpt.py`; its
   `gpu` extras install the kernel, `xentropy-cuda-lib`): the generic model.
 - `compiles_blocks_only`: torch.compile covers the transformer blocks alone, so the ops outside
-  the layer stack (the final norm, the loss) stay eager in a compiled run. torchtitan:
-  `apply_compile` compiles each `TransformerBlock` (`torchtitan/parallelisms/
-  parallelize_llama.py`), and `train.py` keeps the loss uncompiled ("compiling loss function
-  causes CUDA errors").
+  the layer stack (the final norm, the loss) stay eager in a compiled run, but for the kinds
+  `compiles_outside_blocks` names, which it compiles beside them. torchtitan: `apply_compile`
+  compiles each `TransformerBlock` (`torchtitan/models/llama3/infra/parallelize.py`), and since
+  April 2025 its loss too (`build_cross_entropy_loss`, pytorch/torchtitan@bbb1b616e; later
+  `compile.components`, whose default is the model and the loss), so its FP32 copies of the
+  logits are not made; the final norm stays eager. The row "torchtitan-2024" is torchtitan
+  before that, as its December 2024 benchmark runs ran it (9dec370, whose `train.py` keeps the
+  loss uncompiled: "compiling loss function causes CUDA errors").
 - `balances_stages`: a pipeline's layers are split by the blocks' compute costs rather than
   evenly. nanotron's `build_model` (`src/nanotron/models/base.py`) sums each pipeline block's
   cost from `get_block_compute_costs` (a decoder layer: its linear layers' weights,
@@ -371,6 +375,7 @@ class Traits:
     adds_grads_in_fp32: bool = False
     eager: frozenset[str] = frozenset()
     compiles_blocks_only: bool = False
+    compiles_outside_blocks: frozenset[str] = frozenset()
     balances_stages: bool = False
     buckets_grads: bool = False
     vocab_multiple: int | None = None
@@ -397,17 +402,19 @@ class Traits:
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
                     overlaps_reduce_at=frozenset({3}), gemm_per_expert=True, blocking_p2p=True,
                     partitions_p2p=True, syncs_tp_grads=True, replicates_at=frozenset())
+_TORCHTITAN = Traits(regather_in_recompute=False, unshards_once_with_pp=True,
+                     eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
+                     compiles_blocks_only=True, compiles_outside_blocks=frozenset({"cross_entropy"}),
+                     groups_by_module=True, copies_out_gathers=True,
+                     replicates_at=frozenset({3}), zero_stages=frozenset({0, 3}),
+                     zero_stages_under_cp=frozenset({3}), cp_comms=frozenset({"ring"}),
+                     tp_shards_sequence=True, syncs_tp_grads=True, repeats_kv_heads=True)
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "composer": Traits(regather_in_recompute=False, groups_by_module=True,
                        replicates_at=frozenset({3}), zero_stages=frozenset({0, 2, 3})),
-    "torchtitan": Traits(regather_in_recompute=False, unshards_once_with_pp=True,
-                         eager=frozenset({"rmsnorm", "rope", "swiglu", "cross_entropy"}),
-                         compiles_blocks_only=True, groups_by_module=True,
-                         copies_out_gathers=True, replicates_at=frozenset({3}),
-                         zero_stages=frozenset({0, 3}), zero_stages_under_cp=frozenset({3}),
-                         cp_comms=frozenset({"ring"}), tp_shards_sequence=True,
-                         syncs_tp_grads=True, repeats_kv_heads=True),
+    "torchtitan": _TORCHTITAN,
+    "torchtitan-2024": attrs.evolve(_TORCHTITAN, compiles_outside_blocks=frozenset()),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn", replicates_at=frozenset({1}),

@@ -51,7 +51,7 @@ _TT_READ = {  # keys that become part of the Launch
     "parallelism.pipeline_parallel_layers_per_stage",
     "parallelism.pipeline_parallel_first_stage_less_layers",
     "parallelism.pipeline_parallel_last_stage_less_layers",
-    "compile.enable", "float8.enable_float8_linear",
+    "compile.enable", "compile.components", "float8.enable_float8_linear",
     "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
 }
 _TT_ASSUMED = {  # known keys whose time-relevant effect opgraph models only at this value
@@ -79,7 +79,7 @@ _TT_QUIET = {
     "activation_checkpoint.debug", "activation_checkpoint.early_stop",
     "activation_checkpoint.memory_budget", "activation_checkpoint.visualize_memory_budget_pareto",
     "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
-    "compile.components", "compile.backend",
+    "compile.backend",
     "experimental.custom_import", "experimental.custom_args_module",
 }
 _TT_QUIET_PREFIXES = ("training.dataloader.", "validation.")
@@ -382,12 +382,31 @@ def _from_torchtitan(data: dict, gpus: int | None, source: str) -> Launch:
         virtual_stages=_tt_virtual_stages(keys, model, pp, unknown),
         sequence_parallel=tp > 1, zero=zero, replicate=replicate,
         async_tp=_tt_flag(keys, "parallelism.enable_async_tensor_parallel"),
-        grad_reduce_dtype="bf16" if reduce == "bfloat16" else None, framework="torchtitan")
+        grad_reduce_dtype="bf16" if reduce == "bfloat16" else None,
+        framework=_tt_framework(keys, data, unknown))
     return Launch(model=model, seq_len=_tt_whole(keys, "training.seq_len", 2048),
                   parallel=layout, recompute=_tt_recompute(keys),
                   precision=_tt_precision(keys, unknown),
                   fuse="elementwise" if _tt_flag(keys, "compile.enable") else None,
                   unknown=tuple(unknown), source=source)
+
+
+def _tt_framework(keys: dict, data: dict, unknown: list[str]) -> str:
+    """The framework row the file's torchtitan runs: "torchtitan", whose torch.compile takes the
+    loss beside the blocks (from pytorch/torchtitan@bbb1b616e, April 2025; `compile.components`,
+    August 2025, default the model and the loss), or "torchtitan-2024", which leaves the loss
+    eager: a file that says `training.batch_size` (renamed `local_batch_size` in June 2025), as
+    the December 2024 benchmark runs' do (9dec370). A file of April to June 2025 in that layout
+    ran the compiled loss and is read as the earlier."""
+    components = keys.get("compile.components")
+    if components is not None:
+        if not isinstance(components, list) or not all(isinstance(c, str) for c in components):
+            raise OpgraphError(f"torchtitan compile.components = {components!r}: give a list of "
+                               'names, e.g. ["model", "loss"]')
+        if "model" not in components:
+            unknown.append(f"compile.components = {components!r} (read as the model compiled)")
+        return "torchtitan" if "loss" in components else "torchtitan-2024"
+    return "torchtitan-2024" if "batch_size" in data.get("training", {}) else "torchtitan"
 
 
 def _has_experts(model: str | Config) -> bool:
@@ -435,7 +454,7 @@ def to_torchtitan(launch: Launch) -> str:
                            f"{', '.join(by_preset)}")
     name, flavor = by_preset[launch.model]
     p = launch.parallel
-    own_framework(p, "torchtitan")
+    own_framework(p, "torchtitan-2024" if p.framework == "torchtitan-2024" else "torchtitan")
     if p.size("dp") > 1 and p.zero not in (0, 3):
         raise OpgraphError(f"torchtitan has no ZeRO stage {p.zero}: it runs FSDP (zero 3) or "
                            "DDP (zero 0)")
@@ -497,7 +516,10 @@ def to_torchtitan(launch: Launch) -> str:
         checkpoint["selective_ac_option"] = "op"
     sections = {"model": model, "training": training, "parallelism": parallelism,
                 "activation_checkpoint": checkpoint,
-                "compile": {"enable": launch.fuse == "elementwise"}}
+                "compile": {"enable": launch.fuse == "elementwise",
+                            # the row that leaves the loss eager (`_tt_framework`)
+                            **({"components": ["model"]} if launch.fuse == "elementwise"
+                               and p.framework == "torchtitan-2024" else {})}}
     lines = ["# torchtitan job config written by opgraph"]
     for section, table in sections.items():
         lines.append(f"[{section}]")
