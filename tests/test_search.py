@@ -511,16 +511,19 @@ def test_headroom_keeps_memory_free_of_every_layout(cli):
                                                              for x in after}
 
 
-@pytest.mark.parametrize("emit", ["torchtitan", "megatron"])
-def test_emitted_config_profiles_back_to_the_same_figures(cli, tmp_path, emit):
+@pytest.mark.parametrize("emit, framework", [("torchtitan", "torchtitan"),
+                                             ("torchtitan", "torchtitan-2024"),
+                                             ("megatron", "megatron")])
+def test_emitted_config_profiles_back_to_the_same_figures(cli, tmp_path, emit, framework):
     """The best layout torchtitan (or Megatron-LM) can express, emitted, then read by
     `profile --torchtitan` (`--megatron-args`): the plan's figures, each layout ranked as the
-    framework it is written for runs it (`--emit X` plans as `--framework X`)."""
+    framework it is written for runs it (`--emit X` plans as `--framework X`, or as the row of
+    that framework `--framework` names: torchtitan-2024)."""
     argv = ("plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "32",
             "--seq-len", "4096", "--recompute", "full", "--precision", "bf16",
             "--zero", "3", "--cp", "1", "--max-pp", "2", "--max-micro-batch", "2",
-            "--max-virtual-stages", "2")
-    code, out, _ = cli(*argv, "--framework", emit, "--top", "30", "--json")
+            "--max-virtual-stages", "2", "--framework", framework)
+    code, out, _ = cli(*argv, "--top", "30", "--json")
     ranked = json.loads(out)["layouts"]
     code, text, _ = cli(*argv, "--top", "1", "--emit", emit)
     assert code == 0

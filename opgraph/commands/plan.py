@@ -13,6 +13,9 @@ from ..core.limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
 from .args import check_command_outputs, json_text, positive_float, recompute, whole
 
 EMITS = ("torchtitan", "megatron")
+# the framework rows each --emit format can say (torchtitan's writer names the loss it leaves
+# uncompiled, `io.launch.torchtitan._tt_framework`); the first is the format's own
+EMITTED = {"torchtitan": ("torchtitan", "torchtitan-2024"), "megatron": ("megatron",)}
 # The degrees a constraint fixes (--tp 8) or bounds (--max-tp 4), as the help names them.
 FIXED = {"tp": "tensor-parallel degree", "cp": "context-parallel degree",
          "ep": "expert-parallel degree", "pp": "pipeline-parallel degree",
@@ -178,14 +181,14 @@ def run(args) -> int:
         raise OpgraphError("--emit prints the config alone; give --emit or --json, not both")
     if args.emit and args.rank:
         raise OpgraphError("--emit prints the config alone; give --emit or --rank, not both")
-    if args.emit and args.framework not in (None, args.emit):
+    if args.emit and args.framework not in (None, *EMITTED[args.emit]):
         raise OpgraphError(f"--emit {args.emit} writes a {args.emit} config, but the layouts "
-                           f"follow --framework {args.framework}; give the same one, or leave "
-                           "one out")
+                           f"follow --framework {args.framework}; give "
+                           f"{' or '.join(EMITTED[args.emit])}, or leave it out")
     if args.emit and len(sizes) > 1:
         raise OpgraphError("--emit writes one job's config: give one --gpus")
     if args.emit:  # the layouts ranked as the framework they are written for runs them
-        args.framework = args.emit
+        args.framework = args.framework or args.emit
     if args.rank and len(sizes) > 1:
         raise OpgraphError("--rank places one job's layout: give one --gpus")
     explained = [flag for flag, given in (("--compare", args.compare),
