@@ -299,7 +299,28 @@ def test_torchtitan_2025_layout_405b_3d_run(toml):
     assert launch.recompute == "full"
     assert launch.precision == "fp8"
     assert launch.fuse == "elementwise"
-    assert launch.unknown == ()
+    # FSDP's Float8 all-gather (and its scales precomputed for it) gathers FP8 weights, half the
+    # bytes of opgraph's BF16 gathers: reported, not modelled
+    assert launch.unknown == (
+        "quantize.linear.float8.enable_fsdp_float8_all_gather = True (opgraph models False)",
+        "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp = True (opgraph models "
+        "False)")
+
+
+def test_torchtitan_float8_options_it_does_not_model_are_reported(toml):
+    """torchao's row-wise recipe and the FP8 weight re-cast in the backward change the step;
+    the file says them, so the launch lists them. Without Float8 they change nothing."""
+    text = TORCHTITAN_405B.replace("enable_fsdp_float8_all_gather = true",
+                                   'enable_fsdp_float8_all_gather = false\nrecipe_name = "rowwise"'
+                                   "\nforce_recompute_fp8_weight_in_bwd = true"
+                                   ).replace("precompute_float8_dynamic_scale_for_fsdp = true",
+                                             "precompute_float8_dynamic_scale_for_fsdp = false")
+    launch = read_torchtitan(toml(text), gpus=512)
+    assert launch.unknown == (
+        "quantize.linear.float8.recipe_name = 'rowwise' (opgraph models 'tensorwise')",
+        "quantize.linear.float8.force_recompute_fp8_weight_in_bwd = True (opgraph models False)")
+    bf16 = text.replace('converters = ["quantize.linear.float8"]', "converters = []")
+    assert read_torchtitan(toml(bf16, "bf16.toml"), gpus=512).unknown == ()
 
 
 def test_torchtitan_2025_shipped_8b_file(toml):
@@ -323,7 +344,7 @@ def test_torchtitan_other_converters_are_reported(toml):
                                    '["quantize.linear.float8", "quantize.grouped_mm.mx"]')
     launch = read_torchtitan(toml(text), gpus=512)
     assert launch.precision == "fp8"
-    assert launch.unknown == ("model.converters 'quantize.grouped_mm.mx'",)
+    assert launch.unknown[0] == "model.converters 'quantize.grouped_mm.mx'"
 
 
 def test_torchtitan_late_2024_pipeline_microbatches(toml):
@@ -371,7 +392,7 @@ def test_torchtitan_real_keys_opgraph_does_not_model_are_reported(toml):
     assert any(e.startswith("pipeline_parallel_schedule = 'ZBVZeroBubble'")
                for e in launch.unknown)
     assert any(e.startswith("optimizer.name = 'Muon'") for e in launch.unknown)
-    assert len(launch.unknown) == 3
+    assert len(launch.unknown) == 3 + 2  # and the file's two Float8 FSDP options
 
 
 @pytest.mark.parametrize("edit, words", [

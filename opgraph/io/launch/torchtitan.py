@@ -91,6 +91,13 @@ TORCHTITAN_MODELS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-7
                      ("llama3", "405B"): "llama3.1-405b",
                      ("deepseek_v3", "16B"): "deepseek-v2-lite"}
 _TT_FLOAT8 = ("float8", "quantize.linear.float8")  # model.converters that turn float8 on
+# Float8 options whose effect opgraph models only at this value (their sections are otherwise
+# quiet): tensor-wise scaling, FSDP gathering BF16 weights and each layer's FP8 weight kept
+# for its backward (torchao's Float8LinearConfig, as torchtitan's [float8] and
+# [quantize.linear.float8] sections pass them)
+_TT_FLOAT8_ASSUMED = {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": False,
+                      "precompute_float8_dynamic_scale_for_fsdp": False,
+                      "force_recompute_fp8_weight_in_bwd": False}
 _TT_SINGLE_STAGE = ("1F1B", "GPipe")  # one stage per rank; the others interleave several
 _TT_MODELLED_SCHEDULES = ("1F1B", "Interleaved1F1B")
 
@@ -271,6 +278,13 @@ def _tt_precision(keys: dict, unknown: list[str]) -> str:
     unknown.extend(f"model.converters {c!r}" for c in converters if c not in _TT_FLOAT8)
     fp8 = _tt_flag(keys, "float8.enable_float8_linear") or any(c in _TT_FLOAT8
                                                                for c in converters)
+    if fp8:  # the Float8 options that change the step, which opgraph's FP8 does not model
+        for section in ("float8", "quantize.linear.float8"):
+            for name, modelled in _TT_FLOAT8_ASSUMED.items():
+                value = keys.get(f"{section}.{name}")
+                if value is not None and value != modelled:
+                    unknown.append(f"{section}.{name} = {value!r} (opgraph models "
+                                   f"{modelled!r})")
     return "fp8" if fp8 else "bf16"
 
 
