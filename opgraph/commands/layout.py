@@ -59,8 +59,9 @@ def add_framework_args(group, search: bool = False) -> None:
                             "gradient-reduction dtype; deepspeed-0.3 is DeepSpeed before v0.5.5, "
                             "whose ZeRO-3 calls copy each rank's piece apart and whose gathers "
                             "wait for the compute; deepspeed-bf16 is DeepSpeed's BF16 optimizer, "
-                            "adding each micro-batch's gradients into FP32; composer is "
-                            "Composer's FSDP1 (LLM Foundry) "
+                            "adding each micro-batch's gradients into FP32; torchtitan-2024 is "
+                            "torchtitan before April 2025, whose torch.compile leaves the loss "
+                            "eager; composer is Composer's FSDP1 (LLM Foundry) "
                             "(default: a generic FSDP-like model)")
     group.add_argument("--grad-reduce-dtype", choices=GRAD_REDUCE_DTYPES,
                        help="the dtype gradients are reduced in across data-parallel ranks "
