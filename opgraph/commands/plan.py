@@ -6,16 +6,16 @@ from __future__ import annotations
 import math
 import sys
 
-from ..core.choices import PRECISIONS
+from ..core.choices import PRECISIONS, TORCHTITAN
 from ..core.choices import ZERO_STAGES as ZERO
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
 from .args import check_command_outputs, json_text, positive_float, recompute, whole
 
-EMITS = ("torchtitan", "megatron")
-# the framework rows each --emit format can say (torchtitan's writer names the loss it leaves
-# uncompiled, `io.launch.torchtitan._tt_framework`); the first is the format's own
-EMITTED = {"torchtitan": ("torchtitan", "torchtitan-2024"), "megatron": ("megatron",)}
+# The formats --emit writes, each with the framework rows it can say (torchtitan's writer names
+# the loss it leaves uncompiled, `io.launch.torchtitan._tt_framework`); the first its own
+EMITTED = {"torchtitan": TORCHTITAN, "megatron": ("megatron",)}
+EMITS = tuple(EMITTED)
 # The degrees a constraint fixes (--tp 8) or bounds (--max-tp 4), as the help names them.
 FIXED = {"tp": "tensor-parallel degree", "cp": "context-parallel degree",
          "ep": "expert-parallel degree", "pp": "pipeline-parallel degree",

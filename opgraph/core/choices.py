@@ -86,6 +86,9 @@ FRAMEWORKS = ("megatron", "deepspeed", "deepspeed-0.3", "deepspeed-bf16", "torch
               "torchtitan-2024", "nanotron", "composer")
 # The frameworks that run DeepSpeed's pipeline engine (ZeRO 0 or 1 under a pipeline).
 DEEPSPEED = ("deepspeed", "deepspeed-0.3", "deepspeed-bf16")
+# torchtitan's rows: today's, and December 2024's, whose torch.compile left the loss eager; its
+# config writer says either (`io.launch.torchtitan`)
+TORCHTITAN = ("torchtitan", "torchtitan-2024")
 # The dtype gradients are reduced in across data-parallel ranks; None: the framework's default.
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 # The attention kernels a framework may run (`opgraph.parallel.frameworks`'s `attention_library`):

@@ -509,7 +509,7 @@ SLOWER_THAN_FLASH2 = {"triton": (1.4, 2.0), "flash1": (2.0, 2.0)}
 # `attention` and `attention_fused`, the last two in
 # FlashAttention's backward's charged FLOPs, and each earlier kernel's forward and backward
 # (`CalibratedCostModel._rates`).
-RATES = ("matmul", "matmul_fp8", "attention", "attention_backward", "attention_fused",
+RATES = ("matmul", *DTYPE_RATES.values(), "attention", "attention_backward", "attention_fused",
          "attention_fused_backward",
          *(f"attention_{kernel}{part}" for kernel in SLOWER_THAN_FLASH2
            for part in ("", "_backward")))

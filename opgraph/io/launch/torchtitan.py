@@ -7,6 +7,7 @@ import math
 import tomllib
 from pathlib import Path
 
+from ...core.choices import TORCHTITAN
 from ...core.datafile import read_small
 from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
@@ -468,7 +469,7 @@ def to_torchtitan(launch: Launch) -> str:
                            f"{', '.join(by_preset)}")
     name, flavor = by_preset[launch.model]
     p = launch.parallel
-    own_framework(p, "torchtitan-2024" if p.framework == "torchtitan-2024" else "torchtitan")
+    own_framework(p, p.framework if p.framework in TORCHTITAN else "torchtitan")
     if p.size("dp") > 1 and p.zero not in (0, 3):
         raise OpgraphError(f"torchtitan has no ZeRO stage {p.zero}: it runs FSDP (zero 3) or "
                            "DDP (zero 0)")
