@@ -22,9 +22,10 @@ def test_every_forward_kind_has_a_row():
 
 def test_every_kind_has_a_shape_and_a_flop_rule():
     """Forward kinds, their backward kernels, the optimizer's and a fused group's (`fused`, made
-    by `Replacement.fuse`): the two tables agree."""
+    by `Replacement.fuse`), the precision and parallel passes' kernels and the collectives: the
+    two tables agree."""
     kinds = {*rules.FORWARD_KINDS, *rules.BACKWARD_KINDS, "adamw", "fused",
-             *rules.PRECISION_KINDS, *rules.COLLECTIVE_KINDS}
+             *rules.PRECISION_KINDS, *rules.PARALLEL_KINDS, *rules.COLLECTIVE_KINDS}
     assert set(rules.SHAPE_RULES) == set(rules.FLOP_RULES) == kinds
 
 

@@ -528,7 +528,8 @@ def _schedule(job: Job, cost: CostModel, rank: int | None, runs: dict | None = N
               ) -> tuple[ParallelResult, _Timed]:
     layout = job.layout
     options = dict(async_tp=layout.async_tp, deferred=deferred_groups(layout),
-                   prefetch=not traits(layout).syncs_before_gather)
+                   prefetch=not traits(layout).syncs_before_gather,
+                   chunks=(("tp", layout.tp), ("cp", layout.cp)))
 
     def run(plan, times, keep_events=True):
         if runs is None:

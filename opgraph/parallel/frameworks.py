@@ -347,6 +347,16 @@ Each trait, with where each framework's code says so:
   repeats", ff0829c10, 2026-01-27), which this table does not follow. Megatron-LM (Transformer
   Engine, cuDNN and FlashAttention take grouped heads) and nanotron (flash-attn) do not.
 
+- `sums_tp_partials`: under async TP, its matmul reduce-scatter exchanges the partial products
+  and sums them in a kernel of its own (`passes.sum_tp_partials`). PyTorch's micro-pipelined
+  TP, which torchtitan's `enable_async_tensor_parallel` runs
+  (`torch/distributed/_symmetric_memory/__init__.py`: `_fused_matmul_reduce_scatter_impl`
+  computes each rank's block of the product into a symmetric buffer, copies the blocks
+  between the GPUs, `_pipelined_produce_and_all2all`, and sums the group's blocks of its own
+  shard on the compute stream, `reduce_partials`). Megatron-LM's TP communication overlap
+  (Transformer Engine's userbuffers) reduces on its communication kernels' SMs, as NCCL
+  does: not it.
+
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
 the table holds what no field says.
@@ -397,6 +407,7 @@ class Traits:
     tp_shards_sequence: bool = False
     repeats_kv_heads: bool = False
     sorts_by_local_expert: bool = False
+    sums_tp_partials: bool = False
 
 
 _DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
@@ -409,7 +420,8 @@ _TORCHTITAN = Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                      groups_by_module=True, copies_out_gathers=True,
                      replicates_at=frozenset({3}), zero_stages=frozenset({0, 3}),
                      zero_stages_under_cp=frozenset({3}), cp_comms=frozenset({"ring"}),
-                     tp_shards_sequence=True, syncs_tp_grads=True, repeats_kv_heads=True)
+                     tp_shards_sequence=True, syncs_tp_grads=True, repeats_kv_heads=True,
+                     sums_tp_partials=True)
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
     "composer": Traits(regather_in_recompute=False, groups_by_module=True,

@@ -16,7 +16,9 @@ its group's stream (one per parallel degree: tp, cp, ep, dp, pp), in the order i
 - a compute op waits for the collectives it reads. Where the collective is `overlapped` with
   its reader (ring attention's K/V passing under the attention, not context parallelism's
   all-to-all; tensor-parallel communication under its matmul with `--async-tp`), the reader
-  may start with it and ends no earlier than it;
+  may start with it and ends no earlier than it; such a collective moves its data in blocks,
+  one per rank of its group, so its reader's last block (a gather's) or its writer's first
+  (a scatter's) stays outside the overlap (`Streams._fill`): max(op, collective + op / n);
 - without `overlap_grad_reduce` (Megatron-LM's default) the gradient reductions wait for the
   backward to end: they start when the optimizer needs them; where a framework reduces a
   tensor-parallel input gradient after the weight gradient (`frameworks.deferred_groups`),
@@ -89,6 +91,12 @@ class Run:
     exposed_s: dict  # collective op name -> seconds the compute stream waited while it ran
     events: tuple[Event, ...]
     queued_s: dict = attrs.field(factory=dict)  # name -> seconds waited before it started
+
+
+# The overlapped collectives whose writer sends its blocks as it computes them (`Streams._fill`):
+# a reduce-scatter, and the all-to-all of partial products that stands for one where the
+# framework sums them apart (`passes.sum_tp_partials`).
+SCATTERS = ("reduce_scatter", "all_to_all")
 
 
 def overlapped(group: str, async_tp: bool, kind: str) -> bool:
@@ -294,15 +302,17 @@ def _instance(i: int, n: int) -> int:
 
 
 def simulate(p: Plan, seconds: dict, *, async_tp: bool = False, deferred: tuple = (),
-             keep_events: bool = True, prefetch: bool = True) -> Run:
+             keep_events: bool = True, prefetch: bool = True, chunks: tuple = ()) -> Run:
     """Run a planned micro-batch once: `seconds[op]` is one instance's time. Backward
     collectives of the `deferred` groups wait for the compute that reads them rather than
     starting when their input is written (Megatron-LM without `--overlap-grad-reduce`;
     `frameworks.deferred_groups`). A weight's gather
     starts a layer ahead of its reader, or, without `prefetch`, once the compute before its
-    reader has run (a framework that synchronizes the device before each gather). Returns the
-    span of the compute stream (with what it waited for). `Streams` does the work."""
-    return Streams(p, seconds, async_tp, deferred, keep_events, prefetch).run()
+    reader has run (a framework that synchronizes the device before each gather). `chunks`,
+    (group, blocks) pairs: the blocks an overlapped collective of that group moves in turn
+    (`overlapped`; the tensor- and context-parallel degrees). Returns the span of the compute
+    stream (with what it waited for). `Streams` does the work."""
+    return Streams(p, seconds, async_tp, deferred, keep_events, prefetch, chunks).run()
 
 
 class Streams:
@@ -318,10 +328,11 @@ class Streams:
     that layer shifted by its length, added at once (`_repeat`)."""
 
     def __init__(self, p: Plan, seconds: dict, async_tp: bool = False, deferred: tuple = (),
-                 keep_events: bool = True, prefetch: bool = True):
+                 keep_events: bool = True, prefetch: bool = True, chunks: tuple = ()):
         self.plan, self.seconds = p, seconds
         self.async_tp, self.deferred, self.keep_events = async_tp, deferred, keep_events
         self.prefetch = prefetch
+        self.chunks = dict(chunks)
         comms = p.comms
         self.ready: dict[tuple[str, int], tuple[float, float]] = {}  # (tensor, i) -> writer's
         self.free = dict.fromkeys(GROUPS, 0.0)  # when each group's stream is next free
@@ -413,12 +424,15 @@ class Streams:
             self.now = now + self.lengths[id(op)]
             return
         comms = self.plan.comms
-        start, floor, waited_on, began = now, 0.0, None, now
+        duration = self.seconds[op.name]
+        start, floor, outlasting, waited_on, began = now, 0.0, None, None, now
         for name in op.waits_on:
             s, e, comm = self._need(name, i, op)
             if comm is not None and overlapped(comms[comm].group, self.async_tp,
                                                comms[comm].kind):
-                floor = max(floor, e)
+                done = e + self._fill(comms[comm], ("all_gather",), duration)
+                if done > floor:
+                    floor, outlasting = done, comm
                 e = s
             if e > start:
                 start, waited_on, began = e, comm, s
@@ -427,14 +441,9 @@ class Streams:
         self.started[(op.name, i)] = start
         if self.log is not None:
             self.log.append((_STARTED, (op.name, i), start, 0.0))
-        duration = self.seconds[op.name]
         end = max(start + duration, floor)
         if floor > start + duration:  # an overlapped collective outlasted its reader
-            for name in op.waits_on:
-                _, e, comm = self._need(name, i, op)
-                if comm is not None and e == floor:
-                    self._expose(comm, floor - start - duration)
-                    break
+            self._expose(outlasting, floor - start - duration)
         self.busy += duration
         if self.keep_events and duration > 0:
             self.events.append(Event(op.name, "compute", start, start + duration, op.phase,
@@ -448,7 +457,19 @@ class Streams:
             c = comms[reader]
             if not self._deferred(c):
                 self._comm(c, _instance(i, c.count),
-                           start if overlapped(c.group, self.async_tp, c.kind) else end)
+                           start + self._fill(c, SCATTERS, duration)
+                           if overlapped(c.group, self.async_tp, c.kind) else end)
+
+    def _fill(self, c: _Comm, kinds: tuple[str, ...], duration: float) -> float:
+        """The part of an op's `duration` that cannot overlap collective `c` where `c` is of
+        one of `kinds` and moves its data in blocks, one per rank of its group (`chunks`),
+        each beside the compute of another: a gather's reader computes its last block after
+        that block arrives (torch's micro-pipelined all-gather matmul; the ring's blocks of
+        keys and values), a scatter's writer computes its first block before any is sent (the
+        fused matmul reduce-scatter, `SCATTERS`; the ring's gradients of the keys and
+        values). 0 for another kind, or a group not pipelined."""
+        n = self.chunks.get(c.group, 1)
+        return duration / n if c.kind in kinds and n > 1 else 0.0
 
     def _comm(self, c: _Comm, i: int, earliest: float) -> tuple[float, float]:
         """Instance `i` of collective `c` on its group's stream, no earlier than `earliest`,

@@ -88,6 +88,7 @@ FORWARD_KINDS: tuple[str, ...] = ()
 BACKWARD_KINDS: tuple[str, ...] = ()  # `<kind>_backward` kernels (a matmul's are matmuls)
 COLLECTIVE_KINDS: tuple[str, ...] = ()
 PRECISION_KINDS: tuple[str, ...] = ()
+PARALLEL_KINDS: tuple[str, ...] = ()  # compute kernels the parallel passes make
 
 # trait -> the table it fills, for the traits that are one row keyed by the kind's name
 _ROWS = (("grid", GEMM_GRIDS), ("scores", ATTENTION_SCORES), ("efficiency", EFFICIENCY),
@@ -100,7 +101,7 @@ _BACKWARD_ROWS = (("backward_shape", SHAPE_RULES), ("backward_flops", FLOP_RULES
                   ("backward_view", VIEWS), ("backward_scores", ATTENTION_SCORES),
                   ("backward_efficiency", EFFICIENCY))
 _TUPLES = {"forward": "FORWARD_KINDS", "collective": "COLLECTIVE_KINDS",
-           "precision": "PRECISION_KINDS"}
+           "precision": "PRECISION_KINDS", "parallel": "PARALLEL_KINDS"}
 
 
 def register(k: Kind, *, builtin: bool = True) -> None:
@@ -272,8 +273,8 @@ __all__ = ["ACTIVE_FRACTION", "ALONG_SEQUENCE", "ATTENTION_BACKWARD", "ATTENTION
            "DEFINED_FUSION_CLASSES", "EAGER_BACKWARD_BYTES", "EAGER_BACKWARD_WORKSPACE",
            "EAGER_BYTES", "EAGER_SAVED", "EAGER_WORKSPACE", "EFFICIENCY", "FLOP_RULES",
            "FORWARD_KINDS", "FP8_KINDS", "FUSION_CLASSES", "GEMM_GRIDS", "GROUPS", "KEPT", "KINDS",
-           "OPERANDS", "PRECISION_KINDS", "SAVES", "SHAPE_ONLY_BACKWARD", "SHAPE_RULES",
-           "SHARDING", "SHARD_ROLES", "TABLES", "VIEWS", "VJP_RULES",
+           "OPERANDS", "PARALLEL_KINDS", "PRECISION_KINDS", "SAVES", "SHAPE_ONLY_BACKWARD",
+           "SHAPE_RULES", "SHARDING", "SHARD_ROLES", "TABLES", "VIEWS", "VJP_RULES",
            "Example", "Kind", "Shape", "ShapeError", "attention_scores", "backward_shape",
            "count_flops", "eager_backward_bytes", "eager_bytes", "eager_saved", "eager_workspace",
            "gemm_grid", "infer_shapes", "is_view", "kind", "per_element", "per_input", "register",

@@ -203,9 +203,9 @@ class Example:
 
 
 # Which tables a kind has rows in: a forward kind (a model's op) has every trait; the kinds the
-# passes make (the optimizer's update, a fused kernel, FP8 casts, collectives) have a shape and a
-# FLOP rule, and a collective a VJP.
-GROUPS = ("forward", "optimizer", "fused", "precision", "collective")
+# passes make (the optimizer's update, a fused kernel, FP8 casts, the parallel passes' compute
+# kernels, collectives) have a shape and a FLOP rule, and a collective a VJP.
+GROUPS = ("forward", "optimizer", "fused", "precision", "parallel", "collective")
 
 
 @attrs.frozen

@@ -1,7 +1,9 @@
 """Kernels the passes make, not a model: a fused kernel (`opgraph.core.rewrite.Replacement.fuse`),
 FP8's tensor-wise scaling casts (`opgraph.passes.precision`, as torchao's Float8Linear and
-Transformer Engine do it; the pass places them in both phases itself, so they have no VJP), and
-collectives (`opgraph.passes.shard`, `opgraph.parallel.collectives`)."""
+Transformer Engine do it; the pass places them in both phases itself, so they have no VJP), the
+sum of the partial products a micro-pipelined matmul reduce-scatter exchanged
+(`opgraph.passes.sum_tp_partials`), and collectives (`opgraph.passes.shard`,
+`opgraph.parallel.collectives`)."""
 
 from __future__ import annotations
 
@@ -82,6 +84,17 @@ def _reduce_scatter_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     return _gathered(ins, params, grow=False)
 
 
+def _sum_partials_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """The `size` partial sums of one GPU's shard that the group's GPUs computed, side by side
+    along `axis` as an all-to-all left them -> their sum, the shard."""
+    return _gathered(ins, params, grow=False)
+
+
+def _sum_partials_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
+    """`size` - 1 adds per element of the shard."""
+    return ins[0].numel - outs[0].numel
+
+
 def _exchange_shape(ins: list[Tensor], params: dict) -> list[Shape]:
     _require(len(ins) == 1, lambda: f"a collective reads one tensor, not {len(ins)}")
     return [ins[0].shape]
@@ -125,6 +138,8 @@ KINDS = (
     kind("cast", shape=_cast_shape,
          flops=per_element(2),  # times the scale (fp8_max / amax), clamped to the range
          vjp=None, group="precision"),
+    kind("sum_partials", shape=_sum_partials_shape, flops=_sum_partials_flops, vjp=None,
+         group="parallel"),
     kind("all_reduce", shape=_exchange_shape,  # partial sums -> their sum, on every GPU
          flops=_no_flops, vjp=_collective_vjp, group="collective"),
     kind("reduce_scatter", shape=_reduce_scatter_shape, flops=_no_flops, vjp=_collective_vjp,
