@@ -39,6 +39,18 @@ def test_a_prediction_is_what_profile_gives_under_each_cost_model(shipped, case_
                                                    r.memory.allocated), name
 
 
+def test_a_prediction_says_where_its_step_goes(shipped):
+    """Each prediction carries the step split as the schedule runs rank 0 (compute, bubble,
+    each group's exposed communication, ...; `ParallelResult.parts`), in its JSON too: the
+    parts add up to the predicted step, and a pipeline without virtual stages has a bubble."""
+    case = shipped["simumax_b200_llama3_70b_l12_tp1_pp2_dp4_mbc4_cef"]
+    got = v.predict(case)
+    parts = got.to_json()["predicted_parts_s"]
+    assert parts == dict(case.job(v.DEFAULT).profile().parallel.parts())
+    assert sum(parts.values()) == pytest.approx(got.predicted_step_time_s, rel=1e-9)
+    assert parts["compute"] > 0 and parts["bubble"] > 0
+
+
 def test_memory_is_compared_on_the_stage_the_source_read_it_on():
     """nanotron writes its benchmark CSV on world rank 0, the first pipeline stage, so the
     playbook's cases say `peak_memory_stage` 0: the prediction compared is that stage's, here

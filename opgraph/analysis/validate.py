@@ -52,6 +52,9 @@ class Prediction:
     # what decides whether it fits: the fullest stage's allocated peak (`Memory.fits`), where the
     # figures above are another stage's (`Case.measured_peak_memory_stage`)
     predicted_fit_bytes: int | None = None
+    # the predicted step split as the schedule runs rank 0 (`ParallelResult.parts`: compute,
+    # bubble, each group's exposed communication, ...), in seconds: where a miss can come from
+    parts: tuple[tuple[str, float], ...] = ()
 
     @property
     def error(self) -> float:
@@ -75,6 +78,8 @@ class Prediction:
                "predicted_step_time_s": self.predicted_step_time_s, "error": self.error,
                "predicted_mfu": self.mfu,
                "predicted_peak_memory_gb": self.predicted_peak_memory_bytes / 1e9}
+        if self.parts:
+            out["predicted_parts_s"] = dict(self.parts)
         if self.predicted_allocated_bytes is not None:
             out["predicted_allocated_memory_gb"] = self.predicted_allocated_bytes / 1e9
         measured = self.case.measured_peak_memory_bytes
@@ -108,7 +113,7 @@ def predict(case: Case, cost: CostModel = DEFAULT) -> Prediction:
     if case.measured_peak_memory_stage is not None:
         memory = job.stages[job.kinds[case.measured_peak_memory_stage]].memory
     return Prediction(case, r.step_time_s, memory.total, r.mfu, memory.allocated,
-                      r.memory.allocated)
+                      r.memory.allocated, tuple(r.parts().items()))
 
 
 @attrs.frozen
