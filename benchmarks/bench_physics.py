@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT))
 
 def main(argv: list[str]) -> int:
     from opgraph.cost import calibration
-    from opgraph import hardware as hw
     from opgraph.io.cases import load_cases
     from opgraph.cost.costmodel import cost_model
     from opgraph.analysis.validate import (cross_validate, format_cross_validation, rank,
@@ -90,7 +89,7 @@ def main(argv: list[str]) -> int:
           f"median error {errors[len(errors) // 2] * 100:+.1f}%, from {errors[0] * 100:+.1f}% to "
           f"{errors[-1] * 100:+.1f}%")
 
-    capacity = {c.hardware: hw.get(c.hardware).memory_bytes for c in sweep_cases(sweep)}
+    capacity = {c.part_id: c.part().memory_bytes for c in sweep_cases(sweep)}
     summary = rank_summary(rank(sweep, capacity))
     print(f"\n(d) playbook sweep by model and node count ({len(summary['groups'])} groups): "
           f"median Spearman {summary['median_spearman']:.2f} (target >= 0.85), mean regret "
@@ -161,16 +160,12 @@ def pipeline_sends(predictions) -> str:
     prediction."""
     import statistics
 
-    from opgraph.parallel import cluster as clusters
-    from opgraph import hardware as hw
-
     parts: dict = {}
     for p in predictions:
         c, L = p.case, p.case.parallel
         if L.pp == 1:
             continue
-        cluster = clusters.get(c.cluster) if c.cluster else clusters.for_hardware(
-            hw.get(c.hardware))
+        cluster = c.resolved_cluster()
         where = ("every send between nodes" if L.stride("pp") >= cluster.gpus_per_node
                  else "some sends between nodes" if cluster.for_job(c.gpus).spans_nodes(
                      L.pp, L.stride("pp")) else "inside a node")

@@ -618,3 +618,80 @@ def test_every_layout_field_has_a_case_reader():
 
     missing = [key for key in PARALLEL_KEYS if key not in READERS]
     assert not missing
+
+
+# --- a part or a cluster the catalog lacks, given inline ------------------------------------------
+
+def _catalog_table(file: str, key: str) -> dict:
+    return tomllib.loads((ROOT / "opgraph" / file).read_text())[key]
+
+
+def _inline(case: Case, **changes) -> dict:
+    table = case.to_json()
+    table.update(changes)
+    return table
+
+
+def test_a_part_and_a_cluster_given_inline_predict_as_their_catalog_ids(shipped):
+    """A case may give its part and its cluster as objects with a hardware or cluster file's
+    fields and an id: with the catalog's own tables the prediction is the catalog ids' to the
+    last digit, and the case writes them back as given."""
+    from opgraph.analysis.validate import predict
+
+    (case,) = [c for c in shipped if c.id == "korthikanti22_tab5_22B_seqsel"]
+    assert (case.hardware, case.cluster) == ("a100-sxm-80gb", "dgx-a100")
+    part = {"id": "my-a100", **_catalog_table("hardware.toml", "a100-sxm-80gb")}
+    cluster = {"id": "my-dgx", **_catalog_table("cluster.toml", "dgx-a100")}
+    inline = cases_module.read_case(_inline(case, hardware=part, cluster=cluster))
+    assert inline.part_id == "my-a100" and inline.resolved_cluster().id == "my-dgx"
+    assert predict(inline).predicted_step_time_s == predict(case).predicted_step_time_s
+    again = cases_module.read_case(json.loads(json.dumps(inline.to_json())))
+    assert again == inline and again.to_json()["hardware"] == part
+
+
+def test_an_inline_cluster_is_the_network_the_run_gets(shipped):
+    """Half the catalog cluster's network bandwidth (a site with one 100 Gb/s NIC per GPU
+    where the DGX has 200): a run whose data-parallel reduction crosses nodes gets slower,
+    by no more than its cross-node communication takes twice."""
+    from opgraph.analysis.validate import predict
+
+    (case,) = [c for c in shipped if c.id == "narayanan21_tab2_zero3_174B_768gpu"]
+    base = case.resolved_cluster()
+    table = _catalog_table("cluster.toml", base.id)
+    slow = {"id": "half", **table, "network": {**table["network"],
+                                               "gbits_per_s": table["network"]["gbits_per_s"] / 2}}
+    slower = cases_module.read_case(_inline(case, cluster=slow))
+    assert slower.resolved_cluster().tiers[1].bandwidth == pytest.approx(
+        base.tiers[1].bandwidth / 2, rel=1e-12)
+    assert predict(slower).predicted_step_time_s > predict(case).predicted_step_time_s
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("hardware", {"id": "x", "bf16_tflops": 100}, "missing bandwidth_tbs"),
+    ("hardware", {"id": "x", "bf16_tflops": 100, "bandwidth_tbs": 1, "speed": 3},
+     "unknown key"),
+    ("hardware", {"id": "", "bf16_tflops": 100, "bandwidth_tbs": 1}, "must name the part"),
+    ("hardware", "h900", "or give an object"),
+    ("cluster", {"id": "c", "gpus_per_node": 8}, "missing node"),
+    ("cluster", [8, 400], "choose a catalog cluster"),
+])
+def test_a_bad_inline_part_or_cluster_is_one_line_naming_the_case(shipped, key, value, says):
+    case = shipped[0]
+    with pytest.raises(OpgraphError) as e:
+        cases_module.read_case(_inline(case, **{key: value}))
+    message = str(e.value)
+    assert says in message and case.id in message and "\n" not in message
+
+
+def test_the_docs_example_case_file_is_read_and_predicted(tmp_path):
+    """docs/calibration.md's example of a case file of one's own (a part and a cluster the
+    catalog lacks, given inline) reads, and `validate` predicts it."""
+    text = (ROOT / "docs" / "calibration.md").read_text()
+    start = text.index("```json\n", text.index("**Your own runs.**")) + len("```json\n")
+    path = tmp_path / "mine.json"
+    path.write_text(text[start:text.index("```", start)])
+    (case,) = load_cases(path)
+    assert (case.part_id, case.resolved_cluster().id) == ("my-gpu", "our-ib")
+    from opgraph.analysis.validate import predict
+
+    assert predict(case).predicted_step_time_s > 0

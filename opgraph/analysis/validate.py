@@ -349,7 +349,7 @@ def rank(report: Report, capacity: dict[str, float] | None = None) -> tuple[Rank
         predicted_tps = [p.tokens_per_s_per_gpu for p in ps]
         fits = [p for p in ps if capacity is None or (
             p.predicted_peak_memory_bytes if p.predicted_fit_bytes is None
-            else p.predicted_fit_bytes) <= capacity.get(p.case.hardware, math.inf)] or ps
+            else p.predicted_fit_bytes) <= capacity.get(p.case.part_id, math.inf)] or ps
         choice = max(fits, key=lambda p: p.tokens_per_s_per_gpu)
         best = max(range(len(ps)), key=lambda i: measured_tps[i])
         chosen = measured_tps[ps.index(choice)]

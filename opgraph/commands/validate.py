@@ -79,10 +79,7 @@ def run(args) -> int:
     with progress("validate: cases", total=len(cases), unit="case") as bar:
         report = validate(cases, cost, unmodelled, progress=bar.update)
     if args.rank:
-        from ..cost import hardware as hw
-
-        capacity = {c.hardware: hw.get(c.hardware).memory_bytes for c in cases
-                    if hw.get(c.hardware).memory_bytes}
+        capacity = {c.part_id: c.part().memory_bytes for c in cases if c.part().memory_bytes}
         scores = rank(report, capacity)
         print(json_text(rank_summary(scores)) if args.json else format_rank(scores))
         return 0

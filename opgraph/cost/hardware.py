@@ -225,6 +225,18 @@ def _parse(part_id: str, table: dict, where: str) -> Hardware:
     )
 
 
+def from_table(table: object, where: str) -> Hardware:
+    """A part given inline (a case file's `hardware` object): a hardware file's part table with
+    its `id` beside the fields (`id` default "inline")."""
+    if not isinstance(table, dict):
+        raise OpgraphError(f"{where}: give a catalog id or an object with id, bf16_tflops and "
+                           "bandwidth_tbs (a hardware file's fields)")
+    part_id = table.get("id", "inline")
+    if not isinstance(part_id, str) or not part_id.strip():
+        raise OpgraphError(f"{where}: id = {part_id!r} must name the part, such as \"my-gpu\"")
+    return _parse(part_id, {k: v for k, v in table.items() if k != "id"}, where)
+
+
 def load(path: str | Path) -> dict[str, Hardware]:
     """Every part in a TOML file: `load("my_gpu.toml")["my-gpu"]`. A file with one part may
     leave out its enclosing table; its id is then the file's stem."""

@@ -23,7 +23,10 @@ read on, where the source says (else the prediction's fullest stage is compared)
 Absent keys take the CLI's defaults (`DEFAULTS`: hardware h100-sxm, the part's own cluster,
 recompute none, precision bf16, fuse none; degrees 1, ZeRO 0 as `Parallel`'s); id, source,
 model, gpus, seq_len and measured are required. Hardware and cluster are catalog ids
-(`opgraph hardware`, `cluster.toml`), so a case file means the same wherever it is read from.
+(`opgraph hardware`, `opgraph hardware --clusters`), or, for a part or a cluster the catalog
+lacks, an object with the fields of a hardware or cluster file's table and its `id`
+(`hardware.from_table`, `cluster.from_table`): a case file means the same wherever it is read
+from, a file path never enters it.
 
 Every failure is one OpgraphError line naming the file, the case and the key: an unknown key
 (a misspelt one would otherwise be silently left at its default), a value of the wrong type or
@@ -110,9 +113,12 @@ class Case:
     source: str
     family: str = ""  # the source the run belongs to (a paper's table, a framework's benchmark)
     model: str | types.MappingProxyType = attrs.field(converter=_freeze)
-    hardware: str = DEFAULTS["hardware"]
+    # a catalog id, or a part given inline (a read-only mapping, `hardware.from_table`)
+    hardware: str | types.MappingProxyType = attrs.field(default=DEFAULTS["hardware"],
+                                                          converter=_freeze)
     power_limit_w: float | None = None  # the parts' power cap (`nvidia-smi -pl`), if below TDP
-    cluster: str | None = None
+    # a catalog id, a cluster given inline (`cluster.from_table`), or None: the part's own
+    cluster: str | types.MappingProxyType | None = attrs.field(default=None, converter=_freeze)
     gpus: int
     parallel: Parallel
     seq_len: int
@@ -142,18 +148,30 @@ class Case:
         """Tokens of one optimizer step over the whole job: global batch x seq_len."""
         return self.parallel.batch * self.seq_len
 
+    @property
+    def part_id(self) -> str:
+        """The id of the case's part: its catalog id, or the id its inline table gives."""
+        return self.part().id
+
     def part(self):
         """The case's hardware part, power-capped where the case says so."""
-        part = parts.get(self.hardware)
+        part = _resolved(self.hardware, parts.get, parts.from_table, f"case {self.id}: hardware")
         return part if self.power_limit_w is None else parts.with_power_limit(
             part, self.power_limit_w)
+
+    def resolved_cluster(self):
+        """The case's cluster: its catalog id's or inline table's, else its part's own."""
+        if self.cluster is None:
+            return clusters.for_hardware(self.part())
+        return _resolved(self.cluster, clusters.get, clusters.from_table,
+                         f"case {self.id}: cluster")
 
     def job(self, cost=None):
         """The run as a job (`opgraph.parallel.job.JobSpec`) under `cost` (default: the
         roofline), as `opgraph profile` runs the case's flags."""
         from ..parallel.job import JobSpec
 
-        named = {"cluster": clusters.get(self.cluster)} if self.cluster else {}  # else the part's
+        named = {"cluster": self.resolved_cluster()} if self.cluster else {}  # else the part's
         return JobSpec(forward=self.forward(), hardware=self.part(), layout=self.parallel,
                        seq_len=self.seq_len, recompute=self.recompute, precision=self.precision,
                        fuse=None if self.fuse == "none" else self.fuse,
@@ -169,7 +187,8 @@ class Case:
         p = self.parallel
         out = {"id": self.id, "family": self.family, "source": self.source,
                "model": _thaw(self.model),
-               "hardware": self.hardware, "cluster": self.cluster, "gpus": self.gpus,
+               "hardware": _thaw(self.hardware), "cluster": _thaw(self.cluster),
+               "gpus": self.gpus,
                "parallel": {"tp": p.tp, "pp": p.pp, "cp": p.cp, "ep": p.ep, "dp": p.dp_degree,
                             "zero": p.zero, "micro_batch": p.micro_batch,
                             "global_batch": p.batch, "virtual_stages": p.virtual_stages,
@@ -348,6 +367,30 @@ def _choice(choices: Callable[[], tuple[str, ...]], what: str):
     return read
 
 
+def _catalog_or_table(choices: Callable[[], tuple[str, ...]], what: str,
+                      from_table: Callable):
+    """A reader for a catalog id (`_choice`) or an inline table that `from_table` reads (a
+    part, a cluster): checked here, kept as given."""
+    by_name = _choice(choices, what)
+
+    def read(value, where: str, key: str):
+        if isinstance(value, dict):
+            from_table(value, f"{where}: {key}")
+            return value
+        try:
+            return by_name(value, where, key)
+        except OpgraphError as e:
+            raise OpgraphError(f"{e}; or give an object with the fields of a {key} file's "
+                               "table and its id") from None
+    read.__name__ = f"_read_{what.replace(' ', '_')}_or_table"
+    return read
+
+
+def _resolved(value, by_name: Callable, from_table: Callable, where: str):
+    """A case's part or cluster: a catalog id's record, or an inline table's."""
+    return by_name(value) if isinstance(value, str) else from_table(_thaw(value), where)
+
+
 def _recompute(value, where: str, key: str) -> str:
     """A recompute policy (`choices.recompute_policy`): a name, or selective: and Megatron-Core's
     modules."""
@@ -381,8 +424,10 @@ READERS: dict[str, Callable] = {
     "reason": _text,
     "notes": _note,
     "model": _model,
-    "hardware": _choice(lambda: tuple(parts.catalog()), "a catalog part"),
-    "cluster": _choice(lambda: tuple(clusters.catalog()), "a catalog cluster"),
+    "hardware": _catalog_or_table(lambda: tuple(parts.catalog()), "a catalog part",
+                                  parts.from_table),
+    "cluster": _catalog_or_table(lambda: tuple(clusters.catalog()), "a catalog cluster",
+                                 clusters.from_table),
     "gpus": _whole,
     "seq_len": _whole,
     "recompute": _recompute,
@@ -462,8 +507,8 @@ def _case(table, file: str, index: int) -> Case:
                 measured_peak_memory_gib=measured.get("peak_memory_gib"),
                 measured_peak_memory_gb=measured.get("peak_memory_gb"),
                 measured_peak_memory_stage=stage)
-    if case.precision == "fp8" and parts.get(case.hardware).fp8_flops is None:
-        raise OpgraphError(f"{where}: precision fp8 on {case.hardware}, which has no FP8 tensor "
+    if case.precision == "fp8" and case.part().fp8_flops is None:
+        raise OpgraphError(f"{where}: precision fp8 on {case.part_id}, which has no FP8 tensor "
                            "cores; give precision bf16 or another part")
     return case
 

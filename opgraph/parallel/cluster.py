@@ -386,6 +386,19 @@ def _parse(cluster_id: str, table: object, where: str) -> Cluster:
                    gpus_per_tray=tray)
 
 
+def from_table(table: object, where: str) -> Cluster:
+    """A cluster given inline (a case file's `cluster` object): a cluster file's table with its
+    `id` beside gpus_per_node, node and network (`id` default "inline")."""
+    if not isinstance(table, dict):
+        raise OpgraphError(f"{where}: give a catalog id or an object with id, gpus_per_node, "
+                           "node and network (a cluster file's fields)")
+    cluster_id = table.get("id", "inline")
+    if not isinstance(cluster_id, str) or not cluster_id.strip():
+        raise OpgraphError(f"{where}: id = {cluster_id!r} must name the cluster, such as "
+                           '"my-cluster"')
+    return _parse(cluster_id, {k: v for k, v in table.items() if k != "id"}, where)
+
+
 def load(path: str | Path) -> dict[str, Cluster]:
     """Every cluster in a TOML file: `load("my_cluster.toml")["my-cluster"]`.
 
