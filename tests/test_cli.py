@@ -139,3 +139,42 @@ def test_the_installed_command_and_python_m(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path, check=False)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.count("\n") == 1
+
+
+# --- profile --case: a run of a case file, profiled ----------------------------------------------
+
+CASE = "holdout:torchtitan_t4_70b_2d_asynctp_256gpu"
+
+
+def test_profile_of_a_case_is_what_validate_predicts(cli):
+    """`profile --case FILE:ID` profiles the case's job (its model, part, cluster, layout and
+    options), the figures `validate` gives it; flags beside it change the job: the same
+    run at TP 4 is another layout, another step."""
+    from opgraph.analysis.validate import predict
+    from opgraph.cost.costmodel import cost_model
+    from opgraph.io.cases import load_cases
+
+    (case,) = [c for c in load_cases("holdout") if c.id == CASE.split(":")[1]]
+    code, out, _ = cli("profile", "--case", CASE, "--json")
+    got = json.loads(out)
+    expected = predict(case, cost_model("calibrated")).predicted_step_time_s
+    assert code == 0 and got["step_time_s"] == pytest.approx(expected, rel=1e-12)
+    assert (got["parallel"]["tp"], got["hardware"]["id"]) == (8, case.part_id)
+    assert (got["recompute"], got["precision"]) == (case.recompute, case.precision)
+    code, out, _ = cli("profile", "--case", CASE, "--tp", "4", "--dp", "64",
+                       "--micro-batch", "8", "--json")
+    other = json.loads(out)
+    assert code == 0 and other["parallel"]["tp"] == 4
+    assert other["step_time_s"] != got["step_time_s"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--case", "holdout"], "give FILE:ID"),
+    (["--case", "holdout:no_such_run"], "has no case 'no_such_run'"),
+    (["--case", "missing.json:x"], "does not exist"),
+    (["--case", CASE, "--megatron-args", "--tensor-model-parallel-size 2"], "not both"),
+])
+def test_a_bad_case_is_one_line_and_exit_2(cli, argv, needle):
+    code, out, err = cli("profile", *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("opgraph: error: ") and needle in err

@@ -157,8 +157,13 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def load_hardware(args) -> Hardware:
-    part = hw.get(args.hardware)
+DEFAULT_PART = "h100-sxm"  # `--hardware` where neither it nor a --case names one
+
+
+def load_hardware(args, default=None) -> Hardware:
+    """The part `--hardware` names (else `default`, a Hardware, else DEFAULT_PART), with
+    `--peak-tflops` and `--bandwidth-tbs` over its figures."""
+    part = hw.get(args.hardware) if args.hardware else default or hw.get(DEFAULT_PART)
     changes = {}
     if args.peak_tflops is not None:
         changes["peak_flops"] = args.peak_tflops * 1e12
@@ -277,8 +282,9 @@ class ParallelSetup:
 
 def parallel_setup(args) -> ParallelSetup:
     """The many-GPU profile the options ask for: the layout from the flags over what
-    `--torchtitan` or `--megatron-args` said (`opgraph.io.launch`), on `--cluster` (default: the
-    part's), with `--trace-rank`'s timeline."""
+    `--torchtitan` or `--megatron-args` said (`opgraph.io.launch`) or a case file's run
+    (`--case`), on `--cluster` (default: the case's, else the part's), with `--trace-rank`'s
+    timeline."""
     from ..parallel import cluster as clusters
     from ..parallel.job import JobSpec
     from .layout import layout_from, layout_warnings
@@ -289,8 +295,16 @@ def parallel_setup(args) -> ParallelSetup:
                 if f.name in ("recompute", "precision", "fuse")}
     given = {name: getattr(args, name) for name, default in defaults.items()
              if getattr(args, name, default) != default}
+    case = _case(args)  # first: it refuses a launch config beside it
     launch = _launch(args)
-    if launch is not None:
+    if case is not None:
+        base = case.parallel
+        given = {"recompute": case.recompute, "precision": case.precision,
+                 "fuse": None if case.fuse == "none" else case.fuse} | given
+        forward = case.forward() if args.model is None and args.config is None \
+            else load_forward(args)
+        seq = args.seq_len or case.seq_len
+    elif launch is not None:
         for note in launch.unknown:
             import sys
 
@@ -308,14 +322,39 @@ def parallel_setup(args) -> ParallelSetup:
     if seq is None:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
     layout = layout_from(args, seq, base)
-    part = load_hardware(args)
-    named = {"cluster": clusters.get(args.cluster)} if args.cluster else {}  # else the part's
+    part = load_hardware(args, case and case.part())
+    named = ({"cluster": clusters.get(args.cluster)} if args.cluster
+             else {"cluster": case.resolved_cluster()} if case and not args.hardware
+             else {})  # else the part's
     job = JobSpec(forward=forward, hardware=part, layout=layout, seq_len=seq, **named,
-                  cost=cost_model(args), fused_attention=not args.no_fused_attention,
+                  cost=cost_model(args),
+                  fused_attention=not args.no_fused_attention and (case is None
+                                                                  or case.fused_attention),
                   adamw=getattr(args, "adamw", "mixed"), **given)
     profile = job.profile(rank=args.trace_rank)
     echo = echoed(args) | {k: given[k] for k in ("recompute", "precision") if k in given}
     return ParallelSetup(forward, profile, part, echo, tuple(layout_warnings(layout)))
+
+
+def _case(args):
+    """The case `--case FILE:ID` names (`opgraph.io.cases`), else None."""
+    given = getattr(args, "case", None)
+    if not given:
+        return None
+    if args.torchtitan or args.megatron_args:
+        raise OpgraphError("give --case or a launch config (--torchtitan, --megatron-args), "
+                           "not both")
+    from ..io.cases import load_cases
+
+    file, sep, case_id = given.rpartition(":")
+    if not sep or not file or not case_id:
+        raise OpgraphError(f"--case {given!r}: give FILE:ID, a case file (or dev, holdout, "
+                           "playbook-sweep) and a case's id, e.g. holdout:torchtitan_t3_fsdp_128gpu")
+    found = [c for c in load_cases(file) if c.id == case_id]
+    if not found:
+        raise OpgraphError(f"--case: {file} has no case {case_id!r}; `opgraph validate --cases "
+                           f"{file}` lists its ids")
+    return found[0]
 
 
 def _launch(args):

@@ -149,6 +149,10 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
                    help="read them from Megatron-LM's command-line arguments, or "
                         "Megatron-Bridge's run_recipe.py line (a quoted string, or @file; a "
                         "Megatron-LM job: --framework megatron unless given)")
+    g.add_argument("--case", metavar="FILE:ID",
+                   help="read the model, part, cluster, batch, degrees and options from a "
+                        "run of a case file (FILE.json, or dev, holdout, playbook-sweep) by its "
+                        "id; flags given beside it change them")
 
 
 def given_layout(args) -> dict:
@@ -174,9 +178,9 @@ def wants_layout(args) -> bool:
 
 def is_job(args) -> bool:
     """Whether the options describe a job over many GPUs: a many-GPU option, or a launch
-    config (`--torchtitan`, `--megatron-args`) to read one from."""
+    config (`--torchtitan`, `--megatron-args`) or a case (`--case`) to read one from."""
     return bool(wants_layout(args) or getattr(args, "torchtitan", None)
-                or getattr(args, "megatron_args", None))
+                or getattr(args, "megatron_args", None) or getattr(args, "case", None))
 
 
 def layout_from(args, seq_len: int, base: Parallel | None = None) -> Parallel:

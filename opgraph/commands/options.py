@@ -29,9 +29,9 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
                         "Qwen2 and 3, their MoEs, GPT-2, Gemma 2, DeepSeek-V2 and V3, gpt-oss, "
                         "Nemotron-4 and -H, BERT, ...: docs/models.md), instead of --model")
     add_pass_arg(g)
-    g.add_argument("--hardware", default="h100-sxm",
+    g.add_argument("--hardware",
                    help="a catalog part (see `opgraph hardware`) or a .toml file "
-                        "(default h100-sxm)")
+                        "(default h100-sxm, or the --case's part)")
     g.add_argument("--peak-tflops", type=positive_float, metavar="TFLOPS",
                    help="override the part's dense BF16 peak, TFLOP/s")
     g.add_argument("--bandwidth-tbs", type=positive_float, metavar="TBS",

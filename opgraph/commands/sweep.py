@@ -73,13 +73,20 @@ def run(args) -> int:
     from ..analysis.sweep import compile_sweep, make_grid, write
     from ..core.errors import OpgraphError
     from ..core.pipeline import compile_step
-    from .common import cost_model, load_forward, load_hardware, step_options, token_values
+    from .common import (
+        DEFAULT_PART,
+        cost_model,
+        load_forward,
+        load_hardware,
+        step_options,
+        token_values,
+    )
 
     check_command_outputs(args, {"--plot": args.plot, "--out": args.out},
                           {"--plot": (".png", ".svg"), "--out": (".csv", ".json")})
     forward = load_forward(args)
     parts = [load_hardware(argparse.Namespace(**{**vars(args), "hardware": part.strip()}))
-             for part in args.hardware.split(",") if part.strip()]
+             for part in (args.hardware or DEFAULT_PART).split(",") if part.strip()]
     if not parts:
         raise OpgraphError("--hardware: give at least one part")
     dims = [sym.name for sym in forward.dims if sym.name not in ("B", "S")]
