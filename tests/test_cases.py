@@ -695,3 +695,13 @@ def test_the_docs_example_case_file_is_read_and_predicted(tmp_path):
     from opgraph.analysis.validate import predict
 
     assert predict(case).predicted_step_time_s > 0
+
+
+def test_an_inline_part_needs_a_cluster(shipped):
+    """A part given inline that names no default cluster, in a case that gives none: one line
+    when the file is read, not a run skipped later."""
+    table = shipped[0].to_json()
+    table.pop("cluster", None)
+    table["hardware"] = {"id": "x", "bf16_tflops": 100, "bandwidth_tbs": 1}
+    with pytest.raises(OpgraphError, match="names no cluster"):
+        cases_module.read_case(table)

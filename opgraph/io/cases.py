@@ -507,6 +507,9 @@ def _case(table, file: str, index: int) -> Case:
                 measured_peak_memory_gib=measured.get("peak_memory_gib"),
                 measured_peak_memory_gb=measured.get("peak_memory_gb"),
                 measured_peak_memory_stage=stage)
+    if case.cluster is None and not case.part().cluster:  # an inline part with no cluster
+        raise OpgraphError(f"{where}: hardware {case.part_id} names no cluster; add "
+                           "\"cluster\" to the case (a catalog id or an object) or to the part")
     if case.precision == "fp8" and case.part().fp8_flops is None:
         raise OpgraphError(f"{where}: precision fp8 on {case.part_id}, which has no FP8 tensor "
                            "cores; give precision bf16 or another part")
