@@ -25,8 +25,9 @@ def register(subparsers) -> None:
                     "model, with the reason.")
     p.add_argument("--cases", metavar="FILE.json",
                    help="a case file of your own runs (the format of opgraph/data/"
-                        "validation.json), or a shipped one by name: dev (the default), "
-                        "playbook-sweep, holdout")
+                        "validation.json; a part or a cluster the catalog lacks may be given "
+                        "inline: docs/calibration.md, 'Your own runs'), or a shipped one by "
+                        "name: dev (the default), playbook-sweep, holdout")
     add_cost_args(p, default="calibrated")
     p.add_argument("--select", metavar="TEXT",
                    help="only the cases whose id contains TEXT (e.g. narayanan)")
