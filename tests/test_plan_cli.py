@@ -151,3 +151,42 @@ def test_the_emitted_layout_reads_back_to_the_plans_figures(cli, monkeypatch, tm
         "ep": layout.ep, "zero": layout.zero}
     assert back["step_time_s"] == pytest.approx(ranked.step_time_s, rel=1e-9)
     assert back["memory"]["total"] == pytest.approx(ranked.result.memory.total, rel=1e-9)
+
+
+# --- plan --case: a published run's job, planned ---------------------------------------------
+
+def test_plan_of_a_case_compares_the_runs_own_layout(cli):
+    """`plan --case FILE:ID` plans the run's job (its model, part, cluster, sequence, GPUs,
+    batch, framework and precision) and sets the run's own layout beside the first choices:
+    that row is the step `validate` predicts for the run, and the first choice is no slower.
+    Constrained to the run's TP and pipeline degrees so that the search takes seconds."""
+    import json
+
+    from opgraph.analysis.validate import predict
+    from opgraph.cost.costmodel import cost_model
+    from opgraph.io.cases import load_cases
+
+    given = "holdout:torchtitan_t3_fsdp_128gpu"
+    (case,) = [c for c in load_cases("holdout") if c.id == given.split(":")[1]]
+    code, out, _ = cli("plan", "--case", given, "--tp", "1", "--pp", "1", "--cp", "1",
+                       "--top", "1", "--json", "--no-cache")
+    got = json.loads(out)
+    assert code == 0 and got["gpus"] == case.gpus and got["seq_len"] == case.seq_len
+    assert got["hardware"] == case.part_id
+    row = next(r for r in got["compare"] if r["label"] == "case")
+    assert row["layout"].startswith("tp1 cp1 pp1 dp128")
+    assert row["step_time_s"] == pytest.approx(
+        predict(case, cost_model("calibrated")).predicted_step_time_s, rel=1e-9)
+    assert got["layouts"][0]["step_time_s"] <= row["step_time_s"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--model", "llama3-8b", "--tokens", "8192"), "give --gpus"),
+    (("--model", "llama3-8b", "--gpus", "8"), "give --global-batch or --tokens"),
+    (("--case", "holdout:torchtitan_t3_fsdp_128gpu", "--gpus", "64:128:x2"), "one --gpus"),
+    (("--case", "holdout:nope"), "has no case 'nope'"),
+])
+def test_a_plan_without_its_job_fails_before_the_search(cli, monkeypatch, argv, words):
+    _no_search(monkeypatch)
+    code, out, err = cli("plan", *argv)
+    assert code == 2 and out == "" and words in err and err.count("\n") == 1

@@ -97,7 +97,7 @@ def test_the_recorded_blocks_are_found():
     recorded blocks, each with its command; `python3 docs/regenerate.py --check --slow` reruns
     them."""
     commands = {r.command for r in RECORDED if r.page.name == "planning.md"}
-    assert len(commands) == 6
+    assert len(commands) == 7
     assert ("opgraph plan --model llama3.1-405b --gpus 8192 --tokens 16777216 --tp 8 --pp 16 "
             "--cp 1 --precision bf16 --rank --top 3") in commands
     refit = {r.page.name for r in RECORDED if r.command == "opgraph validate --cv family"}

@@ -344,6 +344,12 @@ def _case(args):
     if args.torchtitan or args.megatron_args:
         raise OpgraphError("give --case or a launch config (--torchtitan, --megatron-args), "
                            "not both")
+    return load_case(given)
+
+
+def load_case(given: str):
+    """The case `FILE:ID` names: a run of a case file (a path, or dev, holdout,
+    playbook-sweep) by its id; one OpgraphError line for a malformed name or a missing id."""
     from ..io.cases import load_cases
 
     file, sep, case_id = given.rpartition(":")

@@ -41,14 +41,19 @@ def register(subparsers) -> None:
     from .options import add_cost_args, add_pass_arg
 
     add_pass_arg(g)
-    g.add_argument("--hardware", default="h100-sxm", help="a catalog part or a .toml file "
-                                                           "(default h100-sxm)")
+    g.add_argument("--hardware", help="a catalog part or a .toml file (default h100-sxm, or "
+                                      "the --case's part)")
     g.add_argument("--cluster", metavar="NAME|FILE",
                    help="the cluster (default: the part's; see `opgraph hardware --clusters`)")
-    g.add_argument("--gpus", required=True, metavar="N|RANGE",
+    g.add_argument("--case", metavar="FILE:ID",
+                   help="plan the job of a run of a case file (FILE.json, or dev, holdout, "
+                        "playbook-sweep) by its id: its model, part, cluster, sequence, GPUs, "
+                        "batch, framework and precision (flags beside it change them), its "
+                        "own layout compared with the plan's first choices")
+    g.add_argument("--gpus", metavar="N|RANGE",
                    help="GPUs in the job; a range (8:16384:x2) searches each size and prints "
                         f"the scaling curve (at most {MAX_PLAN_SIZES} sizes)")
-    batch = g.add_mutually_exclusive_group(required=True)
+    batch = g.add_mutually_exclusive_group()
     batch.add_argument("--global-batch", type=whole(MAX_DIM), metavar="SEQUENCES",
                        help="sequences per optimizer step")
     batch.add_argument("--tokens", type=whole(MAX_TOKENS),
@@ -170,8 +175,20 @@ def _sizes(text: str) -> list[int]:
 def run(args) -> int:
     from ..parallel import cluster as clusters
     from ..parallel.search import Searcher
-    from .common import cost_model, load_forward
+    from .common import DEFAULT_PART, cost_model, load_case, load_forward
 
+    case = load_case(args.case) if args.case else None
+    if case is not None:  # the run's job, where no flag says otherwise
+        args.gpus = args.gpus or str(case.gpus)
+        if args.global_batch is None and args.tokens is None:
+            args.global_batch = case.parallel.batch
+        args.seq_len = args.seq_len or case.seq_len
+        args.framework = args.framework or case.parallel.framework
+        args.precision = args.precision or [case.precision]
+    if args.gpus is None:
+        raise OpgraphError("give --gpus N (or a range, 8:1024:x2), or --case FILE:ID")
+    if args.global_batch is None and args.tokens is None:
+        raise OpgraphError("give --global-batch or --tokens, or --case FILE:ID")
     sizes = _sizes(args.gpus)
     check_command_outputs(args, {"--plot": args.plot}, {"--plot": (".png", ".svg")})
     if args.plot and len(sizes) == 1:
@@ -193,6 +210,7 @@ def run(args) -> int:
         raise OpgraphError("--rank places one job's layout: give one --gpus")
     explained = [flag for flag, given in (("--compare", args.compare),
                                           ("--compare-config", args.compare_config),
+                                          ("--case", args.case),
                                           ("--sensitivity", args.sensitivity)) if given]
     if explained and len(sizes) > 1:
         raise OpgraphError(f"{explained[0]} explains one job's layout: give one --gpus")
@@ -204,7 +222,8 @@ def run(args) -> int:
                            "error; give --cost calibrated (plan's default)")
     from ..cost import hardware as hw
 
-    part = hw.get(args.hardware)
+    part = (hw.get(args.hardware) if args.hardware
+            else case.part() if case is not None else hw.get(DEFAULT_PART))
     if args.headroom is not None:
         part = hw.with_headroom(part, args.headroom)
     if part.memory_bytes is None:
@@ -213,7 +232,8 @@ def run(args) -> int:
         print(f"opgraph: warning: {part.id} gives no memory_gb, so memory is unchecked: every "
               "layout counts as fitting; add memory_gb to its file to rule out those that do "
               "not", file=sys.stderr)
-    forward = load_forward(args)
+    forward = (case.forward() if case is not None and args.model is None and args.config is None
+               else load_forward(args))
     if args.emit:
         from ..io.launch import check_emittable
 
@@ -227,7 +247,9 @@ def run(args) -> int:
     batch = args.global_batch or args.tokens // seq
     cost = cost_model(args)
     cost.figures(part)  # what the cost model reads of the part: a gap said now
-    cluster = clusters.get(args.cluster) if args.cluster else clusters.for_hardware(part)
+    cluster = (clusters.get(args.cluster) if args.cluster
+               else case.resolved_cluster() if case is not None and not args.hardware
+               else clusters.for_hardware(part))
     spaces = [_space(args, n, batch) for n in sizes]  # every constraint checked up front
     resident = _resident_bytes(forward, seq, spaces[0])
     hopeless = {n: _hopeless(resident, n, part) for n in sizes}
@@ -236,19 +258,21 @@ def run(args) -> int:
     searcher = Searcher(forward, part, seq_len=seq, cluster=cluster, cost=cost,
                         cache=None if args.no_cache else cache.folder())
     code = _searched(args, searcher, sizes, spaces, hopeless, resident, forward, part,
-                     cluster, seq, batch)
+                     cluster, seq, batch, case)
     searcher.save()  # for the next run (`opgraph.parallel.search.cache`)
     return code
 
 
 def _searched(args, searcher, sizes, spaces, hopeless, resident, forward, part, cluster,
-              seq: int, batch: int) -> int:
+              seq: int, batch: int, case=None) -> int:
     """The search of one size, or of each size of a curve, and its report."""
     if len(sizes) == 1:
         if hopeless[sizes[0]]:
             raise OpgraphError(f"no layout of {forward.name} on {sizes[0]:,} x {part.id} fits "
                                f"in memory: {hopeless[sizes[0]]}")
         names = _named(args, spaces[0], forward.name, seq)  # a text that is no layout: now
+        if case is not None:
+            names.append(_case_layout(args.case, case, spaces[0], seq))
         deep = max(args.top, 2 if names else 1, args.sensitivity or 1)
         found = searcher.search(spaces[0], deep)
         _no_fit(found, forward, part, sizes[0])
@@ -407,6 +431,25 @@ def _named(args, space, model: str, seq: int) -> list:
                   "rank them as it runs them", file=sys.stderr)
         out.append(layout)
     return out
+
+
+def _case_layout(given: str, case, space, seq: int):
+    """The layout a case ran, to compare (`explain.Named`, label "case"), with why it is not
+    the plan's job where a flag changed the job."""
+    import attrs
+
+    from ..analysis.explain import Named
+
+    lay = case.parallel
+    mismatch = (f"it runs on {lay.world:,} GPUs, the plan on {space.gpus:,}"
+                if lay.world != space.gpus
+                else f"its global batch is {lay.batch:,} sequences, the plan's {space.batch:,}"
+                if lay.batch != space.batch
+                else f"its sequence length is {case.seq_len:,}, the plan's {seq:,}"
+                if case.seq_len != seq else None)
+    return Named("case", given, attrs.asdict(lay, recurse=False), case.recompute,
+                 case.precision, None if case.fuse == "none" else case.fuse,
+                 f"{given}: {mismatch}; plan the same job" if mismatch else None)
 
 
 def _why(args, searcher, found, names) -> dict:
