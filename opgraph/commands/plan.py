@@ -173,6 +173,11 @@ def _sizes(text: str) -> list[int]:
 
 
 def run(args) -> int:
+    if not args.case:  # asked for before anything heavy is imported, as argparse would
+        if args.gpus is None:
+            raise OpgraphError("give --gpus N (or a range, 8:1024:x2), or --case FILE:ID")
+        if args.global_batch is None and args.tokens is None:
+            raise OpgraphError("give --global-batch or --tokens, or --case FILE:ID")
     from ..parallel import cluster as clusters
     from ..parallel.search import Searcher
     from .common import DEFAULT_PART, cost_model, load_case, load_forward
@@ -185,10 +190,6 @@ def run(args) -> int:
         args.seq_len = args.seq_len or case.seq_len
         args.framework = args.framework or case.parallel.framework
         args.precision = args.precision or [case.precision]
-    if args.gpus is None:
-        raise OpgraphError("give --gpus N (or a range, 8:1024:x2), or --case FILE:ID")
-    if args.global_batch is None and args.tokens is None:
-        raise OpgraphError("give --global-batch or --tokens, or --case FILE:ID")
     sizes = _sizes(args.gpus)
     check_command_outputs(args, {"--plot": args.plot}, {"--plot": (".png", ".svg")})
     if args.plot and len(sizes) == 1:
