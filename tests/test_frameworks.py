@@ -1096,6 +1096,23 @@ def test_a_torchtitan_search_tries_only_the_zero_stages_torchtitan_runs():
         Space(gpus=16, batch=32, framework="torchtitan", sequence_parallel=False)
 
 
+@pytest.mark.parametrize("framework, stages", [("nanotron", {0, 1}), ("composer", {0, 2, 3})])
+def test_context_parallelism_adds_no_zero_stage_a_framework_does_not_run(framework, stages):
+    """A framework's ZeRO stages bound its context-parallel layouts too: nanotron's search
+    under CP tries ZeRO-0 and 1 alone, Composer's 0, 2 and 3 (`Traits.zero_stages_under_cp`
+    narrows `zero_stages`, never widens it)."""
+    from opgraph import hardware
+    from opgraph.models import preset
+    from opgraph.parallel import cluster
+    from opgraph.parallel.search import Space, rows
+
+    found = rows(preset("llama3.2-1b"), hardware.get("h100-sxm"),
+                 Space(gpus=16, batch=32, framework=framework, precision=("bf16",),
+                       recompute=("none",), pp=1, tp=1), 8192, cluster.get("dgx-h100"))
+    under_cp = {r.zero for r in found if r.cp > 1 and r.cp * r.size("dp") > 1}
+    assert under_cp and under_cp <= stages
+
+
 @pytest.mark.parametrize("framework, zero, runs", [
     ("nanotron", 2, "0 or 1"), ("nanotron", 3, "0 or 1"), ("composer", 1, "0 or 2 or 3")])
 def test_a_zero_stage_a_framework_does_not_run_is_no_plan_constraint(framework, zero, runs):

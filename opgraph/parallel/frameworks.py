@@ -321,8 +321,9 @@ Each trait, with where each framework's code says so:
   `ZeroDistributedOptimizer`, which shards the optimizer states alone (1; `zero_stage > 0` in
   `src/nanotron/helpers.py`). Composer: DDP (0) or FSDP1's `SHARD_GRAD_OP` (2) and
   `FULL_SHARD` (3). The others: all four.
-- `zero_stages_under_cp`: those of them it runs with context parallelism. torchtitan: FSDP
-  alone, over dp x cp (`parallel_dims.py`'s `dp_shard_cp` mesh). The others: as `zero_stages`.
+- `zero_stages_under_cp`: those of them it runs with context parallelism (`plan` searches
+  the stages in both). torchtitan: FSDP alone, over dp x cp (`parallel_dims.py`'s
+  `dp_shard_cp` mesh). The others: every one of `zero_stages`.
 - `cp_comms`: how its context parallelism moves the attention's inputs (`Parallel.cp_comm`).
   torchtitan: ring attention alone (PyTorch's `context_parallel`,
   `torch/distributed/tensor/experimental/_attention.py`: its K/V rotated by all-gather or

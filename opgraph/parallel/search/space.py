@@ -438,7 +438,8 @@ def _refused(space: Space, stages: int, zero: int, cp: int, ranks: int) -> bool:
     if space.framework in DEEPSPEED and stages > 1 and zero >= 2:
         return True
     at = FRAMEWORKS[space.framework]
-    return ranks > 1 and zero not in (at.zero_stages_under_cp if cp > 1 else at.zero_stages)
+    runs = at.zero_stages & at.zero_stages_under_cp if cp > 1 else at.zero_stages
+    return ranks > 1 and zero not in runs
 
 
 def _divides(forward: Graph, seq: int, t, c, e, p, sp_, first, last, cache: dict,
