@@ -1101,10 +1101,9 @@ def test_context_parallelism_adds_no_zero_stage_a_framework_does_not_run(framewo
     """A framework's ZeRO stages bound its context-parallel layouts too: nanotron's search
     under CP tries ZeRO-0 and 1 alone, Composer's 0, 2 and 3 (`Traits.zero_stages_under_cp`
     narrows `zero_stages`, never widens it)."""
-    from opgraph import hardware
     from opgraph.models import preset
+
     from opgraph.parallel import cluster
-    from opgraph.parallel.search import Space, rows
 
     found = rows(preset("llama3.2-1b"), hardware.get("h100-sxm"),
                  Space(gpus=16, batch=32, framework=framework, precision=("bf16",),
