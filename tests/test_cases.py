@@ -697,6 +697,17 @@ def test_the_docs_example_case_file_is_read_and_predicted(tmp_path):
     assert predict(case).predicted_step_time_s > 0
 
 
+def test_a_power_limit_on_an_inline_part_without_its_power_is_refused_when_read(shipped):
+    """A power cap scales the clock by the part's board power: an inline part that gives none
+    under a case's `power_limit_w` is one line when the file is read, naming the case."""
+    table = shipped[0].to_json()
+    table["hardware"] = {"id": "x", "bf16_tflops": 100, "bandwidth_tbs": 1,
+                         "cluster": "dgx-h100"}
+    table["power_limit_w"] = 500
+    with pytest.raises(OpgraphError, match=f"case {shipped[0].id}: hardware x has no tdp_w"):
+        cases_module.read_case(table)
+
+
 def test_an_inline_part_needs_a_cluster(shipped):
     """A part given inline that names no default cluster, in a case that gives none: one line
     when the file is read, not a run skipped later."""

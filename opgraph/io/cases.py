@@ -507,11 +507,15 @@ def _case(table, file: str, index: int) -> Case:
                 measured_peak_memory_gib=measured.get("peak_memory_gib"),
                 measured_peak_memory_gb=measured.get("peak_memory_gb"),
                 measured_peak_memory_stage=stage)
-    if case.cluster is None and not case.part().cluster:  # an inline part with no cluster
-        raise OpgraphError(f"{where}: hardware {case.part_id} names no cluster; add "
+    try:  # the part as the case runs it: an inline table, a power limit it can take
+        part = case.part()
+    except OpgraphError as e:
+        raise OpgraphError(f"{where}: {e}") from None
+    if case.cluster is None and not part.cluster:  # an inline part with no cluster
+        raise OpgraphError(f"{where}: hardware {part.id} names no cluster; add "
                            "\"cluster\" to the case (a catalog id or an object) or to the part")
-    if case.precision == "fp8" and case.part().fp8_flops is None:
-        raise OpgraphError(f"{where}: precision fp8 on {case.part_id}, which has no FP8 tensor "
+    if case.precision == "fp8" and part.fp8_flops is None:
+        raise OpgraphError(f"{where}: precision fp8 on {part.id}, which has no FP8 tensor "
                            "cores; give precision bf16 or another part")
     return case
 
