@@ -88,19 +88,34 @@ def from_config(path: str, space: Space, model: str, seq: int) -> tuple[Named, t
     else:
         job = launch.read_megatron(f"@{path}", gpus=space.gpus)
     lay = job.parallel
-    mismatch = None
-    if isinstance(job.model, str) and job.model != model:
-        mismatch = f"it trains {job.model}, the plan {model}"
-    elif lay.world != space.gpus:
-        mismatch = f"it runs on {lay.world:,} GPUs, the plan on {space.gpus:,}"
-    elif lay.batch != space.batch:
-        mismatch = f"its global batch is {lay.batch:,} sequences, the plan's {space.batch:,}"
-    elif job.seq_len is not None and job.seq_len != seq:
-        mismatch = f"its sequence length is {job.seq_len:,}, the plan's {seq:,}"
+    mismatch = (f"it trains {job.model}, the plan {model}"
+                if isinstance(job.model, str) and job.model != model
+                else _other_job(lay, job.seq_len, space, seq))
     fields = attrs.asdict(lay, recurse=False)
     return (Named("config", path, fields, job.recompute, job.precision, job.fuse,
                   f"{path}: {mismatch}; plan the same job" if mismatch else None),
             tuple(f"{path}: {note}" for note in job.unknown))
+
+
+def from_case(given: str, case, space: Space, seq: int) -> Named:
+    """The layout a run of a case file ran (`plan --case FILE:ID`, `opgraph.io.cases.Case`),
+    kept with the reason where a flag made the plan's job another one."""
+    mismatch = _other_job(case.parallel, case.seq_len, space, seq)
+    return Named("case", given, attrs.asdict(case.parallel, recurse=False), case.recompute,
+                 case.precision, None if case.fuse == "none" else case.fuse,
+                 f"{given}: {mismatch}; plan the same job" if mismatch else None)
+
+
+def _other_job(lay, seq_len: int | None, space: Space, seq: int) -> str | None:
+    """How a layout's job differs from the plan's (its GPUs, global batch or sequence length:
+    None, the same job)."""
+    if lay.world != space.gpus:
+        return f"it runs on {lay.world:,} GPUs, the plan on {space.gpus:,}"
+    if lay.batch != space.batch:
+        return f"its global batch is {lay.batch:,} sequences, the plan's {space.batch:,}"
+    if seq_len is not None and seq_len != seq:
+        return f"its sequence length is {seq_len:,}, the plan's {seq:,}"
+    return None
 
 
 @attrs.frozen

@@ -165,9 +165,9 @@ def load_hardware(args, default=None) -> Hardware:
     `--peak-tflops` and `--bandwidth-tbs` over its figures."""
     part = hw.get(args.hardware) if args.hardware else default or hw.get(DEFAULT_PART)
     changes = {}
-    if args.peak_tflops is not None:
+    if getattr(args, "peak_tflops", None) is not None:  # `plan` has neither override
         changes["peak_flops"] = args.peak_tflops * 1e12
-    if args.bandwidth_tbs is not None:
+    if getattr(args, "bandwidth_tbs", None) is not None:
         changes["bandwidth"] = args.bandwidth_tbs * 1e12
     if changes:
         part = attrs.evolve(part, id=f"{part.id}-custom", name=f"{part.name} (custom)", **changes)
@@ -285,7 +285,6 @@ def parallel_setup(args) -> ParallelSetup:
     `--torchtitan` or `--megatron-args` said (`opgraph.io.launch`) or a case file's run
     (`--case`), on `--cluster` (default: the case's, else the part's), with `--trace-rank`'s
     timeline."""
-    from ..parallel import cluster as clusters
     from ..parallel.job import JobSpec
     from .layout import layout_from, layout_warnings
 
@@ -323,10 +322,8 @@ def parallel_setup(args) -> ParallelSetup:
         raise OpgraphError(f"{forward.name} has no default sequence length; give --seq-len")
     layout = layout_from(args, seq, base)
     part = load_hardware(args, case and case.part())
-    named = ({"cluster": clusters.get(args.cluster)} if args.cluster
-             else {"cluster": case.resolved_cluster()} if case and not args.hardware
-             else {})  # else the part's
-    job = JobSpec(forward=forward, hardware=part, layout=layout, seq_len=seq, **named,
+    job = JobSpec(forward=forward, hardware=part, layout=layout, seq_len=seq,
+                  cluster=job_cluster(args, part, case),
                   cost=cost_model(args),
                   fused_attention=not args.no_fused_attention and (case is None
                                                                   or case.fused_attention),
@@ -334,6 +331,18 @@ def parallel_setup(args) -> ParallelSetup:
     profile = job.profile(rank=args.trace_rank)
     echo = echoed(args) | {k: given[k] for k in ("recompute", "precision") if k in given}
     return ParallelSetup(forward, profile, part, echo, tuple(layout_warnings(layout)))
+
+
+def job_cluster(args, part: Hardware, case=None):
+    """The job's cluster: `--cluster`'s, else the case's where `--hardware` kept its part,
+    else the part's own."""
+    from ..parallel import cluster as clusters
+
+    if args.cluster:
+        return clusters.get(args.cluster)
+    if case is not None and not args.hardware:
+        return case.resolved_cluster()
+    return clusters.for_hardware(part)
 
 
 def _case(args):

@@ -178,9 +178,8 @@ def run(args) -> int:
             raise OpgraphError("give --gpus N (or a range, 8:1024:x2), or --case FILE:ID")
         if args.global_batch is None and args.tokens is None:
             raise OpgraphError("give --global-batch or --tokens, or --case FILE:ID")
-    from ..parallel import cluster as clusters
     from ..parallel.search import Searcher
-    from .common import DEFAULT_PART, cost_model, load_case, load_forward
+    from .common import cost_model, job_cluster, load_case, load_forward, load_hardware
 
     case = load_case(args.case) if args.case else None
     if case is not None:  # the run's job, where no flag says otherwise
@@ -223,8 +222,7 @@ def run(args) -> int:
                            "error; give --cost calibrated (plan's default)")
     from ..cost import hardware as hw
 
-    part = (hw.get(args.hardware) if args.hardware
-            else case.part() if case is not None else hw.get(DEFAULT_PART))
+    part = load_hardware(args, case and case.part())
     if args.headroom is not None:
         part = hw.with_headroom(part, args.headroom)
     if part.memory_bytes is None:
@@ -248,9 +246,7 @@ def run(args) -> int:
     batch = args.global_batch or args.tokens // seq
     cost = cost_model(args)
     cost.figures(part)  # what the cost model reads of the part: a gap said now
-    cluster = (clusters.get(args.cluster) if args.cluster
-               else case.resolved_cluster() if case is not None and not args.hardware
-               else clusters.for_hardware(part))
+    cluster = job_cluster(args, part, case)
     spaces = [_space(args, n, batch) for n in sizes]  # every constraint checked up front
     resident = _resident_bytes(forward, seq, spaces[0])
     hopeless = {n: _hopeless(resident, n, part) for n in sizes}
@@ -273,7 +269,9 @@ def _searched(args, searcher, sizes, spaces, hopeless, resident, forward, part, 
                                f"in memory: {hopeless[sizes[0]]}")
         names = _named(args, spaces[0], forward.name, seq)  # a text that is no layout: now
         if case is not None:
-            names.append(_case_layout(args.case, case, spaces[0], seq))
+            from ..analysis.explain import from_case
+
+            names.append(from_case(args.case, case, spaces[0], seq))
         deep = max(args.top, 2 if names else 1, args.sensitivity or 1)
         found = searcher.search(spaces[0], deep)
         _no_fit(found, forward, part, sizes[0])
@@ -432,25 +430,6 @@ def _named(args, space, model: str, seq: int) -> list:
                   "rank them as it runs them", file=sys.stderr)
         out.append(layout)
     return out
-
-
-def _case_layout(given: str, case, space, seq: int):
-    """The layout a case ran, to compare (`explain.Named`, label "case"), with why it is not
-    the plan's job where a flag changed the job."""
-    import attrs
-
-    from ..analysis.explain import Named
-
-    lay = case.parallel
-    mismatch = (f"it runs on {lay.world:,} GPUs, the plan on {space.gpus:,}"
-                if lay.world != space.gpus
-                else f"its global batch is {lay.batch:,} sequences, the plan's {space.batch:,}"
-                if lay.batch != space.batch
-                else f"its sequence length is {case.seq_len:,}, the plan's {seq:,}"
-                if case.seq_len != seq else None)
-    return Named("case", given, attrs.asdict(lay, recurse=False), case.recompute,
-                 case.precision, None if case.fuse == "none" else case.fuse,
-                 f"{given}: {mismatch}; plan the same job" if mismatch else None)
 
 
 def _why(args, searcher, found, names) -> dict:
