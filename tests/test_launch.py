@@ -16,7 +16,7 @@ from opgraph.models.llama import LlamaConfig
 
 from opgraph.core.errors import OpgraphError
 from opgraph.io.launch import (GPT2_BPE_VOCAB, MEGATRON_MODEL, Launch, read_megatron,
-                               read_torchtitan, to_megatron, to_torchtitan)
+                               read_torchtitan, to_bridge, to_megatron, to_torchtitan)
 from opgraph.parallel.parallel import Parallel
 
 # pytorch/torchtitan train_configs/llama3_8b.toml at 9dec370 (late-2024 layout), with the run of
@@ -308,19 +308,43 @@ def test_torchtitan_2025_layout_405b_3d_run(toml):
 
 
 def test_torchtitan_float8_options_it_does_not_model_are_reported(toml):
-    """torchao's row-wise recipe and the FP8 weight re-cast in the backward change the step;
-    the file says them, so the launch lists them. Without Float8 they change nothing."""
+    """The FP8 weight re-cast in the backward and a recipe opgraph does not build change the
+    step; the file says them, so the launch lists them. Without Float8 they change nothing."""
     text = TORCHTITAN_405B.replace("enable_fsdp_float8_all_gather = true",
-                                   'enable_fsdp_float8_all_gather = false\nrecipe_name = "rowwise"'
+                                   'enable_fsdp_float8_all_gather = false\n'
+                                   'recipe_name = "rowwise_with_gw_hp"'
                                    "\nforce_recompute_fp8_weight_in_bwd = true"
                                    ).replace("precompute_float8_dynamic_scale_for_fsdp = true",
                                              "precompute_float8_dynamic_scale_for_fsdp = false")
     launch = read_torchtitan(toml(text), gpus=512)
     assert launch.unknown == (
-        "quantize.linear.float8.recipe_name = 'rowwise' (opgraph models 'tensorwise')",
-        "quantize.linear.float8.force_recompute_fp8_weight_in_bwd = True (opgraph models False)")
+        "quantize.linear.float8.force_recompute_fp8_weight_in_bwd = True (opgraph models False)",
+        ("quantize.linear.float8.recipe_name = 'rowwise_with_gw_hp' (opgraph models "
+         "'tensorwise', 'rowwise'; read as 'tensorwise')"))
+    assert launch.precision == "fp8"
     bf16 = text.replace('converters = ["quantize.linear.float8"]', "converters = []")
     assert read_torchtitan(toml(bf16, "bf16.toml"), gpus=512).unknown == ()
+
+
+def test_torchtitan_rowwise_recipe_reads_and_writes_as_fp8_rowwise(toml):
+    """torchao's row-wise recipe (`recipe_name = "rowwise"`) is the precision fp8-rowwise, in
+    either Float8 section, and opgraph writes it back the same way; Megatron-LM and
+    Megatron-Bridge, whose Transformer Engine has no such recipe, refuse it in one line."""
+    text = TORCHTITAN_405B.replace("enable_fsdp_float8_all_gather = true",
+                                   'enable_fsdp_float8_all_gather = false\nrecipe_name = "rowwise"'
+                                   ).replace("precompute_float8_dynamic_scale_for_fsdp = true",
+                                             "precompute_float8_dynamic_scale_for_fsdp = false")
+    launch = read_torchtitan(toml(text), gpus=512)
+    assert (launch.precision, launch.unknown) == ("fp8-rowwise", ())
+    written = to_torchtitan(launch)
+    assert '[quantize.linear.float8]\nrecipe_name = "rowwise"' in written
+    again = read_torchtitan(toml(written, "again.toml"), gpus=512)
+    assert (again.precision, again.unknown) == ("fp8-rowwise", ())
+    for model, writer in (("llama3-8b", to_megatron), ("gemma2-2b", to_bridge)):
+        megatron = Launch(model=model, parallel=Parallel(tp=2, dp=4, framework="megatron"),
+                          precision="fp8-rowwise")
+        with pytest.raises(OpgraphError, match="no row-wise FP8 recipe"):
+            writer(megatron)
 
 
 def test_torchtitan_2025_shipped_8b_file(toml):

@@ -60,9 +60,11 @@ def add_model_args(parser: argparse.ArgumentParser, tokens: bool = True,
                         "torchtitan's per-op (matmul and attention outputs kept, the rest "
                         "re-run); full (each layer keeps its input and runs its forward again)")
     g.add_argument("--precision", choices=PRECISIONS, default="bf16",
-                   help="the layers' matmuls in bf16 (default) or fp8 (tensor-wise scaling, "
+                   help="the layers' matmuls in bf16 (default), fp8 (tensor-wise scaling, "
                         "as torchao and Transformer Engine: FP8 operands at the part's FP8 "
-                        "peak, plus their amax and cast kernels)")
+                        "peak, plus their amax and cast kernels) or fp8-rowwise (torchao's "
+                        "row-wise recipe: a scale per row, each operand cast along the axis "
+                        "its matmul contracts, the backward's products rescaled)")
     add_cost_args(g, cost)
     g.add_argument("--adamw", choices=ADAMW_OPTIONS, default="mixed",
                    help="AdamW's precisions: mixed (FP32 master and moments, default), "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sys
 
-from ..core.choices import PRECISIONS, TORCHTITAN
+from ..core.choices import PRECISIONS, SEARCHED_PRECISIONS, TORCHTITAN
 from ..core.choices import ZERO_STAGES as ZERO
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
@@ -312,10 +312,8 @@ def _resident_bytes(forward, seq: int, space) -> float | None:
     from ..core.pipeline import compile_step
     from ..cost.memory import RESIDENT, footprint
     from ..passes.evaluate import resolve
-    from ..passes.precision import PRECISIONS as ALL_PRECISIONS
-
     least = None
-    for precision in space.precision or ALL_PRECISIONS:
+    for precision in space.precision or SEARCHED_PRECISIONS:
         step = compile_step(forward, check=False, precision=precision)
         parts = footprint(step).parts()
         values = resolve(step, {"S": seq})

@@ -70,8 +70,12 @@ def check_recompute(value, where: str) -> None:
         raise OpgraphError(f"{where}{e}") from None
     if spelled != value:
         raise OpgraphError(f"{where}recompute {value!r}: write it {spelled!r}")
-# `--precision`: the layers' matmuls in BF16 or FP8 (`passes.precision`).
-PRECISIONS = ("bf16", "fp8")
+# `--precision`: the layers' matmuls in BF16, or in FP8 with a scale per tensor ("fp8", torchao's
+# and Transformer Engine's tensor-wise recipes) or per row ("fp8-rowwise", torchao's row-wise
+# recipe) (`passes.precision`). A search tries the first two: row-wise scaling is chosen for
+# accuracy, and is never the faster.
+PRECISIONS = ("bf16", "fp8", "fp8-rowwise")
+SEARCHED_PRECISIONS = ("bf16", "fp8")
 # `--adamw`: AdamW's precisions (`passes.attach_adamw`).
 ADAMW_OPTIONS = ("mixed", "bf16-moments", "no-master", "bf16", "8bit")
 # `--zero`: data-parallel sharding, ZeRO stages 0 to 3.

@@ -514,9 +514,9 @@ def _case(table, file: str, index: int) -> Case:
     if case.cluster is None and not part.cluster:  # an inline part with no cluster
         raise OpgraphError(f"{where}: hardware {part.id} names no cluster; add "
                            "\"cluster\" to the case (a catalog id or an object) or to the part")
-    if case.precision == "fp8" and part.fp8_flops is None:
-        raise OpgraphError(f"{where}: precision fp8 on {part.id}, which has no FP8 tensor "
-                           "cores; give precision bf16 or another part")
+    if case.precision != "bf16" and part.fp8_flops is None:
+        raise OpgraphError(f"{where}: precision {case.precision} on {part.id}, which has no FP8 "
+                           "tensor cores; give precision bf16 or another part")
     return case
 
 

@@ -56,8 +56,8 @@ from ..passes.evaluate import category_costs, interpret, resolve
 from ..passes.shard import check_divides
 from ..passes.split_stages import layer_stack, layers_before, other_stacks, split_stages
 from . import cluster as clusters
-from .frameworks import (attention_library, deferred_groups, end_split, own_split, sharding,
-                         traits)
+from .frameworks import (attention_library, check_precision, deferred_groups, end_split,
+                         own_split, sharding, traits)
 from .parallel import Parallel, chunk_layers, stage_layers
 from .schedule import (
     GROUPS,
@@ -260,6 +260,7 @@ def compile_parallel(forward: Graph, layout: Parallel, *, seq: int | None = None
     `shard` before the backward; after the optimizer, its framework's (those placed at
     `contracts.LAYOUT`) and the data-parallel replicas (`replicate`)."""
     check_layout(forward, layout, seq)
+    check_precision(layout.framework, options.get("precision", "bf16"))
     return compile_step(forward, layout=layout, **options)
 
 

@@ -357,6 +357,12 @@ Each trait, with where each framework's code says so:
   shard on the compute stream, `reduce_partials`). Megatron-LM's TP communication overlap
   (Transformer Engine's userbuffers) reduces on its communication kernels' SMs, as NCCL
   does: not it.
+- `precisions`: the precisions its linears run (`passes.precision`). Row-wise FP8 is torchao's
+  recipe (`Float8LinearConfig.from_recipe_name("rowwise")`), which torchtitan runs
+  (`float8.recipe_name`); Transformer Engine, which Megatron-LM, DeepSpeed and Composer run
+  FP8 with, scales per tensor (delayed or current scaling) or per block (MXFP8, 1x128 blocks),
+  never per row (`transformer_engine/common/recipe/__init__.py`); nanotron's FP8 is its own.
+  The generic model and torchtitan run every precision.
 
 Megatron-LM's distributed optimizer is `zero=1`, its `--overlap-grad-reduce` the layout's
 `overlap_grad_reduce`, its TP communication overlap `async_tp`: those are layout fields already;
@@ -368,7 +374,7 @@ from __future__ import annotations
 import attrs
 import sympy
 
-from ..core.choices import CP_COMMS
+from ..core.choices import CP_COMMS, PRECISIONS
 from ..core.errors import OpgraphError
 from .parallel import Parallel
 
@@ -409,9 +415,11 @@ class Traits:
     repeats_kv_heads: bool = False
     sorts_by_local_expert: bool = False
     sums_tp_partials: bool = False
+    precisions: frozenset[str] = frozenset(PRECISIONS)
 
 
-_DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True,
+_TENSORWISE = frozenset({"bf16", "fp8"})  # Transformer Engine's scaling, and nanotron's own
+_DEEPSPEED = Traits(grad_reduce_dtype="bf16", reduce_after_flush=True, precisions=_TENSORWISE,
                     overlaps_reduce_at=frozenset({3}), gemm_per_expert=True, blocking_p2p=True,
                     partitions_p2p=True, syncs_tp_grads=True, replicates_at=frozenset())
 _TORCHTITAN = Traits(regather_in_recompute=False, unshards_once_with_pp=True,
@@ -425,14 +433,14 @@ _TORCHTITAN = Traits(regather_in_recompute=False, unshards_once_with_pp=True,
                      sums_tp_partials=True)
 FRAMEWORKS: dict[str | None, Traits] = {
     None: Traits(),
-    "composer": Traits(regather_in_recompute=False, groups_by_module=True,
+    "composer": Traits(regather_in_recompute=False, groups_by_module=True, precisions=_TENSORWISE,
                        replicates_at=frozenset({3}), zero_stages=frozenset({0, 2, 3})),
     "torchtitan": _TORCHTITAN,
     "torchtitan-2024": attrs.evolve(_TORCHTITAN, compiles_outside_blocks=frozenset()),
     "megatron": Traits(sp_saves_shard=True, buckets_grads=True, vocab_multiple=128,
                        caches_fp8_weights=True, gemm_per_expert=True,
                        attention_library="cudnn", replicates_at=frozenset({1}),
-                       sorts_by_local_expert=True),
+                       sorts_by_local_expert=True, precisions=_TENSORWISE),
     "deepspeed": _DEEPSPEED,
     "deepspeed-0.3": attrs.evolve(_DEEPSPEED, list_collectives=True, syncs_before_gather=True),
     "deepspeed-bf16": attrs.evolve(_DEEPSPEED, adds_grads_in_fp32=True),
@@ -440,7 +448,8 @@ FRAMEWORKS: dict[str | None, Traits] = {
                        balances_stages=True, vocab_multiple=1,
                        overlaps_reduce_at=frozenset({0}), zero1_all_reduces=True,
                        flattens_gathers=True, adds_grads_in_fp32=True, ddp_buckets=True,
-                       replicates_at=frozenset(), zero_stages=frozenset({0, 1})),
+                       replicates_at=frozenset(), zero_stages=frozenset({0, 1}),
+                       precisions=_TENSORWISE),
 }
 
 
@@ -451,6 +460,15 @@ def traits(layout: Parallel) -> Traits:
     except KeyError:
         raise OpgraphError(f"framework {layout.framework!r}: choose one of "
                            f"{', '.join(k for k in FRAMEWORKS if k)}") from None
+
+
+def check_precision(framework: str | None, precision: str) -> None:
+    """OpgraphError, one line, where `framework` runs no `precision` linears (`precisions`)."""
+    runs = FRAMEWORKS.get(framework, FRAMEWORKS[None]).precisions
+    if precision not in runs:
+        raise OpgraphError(f"--framework {framework} runs no {precision} linears (row-wise FP8 "
+                           "is torchao's recipe, which torchtitan runs); give --precision "
+                           f"{' or '.join(p for p in PRECISIONS if p in runs)}")
 
 
 def attention_library(layout: Parallel) -> str:

@@ -1,6 +1,7 @@
 """Kernels the passes make, not a model: a fused kernel (`opgraph.core.rewrite.Replacement.fuse`),
-FP8's tensor-wise scaling casts (`opgraph.passes.precision`, as torchao's Float8Linear and
-Transformer Engine do it; the pass places them in both phases itself, so they have no VJP), the
+FP8's scaling casts and the rescale of a row-wise scaled product (`opgraph.passes.precision`, as
+torchao's Float8Linear and Transformer Engine do them; the pass places them in both phases
+itself, so they have no VJP), the
 sum of the partial products a micro-pipelined matmul reduce-scatter exchanged
 (`opgraph.passes.sum_tp_partials`), and collectives (`opgraph.passes.shard`,
 `opgraph.parallel.collectives`)."""
@@ -49,20 +50,38 @@ def _fused_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.E
 
 
 def _amax_shape(ins: list[Tensor], params: dict) -> list[Shape]:
-    """A tensor -> its largest magnitude, one scalar (the tensor-wise scale follows from it)."""
+    """A tensor -> its largest magnitude: one scalar (tensor-wise scaling), or with `axes` one
+    per slice along the axes it keeps (row-wise scaling: `axes` (-1,) gives each row of a
+    [tokens, K] operand its own)."""
     _require(len(ins) == 1, lambda: f"amax reads one tensor, not {len(ins)}")
-    return [()]
+    axes = params.get("axes")
+    if axes is None:
+        return [()]
+    rank = len(ins[0].shape)
+    _require(all(-rank <= a < rank for a in axes),
+             lambda: f"amax over axes {tuple(axes)} of {_fmt(ins[0].shape)}")
+    over = {a % rank for a in axes}
+    return [tuple(n for i, n in enumerate(ins[0].shape) if i not in over)]
 
 
 def _cast_shape(ins: list[Tensor], params: dict) -> list[Shape]:
-    """A tensor and its amax -> the tensor scaled into the FP8 range, in the output's dtype."""
-    _require(len(ins) == 2 and ins[1].shape == (), "cast reads a tensor and its scalar amax")
+    """A tensor and its amax (a scalar, or one per row) -> the tensor scaled into the FP8 range,
+    in the output's dtype."""
+    _require(len(ins) == 2 and len(ins[1].shape) < max(1, len(ins[0].shape)),
+             "cast reads a tensor and its amax, a scalar or one per row")
     return [ins[0].shape]
 
 
 def _amax_flops(ins: list[Tensor], outs: list[Tensor], params: dict) -> sympy.Expr:
     """|x| and the running max: 2 per element read."""
     return 2 * ins[0].numel
+
+
+def _rescale_shape(ins: list[Tensor], params: dict) -> list[Shape]:
+    """A product of FP8 operands cast with unit scales and its operands' two amaxes -> the
+    product at its true scale (a partial gradient it adds into is read last, `accumulate`)."""
+    _require(len(ins) == 3, "rescale reads a product and the amaxes of its two operands")
+    return [ins[0].shape]
 
 
 def _gathered(ins: list[Tensor], params: dict, grow: bool) -> list[Shape]:
@@ -137,6 +156,9 @@ KINDS = (
     kind("amax", shape=_amax_shape, flops=_amax_flops, vjp=None, group="precision"),
     kind("cast", shape=_cast_shape,
          flops=per_element(2),  # times the scale (fp8_max / amax), clamped to the range
+         vjp=None, group="precision"),
+    kind("rescale", shape=_rescale_shape,
+         flops=per_element(2),  # each element times its row's and its column's inverse scale
          vjp=None, group="precision"),
     kind("sum_partials", shape=_sum_partials_shape, flops=_sum_partials_flops, vjp=None,
          group="parallel"),

@@ -122,6 +122,15 @@ _PRECISIONS = {"bf16_mixed": "bf16", "fp16_mixed": "bf16",
                "bf16_with_fp8_delayed_scaling_mixed": "fp8"}
 
 
+
+def _bridge_precision(precision: str) -> str:
+    """Megatron-Bridge's mixed_precision recipe for a precision opgraph models."""
+    if precision == "fp8-rowwise":
+        raise OpgraphError("Megatron-Bridge runs no row-wise FP8 recipe (Transformer Engine "
+                           "scales per tensor or per block; row-wise is torchao's): give "
+                           "--precision fp8 or bf16")
+    return "bf16_with_fp8_current_scaling_mixed" if precision == "fp8" else "bf16_mixed"
+
 def is_bridge(tokens: list[str]) -> bool:
     """Whether a command line's tokens run Megatron-Bridge's recipe runner."""
     return any(t.endswith("run_recipe.py") or t == "--recipe" or t.startswith("--recipe=")
@@ -340,8 +349,7 @@ def to_bridge(launch: Launch) -> str:
         "ddp.grad_reduce_in_fp32": reduce_dtype(p) != "bf16",
         "ddp.overlap_grad_reduce": p.overlap_grad_reduce,
         "ddp.overlap_param_gather": p.overlap_param_gather,
-        "mixed_precision": "bf16_with_fp8_current_scaling_mixed" if launch.precision == "fp8"
-                           else "bf16_mixed",
+        "mixed_precision": _bridge_precision(launch.precision),
         "model.recompute_granularity": ("selective" if launch.recompute.startswith(SELECTIVE)
                                         else None if launch.recompute == "none"
                                         else launch.recompute),

@@ -702,6 +702,10 @@ def to_megatron(launch: Launch) -> str:
     args += _mg_zero_args(p.zero) + _mg_recompute_args(launch.recompute) + ["--bf16"]
     if p.replicate > 1:  # the distributed optimizer's replicas (`Parallel.replicate`)
         args += ["--num-distributed-optimizer-instances", str(p.replicate)]
+    if launch.precision == "fp8-rowwise":
+        raise OpgraphError("Megatron-LM runs no row-wise FP8 recipe (Transformer Engine scales "
+                           "per tensor or per block; row-wise is torchao's): give --precision "
+                           "fp8 or bf16")
     if launch.precision == "fp8":
         args += ["--fp8-format", "hybrid"]
     if launch.fuse is None:

@@ -92,11 +92,13 @@ TORCHTITAN_MODELS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-7
                      ("llama3", "405B"): "llama3.1-405b",
                      ("deepseek_v3", "16B"): "deepseek-v2-lite"}
 _TT_FLOAT8 = ("float8", "quantize.linear.float8")  # model.converters that turn float8 on
+# torchao's Float8 recipes (`recipe_name`; none: tensor-wise) -> the precision that models them
+_TT_FLOAT8_RECIPES = {None: "fp8", "tensorwise": "fp8", "rowwise": "fp8-rowwise"}
 # Float8 options whose effect opgraph models only at this value (their sections are otherwise
-# quiet): tensor-wise scaling, FSDP gathering BF16 weights and each layer's FP8 weight kept
-# for its backward (torchao's Float8LinearConfig, as torchtitan's [float8] and
-# [quantize.linear.float8] sections pass them)
-_TT_FLOAT8_ASSUMED = {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": False,
+# quiet): FSDP gathering BF16 weights and each layer's FP8 weight kept for its backward
+# (torchao's Float8LinearConfig, as torchtitan's [float8] and [quantize.linear.float8]
+# sections pass them)
+_TT_FLOAT8_ASSUMED = {"enable_fsdp_float8_all_gather": False,
                       "precompute_float8_dynamic_scale_for_fsdp": False,
                       "force_recompute_fp8_weight_in_bwd": False}
 _TT_SINGLE_STAGE = ("1F1B", "GPipe")  # one stage per rank; the others interleave several
@@ -279,14 +281,23 @@ def _tt_precision(keys: dict, unknown: list[str]) -> str:
     unknown.extend(f"model.converters {c!r}" for c in converters if c not in _TT_FLOAT8)
     fp8 = _tt_flag(keys, "float8.enable_float8_linear") or any(c in _TT_FLOAT8
                                                                for c in converters)
-    if fp8:  # the Float8 options that change the step, which opgraph's FP8 does not model
-        for section in ("float8", "quantize.linear.float8"):
-            for name, modelled in _TT_FLOAT8_ASSUMED.items():
-                value = keys.get(f"{section}.{name}")
-                if value is not None and value != modelled:
-                    unknown.append(f"{section}.{name} = {value!r} (opgraph models "
-                                   f"{modelled!r})")
-    return "fp8" if fp8 else "bf16"
+    if not fp8:
+        return "bf16"
+    recipe = None
+    for section in ("float8", "quantize.linear.float8"):
+        # the Float8 options that change the step, which opgraph's FP8 does not model
+        for name, modelled in _TT_FLOAT8_ASSUMED.items():
+            value = keys.get(f"{section}.{name}")
+            if value is not None and value != modelled:
+                unknown.append(f"{section}.{name} = {value!r} (opgraph models {modelled!r})")
+        value = keys.get(f"{section}.recipe_name")
+        if value not in _TT_FLOAT8_RECIPES:
+            unknown.append(f"{section}.recipe_name = {value!r} (opgraph models "
+                           f"{', '.join(repr(r) for r in _TT_FLOAT8_RECIPES if r)}; read as "
+                           "'tensorwise')")
+        elif value is not None:
+            recipe = value
+    return _TT_FLOAT8_RECIPES[recipe]
 
 
 def _tt_virtual_stages(keys: dict, model: str, pp: int, unknown: list[str]) -> int:
@@ -506,7 +517,7 @@ def to_torchtitan(launch: Launch) -> str:
     local = p.global_batch // p.dp if p.pp > 1 else p.micro_batch
     config = PRESET_CONFIGS[launch.model]
     model = {"name": name, "flavor": flavor}
-    if launch.precision == "fp8":
+    if launch.precision != "bf16":
         model["converters"] = ["quantize.linear.float8"]
     wire = reduce_dtype(p)
     if wire == "fp16":
@@ -530,6 +541,8 @@ def to_torchtitan(launch: Launch) -> str:
     if launch.recompute == "selective-op":
         checkpoint["selective_ac_option"] = "op"
     sections = {"model": model, "training": training, "parallelism": parallelism,
+                **({"quantize.linear.float8": {"recipe_name": "rowwise"}}
+                   if launch.precision == "fp8-rowwise" else {}),
                 "activation_checkpoint": checkpoint,
                 "compile": {"enable": launch.fuse == "elementwise",
                             # the row that leaves the loss eager (`_tt_framework`)

@@ -16,12 +16,13 @@ from ...core.ir import Graph
 from ...core.limits import MAX_MICRO_BATCHES
 from ...core.symbols import B, cp, dp, edp, ep, tp
 from ...cost.hardware import Hardware
+from ...core.choices import SEARCHED_PRECISIONS
 from ...passes.precision import PRECISIONS
 from ...passes.recompute import POLICIES
 from ...passes.split_stages import layer_stack, layers_before
 from .. import cluster as clusters
 from ..distributed import ParallelResult, check_layers, check_layout, uneven_ends
-from ..frameworks import FRAMEWORKS, end_split, own_split
+from ..frameworks import FRAMEWORKS, check_precision, end_split, own_split
 from ..parallel import (FRAMEWORK_FIELDS, LAYOUT_FIELDS, ZERO_STAGES, LayoutFields, Parallel,
                         replicas_problem)
 
@@ -133,6 +134,7 @@ class Space:
         for value in self.precision or ():
             if value not in PRECISIONS:
                 raise OpgraphError(f"--precision {value!r}: choose from {', '.join(PRECISIONS)}")
+            check_precision(self.framework, value)
 
     def expert_tps(self, t: int) -> list:
         """The experts' tensor-parallel degrees the space tries at tensor-parallel degree `t`:
@@ -334,11 +336,12 @@ def rows(forward: Graph, hardware: Hardware, space: Space, seq_len: int,
     pps = _pipelines(space, layers)
     zeros = [space.zero] if space.zero is not None else ZERO_STAGES
     recompute = space.recompute or RECOMPUTE
-    precision = space.precision or tuple(p for p in PRECISIONS
-                                         if p != "fp8" or hardware.fp8_flops)
-    if "fp8" in precision and not hardware.fp8_flops:
-        raise OpgraphError(f"--precision fp8: {hardware.id} has no dense FP8 peak; give a part "
-                           "that has one, or leave it out")
+    precision = space.precision or tuple(p for p in SEARCHED_PRECISIONS
+                                         if p == "bf16" or hardware.fp8_flops)
+    fp8 = [p for p in precision if p != "bf16"]
+    if fp8 and not hardware.fp8_flops:
+        raise OpgraphError(f"--precision {fp8[0]}: {hardware.id} has no dense FP8 peak; give a "
+                           "part that has one, or leave it out")
     options = list(itertools.product(zeros, recompute, precision))
     alone = [o for o in options if o[0] == min(zeros)]  # no data parallelism: nothing to shard
     out: list[Row] = []
