@@ -77,6 +77,113 @@ def test_the_casts_are_ops_of_their_own(fp8):
     assert sympy.expand(cast.bytes - (2 * B * S * D + 4 + B * S * D)) == 0  # FP8 out
 
 
+@pytest.fixture(scope="module")
+def rowwise(llama):
+    return compile_step(llama, precision="fp8-rowwise")
+
+
+def test_rowwise_casts_each_operand_along_the_axes_its_matmul_contracts(rowwise):
+    """torchao's row-wise recipe: y = x W casts x along K and W along K; dX = dY W^T casts dY
+    along N and W along N; dW = x^T dY casts x and dY along the tokens. Each copy is an amax
+    with one scale per row kept and a cast, from the BF16 tensor."""
+    verify(rowwise)
+    reads = {name: [(rowwise.tensor(n).dtype.name, rowwise.tensor(n).shape)
+                    for n in rowwise.op(name).inputs[:2]]
+             for name in ("layers.q_proj", "layers.q_proj.dA", "layers.q_proj.dB")}
+    assert all(dtype == "fp8" for pair in reads.values() for dtype, _ in pair)
+
+    def axes(copy):
+        return rowwise.op(f"{copy}.amax").param("axes")
+
+    inputs = {name: [axes(n) for n in rowwise.op(name).inputs[:2]] for name in reads}
+    assert inputs == {"layers.q_proj": [(2,), (0,)], "layers.q_proj.dA": [(2,), (1,)],
+                      "layers.q_proj.dB": [(0, 1), (0, 1)]}
+    per_phase = {}
+    for op in rowwise.ops():
+        if op.kind in ("amax", "cast"):
+            per_phase[op.kind, op.phase] = per_phase.get((op.kind, op.phase), 0) + 1
+            assert rowwise.tensor(op.inputs[0]).dtype.name in ("bf16", "fp32"), op.name
+    # forward as tensor-wise (4 inputs, 7 weights); backward: the 7 weights along N, the 4
+    # inputs along the tokens, the 7 output gradients along N and along the tokens
+    assert per_phase == {("amax", Phase.FORWARD): 11, ("cast", Phase.FORWARD): 11,
+                         ("amax", Phase.BACKWARD): 25, ("cast", Phase.BACKWARD): 25}
+    costs = DEFAULT.op_costs(rowwise)
+    amax, cast = (costs[f"fp8.layers.attn_norm.over2.{k}"] for k in ("amax", "cast"))
+    assert sympy.expand(amax.bytes - (2 * B * S * D + 4 * B * S)) == 0  # an FP32 scale a row
+    assert sympy.expand(cast.bytes - (2 * B * S * D + 4 * B * S + B * S * D)) == 0
+    columns = costs["fp8.layers.attn_norm.over0_1.amax"]
+    assert sympy.expand(columns.bytes - (2 * B * S * D + 4 * D)) == 0  # one a column
+
+
+def test_rowwise_rescales_each_backward_product(rowwise):
+    """Without fast accumulation torchao runs cuBLAS with unit scales and multiplies the product
+    by its rows' and columns' inverse scales after (`addmm_float8_unwrapped`): one rescale per
+    backward matmul, which also adds the partial gradient the matmul accumulated into."""
+    rescales = [op for op in rowwise.ops() if op.kind == "rescale"]
+    assert len(rescales) == 7 * 2 and all(op.phase is Phase.BACKWARD for op in rescales)
+    assert not any(op.kind == "rescale" for op in compile_step(preset("llama3-8b"),
+                                                               precision="fp8").ops())
+    da = rowwise.op("layers.q_proj.dA.rescale")
+    product, row, column, partial = (rowwise.tensor(n) for n in da.inputs)
+    assert rowwise.op("layers.q_proj.dA").outputs == (product.name,)
+    assert (product.dtype.name, row.shape, column.shape) == ("bf16", (B, S), (D,))
+    cost = DEFAULT.op_costs(rowwise)[da.name]
+    written = rowwise.tensor(da.outputs[0])
+    assert sympy.expand(cost.flops - 3 * B * S * D) == 0  # 2 scales and the partial's add
+    assert sympy.expand(cost.bytes - (2 * B * S * D + 4 * B * S + 4 * D + partial.nbytes
+                                      + written.nbytes)) == 0
+
+
+def test_rowwise_gathers_the_sequence_in_bf16(llama):
+    """torchtitan applies its Float8 tensor-parallel styles (an FP8 all-gather) to the
+    tensor-wise recipe only: under row-wise scaling the sequence-parallel gathers move BF16."""
+    from opgraph.parallel.distributed import compile_parallel
+    from opgraph.parallel.parallel import Parallel
+
+    layout = Parallel(tp=2, sequence_parallel=True, framework="torchtitan")
+    dtypes = {}
+    for precision in ("fp8", "fp8-rowwise"):
+        g = compile_parallel(llama, layout, precision=precision)
+        dtypes[precision] = {g.tensor(op.outputs[0]).dtype.name for op in g.ops()
+                             if op.kind == "all_gather" and op.param("group") == "tp"
+                             and op.phase is Phase.FORWARD}
+    assert dtypes == {"fp8": {"fp8", "bf16"}, "fp8-rowwise": {"bf16"}}
+
+
+def test_rowwise_is_refused_where_the_framework_has_no_such_recipe(llama, cli):
+    """Transformer Engine (Megatron-LM, DeepSpeed, Composer) scales FP8 per tensor or per
+    block, never per row: such a job is an error, one line; torchtitan and the generic model
+    run it."""
+    from opgraph.parallel.distributed import compile_parallel
+    from opgraph.parallel.parallel import Parallel
+
+    for framework in ("megatron", "deepspeed", "composer", "nanotron"):
+        with pytest.raises(OpgraphError, match=f"--framework {framework} runs no fp8-rowwise"):
+            compile_parallel(llama, Parallel(tp=2, framework=framework), precision="fp8-rowwise")
+    for framework in ("torchtitan", None):
+        compile_parallel(llama, Parallel(tp=2, framework=framework), precision="fp8-rowwise")
+    for command in (("profile", "--gpus", "2", "--tp", "2"),
+                    ("plan", "--model", "llama3-8b", "--gpus", "8", "--tokens", "65536")):
+        code, out, err = cli(*command, "--framework", "megatron", "--precision", "fp8-rowwise")
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+        assert "give --precision bf16 or fp8" in err
+
+
+def test_torchtitans_rowwise_runs_slower_than_tensorwise():
+    """torchtitan's June 2025 async-TP page measured torchao's row-wise recipe below its
+    tensor-wise one in all four of its pairs (Llama 3 70B on 256 H100s, 8B on 64, vanilla and
+    async TP: 599.6 / 809.8, 624.8 / 942.4, 3,708.5 / 5,078.1, 3,914.9 / 5,570.1 tokens/s per
+    GPU); predicted so too, from the bytes its casts, rescales and BF16 gathers move."""
+    from opgraph.analysis.validate import validate
+    from opgraph.io.cases import load_cases
+
+    runs = [c for c in load_cases("holdout") if c.id.startswith("torchtitan_2506")
+            and c.precision != "bf16"]
+    step = {p.case.id: p.predicted_step_time_s for p in validate(runs).predictions}
+    pairs = [(i, i.replace("fp8rowwise", "fp8")) for i in step if "fp8rowwise" in i]
+    assert len(pairs) == 4 and all(step[row] > step[tensor] for row, tensor in pairs)
+
+
 def test_fp8_time_formula_names_the_fp8_peak(fp8):
     q = formula(fp8, "time", op="layers.q_proj")
     assert PEAK_FP8 in q.free_symbols and sympy.Symbol("peak", positive=True) not in \

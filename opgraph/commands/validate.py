@@ -17,7 +17,7 @@ def register(subparsers) -> None:
         description="Predict each run of a case file (default `dev`: the 80 published runs "
                     "shipped with opgraph, from Megatron-LM, DeepSpeed, torchtitan, nanotron and "
                     "SimuMax's B200 runs; `playbook-sweep`: the Ultrascale Playbook's 656 "
-                    "measured layouts; `holdout`: the 296 published runs of torchtitan, "
+                    "measured layouts; `holdout`: the 300 published runs of torchtitan, "
                     "Megatron-Bridge, NeMo, NeMo AutoModel, LLM Foundry and Megatron-DeepSpeed that "
                     "no fit reads) "
                     "and print measured and predicted step time, the error "
