@@ -190,13 +190,13 @@ def _rescaled(out: Graph, kernel: Op, pair: list[str], amaxes: list[str | None])
     if None in amaxes:  # an operand the recipe does not cast: nothing to rescale
         out.replace_op(attrs.evolve(kernel, inputs=[*pair, *kernel.inputs[2:]]))
         return
-    (written,) = kernel.outputs
+    written, *rest = kernel.outputs  # the product; a fused bias gradient stays the kernel's
     target = out.tensor(written)
     accumulated = int(kernel.param("accumulate", 0))
     own = kernel.inputs[2:len(kernel.inputs) - accumulated]
     product = out.add_tensor(attrs.evolve(target, name=f"{written}.unscaled", dtype=BF16))
     params = tuple((k, v) for k, v in kernel.params if k != "accumulate")
-    out.replace_op(attrs.evolve(kernel, inputs=[*pair, *own], outputs=[product.name],
+    out.replace_op(attrs.evolve(kernel, inputs=[*pair, *own], outputs=[product.name, *rest],
                                 params=params))
     partials = kernel.inputs[len(kernel.inputs) - accumulated:] if accumulated else ()
     out.add_op(Op(f"{kernel.name}.rescale", "rescale", "elementwise",

@@ -134,6 +134,15 @@ def test_rowwise_rescales_each_backward_product(rowwise):
                                       + written.nbytes)) == 0
 
 
+def test_rowwise_rescales_the_product_not_a_fused_bias_gradient():
+    """GPT-2's weight-gradient matmul also writes its bias's gradient (the sum of dY over the
+    tokens): the rescale takes the product alone; the bias gradient stays the kernel's."""
+    step = compile_step(preset("gpt2"), precision="fp8-rowwise")
+    verify(step)
+    assert step.op("layers.fc.dB").outputs == ("d.layers.fc.weight.unscaled", "d.layers.fc.bias")
+    assert step.op("layers.fc.dB.rescale").outputs == ("d.layers.fc.weight",)
+
+
 def test_rowwise_gathers_the_sequence_in_bf16(llama):
     """torchtitan applies its Float8 tensor-parallel styles (an FP8 all-gather) to the
     tensor-wise recipe only: under row-wise scaling the sequence-parallel gathers move BF16."""
