@@ -336,6 +336,10 @@ def test_torchtitan_rowwise_recipe_reads_and_writes_as_fp8_rowwise(toml):
                                              "precompute_float8_dynamic_scale_for_fsdp = false")
     launch = read_torchtitan(toml(text), gpus=512)
     assert (launch.precision, launch.unknown) == ("fp8-rowwise", ())
+    listed = read_torchtitan(toml(text.replace('"rowwise"', '["rowwise"]'), "list.toml"),
+                             gpus=512)  # not a name: listed, read as tensor-wise
+    assert listed.precision == "fp8" and listed.unknown[0].startswith(
+        "quantize.linear.float8.recipe_name = ['rowwise'] (opgraph models")
     written = to_torchtitan(launch)
     assert '[quantize.linear.float8]\nrecipe_name = "rowwise"' in written
     again = read_torchtitan(toml(written, "again.toml"), gpus=512)

@@ -291,7 +291,7 @@ def _tt_precision(keys: dict, unknown: list[str]) -> str:
             if value is not None and value != modelled:
                 unknown.append(f"{section}.{name} = {value!r} (opgraph models {modelled!r})")
         value = keys.get(f"{section}.recipe_name")
-        if value not in _TT_FLOAT8_RECIPES:
+        if not isinstance(value, (str, type(None))) or value not in _TT_FLOAT8_RECIPES:
             unknown.append(f"{section}.recipe_name = {value!r} (opgraph models "
                            f"{', '.join(repr(r) for r in _TT_FLOAT8_RECIPES if r)}; read as "
                            "'tensorwise')")
