@@ -55,6 +55,29 @@ def test_each_gpu_scores_as_many_pairs_either_way(runs):
     assert a2a["matmul"] == pytest.approx(ring["matmul"], rel=1e-12)
 
 
+def test_ring_attention_runs_each_query_row_once_a_step_it_takes_part_in():
+    """The rows an attention kernel loops over (`rules.attention_scores`' third figure): by
+    all-to-all, all S rows of H/cp heads, once; by the causal, load-balanced ring, S/cp rows of
+    all H heads, in the local causal block and then on each of the cp - 1 steps either all of
+    them (against half a block of keys) or half (against a whole block): 1 + 3/4 (cp - 1)
+    passes. Its scores are the same either way."""
+    from opgraph.core import rules
+    from opgraph.parallel.distributed import compile_parallel
+
+    figures = {}
+    for comm in ("ring", "a2a"):
+        g = compile_parallel(preset("llama3-8b"), Parallel(cp=CP, dp=2, zero=3, cp_comm=comm))
+        (op,) = [o for o in g.ops() if o.kind == "flash_attention"]
+        scores, _, rows = rules.attention_scores(op.kind, [g.tensor(n) for n in op.inputs],
+                                                 [g.tensor(n) for n in op.outputs],
+                                                 dict(op.params))
+        at = {sym.name: value for sym, value in g.dims.items()} | {"S": S, "B": 1, "cp": CP}
+        figures[comm] = [float(x.xreplace({sym: at[sym.name] for sym in x.free_symbols}))
+                         for x in (scores, rows)]
+    assert figures["a2a"] == [H // CP * S * S / 2, H // CP * S]
+    assert figures["ring"] == [H * (S // CP) * S / 2, H * (S // CP) * (1 + 0.75 * (CP - 1))]
+
+
 def test_the_attention_runs_on_a_head_shard_of_the_whole_sequence():
     """Under TP 2 and CP 4 the attention reads all S tokens of H / (tp cp) heads; the output's
     all-to-all, and the gradient's of the queries (its axes swapped), give back the shape the

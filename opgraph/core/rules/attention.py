@@ -190,14 +190,29 @@ def _flash_backward_flops(ins, outs, params) -> sympy.Expr:
             + _softcap_scores(q, k, params, SOFTCAP_BACKWARD_FLOPS) + _alibi_scores(q, k, params))
 
 
+def _ring_passes(s_q, s_k, params: dict) -> sympy.Expr:
+    """How many kernels each query row runs in, on average: 1, or under ring attention (s_q =
+    S/cp queries against all S keys) one per ring step it takes part in. Load-balanced causal
+    ring attention (Transformer Engine's `AttnFuncWithCPAndKVP2P`, torch's
+    `_templated_ring_attention`) runs the local causal block first, then on each of the cp - 1
+    steps either every local query against half a block of keys or half the queries against
+    a whole block, each half of the time: 1 + 3/4 (cp - 1). Without the mask, every step runs
+    every row: cp. A sliding window (its steps depend on the window) is left at 1."""
+    if s_q == s_k or params.get("window") is not None:
+        return sympy.Integer(1)
+    cp = s_k / s_q
+    return 1 + sympy.Rational(3, 4) * (cp - 1) if params.get("causal") else cp
+
+
 def _flash_scores(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
     """FlashAttention's forward: (scores computed, d_qk + d_v, query rows): one exponential
     per score beside its tensor-core FLOPs, and B x H rows of queries, each of which runs its
-    own loop over the keys it sees."""
+    own loop over the keys it sees, once in each kernel it is part of (`_ring_passes`)."""
     q, k, v = ins
     return (_attention_products(q, k, params),
             _head_dim(q, params["heads"]) + _head_dim(v, params["kv_heads"]),
-            q.shape[0] * params["heads"] * q.shape[1])
+            q.shape[0] * params["heads"] * q.shape[1] * _ring_passes(q.shape[1], k.shape[1],
+                                                                      params))
 
 
 def _flash_backward_scores(ins: list[Tensor], outs: list[Tensor], params: dict) -> tuple:
