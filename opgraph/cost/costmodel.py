@@ -350,7 +350,7 @@ class CostModel:
         if value is None:
             raise OpgraphError(f"hardware {hardware.id} has no dense {compute.upper()} peak "
                                f"({PEAKS[compute].removesuffix('_flops')}_tflops in its TOML); "
-                               f"give a part that has one, or leave out --precision {compute}")
+                               "give a part that has one, or --precision bf16")
         return value
 
     def time(self, flops, nbytes, peak, bandwidth, maximum: Callable = _number_max):
