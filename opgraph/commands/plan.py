@@ -312,6 +312,7 @@ def _resident_bytes(forward, seq: int, space) -> float | None:
     from ..core.pipeline import compile_step
     from ..cost.memory import RESIDENT, footprint
     from ..passes.evaluate import resolve
+
     least = None
     for precision in space.precision or SEARCHED_PRECISIONS:
         step = compile_step(forward, check=False, precision=precision)

@@ -122,7 +122,6 @@ _PRECISIONS = {"bf16_mixed": "bf16", "fp16_mixed": "bf16",
                "bf16_with_fp8_delayed_scaling_mixed": "fp8"}
 
 
-
 def _bridge_precision(precision: str) -> str:
     """Megatron-Bridge's mixed_precision recipe for a precision opgraph models."""
     if precision == "fp8-rowwise":
@@ -130,6 +129,7 @@ def _bridge_precision(precision: str) -> str:
                            "scales per tensor or per block; row-wise is torchao's): give "
                            "--precision fp8 or bf16")
     return "bf16_with_fp8_current_scaling_mixed" if precision == "fp8" else "bf16_mixed"
+
 
 def is_bridge(tokens: list[str]) -> bool:
     """Whether a command line's tokens run Megatron-Bridge's recipe runner."""

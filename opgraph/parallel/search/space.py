@@ -10,13 +10,12 @@ from collections import namedtuple
 import attrs
 import sympy
 
-from ...core.choices import CP_COMMS, DEEPSPEED, check_recompute
+from ...core.choices import CP_COMMS, DEEPSPEED, SEARCHED_PRECISIONS, check_recompute
 from ...core.errors import OpgraphError
 from ...core.ir import Graph
 from ...core.limits import MAX_MICRO_BATCHES
 from ...core.symbols import B, cp, dp, edp, ep, tp
 from ...cost.hardware import Hardware
-from ...core.choices import SEARCHED_PRECISIONS
 from ...passes.precision import PRECISIONS
 from ...passes.recompute import POLICIES
 from ...passes.split_stages import layer_stack, layers_before
