@@ -121,6 +121,23 @@ def test_megatron_recompute_modules_are_profile_too(searchers):
         _same_as_profile(searcher, row, searcher.forward, searcher.cost)
 
 
+def test_rowwise_fp8_is_searched_when_asked_and_its_figures_are_profiles(searchers):
+    """`plan --precision fp8-rowwise` (torchtitan): its casts over axes, its rescales and its
+    BF16 gathers, compiled by the search, give `profile`'s figures on a random layout of
+    several structures (Mixtral: its grouped expert GEMMs cast along the tokens too); without
+    the flag the search never tries it."""
+    searcher = searchers("mixtral-8x7b", 4096)
+    space = Space(gpus=32, batch=64, framework="torchtitan", precision=("fp8-rowwise",))
+    rng, sampled = _sampled(searcher, space, 11, 3)
+    for group in sampled:
+        row = rng.choice(group)
+        assert row.precision == "fp8-rowwise"
+        _same_as_profile(searcher, row, searcher.forward, searcher.cost)
+    default = rows(searcher.forward, H100, Space(gpus=32, batch=64, framework="torchtitan"),
+                   4096, searcher.cluster)
+    assert {r.precision for r in default} == {"bf16", "fp8"}
+
+
 def test_folded_experts_are_searched_and_their_figures_are_profiles(searchers):
     """`plan --expert-tp 1`: every layout it lists with TP folds its experts (sequence
     parallel, EP 2 or more, EP dividing tp x dp x cp, some beyond dp x cp), and a random layout
