@@ -329,7 +329,8 @@ def test_torchtitan_float8_options_it_does_not_model_are_reported(toml):
 def test_torchtitan_rowwise_recipe_reads_and_writes_as_fp8_rowwise(toml):
     """torchao's row-wise recipe (`recipe_name = "rowwise"`) is the precision fp8-rowwise, in
     either Float8 section, and opgraph writes it back the same way; Megatron-LM and
-    Megatron-Bridge, whose Transformer Engine has no such recipe, refuse it in one line."""
+    Megatron-Bridge, whose Transformer Engine has no such recipe, refuse it in one line, by the
+    frameworks table's rule (`Traits.precisions`)."""
     text = TORCHTITAN_405B.replace("enable_fsdp_float8_all_gather = true",
                                    'enable_fsdp_float8_all_gather = false\nrecipe_name = "rowwise"'
                                    ).replace("precompute_float8_dynamic_scale_for_fsdp = true",
@@ -347,7 +348,7 @@ def test_torchtitan_rowwise_recipe_reads_and_writes_as_fp8_rowwise(toml):
     for model, writer in (("llama3-8b", to_megatron), ("gemma2-2b", to_bridge)):
         megatron = Launch(model=model, parallel=Parallel(tp=2, dp=4, framework="megatron"),
                           precision="fp8-rowwise")
-        with pytest.raises(OpgraphError, match="no row-wise FP8 recipe"):
+        with pytest.raises(OpgraphError, match="--framework megatron runs no fp8-rowwise"):
             writer(megatron)
 
 

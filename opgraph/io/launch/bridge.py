@@ -30,7 +30,7 @@ import attrs
 
 from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
-from ...parallel.frameworks import reduce_dtype
+from ...parallel.frameworks import check_precision, reduce_dtype
 from ...parallel.parallel import Parallel
 from ...core.choices import SELECTIVE
 from .record import (MEGATRON_SHARDING, Launch, _whole_text, data_parallel, launcher,
@@ -123,11 +123,9 @@ _PRECISIONS = {"bf16_mixed": "bf16", "fp16_mixed": "bf16",
 
 
 def _bridge_precision(precision: str) -> str:
-    """Megatron-Bridge's mixed_precision recipe for a precision opgraph models."""
-    if precision == "fp8-rowwise":
-        raise OpgraphError("Megatron-Bridge runs no row-wise FP8 recipe (Transformer Engine "
-                           "scales per tensor or per block; row-wise is torchao's): give "
-                           "--precision fp8 or bf16")
+    """Megatron-Bridge's mixed_precision recipe for a precision opgraph models (Megatron-Core
+    runs it: Megatron-LM's precisions, `frameworks.check_precision`)."""
+    check_precision("megatron", precision)
     return "bf16_with_fp8_current_scaling_mixed" if precision == "fp8" else "bf16_mixed"
 
 

@@ -15,7 +15,7 @@ from ...core.datafile import read_small
 from ...core.choices import SELECTIVE
 from ...core.errors import OpgraphError
 from ...core.limits import MAX_DIM, check_whole
-from ...parallel.frameworks import reduce_dtype
+from ...parallel.frameworks import check_precision, reduce_dtype
 from ...parallel.parallel import Parallel, chunk_layers
 from .bridge import BRIDGE_PRESETS, is_bridge, read_bridge, to_bridge
 from .record import (MEGATRON_SHARDING, PRESET_CONFIGS, Config, Launch, _config, _not_real,
@@ -702,10 +702,7 @@ def to_megatron(launch: Launch) -> str:
     args += _mg_zero_args(p.zero) + _mg_recompute_args(launch.recompute) + ["--bf16"]
     if p.replicate > 1:  # the distributed optimizer's replicas (`Parallel.replicate`)
         args += ["--num-distributed-optimizer-instances", str(p.replicate)]
-    if launch.precision == "fp8-rowwise":
-        raise OpgraphError("Megatron-LM runs no row-wise FP8 recipe (Transformer Engine scales "
-                           "per tensor or per block; row-wise is torchao's): give --precision "
-                           "fp8 or bf16")
+    check_precision("megatron", launch.precision)  # the config runs Megatron-LM's, whatever
     if launch.precision == "fp8":
         args += ["--fp8-format", "hybrid"]
     if launch.fuse is None:
