@@ -83,6 +83,7 @@ def test_a_power_cap_scales_the_clock_as_its_cube_root():
     (lambda p: hardware.with_power_limit(p, 0), "above 0"),
     (lambda p: hardware.with_clock(p, 2000), "at most its boost clock, 1830 MHz"),
     (lambda p: hardware.with_headroom(p, 80), "leaves nothing of h100-sxm's 80 GB"),
+    (lambda p: hardware.with_headroom(p, -1), "from 0 to below it"),
     (lambda p: hardware.with_headroom(attrs.evolve(p, memory_bytes=None), 8), "no memory_gb"),
 ])
 def test_a_bad_power_limit_clock_or_headroom_is_one_line(call, says):

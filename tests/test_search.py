@@ -526,6 +526,9 @@ def test_headroom_keeps_memory_free_of_every_layout(cli):
     key = ("tp", "pp", "cp", "dp", "zero", "micro_batch", "virtual_stages", "recompute")
     assert not {tuple(x[k] for k in key) for x in fullest} & {tuple(x[k] for k in key)
                                                              for x in after}
+    # 0, what the help calls the default, keeps nothing free: the same layouts as without it
+    code, out, _ = _plan(cli, *argv, "--headroom", "0")
+    assert code == 0 and json.loads(out)["layouts"] == before
 
 
 @pytest.mark.parametrize("emit, framework", [("torchtitan", "torchtitan"),
@@ -604,6 +607,7 @@ def test_rank_of_a_constrained_layout(cli):
     (("--gpus", "8", "--global-batch", "32", "--precision", "fp8", "--hardware", "a100-sxm-80gb"),
      "FP8"),
     (("--gpus", "8", "--global-batch", "32", "--headroom", "80"), "leaves nothing"),
+    (("--gpus", "8", "--global-batch", "32", "--headroom", "-1"), "0 or more"),
 ])
 def test_bad_input_is_one_line(cli, argv, words):
     code, out, err = _plan(cli, *argv)

@@ -58,17 +58,25 @@ def recompute(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def positive_float(text: str) -> float:
+def positive_float(text: str, zero: bool = False) -> float:
+    """`text` as a finite number above 0 (`zero`: at or above 0), within `FLOAT_RANGE`."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a {'' if zero else 'positive '}"
+                                         f"number{' of 0 or more' if zero else ''}")
+    if value == 0:
+        return value
     if not FLOAT_RANGE[0] <= value <= FLOAT_RANGE[1]:
         raise argparse.ArgumentTypeError(f"{text!r} is out of range; give a number from "
                                          f"{FLOAT_RANGE[0]:g} to {FLOAT_RANGE[1]:g}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    return positive_float(text, zero=True)
 
 
 def input_files(args: argparse.Namespace) -> list[str]:

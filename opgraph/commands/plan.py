@@ -10,7 +10,7 @@ from ..core.choices import PRECISIONS, SEARCHED_PRECISIONS, TORCHTITAN
 from ..core.choices import ZERO_STAGES as ZERO
 from ..core.errors import OpgraphError
 from ..core.limits import MAX_COMPARED, MAX_DIM, MAX_PLAN_SIZES, MAX_TOKENS
-from .args import check_command_outputs, json_text, positive_float, recompute, whole
+from .args import check_command_outputs, json_text, non_negative_float, recompute, whole
 
 # The formats --emit writes, each with the framework rows it can say (torchtitan's writer names
 # the loss it leaves uncompiled, `io.launch.torchtitan._tt_framework`); the first its own
@@ -98,7 +98,7 @@ def register(subparsers) -> None:
     c.add_argument("--precision", choices=PRECISIONS, action="append",
                    help="only this precision (repeatable; default: bf16, and fp8 where the "
                         "part has an FP8 peak)")
-    c.add_argument("--headroom", type=positive_float, metavar="GB",
+    c.add_argument("--headroom", type=non_negative_float, metavar="GB",
                    help="keep GB of each GPU's memory free: a layout fits where its live "
                         "tensors fit in the rest (the CUDA context, NCCL's buffers and the "
                         "caching allocator's freed blocks take memory they do not count) "

@@ -129,16 +129,16 @@ def with_headroom(part: Hardware, gb: float) -> Hardware:
     """`part` with `gb` GB of its memory kept free: a layout fits where its live tensors fit
     in the rest. What live tensors do not count takes memory too: the CUDA context, NCCL's
     buffers, the caching allocator's freed blocks. One line if the part gives no memory, or
-    `gb` is not above 0 and below it.
+    `gb` is not at least 0 and below it.
 
         with_headroom(get("h100-sxm"), 8).memory_bytes  # 72e9
     """
     if part.memory_bytes is None:
         raise OpgraphError(f"a headroom of {gb:g} GB: {part.id} gives no memory_gb to keep it "
                            "from; add memory_gb = ... to its file")
-    if not 0 < gb * 1e9 < part.memory_bytes:
+    if not 0 <= gb * 1e9 < part.memory_bytes:
         raise OpgraphError(f"a headroom of {gb:g} GB leaves nothing of {part.id}'s "
-                           f"{part.memory_bytes / 1e9:g} GB; give a number of GB above 0 and "
+                           f"{part.memory_bytes / 1e9:g} GB; give a number of GB from 0 to "
                            "below it")
     return attrs.evolve(part, memory_bytes=part.memory_bytes - gb * 1e9)
 
