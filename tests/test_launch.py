@@ -536,6 +536,11 @@ def test_megatron_llama_model():
     assert (p.tp, p.cp, p.dp, p.zero) == (2, 2, 64 // 4, 1)
     assert launch.recompute == "full" and launch.precision == "fp8"
     assert launch.unknown == ()
+    # Transformer Engine's recipes that scale per tensor are opgraph's FP8; per block, not
+    for recipe, unknown in (("delayed", ()), ("tensorwise", ()), ("blockwise", ("--fp8-recipe",)),
+                            ("mxfp8", ("--fp8-recipe",))):
+        launch = read_megatron(f"{text} --fp8-recipe {recipe}", gpus=64)
+        assert launch.precision == "fp8" and launch.unknown == unknown
 
 
 def test_megatron_unknown_flags_are_refused_and_real_ones_reported():
@@ -570,6 +575,7 @@ def test_megatron_unknown_flags_are_refused_and_real_ones_reported():
       "--recompute-num-layers 4")), ("block", "--recompute-num-layers 4")),
     (("--recompute-activations", "--recompute-granularity sometimes"), ("sometimes",)),
     (("--fp16", ""), ("--bf16",)),
+    (("--fp16", "--fp16 --bf16"), ("both --bf16 and --fp16",)),
     (("--sequence-parallel", "--sequence-parallel yes"), ("--sequence-parallel", "no value")),
     (("--hidden-size 12288", "--hidden-size 12288 --swiglu"), ("--swiglu",)),
     (("--num-layers-per-virtual-pipeline-stage 4", "--num-layers-per-virtual-pipeline-stage 5"),

@@ -182,7 +182,8 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     the modules --recompute-modules lists (the attention core where it is not given;
     `_mg_recompute`), or full with --recompute-method uniform --recompute-num-layers 1 (every
     layer; other methods are an error). Precision:
-    --fp8-format is fp8, --bf16 or --fp16 (the same width and rate) bf16.
+    --fp8-format is fp8 (--fp8-recipe delayed or tensorwise: a scale per tensor; blockwise and
+    mxfp8 are warned of as not modelled), --bf16 or --fp16 (the same width and rate) bf16.
     Megatron's hand-fused kernels (bias-GeLU, bias-dropout-add, softmax) are read as elementwise
     fusion, unless a --no-...-fusion flag turns one off.
 
@@ -214,7 +215,13 @@ def read_megatron(text: str, gpus: int | None = None) -> Launch:
     layout = _mg_layout(flags, model.layers, tp, gpus, getattr(model, "first_dense", 0),
                         getattr(model, "mtp_depth", 0))
     recompute = _mg_recompute(flags)
-    half = flags.switch("--bf16") | flags.switch("--fp16")
+    bf16, fp16 = flags.switch("--bf16"), flags.switch("--fp16")
+    if bf16 and fp16:  # Megatron asserts as much (arguments.py: `assert not args.fp16`)
+        raise OpgraphError("Megatron arguments give both --bf16 and --fp16, which Megatron "
+                           "refuses; give one")
+    half = bf16 or fp16
+    if flags.flags.get("--fp8-recipe") in (["delayed"], ["tensorwise"]):
+        flags.text("--fp8-recipe")  # a scale per tensor, opgraph's FP8; a finer one is not
     if flags.text("--fp8-format") is not None:
         precision = "fp8"
     elif half:
