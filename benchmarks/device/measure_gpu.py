@@ -32,6 +32,10 @@ Two more sections run when `--only` names them:
 - gpt: a GPT-2-style model (MHA, GELU, learned positions, dropout 0.1, vocabulary 50,257; and
   again with 50,304) and a Llama-style one, both 4,096 wide and 16 layers deep, on 4 x 2,048
   tokens, each traced.
+- attention_long: causal attention at head dim 128 on 8 heads, one sequence of 8,192 to
+  262,144 tokens, and the two kernels of a ring step at CP 8 of 262,144 tokens, by backend,
+  timed sustained after heating with the SM clock and board power: the rates long-context runs
+  take, which the attention section's 32,768 tokens do not reach.
 - steps2: variants of the steps: the 8B with FlashAttention-2 forced, the 8B with every layer
   checkpointed, the 1B with FP32 parameters and AdamW states under BF16 autocast, and the 1B
   through torch.compile.
@@ -589,6 +593,76 @@ def _steps2():
             RESULTS.setdefault("skipped", []).append(f"steps2 {name} {options}: time budget")
         else:
             one_step(rows, name, cfg, **options)
+
+
+# -------------------------------------------------------------------------- attention_long
+@section("attention_long")
+def _attention_long():
+    """Attention as long-context runs take it, sustained: head dim 128, 8 heads (a 32-head
+    model at TP 4), one sequence; each kernel timed over about a second of back-to-back calls
+    after 8 s of heating, with the SM clock and board power read meanwhile. "causal" rows: a
+    whole sequence, 8,192 to 262,144 tokens; "ring" rows: the two kernels of a load-balanced
+    causal ring step at CP 8 of 262,144 tokens (the diagonal: a causal 32,768-token chunk; off
+    it: 16,384 queries over 32,768 keys, no mask)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # noqa: BLE001 - the times without the clock
+        pynvml = handle = None
+    rows = RESULTS["attention_long"] = []
+    heads, d = 8, 128
+    shapes = [("causal", s, s, True) for s in (8192, 32768, 65536, 131072, 262144)]
+    shapes += [("ring", 32768, 32768, True), ("ring", 16384, 32768, False)]
+    if QUICK:
+        shapes = shapes[:2]
+    a, b = rand(8192, 8192), rand(8192, 8192)
+    w = time.time()
+    while time.time() - w < 8:
+        for _ in range(20):
+            torch.matmul(a, b)
+        torch.cuda.synchronize()
+    del a, b
+    for bname, backend in {"flash": SDPBackend.FLASH_ATTENTION,
+                           "cudnn": SDPBackend.CUDNN_ATTENTION}.items():
+        for kind, sq, skv, causal in shapes:
+            q = rand(1, heads, sq, d).requires_grad_()
+            k = rand(1, heads, skv, d).requires_grad_()
+            v = rand(1, heads, skv, d).requires_grad_()
+            dout = rand(1, heads, sq, d)
+            # QK^T and P.V; a causal square counts its lower half
+            flops = 4 * heads * sq * skv * d / (2 if causal else 1)
+            row = {"kind": kind, "backend": bname, "head_dim": d, "heads": heads, "batch": 1,
+                   "seq": sq, "seq_kv": skv, "causal": causal}
+            try:
+                with sdpa_kernel(backend):
+                    def fwd(q=q, k=k, v=v, causal=causal):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                    def both(fwd=fwd, q=q, k=k, v=v, dout=dout):
+                        torch.autograd.grad(fwd(), (q, k, v), dout)
+                    tf = timed(fwd, trials=3, budget_s=1.0)
+                    tb = timed(both, trials=3, budget_s=1.0)
+                    if handle is not None:  # the clock while it runs
+                        for _ in range(3):
+                            both()
+                        row["sm_mhz"] = pynvml.nvmlDeviceGetClockInfo(handle,
+                                                                      pynvml.NVML_CLOCK_SM)
+                        row["power_w"] = pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3
+                        torch.cuda.synchronize()
+                row.update(fwd_s=tf, fwd_bwd_s=tb, fwd_tflops=flops / tf / 1e12,
+                           bwd_tflops=2.5 * flops / (tb - tf) / 1e12)
+            except Exception as e:  # noqa: BLE001 - a backend may refuse a shape
+                row["error"] = str(e)[:200]
+            rows.append(row)
+            q = k = v = dout = fwd = None
+            gc.collect()
+            torch.cuda.empty_cache()
+    for r in rows:
+        if "fwd_s" in r:
+            log(f"{r['backend']} {r['kind']} {r['seq']}x{r['seq_kv']}: fwd {r['fwd_tflops']:.0f} "
+                f"bwd {r['bwd_tflops']:.0f} TFLOP/s at {r.get('sm_mhz', '?')} MHz")
 
 
 RESULTS["total_s"] = round(time.time() - T0, 1)
