@@ -30,6 +30,13 @@ def test_a_terminal_gets_the_plan_progress(monkeypatch, capsys):
     written = terminal.getvalue()
     assert "plan: bounding layouts" in written and "plan: structures compiled" in written
     assert "plan:" not in capsys.readouterr().out  # the table's stdout carries no bar
+    # --rank counts the layouts that fit over every structure of the lifted space, its longest
+    # part, and ranks the best against them
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main([*PLAN, "--tp", "1", "--rank"]) == 0
+    written = terminal.getvalue()
+    assert "plan: counting the layouts that fit" in written and "plan: ranking" in written
 
 
 def test_the_helper_counts_on_a_terminal_only(monkeypatch):

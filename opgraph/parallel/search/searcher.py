@@ -347,7 +347,8 @@ class Searcher:
         (`save`) for the next run of the same context."""
         pending = self._space(space)
         count = 0
-        for si, members in enumerate(pending.members):
+        for si, members in progressed(list(enumerate(pending.members)),
+                                      "plan: counting the layouts that fit", unit="structure"):
             if not np.isfinite(pending.floor[members]).any():
                 continue
             group = pending.groups.get(si)
