@@ -59,15 +59,15 @@ def recompute(text: str) -> str:
 
 
 def positive_float(text: str, zero: bool = False) -> float:
-    """`text` as a finite number above 0 (`zero`: at or above 0), within `FLOAT_RANGE`."""
+    """`text` as a finite number above 0 within `FLOAT_RANGE`; with `zero`, 0 too."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a {'' if zero else 'positive '}"
-                                         f"number{' of 0 or more' if zero else ''}")
-    if value == 0:
+        wanted = "a number of 0 or more" if zero else "a positive number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
+    if value == 0:  # allowed here; FLOAT_RANGE bounds the positive ones
         return value
     if not FLOAT_RANGE[0] <= value <= FLOAT_RANGE[1]:
         raise argparse.ArgumentTypeError(f"{text!r} is out of range; give a number from "
@@ -76,6 +76,7 @@ def positive_float(text: str, zero: bool = False) -> float:
 
 
 def non_negative_float(text: str) -> float:
+    """`positive_float` that takes 0 as well (`plan --headroom 0`, the default)."""
     return positive_float(text, zero=True)
 
 
