@@ -130,6 +130,17 @@ def section(name):
     return wrap
 
 
+def heat(seconds: float) -> None:
+    """Run large BF16 products for `seconds`, so that what follows is timed at the clock and
+    power a sustained load settles to, not a cold burst's."""
+    a, b = rand(8192, 8192), rand(8192, 8192)
+    w = time.time()
+    while time.time() - w < seconds:
+        for _ in range(20):
+            torch.matmul(a, b)
+        torch.cuda.synchronize()
+
+
 def rand(*shape, dtype=torch.bfloat16):
     return torch.randn(*shape, device="cuda", dtype=torch.float32).mul_(0.05).to(dtype)
 
@@ -522,13 +533,7 @@ def _gemm_clock():
     shapes += [("ksweep", "fwd", 8192, 8192, k) for k in (256, 512, 1024, 2048, 4096, 16384)]
     shapes += [("msweep", "fwd", m, 4096, 4096) for m in (128, 256, 512, 1024, 2048, 4096)]
     random.Random(0).shuffle(shapes)
-    a, b = rand(8192, 8192), rand(8192, 8192)
-    w = time.time()
-    while time.time() - w < 8:
-        for _ in range(20):
-            torch.matmul(a, b)
-        torch.cuda.synchronize()
-    del a, b
+    heat(8)
     deadline = time.time() + (90 if not QUICK else 15)
     for label, orient, m, n, k in shapes:
         if time.time() > deadline:
@@ -617,13 +622,7 @@ def _attention_long():
     shapes += [("ring", 32768, 32768, True), ("ring", 16384, 32768, False)]
     if QUICK:
         shapes = shapes[:2]
-    a, b = rand(8192, 8192), rand(8192, 8192)
-    w = time.time()
-    while time.time() - w < 8:
-        for _ in range(20):
-            torch.matmul(a, b)
-        torch.cuda.synchronize()
-    del a, b
+    heat(8)
     for bname, backend in {"flash": SDPBackend.FLASH_ATTENTION,
                            "cudnn": SDPBackend.CUDNN_ATTENTION}.items():
         for kind, sq, skv, causal in shapes:
